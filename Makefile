@@ -1,0 +1,37 @@
+# pipelab: two set-up commands for a fresh machine, `make figures` and `make test`.
+# Both create the project virtual environment (.venv) on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PRESET ?= quick
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k schedules"`.
+PYTEST_ARGS ?=
+
+.PHONY: venv figures test data notebooks-strip clean-venv
+
+# The stamp depends on pyproject.toml, so a change of dependencies reinstalls.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	# torch first, pinned: the local CPU wheel, not the CUDA build of an open range.
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+data: venv
+	$(PY) -m pipelab data --fetch
+
+figures: venv data
+	$(PY) -m pipelab figures --preset $(PRESET)
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+notebooks-strip: venv
+	$(PY) -m pipelab strip-notebooks notebooks
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,40 @@
+"""pipelab: pipeline-parallel training and the weight staleness it causes.
+
+Schedules as data with a simulator and version tables, weight-staleness policies and predictors derived
+from ``torch.optim``, an exact single-process emulator and a ``torch.distributed`` runtime, and the
+analyses (prediction error, stability, learning curves) behind the notebooks and figures.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .cache import ResultCache, cached, run_sweep
+from .config import PRESETS, config_hash, config_to_dict, from_preset, resolve_preset
+from .data import (
+    DataError,
+    Dataset,
+    fetch_fashion_mnist,
+    find_fashion_mnist,
+    load_dataset,
+    load_digits,
+    load_fashion_mnist,
+    load_mnist1d,
+    teacher_student_classification,
+    teacher_student_regression,
+)
+from .models import build_model, deep_mlp, small_cnn, small_resnet, transformer_classifier
+from .partition import balanced_partition, split, stage_sizes
+
+__all__ = [
+    "__version__",
+    # experiment plumbing
+    "PRESETS", "resolve_preset", "from_preset", "config_to_dict", "config_hash",
+    "ResultCache", "cached", "run_sweep",
+    # data
+    "Dataset", "DataError", "load_dataset", "load_fashion_mnist", "load_digits", "load_mnist1d",
+    "teacher_student_regression", "teacher_student_classification", "find_fashion_mnist", "fetch_fashion_mnist",
+    # models and stages
+    "build_model", "deep_mlp", "small_cnn", "small_resnet", "transformer_classifier",
+    "split", "stage_sizes", "balanced_partition",
+]

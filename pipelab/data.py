@@ -1,0 +1,445 @@
+"""Datasets as tensors: Fashion-MNIST, scikit-learn digits, MNIST-1D and synthetic tasks.
+
+Every loader returns a :class:`Dataset` (train and test tensors with a fixed split) on the requested
+device and dtype. Loaders read local files only; obtaining Fashion-MNIST is a set-up step
+(:func:`fetch_fashion_mnist`, run by ``make figures`` / ``python -m pipelab data --fetch``).
+
+Fashion-MNIST search order (first directory holding the four IDX files wins; ``.gz`` or uncompressed):
+
+1. an explicit ``root`` argument (the directory itself, or torchvision's ``root/FashionMNIST/raw``);
+2. ``$PIPELAB_DATA`` (same two layouts);
+3. ``/usr/share/datasets/fashion-mnist`` (Debian's ``dataset-fashion-mnist`` package).
+
+Missing or corrupt files (truncated gzip, wrong magic number, mismatched counts) raise
+:class:`DataError` naming the paths tried and how to install the data.
+
+Reference: H. Xiao, K. Rasul, R. Vollgraf, "Fashion-MNIST: a Novel Image Dataset for Benchmarking
+Machine Learning Algorithms", arXiv:1708.07747 (2017); S. Greydanus, "Scaling down deep learning with
+MNIST-1D", ICML 2024.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import urllib.request
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Dataset",
+    "DataError",
+    "DATASETS",
+    "load_dataset",
+    "load_fashion_mnist",
+    "load_digits",
+    "load_mnist1d",
+    "teacher_student_regression",
+    "teacher_student_classification",
+    "find_fashion_mnist",
+    "fetch_fashion_mnist",
+    "read_idx",
+    "FASHION_MNIST_FILES",
+    "FASHION_MNIST_CLASSES",
+]
+
+log = logging.getLogger(__name__)
+
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+ENV_DATA = "PIPELAB_DATA"
+FASHION_MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+# MD5 of the official compressed files, as published by the dataset's authors.
+FASHION_MNIST_MD5 = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+# Training-set pixel statistics after scaling to [0, 1].
+_FMNIST_MEAN, _FMNIST_STD = 0.2860, 0.3530
+_HOW_TO_GET = (
+    "Get the data with `make data` (or `python -m pipelab data --fetch`), which installs Debian's "
+    "`dataset-fashion-mnist` package (`sudo apt-get install dataset-fashion-mnist`) or downloads and "
+    "verifies the official IDX files; or point $PIPELAB_DATA at a directory holding the four "
+    "*-ubyte(.gz) files."
+)
+
+
+class DataError(FileNotFoundError):
+    """Data missing or corrupt; the message names the paths tried and how to get the data."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A classification or regression dataset with a fixed train/test split.
+
+    Attributes:
+        name: short identifier.
+        x_train, y_train, x_test, y_test: tensors (labels ``int64`` for classification).
+        num_classes: number of classes, or ``None`` for regression.
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int | None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "Dataset":
+        """Move inputs (and float targets) to ``device``/``dtype``; integer labels keep their dtype."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+
+        return Dataset(self.name, move(self.x_train), move(self.y_train), move(self.x_test), move(self.y_test),
+                       self.num_classes)
+
+    def subset(self, n_train: int | None = None, n_test: int | None = None) -> "Dataset":
+        """The first ``n_train``/``n_test`` examples (the split stays fixed)."""
+        return Dataset(self.name, self.x_train[:n_train], self.y_train[:n_train], self.x_test[:n_test],
+                       self.y_test[:n_test], self.num_classes)
+
+
+# ---------------------------------------------------------------------------------------------- IDX
+
+
+def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
+    """Read an IDX file (``.gz`` or raw) into a numpy array, checking magic number and payload size.
+
+    The IDX format: 2 zero bytes, a type code (0x08 = uint8), the number of dimensions n, then n
+    big-endian int32 sizes, then the data.
+
+    Raises:
+        DataError: truncated or invalid gzip, wrong magic number, or payload size not matching the header.
+    """
+    path = Path(path)
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read()
+        else:
+            raw = path.read_bytes()
+    except (EOFError, OSError, zlib.error) as exc:
+        raise DataError(f"{path}: cannot read ({type(exc).__name__}: {exc}); the file is truncated or not "
+                        f"gzip. Delete it and reinstall the data. {_HOW_TO_GET}") from exc
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] not in (1, 3):
+        raise DataError(f"{path}: wrong magic number {raw[:4].hex() or '(empty)'}; expected 00000801 "
+                        f"(labels) or 00000803 (images). {_HOW_TO_GET}")
+    ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path}: header truncated. {_HOW_TO_GET}")
+    shape = struct.unpack(">" + "i" * ndim, raw[4 : 4 + 4 * ndim])
+    expected = int(np.prod(shape))
+    payload = raw[4 + 4 * ndim :]
+    if len(payload) != expected:
+        raise DataError(f"{path}: header says shape {shape} ({expected} bytes) but the file holds "
+                        f"{len(payload)} bytes. {_HOW_TO_GET}")
+    return np.frombuffer(payload, dtype=np.uint8).reshape(shape)
+
+
+def _candidate_dirs(root: str | os.PathLike[str] | None) -> list[Path]:
+    dirs: list[Path] = []
+    for base in (root, os.environ.get(ENV_DATA) or None):
+        if base is not None:
+            base = Path(base).expanduser()
+            dirs += [base, base / "FashionMNIST" / "raw", base / "fashion-mnist"]
+    dirs.append(DEBIAN_DIR)
+    return dirs
+
+
+def _file_in(directory: Path, stem: str) -> Path | None:
+    for name in (stem + ".gz", stem):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def find_fashion_mnist(root: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+    """Locate the four Fashion-MNIST IDX files (search order in the module docstring).
+
+    Returns:
+        Mapping from ``train_images``, ``train_labels``, ``test_images``, ``test_labels`` to paths.
+
+    Raises:
+        DataError: listing every directory tried.
+    """
+    tried = _candidate_dirs(root)
+    for directory in tried:
+        files = {key: _file_in(directory, stem) for key, stem in FASHION_MNIST_FILES.items()}
+        if all(files.values()):
+            return files  # type: ignore[return-value]
+    listing = "\n  ".join(str(d) for d in tried)
+    raise DataError(f"Fashion-MNIST not found. Looked for {', '.join(FASHION_MNIST_FILES.values())} "
+                    f"(.gz or raw) in:\n  {listing}\n{_HOW_TO_GET}")
+
+
+@lru_cache(maxsize=4)
+def _parsed_fashion_mnist(files: tuple[tuple[str, str, float, int], ...]) -> dict[str, np.ndarray]:
+    """Parse once per (paths, mtimes, sizes): the cache key changes when a file is replaced."""
+    paths = {key: path for key, path, _, _ in files}
+    arrays = {key: read_idx(path) for key, path in paths.items()}
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.ndim != 1:
+            raise DataError(f"Fashion-MNIST {split}: images must be 3-d and labels 1-d, got shapes "
+                            f"{images.shape} and {labels.shape}. {_HOW_TO_GET}")
+        if images.shape[0] != labels.shape[0]:
+            raise DataError(f"Fashion-MNIST {split}: {images.shape[0]} images but {labels.shape[0]} labels "
+                            f"in {Path(paths[f'{split}_images']).parent}. {_HOW_TO_GET}")
+        if labels.size and labels.max() > 9:
+            raise DataError(f"Fashion-MNIST {split}: label {labels.max()} out of range 0..9. {_HOW_TO_GET}")
+    return arrays
+
+
+def load_fashion_mnist(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    flatten: bool = False,
+    normalize: bool = True,
+) -> Dataset:
+    """Fashion-MNIST, 60 000 train / 10 000 test images of 10 clothing classes.
+
+    Images become ``(N, 1, 28, 28)`` (or ``(N, 784)`` with ``flatten``), scaled to [0, 1] and, with
+    ``normalize``, standardised: x ← (x/255 − 0.2860) / 0.3530.
+
+    Example:
+        >>> ds = load_fashion_mnist(dtype=torch.float64)   # doctest: +SKIP
+        >>> ds.x_train.shape, ds.num_classes
+        (torch.Size([60000, 1, 28, 28]), 10)
+    """
+    found = find_fashion_mnist(root)
+    key = tuple((k, str(p), p.stat().st_mtime, p.stat().st_size) for k, p in sorted(found.items()))
+    arrays = _parsed_fashion_mnist(key)
+
+    def images(a: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(a.astype(np.float32) / 255.0)
+        if normalize:
+            x = (x - _FMNIST_MEAN) / _FMNIST_STD
+        x = x.reshape(len(a), -1) if flatten else x.unsqueeze(1)
+        return x.to(device=device, dtype=dtype)
+
+    def labels(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.int64)).to(device)
+
+    return Dataset("fashion_mnist", images(arrays["train_images"]), labels(arrays["train_labels"]),
+                   images(arrays["test_images"]), labels(arrays["test_labels"]), 10)
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_fashion_mnist(dest: str | os.PathLike[str] | None = None, *, timeout: float = 60.0) -> Path:
+    """Make Fashion-MNIST available locally and return its directory.
+
+    Order: already present → nothing to do; running as root with ``apt-get`` → install Debian's
+    ``dataset-fashion-mnist``; otherwise download the official ``.gz`` files into ``dest`` (default
+    ``$PIPELAB_DATA`` or ``~/.cache/pipelab/data/fashion-mnist``) and verify their MD5 checksums.
+
+    Raises:
+        DataError: when neither way works, saying what was tried.
+    """
+    try:
+        return find_fashion_mnist(dest)["train_images"].parent
+    except DataError:
+        pass
+    problems: list[str] = []
+    apt = shutil.which("apt-get")
+    if apt and hasattr(os, "geteuid") and os.geteuid() == 0:
+        log.info("installing Debian package dataset-fashion-mnist")
+        for cmd in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "dataset-fashion-mnist"]):
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
+                                  "DEBIAN_FRONTEND": "noninteractive"})
+            if proc.returncode != 0:
+                problems.append(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-300:]}")
+                break
+        else:
+            try:
+                return find_fashion_mnist(dest)["train_images"].parent
+            except DataError as exc:
+                problems.append(f"apt-get installed the package but the files were not found: {exc}")
+    else:
+        problems.append("apt-get unavailable or not running as root: skipped Debian's dataset-fashion-mnist")
+
+    target = Path(dest or os.environ.get(ENV_DATA) or Path.home() / ".cache" / "pipelab" / "data" / "fashion-mnist")
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        for name, md5 in FASHION_MNIST_MD5.items():
+            out = target / name
+            if out.is_file() and _md5(out) == md5:
+                continue
+            log.info("downloading %s", FASHION_MNIST_URL + name)
+            fd, tmp = tempfile.mkstemp(dir=target, prefix=".part-")
+            with os.fdopen(fd, "wb") as fh, urllib.request.urlopen(FASHION_MNIST_URL + name, timeout=timeout) as r:
+                shutil.copyfileobj(r, fh)
+            got = _md5(Path(tmp))
+            if got != md5:
+                Path(tmp).unlink(missing_ok=True)
+                raise DataError(f"{name}: MD5 {got} does not match the published {md5}")
+            os.replace(tmp, out)
+        return find_fashion_mnist(target)["train_images"].parent
+    except (OSError, DataError) as exc:
+        problems.append(f"download from {FASHION_MNIST_URL} into {target} failed: {exc}")
+    raise DataError("Could not obtain Fashion-MNIST:\n  - " + "\n  - ".join(problems) + "\n"
+                    "Install Debian's `dataset-fashion-mnist` as root, or copy the four official IDX files "
+                    f"into a directory and set ${ENV_DATA} to it.")
+
+
+# ------------------------------------------------------------------------------- other real data
+
+
+def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    perm = np.random.default_rng(seed).permutation(len(y))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = perm[:n_test], perm[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def load_digits(
+    *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, flatten: bool = False,
+    test_fraction: float = 0.2, split_seed: int = 0,
+) -> Dataset:
+    """scikit-learn's bundled 8×8 digits (1797 images, 10 classes), standardised, fixed split.
+
+    Images are ``(N, 1, 8, 8)`` (or ``(N, 64)``), x ← x/16 scaled to zero mean and unit variance
+    using training statistics.
+    """
+    from sklearn.datasets import load_digits as _sk_digits
+
+    bunch = _sk_digits()
+    x = bunch.data.astype(np.float64) / 16.0
+    xtr, ytr, xte, yte = _split(x, bunch.target.astype(np.int64), test_fraction, split_seed)
+    mean, std = xtr.mean(), xtr.std()
+    shape = (-1, 64) if flatten else (-1, 1, 8, 8)
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(((a - mean) / std).reshape(shape)).to(device=device, dtype=dtype)
+
+    return Dataset("digits", t(xtr), torch.from_numpy(ytr).to(device), t(xte), torch.from_numpy(yte).to(device), 10)
+
+
+@lru_cache(maxsize=4)
+def _mnist1d_arrays(num_samples: int, seed: int) -> tuple[np.ndarray, ...]:
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = num_samples
+    args.seed = seed
+    data = make_dataset(args)  # generated locally; never mnist1d's download path
+    return data["x"], data["y"], data["x_test"], data["y_test"]
+
+
+def load_mnist1d(
+    *, num_samples: int = 5000, seed: int = 42, device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Dataset:
+    """MNIST-1D generated locally with ``mnist1d.data.make_dataset``: 40-sample signals, 10 classes.
+
+    ``num_samples`` examples split 80/20 by the generator itself; inputs are ``(N, 40)``. The RNG state
+    of numpy is saved and restored around generation, so loading has no side effect on the caller.
+    """
+    state = np.random.get_state()
+    try:
+        xtr, ytr, xte, yte = _mnist1d_arrays(num_samples, seed)
+    finally:
+        np.random.set_state(state)
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
+    def lab(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.int64)).to(device)
+
+    return Dataset("mnist1d", t(xtr), lab(ytr), t(xte), lab(yte), 10)
+
+
+# ---------------------------------------------------------------------------------------- synthetic
+
+
+def _teacher(d_in: int, hidden: int, d_out: int, gen: torch.Generator) -> Callable[[torch.Tensor], torch.Tensor]:
+    w1 = torch.randn(d_in, hidden, generator=gen, dtype=torch.float64) / d_in**0.5
+    w2 = torch.randn(hidden, d_out, generator=gen, dtype=torch.float64) / hidden**0.5
+    return lambda x: torch.tanh(x @ w1) @ w2
+
+
+def teacher_student_regression(
+    *, n_train: int = 4096, n_test: int = 1024, d_in: int = 32, d_out: int = 1, hidden: int = 64,
+    noise: float = 0.1, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+) -> Dataset:
+    """Regression targets from a random one-hidden-layer tanh teacher: y = tanh(x W₁) W₂ + σ ε.
+
+    Inputs x ~ N(0, I); W₁, W₂ Gaussian with 1/√fan-in scale; ε ~ N(0, I), σ = ``noise``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    teacher = _teacher(d_in, hidden, d_out, gen)
+    x = torch.randn(n_train + n_test, d_in, generator=gen, dtype=torch.float64)
+    y = teacher(x) + noise * torch.randn(n_train + n_test, d_out, generator=gen, dtype=torch.float64)
+    x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+    return Dataset("teacher_student_regression", x[:n_train], y[:n_train], x[n_train:], y[n_train:], None)
+
+
+def teacher_student_classification(
+    *, n_train: int = 4096, n_test: int = 1024, d_in: int = 32, num_classes: int = 10, hidden: int = 64,
+    temperature: float = 0.1, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+) -> Dataset:
+    """Labels sampled from a random teacher: y ~ softmax(tanh(x W₁) W₂ / T).
+
+    Small ``temperature`` makes the labels nearly deterministic (argmax of the teacher's logits).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    teacher = _teacher(d_in, hidden, num_classes, gen)
+    x = torch.randn(n_train + n_test, d_in, generator=gen, dtype=torch.float64)
+    probs = torch.softmax(teacher(x) / temperature, dim=1)
+    y = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    x, y = x.to(device=device, dtype=dtype), y.to(device)
+    return Dataset("teacher_student_classification", x[:n_train], y[:n_train], x[n_train:], y[n_train:], num_classes)
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {
+    "fashion_mnist": load_fashion_mnist,
+    "digits": load_digits,
+    "mnist1d": load_mnist1d,
+    "teacher_student_regression": teacher_student_regression,
+    "teacher_student_classification": teacher_student_classification,
+}
+
+
+def load_dataset(name: str, **kwargs: object) -> Dataset:
+    """Load a dataset by name (one of :data:`DATASETS`), forwarding keyword arguments."""
+    try:
+        loader = DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}") from None
+    return loader(**kwargs)

@@ -1,0 +1,105 @@
+"""Cutting an ``nn.Sequential`` into D contiguous pipeline stages.
+
+:func:`split` assigns the model's top-level blocks to stages k = 0..D−1 in order. The balance is by block
+count (``"layers"``), by parameter count (``"params"``), by per-block costs (a sequence of floats, e.g.
+profiled times), or explicit (a sequence of D block counts). Cost balancing solves the *linear
+partition* problem exactly — choose D−1 cut points minimising the largest stage cost — by dynamic
+programming (:func:`balanced_partition`), the same criterion PipeDream's partitioner optimises
+(Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP 2019).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+__all__ = ["split", "balanced_partition", "stage_sizes"]
+
+
+def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
+    """Sizes of D contiguous, non-empty groups of ``costs`` that minimise the maximum group sum.
+
+    Dynamic program: best[j][i] = min over c < i of max(best[j−1][c], sum(costs[c:i])), O(D·n²).
+    Ties prefer later cuts, so the earlier stages get fewer blocks (they also hold more activations).
+
+    Example:
+        >>> balanced_partition([1, 1, 1, 1, 4], 2)
+        [4, 1]
+    """
+    n = len(costs)
+    if D < 1 or D > n:
+        raise ValueError(f"cannot cut {n} blocks into D={D} non-empty stages (need 1 <= D <= {n})")
+    if any(c < 0 for c in costs):
+        raise ValueError("costs must be non-negative")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(D + 1)]
+    cut = [[0] * (n + 1) for _ in range(D + 1)]
+    best[0][0] = 0.0
+    for j in range(1, D + 1):
+        for i in range(j, n - (D - j) + 1):
+            for c in range(j - 1, i):
+                v = max(best[j - 1][c], prefix[i] - prefix[c])
+                if v <= best[j][i]:
+                    best[j][i], cut[j][i] = v, c
+    sizes, i = [], n
+    for j in range(D, 0, -1):
+        sizes.append(i - cut[j][i])
+        i = cut[j][i]
+    return sizes[::-1]
+
+
+def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Sequence[float] = "layers") -> list[int]:
+    """Number of blocks per stage that :func:`split` would use (see there for ``balance``)."""
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential of blocks, got {type(model).__name__}")
+    n = len(model)
+    if not isinstance(D, int) or D < 1:
+        raise ValueError(f"D must be a positive integer, got {D!r}")
+    if D > n:
+        raise ValueError(f"D={D} stages but the model has only {n} blocks; use D <= {n} or a deeper model")
+    if isinstance(balance, str):
+        if balance == "layers":
+            base, extra = divmod(n, D)
+            return [base + (1 if k >= D - extra else 0) for k in range(D)]
+        if balance == "params":
+            return balanced_partition([sum(p.numel() for p in b.parameters()) for b in model], D)
+        raise ValueError(f"balance={balance!r}; use 'layers', 'params', D block counts, or one cost per block")
+    values = list(balance)
+    if len(values) == D and all(isinstance(v, int) for v in values):
+        if any(v < 1 for v in values) or sum(values) != n:
+            raise ValueError(f"balance={values} must be D={D} positive block counts summing to {n}")
+        return values
+    if len(values) == n:
+        return balanced_partition([float(v) for v in values], D)
+    raise ValueError(f"balance has {len(values)} entries; give D={D} block counts or one cost per block ({n})")
+
+
+def split(model: nn.Sequential, D: int, balance: str | Sequence[int] | Sequence[float] = "layers") -> list[nn.Sequential]:
+    """Cut ``model`` into D contiguous stages; the stages share (do not copy) the model's modules.
+
+    Args:
+        model: an ``nn.Sequential`` whose top-level children are the blocks.
+        D: number of stages, 1 <= D <= len(model).
+        balance: ``"layers"`` (equal block counts, extra blocks to the later stages), ``"params"`` (minimise
+            the largest stage's parameter count), D integers (explicit block counts), or one float cost per
+            block (minimise the largest stage cost, e.g. profiled time).
+
+    Returns:
+        D ``nn.Sequential`` stages whose composition equals ``model``.
+
+    Example:
+        >>> from pipelab.models import deep_mlp
+        >>> [len(s) for s in split(deep_mlp(depth=10), 4)]
+        [2, 2, 3, 3]
+    """
+    sizes = stage_sizes(model, D, balance)
+    blocks = list(model.children())
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(nn.Sequential(*blocks[start : start + size]))
+        start += size
+    return stages
