@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PRESET ?= quick
-# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-k schedules"`.
+# Parallel test workers (pytest-xdist; `make test JOBS=0` runs in one process) and extra pytest
+# arguments, e.g. `make test PYTEST_ARGS="-k schedules"`.
+JOBS ?= auto
 PYTEST_ARGS ?=
 
 .PHONY: venv figures test data notebooks-strip clean-venv
@@ -28,7 +30,7 @@ figures: venv data
 	$(PY) -m pipelab figures --preset $(PRESET)
 
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 notebooks-strip: venv
 	$(PY) -m pipelab strip-notebooks notebooks

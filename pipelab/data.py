@@ -240,7 +240,7 @@ def load_fashion_mnist(
     arrays = _parsed_fashion_mnist(key)
 
     def images(a: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(a.astype(np.float32) / 255.0)
+        x = torch.from_numpy(a.astype(np.float64) / 255.0)  # scale in float64, then cast
         if normalize:
             x = (x - _FMNIST_MEAN) / _FMNIST_STD
         x = x.reshape(len(a), -1) if flatten else x.unsqueeze(1)
