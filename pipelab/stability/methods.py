@@ -1,0 +1,396 @@
+"""Linearised optimizers with stale gradients as linear recurrences in the weight.
+
+Every method here is run on the scalar quadratic ``L(w) = ½·λ·w²`` (one eigen-direction of a quadratic
+loss), whose gradient is ``λ·w``. Writing ``z = η·λ`` (complex: a complex λ stands for a non-symmetric
+Jacobian, as in the stability analysis of linear multistep methods), each method is a linear recurrence in
+the weight alone,
+
+    Σ_{k=0..n} (a_k + z·b_k) · w_{t+1-k} = 0,        a_0 = 1, b_0 = 0,
+
+so its characteristic polynomial is ``P(r; z) = A(r) + z·B(r)`` with
+``A(r) = Σ a_k r^(n-k)`` and ``B(r) = Σ b_k r^(n-k)``. The iteration matrix on the state
+``x_t = (w_t, w_{t-1}, …, w_{t-n+1})`` is the companion matrix of ``P``: first row
+``-(a_1 + z b_1, …, a_n + z b_n)``, ones on the sub-diagonal. The method converges for every start
+iff all roots of ``P`` lie strictly inside the unit disk (spectral radius < 1).
+
+Most methods are one special case of (the issue's "general form")
+
+    w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·Σ_j c_j · w_{t−τ−j},
+
+i.e. ``a = (1, −(1+β), β)`` and ``b_{τ+1+j} = g·c_j``, where τ is the gradient delay (the gradient
+applied at step t was computed at weights τ updates old), β the momentum, ``g`` a gradient scale
+(``1`` for torch's momentum buffer ``v ← μ·v + g``; ``1−β`` for the papers' smoothed gradient
+``v ← γ·v + (1−γ)·g``) and ``c`` says at which combination of past weights the gradient is evaluated.
+A :class:`LinearMethod` stores ``a`` and ``b`` and a record of its parameters; :func:`general` builds it.
+
+Derivations (state vector, elimination of the momentum buffer) are in each builder's docstring; the
+tests check every builder against a direct simulation of the method in its natural form.
+
+Example:
+    >>> m = delayed_gd(1)            # w_{t+1} = w_t − z·w_{t−1}
+    >>> m.a, m.b
+    ((1.0, -1.0, 0.0), (0.0, 0.0, 1.0))
+    >>> char_poly(m, 0.5).tolist()   # r² − r + 0.5
+    [(1+0j), (-1+0j), (0.5+0j)]
+
+References:
+    SpecTrain: Chen et al., "Efficient and Robust Parallel DNN Training through Model Parallelism on
+    Multi-GPU Platform", arXiv:1809.02839, eqs. (1)–(4). PipeOptim: Guan et al., arXiv:2312.00839,
+    eq. (5) and Table I. PipeMare: Yang et al., "PipeMare: Asynchronous Pipeline Parallel DNN Training",
+    MLSys 2021, §3 (discrepancy correction). "Idle Speculations on Pipeline Parallelism" (2024) for the
+    complex-plane stability picture of stale gradient descent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = [
+    "LinearMethod", "general", "gd", "delayed_gd", "heavy_ball", "nesterov", "predicted_momentum",
+    "pipemare", "adam_frozen", "char_poly", "companion", "MomentumForm",
+]
+
+MomentumForm = Literal["code", "paper"]
+_FORMS = ("code", "paper")
+
+
+@dataclass(frozen=True)
+class LinearMethod:
+    """A linearised optimizer: ``Σ_k (a_k + z·b_k)·w_{t+1−k} = 0`` with ``a_0 = 1``, ``b_0 = 0``.
+
+    Attributes:
+        name: short label (used in figure legends).
+        a: lag coefficients of the gradient-free part (``a[0] == 1``).
+        b: lag coefficients multiplying ``z = η·λ`` (``b[0] == 0``: the methods are explicit).
+        params: the builder's parameters, as ``(name, value)`` pairs (for records and legends).
+    """
+
+    name: str
+    a: tuple[float, ...]
+    b: tuple[float, ...]
+    params: tuple[tuple[str, float | int | str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.a) == 0 or self.a[0] != 1.0:
+            raise ValueError(f"a must start with 1 (monic recurrence), got a={self.a}")
+        if len(self.b) == 0 or self.b[0] != 0.0:
+            raise ValueError(f"b must start with 0 (explicit method: no gradient at w_(t+1)), got b={self.b}")
+        n = max(len(self.a), len(self.b))
+        a = tuple(float(x) for x in self.a) + (0.0,) * (n - len(self.a))
+        b = tuple(float(x) for x in self.b) + (0.0,) * (n - len(self.b))
+        # Trailing lags that are zero in both parts only add roots at r = 0: drop them.
+        while n > 2 and a[-1] == 0.0 and b[-1] == 0.0:
+            a, b, n = a[:-1], b[:-1], n - 1
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+
+    @property
+    def order(self) -> int:
+        """Degree n of the characteristic polynomial (= size of the companion matrix)."""
+        return len(self.a) - 1
+
+    def param(self, key: str) -> float | int | str:
+        return dict(self.params)[key]
+
+
+def _check_beta(beta: float, name: str = "beta") -> float:
+    beta = float(beta)
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {beta}")
+    return beta
+
+
+def _check_tau(tau: int, name: str = "tau") -> int:
+    if isinstance(tau, bool) or not isinstance(tau, (int, np.integer)) or tau < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {tau!r}")
+    return int(tau)
+
+
+def _gradient_scale(beta: float, form: str) -> float:
+    if form not in _FORMS:
+        raise ValueError(f"form must be one of {_FORMS}, got {form!r}")
+    return 1.0 if form == "code" else 1.0 - beta
+
+
+def general(beta: float, c: Sequence[float], tau: int = 0, *, scale: float = 1.0, name: str = "general",
+            params: tuple[tuple[str, float | int | str], ...] = ()) -> LinearMethod:
+    """The general form ``w_{t+1} = (1+β)w_t − βw_{t−1} − scale·z·Σ_j c_j·w_{t−τ−j}``.
+
+    Args:
+        beta: momentum β in [0, 1); β = 0 gives gradient descent.
+        c: the gradient is evaluated at ``Σ_j c_j w_{t−τ−j}`` (``(1,)``: at the stale weights).
+        tau: gradient delay τ ≥ 0 (in optimizer steps).
+        scale: multiplies z (1 for torch's ``μ·v + g`` buffer, ``1−β`` for a smoothed gradient).
+
+    Returns:
+        the :class:`LinearMethod` with ``a = (1, −(1+β), β)`` and ``b_{τ+1+j} = scale·c_j``.
+
+    Example:
+        >>> general(0.0, (1.0,), 2).b      # delayed GD, τ = 2
+        (0.0, 0.0, 0.0, 1.0)
+    """
+    beta = _check_beta(beta)
+    tau = _check_tau(tau)
+    c = tuple(float(x) for x in c)
+    if not c:
+        raise ValueError("c must hold at least one coefficient")
+    a = (1.0, -(1.0 + beta), beta)
+    b = (0.0,) * (tau + 1) + tuple(scale * x for x in c)
+    return LinearMethod(name, a, b, params or (("beta", beta), ("tau", tau)))
+
+
+def gd() -> LinearMethod:
+    """Gradient descent ``w_{t+1} = w_t − z·w_t``; state ``(w_t)``, matrix ``[1 − z]``.
+
+    Stable iff ``|1 − z| < 1`` (the disk of radius 1 centred at z = 1).
+
+    Example:
+        >>> char_poly(gd(), 0.5).tolist()
+        [(1+0j), (-0.5+0j)]
+    """
+    return LinearMethod("GD", (1.0, -1.0), (0.0, 1.0), (("beta", 0.0), ("tau", 0)))
+
+
+def delayed_gd(tau: int) -> LinearMethod:
+    """Gradient descent with gradient delay τ: ``w_{t+1} = w_t − z·w_{t−τ}``.
+
+    State ``(w_t, …, w_{t−τ})``; companion matrix with first row ``(1, 0, …, 0, −z)``; characteristic
+    polynomial ``r^(τ+1) − r^τ + z``. For real z the recurrence is asymptotically stable iff
+    ``0 < z < 2·cos(τπ/(2τ+1)) = 2·sin(π/(2(2τ+1)))`` (see :func:`pipelab.stability.delayed_gd_threshold`).
+
+    Args:
+        tau: the delay τ ≥ 0 (τ = 0 is plain GD).
+
+    Example:
+        >>> delayed_gd(2).order
+        3
+    """
+    tau = _check_tau(tau)
+    m = general(0.0, (1.0,), tau, name=f"GD τ={tau}")
+    return m
+
+
+def heavy_ball(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> LinearMethod:
+    """Heavy-ball (Polyak) momentum with gradient delay τ, eliminated to a recurrence in w.
+
+    ``form="code"`` (``torch.optim.SGD(momentum=β)``): ``v_t = β·v_{t−1} + λ·w_{t−τ}``,
+    ``w_{t+1} = w_t − η·v_t``. Since ``η·v_{t−1} = w_{t−1} − w_t``,
+
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·w_{t−τ}.
+
+    ``form="paper"`` (smoothed gradient, SpecTrain eq. 1: ``v_t = β·v_{t−1} + (1−β)·λ·w_{t−τ}``) gives
+    the same recurrence with z replaced by ``(1−β)·z``. State ``(w_t, …, w_{t−max(1,τ)})``;
+    characteristic polynomial ``r^(τ+1)·(r − 1) − β·r^τ·(r − 1) + z`` up to a power of r, i.e. for
+    τ = 0: ``r² − (1+β−z)·r + β``, stable for real z iff ``0 < z < 2(1+β)`` (code form).
+
+    Args:
+        beta: momentum β in [0, 1).
+        tau: gradient delay τ ≥ 0.
+        form: ``"code"`` (``v ← β·v + g``) or ``"paper"`` (``v ← β·v + (1−β)·g``).
+    """
+    beta = _check_beta(beta)
+    tau = _check_tau(tau)
+    return general(beta, (1.0,), tau, scale=_gradient_scale(beta, form), name=f"HB β={beta:g} τ={tau}",
+                   params=(("beta", beta), ("tau", tau), ("form", form)))
+
+
+def nesterov(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> LinearMethod:
+    """Nesterov momentum (torch's ``nesterov=True``) with gradient delay τ.
+
+    ``v_t = β·v_{t−1} + g_t``, ``w_{t+1} = w_t − η·(g_t + β·v_t)`` with ``g_t = λ·w_{t−τ}``. Let
+    ``d_t = w_{t+1} − w_t = −η(g_t + β v_t)``; then ``d_t − β·d_{t−1} = −η((1+β)·g_t − β·g_{t−1})``, so
+
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·((1+β)·w_{t−τ} − β·w_{t−τ−1}),
+
+    the general form with ``c = (1+β, −β)``: Nesterov is heavy-ball whose gradient is taken at the
+    extrapolated point ``w + β·(w − w_prev)``. ``form="paper"`` scales z by ``1−β``. For τ = 0 the
+    characteristic polynomial is ``r² − (1+β)(1−z)·r + β(1−z)``, stable for real z iff
+    ``0 < z < 2(1+β)/(1+2β)``.
+
+    Args:
+        beta: momentum β in [0, 1).
+        tau: gradient delay τ ≥ 0.
+        form: ``"code"`` or ``"paper"`` (see :func:`heavy_ball`).
+    """
+    beta = _check_beta(beta)
+    tau = _check_tau(tau)
+    return general(beta, (1.0 + beta, -beta), tau, scale=_gradient_scale(beta, form),
+                   name=f"Nesterov β={beta:g} τ={tau}", params=(("beta", beta), ("tau", tau), ("form", form)))
+
+
+def predicted_momentum(beta: float, tau: int, s: float | None = None, *, form: MomentumForm = "code",
+                       velocity_scale: float = 1.0) -> LinearMethod:
+    """Delayed momentum SGD whose stale weights are extrapolated (SpecTrain / PipeOptim prediction).
+
+    The gradient applied at step t is computed at the *predicted* weights
+    ``ŵ = w_{t−τ} − s·κ·η·v_{t−τ−1}``: the stage reads the stale weights ``w_{t−τ}`` together with the
+    momentum buffer that produced them and extrapolates s steps ahead (SpecTrain eq. 4,
+    ``Ŵ_{t+s} = W_t − s·η·v_{t−1}``; PipeOptim eq. 5 with ``ΔW_t = v_t``). Because the optimizer's own
+    buffer satisfies ``η·v_{t−τ−1} = w_{t−τ−1} − w_{t−τ}``,
+
+        ŵ = (1 + κs)·w_{t−τ} − κs·w_{t−τ−1},
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+κs)·w_{t−τ} − κs·w_{t−τ−1}),
+
+    the general form with ``c = (1+κs, −κs)``. With β = 0 (plain SGD, ``v`` = last gradient) the same
+    formula is "repeat the last update s times".
+
+    The two readings of "momentum":
+
+    - ``form="code"`` — what the published code computes with ``torch.optim.SGD``: buffer
+      ``v ← μ·v + g``, update ``w ← w − η·v``, prediction from the same buffer: ``g = 1``, ``κ = 1``.
+    - ``form="paper"`` — as SpecTrain states it: smoothed gradient ``v ← γ·v + (1−γ)·g`` drives both
+      the update and the prediction: ``g = 1−β``, ``κ = 1``. It is the code form at learning rate
+      ``(1−β)·η``: the region is the code form's scaled by ``1/(1−β)``.
+
+    Mixing them — the paper's smoothed gradient used to predict while the optimizer is torch's — is
+    ``form="code", velocity_scale=1−β`` (the smoothed gradient is exactly ``(1−β)`` times torch's buffer),
+    which extrapolates only a fraction ``1−β`` of the actual velocity.
+
+    Args:
+        beta: momentum β in [0, 1).
+        tau: gradient delay τ ≥ 0.
+        s: version difference (prediction horizon); default τ (predict the current weights).
+        form: ``"code"`` or ``"paper"``.
+        velocity_scale: κ, the ratio of the predicting velocity to the optimizer's own buffer.
+    """
+    beta = _check_beta(beta)
+    tau = _check_tau(tau)
+    s = float(tau if s is None else s)
+    if s < 0:
+        raise ValueError(f"s must be >= 0, got {s}")
+    k = float(velocity_scale) * s
+    return general(beta, (1.0 + k, -k), tau, scale=_gradient_scale(beta, form),
+                   name=f"predicted β={beta:g} τ={tau} s={s:g}",
+                   params=(("beta", beta), ("tau", tau), ("s", s), ("form", form),
+                           ("velocity_scale", float(velocity_scale))))
+
+
+def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.5, beta: float = 0.0,
+             correction: bool = True, form: MomentumForm = "code") -> LinearMethod:
+    """PipeMare's forward/backward weight discrepancy, with or without its discrepancy correction.
+
+    In an asynchronous pipeline the forward pass of a stage used weights ``w_{t−τf}`` and its backward
+    pass uses newer weights ``u_b`` (delay ``τb ≤ τf``). On the quadratic we model the gradient as
+
+        g_t = λ·((1−ρ)·w_{t−τf} + ρ·u_b),
+
+    where ρ ∈ [0, 1] is how strongly the gradient depends on the backward-pass weights (ρ = 0: all
+    from the forward weights, i.e. delayed GD with delay τf; PipeMare's sensitivity Δ is ``ρ·λ``).
+    Without correction ``u_b = w_{t−τb}``. PipeMare's discrepancy correction (the form implemented
+    here) moves the backward weights back towards the forward weights along an EMA of the weight
+    velocity:
+
+        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb}.
+
+    The weight update is momentum SGD with this gradient (β = 0: plain SGD). To eliminate δ, apply
+    ``(1 − γ·q⁻¹)`` (q⁻¹ the lag operator) to the whole recurrence: both lag polynomials are convolved
+    with ``(1, −γ)`` and the correction adds ``−ρ(τf−τb)(1−γ)·(w_{t−τb} − w_{t−τb−1})`` to the
+    gradient part. The resulting companion matrix is similar to the iteration matrix on the natural
+    state ``(w_t, …, w_{t−n}, δ_{t−1})``: its extra root γ is the EMA's own decay.
+
+    Args:
+        tau_fwd: forward delay τf ≥ 0.
+        tau_bkwd: backward delay, 0 ≤ τb ≤ τf.
+        rho: weight of the backward weights in the gradient, in [0, 1].
+        gamma: EMA decay γ of the velocity estimate, in [0, 1) (PipeMare ties it to the stage's
+            delays; here it is an explicit argument).
+        beta: momentum β in [0, 1).
+        correction: apply the discrepancy correction.
+        form: ``"code"`` or ``"paper"`` momentum (see :func:`heavy_ball`).
+    """
+    tau_fwd, tau_bkwd = _check_tau(tau_fwd, "tau_fwd"), _check_tau(tau_bkwd, "tau_bkwd")
+    if tau_bkwd > tau_fwd:
+        raise ValueError(f"tau_bkwd must be <= tau_fwd, got tau_bkwd={tau_bkwd}, tau_fwd={tau_fwd}")
+    if not 0.0 <= rho <= 1.0:
+        raise ValueError(f"rho must be in [0, 1], got {rho}")
+    gamma = _check_beta(gamma, "gamma")
+    beta = _check_beta(beta)
+    g = _gradient_scale(beta, form)
+    n = tau_fwd + 3
+    a = np.zeros(n)
+    a[:3] = (1.0, -(1.0 + beta), beta)
+    b = np.zeros(n)
+    b[tau_fwd + 1] += g * (1.0 - rho)
+    b[tau_bkwd + 1] += g * rho
+    params = (("tau_fwd", tau_fwd), ("tau_bkwd", tau_bkwd), ("rho", float(rho)), ("gamma", gamma),
+              ("beta", beta), ("correction", int(correction)), ("form", form))
+    label = f"PipeMare τf={tau_fwd} τb={tau_bkwd}" + (" corrected" if correction else "")
+    if not correction:
+        return LinearMethod(label, tuple(a), tuple(b), params)
+    ema = np.array([1.0, -gamma])
+    a2 = np.convolve(a, ema)
+    b2 = np.convolve(b, ema)
+    k = g * rho * (tau_fwd - tau_bkwd) * (1.0 - gamma)
+    b2[tau_bkwd + 1] -= k
+    b2[tau_bkwd + 2] += k
+    return LinearMethod(label, tuple(a2), tuple(b2), params)
+
+
+def adam_frozen(beta1: float = 0.9, tau: int = 0) -> LinearMethod:
+    """Adam linearised with a frozen preconditioner, with gradient delay τ.
+
+    Late in training (or on a quadratic after the second moment has settled) Adam's second-moment
+    estimate changes slowly; freezing it at ``v̂`` makes the step linear:
+    ``m_t = β1·m_{t−1} + (1−β1)·λ·w_{t−τ}``, ``w_{t+1} = w_t − η·m_t/(√v̂ + ε)`` (bias correction of m
+    → 1 for large t). On the eigen-direction this is :func:`heavy_ball` in ``"paper"`` form with
+    ``z = η·λ/(√v̂ + ε)``, the *preconditioned* step:
+
+        w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − (1−β1)·z·w_{t−τ}.
+
+    Args:
+        beta1: Adam's β1 in [0, 1).
+        tau: gradient delay τ ≥ 0.
+    """
+    beta1 = _check_beta(beta1, "beta1")
+    tau = _check_tau(tau)
+    m = general(beta1, (1.0,), tau, scale=1.0 - beta1, name=f"Adam (frozen) β1={beta1:g} τ={tau}",
+                params=(("beta1", beta1), ("tau", tau)))
+    return m
+
+
+def _as_z(z: complex | np.ndarray) -> np.ndarray:
+    arr = np.asarray(z)
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"z must be numeric (real or complex), got dtype {arr.dtype}")
+    return arr.astype(np.complex128)
+
+
+def char_poly(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
+    """Coefficients of ``P(r; z) = A(r) + z·B(r)``, highest power first, shape ``z.shape + (n+1,)``.
+
+    Args:
+        method: the linearised optimizer.
+        z: ``η·λ``, a complex scalar or array.
+
+    Example:
+        >>> char_poly(heavy_ball(0.5), 1.0).real.tolist()    # r² − (1.5 − 1)·r + 0.5
+        [1.0, -0.5, 0.5]
+    """
+    zz = _as_z(z)[..., None]
+    return np.asarray(method.a) + zz * np.asarray(method.b)
+
+
+def companion(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
+    """The iteration matrix on ``x_t = (w_t, …, w_{t−n+1})``: companion matrix of ``P(·; z)``.
+
+    ``x_{t+1} = C·x_t`` with ``C[0, :] = −(a_1 + z b_1, …, a_n + z b_n)`` and ``C[i, i−1] = 1``.
+
+    Returns:
+        array of shape ``z.shape + (n, n)`` (complex).
+
+    Example:
+        >>> companion(delayed_gd(1), 0.25).real.tolist()
+        [[1.0, -0.25], [1.0, 0.0]]
+    """
+    p = char_poly(method, z)
+    n = method.order
+    out = np.zeros(p.shape[:-1] + (n, n), dtype=np.complex128)
+    out[..., 0, :] = -p[..., 1:]
+    if n > 1:
+        idx = np.arange(1, n)
+        out[..., idx, idx - 1] = 1.0
+    return out
