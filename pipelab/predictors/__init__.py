@@ -1,0 +1,33 @@
+"""Weight predictors derived from ``torch.optim``: predict the weights a stage will have ``s`` updates ahead.
+
+Every predictor is a pure function of the user's optimizer (params, param groups, state) and ``s``
+(DESIGN §4); it never mutates the optimizer. The optimizer-specific part — "what update would this
+optimizer apply?" — lives in one :class:`~pipelab.predictors.rules.UpdateRule` per optimizer family
+(SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam, Adamax), shared by ``pipeoptim``, ``repeat`` and
+``zero_grad_rollout``.
+
+Example:
+    >>> import torch
+    >>> from pipelab.predictors import make_predictor
+    >>> w = torch.nn.Parameter(torch.zeros(2)); opt = torch.optim.Adam([w], lr=0.01)
+    >>> w.grad = torch.ones(2); opt.step()
+    >>> [round(x, 4) for x in make_predictor("pipeoptim").predict(opt, 3)[0].tolist()]
+    [-0.04, -0.04]
+"""
+
+from __future__ import annotations
+
+from . import rules_adam as _rules_adam  # noqa: F401  (registers the Adam-family rules)
+from .base import LRSchedule, Predictor, check_steps
+from .history import HistoryPredictor, LinearExtrapolation, PipeMare
+from .optimizer_based import PipeOptim, Repeat, Rollout, SpecTrain, Stale, ZeroGradRollout
+from .presets import PREDICTORS, PredictorPreset, available_predictors, describe_predictors, make_predictor
+from .rules import LastUpdateOptions, UpdateRule, rule_for, supported_optimizers
+
+__all__ = [
+    "Predictor", "LRSchedule", "check_steps",
+    "Stale", "SpecTrain", "PipeOptim", "Rollout", "Repeat", "ZeroGradRollout",
+    "HistoryPredictor", "LinearExtrapolation", "PipeMare",
+    "PREDICTORS", "PredictorPreset", "available_predictors", "make_predictor", "describe_predictors",
+    "UpdateRule", "LastUpdateOptions", "rule_for", "supported_optimizers",
+]

@@ -1,0 +1,399 @@
+"""Update rules of ``torch.optim`` optimizers as pure functions of (state, hyper-parameters, weights, gradient).
+
+Every weight predictor that follows the optimizer (PipeOptim, ``repeat``, ``zero_grad_rollout``) goes
+through one :class:`UpdateRule` per optimizer family. A rule reads the optimizer's own state and param
+groups *without writing to them* and offers two operations on a bucket of parameters that share a step
+count:
+
+- :meth:`UpdateRule.step`: the step ``torch.optim`` would take next for a given gradient,
+  ``(W, state) -> (W', state')`` with fresh tensors (the optimizer's state is never touched). The
+  operations mirror ``torch.optim``'s single-tensor code in the same order, so a rolled-out step agrees
+  with a real one to float64 rounding.
+- :meth:`UpdateRule.last_update`: the update ``lr·ΔW_t`` the *last* step applied, reconstructed from the
+  state after it (PipeOptim's Table I, generalised), with options for the disputed details
+  (:class:`LastUpdateOptions`).
+
+This module holds the shared machinery and the SGD, RMSprop and Adagrad families;
+:mod:`pipelab.predictors.rules_adam` holds Adam, AdamW, NAdam, RAdam and Adamax.
+
+Example:
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.ones(3))
+    >>> opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    >>> rule_for(opt).name
+    'SGD'
+
+Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOptim's Table I
+(Guan et al., arXiv:2312.00839) names ΔW_t for SGDM, Adam and AdamW.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "UpdateRule", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
+    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator",
+]
+
+_RULES: dict[type, UpdateRule] = {}
+
+
+def scalar(value: Any) -> float:
+    """A hyper-parameter as a Python float (``torch.optim`` accepts 0-dim tensors for lr and betas)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"expected a scalar hyper-parameter, got a tensor of shape {tuple(value.shape)}")
+        return float(value.item())
+    return float(value)
+
+
+@dataclass(frozen=True)
+class LastUpdateOptions:
+    """Disputed details of "the update the last step applied" (PipeOptim's ΔW_t).
+
+    Attributes:
+        weight_decay: include the decay term the optimizer adds explicitly (decoupled decay of AdamW/
+            NAdam/RAdam, or ``wd·W`` added to a reconstructed gradient). Coupled L2 decay already folded
+            into a moment buffer cannot be removed. PipeOptim's Table I lists no AdamW decay term.
+        bias_step: bias-correction exponent: ``"t"`` (the step count the last update used, Table I) or
+            ``"t+1"`` (the count of the next update).
+        eps: override of the optimizer's eps (PipeOptim's code uses 1e-8); ``None`` keeps the optimizer's.
+        eps_placement: ``"outside"`` the root, ``sqrt(v̂) + eps`` (torch.optim, Table I) or ``"inside"``,
+            ``sqrt(v̂ + eps)``.
+    """
+
+    weight_decay: bool = True
+    bias_step: Literal["t", "t+1"] = "t"
+    eps: float | None = None
+    eps_placement: Literal["outside", "inside"] = "outside"
+
+    def __post_init__(self) -> None:
+        if self.bias_step not in ("t", "t+1"):
+            raise ValueError(f"bias_step={self.bias_step!r}; choose 't' or 't+1'")
+        if self.eps_placement not in ("outside", "inside"):
+            raise ValueError(f"eps_placement={self.eps_placement!r}; choose 'outside' or 'inside'")
+        if self.eps is not None and not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0 or None, got {self.eps!r}")
+
+    def step_for_bias(self, step: float) -> float:
+        return step + 1.0 if self.bias_step == "t+1" else step
+
+
+@dataclass
+class BucketState:
+    """Optimizer state of a bucket of parameters sharing one step count.
+
+    ``tensors`` maps a state key (``"exp_avg"``, ...) to one tensor per parameter (``None`` where
+    ``torch.optim`` has not created it yet, e.g. SGD's momentum buffer before the first step). The lists
+    may hold the optimizer's own tensors: rules only read them and return new lists.
+    """
+
+    step: float
+    tensors: dict[str, list[Tensor | None]]
+    scalars: dict[str, Tensor] = field(default_factory=dict)
+
+
+def denominator(x: list[Tensor], scale: float, eps: float, placement: str) -> list[Tensor]:
+    """``sqrt(x / scale) + eps`` (``placement="outside"``) or ``sqrt(x / scale + eps)`` (``"inside"``)."""
+    if placement == "outside":
+        den = torch._foreach_sqrt(x)
+        if scale != 1.0:
+            torch._foreach_div_(den, scale ** 0.5)
+        torch._foreach_add_(den, eps)
+        return den
+    inner = torch._foreach_div(x, scale) if scale != 1.0 else [t.clone() for t in x]
+    torch._foreach_add_(inner, eps)
+    return torch._foreach_sqrt(inner)
+
+
+class UpdateRule:
+    """The update rule of one ``torch.optim`` family, read-only with respect to the optimizer.
+
+    Subclasses define :meth:`hyper` (validated hyper-parameters of a param group), :meth:`init_state`
+    (what ``torch.optim`` creates before its first step), :meth:`step` and :meth:`last_update`.
+    """
+
+    name: ClassVar[str] = ""
+    optimizer_types: ClassVar[tuple[type, ...]] = ()
+    needs_grad_for_last: ClassVar[bool] = False  # does last_update need the last gradient p.grad?
+    options: ClassVar[tuple[str, ...]] = ()        # hyper-parameters this rule understands
+
+    # -- hyper-parameters ----------------------------------------------------------------------
+    def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        """Validated hyper-parameters of a param group; raises ValueError on unsupported options."""
+        if group.get("differentiable", False):
+            raise ValueError(f"{self.name}(differentiable=True) is not supported by the weight predictors; "
+                             "use differentiable=False")
+        hp = {k: group[k] for k in self.options if k in group}
+        hp["lr"] = scalar(group["lr"])
+        hp["maximize"] = bool(group.get("maximize", False))
+        hp["weight_decay"] = scalar(group.get("weight_decay", 0.0))
+        return hp
+
+    def bucket_key(self, state: dict[str, Any] | None) -> tuple:
+        """Parameters with equal keys share step-dependent scalars and are updated together."""
+        if not state or "step" not in state:
+            return (0.0,)
+        return (scalar(state["step"]),)
+
+    def init_state(self, hp: dict[str, Any], p: Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def read(self, hp: dict[str, Any], states: list[dict[str, Any]]) -> BucketState:
+        """Bucket state from the per-parameter state dicts (references, not copies)."""
+        keys = self.state_keys(hp)
+        step = scalar(states[0]["step"]) if "step" in states[0] else 0.0
+        tensors = {k: [st.get(k) for st in states] for k in keys}
+        return BucketState(step, tensors, self.read_scalars(states))
+
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def read_scalars(self, states: list[dict[str, Any]]) -> dict[str, Tensor]:
+        return {}
+
+    # -- the two operations ---------------------------------------------------------------------
+    def step(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
+             g: list[Tensor]) -> tuple[list[Tensor], BucketState]:
+        """One ``optimizer.step()`` with gradient ``g`` on weights ``W``: new weights and new state."""
+        raise NotImplementedError
+
+    def last_update(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
+                    g: list[Tensor] | None, opts: LastUpdateOptions) -> list[Tensor]:
+        """``lr·ΔW_t``: the update the last step applied (``W_t ≈ W_{t-1} − lr·ΔW_t``), from the state."""
+        raise NotImplementedError
+
+    # -- shared helpers ------------------------------------------------------------------------
+    @staticmethod
+    def effective_grad(hp: dict[str, Any], W: list[Tensor], g: list[Tensor], *, coupled_decay: bool = True
+                       ) -> list[Tensor]:
+        """``±g + wd·W`` as torch.optim forms it (sign from ``maximize``, L2 decay when coupled)."""
+        out = torch._foreach_neg(g) if hp["maximize"] else list(g)
+        if coupled_decay and hp["weight_decay"] != 0:
+            out = torch._foreach_add(out, W, alpha=hp["weight_decay"])
+        return out
+
+
+def register_rule(rule: UpdateRule) -> UpdateRule:
+    """Register ``rule`` for its ``optimizer_types`` (exact classes; subclasses resolve through the MRO)."""
+    for cls in rule.optimizer_types:
+        _RULES[cls] = rule
+    return rule
+
+
+def supported_optimizers() -> list[str]:
+    """Names of the ``torch.optim`` classes the predictors understand."""
+    return sorted({cls.__name__ for cls in _RULES})
+
+
+def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
+    """The :class:`UpdateRule` of ``optimizer``'s class (or its nearest registered base class).
+
+    Raises:
+        TypeError: if the optimizer is not a supported ``torch.optim`` optimizer.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    for cls in type(optimizer).__mro__:
+        if cls in _RULES:
+            return _RULES[cls]
+    raise TypeError(f"optimizer {type(optimizer).__name__} is not supported by the weight predictors; "
+                    f"supported: {', '.join(supported_optimizers())}")
+
+
+# ---------------------------------------------------------------------------------------------------
+class SGDRule(UpdateRule):
+    """SGD with momentum μ, dampening τ, Nesterov, L2 weight decay (``torch.optim.SGD``).
+
+    ``g ← ±g + wd·W``; ``b ← g`` (first step) else ``b ← μ·b + (1−τ)·g``; ``d = g + μ·b`` (Nesterov) or
+    ``b`` (else ``g`` when μ = 0); ``W ← W − lr·d``. The last update is ``lr·b`` (Table I's ``v_t``), or
+    ``lr·(g_t + μ·b)`` for Nesterov and ``lr·g_t`` without momentum (these need the last gradient).
+    """
+
+    name = "SGD"
+    optimizer_types = (torch.optim.SGD,)
+    options = ("momentum", "dampening", "nesterov")
+
+    def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        hp = super().hyper(group)
+        hp["momentum"] = scalar(hp.get("momentum", 0.0))
+        hp["dampening"] = scalar(hp.get("dampening", 0.0))
+        hp["nesterov"] = bool(hp.get("nesterov", False))
+        return hp
+
+    def bucket_key(self, state: dict[str, Any] | None) -> tuple:
+        return (state is not None and state.get("momentum_buffer") is not None,)
+
+    def init_state(self, hp: dict[str, Any], p: Tensor) -> dict[str, Any]:
+        return {"momentum_buffer": None}
+
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
+        return ("momentum_buffer",)
+
+    def step(self, hp, lr, st, W, g):
+        g = self.effective_grad(hp, W, g)
+        mu = hp["momentum"]
+        bufs = st.tensors["momentum_buffer"]
+        if mu != 0:
+            if any(b is None for b in bufs):
+                new_bufs = [x.detach().clone() for x in g]
+            else:
+                new_bufs = torch._foreach_mul(bufs, mu)
+                torch._foreach_add_(new_bufs, g, alpha=1 - hp["dampening"])
+            d = torch._foreach_add(g, new_bufs, alpha=mu) if hp["nesterov"] else new_bufs
+            st = BucketState(st.step + 1, {"momentum_buffer": new_bufs})
+        else:
+            d = g
+            st = BucketState(st.step + 1, st.tensors)
+        return torch._foreach_add(W, d, alpha=-lr), st
+
+    def last_update(self, hp, lr, st, W, g, opts):
+        mu = hp["momentum"]
+        bufs = st.tensors["momentum_buffer"]
+        if mu != 0 and not hp["nesterov"]:
+            return [torch.zeros_like(w) if b is None else b * lr for w, b in zip(W, bufs)]
+        if g is None:
+            raise ValueError("the last update of SGD with nesterov=True or momentum=0 needs the last gradient "
+                             "(p.grad); predict before optimizer.zero_grad()")
+        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+        ge = self.effective_grad(wd_hp, W, g)
+        if mu != 0:  # Nesterov: d = g + μ·b
+            d = [x + mu * b if b is not None else x.clone() for x, b in zip(ge, bufs)]
+        else:
+            d = [x.clone() for x in ge]
+        torch._foreach_mul_(d, lr)
+        return d
+
+
+class RMSpropRule(UpdateRule):
+    """RMSprop with smoothing α, eps, optional centering and momentum (``torch.optim.RMSprop``).
+
+    ``v ← α·v + (1−α)·g²``; centered: ``ḡ ← lerp(ḡ, g, 1−α)``, ``a = sqrt(v − ḡ²) + eps`` else
+    ``a = sqrt(v) + eps``; momentum: ``b ← μ·b + g/a``, ``W ← W − lr·b``; else ``W ← W − lr·g/a``.
+    The last update is ``lr·b`` with momentum, else ``lr·g_t/a`` (needs the last gradient).
+    """
+
+    name = "RMSprop"
+    optimizer_types = (torch.optim.RMSprop,)
+    options = ("alpha", "eps", "momentum", "centered")
+
+    def hyper(self, group):
+        hp = super().hyper(group)
+        for k in ("alpha", "eps", "momentum"):
+            hp[k] = scalar(hp[k])
+        hp["centered"] = bool(hp["centered"])
+        return hp
+
+    def state_keys(self, hp):
+        keys = ["square_avg"]
+        if hp["momentum"] > 0:
+            keys.append("momentum_buffer")
+        if hp["centered"]:
+            keys.append("grad_avg")
+        return tuple(keys)
+
+    def init_state(self, hp, p):
+        st: dict[str, Any] = {"step": torch.tensor(0.0), "square_avg": torch.zeros_like(p)}
+        if hp["momentum"] > 0:
+            st["momentum_buffer"] = torch.zeros_like(p)
+        if hp["centered"]:
+            st["grad_avg"] = torch.zeros_like(p)
+        return st
+
+    def _avg(self, hp, sq, ga, eps, placement="outside"):
+        if hp["centered"]:
+            var = torch._foreach_addcmul(sq, ga, ga, value=-1)
+            return denominator(var, 1.0, eps, placement)
+        return denominator(sq, 1.0, eps, placement)
+
+    def step(self, hp, lr, st, W, g):
+        g = self.effective_grad(hp, W, g)
+        a = hp["alpha"]
+        sq = torch._foreach_mul(st.tensors["square_avg"], a)
+        torch._foreach_addcmul_(sq, g, g, value=1 - a)
+        new = {"square_avg": sq}
+        ga = None
+        if hp["centered"]:
+            ga = torch._foreach_lerp(st.tensors["grad_avg"], g, 1 - a)
+            new["grad_avg"] = ga
+        avg = self._avg(hp, sq, ga, hp["eps"])
+        if hp["momentum"] > 0:
+            buf = torch._foreach_mul(st.tensors["momentum_buffer"], hp["momentum"])
+            torch._foreach_addcdiv_(buf, g, avg)
+            new["momentum_buffer"] = buf
+            W = torch._foreach_add(W, buf, alpha=-lr)
+        else:
+            W = torch._foreach_addcdiv(W, g, avg, value=-lr)
+        return W, BucketState(st.step + 1, new)
+
+    def last_update(self, hp, lr, st, W, g, opts):
+        if hp["momentum"] > 0:
+            return torch._foreach_mul(st.tensors["momentum_buffer"], lr)
+        if g is None:
+            raise ValueError("the last update of RMSprop without momentum needs the last gradient (p.grad); "
+                             "predict before optimizer.zero_grad()")
+        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+        ge = self.effective_grad(wd_hp, W, g)
+        eps = hp["eps"] if opts.eps is None else opts.eps
+        avg = self._avg(hp, st.tensors["square_avg"], st.tensors.get("grad_avg"), eps, opts.eps_placement)
+        d = torch._foreach_div(ge, avg)
+        torch._foreach_mul_(d, lr)
+        return d
+
+
+class AdagradRule(UpdateRule):
+    """Adagrad with lr decay and initial accumulator (``torch.optim.Adagrad``).
+
+    ``t ← t+1``; ``clr = lr / (1 + (t−1)·lr_decay)``; ``S ← S + g²``; ``W ← W − clr·g/(sqrt(S) + eps)``.
+    The last update is ``clr_t·g_t/(sqrt(S_t) + eps)`` (needs the last gradient).
+    """
+
+    name = "Adagrad"
+    optimizer_types = (torch.optim.Adagrad,)
+    options = ("eps", "lr_decay", "initial_accumulator_value")
+
+    def hyper(self, group):
+        hp = super().hyper(group)
+        for k in self.options:
+            hp[k] = scalar(hp[k])
+        return hp
+
+    def state_keys(self, hp):
+        return ("sum",)
+
+    def init_state(self, hp, p):
+        return {"step": torch.tensor(0.0), "sum": torch.full_like(p, hp["initial_accumulator_value"])}
+
+    def step(self, hp, lr, st, W, g):
+        g = self.effective_grad(hp, W, g)
+        step = st.step + 1
+        clr = lr / (1 + (step - 1) * hp["lr_decay"])
+        S = torch._foreach_addcmul(st.tensors["sum"], g, g, value=1)
+        std = torch._foreach_sqrt(S)
+        torch._foreach_add_(std, hp["eps"])
+        return torch._foreach_addcdiv(W, g, std, value=-clr), BucketState(step, {"sum": S})
+
+    def last_update(self, hp, lr, st, W, g, opts):
+        if st.step == 0:
+            return [torch.zeros_like(w) for w in W]
+        if g is None:
+            raise ValueError("the last update of Adagrad needs the last gradient (p.grad); "
+                             "predict before optimizer.zero_grad()")
+        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+        ge = self.effective_grad(wd_hp, W, g)
+        step = opts.step_for_bias(st.step)
+        clr = lr / (1 + (step - 1) * hp["lr_decay"])
+        eps = hp["eps"] if opts.eps is None else opts.eps
+        d = torch._foreach_div(ge, denominator(st.tensors["sum"], 1.0, eps, opts.eps_placement))
+        torch._foreach_mul_(d, clr)
+        return d
+
+
+register_rule(SGDRule())
+register_rule(RMSpropRule())
+register_rule(AdagradRule())
