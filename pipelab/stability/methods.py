@@ -305,8 +305,8 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
     tau_fwd, tau_bkwd = _check_tau(tau_fwd, "tau_fwd"), _check_tau(tau_bkwd, "tau_bkwd")
     if tau_bkwd > tau_fwd:
         raise ValueError(f"tau_bkwd must be <= tau_fwd, got tau_bkwd={tau_bkwd}, tau_fwd={tau_fwd}")
-    if not 0.0 <= rho <= 1.0:
-        raise ValueError(f"rho must be in [0, 1], got {rho}")
+    if not np.isfinite(rho):
+        raise ValueError(f"rho must be a finite real number, got {rho}")
     gamma = _check_beta(gamma, "gamma")
     beta = _check_beta(beta)
     g = _gradient_scale(beta, form)

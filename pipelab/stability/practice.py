@@ -1,0 +1,214 @@
+"""Stale-gradient training in practice: the largest stable learning rate of a real optimizer, by bisection.
+
+A least-squares problem ``f(w) = ½‖Xw − y‖²`` with a prescribed Hessian spectrum ``XᵀX = V·diag(λ)·Vᵀ``
+is trained with a ``torch.optim`` optimizer whose gradient is *delayed*: the gradient applied at step t
+is computed at the weights of τ updates earlier, kept in a ring buffer of past weights (and, for
+prediction, past momentum buffers). On every eigen-direction this is exactly a linear recurrence of
+:mod:`.methods`, so the largest stable learning rate is ``η* = z*/λ_max`` with ``z*`` from
+:func:`pipelab.stability.max_stable_step` — the theory is checked against the real optimizer.
+
+:func:`delayed_training` is the only place that produces the delayed gradient; it is deliberately small
+so that it can be replaced by a pipeline emulation (asynchronous 1F1B, where stage k sees a delay set by
+the schedule's version table) without changing :func:`max_stable_lr`.
+
+Example:
+    >>> prob = least_squares_problem(dim=8, lam_max=1.0, lam_min=0.1, seed=0)
+    >>> run = delayed_training(prob, lr=0.5, tau=1, steps=300)
+    >>> run.diverged
+    False
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["LeastSquares", "least_squares_problem", "DelayedRun", "delayed_training", "max_stable_lr"]
+
+
+@dataclass(frozen=True)
+class LeastSquares:
+    """``f(w) = ½‖Xw − y‖²`` with known Hessian eigenvalues ``lams`` (so ``XᵀX = V·diag(lams)·Vᵀ``).
+
+    Attributes:
+        X: design matrix ``(m, d)``; y: targets ``(m,)``; w_star: the minimiser; w0: the start;
+        lams: the Hessian eigenvalues (descending).
+    """
+
+    X: torch.Tensor
+    y: torch.Tensor
+    w_star: torch.Tensor
+    w0: torch.Tensor
+    lams: np.ndarray
+
+    @property
+    def lam_max(self) -> float:
+        return float(self.lams.max())
+
+    def grad(self, w: torch.Tensor) -> torch.Tensor:
+        """``Xᵀ(Xw − y)``."""
+        return self.X.T @ (self.X @ w - self.y)
+
+
+def least_squares_problem(dim: int = 20, *, lam_max: float = 1.0, lam_min: float = 0.01, rows: int | None = None,
+                          seed: int = 0, dtype: torch.dtype = torch.float64,
+                          device: str | torch.device = "cpu") -> LeastSquares:
+    """A least-squares problem whose Hessian has eigenvalues log-spaced in ``[lam_min, lam_max]``.
+
+    ``X = U·diag(√λ)·Vᵀ`` with random orthonormal U (m×d) and V (d×d); ``y = X·w_true`` plus noise, so
+    the minimiser ``w*`` is the least-squares solution.
+
+    Args:
+        dim: number of weights d (≥ 1).
+        lam_max, lam_min: the extreme eigenvalues (``0 < lam_min ≤ lam_max``).
+        rows: m ≥ d (default 2d).
+        seed: seed of U, V, w_true, the noise and the start w0.
+        dtype, device: of the tensors.
+    """
+    if dim < 1:
+        raise ValueError(f"dim must be >= 1, got {dim}")
+    if not 0 < lam_min <= lam_max:
+        raise ValueError(f"need 0 < lam_min <= lam_max, got lam_min={lam_min}, lam_max={lam_max}")
+    m = rows if rows is not None else 2 * dim
+    if m < dim:
+        raise ValueError(f"rows must be >= dim, got rows={m}, dim={dim}")
+    g = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(m, dim, generator=g, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
+    lams = np.geomspace(lam_max, lam_min, dim) if dim > 1 else np.array([lam_max])
+    X = U @ torch.diag(torch.from_numpy(np.sqrt(lams))) @ V.T
+    w_true = torch.randn(dim, generator=g, dtype=torch.float64)
+    y = X @ w_true + 0.1 * torch.randn(m, generator=g, dtype=torch.float64)
+    w_star = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.squeeze(1)
+    w0 = w_star + torch.randn(dim, generator=g, dtype=torch.float64)
+    to = dict(dtype=dtype, device=device)
+    return LeastSquares(X.to(**to), y.to(**to), w_star.to(**to), w0.to(**to), lams)
+
+
+@dataclass
+class DelayedRun:
+    """Result of :func:`delayed_training`.
+
+    Attributes:
+        dist: ``‖w_t − w*‖`` for t = 0..T (shorter when stopped early on blow-up).
+        diverged: True when the distance grew (asymptotic rate > 1, estimated over the last half) or blew up.
+        rate: estimated per-step growth factor of the distance over the second half of the run.
+    """
+
+    dist: np.ndarray
+    diverged: bool
+    rate: float
+
+
+def _make_optimizer(params: list[torch.Tensor], name: str, lr: float, momentum: float, nesterov: bool
+                    ) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov)
+    raise ValueError(f"optimizer must be 'sgd', got {name!r}")
+
+
+def delayed_training(problem: LeastSquares, lr: float, tau: int, *, steps: int = 2000, momentum: float = 0.0,
+                     nesterov: bool = False, predict_s: float | None = None, optimizer: str = "sgd",
+                     blowup: float = 1e8) -> DelayedRun:
+    """Train ``problem`` with ``torch.optim.SGD`` on gradients delayed by τ steps.
+
+    Rule: ``g_t = ∇f(ŵ_t)`` with ``ŵ_t = w_{t−τ}`` (weights before the first step for ``t < τ``), or,
+    with prediction (SpecTrain/PipeOptim as their code computes it), ``ŵ_t = w_{t−τ} − s·η·v_{t−τ−1}``
+    where ``v_{t−τ−1}`` is the optimizer's momentum buffer that produced ``w_{t−τ}`` (zero for plain
+    SGD: then ``v`` is the last gradient, read from the weight difference). The ring buffer holds the
+    last τ+1 (weights, buffer) snapshots; ``optimizer.step()`` applies ``g_t`` to the current weights.
+
+    Args:
+        problem: the least-squares problem.
+        lr: learning rate η.
+        tau: delay τ ≥ 0.
+        steps: optimizer steps T.
+        momentum, nesterov: passed to ``torch.optim.SGD``.
+        predict_s: prediction horizon s (``None``: no prediction).
+        optimizer: only ``"sgd"`` for now.
+        blowup: stop early once the distance exceeds ``blowup`` times its start.
+
+    Returns:
+        a :class:`DelayedRun`.
+    """
+    if tau < 0 or int(tau) != tau:
+        raise ValueError(f"tau must be a non-negative integer, got {tau!r}")
+    if nesterov and predict_s is not None:
+        raise ValueError("predict_s is implemented for heavy-ball momentum (nesterov=False) only")
+    if steps < 4:
+        raise ValueError(f"steps must be >= 4, got {steps}")
+    w = problem.w0.clone().requires_grad_(True)
+    opt = _make_optimizer([w], optimizer, lr, momentum, nesterov)
+    zero = torch.zeros_like(w)
+    # ring[0] is (w_{t−τ}, v_{t−τ−1}); the last-update velocity is w_{t−τ−1} − w_{t−τ} = η·v for SGD.
+    ring: deque[tuple[torch.Tensor, torch.Tensor]] = deque([(w.detach().clone(), zero)] * (tau + 1), maxlen=tau + 1)
+    prev_w = deque([w.detach().clone()] * (tau + 2), maxlen=tau + 2)  # w_{t−τ−1} .. w_t
+    dist = [float(torch.linalg.vector_norm(problem.w0 - problem.w_star))]
+    limit = blowup * dist[0]
+    for _ in range(steps):
+        stale_w, stale_v = ring[0]
+        if predict_s is not None and predict_s != 0:
+            if momentum > 0:
+                point = stale_w - predict_s * lr * stale_v
+            else:  # plain SGD: repeat the last update s times
+                point = stale_w + predict_s * (stale_w - prev_w[0])
+        else:
+            point = stale_w
+        with torch.no_grad():
+            w.grad = problem.grad(point)
+        opt.step()
+        buf = opt.state[w].get("momentum_buffer") if momentum > 0 else None
+        snap = w.detach().clone()
+        ring.append((snap, buf.clone() if buf is not None else zero))
+        prev_w.append(snap)
+        d = float(torch.linalg.vector_norm(snap - problem.w_star))
+        dist.append(d)
+        if not math.isfinite(d) or d > limit:
+            return DelayedRun(np.asarray(dist), True, math.inf)
+    arr = np.asarray(dist)
+    # Growth factor between the maxima of two windows (a window spans oscillation periods).
+    win = max(steps // 10, 1)
+    late, mid = arr[-win:].max(), arr[steps // 2 - win // 2: steps // 2 + win // 2 + 1].max()
+    span = (steps - win // 2) - steps // 2
+    rate = float(np.exp((np.log(late) - np.log(mid)) / max(span, 1))) if mid > 0 and late > 0 else 0.0
+    return DelayedRun(arr, bool(rate > 1.0), rate)
+
+
+def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float | None = None, rel_tol: float = 1e-3,
+                  steps: int = 2000, max_iter: int = 40, **kwargs) -> float:
+    """Largest stable learning rate of :func:`delayed_training`, by bisection on ``diverged``.
+
+    Args:
+        problem: the least-squares problem.
+        tau: delay τ.
+        lo: a learning rate known to be stable (0 by default).
+        hi: one known to diverge; default ``4/λ_max·(1 + momentum)``, doubled until it diverges.
+        rel_tol: stop when ``hi − lo < rel_tol·hi``.
+        steps: training steps per trial (longer resolves the threshold more finely: the growth per step
+            near it is ~ ``(η − η*)·const``).
+        kwargs: passed to :func:`delayed_training` (``momentum``, ``nesterov``, ``predict_s``).
+
+    Returns:
+        the midpoint of the final bracket.
+    """
+    if hi is None:
+        hi = 4.0 * (1.0 + kwargs.get("momentum", 0.0)) / problem.lam_max
+        for _ in range(20):
+            if delayed_training(problem, hi, tau, steps=steps, **kwargs).diverged:
+                break
+            hi *= 2.0
+        else:
+            raise RuntimeError("no diverging learning rate found")
+    for _ in range(max_iter):
+        if hi - lo < rel_tol * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if delayed_training(problem, mid, tau, steps=steps, **kwargs).diverged:
+            hi = mid
+        else:
+            lo = mid
+    return 0.5 * (lo + hi)
