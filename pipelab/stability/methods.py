@@ -278,13 +278,19 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
 
         g_t = λ·((1−ρ)·w_{t−τf} + ρ·u_b),
 
-    where ρ ∈ [0, 1] is how strongly the gradient depends on the backward-pass weights (ρ = 0: all
-    from the forward weights, i.e. delayed GD with delay τf; PipeMare's sensitivity Δ is ``ρ·λ``).
+    where ρ is the gradient's sensitivity to the backward-pass weights relative to the curvature
+    (PipeMare's ``∇f(u_fwd, u_bkwd) ≈ λ·u_fwd + Δ·(u_bkwd − u_fwd)`` with ``Δ = ρ·λ``, in our
+    parametrisation). ρ = 0: delayed GD with delay τf; ρ = 1: delay τb; ρ ∈ (0, 1) interpolates the two
+    delays; ρ < 0 or ρ > 1 is a gradient that the weight *discrepancy* itself perturbs — the case the
+    correction targets (on this model it enlarges the stable step there, and can shrink it for
+    ρ ∈ (0, 1], where it pushes the backward weights back to the older forward weights).
     Without correction ``u_b = w_{t−τb}``. PipeMare's discrepancy correction (the form implemented
     here) moves the backward weights back towards the forward weights along an EMA of the weight
     velocity:
 
-        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb}.
+        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb}
+
+    (``δ_{t−τb}``: the velocity estimate the stage held when the backward weights were current).
 
     The weight update is momentum SGD with this gradient (β = 0: plain SGD). To eliminate δ, apply
     ``(1 − γ·q⁻¹)`` (q⁻¹ the lag operator) to the whole recurrence: both lag polynomials are convolved
@@ -295,7 +301,7 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
     Args:
         tau_fwd: forward delay τf ≥ 0.
         tau_bkwd: backward delay, 0 ≤ τb ≤ τf.
-        rho: weight of the backward weights in the gradient, in [0, 1].
+        rho: sensitivity of the gradient to the backward weights, ``Δ/λ`` (any finite real).
         gamma: EMA decay γ of the velocity estimate, in [0, 1) (PipeMare ties it to the stage's
             delays; here it is an explicit argument).
         beta: momentum β in [0, 1).
