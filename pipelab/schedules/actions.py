@@ -1,0 +1,214 @@
+"""Schedules as data: the :class:`Action` record and the :class:`Schedule` value.
+
+A schedule is, for every worker w = 0..W−1, the ordered list of actions the worker executes. An action is
+
+- ``F``: forward of stage k on micro-batch (t, j) (step / mini-batch t, micro-batch j = 0..M−1);
+- ``B``: full backward (input gradient and weight gradient) of stage k on micro-batch (t, j);
+- ``U``: the optimizer update of stage k's weights with the gradients of step t, run by a worker that
+  holds a copy of stage k's weights;
+- ``I`` / ``W``: reserved for a split backward (input gradient / weight gradient, as in zero-bubble
+  schedules). The validator and simulator understand them: a stage's micro-batch has either one ``B`` or
+  one ``I`` plus one ``W``.
+
+The global micro-batch index is g = t·M + j. Stages are numbered 0..D−1 in model order; in interleaved
+and folded schedules several stages ("chunks") live on one worker and ``chunk`` records which of the
+worker's chunks the stage is (0 elsewhere).
+
+Placement follows Rahimi's w(s, b, d) = (w_weights, w_compute): the compute placement is explicit in the
+programs (the worker whose list holds the action), the weight placement is ``Schedule.weight_holders[k]``,
+the workers holding a copy of stage k's weights. A job on worker w reads stage k's weights from w itself
+when w holds them, else from the first holder (:meth:`Schedule.weight_source`).
+
+Dependencies (Rahimi's pred):  F(k,g) after F(k−1,g);  B(D−1,g) after F(D−1,g);  B(k,g) after F(k,g) and
+B(k+1,g);  U(k,t) on holder h after every B(k,g) of step t. A schedule with ``sync_lag = L`` (not None)
+additionally makes F/B of stage k in step t wait for U(k, t−1−L) at its weight source: L = 0 is a flushed
+(synchronous) schedule; ``None`` means no weight barrier (PipeDream-style asynchronous schedules).
+
+Example:
+    >>> from pipelab.schedules import gpipe
+    >>> s = gpipe(D=2, M=2)
+    >>> [str(a) for a in s.programs[0]]
+    ['F0.0', 'F0.1', 'B0.0', 'B0.1', 'U0']
+
+Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), the placement
+functions w(s,b,d) and priority n(s,b,d).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, NamedTuple
+
+__all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES"]
+
+#: Every op an action may carry. F/B/U are produced by the builders; I/W are the split backward.
+OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
+#: Ops that occupy a worker with model compute on a micro-batch.
+COMPUTE_OPS: frozenset[str] = frozenset({"F", "B", "I", "W"})
+#: Which weight version a schedule's design makes a job use (see ``Schedule.weight_rule``).
+WEIGHT_RULES: tuple[str, ...] = ("current", "step_first")
+
+
+class Action(NamedTuple):
+    """One entry of a worker's program (immutable, hashable, cheap to create).
+
+    Attributes:
+        op: "F", "B", "U" (and "I"/"W" for a split backward).
+        stage: stage index k in 0..D−1.
+        step: step / mini-batch index t.
+        micro: micro-batch index j in 0..M−1 within step t; −1 for "U".
+        chunk: which of the worker's chunks stage k is (interleaved / folded schedules), else 0.
+
+    Example:
+        >>> Action("F", 2, 0, 3)
+        Action(op='F', stage=2, step=0, micro=3, chunk=0)
+        >>> str(Action("U", 1, 4, -1))
+        'U1'
+    """
+
+    op: str
+    stage: int
+    step: int
+    micro: int
+    chunk: int = 0
+
+    def __str__(self) -> str:
+        if self.op == "U":
+            return f"U{self.stage}"
+        return f"{self.op}{self.stage}.{self.micro}"
+
+    def g(self, M: int) -> int:
+        """Global micro-batch index g = t·M + j (−1 for updates)."""
+        return -1 if self.micro < 0 else self.step * M + self.micro
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """A pipeline schedule as data: per-worker ordered programs plus placement and update semantics.
+
+    Attributes:
+        name: human-readable name (builder and parameters).
+        programs: ``programs[w]`` is worker w's ordered tuple of :class:`Action`.
+        D: number of stages (model pieces; with V chunks per worker, D = V·W).
+        M: micro-batches per optimizer step.
+        steps: number of optimizer steps T (mini-batches) the schedule covers.
+        weight_holders: ``weight_holders[k]`` = workers holding a copy of stage k's weights; each of them
+            runs U(k, t) for every step t.
+        sync_lag: ``None`` (no weight barrier: asynchronous) or L ≥ 0: F/B of stage k in step t wait for
+            U(k, t−1−L) at their weight source (0 = flushed, synchronous training).
+        weight_rule: the weight version the schedule's design uses for a job: ``"current"`` (the version
+            current when the job runs) or ``"step_first"`` (PipeDream-2BW: every micro-batch of step t at
+            stage k uses the version current when step t's first forward ran at stage k).
+        update_rule: the written rule of when U happens in this schedule.
+        params: the builder's parameters (e.g. ``{"V": 2}``), recorded for figures and reports.
+
+    Example:
+        >>> from pipelab.schedules import one_f_one_b
+        >>> s = one_f_one_b(D=4, M=8)
+        >>> s.W, s.n_jobs, s.worker_of("F", 2, 0, 5)
+        (4, 64, 2)
+    """
+
+    name: str
+    programs: tuple[tuple[Action, ...], ...]
+    D: int
+    M: int
+    steps: int = 1
+    weight_holders: tuple[tuple[int, ...], ...] = ()
+    sync_lag: int | None = 0
+    weight_rule: str = "current"
+    update_rule: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("D", "M", "steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"Schedule.{name} must be a positive int, got {v!r}")
+        if not self.programs:
+            raise ValueError("Schedule.programs must list at least one worker")
+        progs = tuple(tuple(p) for p in self.programs)
+        object.__setattr__(self, "programs", progs)
+        W = len(progs)
+        holders = self.weight_holders
+        if not holders:
+            holders = tuple(tuple(sorted({w for w, p in enumerate(progs) for a in p
+                                          if a.stage == k and a.op != "U"})) or (0,) for k in range(self.D))
+        holders = tuple(tuple(int(h) for h in hs) for hs in holders)
+        if len(holders) != self.D:
+            raise ValueError(f"weight_holders must have one entry per stage (D={self.D}), got {len(holders)}")
+        for k, hs in enumerate(holders):
+            if not hs or any(not 0 <= h < W for h in hs):
+                raise ValueError(f"weight_holders[{k}]={hs} must be non-empty workers in 0..{W - 1}")
+        object.__setattr__(self, "weight_holders", holders)
+        if self.sync_lag is not None and (not isinstance(self.sync_lag, int) or self.sync_lag < 0):
+            raise ValueError(f"sync_lag must be None or an int >= 0, got {self.sync_lag!r}")
+        if self.weight_rule not in WEIGHT_RULES:
+            raise ValueError(f"weight_rule must be one of {WEIGHT_RULES}, got {self.weight_rule!r}")
+
+    # ------------------------------------------------------------------ derived views
+    @property
+    def W(self) -> int:
+        """Number of workers."""
+        return len(self.programs)
+
+    @property
+    def n_jobs(self) -> int:
+        """Number of compute jobs (F, B, I, W actions), excluding updates."""
+        return sum(1 for p in self.programs for a in p if a.op != "U")
+
+    @property
+    def n_actions(self) -> int:
+        """Number of actions of all kinds, updates included."""
+        return sum(len(p) for p in self.programs)
+
+    @property
+    def split_backward(self) -> bool:
+        """True when the backward is split into I and W actions."""
+        return any(a.op == "I" for p in self.programs for a in p)
+
+    @cached_property
+    def _where(self) -> dict[tuple[str, int, int, int], int]:
+        return {(a.op, a.stage, a.step, a.micro): w for w, p in enumerate(self.programs)
+                for a in p if a.op != "U"}
+
+    def worker_of(self, op: str, stage: int, step: int, micro: int) -> int:
+        """The compute worker w_compute of job (op, stage, step, micro)."""
+        try:
+            return self._where[(op, stage, step, micro)]
+        except KeyError:
+            raise ValueError(f"job {op}{stage}.{micro} of step {step} is not in schedule {self.name!r}") from None
+
+    def weight_source(self, stage: int, worker: int) -> int:
+        """w_weights: the worker whose copy of stage k's weights a job on ``worker`` reads."""
+        hs = self.weight_holders[stage]
+        return worker if worker in hs else hs[0]
+
+    def stage_workers(self, stage: int) -> tuple[int, ...]:
+        """Workers that compute stage k (for any micro-batch)."""
+        return tuple(sorted({w for w, p in enumerate(self.programs) for a in p
+                             if a.stage == stage and a.op != "U"}))
+
+    def describe(self) -> str:
+        """One paragraph: name, sizes, placement and the update rule."""
+        lag = "none (asynchronous)" if self.sync_lag is None else f"{self.sync_lag}"
+        return (f"{self.name}: W={self.W} workers, D={self.D} stages, M={self.M} micro-batches/step, "
+                f"{self.steps} step(s), {self.n_jobs} jobs; weight barrier lag {lag}; weight rule "
+                f"{self.weight_rule!r}. Updates: {self.update_rule}")
+
+    def __repr__(self) -> str:
+        return f"Schedule({self.name!r}, W={self.W}, D={self.D}, M={self.M}, steps={self.steps})"
+
+
+def check_int(name: str, value: Any, minimum: int = 1) -> int:
+    """Return ``value`` as int, raising a ValueError naming ``name`` if it is not an int >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def as_programs(programs: Sequence[Sequence[Action]]) -> tuple[tuple[Action, ...], ...]:
+    """Freeze nested sequences of actions into the tuple-of-tuples form of ``Schedule.programs``."""
+    return tuple(tuple(p) for p in programs)

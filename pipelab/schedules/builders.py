@@ -1,0 +1,333 @@
+"""Named schedule builders: every schedule of the seed papers as a :class:`Schedule` value.
+
+Pipeline schedules (one stage per worker unless noted; F/B of micro-batch j, U once per step):
+
+========================  =====================================================  ==========================
+builder                   order on worker k                                      when U(k, t) happens
+========================  =====================================================  ==========================
+``naive``                 F(k,j), B(k,j) for j = 0..M−1 (one micro-batch in      after the step's last B,
+                          flight in the whole pipeline)                          flush
+``gpipe``                 F(k,0..M−1), then B(k,0..M−1)                          after the step's last B,
+                                                                                 flush
+``one_f_one_b``           min(D−k−1, M) warm-up F, then F/B pairs, then the      after the step's last B,
+(PipeDream-Flush/DAPPLE)  remaining B                                            flush
+``pipedream`` (async)     the same 1F1B order over all T·M micro-batches,        right after B(k, t, M−1);
+                          never flushed; D−k micro-batches in flight             no barrier
+``pipedream_2bw``         as ``pipedream`` with M ≥ D                            right after B(k, t, M−1);
+                                                                                 step t uses one buffered
+                                                                                 version (``step_first``)
+``interleaved_1f1b``      Megatron's interleaved order, V chunks per worker,     after the step's last B,
+                          stage s on worker s mod W                              flush
+``folded``                worker i holds stages i and D−1−i, greedy 1F1B         after the step's last B,
+                                                                                 flush
+``ddp`` / ``fsdp``        micro-batch j on worker j mod W, all stages;           every holder, after all
+                          weights everywhere (DDP) or stage k on worker k mod W  B(k,·) of the step, flush
+``lpp`` / ``fslpp``       Rahimi's h(s,b) = (R·b mod W) + (s mod R)              every holder, flush
+========================  =====================================================  ==========================
+
+``gpipe``, ``one_f_one_b``, ``pipedream`` and ``naive`` write their order in closed form (fast for long
+runs); tests check they equal the general constructor with the matching placement, priority and
+admission. The others are thin presets over :func:`~pipelab.schedules.constructor.construct`.
+
+Example:
+    >>> from pipelab.schedules import pipedream
+    >>> [str(a) for a in pipedream(D=3, M=1, steps=3).programs[1]]
+    ['F1.0', 'F1.0', 'B1.0', 'U1', 'F1.0', 'B1.0', 'U1', 'B1.0', 'U1']
+
+References: GPipe (Huang et al. 2019); PipeDream (Narayanan et al., SOSP 2019; see the PipeOptim paper,
+arXiv:2312.00839, Fig. 1); PipeDream-2BW and PipeDream-Flush (Narayanan et al., ICML 2021); DAPPLE (Fan
+et al. 2021); Megatron-LM interleaved schedule (Narayanan et al., SC 2021); A. Rahimi, "Unifying
+Parallelization Schemes to Train Deep Nets" (2025) for DDP, FSDP, LPP, FSLPP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .actions import Action, Schedule, check_int
+from .constructor import construct
+
+__all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
+           "ddp", "fsdp", "lpp", "fslpp", "lpp_hash", "BUILDERS"]
+
+_FLUSH = "U(k,t) right after worker k's last backward of step t; step t+1 starts after it (flush)"
+
+
+def _one_stage_holders(D: int) -> tuple[tuple[int, ...], ...]:
+    return tuple((k,) for k in range(D))
+
+
+def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
+    """Naive model parallelism: one micro-batch in the whole pipeline at a time (PipeOptim Fig. 1(c)).
+
+    Order on worker k: F(k,j), B(k,j) for j = 0..M−1, then U(k,t). Latency per step M·2D in unit costs.
+
+    Example:
+        >>> naive(2, 1).programs[1]
+        (Action(op='F', stage=1, step=0, micro=0, chunk=0), Action(op='B', stage=1, step=0, micro=0, chunk=0), Action(op='U', stage=1, step=0, micro=-1, chunk=0))
+    """
+    D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    progs = []
+    for k in range(D):
+        p = []
+        for t in range(steps):
+            for j in range(M):
+                p += [Action("F", k, t, j), Action("B", k, t, j)]
+            p.append(Action("U", k, t, -1))
+        progs.append(tuple(p))
+    return Schedule(f"naive(D={D}, M={M})", tuple(progs), D, M, steps, _one_stage_holders(D), 0, "current",
+                    _FLUSH, {"D": D, "M": M})
+
+
+def gpipe(D: int, M: int, steps: int = 1) -> Schedule:
+    """GPipe: all M forwards of the step, then all M backwards, then the update (flushed).
+
+    Makespan (f = b = 1): 2(M + D − 1) per step; Rahimi's latency (F+B of a stage = 1 unit): M + D − 1.
+
+    Example:
+        >>> [str(a) for a in gpipe(2, 2).programs[1]]
+        ['F1.0', 'F1.1', 'B1.0', 'B1.1', 'U1']
+    """
+    D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    progs = []
+    for k in range(D):
+        p = []
+        for t in range(steps):
+            p += [Action("F", k, t, j) for j in range(M)]
+            p += [Action("B", k, t, j) for j in range(M)]
+            p.append(Action("U", k, t, -1))
+        progs.append(tuple(p))
+    return Schedule(f"GPipe(D={D}, M={M})", tuple(progs), D, M, steps, _one_stage_holders(D), 0, "current",
+                    _FLUSH, {"D": D, "M": M})
+
+
+def _one_f_one_b_order(k: int, D: int, n: int) -> list[tuple[str, int]]:
+    """1F1B order of worker k over n micro-batches: warm-up F, F/B pairs, cool-down B."""
+    warm = min(D - k - 1, n)
+    order = [("F", j) for j in range(warm)]
+    for j in range(n - warm):
+        order += [("F", warm + j), ("B", j)]
+    order += [("B", j) for j in range(n - warm, n)]
+    return order
+
+
+def one_f_one_b(D: int, M: int, steps: int = 1) -> Schedule:
+    """Synchronous 1F1B (PipeDream-Flush / DAPPLE): D−k micro-batches in flight at stage k, flush per step.
+
+    Order on worker k per step: min(D−k−1, M) warm-up forwards, then (F, B) pairs, then the remaining
+    backwards, then U(k, t). Same makespan as GPipe, peak activations min(D−k, M) instead of M.
+
+    Example:
+        >>> [str(a) for a in one_f_one_b(2, 3).programs[0]]
+        ['F0.0', 'F0.1', 'B0.0', 'F0.2', 'B0.1', 'B0.2', 'U0']
+    """
+    D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    progs = []
+    for k in range(D):
+        p = []
+        for t in range(steps):
+            p += [Action(op, k, t, j) for op, j in _one_f_one_b_order(k, D, M)]
+            p.append(Action("U", k, t, -1))
+        progs.append(tuple(p))
+    return Schedule(f"1F1B(D={D}, M={M})", tuple(progs), D, M, steps, _one_stage_holders(D), 0, "current",
+                    _FLUSH, {"D": D, "M": M})
+
+
+def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
+              weight_rule: str = "current") -> Schedule:
+    """Asynchronous 1F1B (PipeDream): never flushed, one update per mini-batch of M micro-batches.
+
+    Worker k runs the 1F1B order over all T·M micro-batches (D−k in flight) and applies U(k, t) right after
+    B(k, t, M−1). With M = 1 this is classic PipeDream: in steady state the forward of a mini-batch at stage
+    k sees D−1−k fewer updates than its own update is applied to (PipeOptim's s = D−k−1) and weight
+    stashing keeps D−k versions.
+
+    Example:
+        >>> [str(a) for a in pipedream(2, 1, steps=2).programs[0]]
+        ['F0.0', 'F0.0', 'B0.0', 'U0', 'B0.0', 'U0']
+    """
+    D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    n = steps * M
+    progs = []
+    for k in range(D):
+        p = []
+        for op, g in _one_f_one_b_order(k, D, n):
+            t, j = divmod(g, M)
+            p.append(Action(op, k, t, j))
+            if op == "B" and j == M - 1:
+                p.append(Action("U", k, t, -1))
+        progs.append(tuple(p))
+    rule = "U(k,t) right after B(k,t,M−1) on worker k; no flush, later micro-batches keep flowing"
+    return Schedule(f"{name}(D={D}, M={M}, T={steps})", tuple(progs), D, M, steps, _one_stage_holders(D),
+                    None, weight_rule, rule, {"D": D, "M": M})
+
+
+def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
+    """PipeDream-2BW: asynchronous 1F1B with M ≥ D micro-batches per update and two weight buffers.
+
+    Same order as :func:`pipedream`; every micro-batch of step t at stage k uses the version current when
+    step t's first forward ran there (``weight_rule="step_first"``), so W_{t+1} = W_t − ν∇f(W_{t−1}):
+    staleness 1 at every stage but the last (0 there, its first forward comes after its update).
+
+    Raises:
+        ValueError: if M < D (two buffers are then not enough).
+    """
+    D, M = check_int("D", D), check_int("M", M)
+    if M < D:
+        raise ValueError(f"pipedream_2bw needs M >= D micro-batches per update (M={M}, D={D}); with fewer, "
+                         "more than two weight versions are in flight")
+    s = pipedream(D, M, steps, name="2BW", weight_rule="step_first")
+    rule = "U(k,t) right after B(k,t,M−1); step t's micro-batches use one buffered version (double buffer)"
+    return Schedule(s.name, s.programs, D, M, s.steps, s.weight_holders, None, "step_first", rule, s.params)
+
+
+def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
+    """Interleaved 1F1B (Megatron-LM): V chunks per worker, stage s = c·W + w on worker w = s mod W.
+
+    Worker w runs min(2(W−w−1) + (V−1)W, M·V) warm-up forwards, then (F, B) pairs, then the remaining
+    backwards. The i-th forward is chunk (i // W) mod V of micro-batch (i // (W·V))·W + i mod W; the i-th
+    backward is chunk V−1−((i // W) mod V) of the same micro-batch formula. Flushed per step.
+
+    Raises:
+        ValueError: if M is not a multiple of W (Megatron's requirement) or V < 1.
+
+    Example:
+        >>> s = interleaved_1f1b(W=2, V=2, M=2)
+        >>> s.D, [str(a) for a in s.programs[1]][:4]
+        (4, ['F1.0', 'F1.1', 'F3.0', 'B3.0'])
+    """
+    W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
+    if M % W:
+        raise ValueError(f"interleaved_1f1b needs M divisible by W (M={M}, W={W})")
+    D = V * W
+    progs = []
+    for w in range(W):
+        total = M * V
+        warm = min(2 * (W - w - 1) + (V - 1) * W, total)
+
+        def fwd(i: int, t: int, w: int = w) -> Action:
+            c = (i // W) % V
+            return Action("F", c * W + w, t, (i // (W * V)) * W + i % W, c)
+
+        def bwd(i: int, t: int, w: int = w) -> Action:
+            c = V - 1 - (i // W) % V
+            return Action("B", c * W + w, t, (i // (W * V)) * W + i % W, c)
+
+        p = []
+        for t in range(steps):
+            p += [fwd(i, t) for i in range(warm)]
+            for i in range(total - warm):
+                p += [fwd(warm + i, t), bwd(i, t)]
+            p += [bwd(i, t) for i in range(total - warm, total)]
+            p += [Action("U", c * W + w, t, -1, c) for c in range(V)]
+        progs.append(tuple(p))
+    return Schedule(f"interleaved 1F1B(W={W}, V={V}, M={M})", tuple(progs), D, M, steps,
+                    tuple((s % W,) for s in range(D)), 0, "current", _FLUSH, {"W": W, "V": V, "M": M})
+
+
+def folded(D: int, M: int, steps: int = 1) -> Schedule:
+    """Folded pipeline: W = D/2 workers, worker i holds stages i and D−1−i (a V-shaped placement).
+
+    Greedy backward-first order with at most W micro-batches resident per worker, flushed per step.
+    Every worker then holds about the same activation memory (the first and the last stages are paired).
+
+    Raises:
+        ValueError: if D is odd.
+    """
+    D, M = check_int("D", D, 2), check_int("M", M)
+    if D % 2:
+        raise ValueError(f"folded needs an even number of stages D, got {D}")
+    W = D // 2
+    return construct(D, M, W, compute=lambda s, b, d: min(s, D - 1 - s), priority="backward_first",
+                     max_in_flight=W, steps=steps, chunk=lambda s, w: int(s >= W),
+                     name=f"folded(D={D}, M={M})", update_rule=_FLUSH, params={"D": D, "M": M})
+
+
+def _dp_workers(M: int, W: int | None, name: str) -> int:
+    W = M if W is None else check_int("W", W)
+    if M % W:
+        raise ValueError(f"{name} needs M divisible by W so every worker gets M/W micro-batches (M={M}, W={W})")
+    return W
+
+
+def ddp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
+    """Distributed data parallel, Rahimi's w(s,b,d) = (b, b): micro-batch b runs all stages on worker b mod W.
+
+    Every worker holds all weights and runs every U(k, t) after the all-reduce (all B(k,·) of the step).
+    Makespan (f = b = 1, W = M): 2D; Rahimi's latency D.
+    """
+    D, M = check_int("D", D), check_int("M", M)
+    W = _dp_workers(M, W, "ddp")
+    return construct(D, M, W, compute=lambda s, b, d: b % W, weights=lambda s: tuple(range(W)),
+                     priority="backward_first", steps=steps, name=f"DDP(D={D}, M={M}, W={W})",
+                     update_rule="every worker applies U(k,t) after the all-reduce of step t's B(k,·) (flush)",
+                     params={"D": D, "M": M, "W": W})
+
+
+def fsdp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
+    """Fully sharded data parallel, w(s,b,d) = (s, b): compute as DDP, stage s's weights live on worker s mod W.
+
+    The owner applies U(s, t); the other workers fetch stage s's weights before computing it.
+    """
+    D, M = check_int("D", D), check_int("M", M)
+    W = _dp_workers(M, W, "fsdp")
+    return construct(D, M, W, compute=lambda s, b, d: b % W, weights=lambda s: s % W,
+                     priority="backward_first", steps=steps, name=f"FSDP(D={D}, M={M}, W={W})",
+                     update_rule="the owner s mod W applies U(s,t) after the reduce-scatter of step t (flush)",
+                     params={"D": D, "M": M, "W": W})
+
+
+def lpp_hash(s: int, b: int, G: int, R: int) -> int:
+    """Rahimi's LPP hash h(s, b) = (R·b mod W) + (s mod R) with W = G·R.
+
+    Example:
+        >>> [lpp_hash(s, 0, G=1, R=4) for s in range(4)], [lpp_hash(0, b, G=4, R=1) for b in range(4)]
+        ([0, 1, 2, 3], [0, 1, 2, 3])
+    """
+    return (R * b) % (G * R) + s % R
+
+
+def _check_lpp(D: int, M: int, G: int, R: int, name: str) -> tuple[int, int, int, int]:
+    D, M, G, R = (check_int(n, v) for n, v in (("D", D), ("M", M), ("G", G), ("R", R)))
+    if D % R:
+        raise ValueError(f"{name} needs D divisible by R so each worker holds D/R stages (D={D}, R={R})")
+    if M % G:
+        raise ValueError(f"{name} needs M divisible by G so groups get equal micro-batches (M={M}, G={G})")
+    return D, M, G, R
+
+
+def lpp(D: int, M: int, G: int, R: int, steps: int = 1) -> Schedule:
+    """Looped pipeline parallelism: W = G·R workers in G groups of R, w(s,b,d) = (h(s,b), h(s,b)).
+
+    Micro-batch b goes to group b mod G; within it stage s runs on worker s mod R (D/R stages each, looped).
+    Each group keeps its own copy of the weights; all copies apply U(s, t) after the step (flush).
+    G = 1, R = D is GPipe's placement; G = M, R = 1 is DDP's.
+    """
+    D, M, G, R = _check_lpp(D, M, G, R, "lpp")
+    W = G * R
+    return construct(D, M, W, compute=lambda s, b, d: lpp_hash(s, b, G, R),
+                     weights=lambda s: tuple(g * R + s % R for g in range(G)), priority="backward_first",
+                     steps=steps, chunk=lambda s, w: s // R, name=f"LPP(D={D}, M={M}, G={G}, R={R})",
+                     update_rule="every group's copy applies U(s,t) after the all-reduce of step t (flush)",
+                     params={"D": D, "M": M, "G": G, "R": R})
+
+
+def fslpp(D: int, M: int, G: int, R: int, steps: int = 1) -> Schedule:
+    """Fully sharded LPP: compute as :func:`lpp`, stage s's weights only on worker h(s, s).
+
+    w(s,b,d) = (h(s,s), h(s,b)); the owner applies U(s, t), the others fetch stage s's weights.
+    """
+    D, M, G, R = _check_lpp(D, M, G, R, "fslpp")
+    W = G * R
+    return construct(D, M, W, compute=lambda s, b, d: lpp_hash(s, b, G, R),
+                     weights=lambda s: lpp_hash(s, s, G, R), priority="backward_first", steps=steps,
+                     chunk=lambda s, w: s // R, name=f"FSLPP(D={D}, M={M}, G={G}, R={R})",
+                     update_rule="the owner h(s,s) applies U(s,t) after the reduce of step t (flush)",
+                     params={"D": D, "M": M, "G": G, "R": R})
+
+
+#: Builder name → callable, for figures and sweeps.
+BUILDERS: dict[str, Callable[..., Schedule]] = {
+    "naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "pipedream": pipedream, "2bw": pipedream_2bw,
+    "interleaved": interleaved_1f1b, "folded": folded, "ddp": ddp, "fsdp": fsdp, "lpp": lpp, "fslpp": fslpp,
+}

@@ -1,0 +1,197 @@
+"""Version tables: which weight version every job of a simulated schedule ran with, and its staleness.
+
+Let W_k^(v) be stage k's weights after v updates. Stage k's version at time τ (at a holder h) is the number
+of updates U(k,·) at h that *ended* at or before τ. For each job (op, k, t, j) of a simulated schedule:
+
+    forward[k, t, j]     = version at the start of F(k, t, j)          (at the job's weight source)
+    backward[k, t, j]    = version at the start of B(k, t, j)          (of W(k, t, j) when B is split)
+    update_version[k, t] = version at the start of U(k, t)             (= t when updates run in order)
+    staleness            = update_version[k, t] − version used by the job
+
+so a gradient computed with the weights it is applied to has staleness 0. Which version a job *uses*
+depends on the weight rule: ``"current"`` (the version at the job), ``"step_first"`` (PipeDream-2BW: the
+version at the first forward of step t at stage k, for all of step t's jobs) or ``"stash"`` (weight
+stashing: the backward uses the version its forward used).
+
+Named presets from the papers, to compare with the derived values (tests do):
+
+- :func:`pipeoptim_staleness`: PipeOptim's s = D − k − 1 (forward staleness of asynchronous 1F1B, M=1);
+- :func:`spectrain_version_difference`: SpecTrain's s = ⌊k/2⌋ + D − k − 1 (forward) and ⌊k/2⌋ (backward),
+  the number of stage-k updates between the job and the end of the micro-batch's round trip;
+- :func:`async_1f1b_staleness`: the closed form for asynchronous 1F1B with M micro-batches per update.
+
+Example:
+    >>> from pipelab.schedules import pipedream
+    >>> from pipelab.simulator import simulate
+    >>> vt = simulate(pipedream(D=4, M=1, steps=12)).version_table
+    >>> vt.staleness("F")[:, 8, 0].tolist()        # a steady-state mini-batch, stages 0..3
+    [3, 2, 1, 0]
+
+References: PipeOptim (Guan et al., arXiv:2312.00839, Eq. 4); SpecTrain (Chen et al., arXiv:1809.02839,
+Eqs. 5–6); PipeDream-2BW (Narayanan et al., ICML 2021).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["VersionTable", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
+           "USED_RULES"]
+
+#: Rules for the version a job uses (see :meth:`VersionTable.used`).
+USED_RULES = ("current", "step_first", "stash")
+
+
+def pipeoptim_staleness(D: int, k: int | np.ndarray) -> int | np.ndarray:
+    """PipeOptim's weight version difference s = D − k − 1 at stage (rank) k (PipeOptim Eq. 4).
+
+    Equals the forward staleness of asynchronous 1F1B with one micro-batch per update in steady state.
+
+    Example:
+        >>> [pipeoptim_staleness(4, k) for k in range(4)]
+        [3, 2, 1, 0]
+    """
+    _check_stage(D, k)
+    return D - np.asarray(k) - 1 if isinstance(k, np.ndarray) else D - k - 1
+
+
+def spectrain_version_difference(D: int, k: int | np.ndarray, op: str = "F") -> int | np.ndarray:
+    """SpecTrain's version difference: ⌊k/2⌋ + D − k − 1 for a forward, ⌊k/2⌋ for a backward (Eqs. 5–6).
+
+    It counts stage-k updates from the job to the end of the micro-batch's round trip (its backward at
+    stage 0), assuming unit-time F and B slots. :meth:`VersionTable.round_trip_difference` derives it.
+
+    Example:
+        >>> [spectrain_version_difference(4, k) for k in range(4)], spectrain_version_difference(4, 3, "B")
+        ([3, 2, 2, 1], 1)
+    """
+    _check_stage(D, k)
+    if op not in ("F", "B"):
+        raise ValueError(f"op must be 'F' or 'B', got {op!r}")
+    kk = np.asarray(k)
+    out = kk // 2 + (D - kk - 1 if op == "F" else 0)
+    return out if isinstance(k, np.ndarray) else int(out)
+
+
+def async_1f1b_staleness(D: int, M: int, k: int, t: int, j: int) -> int:
+    """Forward staleness of micro-batch (t, j) at stage k in asynchronous 1F1B with M micro-batches/update.
+
+    Worker k keeps D−k micro-batches in flight, so F(k, g) runs right after B(k, g−D+k) and sees the
+    updates of the steps completed by then:  staleness = t − max(0, ⌊(g − D + k + 1)/M⌋), g = t·M + j.
+    M = 1 gives PipeOptim's D − k − 1 once g ≥ D − k − 1.
+
+    Example:
+        >>> async_1f1b_staleness(4, 1, 0, 10, 0), async_1f1b_staleness(4, 2, 0, 10, 0)
+        (3, 2)
+    """
+    g = t * M + j
+    return t - max(0, (g - D + k + 1) // M)
+
+
+def _check_stage(D: int, k: int | np.ndarray) -> None:
+    kk = np.asarray(k)
+    if D < 1 or np.any(kk < 0) or np.any(kk >= D):
+        raise ValueError(f"stage k must lie in 0..D-1 (D={D}), got {k}")
+
+
+@dataclass
+class VersionTable:
+    """Weight versions of every job of a simulated schedule (see the module docstring for the rules).
+
+    Attributes:
+        forward, backward: int arrays [D, T, M], version at the start of F / B (B = W when split).
+        forward_start, backward_start: float arrays [D, T, M], start times of those jobs.
+        update_version: int array [D, T], version at the start of U(k, t) at stage k's first holder.
+        update_end: float array [D, T], when U(k, t) ended at stage k's first holder.
+        weight_rule: the schedule's weight rule, the default for :meth:`used` / :meth:`staleness`.
+
+    Example:
+        >>> from pipelab.schedules import gpipe
+        >>> from pipelab.simulator import simulate
+        >>> vt = simulate(gpipe(D=3, M=2, steps=2)).version_table
+        >>> int(vt.staleness("F").max()), vt.forward[:, 1, :].tolist()
+        (0, [[1, 1], [1, 1], [1, 1]])
+    """
+
+    forward: np.ndarray
+    backward: np.ndarray
+    forward_start: np.ndarray
+    backward_start: np.ndarray
+    update_version: np.ndarray
+    update_end: np.ndarray
+    weight_rule: str = "current"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(D, T, M)."""
+        return self.forward.shape  # type: ignore[return-value]
+
+    def used(self, op: str = "F", rule: str | None = None) -> np.ndarray:
+        """Version each job uses under ``rule`` (default: the schedule's weight rule), shape [D, T, M].
+
+        ``current``: the version at the job; ``step_first``: forward[k, t, 0] for every job of step t;
+        ``stash``: a backward uses the version of its own forward.
+        """
+        rule = self.weight_rule if rule is None else rule
+        if rule not in USED_RULES:
+            raise ValueError(f"rule must be one of {USED_RULES}, got {rule!r}")
+        if op not in ("F", "B"):
+            raise ValueError(f"op must be 'F' or 'B', got {op!r}")
+        if rule == "step_first":
+            return np.broadcast_to(self.forward[:, :, :1], self.forward.shape).copy()
+        if op == "F" or rule == "stash":
+            return self.forward.copy()
+        return self.backward.copy()
+
+    def staleness(self, op: str = "F", rule: str | None = None) -> np.ndarray:
+        """update_version[k, t] − used version, shape [D, T, M] (0 = the gradient is fresh)."""
+        return self.update_version[:, :, None] - self.used(op, rule)
+
+    def version_at(self, k: int, time: float | np.ndarray, *, strict: bool = False) -> np.ndarray:
+        """Stage k's version at ``time``: the number of U(k, ·) that ended at or before it (``strict``:
+        strictly before it)."""
+        return np.searchsorted(self.update_end[k], np.asarray(time), side="left" if strict else "right")
+
+    def round_trip_difference(self, op: str = "F", *, inclusive: bool = False) -> np.ndarray:
+        """Stage-k updates between each job and the end of its micro-batch's round trip, [D, T, M].
+
+        The round trip ends when the backward of stage 0 starts. The value counts the updates U(k, ·) that
+        end after the job started and before that moment: version_at(k, B(0,t,j) start, strict=True) −
+        version at the job. SpecTrain's Eqs. 5–6 (⌊k/2⌋ + D−k−1 forward, ⌊k/2⌋ backward) equal it in
+        steady state with unit costs. ``inclusive=True`` also counts an update ending exactly when the
+        round trip ends (SpecTrain's time-slot picture does not); it gives ⌈k/2⌉ in place of ⌊k/2⌋.
+        """
+        if op not in ("F", "B"):
+            raise ValueError(f"op must be 'F' or 'B', got {op!r}")
+        end = self.backward_start[0]
+        D = self.forward.shape[0]
+        at_end = np.stack([self.version_at(k, end, strict=not inclusive) for k in range(D)])
+        return at_end - (self.forward if op == "F" else self.backward)
+
+    def stash_depth(self, k: int, rule: str | None = None) -> int:
+        """Most weight versions stage k must keep at once: the distinct versions used by the forwards of
+        micro-batches in flight (F started, B not started) together with the current version."""
+        used = self.used("F", rule)[k].reshape(-1)
+        fs = self.forward_start[k].reshape(-1)
+        bs = self.backward_start[k].reshape(-1)
+        ue = self.update_end[k]
+        # Events at equal times: updates first, then backwards (release), then forwards (acquire).
+        ev = ([(float(t), 0, 0) for t in ue] + [(float(t), 1, int(v)) for t, v in zip(bs, used)]
+              + [(float(t), 2, int(v)) for t, v in zip(fs, used)])
+        ev.sort(key=lambda e: (e[0], e[1]))
+        live: Counter[int] = Counter()
+        current, best = 0, 1
+        for _, kind, v in ev:
+            if kind == 0:
+                current += 1
+            elif kind == 1:
+                live[v] -= 1
+                if live[v] == 0:
+                    del live[v]
+            else:
+                live[v] += 1
+            best = max(best, len(live) + (current not in live))
+        return best

@@ -1,0 +1,380 @@
+"""Discrete-event simulation of a :class:`~pipelab.schedules.Schedule`: timeline, bubbles, memory, versions.
+
+Each worker runs its program in order; a job starts when its worker is free and its dependencies ended
+(plus a transfer latency when they ran on another worker):
+
+    start(j) = max(end of the worker's previous job, max_d end(d) + latency(d, j)),  end(j) = start(j) + cost(j).
+
+The resolution is linear in the number of actions (per-worker cursors with a wait list, see
+:mod:`pipelab.schedules.engine`), ~10^5–10^6 actions per second on one core.
+
+Outputs (:class:`SimResult`): per-action start/end, makespan, bubble fraction per worker (idle share of
+the makespan), peak activation memory per worker (count; bytes with ``activation_bytes``), activations,
+gradients and weights received per worker, and the :class:`~pipelab.schedules.versions.VersionTable`.
+
+Cost model (all per stage: a scalar, a list of D values, or a profile):
+    ``f_cost``, ``b_cost`` > 0; ``u_cost`` ≥ 0 (update, default 0); ``i_cost``/``w_cost`` for a split backward
+    (default b/2 each); ``transfer_cost[k]`` ≥ 0: sending stage k's output to stage k+1 (and its gradient
+    back), paid only between different workers; ``weight_transfer_cost[k]`` ≥ 0: fetching stage k's
+    updated weights from another worker before a job that waits for them (weight barrier).
+
+Memory model: an activation of (k, g) is held by the worker that ran F(k, g) from the start of F(k, g) to
+the end of the gradient job B(k, g) (I(k, g) when split) — Rahimi's "activation storage" counts these.
+
+Example:
+    >>> from pipelab.schedules import gpipe
+    >>> r = simulate(gpipe(D=4, M=8))
+    >>> r.makespan, round(r.bubble, 3), r.peak_activations.tolist()
+    (22.0, 0.273, [8, 8, 8, 8])
+
+Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .schedules.actions import Action, Schedule
+from .schedules.engine import OP_CODE, Compiled, _per_stage, compile_schedule, job_costs, run
+from .schedules.validate import ScheduleError, format_grid
+from .schedules.versions import VersionTable
+
+__all__ = ["simulate", "SimResult", "costs_from_profile"]
+
+_F, _B, _U, _I, _W = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
+Cost = float | Sequence[float] | np.ndarray
+
+
+def costs_from_profile(profile: Any) -> dict[str, Any]:
+    """Read per-stage costs (and sizes) from a profile: a mapping or an object with attributes.
+
+    Recognised keys: ``f_cost``/``forward``, ``b_cost``/``backward``, ``activation_bytes``, ``weight_bytes``.
+
+    Example:
+        >>> costs_from_profile({"forward": [1.0, 2.0], "backward": [2.0, 4.0]})
+        {'f_cost': [1.0, 2.0], 'b_cost': [2.0, 4.0]}
+    """
+    get = profile.get if isinstance(profile, Mapping) else (lambda k, d=None: getattr(profile, k, d))
+    out = {}
+    for key, names in (("f_cost", ("f_cost", "forward")), ("b_cost", ("b_cost", "backward")),
+                       ("activation_bytes", ("activation_bytes",)), ("weight_bytes", ("weight_bytes",))):
+        for n in names:
+            v = get(n)
+            if v is not None:
+                out[key] = v
+                break
+    if "f_cost" not in out or "b_cost" not in out:
+        raise ValueError("profile must provide forward and backward costs ('forward'/'f_cost' and "
+                         f"'backward'/'b_cost'); got {sorted(profile) if isinstance(profile, Mapping) else profile}")
+    return out
+
+
+@dataclass(eq=False)
+class SimResult:
+    """Timeline and metrics of one simulated schedule.
+
+    Per-action arrays are indexed like ``compiled`` (workers concatenated in program order); use
+    :meth:`jobs`, :meth:`time_of` or :meth:`order` rather than raw indices.
+
+    Attributes:
+        schedule, compiled: the schedule and its array form.
+        start, end: float arrays, per action.
+        cost: duration of each action; latency: (lat1, lat2, lat3) added to each dependency.
+        seq: the order in which the simulator timed the actions (a valid topological order).
+        activation_bytes, weight_bytes: per-stage sizes (or None) used for the byte metrics.
+    """
+
+    schedule: Schedule
+    compiled: Compiled
+    start: np.ndarray
+    end: np.ndarray
+    cost: np.ndarray
+    latency: tuple[np.ndarray, np.ndarray, np.ndarray]
+    seq: np.ndarray
+    activation_bytes: np.ndarray | None = None
+    weight_bytes: np.ndarray | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------ time
+    @property
+    def makespan(self) -> float:
+        """Time from the first start to the last end."""
+        return float(self.end.max() - min(0.0, float(self.start.min())))
+
+    @cached_property
+    def busy(self) -> np.ndarray:
+        """Compute time per worker (updates included), shape [W]."""
+        return np.bincount(self.compiled.worker, weights=self.cost, minlength=self.schedule.W)
+
+    @property
+    def bubble_fraction(self) -> np.ndarray:
+        """Idle share of the makespan per worker: 1 − busy / makespan, shape [W]."""
+        return 1.0 - self.busy / self.makespan
+
+    @property
+    def bubble(self) -> float:
+        """Mean bubble fraction over workers."""
+        return float(self.bubble_fraction.mean())
+
+    @property
+    def latency_units(self) -> float:
+        """Rahimi's latency: makespan in units of one stage's F + B (mean over stages)."""
+        c = self.compiled
+        fb = []
+        for code in (_F, _B):
+            m = c.op == code
+            fb.append(self.cost[m].mean() if m.any() else 0.0)
+        return self.makespan / float(sum(fb))
+
+    # ------------------------------------------------------------ memory and traffic
+    def _activation_events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        c = self.compiled
+        t = c.table
+        grad = np.where(t[_B] >= 0, t[_B], t[_I])
+        fid = t[_F].reshape(-1)
+        gid = grad.reshape(-1)
+        ok = (fid >= 0) & (gid >= 0)
+        fid, gid = fid[ok], gid[ok]
+        return fid, gid, c.worker[fid], c.stage[fid]
+
+    def _peak(self, weights: np.ndarray | None) -> np.ndarray:
+        fid, gid, w, k = self._activation_events()
+        size = np.ones(len(fid)) if weights is None else weights[k]
+        times = np.concatenate([self.start[fid], self.end[gid]])
+        delta = np.concatenate([size, -size])
+        ws = np.concatenate([w, w])
+        # Sort by worker, then time, releases (negative) before acquisitions at equal times.
+        o = np.lexsort((delta, times, ws))
+        cum = np.cumsum(delta[o])
+        wsorted = ws[o]
+        out = np.zeros(self.schedule.W)
+        # Running sum restarts per worker: subtract the total of earlier workers.
+        bounds = np.searchsorted(wsorted, np.arange(self.schedule.W + 1))
+        for wk in range(self.schedule.W):
+            lo, hi = bounds[wk], bounds[wk + 1]
+            if hi > lo:
+                base = cum[lo - 1] if lo > 0 else 0.0
+                out[wk] = (cum[lo:hi] - base).max()
+        return out
+
+    @cached_property
+    def peak_activations(self) -> np.ndarray:
+        """Peak number of activations held per worker, shape [W] (int)."""
+        return np.rint(self._peak(None)).astype(np.int64)
+
+    @cached_property
+    def peak_activation_bytes(self) -> np.ndarray | None:
+        """Peak activation bytes per worker (needs ``activation_bytes``), shape [W]."""
+        return None if self.activation_bytes is None else self._peak(self.activation_bytes)
+
+    @cached_property
+    def activation_transfers(self) -> np.ndarray:
+        """Activations each worker receives: F(k,g) jobs whose F(k−1,g) ran elsewhere, shape [W]."""
+        c = self.compiled
+        m = (c.op == _F) & (c.dep1 >= 0)
+        m[m] &= c.worker[c.dep1[m]] != c.worker[m]
+        return np.bincount(c.worker[m], minlength=self.schedule.W)
+
+    @cached_property
+    def gradient_transfers(self) -> np.ndarray:
+        """Gradients each worker receives: B/I(k,g) jobs whose stage-(k+1) gradient job ran elsewhere."""
+        c = self.compiled
+        m = ((c.op == _B) | (c.op == _I)) & (c.dep2 >= 0)
+        m[m] &= c.worker[c.dep2[m]] != c.worker[m]
+        return np.bincount(c.worker[m], minlength=self.schedule.W)
+
+    @cached_property
+    def weight_transfers(self) -> np.ndarray:
+        """Weight fetches per worker: F jobs whose weight source is another worker (Rahimi's count:
+        one fetch per (stage, micro-batch), kept for the backward), shape [W]."""
+        c = self.compiled
+        m = (c.op == _F) & (c.src != c.worker)
+        return np.bincount(c.worker[m], minlength=self.schedule.W)
+
+    @cached_property
+    def weight_storage(self) -> np.ndarray:
+        """Stages whose weights each worker holds (its own copies), shape [W]."""
+        out = np.zeros(self.schedule.W, np.int64)
+        for hs in self.schedule.weight_holders:
+            out[list(hs)] += 1
+        return out
+
+    # ------------------------------------------------------------ jobs and order
+    def jobs(self) -> dict[str, np.ndarray]:
+        """All actions as columns: op (str), stage, step, micro, worker, start, end (program order)."""
+        c = self.compiled
+        ops = np.array(["F", "B", "U", "I", "W"])[c.op]
+        return {"op": ops, "stage": c.stage, "step": c.step, "micro": c.micro, "worker": c.worker,
+                "start": self.start, "end": self.end}
+
+    def _id(self, op: str, stage: int, step: int, micro: int, holder: int | None = None) -> int:
+        c, s = self.compiled, self.schedule
+        if op == "U":
+            h = s.weight_holders[stage][0] if holder is None else holder
+            m = np.flatnonzero((c.op[c.u_ids] == _U) & (c.stage[c.u_ids] == stage) & (c.step[c.u_ids] == step)
+                               & (c.worker[c.u_ids] == h))
+            if not m.size:
+                raise ValueError(f"no update U{stage} of step {step} on worker {h}")
+            return int(c.u_ids[m[0]])
+        i = int(c.table[OP_CODE[op], stage, step * s.M + micro])
+        if i < 0:
+            raise ValueError(f"no job {op}{stage}.{micro} in step {step}")
+        return i
+
+    def time_of(self, op: str, stage: int, step: int, micro: int = -1) -> tuple[float, float]:
+        """(start, end) of one action (for U: at stage k's first holder)."""
+        i = self._id(op, stage, step, micro)
+        return float(self.start[i]), float(self.end[i])
+
+    def order_ids(self) -> np.ndarray:
+        """Action ids in a valid execution order (see :meth:`order`)."""
+        c = self.compiled
+        isu = c.op == _U
+        key_time = np.where(isu, self.end, self.start)
+        return np.lexsort((self.seq, ~isu, key_time))
+
+    def order(self) -> list[Action]:
+        """Every action (U included) in a valid execution order, for replaying the schedule.
+
+        Sorted by effective time — a compute job at its start, an update at its end (when the new version
+        becomes visible) — ties broken updates first, then by the simulator's timing sequence. Replaying in
+        this order, a job sees exactly the updates the version table counts for it (those ended at or
+        before its start), and every dependency precedes its dependents.
+        """
+        flat = [a for p in self.schedule.programs for a in p]
+        return [flat[i] for i in self.order_ids().tolist()]
+
+    # ------------------------------------------------------------ versions
+    @cached_property
+    def version_table(self) -> VersionTable:
+        """Weight versions and staleness of every F and B (see :class:`VersionTable`)."""
+        c, s = self.compiled, self.schedule
+        D, T, M = s.D, s.steps, s.M
+        uids = c.u_ids
+        first = np.array([hs[0] for hs in s.weight_holders])
+        # Update end times per (stage, holder), in step order.
+        uend_by: dict[tuple[int, int], np.ndarray] = {}
+        if uids.size:
+            keyk, keyw, keyt = c.stage[uids], c.worker[uids], c.step[uids]
+            o = np.lexsort((keyt, keyw, keyk))
+            uo = uids[o]
+            kk, ww = keyk[o], keyw[o]
+            cut = np.flatnonzero((np.diff(kk) != 0) | (np.diff(ww) != 0)) + 1
+            for seg in np.split(np.arange(len(uo)), cut):
+                ends = np.sort(self.end[uo[seg]])
+                uend_by[(int(kk[seg[0]]), int(ww[seg[0]]))] = ends
+
+        def versions(ids: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(ids), np.int64)
+            if not ids.size:
+                return out
+            k, src = c.stage[ids], c.src[ids]
+            key = k * s.W + src
+            for kv in np.unique(key):
+                m = key == kv
+                ends = uend_by.get((int(kv // s.W), int(kv % s.W)))
+                if ends is not None:
+                    out[m] = np.searchsorted(ends, self.start[ids[m]], side="right")
+            return out
+
+        t = c.table
+        fid = t[_F].reshape(D, T, M)
+        bid = np.where(t[_B] >= 0, t[_B], t[_W]).reshape(D, T, M)
+        fv = versions(fid.reshape(-1)).reshape(D, T, M)
+        bv = versions(bid.reshape(-1)).reshape(D, T, M)
+        uv = np.zeros((D, T), np.int64)
+        ue = np.full((D, T), np.inf)
+        for k in range(D):
+            ends = uend_by.get((k, int(first[k])))
+            if ends is None:
+                continue
+            ue[k, : len(ends)] = ends
+            m = (c.stage[uids] == k) & (c.worker[uids] == first[k])
+            ids = uids[m]
+            # Updates of one holder run one after another: U(k,t)'s version is its rank among them.
+            rank = np.lexsort((c.step[ids], self.end[ids]))
+            uv[k, c.step[ids[rank]]] = np.arange(len(ids))
+        return VersionTable(fv, bv, self.start[fid], self.start[bid], uv, ue, s.weight_rule)
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers as a JSON-able dict."""
+        return {"schedule": self.schedule.name, "W": self.schedule.W, "D": self.schedule.D,
+                "M": self.schedule.M, "steps": self.schedule.steps, "makespan": self.makespan,
+                "bubble": self.bubble, "peak_activations": self.peak_activations.tolist(),
+                "activation_transfers": self.activation_transfers.tolist(),
+                "weight_transfers": self.weight_transfers.tolist()}
+
+
+def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_cost: Cost = 0.0,
+             i_cost: Cost | None = None, w_cost: Cost | None = None, transfer_cost: Cost = 0.0,
+             weight_transfer_cost: Cost = 0.0, activation_bytes: Cost | None = None,
+             weight_bytes: Cost | None = None, profile: Any = None) -> SimResult:
+    """Simulate ``schedule`` under a per-stage cost model.
+
+    Args:
+        schedule: the schedule (its per-worker order is kept; only times are computed).
+        f_cost, b_cost: forward / backward time per stage: scalar (uniform) or D values, all > 0.
+        u_cost: optimizer update time (scalar or per stage, ≥ 0; default 0).
+        i_cost, w_cost: input-/weight-gradient times for a split backward (default b_cost/2 each).
+        transfer_cost: ≥ 0, time to send stage k's output to stage k+1 (and its gradient back) between
+            different workers; scalar, D−1 or D values.
+        weight_transfer_cost: ≥ 0, time to fetch stage k's updated weights from another worker.
+        activation_bytes, weight_bytes: optional per-stage sizes for the byte metrics.
+        profile: mapping/object supplying f_cost, b_cost (and sizes); see :func:`costs_from_profile`.
+
+    Returns:
+        :class:`SimResult`.
+
+    Raises:
+        ValueError: non-positive F/B costs, negative other costs, wrong lengths.
+        ScheduleError: the schedule is malformed or its orders deadlock (grid printed, cell marked).
+
+    Example:
+        >>> from pipelab.schedules import ddp
+        >>> simulate(ddp(D=4, M=4)).makespan
+        8.0
+    """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"simulate() needs a Schedule, got {type(schedule).__name__}")
+    if profile is not None:
+        p = costs_from_profile(profile)
+        f_cost, b_cost = p["f_cost"], p["b_cost"]
+        activation_bytes = p.get("activation_bytes", activation_bytes)
+        weight_bytes = p.get("weight_bytes", weight_bytes)
+    D = schedule.D
+    c = compile_schedule(schedule)
+    if c.problems:
+        msg, where = c.problems[0]
+        raise ScheduleError(f"cannot simulate {schedule.name!r}: {msg}\n" + format_grid(schedule, where))
+    cost = job_costs(c, f_cost, b_cost, u_cost, i_cost, w_cost)
+    tc = np.asarray(transfer_cost, dtype=np.float64).reshape(-1)
+    if tc.size == 1:
+        tc = np.full(D, float(tc[0]))
+    elif tc.size == D - 1:
+        tc = np.concatenate([tc, [0.0]])
+    tc = _per_stage("transfer_cost", tc, D, positive=False)
+    wc = _per_stage("weight_transfer_cost", weight_transfer_cost, D, positive=False)
+    n = c.n
+    lat1, lat2, lat3 = np.zeros(n), np.zeros(n), np.zeros(n)
+    cross1 = (c.dep1 >= 0) & (c.worker[np.maximum(c.dep1, 0)] != c.worker)
+    cross2 = (c.dep2 >= 0) & (c.worker[np.maximum(c.dep2, 0)] != c.worker)
+    # Input activation of stage k crosses boundary k−1; the gradient from stage k+1 crosses boundary k.
+    fin = (c.op == _F) | (c.op == _B) | (c.op == _I)
+    lat1[cross1 & fin & (c.stage > 0)] = tc[np.maximum(c.stage - 1, 0)][cross1 & fin & (c.stage > 0)]
+    lat2[cross2] = tc[c.stage][cross2]
+    cross3 = (c.dep3 >= 0) & (c.src != c.worker)
+    lat3[cross3] = wc[c.stage][cross3]
+    start, end, seq, blocked = run(c, cost, lat1, lat2, lat3)
+    if blocked:
+        w, pos = blocked[0]
+        raise ScheduleError(f"cannot simulate {schedule.name!r}: worker {w}'s action {schedule.programs[w][pos]} "
+                            f"(position {pos}) can never run (deadlock; run validate() for details)\n"
+                            + format_grid(schedule, (w, pos)))
+    ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
+    wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
+    return SimResult(schedule, c, start, end, cost, (lat1, lat2, lat3), seq, ab, wb)
