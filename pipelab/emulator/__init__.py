@@ -1,0 +1,23 @@
+"""Exact single-process emulation of pipeline schedules under weight-staleness policies (DESIGN §5).
+
+- :class:`Emulator` (:mod:`.engine`): replay a simulated schedule's F/B/U events with explicit weight
+  versions, per-stage autograd and the user's ``torch.optim`` optimizers;
+- :class:`VersionTable`, :class:`VersionRing`, :func:`resolve_order` (:mod:`.versions`);
+- :func:`train_plain` (:mod:`.reference`): plain PyTorch mini-batch training, the reference.
+
+Example:
+    >>> from pipelab.emulator import Emulator, train_plain   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .adapters import simulate_schedule, table_from
+from .engine import Emulator, EmulatorResult, as_stages, split_micro, version_table
+from .reference import evaluate, train_plain
+from .versions import DeadlockError, VersionRing, VersionTable, resolve_order, ring_capacities
+
+__all__ = [
+    "Emulator", "EmulatorResult", "as_stages", "split_micro", "version_table", "table_from", "simulate_schedule",
+    "VersionTable", "VersionRing", "resolve_order", "ring_capacities", "DeadlockError",
+    "train_plain", "evaluate",
+]
