@@ -1,0 +1,293 @@
+"""Figures of the stability notebook: stable regions in the complex ηλ plane and max stable steps vs delay."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+
+from ..cache import cached
+from ..config import from_preset
+from ..stability import (
+    LinearMethod, delayed_gd, delayed_gd_threshold, gd, heavy_ball, max_stable_step, nesterov, pipemare,
+    predicted_momentum, region_mask,
+)
+from ..stability.practice import least_squares_problem, max_stable_lr
+from . import FigureOutput, register
+
+__all__ = ["RegionsConfig", "ThresholdConfig", "BisectionConfig", "MomentumMapConfig"]
+
+
+@dataclass(frozen=True)
+class RegionsConfig:
+    grid: int = 600          # grid points per axis of each panel
+    beta: float = 0.5        # momentum of the heavy-ball / Nesterov panels
+    beta_pred: float = 0.9   # momentum of the prediction panel
+    tau_pred: int = 4        # delay of the prediction panels
+
+
+_REGIONS = {"tiny": RegionsConfig(grid=120), "quick": RegionsConfig(), "paper": RegionsConfig(grid=1200)}
+
+
+def _extent(methods: list[LinearMethod], pad: float = 0.25) -> tuple[tuple[float, float], tuple[float, float]]:
+    zs = max(max_stable_step(m) for m in methods)
+    return (-pad * zs, (1 + pad) * zs), (-(0.5 + pad) * zs, (0.5 + pad) * zs)
+
+
+def _draw_regions(ax, entries: list[tuple[LinearMethod, str]], grid: int, *, extent=None, fill_first: bool = True):
+    """Overlay the stable regions (filled lightly, outlined) of ``entries = [(method, label), ...]``."""
+    re, im = extent if extent is not None else _extent([m for m, _ in entries])
+    colors = sns.color_palette("colorblind", len(entries))
+    records = {}
+    handles = []
+    for i, ((m, label), col) in enumerate(zip(entries, colors)):
+        z, mask = region_mask(m, re, im, (grid, grid))
+        ext = [re[0], re[1], im[0], im[1]]
+        if i == 0 and fill_first:
+            ax.contourf(mask.astype(float), levels=[0.5, 1.5], colors=[col], alpha=0.18, extent=ext)
+        else:
+            ax.contourf(mask.astype(float), levels=[0.5, 1.5], colors=[col], alpha=0.07, extent=ext)
+        ax.contour(mask.astype(float), levels=[0.5], colors=[col], linewidths=1.6, extent=ext)
+        zs = max_stable_step(m)
+        if re[0] <= zs <= re[1]:
+            ax.plot([zs], [0.0], "o", color=col, ms=4)
+        handles.append(plt.Line2D([], [], color=col, lw=2, label=f"{label} (z*={zs:.3g})"))
+        records[label] = {"max_stable_real": zs, "area_fraction": float(mask.mean())}
+    ax.axhline(0, color="0.6", lw=0.6, zorder=0)
+    ax.axvline(0, color="0.6", lw=0.6, zorder=0)
+    ax.set_xlim(*re)
+    ax.set_ylim(*im)
+    ax.set_aspect("equal")
+    ax.set_xlabel("Re ηλ")
+    ax.set_ylabel("Im ηλ")
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
+    return records
+
+
+@register("stability_gd_regions", "Stable regions of GD with gradient delay τ = 0..4 in the complex ηλ plane")
+def stability_gd_regions(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_REGIONS, preset)
+    fig, ax = plt.subplots(figsize=(6.2, 5.4))
+    entries = [(gd(), "GD (τ = 0)")] + [(delayed_gd(t), f"GD, delay τ = {t}") for t in range(1, 5)]
+    rec = _draw_regions(ax, entries, cfg.grid, extent=((-0.6, 2.4), (-1.4, 1.4)))
+    ax.set_title("Gradient descent with stale gradients: $w_{t+1} = w_t - \\eta\\lambda\\, w_{t-\\tau}$\n"
+                 "stable where all roots of $r^{\\tau+1} - r^{\\tau} + \\eta\\lambda$ lie inside $|r| < 1$; "
+                 "dots: largest stable real ηλ", fontsize=9)
+    fig.tight_layout()
+    return FigureOutput(fig, cfg, None, data=rec, notes=rec)
+
+
+@register("stability_momentum_regions", "Stable regions of heavy-ball and Nesterov momentum, with and without delay")
+def stability_momentum_regions(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_REGIONS, preset)
+    b = cfg.beta
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.8))
+    rec = {}
+    rec["delay-free"] = _draw_regions(axes[0], [(gd(), "GD"), (heavy_ball(b), f"heavy-ball β={b:g}"),
+                                                (nesterov(b), f"Nesterov β={b:g}")], cfg.grid)
+    axes[0].set_title("No delay (torch's momentum: v ← βv + g, w ← w − ηv)", fontsize=9)
+    hb = [(heavy_ball(b, t), f"heavy-ball τ={t}") for t in (1, 2, 4)]
+    nv = [(nesterov(b, t), f"Nesterov τ={t}") for t in (1, 2, 4)]
+    ext = _extent([m for m, _ in hb + nv])
+    rec["heavy-ball"] = _draw_regions(axes[1], hb, cfg.grid, extent=ext)
+    axes[1].set_title(f"Heavy-ball β={b:g} with delay τ", fontsize=9)
+    rec["nesterov"] = _draw_regions(axes[2], nv, cfg.grid, extent=ext)
+    axes[2].set_title(f"Nesterov β={b:g} with delay τ", fontsize=9)
+    fig.suptitle("Heavy-ball and Nesterov momentum without delay (left) and with gradient delay τ (middle, right); "
+                 "ηλ in torch's lr units (effective step = η/(1−β))", fontsize=10)
+    fig.tight_layout()
+    return FigureOutput(fig, cfg, None, data=rec, notes=rec)
+
+
+@register("stability_prediction_regions",
+          "Stable regions with SpecTrain/PipeOptim weight prediction and with PipeMare's discrepancy correction")
+def stability_prediction_regions(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_REGIONS, preset)
+    t, b = cfg.tau_pred, cfg.beta_pred
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.8))
+    rec = {}
+    rec["gd"] = _draw_regions(axes[0], [(delayed_gd(t), f"GD τ={t}, stale"),
+                                        (predicted_momentum(0.0, t), f"GD τ={t}, predicted s={t}"),
+                                        (delayed_gd(0), "GD, no delay")], cfg.grid, extent=((-0.4, 2.2), (-1.2, 1.2)))
+    axes[0].set_title(f"Plain SGD, delay τ={t}: predict ŵ = w + s·(last update)", fontsize=9)
+    entries = [(heavy_ball(b, t), f"stale (τ={t})"),
+               (predicted_momentum(b, t), f"predicted, code: ŵ = w − sηv, s={t}"),
+               (predicted_momentum(b, t, velocity_scale=1 - b), "predicted with EMA v on torch SGD")]
+    rec["momentum"] = _draw_regions(axes[1], entries, cfg.grid)
+    axes[1].set_title(f"Momentum SGD β={b:g}, delay τ={t} (no delay: z* = {2 * (1 + b):g})", fontsize=9)
+    tf, tb, rho = 3, 1, -1.0
+    entries = [(pipemare(tf, tb, rho=rho, correction=False), f"τf={tf}, τb={tb}, uncorrected"),
+               (pipemare(tf, tb, rho=rho, gamma=0.5), "with discrepancy correction, γ=0.5"),
+               (delayed_gd(tf), f"GD τ={tf} (no discrepancy)")]
+    rec["pipemare"] = _draw_regions(axes[2], entries, cfg.grid)
+    axes[2].set_title(f"PipeMare discrepancy, sensitivity Δ/λ = {rho:g}", fontsize=9)
+    fig.tight_layout()
+    return FigureOutput(fig, cfg, None, data=rec, notes=rec)
+
+
+@dataclass(frozen=True)
+class ThresholdConfig:
+    taus: int = 9                        # τ = 0..taus−1
+    betas: tuple[float, ...] = (0.5, 0.9)
+
+
+_THRESH = {"tiny": ThresholdConfig(taus=5), "quick": ThresholdConfig(), "paper": ThresholdConfig(taus=17)}
+
+
+@register("stability_threshold_vs_delay", "Largest stable real ηλ vs delay τ (root-finding), with the closed form")
+def stability_threshold_vs_delay(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_THRESH, preset)
+    taus = np.arange(cfg.taus)
+    curves: dict[str, list[float]] = {"GD": [max_stable_step(delayed_gd(int(t))) for t in taus],
+                                      "GD, predicted s=τ": [max_stable_step(predicted_momentum(0.0, int(t))) for t in taus]}
+    for b in cfg.betas:
+        curves[f"heavy-ball β={b:g}"] = [max_stable_step(heavy_ball(b, int(t))) for t in taus]
+        curves[f"Nesterov β={b:g}"] = [max_stable_step(nesterov(b, int(t))) for t in taus]
+        curves[f"heavy-ball β={b:g}, predicted s=τ"] = [max_stable_step(predicted_momentum(b, int(t))) for t in taus]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fine = np.linspace(0, taus[-1], 400)
+    ax.plot(fine, 2 * np.sin(np.pi / (2 * (2 * fine + 1))), color="k", lw=1, ls=":",
+            label="closed form 2·sin(π/(2(2τ+1)))")
+    styles = {"GD": ("o", "-"), "predicted": ("s", "--"), "Nesterov": ("^", "-.")}
+    colors = sns.color_palette("colorblind", len(curves))
+    for (name, ys), col in zip(curves.items(), colors):
+        mk, ls = styles["predicted"] if "predicted" in name else styles["Nesterov"] if "Nesterov" in name else styles["GD"]
+        ax.plot(taus, ys, marker=mk, ls=ls, color=col, ms=4, lw=1.2, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("gradient delay τ (optimizer steps)")
+    ax.set_ylabel("largest stable real ηλ  (η·λ_max with torch's lr)")
+    ax.set_title("Max stable step vs staleness (markers: boundary-locus root-finding)", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    closed = [delayed_gd_threshold(int(t)) for t in taus]
+    lines = ["tau,closed_form," + ",".join(f'"{k}"' for k in curves)]
+    for i, t in enumerate(taus):
+        lines.append(f"{t},{closed[i]:.10g}," + ",".join(f"{curves[k][i]:.10g}" for k in curves))
+    notes = {"closed_form": closed, **curves,
+             "max_abs_err_gd_vs_closed_form": float(np.max(np.abs(np.array(curves["GD"]) - closed)))}
+    return FigureOutput(fig, cfg, None, tables={"csv": "\n".join(lines) + "\n"}, data=curves, notes=notes)
+
+
+@dataclass(frozen=True)
+class BisectionConfig:
+    taus: int = 9
+    dim: int = 20
+    lam_max: float = 1.0
+    lam_min: float = 0.01
+    steps: int = 2000
+    rel_tol: float = 1e-3
+    momentum: float = 0.9
+    seed: int = 0
+
+
+_BISECT = {"tiny": BisectionConfig(taus=3, dim=8, steps=600, rel_tol=1e-2), "quick": BisectionConfig(),
+           "paper": BisectionConfig(taus=17, dim=50, steps=6000, rel_tol=2e-4)}
+
+
+def _bisection_sweep(cfg: BisectionConfig) -> dict[str, list[float]]:
+    prob = least_squares_problem(cfg.dim, lam_max=cfg.lam_max, lam_min=cfg.lam_min, seed=cfg.seed)
+    out: dict[str, list[float]] = {"tau": [], "sgd": [], "momentum": [], "momentum_pred": []}
+    for t in range(cfg.taus):
+        out["tau"].append(t)
+        kw = dict(steps=cfg.steps, rel_tol=cfg.rel_tol)
+        out["sgd"].append(max_stable_lr(prob, t, **kw) * prob.lam_max)
+        out["momentum"].append(max_stable_lr(prob, t, momentum=cfg.momentum, **kw) * prob.lam_max)
+        out["momentum_pred"].append(max_stable_lr(prob, t, momentum=cfg.momentum, predict_s=t, **kw) * prob.lam_max)
+    return out
+
+
+@register("stability_lr_bisection",
+          "Largest stable learning rate of delayed torch.optim.SGD on least squares (bisection) vs theory")
+def stability_lr_bisection(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_BISECT, preset)
+    meas = cached("stability_lr_bisection", cfg, _bisection_sweep)
+    taus = np.array(meas["tau"])
+    b = cfg.momentum
+    theory = {"sgd": [max_stable_step(delayed_gd(int(t))) for t in taus],
+              "momentum": [max_stable_step(heavy_ball(b, int(t))) for t in taus],
+              "momentum_pred": [max_stable_step(predicted_momentum(b, int(t))) for t in taus]}
+    labels = {"sgd": "SGD", "momentum": f"SGD momentum={b:g}", "momentum_pred": f"momentum={b:g} + prediction s=τ"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    colors = sns.color_palette("colorblind", 3)
+    for key, col in zip(labels, colors):
+        axes[0].plot(taus, theory[key], "-", color=col, lw=1.2, label=f"{labels[key]}: theory")
+        axes[0].plot(taus, meas[key], "x", color=col, ms=7, mew=1.5, label=f"{labels[key]}: bisection")
+        rel = np.array(meas[key]) / np.array(theory[key]) - 1
+        axes[1].plot(taus, 100 * rel, "o-", color=col, ms=4, label=labels[key])
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("gradient delay τ")
+    axes[0].set_ylabel("largest stable η·λ_max")
+    axes[0].set_title(f"torch.optim.SGD on least squares (d={cfg.dim}, λ ∈ [{cfg.lam_min:g}, {cfg.lam_max:g}])",
+                      fontsize=9)
+    axes[0].legend(fontsize=7)
+    axes[1].axhline(0, color="0.5", lw=0.8)
+    tol = 100 * cfg.rel_tol
+    axes[1].axhspan(-tol, tol, color="0.85", zorder=0, label=f"bisection tolerance ±{tol:g}%")
+    axes[1].set_xlabel("gradient delay τ")
+    axes[1].set_ylabel("measured / theory − 1  (%)")
+    axes[1].set_title(f"Bisection ({cfg.steps} steps per trial) vs boundary-locus threshold", fontsize=9)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.StringIO()
+    buf.write("tau,closed_form_gd,theory_gd,measured_gd,theory_momentum,measured_momentum,"
+              "theory_momentum_pred,measured_momentum_pred\n")
+    for i, t in enumerate(taus):
+        buf.write(f"{t},{delayed_gd_threshold(int(t)):.6f},{theory['sgd'][i]:.6f},{meas['sgd'][i]:.6f},"
+                  f"{theory['momentum'][i]:.6f},{meas['momentum'][i]:.6f},"
+                  f"{theory['momentum_pred'][i]:.6f},{meas['momentum_pred'][i]:.6f}\n")
+    notes = {"measured": meas, "theory": theory,
+             "max_rel_err": {k: float(np.max(np.abs(np.array(meas[k]) / np.array(theory[k]) - 1))) for k in theory}}
+    return FigureOutput(fig, cfg, cfg.seed, tables={"csv": buf.getvalue()}, data={"measured": meas, "theory": theory},
+                        notes=notes)
+
+
+@dataclass(frozen=True)
+class MomentumMapConfig:
+    n_beta: int = 40
+    beta_max: float = 0.98
+    taus: int = 9
+
+
+_MAP = {"tiny": MomentumMapConfig(n_beta=8, taus=4), "quick": MomentumMapConfig(),
+        "paper": MomentumMapConfig(n_beta=100, beta_max=0.99, taus=17)}
+
+
+def _momentum_map(cfg: MomentumMapConfig) -> dict[str, np.ndarray]:
+    betas = np.linspace(0.0, cfg.beta_max, cfg.n_beta)
+    taus = np.arange(cfg.taus)
+    zmap = np.array([[max_stable_step(heavy_ball(float(b), int(t))) for b in betas] for t in taus])
+    return {"betas": betas, "taus": taus, "z": zmap}
+
+
+@register("stability_momentum_map", "Max stable real step of delayed heavy-ball over momentum β and delay τ")
+def stability_momentum_map(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_MAP, preset)
+    res = cached("stability_momentum_map", cfg, _momentum_map)
+    betas, taus, zmap = res["betas"], res["taus"], res["z"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    db = betas[1] - betas[0] if len(betas) > 1 else 1.0
+    ext = [betas[0] - db / 2, betas[-1] + db / 2, taus[0] - 0.5, taus[-1] + 0.5]
+    im0 = axes[0].imshow(np.log10(zmap), origin="lower", aspect="auto", extent=ext, cmap="viridis")
+    cs = axes[0].contour(betas, taus, np.log10(zmap), levels=[-2, -1.5, -1, -0.5, 0, 0.5], colors="w", linewidths=0.7,
+                         linestyles="solid")
+    axes[0].clabel(cs, fmt=lambda v: f"{10 ** v:.2g}", fontsize=7)
+    fig.colorbar(im0, ax=axes[0], label="log10 z*  (z* = largest stable η·λ, torch lr)")
+    axes[0].set_title("Heavy-ball, v ← βv + g: largest stable ηλ", fontsize=9)
+    ratio = zmap / zmap[0:1, :]
+    im1 = axes[1].imshow(np.log10(ratio), origin="lower", aspect="auto", extent=ext, cmap="magma")
+    cs = axes[1].contour(betas, taus, ratio, levels=[0.01, 0.03, 0.1, 0.3], colors="w", linewidths=0.7,
+                         linestyles="solid")
+    axes[1].clabel(cs, fmt=lambda v: f"{v:g}", fontsize=7)
+    fig.colorbar(im1, ax=axes[1], label="log10 z*(β, τ) / z*(β, 0)")
+    axes[1].set_title("Learning-rate cut needed vs the same β without delay", fontsize=9)
+    for ax in axes:
+        ax.grid(False)
+        ax.set_xlabel("momentum β")
+        ax.set_ylabel("gradient delay τ")
+    fig.tight_layout()
+    notes = {"tau_rows": taus.tolist(), "beta_cols": [round(float(b), 4) for b in betas],
+             "z_star_beta0.9_index": int(np.argmin(np.abs(betas - 0.9)))}
+    return FigureOutput(fig, cfg, None, data=res, notes=notes)
