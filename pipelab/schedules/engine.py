@@ -122,7 +122,8 @@ def compile_schedule(s: Schedule) -> Compiled:
     for d in dup[:3]:
         i = ci[order][d + 1]
         problems.append((f"job {flat[i]} of step {step[i]} appears more than once", where(i)))
-    table.reshape(-1)[keys] = ci  # later duplicates win; they are reported anyway
+    uniq, first = np.unique(keys, return_index=True)
+    table.reshape(-1)[uniq] = ci[first]  # the first occurrence counts; later duplicates are reported
     has = table >= 0
     split = has[I] | has[Wop]
     # Completeness: F always; B, or I and W.
@@ -156,7 +157,8 @@ def compile_schedule(s: Schedule) -> Compiled:
     for d in np.flatnonzero(ukeys[uorder][1:] == ukeys[uorder][:-1])[:3]:
         i = ui[uorder][d + 1]
         problems.append((f"update U{stage[i]} of step {step[i]} appears twice on worker {worker[i]}", where(i)))
-    u_tab.reshape(-1)[ukeys] = ui
+    uq, ufirst = np.unique(ukeys, return_index=True)
+    u_tab.reshape(-1)[uq] = ui[ufirst]
     n_needed = sum(len(h) for h in s.weight_holders) * T
     if (u_tab >= 0).sum() < n_needed:
         for k, hs in enumerate(s.weight_holders):
@@ -234,7 +236,8 @@ def job_costs(c: Compiled, f_cost, b_cost, u_cost, i_cost=None, w_cost=None) -> 
     ic = bc / 2 if i_cost is None else _per_stage("i_cost", i_cost, D, positive=True)
     wc = bc / 2 if w_cost is None else _per_stage("w_cost", w_cost, D, positive=True)
     table = np.stack([fc, bc, uc, ic, wc])  # rows in op-code order
-    return table[c.op, c.stage]
+    # Clipping keeps malformed actions (reported by compile) drawable in the validator's grid.
+    return table[np.clip(c.op, 0, 4), np.clip(c.stage, 0, D - 1)]
 
 
 def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3: np.ndarray

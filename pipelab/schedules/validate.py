@@ -130,24 +130,39 @@ def _validate_schedule(s: Schedule, c: Compiled | None = None) -> None:
         _fail(s, f"invalid schedule {s.name!r}: {msg}{extra}", where)
     tl = unit_timeline(s, c)
     blocked = tl[1][3]
-    if blocked:
-        w, pos = blocked[0]
-        i = int(c.offsets[w]) + pos
-        a = s.programs[w][pos]
-        end = tl[1][1]
-        waits = []
+    if not blocked:
+        return
+    end = tl[1][1]
+    at = {w: pos for w, pos in blocked}
+
+    def waits_for(i: int) -> int:
         for d in (int(c.dep1[i]), int(c.dep2[i]), int(c.dep3[i])):
             if d >= 0 and end[d] < 0:
-                waits.append(d)
-        if not waits and a.op == "U":
-            waits = [int(d) for d in c.udeps[np.searchsorted(c.u_ids, i)] if end[d] < 0][:1]
-        why = ""
-        if waits:
-            dw, dpos = c.position(waits[0])
-            why = (f"; it waits for {s.programs[dw][dpos]} (step {s.programs[dw][dpos].step}), which is at "
-                   f"position {dpos} on worker {dw} behind a job that cannot run")
-        _fail(s, f"dependency violated in {s.name!r}: worker {w}'s action {a} (step {a.step}, position {pos}) "
-                 f"can never run{why}; {len(blocked)} worker(s) blocked (deadlock)", (w, pos), tl)
+                return d
+        if int(c.op[i]) == 2:  # an update: the first unfinished gradient of its step
+            row = c.udeps[int(np.searchsorted(c.u_ids, i))]
+            return next(int(d) for d in row if end[d] < 0)
+        return -1
+
+    # Follow "waits for" from worker to worker until a worker repeats: that job closes the cycle.
+    w, seen = blocked[0][0], []
+    while w not in seen:
+        seen.append(w)
+        d = waits_for(int(c.offsets[w]) + at[w])
+        if d < 0:
+            break
+        w = int(c.worker[d])
+    pos = at[w]
+    i = int(c.offsets[w]) + pos
+    a = s.programs[w][pos]
+    d = waits_for(i)
+    why = ""
+    if d >= 0:
+        dw, dpos = c.position(d)
+        where = "later on the same worker" if dw == w else f"at position {dpos} on worker {dw}, behind a blocked job"
+        why = f"; it waits for {s.programs[dw][dpos]} (step {s.programs[dw][dpos].step}), which is {where}"
+    _fail(s, f"dependency violated in {s.name!r}: worker {w}'s action {a} (step {a.step}, position {pos}) "
+             f"can never run{why}; {len(blocked)} worker(s) blocked (deadlock)", (w, pos), tl)
 
 
 def _validate_timeline(r: Any) -> None:

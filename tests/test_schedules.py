@@ -1,0 +1,174 @@
+"""Schedules as data: builders, the general constructor, validate() and its failure reports."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipelab.schedules import (Action, Schedule, ScheduleError, construct, ddp, folded, format_grid, fsdp, fslpp,
+                               gpipe, interleaved_1f1b, lpp, lpp_hash, naive, one_f_one_b, pipedream,
+                               pipedream_2bw, validate)
+
+ALL = [
+    lambda: naive(4, 3, steps=2),
+    lambda: gpipe(4, 8, steps=2),
+    lambda: one_f_one_b(4, 8, steps=2),
+    lambda: one_f_one_b(5, 3),
+    lambda: pipedream(4, 1, steps=10),
+    lambda: pipedream(3, 4, steps=5),
+    lambda: pipedream_2bw(4, 4, steps=5),
+    lambda: interleaved_1f1b(W=2, V=3, M=4, steps=2),
+    lambda: interleaved_1f1b(W=4, V=2, M=8),
+    lambda: folded(6, 8, steps=2),
+    lambda: ddp(4, 4, steps=2),
+    lambda: ddp(3, 6, W=3),
+    lambda: fsdp(4, 4, steps=2),
+    lambda: lpp(4, 8, G=2, R=2, steps=2),
+    lambda: lpp(6, 4, G=2, R=3),
+    lambda: fslpp(4, 8, G=2, R=2, steps=2),
+]
+
+
+@pytest.mark.parametrize("build", ALL, ids=[f"b{i}" for i in range(len(ALL))])
+def test_every_builder_validates_and_has_every_job_once(build) -> None:
+    s = build()
+    validate(s)
+    jobs = [(a.op, a.stage, a.step, a.micro) for p in s.programs for a in p if a.op != "U"]
+    expected = {(op, k, t, j) for op in "FB" for k in range(s.D) for t in range(s.steps) for j in range(s.M)}
+    assert len(jobs) == len(set(jobs)) == len(expected) and set(jobs) == expected
+    ups = sorted((a.stage, a.step, w) for w, p in enumerate(s.programs) for a in p if a.op == "U")
+    assert ups == sorted((k, t, h) for k in range(s.D) for t in range(s.steps) for h in s.weight_holders[k])
+    assert s.update_rule
+
+
+@pytest.mark.parametrize("D,M,T", [(4, 8, 1), (3, 5, 2), (5, 3, 3), (2, 1, 4)])
+def test_closed_form_builders_equal_the_general_constructor(D: int, M: int, T: int) -> None:
+    """GPipe, 1F1B, PipeDream and naive are presets of Rahimi's greedy scheduler: same programs."""
+    stage = lambda s, b, d: s  # noqa: E731  (w_compute = s: one stage per worker)
+    in_flight = [D - k for k in range(D)]
+    assert construct(D, M, D, compute=stage, priority="forward_first", steps=T).programs == gpipe(D, M, T).programs
+    assert construct(D, M, D, compute=stage, max_in_flight=in_flight, steps=T).programs == \
+        one_f_one_b(D, M, T).programs
+    assert construct(D, M, D, compute=stage, max_in_flight=in_flight, steps=T, sync_lag=None).programs == \
+        pipedream(D, M, T).programs
+    assert construct(D, M, D, compute=stage, max_in_flight=1, steps=T).programs == naive(D, M, T).programs
+
+
+def test_one_f_one_b_order_and_pipedream_warmup() -> None:
+    assert [str(a) for a in one_f_one_b(3, 4).programs[0]] == \
+        ["F0.0", "F0.1", "F0.2", "B0.0", "F0.3", "B0.1", "B0.2", "B0.3", "U0"]
+    # PipeOptim Fig. 1(d): D=4, stage 0 admits 4 mini-batches before its first backward.
+    p0 = pipedream(4, 1, steps=6).programs[0]
+    assert [(a.op, a.step) for a in p0[:7]] == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("U", 0), ("F", 4)]
+
+
+def test_lpp_hash_interpolates_between_gpipe_and_ddp() -> None:
+    assert [lpp_hash(s, b, G=1, R=4) for s in range(4) for b in range(3)] == [s for s in range(4) for _ in range(3)]
+    assert [lpp_hash(s, b, G=4, R=1) for s in range(3) for b in range(4)] == [b for _ in range(3) for b in range(4)]
+    assert lpp(4, 4, G=1, R=4).programs == construct(4, 4, 4, compute=lambda s, b, d: s).programs
+    # FSLPP keeps exactly one copy of each stage; LPP one per group.
+    assert all(len(h) == 1 for h in fslpp(4, 4, G=2, R=2).weight_holders)
+    assert all(len(h) == 2 for h in lpp(4, 4, G=2, R=2).weight_holders)
+
+
+def test_interleaved_places_stage_on_worker_mod_W_and_records_chunks() -> None:
+    s = interleaved_1f1b(W=2, V=3, M=4)
+    assert s.D == 6
+    for w, p in enumerate(s.programs):
+        assert {a.stage % 2 for a in p} == {w}
+        assert all(a.chunk == a.stage // 2 for a in p)
+
+
+def test_folded_pairs_first_and_last_stages() -> None:
+    s = folded(8, 4)
+    assert s.W == 4
+    for w, p in enumerate(s.programs):
+        assert {a.stage for a in p} == {w, 7 - w}
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: interleaved_1f1b(W=4, V=2, M=6), "M divisible by W"),
+    (lambda: pipedream_2bw(4, 3), "M >= D"),
+    (lambda: ddp(4, 6, W=4), "M divisible by W"),
+    (lambda: lpp(6, 4, G=2, R=4), "D divisible by R"),
+    (lambda: lpp(4, 3, G=2, R=2), "M divisible by G"),
+    (lambda: folded(5, 4), "even"),
+    (lambda: gpipe(0, 4), "D must be"),
+    (lambda: one_f_one_b(4, -1), "M must be"),
+    (lambda: construct(2, 2, 2, compute=lambda s, b, d: 5), "not a worker"),
+    (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, max_in_flight=[1]), "one per worker"),
+    (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, f_cost=-1.0), "positive"),
+    (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, priority="fastest"), "priority"),
+])
+def test_bad_parameters_raise_clear_errors(call, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def _replace(s: Schedule, w: int, programs_w: list[Action]) -> Schedule:
+    progs = list(s.programs)
+    progs[w] = tuple(programs_w)
+    return dataclasses.replace(s, programs=tuple(progs))
+
+
+def test_validate_marks_a_duplicated_job() -> None:
+    s = one_f_one_b(3, 4)
+    p = list(s.programs[1])
+    p.insert(3, p[0])
+    with pytest.raises(ScheduleError, match="more than once") as err:
+        validate(_replace(s, 1, p))
+    assert "worker × time grid" in str(err.value)
+    row = next(line for line in str(err.value).splitlines() if line.startswith("w1"))
+    assert ">>F1.0<<" in row
+
+
+def test_validate_reports_a_missing_job_and_an_out_of_range_action() -> None:
+    s = gpipe(3, 2)
+    with pytest.raises(ScheduleError, match="missing"):
+        validate(_replace(s, 2, [a for a in s.programs[2] if str(a) != "B2.1"]))
+    with pytest.raises(ScheduleError, match="out of range"):
+        validate(_replace(s, 0, list(s.programs[0]) + [Action("F", 7, 0, 0)]))
+    with pytest.raises(ScheduleError, match="does not hold"):
+        validate(_replace(s, 0, list(s.programs[0]) + [Action("U", 1, 0, -1)]))
+
+
+def test_validate_marks_the_cell_that_breaks_a_dependency() -> None:
+    """B before its own F on stage 2 can never run: the grid marks that cell on worker 2."""
+    s = gpipe(3, 2)
+    p = list(s.programs[2])
+    p[0], p[2] = p[2], p[0]  # B2.0 moved in front of F2.0
+    with pytest.raises(ScheduleError, match="dependency violated") as err:
+        validate(_replace(s, 2, p))
+    row = next(line for line in str(err.value).splitlines() if line.startswith("w2"))
+    assert ">>B2.0<<" in row
+    # A cycle across workers: stage 1 waits for stage 0's second forward, which waits behind a backward.
+    s = one_f_one_b(2, 2)
+    p0 = [Action("F", 0, 0, 0), Action("B", 0, 0, 0), Action("F", 0, 0, 1), Action("B", 0, 0, 1),
+          Action("U", 0, 0, -1)]
+    p1 = [Action("F", 1, 0, 0), Action("F", 1, 0, 1), Action("B", 1, 0, 0), Action("B", 1, 0, 1),
+          Action("U", 1, 0, -1)]
+    bad = dataclasses.replace(s, programs=(tuple(p0), tuple(p1)))
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate(bad)
+
+
+def test_validate_rejects_other_types_and_grid_is_readable() -> None:
+    with pytest.raises(TypeError):
+        validate([1, 2])
+    text = format_grid(one_f_one_b(2, 3))
+    lines = text.splitlines()
+    assert lines[2].split() == ["w0", "F0.0", "F0.1", ".", "B0.0", "F0.2", "B0.1", ".", "B0.2*"]
+
+
+def test_schedule_rejects_bad_fields() -> None:
+    s = gpipe(2, 2)
+    with pytest.raises(ValueError, match="weight_rule"):
+        dataclasses.replace(s, weight_rule="newest")
+    with pytest.raises(ValueError, match="sync_lag"):
+        dataclasses.replace(s, sync_lag=-1)
+    with pytest.raises(ValueError, match="weight_holders"):
+        dataclasses.replace(s, weight_holders=((0,),))
+    assert s.worker_of("B", 1, 0, 1) == 1
+    with pytest.raises(ValueError, match="not in schedule"):
+        s.worker_of("B", 1, 3, 1)
