@@ -1,0 +1,67 @@
+"""Delayed torch.optim training on least squares vs the stability theory (pipelab.stability.practice)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipelab.stability import delayed_gd, heavy_ball, max_stable_step, predicted_momentum
+from pipelab.stability.practice import delayed_training, least_squares_problem, max_stable_lr
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return least_squares_problem(12, lam_max=2.0, lam_min=0.05, seed=3)
+
+
+def test_problem_has_the_requested_spectrum(problem):
+    eig = torch.linalg.eigvalsh(problem.X.T @ problem.X).numpy()
+    np.testing.assert_allclose(np.sort(eig), np.sort(problem.lams), rtol=1e-10)
+    assert torch.linalg.vector_norm(problem.grad(problem.w_star)) < 1e-10
+
+
+@pytest.mark.parametrize("tau,momentum,s", [(0, 0.0, None), (2, 0.0, None), (3, 0.7, None), (2, 0.7, 2), (3, 0.0, 3)])
+def test_delayed_training_follows_the_delayed_recurrence(problem, tau, momentum, s):
+    """The ring buffer really delays by τ: compare with the recurrence written out in numpy (float64)."""
+    lr, T = 0.05, 60
+    run = delayed_training(problem, lr, tau, steps=T, momentum=momentum, predict_s=s)
+    X, y = problem.X.numpy(), problem.y.numpy()
+    grad = lambda w: X.T @ (X @ w - y)
+    ws = [problem.w0.numpy().copy()]
+    v = np.zeros_like(ws[0])
+    for t in range(T):
+        stale = ws[max(t - tau, 0)]
+        if s:
+            prev = ws[max(t - tau - 1, 0)]
+            stale = stale + s * (stale - prev)   # = w − s·η·v with v the buffer that produced `stale`
+        v = momentum * v + grad(stale)
+        ws.append(ws[-1] - lr * v)
+    ref = [np.linalg.norm(w - problem.w_star.numpy()) for w in ws]
+    np.testing.assert_allclose(run.dist, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("tau,kwargs,method", [
+    (0, {}, delayed_gd(0)),
+    (3, {}, delayed_gd(3)),
+    (6, {}, delayed_gd(6)),
+    (2, {"momentum": 0.9}, heavy_ball(0.9, 2)),
+    (2, {"momentum": 0.9, "predict_s": 2}, predicted_momentum(0.9, 2)),
+    (3, {"momentum": 0.5, "nesterov": True}, None),
+])
+def test_bisection_matches_theoretical_threshold(problem, tau, kwargs, method):
+    """Largest stable lr of the real optimizer = z*/λ_max within 1 % (bisection to 0.2 %, 1500 steps/trial)."""
+    from pipelab.stability import nesterov
+    method = method or nesterov(0.5, tau)
+    measured = max_stable_lr(problem, tau, steps=1500, rel_tol=2e-3, **kwargs)
+    theory = max_stable_step(method) / problem.lam_max
+    assert measured == pytest.approx(theory, rel=0.01)
+
+
+def test_bad_arguments(problem):
+    with pytest.raises(ValueError, match="tau"):
+        delayed_training(problem, 0.1, -1)
+    with pytest.raises(ValueError, match="optimizer"):
+        delayed_training(problem, 0.1, 1, optimizer="adam")
+    with pytest.raises(ValueError, match="lam_min"):
+        least_squares_problem(4, lam_max=1.0, lam_min=2.0)
