@@ -166,6 +166,12 @@ class Predictor(ABC):
     @abstractmethod
     def _predict(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor]) -> list[Tensor]: ...
 
+    def predict_all(self, optimizer: torch.optim.Optimizer, max_s: int, params: Sequence[Tensor] | None = None
+                    ) -> list[list[Tensor]]:
+        """``[predict(optimizer, s, params) for s in 1..max_s]``; rollouts compute them in one pass."""
+        max_s = check_steps(max_s)
+        return [self.predict(optimizer, s, params) for s in range(1, max_s + 1)]
+
     def observe(self, optimizer: torch.optim.Optimizer) -> None:
         """Record the weights after an ``optimizer.step()`` (no-op unless the predictor uses history)."""
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import LRSchedule, Predictor, buckets, future_lrs
+from .base import LRSchedule, Predictor, buckets, check_steps, future_lrs, resolve_weights
 from .rules import LastUpdateOptions, SGDRule, rule_for
 
 __all__ = ["Stale", "SpecTrain", "PipeOptim", "Rollout", "Repeat", "ZeroGradRollout"]
@@ -220,9 +220,19 @@ class Rollout(Predictor):
         return {"gradient": self.gradient, "weight_decay": self.weight_decay, **super().options()}
 
     def _predict(self, optimizer, s, W):
-        out: list[Tensor | None] = [None] * len(W)
-        if s == 0:
-            return _fill(out, W)
+        return self._rollout(optimizer, s, W)[-1] if s > 0 else [w.clone() for w in W]
+
+    def predict_all(self, optimizer, max_s, params=None):
+        max_s = check_steps(max_s)
+        if max_s == 0:
+            return []
+        W = resolve_weights(optimizer, params)
+        with torch.no_grad():
+            return self._rollout(optimizer, max_s, W)
+
+    def _rollout(self, optimizer, s, W) -> list[list[Tensor]]:
+        """Predictions for 1..s in one pass (each rolled-out step's weights)."""
+        outs: list[list[Tensor | None]] = [[None] * len(W) for _ in range(s)]
         rule = rule_for(optimizer)
         last = self.gradient == "last"
         include = (lambda p: p.grad is not None) if last else (lambda p: True)
@@ -236,11 +246,12 @@ class Rollout(Predictor):
             g = [p.grad.detach() for p in b.params] if last else [torch.zeros_like(p) for p in b.params]
             Wb = _gather(W, b.positions)
             st = rule.read(hp, b.states)
-            for lr_j in lrs:
+            for j, lr_j in enumerate(lrs):
                 Wb, st = rule.step(hp, lr_j, st, Wb, g)
-            for i, t in zip(b.positions, Wb):
-                out[i] = t
-        return _fill(out, W)
+                for i, t in zip(b.positions, Wb):
+                    outs[j][i] = t
+        # parameters outside every bucket (no gradient under "last") keep their starting weights
+        return [_fill(out, W) for out in outs]
 
 
 class Repeat(Rollout):

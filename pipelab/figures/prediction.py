@@ -1,0 +1,196 @@
+"""Figures of the prediction-error notebook: how well can a stage predict its weights s updates ahead?
+
+- ``prediction_rmse_<optimizer>`` (SGDM, Adam, AdamW, RMSprop): SpecTrain Fig. 8 analogue — overall RMSE of
+  predicted and of stale weights against the true future weights over training, s = 1, 2, 3.
+- ``prediction_ratio_summary``: RMSE ratio predicted/stale (time-averaged) for every predictor ×
+  optimizer and s (heatmaps; under ``paper`` one row of panels per model).
+
+All runs go through :func:`pipelab.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
+summary and the per-optimizer figures share them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import LogNorm
+
+from ..cache import cached
+from ..config import from_preset
+from ..prediction_error import OPTIMIZER_LABELS, PredictionErrorConfig, PredictionErrorResult, run_prediction_error
+from . import FigureOutput, register
+
+__all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS"]
+
+PREDICTOR_LABELS = {
+    "stale": "stale (no prediction)", "spectrain": "SpecTrain (paper)", "spectrain_code": "SpecTrain (code)",
+    "pipeoptim": "PipeOptim (paper)", "pipeoptim_code": "PipeOptim (code)", "repeat": "repeat last step",
+    "zero_grad_rollout": "zero-gradient rollout", "linear": "linear extrapolation", "pipemare": "PipeMare δ (γ=0.9)",
+}
+# Lines drawn over training (the summary shows every predictor).
+_CURVES = ("pipeoptim", "repeat", "zero_grad_rollout", "pipemare")
+_ALL_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "nadam", "radam", "adamax")
+
+
+@dataclass(frozen=True)
+class PredictionFigureConfig:
+    """Runs behind the prediction figures: a base run config, the optimizers and the models swept."""
+
+    base: PredictionErrorConfig
+    optimizers: tuple[str, ...] = _ALL_OPTIMIZERS
+    models: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+    smooth: int = 5
+
+
+_TINY = PredictionErrorConfig(steps=40, batch_size=32, train_subset=2000, measure_every=2,
+                              model_options=(("depth", 4), ("width", 32)))
+_QUICK = PredictionErrorConfig(steps=600, batch_size=128, measure_every=5, model_options=(("depth", 8), ("width", 128)))
+_PAPER = PredictionErrorConfig(steps=4000, batch_size=128, measure_every=5, max_s=4, device="auto",
+                               model_options=(("depth", 16), ("width", 512)))
+
+PRESET_CONFIGS = {
+    "tiny": PredictionFigureConfig(_TINY, ("sgdm", "adam", "adamw", "rmsprop"), smooth=1),
+    "quick": PredictionFigureConfig(_QUICK),
+    "paper": PredictionFigureConfig(_PAPER, models=(("deep_mlp", (("depth", 16), ("width", 512))),
+                                                    ("small_cnn", ()), ("small_resnet", ())), smooth=10),
+}
+
+
+def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | None = None) -> PredictionErrorResult:
+    """The (cached) run of ``optimizer`` (and ``model`` = (name, options)) under ``cfg``."""
+    run = replace(cfg.base, optimizer=optimizer)
+    if model is not None:
+        run = replace(run, model=model[0], model_options=model[1])
+    return cached("prediction_error", run, run_prediction_error)
+
+
+def _smooth(y: np.ndarray, k: int) -> np.ndarray:
+    if k <= 1:
+        return y
+    kernel = np.ones(k) / k
+    return np.convolve(np.nan_to_num(y, nan=np.nanmean(y)), kernel, mode="same")
+
+
+def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
+    cfg = from_preset(PRESET_CONFIGS, preset)
+    res = prediction_run(cfg, optimizer)
+    S = min(3, res.max_s)
+    fig, axes = plt.subplots(1, S, figsize=(4.2 * S, 3.4), sharey=True)
+    axes = np.atleast_1d(axes)
+    names = ["spectrain"] if "spectrain" in res.predictors else []
+    names += [n for n in _CURVES if n in res.predictors]
+    ratios = res.summary_ratio()
+    for si, ax in enumerate(axes):
+        x = res.origins + si + 1
+        ax.plot(x, _smooth(res.stale[si, :, -1], cfg.smooth), color="black", ls="--", lw=1.4,
+                label=PREDICTOR_LABELS["stale"])
+        for n in names:
+            pi = res.predictors.index(n)
+            label = PREDICTOR_LABELS[n]
+            if n == "pipeoptim" and "spectrain" in res.predictors:
+                continue  # identical to SpecTrain for SGD with momentum (tested)
+            ax.plot(x, _smooth(res.rmse[pi, si, :, -1], cfg.smooth), lw=1.2,
+                    label=f"{label} ({ratios[pi, si]:.2f}× stale)")
+        ax.set_yscale("log")
+        ax.set_title(f"s = {si + 1}")
+        ax.set_xlabel("training step t + s")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0].set_ylabel("RMSE vs true weights $W_{t+s}$")
+    label = OPTIMIZER_LABELS.get(optimizer, optimizer)
+    div = f", diverged at step {res.diverged_at}" if res.diverged_at else ""
+    fig.suptitle(f"{label}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
+                 f"{cfg.base.model}{div}; moving average of {cfg.smooth} measurements)", fontsize=10)
+    fig.tight_layout()
+    notes = {f"ratio/{n}/s={s + 1}": float(ratios[i, s]) for i, n in enumerate(res.predictors) for s in range(res.max_s)}
+    notes["final_loss"] = float(np.nanmean(res.loss[-20:]))
+    return FigureOutput(fig, replace(cfg.base, optimizer=optimizer), cfg.base.seed, tables={"csv": res.to_csv()},
+                        notes=notes, data=res)
+
+
+@register("prediction_rmse_sgdm", "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3")
+def prediction_rmse_sgdm(preset: str, *, progress: bool = False) -> FigureOutput:
+    return _rmse_over_training("sgdm", preset)
+
+
+@register("prediction_rmse_adam", "RMSE of predicted vs stale weights over training with Adam, s=1..3")
+def prediction_rmse_adam(preset: str, *, progress: bool = False) -> FigureOutput:
+    return _rmse_over_training("adam", preset)
+
+
+@register("prediction_rmse_adamw", "RMSE of predicted vs stale weights over training with AdamW, s=1..3")
+def prediction_rmse_adamw(preset: str, *, progress: bool = False) -> FigureOutput:
+    return _rmse_over_training("adamw", preset)
+
+
+@register("prediction_rmse_rmsprop", "RMSE of predicted vs stale weights over training with RMSprop, s=1..3")
+def prediction_rmse_rmsprop(preset: str, *, progress: bool = False) -> FigureOutput:
+    return _rmse_over_training("rmsprop", preset)
+
+
+def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, progress: bool = False
+                  ) -> tuple[list[str], list[str], np.ndarray]:
+    """``(predictors, optimizers, ratio[P, O, S])``, NaN where a predictor does not apply."""
+    from ..predictors import available_predictors
+
+    preds = [p for p in available_predictors() if p in cfg.base.predictors]
+    opts = list(cfg.optimizers)
+    S = cfg.base.max_s
+    table = np.full((len(preds), len(opts), S), np.nan)
+    items = opts
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(opts, desc="prediction error runs", unit="run")
+    for oi, o in enumerate(items):
+        res = prediction_run(cfg, o, model)
+        ratio = res.summary_ratio()
+        for pi, p in enumerate(preds):
+            if p in res.predictors:
+                table[pi, oi] = ratio[res.predictors.index(p)]
+    return preds, opts, table
+
+
+@register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)")
+def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(PRESET_CONFIGS, preset)
+    models = list(cfg.models) or [None]
+    S = cfg.base.max_s
+    fig, axes = plt.subplots(len(models), S, figsize=(3.6 * S + 1.2, 4.2 * len(models)), squeeze=False,
+                             layout="constrained")
+    norm = LogNorm(vmin=0.25, vmax=4.0)
+    notes, rows, data = {}, ["model,predictor,optimizer,s,ratio"], {}
+    im = None
+    for mi, model in enumerate(models):
+        preds, opts, table = summary_table(cfg, model, progress=progress)
+        mname = model[0] if model else cfg.base.model
+        data[mname] = (preds, opts, table)
+        for si in range(S):
+            ax = axes[mi, si]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                im = ax.imshow(table[:, :, si], cmap="RdBu_r", norm=norm, aspect="auto")
+            for pi in range(len(preds)):
+                for oi in range(len(opts)):
+                    v = table[pi, oi, si]
+                    ax.text(oi, pi, "—" if not np.isfinite(v) else f"{v:.2f}", ha="center", va="center",
+                            fontsize=6.5, color="white" if np.isfinite(v) and abs(np.log(v)) > 0.8 else "black")
+                    if np.isfinite(v):
+                        rows.append(f"{mname},{preds[pi]},{opts[oi]},{si + 1},{v:.6g}")
+            ax.set_xticks(range(len(opts)), [OPTIMIZER_LABELS.get(o, o) for o in opts], rotation=60, ha="right",
+                          fontsize=7)
+            ax.set_yticks(range(len(preds)), [PREDICTOR_LABELS.get(p, p) for p in preds] if si == 0 else [],
+                          fontsize=7)
+            ax.grid(False)
+            ax.set_title(f"{mname}, s = {si + 1}", fontsize=9)
+        for o in ("sgdm", "adam"):
+            if o in opts:
+                for p in preds:
+                    for si in range(S):
+                        notes[f"{mname}/{o}/{p}/s={si + 1}"] = float(table[preds.index(p), opts.index(o), si])
+    fig.colorbar(im, ax=axes, shrink=0.8, label="RMSE ratio predicted / stale (log; < 1: better than stale)")
+    fig.suptitle("Weight prediction error relative to stale weights (time-averaged over training; "
+                 "— : predictor needs SGD momentum)", fontsize=10)
+    return FigureOutput(fig, cfg, cfg.base.seed, tables={"csv": "\n".join(rows) + "\n"}, notes=notes, data=data)

@@ -1,0 +1,332 @@
+"""Prediction error of weight predictors along a real training run (RMSE and cosine vs staleness).
+
+Train a model normally with a ``torch.optim`` optimizer; every ``measure_every`` steps (the *origin* t)
+ask each predictor for ``Ŵ_{t+s}``, s = 1..S, and when step ``t+s`` has been taken compare with the
+true weights ``W_{t+s}``:
+
+- ``rmse[p, s, t] = sqrt(mean((Ŵ_{t+s} − W_{t+s})²))`` per layer and overall;
+- ``stale[s, t] = sqrt(mean((W_t − W_{t+s})²))`` (the stale weights a pipeline would use without
+  prediction, SpecTrain Fig. 8's reference curve); ``ratio = rmse / stale`` (< 1: prediction helps);
+- ``cosine[p, s, t] = cos(Ŵ_{t+s} − W_t, W_{t+s} − W_t)`` between predicted and true displacement.
+
+Memory stays bounded: the last S+1 weight versions live in a ring buffer (:class:`WeightRing`), and the
+pending predictions are at most ``P·S·⌈S/measure_every⌉`` weight copies (``P`` predictors).
+
+Example:
+    >>> import torch
+    >>> from pipelab.models import deep_mlp
+    >>> model = deep_mlp(in_features=8, width=16, depth=3)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    >>> data = [(torch.randn(16, 8), torch.randint(0, 10, (16,))) for _ in range(20)]
+    >>> res = measure_prediction_error(model, opt, data, ["stale", "spectrain"], max_s=2)
+    >>> res.rmse.shape   # predictors × s × origins × (layers + overall)
+    (2, 2, 19, 4)
+
+Reference: SpecTrain (Chen et al., arXiv:1809.02839) Fig. 8 measures the RMSE of predicted vs stale
+weights for s = 1, 2, 3; PipeOptim (Guan et al., arXiv:2312.00839) motivates the per-optimizer rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .predictors import Predictor, make_predictor
+from .predictors.base import flat_params
+
+__all__ = ["OPTIMIZERS", "make_optimizer", "WeightRing", "PredictionErrorResult", "measure_prediction_error",
+           "PredictionErrorConfig", "run_prediction_error", "layer_names"]
+
+log = logging.getLogger(__name__)
+
+#: Named optimizers used by the experiments: class and default hyper-parameters (overridable).
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "sgd": (torch.optim.SGD, {"lr": 0.05}),
+    "sgdm": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+    "nesterov": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    "adam": (torch.optim.Adam, {"lr": 1e-3}),
+    "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.05}),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 3e-4}),
+    "rmsprop_momentum": (torch.optim.RMSprop, {"lr": 1e-4, "momentum": 0.9, "centered": True}),
+    "adagrad": (torch.optim.Adagrad, {"lr": 0.02}),
+    "nadam": (torch.optim.NAdam, {"lr": 1e-3}),
+    "radam": (torch.optim.RAdam, {"lr": 1e-3}),
+    "adamax": (torch.optim.Adamax, {"lr": 2e-3}),
+}
+
+OPTIMIZER_LABELS = {"sgd": "SGD", "sgdm": "SGDM", "nesterov": "SGD-Nesterov", "adam": "Adam", "adamw": "AdamW",
+                    "rmsprop": "RMSprop", "rmsprop_momentum": "RMSprop (centered, momentum)",
+                    "adagrad": "Adagrad", "nadam": "NAdam", "radam": "RAdam", "adamax": "Adamax"}
+
+
+def make_optimizer(name: str, params: Iterable[Tensor], **overrides: Any) -> torch.optim.Optimizer:
+    """Build the named optimizer of :data:`OPTIMIZERS` over ``params`` with ``overrides`` applied."""
+    try:
+        cls, defaults = OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
+    return cls(params, **{**defaults, **overrides})
+
+
+class WeightRing:
+    """The last ``capacity`` weight versions, keyed by step, in preallocated buffers (no reallocation)."""
+
+    def __init__(self, like: Sequence[Tensor], capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._slots = [[torch.empty_like(t) for t in like] for _ in range(capacity)]
+        self._steps: list[int | None] = [None] * capacity
+
+    def push(self, step: int, weights: Sequence[Tensor]) -> None:
+        i = step % self.capacity
+        torch._foreach_copy_(self._slots[i], [w.detach() for w in weights])
+        self._steps[i] = step
+
+    def get(self, step: int) -> list[Tensor]:
+        i = step % self.capacity
+        if self._steps[i] != step:
+            raise KeyError(f"weight version {step} is not in the ring (holds {sorted(s for s in self._steps if s is not None)})")
+        return self._slots[i]
+
+
+def layer_names(model: nn.Module, params: Sequence[Tensor]) -> list[str]:
+    """For each parameter, its layer: the name of the model's top-level child holding it."""
+    owner = {id(p): name.split(".")[0] for name, p in model.named_parameters()}
+    return [owner.get(id(p), "?") for p in params]
+
+
+@dataclass
+class PredictionErrorResult:
+    """Errors of each predictor, staleness and origin step, per layer and overall (last layer index).
+
+    Attributes:
+        predictors: predictor names (axis 0 of ``rmse``/``cosine``).
+        layers: layer names; index ``len(layers)`` of the last axis is the whole model ("overall").
+        origins: steps t at which predictions were made.
+        rmse, cosine: ``[P, S, T, L+1]``; ``stale``: ``[S, T, L+1]`` (NaN where not measured).
+        loss: training loss per step; ``diverged_at``: first step with a non-finite loss, or None.
+    """
+
+    predictors: list[str]
+    layers: list[str]
+    origins: np.ndarray
+    rmse: np.ndarray
+    stale: np.ndarray
+    cosine: np.ndarray
+    loss: np.ndarray
+    diverged_at: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_s(self) -> int:
+        return self.stale.shape[0]
+
+    def ratio(self) -> np.ndarray:
+        """``rmse / stale`` per predictor, s, origin, layer."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self.rmse / self.stale[None]
+
+    def summary_ratio(self, skip_fraction: float = 0.1) -> np.ndarray:
+        """``[P, S]``: time-averaged overall RMSE over time-averaged stale RMSE (first ``skip_fraction`` skipped)."""
+        start = int(len(self.origins) * skip_fraction)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            num = np.nanmean(self.rmse[:, :, start:, -1], axis=2)
+            den = np.nanmean(self.stale[:, start:, -1], axis=1)
+            return num / den[None]
+
+    def summary_cosine(self, skip_fraction: float = 0.1) -> np.ndarray:
+        """``[P, S]``: mean overall cosine between predicted and true displacement."""
+        start = int(len(self.origins) * skip_fraction)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the stale predictor's cosine is undefined (NaN)
+            return np.nanmean(self.cosine[:, :, start:, -1], axis=2)
+
+    def to_csv(self) -> str:
+        """Long-form CSV of the overall metrics: predictor, s, origin, rmse, stale, ratio, cosine."""
+        rows = ["predictor,s,origin,rmse,stale_rmse,ratio,cosine"]
+        ratio = self.ratio()
+        for pi, name in enumerate(self.predictors):
+            for si in range(self.max_s):
+                for ti, t in enumerate(self.origins):
+                    r = self.rmse[pi, si, ti, -1]
+                    if np.isfinite(r):
+                        rows.append(f"{name},{si + 1},{t},{r:.6g},{self.stale[si, ti, -1]:.6g},"
+                                    f"{ratio[pi, si, ti, -1]:.6g},{self.cosine[pi, si, ti, -1]:.6g}")
+        return "\n".join(rows) + "\n"
+
+
+def _per_param_sq(xs: list[Tensor]) -> list[Tensor]:
+    return [n.square() for n in torch._foreach_norm(xs)]
+
+
+def measure_prediction_error(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    predictors: Sequence[str | Predictor],
+    *,
+    max_s: int = 3,
+    measure_every: int = 1,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+) -> PredictionErrorResult:
+    """Train ``model`` on ``batches`` with ``optimizer`` and measure every predictor's error for s = 1..max_s.
+
+    Args:
+        model: the model (its parameters are the optimizer's).
+        optimizer: a supported ``torch.optim`` optimizer (see :func:`pipelab.predictors.supported_optimizers`).
+        batches: ``(x, y)`` mini-batches; one optimizer step each (a sized sequence fixes the origins).
+        predictors: registry names or predictor objects.
+        max_s: largest staleness S.
+        measure_every: predict at every ``measure_every``-th step.
+        loss_fn: ``loss_fn(model(x), y)``.
+
+    Returns:
+        A :class:`PredictionErrorResult`.
+    """
+    if not isinstance(max_s, int) or max_s < 1:
+        raise ValueError(f"max_s must be a positive integer, got {max_s!r}")
+    if not isinstance(measure_every, int) or measure_every < 1:
+        raise ValueError(f"measure_every must be a positive integer, got {measure_every!r}")
+    batches = list(batches)
+    steps = len(batches)
+    preds = [make_predictor(p) for p in predictors]
+    names = [getattr(p, "preset", p.name) for p in preds]
+    for p in preds:
+        p.check(optimizer)
+    params = flat_params(optimizer)
+    names_of_layer = layer_names(model, params)
+    layers = list(dict.fromkeys(names_of_layer))
+    layer_idx = torch.tensor([layers.index(n) for n in names_of_layer])
+    numel = torch.zeros(len(layers) + 1, dtype=torch.float64)
+    numel.index_add_(0, layer_idx, torch.tensor([float(p.numel()) for p in params], dtype=torch.float64))
+    numel[-1] = numel[:-1].sum()
+
+    def per_layer(per_param: list[Tensor]) -> Tensor:
+        v = torch.stack([x.detach().to("cpu", torch.float64) for x in per_param])
+        out = torch.zeros(len(layers) + 1, dtype=torch.float64)
+        out.index_add_(0, layer_idx, v)
+        out[-1] = v.sum()
+        return out
+
+    origins = np.arange(measure_every, steps, measure_every)
+    T, P, L1 = len(origins), len(preds), len(layers) + 1
+    rmse = np.full((P, max_s, T, L1), np.nan)
+    cosine = np.full((P, max_s, T, L1), np.nan)
+    stale = np.full((max_s, T, L1), np.nan)
+    losses = np.full(steps, np.nan)
+    ring = WeightRing(params, max_s + 1)
+    ring.push(0, params)
+    pending: dict[int, list[tuple[int, int, list[list[Tensor] | None]]]] = {}
+    origin_index = {int(t): i for i, t in enumerate(origins)}
+    diverged_at = None
+    for p in preds:
+        p.observe(optimizer)
+    model.train()
+    for t, (x, y) in enumerate(batches, start=1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        losses[t - 1] = float(loss.detach())
+        if not math.isfinite(losses[t - 1]):
+            diverged_at = t
+            log.warning("training diverged at step %d (loss %s)", t, losses[t - 1])
+            break
+        loss.backward()
+        optimizer.step()
+        for p in preds:
+            p.observe(optimizer)
+        ring.push(t, params)
+        with torch.no_grad():
+            for origin, s, predicted in pending.pop(t, []):
+                ti = origin_index[origin]
+                base = ring.get(origin)
+                true_disp = torch._foreach_sub([q.detach() for q in params], base)
+                sq_true = per_layer(_per_param_sq(true_disp))
+                stale[s - 1, ti] = (sq_true / numel).sqrt().numpy()
+                for pi, w_hat in enumerate(predicted):
+                    err = torch._foreach_sub(w_hat, [q.detach() for q in params])
+                    rmse[pi, s - 1, ti] = (per_layer(_per_param_sq(err)) / numel).sqrt().numpy()
+                    disp = torch._foreach_sub(w_hat, base)
+                    dot = per_layer([a.mul(b).sum() for a, b in zip(disp, true_disp)])
+                    sq_pred = per_layer(_per_param_sq(disp))
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        cosine[pi, s - 1, ti] = (dot / (sq_pred * sq_true).sqrt()).numpy()
+            if t in origin_index:
+                horizon = min(max_s, steps - t)
+                per_pred = [p.predict_all(optimizer, horizon) for p in preds]
+                for s in range(1, horizon + 1):
+                    pending.setdefault(t + s, []).append((t, s, [pp[s - 1] for pp in per_pred]))
+    meta = {"optimizer": type(optimizer).__name__, "steps": steps, "measure_every": measure_every,
+            "options": {n: p.options() for n, p in zip(names, preds)}}
+    return PredictionErrorResult(names, layers, origins, rmse, stale, cosine, losses, diverged_at, meta)
+
+
+@dataclass(frozen=True)
+class PredictionErrorConfig:
+    """One prediction-error run: model × data × optimizer × predictors.
+
+    ``optimizer_options`` are ``(name, value)`` pairs overriding :data:`OPTIMIZERS`' defaults;
+    ``model_options`` likewise for :func:`pipelab.models.build_model`.
+    """
+
+    optimizer: str = "sgdm"
+    optimizer_options: tuple[tuple[str, Any], ...] = ()
+    model: str = "deep_mlp"
+    model_options: tuple[tuple[str, Any], ...] = (("depth", 8), ("width", 128))
+    dataset: str = "fashion_mnist"
+    train_subset: int | None = None
+    batch_size: int = 128
+    steps: int = 600
+    max_s: int = 3
+    measure_every: int = 4
+    predictors: tuple[str, ...] = ("stale", "spectrain", "spectrain_code", "pipeoptim", "pipeoptim_code",
+                                   "repeat", "zero_grad_rollout", "linear", "pipemare")
+    dtype: str = "float32"
+    device: str = "cpu"  # or "auto": CUDA when available
+    seed: int = 0
+
+
+def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
+    """Build data, model and optimizer from ``cfg`` and run :func:`measure_prediction_error`.
+
+    Predictors that cannot follow the optimizer (SpecTrain without SGD momentum) are left out and
+    listed in ``result.meta["skipped"]``.
+    """
+    from .data import load_dataset
+    from .models import build_model
+
+    dtype = getattr(torch, cfg.dtype)
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    ds = load_dataset(cfg.dataset).to(device, dtype)
+    if cfg.train_subset is not None:
+        ds = ds.subset(cfg.train_subset)
+    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device,
+                        **dict(cfg.model_options))
+    opt = make_optimizer(cfg.optimizer, model.parameters(), **dict(cfg.optimizer_options))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n = len(ds.x_train)
+    idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen).to(device) for _ in range(cfg.steps)]
+    batches = [(ds.x_train[i], ds.y_train[i]) for i in idx]
+    usable, skipped = [], []
+    for name in cfg.predictors:
+        try:
+            make_predictor(name).check(opt)
+            usable.append(name)
+        except (TypeError, ValueError) as exc:
+            skipped.append(name)
+            log.info("predictor %s skipped for %s: %s", name, cfg.optimizer, exc)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        res = measure_prediction_error(model, opt, batches, usable, max_s=cfg.max_s, measure_every=cfg.measure_every)
+    res.meta.update({"config_optimizer": cfg.optimizer, "skipped": skipped, "device": device})
+    return res

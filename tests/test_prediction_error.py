@@ -1,0 +1,137 @@
+"""Tests of the prediction-error measurement (pipelab.prediction_error) against direct computation."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pipelab.data import DataError
+from pipelab.prediction_error import (
+    PredictionErrorConfig,
+    WeightRing,
+    make_optimizer,
+    measure_prediction_error,
+    run_prediction_error,
+)
+
+DT = torch.float64
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).to(DT)
+
+
+def _batches(n, seed=1, fixed=False):
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(8, 4, generator=gen, dtype=DT)
+    out = []
+    for _ in range(n):
+        x = x0 if fixed else torch.randn(8, 4, generator=gen, dtype=DT)
+        out.append((x, torch.randint(0, 3, (8,), generator=gen)))
+    return out
+
+
+def test_weight_ring_keeps_last_versions():
+    w = [torch.zeros(2)]
+    ring = WeightRing(w, 3)
+    for t in range(5):
+        ring.push(t, [torch.full((2,), float(t))])
+    assert ring.get(4)[0][0] == 4 and ring.get(2)[0][0] == 2
+    with pytest.raises(KeyError, match="version 1"):
+        ring.get(1)
+    with pytest.raises(ValueError, match="capacity"):
+        WeightRing(w, 0)
+
+
+def test_rmse_and_cosine_match_direct_computation():
+    """Replay the same training by hand, keep the whole trajectory, and recompute the metrics."""
+    model, batches, S, lr, mu = _model(), _batches(12), 3, 0.1, 0.9
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=mu)
+    res = measure_prediction_error(model, opt, batches, ["stale", "spectrain", "linear"], max_s=S, measure_every=2)
+    assert res.layers == ["0", "2"] and res.predictors == ["stale", "spectrain", "linear"]
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=mu)
+    params = list(ref.parameters())
+    traj, bufs = [[p.detach().clone() for p in params]], [None]
+    for x, y in batches:
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        traj.append([p.detach().clone() for p in params])
+        bufs.append([ref_opt.state[p]["momentum_buffer"].clone() for p in params])
+    layer_of = [0, 0, 1, 1]
+    for ti, t in enumerate(res.origins):
+        for s in range(1, S + 1):
+            if t + s > len(batches):
+                assert np.isnan(res.rmse[:, s - 1, ti]).all()
+                continue
+            true, base = traj[t + s], traj[t]
+            preds = {"stale": base, "spectrain": [w - s * lr * b for w, b in zip(base, bufs[t])],
+                     "linear": [w + s * (w - w0) for w, w0 in zip(base, traj[t - 1])]}
+            for pi, name in enumerate(res.predictors):
+                for li in range(3):
+                    sel = [i for i in range(4) if li == 2 or layer_of[i] == li]
+                    err = torch.cat([(preds[name][i] - true[i]).flatten() for i in sel])
+                    d_pred = torch.cat([(preds[name][i] - base[i]).flatten() for i in sel])
+                    d_true = torch.cat([(true[i] - base[i]).flatten() for i in sel])
+                    assert res.rmse[pi, s - 1, ti, li] == pytest.approx(err.square().mean().sqrt().item(), rel=1e-10)
+                    assert res.stale[s - 1, ti, li] == pytest.approx(d_true.square().mean().sqrt().item(), rel=1e-10)
+                    if name != "stale":
+                        cos = torch.nn.functional.cosine_similarity(d_pred, d_true, dim=0).item()
+                        assert res.cosine[pi, s - 1, ti, li] == pytest.approx(cos, rel=1e-9)
+    # spectrain and linear coincide for undamped SGDM with a constant lr
+    np.testing.assert_allclose(res.rmse[1], res.rmse[2], rtol=1e-9)
+
+
+def test_repeat_is_exact_under_constant_gradient():
+    """A loss linear in the outputs, on a linear model with a fixed batch, has a constant gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3)).to(DT)
+    opt = make_optimizer("adamw", model.parameters())
+    res = measure_prediction_error(model, opt, _batches(10, fixed=True), ["stale", "repeat", "pipeoptim"], max_s=3,
+                                   loss_fn=lambda out, y: out.sum())
+    ratio = res.ratio()[:, :, :, -1]
+    assert np.nanmax(ratio[1]) < 1e-12            # repeat: exact
+    assert np.nanmax(ratio[2]) > 1e-6             # pipeoptim: not exact (moments still changing)
+    np.testing.assert_allclose(res.cosine[1, :, :-3, -1], 1.0, rtol=1e-9)
+    assert np.isnan(res.cosine[0]).all()
+    s = res.summary_ratio()
+    assert s.shape == (3, 3) and np.allclose(s[0], 1.0)
+
+
+def test_divergence_is_recorded_not_raised():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3)).to(DT)
+    opt = torch.optim.SGD(model.parameters(), lr=1e10)
+    res = measure_prediction_error(model, opt, _batches(60), ["stale", "pipeoptim"], max_s=2,
+                                   loss_fn=lambda out, y: out.square().mean())
+    assert res.diverged_at is not None and res.diverged_at <= 60
+    assert not np.isfinite(res.loss[res.diverged_at - 1]) and np.isnan(res.loss[res.diverged_at:]).all()
+
+
+def test_bad_arguments():
+    model = _model()
+    opt = torch.optim.Adam(model.parameters())
+    with pytest.raises(ValueError, match="max_s"):
+        measure_prediction_error(model, opt, _batches(3), ["stale"], max_s=0)
+    with pytest.raises(ValueError, match="SGD"):
+        measure_prediction_error(model, opt, _batches(3), ["spectrain"])
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        make_optimizer("lion", model.parameters())
+
+
+def test_run_prediction_error_on_fashion_mnist_subset():
+    cfg = PredictionErrorConfig(optimizer="adam", steps=12, batch_size=16, train_subset=500, measure_every=3,
+                                model_options=(("depth", 3), ("width", 16)), predictors=("stale", "spectrain", "repeat"))
+    try:
+        res = run_prediction_error(cfg)
+    except DataError:
+        pytest.skip("Fashion-MNIST not installed")
+    assert res.predictors == ["stale", "repeat"] and res.meta["skipped"] == ["spectrain"]
+    assert res.rmse.shape == (2, 3, 3, 4) and np.isfinite(res.rmse[:, 0]).all()
+    assert "predictor,s,origin" in res.to_csv()
