@@ -246,6 +246,8 @@ class Emulator:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
             st = _Stage(k, module, opt, caps[k])
+            for p in st.params:  # before the first update the "last gradient" predictors may read is zero
+                p.grad = torch.zeros_like(p)
             st.ring.put(0, st.snapshot())
             if lr_scheduler is not None:
                 st.scheduler = lr_scheduler(opt)
@@ -458,8 +460,7 @@ class Emulator:
         if factor != 1.0:
             for g, lr in zip(groups, saved_lr):
                 g["lr"] = lr
-        for p in st.params:
-            p.grad = None
+        # p.grad keeps the last gradient (as after a plain optimizer.step()); some predictors read it
         if st.scheduler is not None:
             st.scheduler.step()
         if st.predictor is not None and getattr(st.predictor, "needs_history", False):

@@ -1,0 +1,203 @@
+"""Exactness of the pipeline emulator (float64): flushed schedules, D=1, stashing recurrence, oracle."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from pipelab.emulator import Emulator, train_plain
+from pipelab.models import deep_mlp, small_cnn
+from pipelab.partition import split
+from pipelab.policies import PipeMarePolicy, available_policies
+from pipelab.schedules import gpipe, naive, one_f_one_b, pipedream, pipedream_2bw
+
+TOL = 1e-10
+
+OPTIMIZERS = {
+    "sgdm": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.05),
+}
+
+
+def make_model(seed: int = 0, depth: int = 6, device: str | torch.device = "cpu") -> nn.Sequential:
+    torch.manual_seed(seed)
+    return deep_mlp(in_features=6, width=8, depth=depth, activation="tanh").to(device=device, dtype=torch.float64)
+
+
+def make_data(T: int, n: int = 8, seed: int = 1, device: str | torch.device = "cpu") -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, 6, generator=g, dtype=torch.float64).to(device),
+             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(T)]
+
+
+def max_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def plain(model: nn.Module, opt, data, **kw) -> tuple[nn.Module, list[float]]:
+    m = copy.deepcopy(model)
+    return m, train_plain(m, optimizer=opt, batches=data, **kw)
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("builder,policy", [(gpipe, "gpipe"), (one_f_one_b, "1f1b"), (naive, "sequential")])
+def test_flushed_schedules_reproduce_plain_training(builder, policy, opt_name, device) -> None:
+    D, M, T = 3, 4, 5
+    model, data = make_model(device=device), make_data(T, device=device)
+    opt = OPTIMIZERS[opt_name]
+    sched = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)  # noqa: E731
+    ref, ref_losses = plain(model, opt, data, lr_scheduler=sched)
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=builder(D, M, T), policy=policy, optimizer=opt, lr_scheduler=sched).run(data)
+    assert max_diff(ref, m) <= TOL
+    assert max(abs(a - b) for a, b in zip(ref_losses, res.losses)) <= TOL
+    assert max_diff(ref, model) > 1e-3  # training moved the weights: the comparison is not vacuous
+
+
+def test_flushed_cnn_with_groupnorm_and_recompute() -> None:
+    torch.manual_seed(0)
+    model = small_cnn(width=4, image_size=8).double()
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(4, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 10, (4,), generator=g))
+            for _ in range(3)]
+    opt = OPTIMIZERS["adam"]
+    ref, _ = plain(model, opt, data)
+    for recompute in (False, True):
+        m = copy.deepcopy(model)
+        Emulator(m, D=4, schedule=one_f_one_b(4, 2, 3), policy="1f1b", optimizer=opt, recompute=recompute).run(data)
+        assert max_diff(ref, m) <= TOL
+
+
+@pytest.mark.parametrize("policy", [p for p in available_policies()])
+def test_D1_reduces_every_policy_to_plain_training(policy) -> None:
+    T = 4
+    model, data = make_model(depth=3), make_data(T)
+    opt = OPTIMIZERS["sgdm"]
+    ref, _ = plain(model, opt, data)
+    builder = {"sequential": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "2bw": pipedream_2bw}.get(policy, pipedream)
+    m = copy.deepcopy(model)
+    Emulator([m], schedule=builder(1, 1, T), policy=policy, optimizer=opt).run(data)
+    assert max_diff(ref, m) <= TOL
+
+
+def delayed_recurrence(model: nn.Module, D: int, opt, data) -> nn.Module:
+    """Weight stashing written by hand: mini-batch t uses stage k's version max(0, t − (D−1−k)) in
+    forward and backward; stage k's update t applies that gradient to its newest weights."""
+    model = copy.deepcopy(model)
+    stages = split(model, D)
+    opts = [opt(list(s.parameters())) for s in stages]
+    history = [[tuple(p.detach().clone() for p in s.parameters())] for s in stages]
+    names = [[n for n, _ in s.named_parameters()] for s in stages]
+    for t, (x, y) in enumerate(data):
+        ws = [tuple(w.clone().requires_grad_(True) for w in history[k][max(0, t - (D - 1 - k))]) for k in range(D)]
+        h = x
+        for k, s in enumerate(stages):
+            h = functional_call(s, dict(zip(names[k], ws[k])), (h,))
+        loss = nn.functional.cross_entropy(h, y)
+        grads = torch.autograd.grad(loss, [w for wk in ws for w in wk])
+        it = iter(grads)
+        for k, s in enumerate(stages):
+            for p in s.parameters():
+                p.grad = next(it)
+            opts[k].step()
+            history[k].append(tuple(p.detach().clone() for p in s.parameters()))
+    return model
+
+
+@pytest.mark.parametrize("opt_name", ["sgdm", "adam"])
+def test_weight_stashing_equals_delayed_recurrence(opt_name) -> None:
+    D, T = 4, 9
+    model, data = make_model(), make_data(T)
+    opt = OPTIMIZERS[opt_name]
+    ref = delayed_recurrence(model, D, opt, data)
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=pipedream(D, 1, T), policy="stashing", optimizer=opt).run(data)
+    assert max_diff(ref, m) <= TOL
+    assert res.ring_capacity == [D - k for k in range(D)]
+    seq, _ = plain(model, opt, data)
+    assert max_diff(seq, m) > 1e-4  # stashing is not sequential training
+
+
+@pytest.mark.parametrize("M", [1, 2])
+def test_oracle_coincides_with_sequential_training(M) -> None:
+    D, T = 4, 6
+    model, data = make_model(), make_data(T)
+    opt = OPTIMIZERS["adamw"]
+    ref, ref_losses = plain(model, opt, data)
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=pipedream(D, M, T), policy="oracle", optimizer=opt).run(data)
+    assert res.waited  # the oracle had to wait: the order is not the schedule's
+    assert max_diff(ref, m) <= TOL
+    assert max(abs(a - b) for a, b in zip(ref_losses, res.losses)) <= TOL
+
+
+def test_pipeoptim_with_perfect_predictor_is_sequential() -> None:
+    D, T = 4, 7
+    model, data = make_model(), make_data(T)
+    opt = OPTIMIZERS["sgdm"]
+    record: list = []
+    ref, _ = plain(model, opt, data, D=D, record=record)
+
+    class Recorded:
+        """Returns the recorded sequential weights s versions ahead of the given ones (exact match)."""
+
+        def __init__(self, k: int) -> None:
+            self.k, self.calls = k, 0
+
+        def predict(self, optimizer, s, params=None):
+            versions = record[self.k]
+            v = next(i for i, W in enumerate(versions) if all(torch.equal(a, b) for a, b in zip(W, params)))
+            self.calls += 1
+            return [w.clone() for w in versions[v + s]]
+
+    preds = {}
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=pipedream(D, 1, T), policy="pipeoptim", optimizer=opt,
+                   predictor=lambda k: preds.setdefault(k, Recorded(k))).run(data)
+    assert not res.waited and sum(p.calls for p in preds.values()) > 0
+    assert max_diff(ref, m) <= TOL
+    # and the oracle mechanism (true future weights by waiting) gives the same
+    m2 = copy.deepcopy(model)
+    Emulator(m2, D=D, schedule=pipedream(D, 1, T), policy="pipeoptim", optimizer=opt, predictor="oracle").run(data)
+    assert max_diff(ref, m2) <= TOL
+
+
+def test_pipemare_with_perfect_correction_is_stashing() -> None:
+    D, T = 3, 6
+    model, data = make_model(), make_data(T)
+    opt = OPTIMIZERS["sgdm"]
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    Emulator(a, D=D, schedule=pipedream(D, 1, T), policy="stashing", optimizer=opt).run(data)
+    # a perfect discrepancy correction recovers the forward's weights; anneal_steps=0 switches off the LR factor
+    Emulator(b, D=D, schedule=pipedream(D, 1, T), policy=PipeMarePolicy(anneal_steps=0), optimizer=opt,
+             predictor="oracle").run(data)
+    assert max_diff(a, b) <= TOL
+
+
+def test_dropout_recompute_replays_the_random_state() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.Dropout(0.3), nn.Linear(8, 8), nn.Tanh()),
+                          nn.Linear(8, 10)).double()
+    data = make_data(3)
+    opt = OPTIMIZERS["sgdm"]
+    outs = []
+    for recompute in (False, True):
+        m = copy.deepcopy(model)
+        torch.manual_seed(5)
+        Emulator(m, D=3, schedule=gpipe(3, 2, 3), policy="gpipe", optimizer=opt, recompute=recompute).run(data)
+        outs.append(m)
+    assert max_diff(*outs) <= TOL
+
+
+def test_batchnorm_buffers_update_once_per_forward() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.BatchNorm1d(8), nn.Tanh()), nn.Linear(8, 10)).double()
+    T, M = 5, 2
+    m = copy.deepcopy(model)
+    Emulator(m, D=3, schedule=pipedream(3, M, T), policy="vanilla", optimizer=OPTIMIZERS["sgdm"]).run(make_data(T))
+    assert int(m[1][0].num_batches_tracked) == T * M  # the vanilla backward recomputes, without touching buffers
