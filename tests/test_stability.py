@@ -260,3 +260,19 @@ def test_bad_arguments_raise():
         general(0.5, ())
     with pytest.raises(TypeError, match="z"):
         stable_mask(gd(), np.array(["a"]))
+
+
+def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
+    """Every stability figure draws under `tiny`; the recorded numbers agree with the theory."""
+    monkeypatch.setenv("PIPELAB_CACHE", "off")
+    from pipelab import figures
+
+    names = [s.name for s in figures.available() if s.module.endswith(".stability")]
+    assert len(names) == 6
+    written = figures.render(names, "tiny", tmp_path)
+    assert all(p.exists() for paths in written.values() for p in paths)
+    import json
+    thr = json.loads((tmp_path / "stability_threshold_vs_delay.json").read_text())["notes"]
+    assert thr["max_abs_err_gd_vs_closed_form"] < 1e-12
+    bis = json.loads((tmp_path / "stability_lr_bisection.json").read_text())["notes"]
+    assert max(bis["max_rel_err"].values()) < 0.02   # tiny: 600 steps/trial, 1 % bisection tolerance

@@ -295,8 +295,9 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
     The weight update is momentum SGD with this gradient (β = 0: plain SGD). To eliminate δ, apply
     ``(1 − γ·q⁻¹)`` (q⁻¹ the lag operator) to the whole recurrence: both lag polynomials are convolved
     with ``(1, −γ)`` and the correction adds ``−ρ(τf−τb)(1−γ)·(w_{t−τb} − w_{t−τb−1})`` to the
-    gradient part. The resulting companion matrix is similar to the iteration matrix on the natural
-    state ``(w_t, …, w_{t−n}, δ_{t−1})``: its extra root γ is the EMA's own decay.
+    gradient part. The roots of the resulting polynomial are the eigenvalues of the iteration matrix on
+    the natural state ``(w_t, …, w_{t−n}, δ_{t−1})`` (the tests check the growth rate against a direct
+    simulation with an explicit δ); the extra root γ at z = 0 is the EMA's own decay.
 
     Args:
         tau_fwd: forward delay τf ≥ 0.
