@@ -25,6 +25,9 @@ from .data import (
 )
 from .models import build_model, deep_mlp, small_cnn, small_resnet, transformer_classifier
 from .partition import balanced_partition, split, stage_sizes
+from . import stability
+from .stability import delayed_gd_threshold, max_stable_step, region_mask, spectral_radius, stable_mask
+from .stability.practice import delayed_training, least_squares_problem, max_stable_lr
 
 __all__ = [
     "__version__",
@@ -37,4 +40,7 @@ __all__ = [
     # models and stages
     "build_model", "deep_mlp", "small_cnn", "small_resnet", "transformer_classifier",
     "split", "stage_sizes", "balanced_partition",
+    # stability of stale-gradient methods
+    "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
+    "delayed_training", "max_stable_lr", "least_squares_problem",
 ]
