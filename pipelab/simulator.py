@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .schedules.actions import Action, Schedule
+from .schedules.actions import Action, Schedule, gc_paused
 from .schedules.engine import OP_CODE, Compiled, _per_stage, compile_schedule, job_costs, run
 from .schedules.validate import ScheduleError, format_grid
 from .schedules.versions import VersionTable
@@ -238,6 +238,7 @@ class SimResult:
         key_time = np.where(isu, self.end, self.start)
         return np.lexsort((self.seq, ~isu, key_time))
 
+    @gc_paused
     def order(self) -> list[Action]:
         """Every action (U included) in a valid execution order, for replaying the schedule.
 
@@ -251,6 +252,7 @@ class SimResult:
 
     # ------------------------------------------------------------ versions
     @cached_property
+    @gc_paused
     def version_table(self) -> VersionTable:
         """Weight versions and staleness of every F and B (see :class:`VersionTable`)."""
         c, s = self.compiled, self.schedule
@@ -310,6 +312,7 @@ class SimResult:
                 "weight_transfers": self.weight_transfers.tolist()}
 
 
+@gc_paused
 def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_cost: Cost = 0.0,
              i_cost: Cost | None = None, w_cost: Cost | None = None, transfer_cost: Cost = 0.0,
              weight_transfer_cost: Cost = 0.0, activation_bytes: Cost | None = None,

@@ -18,7 +18,7 @@ builder                   order on worker k                                     
                                                                                  version (``step_first``)
 ``interleaved_1f1b``      Megatron's interleaved order, V chunks per worker,     after the step's last B,
                           stage s on worker s mod W                              flush
-``folded``                worker i holds stages i and D−1−i, greedy 1F1B         after the step's last B,
+``folded``                worker i holds stages i and D−1−i, greedy B-first        after the step's last B,
                                                                                  flush
 ``ddp`` / ``fsdp``        micro-batch j on worker j mod W, all stages;           every holder, after all
                           weights everywhere (DDP) or stage k on worker k mod W  B(k,·) of the step, flush
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .actions import Action, Schedule, check_int
+from .actions import Action, Schedule, check_int, gc_paused
 from .constructor import construct
 
 __all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
@@ -57,6 +57,7 @@ def _one_stage_holders(D: int) -> tuple[tuple[int, ...], ...]:
     return tuple((k,) for k in range(D))
 
 
+@gc_paused
 def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
     """Naive model parallelism: one micro-batch in the whole pipeline at a time (PipeOptim Fig. 1(c)).
 
@@ -79,6 +80,7 @@ def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
                     _FLUSH, {"D": D, "M": M})
 
 
+@gc_paused
 def gpipe(D: int, M: int, steps: int = 1) -> Schedule:
     """GPipe: all M forwards of the step, then all M backwards, then the update (flushed).
 
@@ -111,6 +113,7 @@ def _one_f_one_b_order(k: int, D: int, n: int) -> list[tuple[str, int]]:
     return order
 
 
+@gc_paused
 def one_f_one_b(D: int, M: int, steps: int = 1) -> Schedule:
     """Synchronous 1F1B (PipeDream-Flush / DAPPLE): D−k micro-batches in flight at stage k, flush per step.
 
@@ -133,6 +136,7 @@ def one_f_one_b(D: int, M: int, steps: int = 1) -> Schedule:
                     _FLUSH, {"D": D, "M": M})
 
 
+@gc_paused
 def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
               weight_rule: str = "current") -> Schedule:
     """Asynchronous 1F1B (PipeDream): never flushed, one update per mini-batch of M micro-batches.
@@ -181,6 +185,7 @@ def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
     return Schedule(s.name, s.programs, D, M, s.steps, s.weight_holders, None, "step_first", rule, s.params)
 
 
+@gc_paused
 def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     """Interleaved 1F1B (Megatron-LM): V chunks per worker, stage s = c·W + w on worker w = s mod W.
 
@@ -225,11 +230,12 @@ def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
                     tuple((s % W,) for s in range(D)), 0, "current", _FLUSH, {"W": W, "V": V, "M": M})
 
 
-def folded(D: int, M: int, steps: int = 1) -> Schedule:
+def folded(D: int, M: int, steps: int = 1, *, max_in_flight: int | None = None, b_over_f: float = 2.0) -> Schedule:
     """Folded pipeline: W = D/2 workers, worker i holds stages i and D−1−i (a V-shaped placement).
 
-    Greedy backward-first order with at most W micro-batches resident per worker, flushed per step.
-    Every worker then holds about the same activation memory (the first and the last stages are paired).
+    Greedy backward-first order (the constructor orders jobs assuming b = ``b_over_f``·f), flushed per
+    step; ``max_in_flight`` bounds micro-batches resident per worker (None: unbounded — the backward-first
+    priority alone keeps the peak bounded independently of M).
 
     Raises:
         ValueError: if D is odd.
@@ -239,7 +245,7 @@ def folded(D: int, M: int, steps: int = 1) -> Schedule:
         raise ValueError(f"folded needs an even number of stages D, got {D}")
     W = D // 2
     return construct(D, M, W, compute=lambda s, b, d: min(s, D - 1 - s), priority="backward_first",
-                     max_in_flight=W, steps=steps, chunk=lambda s, w: int(s >= W),
+                     max_in_flight=max_in_flight, steps=steps, chunk=lambda s, w: int(s >= W), b_cost=b_over_f,
                      name=f"folded(D={D}, M={M})", update_rule=_FLUSH, params={"D": D, "M": M})
 
 

@@ -34,7 +34,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .actions import Action, Schedule, check_int
+from .actions import Action, Schedule, check_int, gc_paused
 
 __all__ = ["construct", "PRIORITIES", "priority_key"]
 
@@ -83,6 +83,7 @@ def _holders(weights: Any, D: int, W: int, stage_workers: list[set[int]]) -> tup
     return tuple(out)
 
 
+@gc_paused
 def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int],
               weights: Callable[[int], int | Sequence[int]] | Sequence[int | Sequence[int]] | None = None,
               priority: str | Priority = "backward_first",

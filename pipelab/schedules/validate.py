@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .actions import Schedule
+from .actions import Schedule, gc_paused
 from .engine import Compiled, compile_schedule, job_costs, run
 
 __all__ = ["ScheduleError", "validate", "format_grid", "unit_timeline"]
@@ -102,6 +102,7 @@ def _fail(s: Schedule, msg: str, mark: tuple[int, int] | None, timeline: Any = N
     raise ScheduleError(msg + "\n" + format_grid(s, mark, timeline=timeline))
 
 
+@gc_paused
 def validate(obj: Any) -> None:
     """Check the invariants of a :class:`Schedule` or of a simulated ``SimResult``; raise on the first failure.
 

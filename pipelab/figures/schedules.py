@@ -1,0 +1,392 @@
+"""Figures of the schedules notebook: Gantt charts of every builder, bubbles, memory, version tables, and
+Rahimi's Table 1 and throughput bound checked by simulation.
+
+:func:`draw_gantt` is public so notebooks can draw any schedule the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+from matplotlib.patches import Patch, Rectangle
+
+from ..config import from_preset
+from ..schedules import (ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive, one_f_one_b, pipedream,
+                         pipedream_2bw, pipeoptim_staleness, spectrain_version_difference)
+from ..schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_worker
+from ..simulator import SimResult, simulate
+from . import FigureOutput, register
+
+__all__ = ["draw_gantt", "GanttConfig", "SweepConfig", "StalenessConfig", "RahimiConfig"]
+
+
+def draw_gantt(ax, r: SimResult, *, versions: bool = False, title: str | None = None, label_stage: bool | None = None,
+               max_colors: int = 12) -> None:
+    """Draw ``r`` as a worker × time Gantt chart on ``ax``.
+
+    Cells are coloured by micro-batch (g = t·M + j, cycling through ``max_colors`` colours); forwards are
+    light, backwards dark and hatched; the text is F/B and the micro-batch (plus the stage when a worker
+    holds several); a black tick with a triangle marks an update U; with ``versions`` every cell also shows
+    the weight version it uses under the schedule's weight rule (``v2`` = W^(2)).
+    """
+    s, c = r.schedule, r.compiled
+    pal = sns.color_palette("husl", min(max_colors, max(s.M * s.steps, 1)))
+    multi = label_stage if label_stage is not None else any(
+        len(set(c.stage[(c.worker == w) & (c.op != 2)].tolist())) > 1 for w in range(s.W))
+    vt = r.version_table if versions else None
+    used = {op: vt.used(op) for op in ("F", "B")} if vt is not None else None
+    n_cells = int(np.sum(c.op != 2))
+    fs = float(np.clip(260 / max(r.makespan, 1), 4.0, 8.0))
+    show_text = n_cells <= 1200
+    for i in range(c.n):
+        w, op, k, t, j = int(c.worker[i]), int(c.op[i]), int(c.stage[i]), int(c.step[i]), int(c.micro[i])
+        x0, x1 = float(r.start[i]), float(r.end[i])
+        if op == 2:  # update
+            ax.plot([x1, x1], [w - 0.45, w + 0.45], color="black", lw=1.2, zorder=4)
+            ax.plot([x1], [w - 0.5], marker="v", color="black", ms=3.5, zorder=4)
+            continue
+        g = t * s.M + j
+        col = pal[g % len(pal)]
+        dark = op != 0
+        face = tuple(0.55 * np.asarray(col)) if dark else tuple(0.35 + 0.65 * np.asarray(col))
+        ax.add_patch(Rectangle((x0, w - 0.42), x1 - x0, 0.84, facecolor=face, edgecolor="white", lw=0.5,
+                               hatch="//" if dark else None, zorder=2))
+        if show_text:
+            name = "FBUIW"[op]
+            txt = f"{name}{g}" + (f"\ns{k}" if multi else "")
+            if used is not None and name in ("F", "B"):
+                txt += f"\nv{used[name][k, t, j]}"
+            ax.text((x0 + x1) / 2, w, txt, ha="center", va="center", fontsize=fs,
+                    color="white" if dark else "black", zorder=3, linespacing=0.9)
+    ax.set_xlim(0, r.makespan)
+    ax.set_ylim(s.W - 0.5, -0.6)
+    ax.set_yticks(range(s.W))
+    ax.set_yticklabels([f"w{w}" for w in range(s.W)], fontsize=7 if s.W > 8 else 8)
+    ax.grid(False)
+    ax.set_title(title or f"{s.name}: makespan {r.makespan:g}, bubble {r.bubble:.0%}", fontsize=9, loc="left")
+
+
+def _legend(fig) -> None:
+    fig.legend(handles=[Patch(facecolor="0.85", edgecolor="0.5", label="F (forward)"),
+                        Patch(facecolor="0.35", hatch="//", edgecolor="white", label="B (backward)"),
+                        plt.Line2D([], [], color="black", marker="v", lw=1.2, ms=4, label="U (update)")],
+               loc="lower right", ncol=3, fontsize=8)
+
+
+# ----------------------------------------------------------------------------- Gantt charts
+@dataclass(frozen=True)
+class GanttConfig:
+    D: int = 4          # stages
+    M: int = 4          # micro-batches per step (synchronous schedules)
+    steps: int = 2      # steps drawn for the flushed schedules
+    async_steps: int = 8  # mini-batches of the asynchronous schedules
+    b_over_f: float = 2.0  # backward / forward cost
+
+
+_GANTT = {"tiny": GanttConfig(D=3, M=3, steps=1, async_steps=5), "quick": GanttConfig(),
+          "paper": GanttConfig(D=4, M=8, steps=2, async_steps=10)}
+
+
+def _gantt_figure(entries, cfg: GanttConfig, suptitle: str, versions: bool = False) -> FigureOutput:
+    # An entry is (title, schedule) or (title, schedule, scale): scale multiplies the stage costs (a model
+    # cut into twice as many chunks has chunks of half the cost).
+    results = [(e[0], simulate(e[1], e[2] if len(e) > 2 else 1.0, cfg.b_over_f * (e[2] if len(e) > 2 else 1.0)))
+               for e in entries]
+    heights = [r.schedule.W + 1.2 for _, r in results]
+    fig, axes = plt.subplots(len(results), 1, figsize=(12, 0.42 * sum(heights) + 1.0),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    horizon = max(r.makespan for _, r in results)
+    notes = {}
+    for ax, (name, r) in zip(axes[:, 0], results):
+        fetch = int(r.weight_transfers.max())
+        draw_gantt(ax, r, versions=versions, title=f"{name} — {r.schedule.W} workers, makespan {r.makespan:g}, "
+                   f"bubble {r.bubble:.0%}, peak activations {r.peak_activations.max()}"
+                   + (f", weight fetches/worker ≤ {fetch}" if fetch else ""))
+        ax.set_xlim(0, horizon)
+        notes[name] = {"makespan": r.makespan, "bubble": r.bubble, "peak_activations": r.peak_activations.tolist(),
+                       "update_rule": r.schedule.update_rule}
+    axes[-1, 0].set_xlabel(f"time (forward = 1, backward = {cfg.b_over_f:g})")
+    fig.suptitle(suptitle, x=0.01, ha="left", fontsize=11)
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.98))
+    return FigureOutput(fig, cfg, None, notes=notes, data=dict(results))
+
+
+@register("schedules_pipeline", "Gantt charts of the flushed pipeline schedules: naive, GPipe, 1F1B, "
+          "interleaved 1F1B, folded")
+def schedules_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_GANTT, preset)
+    D, M, T = cfg.D, cfg.M, cfg.steps
+    entries = [("naive model parallel (M=1 per step)", naive(D, 1, T)),
+               ("GPipe", gpipe(D, M, T)), ("1F1B (PipeDream-Flush / DAPPLE)", one_f_one_b(D, M, T))]
+    if M % D == 0:
+        entries.append((f"interleaved 1F1B: the model in {2 * D} half-size chunks, V=2 per worker "
+                         f"(stage s on worker s mod {D})", interleaved_1f1b(D, 2, M, T), 0.5))
+    entries.append((f"folded: the model in {2 * D} half-size chunks, worker i holds chunks i and {2 * D - 1}−i",
+                    folded(2 * D, M, T), 0.5))
+    return _gantt_figure(entries, cfg, f"Flushed pipeline schedules on {D} workers, M={M} micro-batches per step, "
+                         f"{T} step(s). Colour = micro-batch; label = op and micro-batch (and stage s)")
+
+
+@register("schedules_async", "Gantt charts of asynchronous 1F1B (PipeDream, M=1) and PipeDream-2BW with the "
+          "weight version every job uses")
+def schedules_async(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_GANTT, preset)
+    D = cfg.D
+    entries = [("PipeDream async 1F1B, M=1 (version current at the job)", pipedream(D, 1, cfg.async_steps)),
+               (f"PipeDream-2BW, M={D} (one buffered version per step)", pipedream_2bw(D, D, max(2, cfg.async_steps // D + 1)))]
+    return _gantt_figure(entries, cfg, "Asynchronous 1F1B: no flush, U after each mini-batch; vN = the job uses weight "
+                         "version $W^{(N)}$", versions=True)
+
+
+@register("schedules_rahimi", "Gantt charts of Rahimi's DDP, FSDP, LPP and FSLPP placements")
+def schedules_rahimi(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_GANTT, preset)
+    D = cfg.D if cfg.D % 2 == 0 else cfg.D + 1
+    M = 4
+    entries = [(f"DDP: w(s,b,d) = (b, b)", ddp(D, M)), (f"FSDP: w(s,b,d) = (s, b)", fsdp(D, M)),
+               ("LPP G=2, R=2: w = (h(s,b), h(s,b))", lpp(D, M, 2, 2)),
+               ("FSLPP G=2, R=2: w = (h(s,s), h(s,b))", fslpp(D, M, 2, 2))]
+    return _gantt_figure(entries, cfg, f"Rahimi's placements, S={D} stages, B={M} micro-batches, "
+                         "h(s,b) = (R·b mod W) + (s mod R)")
+
+
+# ----------------------------------------------------------------------------- bubbles and memory
+@dataclass(frozen=True)
+class SweepConfig:
+    D: int = 8
+    Ms: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    b_over_f: float = 2.0
+    M_memory: int = 16
+
+
+_SWEEP = {"tiny": SweepConfig(D=4, Ms=(1, 2, 4, 8), M_memory=8), "quick": SweepConfig(),
+          "paper": SweepConfig(D=16, Ms=(1, 2, 4, 8, 16, 32, 64, 128), M_memory=32)}
+
+
+def _sweep_schedules(W: int, M: int) -> dict[str, tuple[object, float]]:
+    """Schedules of one model on W workers: name -> (schedule, stage-cost scale). Interleaved and folded
+    cut the model into V·W (2W) chunks of 1/V (1/2) the cost."""
+    out = {"GPipe": (gpipe(W, M), 1.0), "1F1B": (one_f_one_b(W, M), 1.0), "folded (2W chunks)": (folded(2 * W, M), 0.5)}
+    for V in (2, 4):
+        if M % W == 0:
+            out[f"interleaved V={V}"] = (interleaved_1f1b(W, V, M), 1.0 / V)
+    if M % 2 == 0 and W % 2 == 0:
+        out["LPP G=2, R=W/2"] = (lpp(W, M, 2, W // 2), 1.0)
+    return out
+
+
+@register("schedules_bubble", "Bubble fraction vs micro-batches per step for the flushed schedules, "
+          "with GPipe's closed form (D−1)/(M+D−1)")
+def schedules_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_SWEEP, preset)
+    D = cfg.D
+    rows: dict[str, list[tuple[int, float]]] = {}
+    for M in cfg.Ms:
+        for name, (s, x) in _sweep_schedules(D, M).items():
+            rows.setdefault(name, []).append((M, simulate(s, x, x * cfg.b_over_f).bubble))
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    Ms = np.array(cfg.Ms, float)
+    ax.plot(Ms, (D - 1) / (Ms + D - 1), color="0.3", lw=4, alpha=0.35, label="(D−1)/(M+D−1)")
+    markers = iter("osD^v<>")
+    for name, pts in rows.items():
+        x, y = zip(*pts)
+        ax.plot(x, y, marker=next(markers), ms=4, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("micro-batches per step M")
+    ax.set_ylabel("bubble fraction (mean over workers)")
+    ax.set_title(f"Bubbles of flushed schedules on W={D} workers, b = {cfg.b_over_f:g}·f")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    csv = "schedule,M,bubble\n" + "".join(f"{n},{m},{b:.6f}\n" for n, pts in rows.items() for m, b in pts)
+    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes={n: dict(p) for n, p in rows.items()}, data=rows)
+
+
+@register("schedules_memory", "Peak activation memory per worker (in stage activations) for each schedule")
+def schedules_memory(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_SWEEP, preset)
+    D, M = cfg.D, cfg.M_memory
+    scheds = _sweep_schedules(D, M)
+    scheds["PipeDream (async, M=1)"] = (pipedream(D, 1, 3 * D), 1.0)
+    scheds[f"DDP (W=M={M})"] = (ddp(D, M), 1.0)
+    # Activations in units of one full stage's activation (a chunk of 1/V of the model holds 1/V).
+    data = {name: simulate(s, x, x * cfg.b_over_f, activation_bytes=x).peak_activation_bytes
+            for name, (s, x) in scheds.items()}
+    fig, ax = plt.subplots(figsize=(9.5, 4.0))
+    for name, peaks in data.items():
+        ax.plot(np.arange(len(peaks)), peaks, marker="o", ms=4, label=f"{name} ({len(peaks)} workers)")
+    ax.set_xlabel("worker w")
+    ax.set_ylabel("peak activations held (full-stage units)")
+    ax.set_yscale("log", base=2)
+    ax.set_title(f"Peak activation memory per worker: a model in {D} stages, M={M}")
+    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    csv = "schedule,worker,peak\n" + "".join(f"{n},{w},{v:g}\n" for n, p in data.items() for w, v in enumerate(p))
+    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes={n: p.tolist() for n, p in data.items()},
+                        data=data)
+
+
+# ----------------------------------------------------------------------------- staleness
+@dataclass(frozen=True)
+class StalenessConfig:
+    D: int = 8
+    steps: int = 40
+    M2: int = 8   # micro-batches per update for the 2BW / async M>1 panels
+
+
+_STALE = {"tiny": StalenessConfig(D=4, steps=16, M2=4), "quick": StalenessConfig(),
+          "paper": StalenessConfig(D=16, steps=80, M2=16)}
+
+
+@register("schedules_staleness", "Version-table staleness per stage: async 1F1B vs PipeOptim's D−k−1, "
+          "SpecTrain's round-trip differences, 2BW")
+def schedules_staleness(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_STALE, preset)
+    D, T = cfg.D, cfg.steps
+    k = np.arange(D)
+    vt1 = simulate(pipedream(D, 1, T)).version_table
+    vtm = simulate(pipedream(D, cfg.M2, T)).version_table
+    vt2 = simulate(pipedream_2bw(D, cfg.M2, T)).version_table
+    steady = slice(D, T - D)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    ax = axes[0]
+    im = ax.imshow(vt1.staleness("F")[:, :, 0], aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("mini-batch t")
+    ax.set_ylabel("stage k")
+    ax.set_title(f"async 1F1B (M=1): forward staleness", fontsize=10)
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="updates missed")
+    ax = axes[1]
+    meas = vt1.staleness("F")[:, steady, 0].mean(axis=1)
+    rt_f = vt1.round_trip_difference("F")[:, steady, 0].mean(axis=1)
+    rt_b = vt1.round_trip_difference("B")[:, steady, 0].mean(axis=1)
+    ax.plot(k, meas, "o", ms=8, mfc="none", label="simulated staleness (F)")
+    ax.plot(k, pipeoptim_staleness(D, k), "-", label="PipeOptim s = D−k−1")
+    ax.plot(k, rt_f, "s", ms=6, mfc="none", label="simulated round-trip diff. (F)")
+    ax.plot(k, spectrain_version_difference(D, k, "F"), "--", label="SpecTrain ⌊k/2⌋+D−k−1")
+    ax.plot(k, rt_b, "^", ms=6, mfc="none", label="simulated round-trip diff. (B)")
+    ax.plot(k, spectrain_version_difference(D, k, "B"), ":", label="SpecTrain ⌊k/2⌋")
+    ax.set_xlabel("stage k")
+    ax.set_ylabel("versions (steady state)")
+    ax.set_title("derived from the version table vs the papers' presets", fontsize=10)
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    sm = vtm.staleness("F")[:, steady, :]
+    ax.plot(k, sm.mean(axis=(1, 2)), "o-", label=f"async 1F1B, M={cfg.M2}: mean")
+    ax.fill_between(k, sm.min(axis=(1, 2)), sm.max(axis=(1, 2)), alpha=0.2, label="min–max over micro-batches")
+    ax.plot(k, vt2.staleness("F")[:, steady, :].mean(axis=(1, 2)), "s-", label=f"2BW, M={cfg.M2} (step-first)")
+    ax.set_xlabel("stage k")
+    ax.set_ylabel("forward staleness")
+    ax.set_title("one update per M micro-batches", fontsize=10)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    notes = {"async_M1_staleness": meas.tolist(), "spectrain_F": rt_f.tolist(), "spectrain_B": rt_b.tolist(),
+             "stash_depth": [vt1.stash_depth(int(i)) for i in k],
+             "async_M_mean": sm.mean(axis=(1, 2)).tolist(),
+             "2bw": vt2.staleness("F")[:, steady, :].mean(axis=(1, 2)).tolist()}
+    return FigureOutput(fig, cfg, None, notes=notes, data={"pipedream": vt1, "pipedream_M": vtm, "2bw": vt2})
+
+
+# ----------------------------------------------------------------------------- Rahimi's Table 1 and bound
+@dataclass(frozen=True)
+class RahimiConfig:
+    S: int = 4
+    B: int = 8
+    G: int = 2
+    Ds: tuple[int, ...] = (2, 3, 4, 6, 8)
+    Ms: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+
+_RAHIMI = {"tiny": RahimiConfig(Ds=(2, 4), Ms=(1, 2, 4)), "quick": RahimiConfig(),
+           "paper": RahimiConfig(S=8, B=16, G=4, Ds=(2, 3, 4, 6, 8, 12, 16), Ms=(1, 2, 4, 8, 16, 32))}
+
+
+def rahimi_rows(cfg: RahimiConfig) -> list[dict]:
+    """Note vs simulation for each Table 1 row (and the PP and LPP variants where the note differs)."""
+    S, B, G = cfg.S, cfg.B, cfg.G
+    cases = [("DDP", "DDP", ddp(S, B), {}), ("FSDP (W=B=S)", "FSDP", fsdp(S, S), {"B": S}),
+             ("FSDP (W=B>S)", "FSDP", fsdp(S, B), {}),
+             ("PP, 1F1B order", "PP", one_f_one_b(S, B), {}), ("PP, GPipe order", "PP", gpipe(S, B), {}),
+             (f"LPP G={G}, R=S", "LPP", lpp(S, B, G, S), {"G": G, "R": S}),
+             (f"LPP G={G}, R=S/2", "LPP", lpp(S, B, G, S // 2), {"G": G, "R": S // 2}),
+             (f"FSLPP G={G}, R=S/2", "FSLPP", fslpp(S, B, G, S // 2), {"G": G, "R": S // 2})]
+    rows = []
+    for label, scheme, s, kw in cases:
+        args = {"B": B, "G": 1, "R": 1} | kw
+        rows.append({"case": label, "note": table_row(scheme, S, args["B"], args["G"], args["R"]),
+                     "simulated": measured_row(simulate(s))})
+    return rows
+
+
+@register("schedules_rahimi_table", "Rahimi's Table 1 next to the simulated values (cells that differ in red)")
+def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_RAHIMI, preset)
+    rows = rahimi_rows(cfg)
+    head = ["W", "latency", "act. xmit", "weight xmit", "act. storage", "weight storage"]
+    cell_text, colours = [], []
+    for r in rows:
+        line, cl = [], []
+        for col in COLUMNS:
+            a, b = r["note"][col], r["simulated"][col]
+            line.append(f"{a:g} | {b:g}")
+            cl.append("#f4c7c3" if abs(a - b) > 1e-9 else "#d9ead3")
+        cell_text.append(line)
+        colours.append(cl)
+    fig, ax = plt.subplots(figsize=(11, 0.3 * len(rows) + 0.6))
+    ax.axis("off")
+    tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["case"] for r in rows], colLabels=head,
+                   loc="upper center", cellLoc="center")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(8.5)
+    tab.scale(1, 1.35)
+    ax.set_title(f"Rahimi's Table 1 (note | simulated), S={cfg.S}, B={cfg.B}; max over workers; latency in F+B units. "
+                 "Green: agrees; red: differs", fontsize=9.5)
+    fig.tight_layout()
+    csv = "case,column,note,simulated\n" + "".join(
+        f"{r['case']},{c},{r['note'][c]:g},{r['simulated'][c]:g}\n" for r in rows for c in COLUMNS)
+    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes={r["case"]: r for r in rows}, data=rows)
+
+
+@register("schedules_throughput_bound", "Rahimi's bound: throughput per worker ρ vs peak activations / S over "
+          "a grid of schedules")
+def schedules_throughput_bound(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_RAHIMI, preset)
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for D in cfg.Ds:
+        for M in cfg.Ms:
+            cands = {"GPipe": gpipe(D, M), "1F1B": one_f_one_b(D, M), "naive": naive(D, M), "DDP": ddp(D, M),
+                     "FSDP": fsdp(D, M)}
+            if D % 2 == 0:
+                cands["folded"] = folded(D, M)
+                if M % 2 == 0:
+                    cands["interleaved"] = interleaved_1f1b(2, D // 2, M)
+            for G in (1, 2):
+                for R in sorted({1, 2, D}):
+                    if D % R == 0 and M % G == 0:
+                        rho, bound = throughput_per_worker(simulate(lpp(D, M, G, R)))
+                        pts.setdefault("LPP", []).append((bound, rho))
+            for name, s in cands.items():
+                rho, bound = throughput_per_worker(simulate(s))
+                pts.setdefault(name, []).append((bound, rho))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    allb = np.array([b for p in pts.values() for b, _ in p])
+    x = np.linspace(0, max(1.0, allb.max()), 50)
+    ax.plot(x, np.minimum(x, 1.0), color="0.3", lw=3, alpha=0.4, label="ρ = min(M/S, 1)")
+    markers = iter("osD^v<>ph")
+    worst = 0.0
+    for name, p in pts.items():
+        b, r = np.array(p).T
+        worst = max(worst, float((r - b).max()))
+        ax.plot(b, r, linestyle="none", marker=next(markers), ms=5, mfc="none", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("peak activations per worker / S  (M/S)")
+    ax.set_ylabel("throughput per worker ρ = S·B/(L·W)")
+    n = sum(len(p) for p in pts.values())
+    ax.set_title(f"ρ ≤ M/S holds in all {n} configurations (max ρ − M/S = {worst:.2g})", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return FigureOutput(fig, cfg, None, notes={"n": n, "max_violation": worst}, data=pts)
