@@ -44,6 +44,7 @@ def train_plain(
     lr_scheduler: Callable[[torch.optim.Optimizer], object] | None = None,
     record: list[list[tuple[Tensor, ...]]] | None = None,
     stop_on_divergence: bool = True,
+    callback: Callable[[int], object] | None = None,
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` mini-batches; return the loss of every mini-batch.
 
@@ -54,6 +55,7 @@ def train_plain(
         steps: number of steps (default ``len(batches)``).
         record: if given a list, ``record[k][v]`` receives stage k's weights after v updates.
         stop_on_divergence: stop at the first non-finite loss (later losses are NaN).
+        callback: called with v = t + 1 after the update of step t (e.g. to evaluate at epoch ends).
     """
     stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
     loss_fn = loss_fn or nn.functional.cross_entropy
@@ -89,6 +91,8 @@ def train_plain(
         if record is not None:
             for k, s in enumerate(stages):
                 record[k].append(tuple(p.detach().clone() for p in s.parameters()))
+        if callback is not None:
+            callback(t + 1)
     return losses
 
 

@@ -1,0 +1,260 @@
+"""Learning-curve experiments: train reference models under every schedule × staleness policy × optimizer.
+
+One run (:class:`RunConfig`) trains one task (dataset + model) with one policy, optimizer, pipeline depth
+D and seed in the exact emulator (:class:`pipelab.emulator.Emulator`), and records per epoch the training
+loss (of the epoch-end weights on a fixed training subset, and the running mean of the pipeline's own
+mini-batch losses), the test loss and the test accuracy. Divergence (a NaN/inf loss) ends the run and is
+recorded, not raised. Every arm with the same seed starts from the same initial weights and sees the same
+mini-batches in the same order.
+
+Arms:
+- ``sequential`` is plain PyTorch training of the whole model (:func:`~pipelab.emulator.train_plain`; the
+  emulator reproduces it exactly under any flushed schedule, see the tests);
+- ``gpipe``/``1f1b`` run the flushed schedules with M micro-batches (equal to sequential up to rounding);
+- ``vanilla``, ``stashing``, ``vertical_sync``, ``spectrain``, ``pipeoptim``, ``pipemare`` run asynchronous
+  1F1B (PipeDream, one update per mini-batch, M = 1);
+- ``2bw`` runs PipeDream-2BW with M = D micro-batches per update.
+
+An epoch ends when every stage has applied that epoch's last update (version e·N, N steps per epoch);
+the evaluation uses exactly those weights.
+
+:func:`sweep` runs a grid through :func:`pipelab.cache.run_sweep` (cached per run under the hash of its
+config; an interrupted sweep resumes).
+
+Example:
+    >>> cfg = RunConfig(task="digits_mlp", policy="pipeoptim", optimizer="adam", D=4, seed=0, epochs=1)
+    >>> rec = run(cfg)                                   # doctest: +SKIP
+    >>> rec["test_acc"][-1]                              # doctest: +SKIP
+
+References: PipeOptim (Guan et al., arXiv:2312.00839, §V-B, Table IV); SpecTrain (Chen et al.,
+arXiv:1809.02839, §4.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from .cache import run_sweep
+from .data import load_dataset
+from .models import build_model
+
+__all__ = ["RunConfig", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep", "make_optimizer", "grid", "with_"]
+
+log = logging.getLogger(__name__)
+
+#: task name -> (dataset, dataset kwargs, model, model kwargs)
+TASKS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
+    "fashion_mnist_mlp": ("fashion_mnist", {"flatten": True}, "deep_mlp",
+                          {"in_features": 784, "width": 128, "depth": 8}),
+    "fashion_mnist_cnn": ("fashion_mnist", {}, "small_cnn", {"width": 16}),
+    "fashion_mnist_resnet": ("fashion_mnist", {}, "small_resnet", {"width": 8, "blocks_per_stage": 2}),
+    "mnist1d_mlp": ("mnist1d", {}, "deep_mlp", {"in_features": 40, "width": 128, "depth": 8}),
+    "digits_mlp": ("digits", {"flatten": True}, "deep_mlp", {"in_features": 64, "width": 64, "depth": 8}),
+}
+
+#: optimizer name -> (torch.optim class name, default hyper-parameters); PipeOptim §V-A: SGDM with
+#: momentum 0.9 and weight decay 5e-4, Adam/AdamW with betas (0.9, 0.999).
+OPTIMIZERS: dict[str, tuple[str, dict[str, float]]] = {
+    "sgdm": ("SGD", {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4}),
+    "adam": ("Adam", {"lr": 1e-3}),
+    "adamw": ("AdamW", {"lr": 1e-3, "weight_decay": 1e-2}),
+}
+
+#: policy -> schedule family used for its arm
+ARM_POLICIES: dict[str, str] = {
+    "sequential": "plain", "gpipe": "gpipe", "1f1b": "1f1b", "vanilla": "pipedream", "stashing": "pipedream",
+    "vertical_sync": "pipedream", "2bw": "2bw", "spectrain": "pipedream", "pipeoptim": "pipedream",
+    "pipemare": "pipedream",
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run.
+
+    Attributes:
+        task: one of :data:`TASKS`; policy: one of :data:`ARM_POLICIES`; optimizer: one of :data:`OPTIMIZERS`.
+        D: pipeline stages; seed: initial weights and data order; epochs: passes over the training subset.
+        batch_size: mini-batch size (one optimizer step); M: micro-batches for gpipe/1f1b (2BW uses M = D).
+        n_train, n_test: training/test subset sizes (``None``: all); n_eval_train: training examples on which
+            the epoch-end training loss is measured.
+        lr: learning rate (``None``: the optimizer's default in :data:`OPTIMIZERS`).
+        dtype, device: computation precision and device.
+    """
+
+    task: str
+    policy: str
+    optimizer: str
+    D: int
+    seed: int
+    epochs: int = 5
+    batch_size: int = 64
+    M: int = 4
+    n_train: int | None = 10_000
+    n_test: int | None = 2_000
+    n_eval_train: int = 2_000
+    lr: float | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name, table in (("task", TASKS), ("policy", ARM_POLICIES), ("optimizer", OPTIMIZERS)):
+            if getattr(self, name) not in table:
+                raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {', '.join(table)}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+
+
+def make_optimizer(name: str, lr: float | None = None):
+    """Factory ``params -> torch.optim optimizer`` for :data:`OPTIMIZERS` ``name``."""
+    cls_name, hp = OPTIMIZERS[name]
+    hp = dict(hp, **({"lr": lr} if lr is not None else {}))
+    cls = getattr(torch.optim, cls_name)
+    return lambda params: cls(params, **hp)
+
+
+def _he_init(model: torch.nn.Module, seed: int) -> None:
+    """He (Kaiming-normal, fan-in) initialisation of Linear/Conv weights, zero biases, seeded.
+
+    PyTorch's default Linear init (uniform with bound 1/sqrt(fan_in)) shrinks the signal through a deep
+    ReLU MLP so much that an 8-block net barely trains in a few epochs; He init keeps its scale.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(20_000 + seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+                fan_in = m.weight[0].numel()
+                w = torch.randn(m.weight.shape, generator=gen, dtype=torch.float64) * math.sqrt(2.0 / fan_in)
+                m.weight.copy_(w)
+                if m.bias is not None:
+                    m.bias.zero_()
+
+
+def _schedule(cfg: RunConfig, steps: int):
+    from .schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw
+
+    family = ARM_POLICIES[cfg.policy]
+    if family == "gpipe":
+        return gpipe(cfg.D, cfg.M, steps)
+    if family == "1f1b":
+        return one_f_one_b(cfg.D, cfg.M, steps)
+    if family == "2bw":
+        return pipedream_2bw(cfg.D, cfg.D, steps)
+    return pipedream(cfg.D, 1, steps)
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Train one arm and return its record (JSON-able lists; NaN after divergence).
+
+    Returns:
+        dict with the config fields plus ``epoch`` (0..epochs), ``train_loss``, ``running_loss``,
+        ``test_loss``, ``test_acc`` (per epoch, index 0 = initial weights), ``diverged`` (bool),
+        ``diverged_step``, ``weight_copies`` (per stage), ``seconds``.
+    """
+    from .emulator import Emulator, evaluate, train_plain
+    from .policies import make_policy
+
+    t0 = time.perf_counter()
+    dtype = getattr(torch, cfg.dtype)
+    dataset, dkw, model_name, mkw = TASKS[cfg.task]
+    ds = load_dataset(dataset, dtype=dtype, **dkw).subset(cfg.n_train, cfg.n_test).to(cfg.device)
+    n = ds.x_train.shape[0]
+    per_epoch = n // cfg.batch_size
+    if per_epoch < 1:
+        raise ValueError(f"n_train={n} is smaller than batch_size={cfg.batch_size}")
+    steps = per_epoch * cfg.epochs
+    gen = torch.Generator().manual_seed(10_000 + cfg.seed)
+    perms = [torch.randperm(n, generator=gen) for _ in range(cfg.epochs)]
+
+    def batch(t: int):
+        e, i = divmod(t, per_epoch)
+        idx = perms[e][i * cfg.batch_size:(i + 1) * cfg.batch_size].to(cfg.device)
+        return ds.x_train[idx], ds.y_train[idx]
+
+    model = build_model(model_name, seed=cfg.seed, dtype=dtype, device=cfg.device, **mkw)
+    _he_init(model, cfg.seed)
+    from .partition import split
+
+    if len(model) < cfg.D:
+        raise ValueError(f"task {cfg.task!r} has {len(model)} blocks; D={cfg.D} is too deep")
+    stages = split(model, cfg.D)
+    opt = make_optimizer(cfg.optimizer, cfg.lr)
+    x_eval, y_eval = ds.x_train[: cfg.n_eval_train], ds.y_train[: cfg.n_eval_train]
+    E = cfg.epochs + 1
+    rec: dict[str, Any] = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    rec.update(epoch=list(range(E)), train_loss=[math.nan] * E, running_loss=[math.nan] * E,
+               test_loss=[math.nan] * E, test_acc=[math.nan] * E, diverged=False, diverged_step=None,
+               weight_copies=[1] * cfg.D, steps_per_epoch=per_epoch)
+
+    def record(e: int, weights=None) -> None:
+        tl, _ = evaluate(stages, x_eval, y_eval, weights)
+        ql, qa = evaluate(stages, ds.x_test, ds.y_test, weights)
+        rec["train_loss"][e], rec["test_loss"][e], rec["test_acc"][e] = tl, ql, qa
+
+    if cfg.policy == "sequential":
+        record(0)
+        losses = train_plain(stages, optimizer=opt, batches=batch, steps=steps,
+                             callback=lambda v: record(v // per_epoch) if v % per_epoch == 0 else None)
+    else:
+        policy = make_policy(cfg.policy, **({"anneal_steps": per_epoch} if cfg.policy == "pipemare" else {}))
+        emu = Emulator(stages, schedule=_schedule(cfg, steps), policy=policy, optimizer=opt)
+        rec["weight_copies"] = emu.weight_copies
+        res = emu.run(batch, snapshot_every=per_epoch,
+                      on_snapshot=lambda v, W: record(v // per_epoch, W))
+        losses = res.losses
+    losses_arr = np.asarray(losses + [math.nan] * (steps - len(losses)), dtype=float)
+    bad = np.flatnonzero(~np.isfinite(losses_arr[: len(losses)]))
+    if bad.size:
+        rec["diverged"], rec["diverged_step"] = True, int(bad[0])
+    for e in range(cfg.epochs):
+        chunk = losses_arr[e * per_epoch:(e + 1) * per_epoch]
+        rec["running_loss"][e + 1] = float(chunk.mean()) if np.isfinite(chunk).all() else math.nan
+    rec["seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def grid(tasks: Iterable[str], policies: Iterable[str], optimizers: Iterable[str], Ds: Iterable[int],
+         seeds: Iterable[int], **common: Any) -> list[RunConfig]:
+    """Every combination as :class:`RunConfig` s, skipping arms that cannot run.
+
+    Skipped: SpecTrain with an optimizer other than SGDM (its predictor extrapolates SGD's momentum
+    buffer; PipeOptim §II-C2 calls it "no longer applicable"), and D deeper than the task's model.
+    """
+    out = []
+    tasks, policies, optimizers, Ds, seeds = map(list, (tasks, policies, optimizers, Ds, seeds))
+    for task in tasks:
+        n_blocks = _blocks(task)
+        for opt in optimizers:
+            for D in Ds:
+                if D > n_blocks:
+                    continue
+                for pol in policies:
+                    if pol == "spectrain" and opt != "sgdm":
+                        continue
+                    out += [RunConfig(task=task, policy=pol, optimizer=opt, D=D, seed=s, **common) for s in seeds]
+    return out
+
+
+def _blocks(task: str) -> int:
+    _, _, model_name, mkw = TASKS[task]
+    return len(build_model(model_name, **mkw))
+
+
+def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "learning curves") -> list[dict]:
+    """Run every config through the result cache (one entry per run; an interrupted sweep resumes)."""
+    configs = list(configs)
+    log.info("learning-curve sweep: %d runs", len(configs))
+    return run_sweep("learning_curves", configs, run, progress=progress, desc=desc)
+
+
+def with_(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """A copy of ``cfg`` with fields changed."""
+    return replace(cfg, **changes)
