@@ -25,7 +25,31 @@ from .data import (
 )
 from .models import build_model, deep_mlp, small_cnn, small_resnet, transformer_classifier
 from .partition import balanced_partition, split, stage_sizes
-from . import stability
+from . import schedules, stability
+from .schedules import (
+    Action,
+    Schedule,
+    ScheduleError,
+    VersionTable,
+    async_1f1b_staleness,
+    construct,
+    ddp,
+    folded,
+    format_grid,
+    fsdp,
+    gpipe,
+    interleaved_1f1b,
+    lpp,
+    fslpp,
+    naive,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    pipeoptim_staleness,
+    spectrain_version_difference,
+    validate,
+)
+from .simulator import SimResult, costs_from_profile, simulate
 from .stability import delayed_gd_threshold, max_stable_step, region_mask, spectral_radius, stable_mask
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr
 
@@ -40,6 +64,11 @@ __all__ = [
     # models and stages
     "build_model", "deep_mlp", "small_cnn", "small_resnet", "transformer_classifier",
     "split", "stage_sizes", "balanced_partition",
+    # schedules and the simulator
+    "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
+    "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
+    "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
+    "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
     # stability of stale-gradient methods
     "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
     "delayed_training", "max_stable_lr", "least_squares_problem",
