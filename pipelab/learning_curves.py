@@ -162,6 +162,20 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     from .emulator import Emulator, evaluate, train_plain
     from .policies import make_policy
 
+    threads = torch.get_num_threads()
+    if cfg.device == "cpu":
+        # these models are small: one intra-op thread is fastest, and immune to oversubscribed cores
+        torch.set_num_threads(1)
+    try:
+        return _run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: RunConfig) -> dict[str, Any]:
+    from .emulator import Emulator, evaluate, train_plain
+    from .policies import make_policy
+
     t0 = time.perf_counter()
     dtype = getattr(torch, cfg.dtype)
     dataset, dkw, model_name, mkw = TASKS[cfg.task]
