@@ -292,6 +292,9 @@ class PredictionErrorConfig:
     dtype: str = "float32"
     device: str = "cpu"  # or "auto": CUDA when available
     seed: int = 0
+    #: CPU threads during the run (restored after); 1 avoids the thread contention that makes small
+    #: element-wise ops orders of magnitude slower on a loaded machine. ``None`` keeps torch's setting.
+    threads: int | None = 1
 
 
 def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
@@ -325,8 +328,15 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
         except (TypeError, ValueError) as exc:
             skipped.append(name)
             log.info("predictor %s skipped for %s: %s", name, cfg.optimizer, exc)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        res = measure_prediction_error(model, opt, batches, usable, max_s=cfg.max_s, measure_every=cfg.measure_every)
+    saved_threads = torch.get_num_threads()
+    try:
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            res = measure_prediction_error(model, opt, batches, usable, max_s=cfg.max_s,
+                                           measure_every=cfg.measure_every)
+    finally:
+        torch.set_num_threads(saved_threads)
     res.meta.update({"config_optimizer": cfg.optimizer, "skipped": skipped, "device": device})
     return res

@@ -30,6 +30,8 @@ PREDICTOR_LABELS = {
     "pipeoptim": "PipeOptim (paper)", "pipeoptim_code": "PipeOptim (code)", "repeat": "repeat last step",
     "zero_grad_rollout": "zero-gradient rollout", "linear": "linear extrapolation", "pipemare": "PipeMare δ (γ=0.9)",
 }
+_COLORS = {"spectrain": "#0072B2", "pipeoptim": "#0072B2", "repeat": "#E69F00", "zero_grad_rollout": "#009E73",
+           "pipemare": "#CC79A7", "linear": "#56B4E9"}
 # Lines drawn over training (the summary shows every predictor).
 _CURVES = ("pipeoptim", "repeat", "zero_grad_rollout", "pipemare")
 _ALL_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "nadam", "radam", "adamax")
@@ -48,7 +50,7 @@ class PredictionFigureConfig:
 _TINY = PredictionErrorConfig(steps=40, batch_size=32, train_subset=2000, measure_every=2,
                               model_options=(("depth", 4), ("width", 32)))
 _QUICK = PredictionErrorConfig(steps=600, batch_size=128, measure_every=5, model_options=(("depth", 8), ("width", 128)))
-_PAPER = PredictionErrorConfig(steps=4000, batch_size=128, measure_every=5, max_s=4, device="auto",
+_PAPER = PredictionErrorConfig(steps=4000, batch_size=128, measure_every=5, max_s=4, device="auto", threads=None,
                                model_options=(("depth", 16), ("width", 512)))
 
 PRESET_CONFIGS = {
@@ -68,42 +70,51 @@ def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | N
 
 
 def _smooth(y: np.ndarray, k: int) -> np.ndarray:
+    """Centred moving average over ``k`` points, NaN-aware and unbiased at the ends."""
     if k <= 1:
         return y
-    kernel = np.ones(k) / k
-    return np.convolve(np.nan_to_num(y, nan=np.nanmean(y)), kernel, mode="same")
+    ok = np.isfinite(y)
+    kernel = np.ones(k)
+    num = np.convolve(np.where(ok, y, 0.0), kernel, mode="same")
+    den = np.convolve(ok.astype(float), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
 
 
 def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     cfg = from_preset(PRESET_CONFIGS, preset)
     res = prediction_run(cfg, optimizer)
     S = min(3, res.max_s)
-    fig, axes = plt.subplots(1, S, figsize=(4.2 * S, 3.4), sharey=True)
+    fig, axes = plt.subplots(1, S, figsize=(4.2 * S, 4.1), sharey=True, layout="constrained")
     axes = np.atleast_1d(axes)
     names = ["spectrain"] if "spectrain" in res.predictors else []
-    names += [n for n in _CURVES if n in res.predictors]
+    # PipeOptim is identical to SpecTrain for SGD with momentum (tested), so it is drawn once.
+    names += [n for n in _CURVES if n in res.predictors and not (n == "pipeoptim" and names)]
+    short = {"spectrain": "SpecTrain", "pipeoptim": "PipeOptim", "repeat": "repeat",
+             "zero_grad_rollout": "zero-grad", "pipemare": "PipeMare"}
     ratios = res.summary_ratio()
     for si, ax in enumerate(axes):
         x = res.origins + si + 1
         ax.plot(x, _smooth(res.stale[si, :, -1], cfg.smooth), color="black", ls="--", lw=1.4,
                 label=PREDICTOR_LABELS["stale"])
+        lines = []
         for n in names:
             pi = res.predictors.index(n)
-            label = PREDICTOR_LABELS[n]
-            if n == "pipeoptim" and "spectrain" in res.predictors:
-                continue  # identical to SpecTrain for SGD with momentum (tested)
-            ax.plot(x, _smooth(res.rmse[pi, si, :, -1], cfg.smooth), lw=1.2,
-                    label=f"{label} ({ratios[pi, si]:.2f}× stale)")
+            ax.plot(x, _smooth(res.rmse[pi, si, :, -1], cfg.smooth), lw=1.2, color=_COLORS[n],
+                    label=PREDICTOR_LABELS[n] + (" = PipeOptim" if n == "spectrain" else ""))
+            lines.append(f"{short[n]:<10s}{ratios[pi, si]:5.2f}")
+        ax.text(0.98, 0.97, "RMSE / stale\n" + "\n".join(lines), transform=ax.transAxes, ha="right", va="top",
+                fontsize=7, family="monospace", bbox={"boxstyle": "round", "fc": "white", "ec": "0.8", "alpha": 0.9})
         ax.set_yscale("log")
         ax.set_title(f"s = {si + 1}")
         ax.set_xlabel("training step t + s")
-        ax.legend(fontsize=7, loc="upper right")
     axes[0].set_ylabel("RMSE vs true weights $W_{t+s}$")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8, frameon=False)
     label = OPTIMIZER_LABELS.get(optimizer, optimizer)
     div = f", diverged at step {res.diverged_at}" if res.diverged_at else ""
     fig.suptitle(f"{label}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
                  f"{cfg.base.model}{div}; moving average of {cfg.smooth} measurements)", fontsize=10)
-    fig.tight_layout()
     notes = {f"ratio/{n}/s={s + 1}": float(ratios[i, s]) for i, n in enumerate(res.predictors) for s in range(res.max_s)}
     notes["final_loss"] = float(np.nanmean(res.loss[-20:]))
     return FigureOutput(fig, replace(cfg.base, optimizer=optimizer), cfg.base.seed, tables={"csv": res.to_csv()},
@@ -190,7 +201,9 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
                 for p in preds:
                     for si in range(S):
                         notes[f"{mname}/{o}/{p}/s={si + 1}"] = float(table[preds.index(p), opts.index(o), si])
-    fig.colorbar(im, ax=axes, shrink=0.8, label="RMSE ratio predicted / stale (log; < 1: better than stale)")
+    cb = fig.colorbar(im, ax=axes, shrink=0.8, label="RMSE predicted / stale (< 1: better)")
+    cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25", "0.5", "1", "2", "4"])
+    cb.minorticks_off()
     fig.suptitle("Weight prediction error relative to stale weights (time-averaged over training; "
                  "— : predictor needs SGD momentum)", fontsize=10)
     return FigureOutput(fig, cfg, cfg.base.seed, tables={"csv": "\n".join(rows) + "\n"}, notes=notes, data=data)
