@@ -150,6 +150,19 @@ class PredictionErrorResult:
             warnings.simplefilter("ignore", RuntimeWarning)  # the stale predictor's cosine is undefined (NaN)
             return np.nanmean(self.cosine[:, :, start:, -1], axis=2)
 
+    def summary_text(self, skip_fraction: float = 0.1) -> str:
+        """A text table: per predictor, the RMSE ratio to stale and the mean cosine for each s."""
+        ratio, cos = self.summary_ratio(skip_fraction), self.summary_cosine(skip_fraction)
+        S = self.max_s
+        width = max(len(n) for n in self.predictors)
+        head = (f"{'predictor':<{width}}  " + " ".join(f"ratio s={s + 1:<2d}" for s in range(S)) + "   "
+                + " ".join(f"cos s={s + 1:<2d}" for s in range(S)))
+        lines = [head]
+        for i, n in enumerate(self.predictors):
+            lines.append(f"{n:<{width}}  " + " ".join(f"{ratio[i, s]:>10.3f}" for s in range(S)) + "   "
+                         + " ".join(f"{cos[i, s]:>8.3f}" for s in range(S)))
+        return "\n".join(lines)
+
     def to_csv(self) -> str:
         """Long-form CSV of the overall metrics: predictor, s, origin, rmse, stale, ratio, cosine."""
         rows = ["predictor,s,origin,rmse,stale_rmse,ratio,cosine"]
