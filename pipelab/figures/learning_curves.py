@@ -98,11 +98,16 @@ def _group(records: list[dict]) -> dict[tuple, list[dict]]:
     return out
 
 
+_COLOR_INDEX = {"pipemare": 0, "vanilla": 5, "spectrain": 2, "pipeoptim": 3, "stashing": 4, "vertical_sync": 7,
+                "2bw": 6, "gpipe": 9, "1f1b": 8}
+
+
 def _colors(policies) -> dict[str, tuple]:
+    """One distinct colour-blind-safe colour per policy; sequential in black."""
     import seaborn as sns
 
-    pal = sns.color_palette("colorblind", len(POLICY_ORDER))
-    return {p: ((0, 0, 0) if p == "sequential" else pal[POLICY_ORDER.index(p)]) for p in policies}
+    pal = sns.color_palette("colorblind", 10)
+    return {p: ((0, 0, 0) if p == "sequential" else pal[_COLOR_INDEX[p]]) for p in policies}
 
 
 def _best(r: dict) -> float:
@@ -163,11 +168,13 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
             ax_a.set_title(f"{task} · {OPT_LABELS[opt]}: test acc. (%)", fontsize=9)
             for ax in (ax_l, ax_a):
                 ax.set_xlabel("epoch")
-    fig.legend([handles[p] for p in cfg.policies if p in handles], [LABELS[p] for p in cfg.policies if p in handles],
-               loc="upper center", ncol=min(len(handles), 7), frameon=False, fontsize=9)
     fig.suptitle(f"Learning curves, D={cfg.D} stages, mean ± 1 std over {len(cfg.seeds)} seed(s) "
-                 "(SpecTrain runs with SGDM only)", y=0.995, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+                 "(SpecTrain runs with SGDM only)", y=0.998, fontsize=11)
+    top = 1 - 0.75 / fig.get_figheight()
+    fig.legend([handles[p] for p in cfg.policies if p in handles], [LABELS[p] for p in cfg.policies if p in handles],
+               loc="upper center", bbox_to_anchor=(0.5, top + 0.02), ncol=min(len(handles), 7), frameon=False,
+               fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, top - 0.01))
     rows = summary_rows(records)
     return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
                         notes={"runs": len(records), "seconds": round(sum(r["seconds"] for r in records), 1),
@@ -222,7 +229,7 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
                 best_val, best_j = r["best_mean"], j
         cells.append(line)
         bold.append(best_j)
-    fig, ax = plt.subplots(figsize=(1.55 * len(pols) + 2.4, 0.42 * len(keys) + 1.3))
+    fig, ax = plt.subplots(figsize=(1.55 * len(pols) + 2.4, 0.3 * len(keys) + 0.8))
     ax.axis("off")
     tab = ax.table(cellText=cells, rowLabels=[f"{t} · {OPT_LABELS[o]}" for t, o in keys],
                    colLabels=[LABELS[p] for p in pols], loc="center", cellLoc="center")
