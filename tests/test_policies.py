@@ -14,7 +14,23 @@ from pipelab.policies import PipeMarePolicy, Predicted, Stored, make_policy
 from pipelab.schedules import (gpipe, interleaved_1f1b, pipedream, pipedream_2bw, pipeoptim_staleness,
                                spectrain_version_difference)
 from pipelab.simulator import simulate
-from tests.test_emulator import OPTIMIZERS, make_data, make_model
+
+OPTIMIZERS = {
+    "sgdm": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+}
+
+
+def make_model(seed: int = 0, depth: int = 6) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return deep_mlp(in_features=6, width=8, depth=depth, activation="tanh").double()
+
+
+def make_data(T: int, n: int = 8, seed: int = 1) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, 6, generator=g, dtype=torch.float64), torch.randint(0, 10, (n,), generator=g))
+            for _ in range(T)]
+
 
 D, T = 4, 10
 
