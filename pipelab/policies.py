@@ -45,9 +45,10 @@ and discrepancy correction).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from .emulator.versions import JobKey, VersionTable
+if TYPE_CHECKING:  # the emulator imports this module; only annotations need its types
+    from .emulator.versions import JobKey, VersionTable
 
 __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",

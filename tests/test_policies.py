@@ -164,3 +164,12 @@ def test_model_is_trained_in_place_and_copies_are_independent() -> None:
     emu.run(make_data(5))
     assert any(not torch.equal(a, b) for a, b in zip(m.parameters(), before.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(emu.weights()[0], emu.stages[0].params))
+
+
+@pytest.mark.parametrize("module", ["pipelab.policies", "pipelab.emulator", "pipelab.learning_curves"])
+def test_modules_import_first(module) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
