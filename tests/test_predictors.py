@@ -172,6 +172,26 @@ def test_spectrain_equals_pipeoptim_for_sgdm(opt_name):
             torch.testing.assert_close(x, y, **TIGHT)
 
 
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_apply_last_equals_weights_minus_scaled_last_update(opt_name):
+    """The fused fast paths agree with the reference W − scale·last_update for every rule."""
+    from pipelab.predictors.base import buckets
+    from pipelab.predictors.rules import LastUpdateOptions
+
+    params, grads, opt = make_problem(opt_name)
+    rule = rule_for(opt)
+    for opts in (LastUpdateOptions(), LastUpdateOptions(weight_decay=False, bias_step="t+1", eps=1e-3)):
+        for b in buckets(opt, rule):
+            st = rule.read(b.hp, b.states)
+            W = [p.detach() for p in b.params]
+            g = [p.grad for p in b.params]
+            fast = rule.apply_last(b.hp, 0.1, st, W, g, opts, 2.5)
+            ref = torch._foreach_add(W, rule.last_update(b.hp, 0.1, st, W, g, opts), alpha=-2.5)
+            for x, y in zip(fast, ref):
+                torch.testing.assert_close(x, y, **TIGHT)
+            assert not torch.equal(fast[0], W[0])
+
+
 def test_spectrain_closed_forms():
     params, grads, opt = make_problem("sgdm_damp_wd")
     lr, mu = 0.1, 0.8

@@ -187,9 +187,9 @@ class PipeOptim(Predictor):
             lrs = future_lrs(self.lr_schedule, b.group_index, lr, s)
             Wb = _gather(W, b.positions)
             g = _last_grads(b.params, missing_as_zero=any_grad)
-            delta = rule.last_update(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last)
             scale = sum(lrs) / lr if lr != 0 else float(s)
-            for i, t in zip(b.positions, torch._foreach_add(Wb, delta, alpha=-scale)):
+            pred = rule.apply_last(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last, scale)
+            for i, t in zip(b.positions, pred):
                 out[i] = t
         return _fill(out, W)
 

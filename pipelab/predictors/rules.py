@@ -168,6 +168,11 @@ class UpdateRule:
         """``lr·ΔW_t``: the update the last step applied (``W_t ≈ W_{t-1} − lr·ΔW_t``), from the state."""
         raise NotImplementedError
 
+    def apply_last(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor] | None,
+                   opts: LastUpdateOptions, scale: float) -> list[Tensor]:
+        """``W − scale·last_update(...)`` as new tensors; rules override it with fewer passes and allocations."""
+        return torch._foreach_add(W, self.last_update(hp, lr, st, W, g, opts), alpha=-scale)
+
     # -- shared helpers ------------------------------------------------------------------------
     @staticmethod
     def effective_grad(hp: dict[str, Any], W: list[Tensor], g: list[Tensor], *, coupled_decay: bool = True
@@ -252,6 +257,20 @@ class SGDRule(UpdateRule):
             st = BucketState(st.step + 1, st.tensors)
         return torch._foreach_add(W, d, alpha=-lr), st
 
+    def apply_last(self, hp, lr, st, W, g, opts, scale):
+        mu = hp["momentum"]
+        bufs = st.tensors["momentum_buffer"]
+        have_bufs = all(b is not None for b in bufs)
+        if mu != 0 and not hp["nesterov"] and have_bufs:
+            return torch._foreach_add(W, bufs, alpha=-scale * lr)  # one pass: W − scale·lr·b
+        if g is None or (mu != 0 and not have_bufs):
+            return super().apply_last(hp, lr, st, W, g, opts, scale)
+        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+        out = torch._foreach_add(W, self.effective_grad(wd_hp, W, g), alpha=-scale * lr)
+        if mu != 0:  # Nesterov: W − scale·lr·(g + μ·b)
+            torch._foreach_add_(out, bufs, alpha=-scale * lr * mu)
+        return out
+
     def last_update(self, hp, lr, st, W, g, opts):
         mu = hp["momentum"]
         bufs = st.tensors["momentum_buffer"]
@@ -331,6 +350,16 @@ class RMSpropRule(UpdateRule):
             W = torch._foreach_addcdiv(W, g, avg, value=-lr)
         return W, BucketState(st.step + 1, new)
 
+    def apply_last(self, hp, lr, st, W, g, opts, scale):
+        if hp["momentum"] > 0:
+            return torch._foreach_add(W, st.tensors["momentum_buffer"], alpha=-scale * lr)
+        if g is None:
+            return super().apply_last(hp, lr, st, W, g, opts, scale)  # raises: needs the last gradient
+        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+        eps = hp["eps"] if opts.eps is None else opts.eps
+        avg = self._avg(hp, st.tensors["square_avg"], st.tensors.get("grad_avg"), eps, opts.eps_placement)
+        return torch._foreach_addcdiv(W, self.effective_grad(wd_hp, W, g), avg, value=-scale * lr)
+
     def last_update(self, hp, lr, st, W, g, opts):
         if hp["momentum"] > 0:
             return torch._foreach_mul(st.tensors["momentum_buffer"], lr)
@@ -377,6 +406,16 @@ class AdagradRule(UpdateRule):
         std = torch._foreach_sqrt(S)
         torch._foreach_add_(std, hp["eps"])
         return torch._foreach_addcdiv(W, g, std, value=-clr), BucketState(step, {"sum": S})
+
+    def apply_last(self, hp, lr, st, W, g, opts, scale):
+        if st.step == 0 or g is None:
+            return super().apply_last(hp, lr, st, W, g, opts, scale)
+        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+        step = opts.step_for_bias(st.step)
+        clr = lr / (1 + (step - 1) * hp["lr_decay"])
+        eps = hp["eps"] if opts.eps is None else opts.eps
+        den = denominator(st.tensors["sum"], 1.0, eps, opts.eps_placement)
+        return torch._foreach_addcdiv(W, self.effective_grad(wd_hp, W, g), den, value=-scale * clr)
 
     def last_update(self, hp, lr, st, W, g, opts):
         if st.step == 0:

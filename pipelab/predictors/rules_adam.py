@@ -101,6 +101,20 @@ class AdamRule(_AdamLike):
         torch._foreach_add_(den, hp["eps"])
         return torch._foreach_addcdiv(W, m, den, value=-(lr / bc1)), BucketState(step, new)
 
+    def apply_last(self, hp, lr, st, W, g, opts, scale):
+        if st.step == 0:
+            return [w.clone() for w in W]
+        tau = opts.step_for_bias(st.step)
+        b1, b2 = hp["beta1"], hp["beta2"]
+        v = st.tensors["max_exp_avg_sq"] if hp["amsgrad"] else st.tensors["exp_avg_sq"]
+        eps = hp["eps"] if opts.eps is None else opts.eps
+        den = denominator(v, 1 - b2 ** tau, eps, opts.eps_placement)
+        if opts.weight_decay and hp["weight_decay"] != 0 and hp["decoupled_weight_decay"]:
+            W = torch._foreach_mul(W, 1 - scale * lr * hp["weight_decay"])
+            torch._foreach_addcdiv_(W, st.tensors["exp_avg"], den, value=-scale * lr / (1 - b1 ** tau))
+            return W
+        return torch._foreach_addcdiv(W, st.tensors["exp_avg"], den, value=-scale * lr / (1 - b1 ** tau))
+
     def last_update(self, hp, lr, st, W, g, opts):
         if st.step == 0:
             return _zeros(W)
@@ -279,6 +293,12 @@ class AdamaxRule(_AdamLike):
         u = torch._foreach_maximum(u, a)
         clr = lr / (1 - b1 ** step)
         return torch._foreach_addcdiv(W, m, u, value=-clr), BucketState(step, {"exp_avg": m, "exp_inf": u})
+
+    def apply_last(self, hp, lr, st, W, g, opts, scale):
+        if st.step == 0:
+            return [w.clone() for w in W]
+        clr = lr / (1 - hp["beta1"] ** opts.step_for_bias(st.step))
+        return torch._foreach_addcdiv(W, st.tensors["exp_avg"], st.tensors["exp_inf"], value=-scale * clr)
 
     def last_update(self, hp, lr, st, W, g, opts):
         if st.step == 0:
