@@ -51,10 +51,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
-from .versions import JobKey, VersionRing, VersionTable, resolve_order, ring_capacities
+from .stage import StageExecutor
+from .versions import JobKey, VersionTable, resolve_order, ring_capacities
 
 __all__ = ["Emulator", "EmulatorResult", "OptimizerFactory", "version_table", "as_stages", "split_micro"]
 
@@ -127,37 +127,6 @@ class EmulatorResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class _Stage:
-    def __init__(self, k: int, module: nn.Module, optimizer: torch.optim.Optimizer, capacity: int) -> None:
-        self.k = k
-        self.module = module
-        named = list(module.named_parameters())
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.buffer_names = [n for n, _ in module.named_buffers()]
-        self.optimizer = optimizer
-        opt_params = [p for g in optimizer.param_groups for p in g["params"]]
-        if {id(p) for p in opt_params} != {id(p) for p in self.params}:
-            raise ValueError(f"the optimizer of stage {k} must hold exactly that stage's parameters")
-        # predictors return tensors in param_groups order; map them to named order
-        pos = {id(p): i for i, p in enumerate(opt_params)}
-        self.opt_order = [pos[id(p)] for p in self.params]
-        self.ring = VersionRing(capacity, k)
-        self.version = 0
-        self.scheduler: Any = None
-        self.predictor: Any = None
-
-    def snapshot(self) -> tuple[Tensor, ...]:
-        return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
-
-    def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:
-        mapping: dict[str, Tensor] = dict(zip(self.names, weights))
-        if fresh_buffers and self.buffer_names:
-            bufs = dict(self.module.named_buffers())
-            mapping.update({n: b.clone() for n, b in bufs.items()})
-        return functional_call(self.module, mapping, (x,))
-
-
 class Emulator:
     """Exact single-process execution of a pipeline schedule under a staleness policy.
 
@@ -223,7 +192,7 @@ class Emulator:
             f, b = self.policy.forward(self.table, key), self.policy.backward(self.table, bkey)
             if self.oracle_predictor:
                 f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
-            self.specs[key[1:]] = (f, b)  # type: ignore[index]
+            self.specs[key[1:]] = (f, b)  # type: ignore[index]  # (k, t, j) -> (forward, backward)
             uses[key] = [(key[1], _needed(f))]
             uses[bkey] = [(key[1], _needed(b))]
             if isinstance(f, Predicted) or isinstance(b, Predicted):
@@ -232,12 +201,9 @@ class Emulator:
         self.waited = self.order != self.table.order
         caps, last_use = ring_capacities(self.order, uses, self.D)
         self.capacity = caps
-        self._expiring: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for kv, i in last_use.items():
-            self._expiring[i].append(kv)
-        self._last_use = last_use
+        plans = stage_plans(self.order, last_use, self.D)
 
-        self.stages = []
+        self.stages: list[StageExecutor] = []
         for k, module in enumerate(stages):
             params = list(module.parameters())
             if not params:
@@ -245,10 +211,10 @@ class Emulator:
             opt = optimizer(params)
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
-            st = _Stage(k, module, opt, caps[k])
-            for p in st.params:  # before the first update the "last gradient" predictors may read is zero
-                p.grad = torch.zeros_like(p)
-            st.ring.put(0, st.snapshot())
+            events, local_last_use = plans[k]
+            st = StageExecutor(k, self.D, self.M, module, opt, caps[k],
+                               {kk[1:]: v for kk, v in self.specs.items() if kk[0] == k}, events, local_last_use,
+                               self.policy, self.table, self.loss_fn, self.recompute)
             if lr_scheduler is not None:
                 st.scheduler = lr_scheduler(opt)
             self.stages.append(st)
@@ -295,20 +261,6 @@ class Emulator:
 
     # ------------------------------------------------------------------------------------- weights
 
-    def _weights(self, st: _Stage, spec: WeightSpec, grad: bool) -> tuple[Tensor, ...]:
-        if isinstance(spec, Stored):
-            return st.ring.get(spec.version)
-        base = st.ring.get(spec.base)
-        opt_base = [base[i] for i in _inverse(st.opt_order)]
-        if spec.kind == "correction":
-            # PipeMare: W^(base) + s·δ, with δ read from the predictor as Ŵ_{+1} − W (s < 0)
-            ahead = st.predictor.predict(st.optimizer, 1, params=opt_base)
-            out = [w.detach() + spec.s * (a - w.detach()) for w, a in zip(opt_base, ahead)]
-        else:
-            out = st.predictor.predict(st.optimizer, spec.s, params=opt_base)
-        W = tuple(out[i] for i in st.opt_order)
-        return tuple(w.detach().requires_grad_(True) for w in W) if grad else W
-
     # ------------------------------------------------------------------------------------- running
 
     def run(
@@ -334,13 +286,10 @@ class Emulator:
         D, M = self.D, self.M
         last = D - 1
         micro: dict[int, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
-        saved: dict[tuple[int, int, int], tuple] = {}
         acts: dict[tuple[int, int, int], Tensor] = {}
         gouts: dict[tuple[int, int, int], Tensor] = {}
-        acc: dict[tuple[int, int], list[Tensor]] = {}
         step_loss: dict[int, list[Tensor]] = defaultdict(list)
         losses = [math.nan] * self.steps
-        observed: dict[JobKey, int] = {}
         snaps: dict[int, dict[int, tuple[Tensor, ...]]] = defaultdict(dict)
         diverged: int | None = None
         done = 0
@@ -358,113 +307,40 @@ class Emulator:
             st.module.train()
             snapshot(st.k, 0, st.ring.get(0))
 
-        for i, key in enumerate(self.order):
-            op, k, t, j = key
+        for op, k, t, j in self.order:
             st = self.stages[k]
             if op == "F":
-                observed[key] = st.version
-                if k == 0:
-                    if t not in micro:
-                        x, y = get(t)
-                        micro[t] = (split_micro(x, M, "input batch"), split_micro(y, M, "target batch"))
-                    x_in = micro[t][0][j]
-                else:
-                    x_in = acts.pop((k - 1, t, j))
-                spec_f, spec_b = self.specs[(k, t, j)]
-                keep = spec_f == spec_b and isinstance(spec_f, Stored) and not self.recompute
-                W = self._weights(st, spec_f, grad=False)
-                target = micro[t][1][j] if k == last else None
-                if keep:
-                    if k > 0:
-                        x_in.requires_grad_(True)
-                    with torch.enable_grad():
-                        out = st.call(W, x_in)
-                        if k == last:
-                            out = self.loss_fn(out, target) / M
-                    saved[(k, t, j)] = ("graph", x_in, out, W)
-                else:
-                    rng = _rng_state(x_in.device)
-                    with torch.no_grad():
-                        out = st.call(W, x_in)
-                        if k == last:
-                            out = self.loss_fn(out, target) / M
-                    saved[(k, t, j)] = ("recompute", x_in, rng)
-                if k == last:
-                    step_loss[t].append(out.detach())
-                    if len(step_loss[t]) == M:
-                        total = float(torch.stack(step_loss.pop(t)).sum())
-                        losses[t] = total
-                        done += 1
-                        if not math.isfinite(total):
-                            diverged = t
-                            break
-                else:
-                    acts[(k, t, j)] = out.detach()
+                if t not in micro:
+                    x, y = get(t)
+                    micro[t] = (split_micro(x, M, "input batch"), split_micro(y, M, "target batch"))
+                x_in = micro[t][0][j] if k == 0 else acts.pop((k - 1, t, j))
+                out = st.forward(t, j, x_in, micro[t][1][j] if k == last else None)
+                if k < last:
+                    acts[(k, t, j)] = out
+                    continue
+                step_loss[t].append(out)
+                if len(step_loss[t]) == M:
+                    total = float(torch.stack(step_loss.pop(t)).sum())
+                    losses[t] = total
+                    done += 1
+                    if not math.isfinite(total):
+                        diverged = t
+                        break
             elif op == "B":
-                observed[key] = st.version
-                entry = saved.pop((k, t, j))
-                g_out = gouts.pop((k, t, j), None)
-                if entry[0] == "graph":
-                    _, x_in, out, W = entry
-                else:
-                    _, x0, rng = entry
-                    W = self._weights(st, self.specs[(k, t, j)][1], grad=True)
-                    x_in = x0.detach().requires_grad_(k > 0)
-                    with torch.enable_grad(), _replay_rng(x0.device, rng):
-                        out = st.call(W, x_in, fresh_buffers=True)
-                        if k == last:
-                            out = self.loss_fn(out, micro[t][1][j]) / M
-                inputs = list(W) + ([x_in] if k > 0 else [])
-                grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True)
-                pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
+                g_in = st.backward(t, j, gouts.pop((k, t, j), None))
                 if k > 0:
-                    gouts[(k - 1, t, j)] = grads[-1]
-                if (k, t) in acc:
-                    torch._foreach_add_(acc[(k, t)], pgrads)
+                    gouts[(k - 1, t, j)] = g_in
                 else:
-                    acc[(k, t)] = pgrads
-                if k == 0:
                     back0[t] += 1
                     if back0[t] == M:  # the mini-batch has left the pipeline
                         micro.pop(t, None)
                         del back0[t]
             else:  # U
-                grads = acc.pop((k, t), None)
-                if grads is None:
-                    raise RuntimeError(f"update of stage {k} for step {t} has no gradient")
-                self._update(st, t, grads)
-                old = st.version
-                st.version += 1
-                if self._last_use.get((k, old), -1) <= i:
-                    st.ring.drop(old)
-                W = st.snapshot()
-                st.ring.put(st.version, W)
-                snapshot(k, st.version, W)
-            for kk, v in self._expiring.pop(i, ()):
-                if v != self.stages[kk].version:
-                    self.stages[kk].ring.drop(v)
+                snapshot(k, st.version + 1, st.update(t))
+        observed = {key: v for st in self.stages for key, v in st.observed.items()}
         used = {(op,) + kk: _target(spec) for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
         return EmulatorResult(losses, diverged, observed, used, self.waited, list(self.capacity), self.weight_copies, done,
                               extra={"ring_peak": [st.ring.peak for st in self.stages]})
-
-    def _update(self, st: _Stage, t: int, grads: list[Tensor]) -> None:
-        for p, g in zip(st.params, grads):
-            p.grad = g
-        factor = self.policy.lr_factor(self.table, st.k, t)
-        groups = st.optimizer.param_groups
-        saved_lr = [g["lr"] for g in groups]
-        if factor != 1.0:
-            for g in groups:
-                g["lr"] = g["lr"] * factor
-        st.optimizer.step()
-        if factor != 1.0:
-            for g, lr in zip(groups, saved_lr):
-                g["lr"] = lr
-        # p.grad keeps the last gradient (as after a plain optimizer.step()); some predictors read it
-        if st.scheduler is not None:
-            st.scheduler.step()
-        if st.predictor is not None and getattr(st.predictor, "needs_history", False):
-            st.predictor.observe(st.optimizer)
 
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""
@@ -479,31 +355,19 @@ def _target(spec: WeightSpec) -> int:
     return spec.version if isinstance(spec, Stored) else spec.base + spec.s
 
 
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
+def stage_plans(order: Sequence[JobKey], last_use: dict[tuple[int, int], int], D: int
+                ) -> list[tuple[list[tuple[str, int, int]], dict[int, int]]]:
+    """Per stage: its events in ``order`` and each version's last use as a position among them.
 
-
-def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-class _replay_rng:
-    """Context manager: run with a recorded RNG state, then restore the current one."""
-
-    def __init__(self, device: torch.device, state: tuple[Tensor, Tensor | None]) -> None:
-        self.device, self.state = device, state
-
-    def __enter__(self) -> None:
-        self.saved = _rng_state(self.device)
-        torch.set_rng_state(self.state[0])
-        if self.state[1] is not None:
-            torch.cuda.set_rng_state(self.state[1], self.device)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_rng_state(self.saved[0])
-        if self.saved[1] is not None:
-            torch.cuda.set_rng_state(self.saved[1], self.device)
+    A stage's events come in the same relative order in the global sequence and in the program of the
+    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
+    """
+    events: list[list[tuple[str, int, int]]] = [[] for _ in range(D)]
+    local: dict[int, int] = {}
+    for i, (op, k, t, j) in enumerate(order):
+        local[i] = len(events[k])
+        events[k].append((op, t, j))
+    uses: list[dict[int, int]] = [{} for _ in range(D)]
+    for (k, v), i in last_use.items():
+        uses[k][v] = local[i]
+    return [(events[k], uses[k]) for k in range(D)]

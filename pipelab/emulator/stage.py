@@ -1,0 +1,245 @@
+"""One pipeline stage's work — forward, backward, update — shared by the emulator and the runtime.
+
+A :class:`StageExecutor` owns stage k's module, its ``torch.optim`` optimizer, its ring of weight versions
+and the per-job weight specs its policy chose. It knows nothing about transport: the single-process
+:class:`~pipelab.emulator.Emulator` hands activations and gradients between executors in memory, in the
+simulator's order; the multi-process :mod:`pipelab.runtime` sends them between ranks with
+``torch.distributed`` point-to-point operations, each rank running its own program. Both therefore
+execute exactly the same arithmetic.
+
+Semantics (the rules the emulator's docstring states in full):
+
+- ``forward(t, j, x)``: stage output at the policy's forward weights (a stored version W_k^(v), or a
+  prediction from one); on the last stage the micro-batch loss ℓ/M, so that the M micro-batch gradients
+  sum to the gradient of the mini-batch mean loss.
+- ``backward(t, j, g)``: the vector–Jacobian product (∂out/∂W)ᵀg, (∂out/∂x)ᵀg of the stage alone, from its
+  saved input; the forward's graph is reused when forward and backward weights are the same stored
+  version, otherwise the stage forward is recomputed at the backward weights (recompute semantics,
+  PipeOptim §V-A). Parameter gradients accumulate over the step's micro-batches.
+- ``update(t)``: the optimizer step with the accumulated gradient, then the new version is stored.
+
+Versions are dropped from the ring after their last use, counted in the stage's own event sequence, which
+is the same in the simulator's global order and in the worker's program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from ..policies import Policy, Predicted, Stored, WeightSpec
+from .versions import VersionRing
+
+__all__ = ["StageExecutor"]
+
+
+class StageExecutor:
+    """Stage k of a pipeline: weights, optimizer, version ring, and its F/B/U jobs.
+
+    Args:
+        k: stage index; ``D``, ``M``: stages and micro-batches per step.
+        module: the stage module (trained in place: the optimizer owns its parameters).
+        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s parameters.
+        capacity: ring size (peak versions alive, from :func:`~pipelab.emulator.versions.ring_capacities`).
+        specs: ``(t, j) -> (forward spec, backward spec)`` of this stage's jobs.
+        events: this stage's events in execution order, ``(op, t, j)`` (``j = -1`` for U).
+        last_use: ``version -> position in events`` of its last use.
+        policy, table: for the learning-rate factor (PipeMare) of ``U(k, t)``.
+        loss_fn: ``(output, target) -> mean loss`` (last stage only).
+        recompute: always recompute the forward in the backward.
+    """
+
+    def __init__(self, k: int, D: int, M: int, module: nn.Module, optimizer: torch.optim.Optimizer, capacity: int,
+                 specs: Mapping[tuple[int, int], tuple[WeightSpec, WeightSpec]], events: Sequence[tuple[str, int, int]],
+                 last_use: Mapping[int, int], policy: Policy, table: Any,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False) -> None:
+        self.k, self.D, self.M = k, D, M
+        self.module = module
+        named = list(module.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        if not self.params:
+            raise ValueError(f"stage {k} has no parameters; choose D so that every stage holds weights")
+        self.buffer_names = [n for n, _ in module.named_buffers()]
+        self.optimizer = optimizer
+        opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+        if {id(p) for p in opt_params} != {id(p) for p in self.params} or len(opt_params) != len(self.params):
+            raise ValueError(f"the optimizer of stage {k} must hold exactly that stage's parameters")
+        pos = {id(p): i for i, p in enumerate(opt_params)}  # predictors use param_groups order
+        self.opt_order = [pos[id(p)] for p in self.params]
+        self.inv_order = _inverse(self.opt_order)
+        self.specs, self.events, self.last_use = specs, list(events), dict(last_use)
+        self.policy, self.table, self.loss_fn, self.recompute = policy, table, loss_fn, recompute
+        self.ring = VersionRing(capacity, k)
+        self.version = 0
+        self.position = 0  # index of the next event in ``events``
+        self.drops: dict[int, list[int]] = {}
+        for v, i in self.last_use.items():
+            self.drops.setdefault(i, []).append(v)
+        self.scheduler: Any = None
+        self.predictor: Any = None
+        self.saved: dict[tuple[int, int], tuple] = {}
+        self.acc: dict[int, list[Tensor]] = {}
+        self.observed: dict[tuple[str, int, int, int], int] = {}
+        for p in self.params:  # before the first update the "last gradient" some predictors read is zero
+            p.grad = torch.zeros_like(p)
+        self.ring.put(0, self.snapshot())
+
+    # ------------------------------------------------------------------------------------- weights
+
+    def snapshot(self) -> tuple[Tensor, ...]:
+        return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
+
+    def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:
+        mapping: dict[str, Tensor] = dict(zip(self.names, weights))
+        if fresh_buffers and self.buffer_names:
+            mapping.update({n: b.clone() for n, b in self.module.named_buffers()})
+        return functional_call(self.module, mapping, (x,))
+
+    def weights(self, spec: WeightSpec, grad: bool) -> tuple[Tensor, ...]:
+        """The weights a job's spec names: a stored version, or a prediction from one."""
+        if isinstance(spec, Stored):
+            return self.ring.get(spec.version)
+        base = self.ring.get(spec.base)
+        opt_base = [base[i] for i in self.inv_order]
+        if spec.kind == "correction":
+            # PipeMare: W^(base) + s·δ, with δ read from the predictor as Ŵ_{+1} − W (s < 0)
+            ahead = self.predictor.predict(self.optimizer, 1, params=opt_base)
+            out = [w.detach() + spec.s * (a - w.detach()) for w, a in zip(opt_base, ahead)]
+        else:
+            out = self.predictor.predict(self.optimizer, spec.s, params=opt_base)
+        W = tuple(out[i] for i in self.opt_order)
+        return tuple(w.detach().requires_grad_(True) for w in W) if grad else W
+
+    # ------------------------------------------------------------------------------------- jobs
+
+    def _check_event(self, op: str, t: int, j: int) -> None:
+        expected = self.events[self.position] if self.position < len(self.events) else None
+        if expected != (op, t, j):
+            raise RuntimeError(f"stage {self.k}: expected event {expected}, got {(op, t, j)}: the execution order "
+                               "does not match the version table")
+
+    def _advance(self) -> None:
+        for v in self.drops.pop(self.position, ()):
+            if v != self.version:
+                self.ring.drop(v)
+        self.position += 1
+
+    def forward(self, t: int, j: int, x_in: Tensor, target: Tensor | None = None) -> Tensor:
+        """F(k, t, j): the stage output (detached), or on the last stage the micro-batch loss ℓ/M."""
+        self._check_event("F", t, j)
+        self.observed[("F", self.k, t, j)] = self.version
+        last = self.k == self.D - 1
+        if last and target is None:
+            raise ValueError(f"the last stage's forward of micro-batch ({t}, {j}) needs its target")
+        spec_f, spec_b = self.specs[(t, j)]
+        keep = spec_f == spec_b and isinstance(spec_f, Stored) and not self.recompute
+        W = self.weights(spec_f, grad=False)
+        if keep:
+            if self.k > 0:
+                x_in.requires_grad_(True)
+            with torch.enable_grad():
+                out = self.call(W, x_in)
+                if last:
+                    out = self.loss_fn(out, target) / self.M
+            self.saved[(t, j)] = ("graph", x_in, out, W, target)
+        else:
+            rng = _rng_state(x_in.device)
+            with torch.no_grad():
+                out = self.call(W, x_in)
+                if last:
+                    out = self.loss_fn(out, target) / self.M
+            self.saved[(t, j)] = ("recompute", x_in, rng, target)
+        self._advance()
+        return out.detach()
+
+    def backward(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+        """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
+        self._check_event("B", t, j)
+        self.observed[("B", self.k, t, j)] = self.version
+        entry = self.saved.pop((t, j))
+        if entry[0] == "graph":
+            _, x_in, out, W, _ = entry
+        else:
+            _, x0, rng, target = entry
+            W = self.weights(self.specs[(t, j)][1], grad=True)
+            x_in = x0.detach().requires_grad_(self.k > 0)
+            with torch.enable_grad(), _replay_rng(x0.device, rng):
+                out = self.call(W, x_in, fresh_buffers=True)
+                if self.k == self.D - 1:
+                    out = self.loss_fn(out, target) / self.M
+        inputs = list(W) + ([x_in] if self.k > 0 else [])
+        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True)
+        pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
+        if t in self.acc:
+            torch._foreach_add_(self.acc[t], pgrads)
+        else:
+            self.acc[t] = pgrads
+        self._advance()
+        return grads[-1] if self.k > 0 else None
+
+    def update(self, t: int) -> tuple[Tensor, ...]:
+        """U(k, t): step the optimizer with step t's accumulated gradient; store and return the new version."""
+        self._check_event("U", t, -1)
+        grads = self.acc.pop(t, None)
+        if grads is None:
+            raise RuntimeError(f"update of stage {self.k} for step {t} has no gradient")
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        factor = self.policy.lr_factor(self.table, self.k, t)
+        groups = self.optimizer.param_groups
+        saved_lr = [g["lr"] for g in groups]
+        if factor != 1.0:
+            for g in groups:
+                g["lr"] = g["lr"] * factor
+        self.optimizer.step()
+        if factor != 1.0:
+            for g, lr in zip(groups, saved_lr):
+                g["lr"] = lr
+        # p.grad keeps the last gradient (as after a plain optimizer.step()); some predictors read it
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if self.predictor is not None and getattr(self.predictor, "needs_history", False):
+            self.predictor.observe(self.optimizer)
+        old = self.version
+        self.version += 1
+        if self.last_use.get(old, -1) <= self.position:  # updated in place: no stored copy is needed
+            self.ring.drop(old)
+        W = self.snapshot()
+        self.ring.put(self.version, W)
+        self._advance()
+        return W
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+class _replay_rng:
+    """Context manager: run with a recorded RNG state, then restore the current one."""
+
+    def __init__(self, device: torch.device, state: tuple[Tensor, Tensor | None]) -> None:
+        self.device, self.state = device, state
+
+    def __enter__(self) -> None:
+        self.saved = _rng_state(self.device)
+        torch.set_rng_state(self.state[0])
+        if self.state[1] is not None:
+            torch.cuda.set_rng_state(self.state[1], self.device)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_rng_state(self.saved[0])
+        if self.saved[1] is not None:
+            torch.cuda.set_rng_state(self.saved[1], self.device)
