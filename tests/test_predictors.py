@@ -110,6 +110,25 @@ def test_repeat_equals_real_steps_under_constant_gradient(opt_name):
             torch.testing.assert_close(w_hat, p.detach(), **TIGHT)
 
 
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("name", ["repeat", "zero_grad_rollout", "pipeoptim", "linear"])
+def test_predict_all_equals_predict_per_s(opt_name, name):
+    """The one-pass trajectory (in-place private state after the first step) equals separate predictions."""
+    params, grads, opt = make_problem(opt_name)
+    pred = make_predictor(name)
+    pred.observe(opt)
+    real_step(opt, params, grads)
+    pred.observe(opt)
+    before = snapshot(opt, params)
+    traj = pred.predict_all(opt, 4)
+    assert len(traj) == 4
+    for s in range(1, 5):
+        for x, y in zip(traj[s - 1], pred.predict(opt, s)):
+            assert torch.equal(x, y)
+    assert len({t.data_ptr() for step in traj for t in step}) == 4 * len(params)  # no aliasing
+    assert_same_tree(before[0], snapshot(opt, params)[0])
+
+
 @pytest.mark.parametrize("opt_name", ["sgdm", "adam", "adagrad_decay", "nadam", "rmsprop"])
 def test_repeat_from_fresh_optimizer(opt_name):
     """Before the first step the rollout creates the state torch.optim would (without touching it)."""

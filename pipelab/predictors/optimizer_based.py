@@ -220,7 +220,7 @@ class Rollout(Predictor):
         return {"gradient": self.gradient, "weight_decay": self.weight_decay, **super().options()}
 
     def _predict(self, optimizer, s, W):
-        return self._rollout(optimizer, s, W)[-1] if s > 0 else [w.clone() for w in W]
+        return self._rollout(optimizer, s, W, keep_all=False)[-1] if s > 0 else [w.clone() for w in W]
 
     def predict_all(self, optimizer, max_s, params=None):
         max_s = check_steps(max_s)
@@ -228,11 +228,16 @@ class Rollout(Predictor):
             return []
         W = resolve_weights(optimizer, params)
         with torch.no_grad():
-            return self._rollout(optimizer, max_s, W)
+            return self._rollout(optimizer, max_s, W, keep_all=True)
 
-    def _rollout(self, optimizer, s, W) -> list[list[Tensor]]:
-        """Predictions for 1..s in one pass (each rolled-out step's weights)."""
-        outs: list[list[Tensor | None]] = [[None] * len(W) for _ in range(s)]
+    def _rollout(self, optimizer, s, W, *, keep_all: bool) -> list[list[Tensor]]:
+        """Predictions for steps 1..s (``keep_all``) or only for step s, in one pass.
+
+        The first rolled-out step reads the optimizer's state and writes new tensors; later steps update
+        those private copies in place (and the weights too when only the last step is kept).
+        """
+        n_out = s if keep_all else 1
+        outs: list[list[Tensor | None]] = [[None] * len(W) for _ in range(n_out)]
         rule = rule_for(optimizer)
         last = self.gradient == "last"
         include = (lambda p: p.grad is not None) if last else (lambda p: True)
@@ -247,9 +252,10 @@ class Rollout(Predictor):
             Wb = _gather(W, b.positions)
             st = rule.read(hp, b.states)
             for j, lr_j in enumerate(lrs):
-                Wb, st = rule.step(hp, lr_j, st, Wb, g)
-                for i, t in zip(b.positions, Wb):
-                    outs[j][i] = t
+                Wb, st = rule.step(hp, lr_j, st, Wb, g, own_state=j > 0, own_weights=j > 0 and not keep_all)
+                if keep_all or j == s - 1:
+                    for i, t in zip(b.positions, Wb):
+                        outs[j if keep_all else 0][i] = t
         # parameters outside every bucket (no gradient under "last") keep their starting weights
         return [_fill(out, W) for out in outs]
 

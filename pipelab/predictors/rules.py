@@ -38,6 +38,7 @@ from torch import Tensor
 __all__ = [
     "UpdateRule", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
     "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator",
+    "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
 
 _RULES: dict[type, UpdateRule] = {}
@@ -111,6 +112,54 @@ def denominator(x: list[Tensor], scale: float, eps: float, placement: str) -> li
     return torch._foreach_sqrt(inner)
 
 
+def fmul(xs: list[Tensor], c: float, own: bool) -> list[Tensor]:
+    """``xs·c``: in place when the caller owns ``xs`` (``own``), else into new tensors."""
+    if own:
+        torch._foreach_mul_(xs, c)
+        return xs
+    return torch._foreach_mul(xs, c)
+
+
+def flerp(xs: list[Tensor], ys: list[Tensor], w: float, own: bool) -> list[Tensor]:
+    """``xs + w·(ys − xs)`` (in place when ``own``)."""
+    if own:
+        torch._foreach_lerp_(xs, ys, w)
+        return xs
+    return torch._foreach_lerp(xs, ys, w)
+
+
+def fadd(xs: list[Tensor], ys: list[Tensor], alpha: float, own: bool) -> list[Tensor]:
+    """``xs + alpha·ys`` (in place when ``own``)."""
+    if own:
+        torch._foreach_add_(xs, ys, alpha=alpha)
+        return xs
+    return torch._foreach_add(xs, ys, alpha=alpha)
+
+
+def faddcmul(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, own: bool) -> list[Tensor]:
+    """``xs + value·a·b`` (in place when ``own``)."""
+    if own:
+        torch._foreach_addcmul_(xs, a, b, value=value)
+        return xs
+    return torch._foreach_addcmul(xs, a, b, value=value)
+
+
+def faddcdiv(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, own: bool) -> list[Tensor]:
+    """``xs + value·a/b`` (in place when ``own``)."""
+    if own:
+        torch._foreach_addcdiv_(xs, a, b, value=value)
+        return xs
+    return torch._foreach_addcdiv(xs, a, b, value=value)
+
+
+def fmaximum(xs: list[Tensor], ys: list[Tensor], own: bool) -> list[Tensor]:
+    """``max(xs, ys)`` element-wise (in place when ``own``)."""
+    if own:
+        torch._foreach_maximum_(xs, ys)
+        return xs
+    return torch._foreach_maximum(xs, ys)
+
+
 class UpdateRule:
     """The update rule of one ``torch.optim`` family, read-only with respect to the optimizer.
 
@@ -158,9 +207,14 @@ class UpdateRule:
         return {}
 
     # -- the two operations ---------------------------------------------------------------------
-    def step(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
-             g: list[Tensor]) -> tuple[list[Tensor], BucketState]:
-        """One ``optimizer.step()`` with gradient ``g`` on weights ``W``: new weights and new state."""
+    def step(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor], *,
+             own_state: bool = False, own_weights: bool = False) -> tuple[list[Tensor], BucketState]:
+        """One ``optimizer.step()`` with gradient ``g`` on weights ``W``: the new weights and state.
+
+        By default both are new tensors and ``st``/``W`` are left untouched. A rollout that owns its
+        copies (every step after the first) passes ``own_state``/``own_weights`` to update them in place.
+        ``g`` is never written to.
+        """
         raise NotImplementedError
 
     def last_update(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
@@ -240,7 +294,7 @@ class SGDRule(UpdateRule):
     def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("momentum_buffer",)
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         g = self.effective_grad(hp, W, g)
         mu = hp["momentum"]
         bufs = st.tensors["momentum_buffer"]
@@ -248,14 +302,14 @@ class SGDRule(UpdateRule):
             if any(b is None for b in bufs):
                 new_bufs = [x.detach().clone() for x in g]
             else:
-                new_bufs = torch._foreach_mul(bufs, mu)
+                new_bufs = fmul(bufs, mu, own_state)
                 torch._foreach_add_(new_bufs, g, alpha=1 - hp["dampening"])
             d = torch._foreach_add(g, new_bufs, alpha=mu) if hp["nesterov"] else new_bufs
             st = BucketState(st.step + 1, {"momentum_buffer": new_bufs})
         else:
             d = g
             st = BucketState(st.step + 1, st.tensors)
-        return torch._foreach_add(W, d, alpha=-lr), st
+        return fadd(W, d, -lr, own_weights), st
 
     def apply_last(self, hp, lr, st, W, g, opts, scale):
         mu = hp["momentum"]
@@ -330,24 +384,24 @@ class RMSpropRule(UpdateRule):
             return denominator(var, 1.0, eps, placement)
         return denominator(sq, 1.0, eps, placement)
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         g = self.effective_grad(hp, W, g)
         a = hp["alpha"]
-        sq = torch._foreach_mul(st.tensors["square_avg"], a)
+        sq = fmul(st.tensors["square_avg"], a, own_state)
         torch._foreach_addcmul_(sq, g, g, value=1 - a)
         new = {"square_avg": sq}
         ga = None
         if hp["centered"]:
-            ga = torch._foreach_lerp(st.tensors["grad_avg"], g, 1 - a)
+            ga = flerp(st.tensors["grad_avg"], g, 1 - a, own_state)
             new["grad_avg"] = ga
         avg = self._avg(hp, sq, ga, hp["eps"])
         if hp["momentum"] > 0:
-            buf = torch._foreach_mul(st.tensors["momentum_buffer"], hp["momentum"])
+            buf = fmul(st.tensors["momentum_buffer"], hp["momentum"], own_state)
             torch._foreach_addcdiv_(buf, g, avg)
             new["momentum_buffer"] = buf
-            W = torch._foreach_add(W, buf, alpha=-lr)
+            W = fadd(W, buf, -lr, own_weights)
         else:
-            W = torch._foreach_addcdiv(W, g, avg, value=-lr)
+            W = faddcdiv(W, g, avg, -lr, own_weights)
         return W, BucketState(st.step + 1, new)
 
     def apply_last(self, hp, lr, st, W, g, opts, scale):
@@ -398,14 +452,14 @@ class AdagradRule(UpdateRule):
     def init_state(self, hp, p):
         return {"step": torch.tensor(0.0), "sum": torch.full_like(p, hp["initial_accumulator_value"])}
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         g = self.effective_grad(hp, W, g)
         step = st.step + 1
         clr = lr / (1 + (step - 1) * hp["lr_decay"])
-        S = torch._foreach_addcmul(st.tensors["sum"], g, g, value=1)
+        S = faddcmul(st.tensors["sum"], g, g, 1, own_state)
         std = torch._foreach_sqrt(S)
         torch._foreach_add_(std, hp["eps"])
-        return torch._foreach_addcdiv(W, g, std, value=-clr), BucketState(step, {"sum": S})
+        return faddcdiv(W, g, std, -clr, own_weights), BucketState(step, {"sum": S})
 
     def apply_last(self, hp, lr, st, W, g, opts, scale):
         if st.step == 0 or g is None:

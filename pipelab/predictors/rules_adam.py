@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from .rules import BucketState, LastUpdateOptions, UpdateRule, denominator, register_rule, scalar
+from .rules import (BucketState, LastUpdateOptions, UpdateRule, denominator, fadd, faddcdiv, flerp, fmaximum, fmul,
+                    register_rule, scalar)
 
 __all__ = ["AdamRule", "NAdamRule", "RAdamRule", "AdamaxRule"]
 
@@ -41,12 +42,15 @@ class _AdamLike(UpdateRule):
         hp["decoupled_weight_decay"] = bool(group.get("decoupled_weight_decay", False))
         return hp
 
-    def _decay(self, hp, lr, W, g):
-        """Apply weight decay as torch.optim does: decoupled shrinks W, coupled adds wd·W to g."""
+    def _decay(self, hp, lr, W, g, own_weights):
+        """Weight decay as torch.optim applies it: decoupled shrinks W, coupled adds wd·W to g.
+
+        Returns ``(W, g, owned)``: ``owned`` tells whether ``W`` may now be updated in place.
+        """
         if hp["weight_decay"] != 0 and hp["decoupled_weight_decay"]:
-            W = torch._foreach_mul(W, 1 - lr * hp["weight_decay"])
-            return W, self.effective_grad(hp, W, g, coupled_decay=False)
-        return W, self.effective_grad(hp, W, g)
+            W = fmul(W, 1 - lr * hp["weight_decay"], own_weights)
+            return W, self.effective_grad(hp, W, g, coupled_decay=False), True
+        return W, self.effective_grad(hp, W, g), own_weights
 
     @staticmethod
     def _add_decoupled(hp, lr, d, W, opts: LastUpdateOptions):
@@ -82,24 +86,24 @@ class AdamRule(_AdamLike):
             st["max_exp_avg_sq"] = torch.zeros_like(p)
         return st
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         step = st.step + 1
         b1, b2 = hp["beta1"], hp["beta2"]
-        W, g = self._decay(hp, lr, W, g)
-        m = torch._foreach_lerp(st.tensors["exp_avg"], g, 1 - b1)
-        v = torch._foreach_mul(st.tensors["exp_avg_sq"], b2)
+        W, g, own_weights = self._decay(hp, lr, W, g, own_weights)
+        m = flerp(st.tensors["exp_avg"], g, 1 - b1, own_state)
+        v = fmul(st.tensors["exp_avg_sq"], b2, own_state)
         torch._foreach_addcmul_(v, g, g, value=1 - b2)
         new = {"exp_avg": m, "exp_avg_sq": v}
         bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
         if hp["amsgrad"]:
-            vmax = torch._foreach_maximum(st.tensors["max_exp_avg_sq"], v)
+            vmax = fmaximum(st.tensors["max_exp_avg_sq"], v, own_state)
             new["max_exp_avg_sq"] = vmax
             den = torch._foreach_sqrt(vmax)
         else:
             den = torch._foreach_sqrt(v)
         torch._foreach_div_(den, bc2 ** 0.5)
         torch._foreach_add_(den, hp["eps"])
-        return torch._foreach_addcdiv(W, m, den, value=-(lr / bc1)), BucketState(step, new)
+        return faddcdiv(W, m, den, -(lr / bc1), own_weights), BucketState(step, new)
 
     def apply_last(self, hp, lr, st, W, g, opts, scale):
         if st.step == 0:
@@ -162,22 +166,23 @@ class NAdamRule(_AdamLike):
     def _mu(hp, step):
         return hp["beta1"] * (1.0 - 0.5 * (0.96 ** (step * hp["momentum_decay"])))
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         step = st.step + 1
         b1, b2 = hp["beta1"], hp["beta2"]
         bc2 = 1 - b2 ** step
-        W, g = self._decay(hp, lr, W, g)
+        W, g, own_weights = self._decay(hp, lr, W, g, own_weights)
         mu, mu_next = self._mu(hp, step), self._mu(hp, step + 1)
         mp_t = st.scalars["mu_product"] * mu  # a tensor, in the state's dtype, as torch.optim computes it
         mp = float(mp_t.item())
-        m = torch._foreach_lerp(st.tensors["exp_avg"], g, 1 - b1)
-        v = torch._foreach_mul(st.tensors["exp_avg_sq"], b2)
+        m = flerp(st.tensors["exp_avg"], g, 1 - b1, own_state)
+        v = fmul(st.tensors["exp_avg_sq"], b2, own_state)
         torch._foreach_addcmul_(v, g, g, value=1 - b2)
-        den = torch._foreach_sqrt(torch._foreach_div(v, bc2))
+        den = torch._foreach_div(v, bc2)
+        torch._foreach_sqrt_(den)
         torch._foreach_add_(den, hp["eps"])
         mp_next = mp * mu_next
-        W = torch._foreach_addcdiv(W, g, den, value=(-lr * (1.0 - mu) / (1.0 - mp)))
-        W = torch._foreach_addcdiv(W, m, den, value=(-lr * mu_next) / (1.0 - mp_next))
+        W = faddcdiv(W, g, den, (-lr * (1.0 - mu) / (1.0 - mp)), own_weights)
+        torch._foreach_addcdiv_(W, m, den, value=(-lr * mu_next) / (1.0 - mp_next))
         return W, BucketState(step, {"exp_avg": m, "exp_avg_sq": v}, {"mu_product": mp_t})
 
     def last_update(self, hp, lr, st, W, g, opts):
@@ -229,12 +234,12 @@ class RAdamRule(_AdamLike):
             rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5
         return rect
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         step = st.step + 1
         b1, b2 = hp["beta1"], hp["beta2"]
-        W, g = self._decay(hp, lr, W, g)
-        m = torch._foreach_lerp(st.tensors["exp_avg"], g, 1 - b1)
-        v = torch._foreach_mul(st.tensors["exp_avg_sq"], b2)
+        W, g, own_weights = self._decay(hp, lr, W, g, own_weights)
+        m = flerp(st.tensors["exp_avg"], g, 1 - b1, own_state)
+        v = fmul(st.tensors["exp_avg_sq"], b2, own_state)
         torch._foreach_addcmul_(v, g, g, value=1 - b2)
         bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
         upd = torch._foreach_mul(torch._foreach_div(m, bc1), lr)
@@ -244,7 +249,7 @@ class RAdamRule(_AdamLike):
             torch._foreach_add_(sq, hp["eps"])
             torch._foreach_mul_(upd, [(bc2 ** 0.5) / x for x in sq])
             torch._foreach_mul_(upd, rect)
-        return torch._foreach_add(W, upd, alpha=-1.0), BucketState(step, {"exp_avg": m, "exp_avg_sq": v})
+        return fadd(W, upd, -1.0, own_weights), BucketState(step, {"exp_avg": m, "exp_avg_sq": v})
 
     def last_update(self, hp, lr, st, W, g, opts):
         if st.step == 0:
@@ -282,17 +287,17 @@ class AdamaxRule(_AdamLike):
     def init_state(self, hp, p):
         return {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_inf": torch.zeros_like(p)}
 
-    def step(self, hp, lr, st, W, g):
+    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
         step = st.step + 1
         b1, b2 = hp["beta1"], hp["beta2"]
         g = self.effective_grad(hp, W, g)
-        m = torch._foreach_lerp(st.tensors["exp_avg"], g, 1 - b1)
-        u = torch._foreach_mul(st.tensors["exp_inf"], b2)
+        m = flerp(st.tensors["exp_avg"], g, 1 - b1, own_state)
+        u = fmul(st.tensors["exp_inf"], b2, own_state)
         a = torch._foreach_abs(g)
         torch._foreach_add_(a, hp["eps"])
-        u = torch._foreach_maximum(u, a)
+        torch._foreach_maximum_(u, a)
         clr = lr / (1 - b1 ** step)
-        return torch._foreach_addcdiv(W, m, u, value=-clr), BucketState(step, {"exp_avg": m, "exp_inf": u})
+        return faddcdiv(W, m, u, -clr, own_weights), BucketState(step, {"exp_avg": m, "exp_inf": u})
 
     def apply_last(self, hp, lr, st, W, g, opts, scale):
         if st.step == 0:
