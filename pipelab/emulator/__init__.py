@@ -12,12 +12,14 @@ Example:
 from __future__ import annotations
 
 from .adapters import simulate_schedule, table_from
-from .engine import Emulator, EmulatorResult, as_stages, split_micro, version_table
+from .engine import Emulator, EmulatorResult, split_micro
+from .plan import PipelinePlan, as_stages, build_pipeline, version_table
 from .reference import evaluate, train_plain
 from .versions import DeadlockError, VersionRing, VersionTable, resolve_order, ring_capacities
 
 __all__ = [
-    "Emulator", "EmulatorResult", "as_stages", "split_micro", "version_table", "table_from", "simulate_schedule",
+    "Emulator", "EmulatorResult", "PipelinePlan", "build_pipeline", "as_stages", "split_micro", "version_table",
+    "table_from", "simulate_schedule",
     "VersionTable", "VersionRing", "resolve_order", "ring_capacities", "DeadlockError",
     "train_plain", "evaluate",
 ]

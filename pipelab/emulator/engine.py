@@ -52,43 +52,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
+from ..policies import Policy, Stored, WeightSpec
+from .plan import OptimizerFactory, build_pipeline
 from .stage import StageExecutor
-from .versions import JobKey, VersionTable, resolve_order, ring_capacities
+from .versions import JobKey, VersionTable
 
-__all__ = ["Emulator", "EmulatorResult", "OptimizerFactory", "version_table", "as_stages", "split_micro"]
+__all__ = ["Emulator", "EmulatorResult", "split_micro"]
 
 log = logging.getLogger(__name__)
 
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 Batch = tuple[Tensor, Tensor]
-
-
-def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
-    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules."""
-    if isinstance(model, nn.Sequential) and D is not None:
-        from ..partition import split
-
-        return list(split(model, D, balance))
-    if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model) and model:
-        if D is not None and D != len(model):
-            raise ValueError(f"D={D} but {len(model)} stage modules were given")
-        return list(model)
-    raise TypeError("model must be an nn.Sequential with D given, or a non-empty list of stage modules; "
-                    f"got {type(model).__name__} with D={D!r}")
-
-
-def version_table(schedule: Any) -> VersionTable:
-    """The version table of a schedule: a :class:`VersionTable`, a simulation result, or a schedule.
-
-    A ``pipelab.schedules.Schedule`` is simulated with unit costs (``pipelab.simulator.simulate``); a
-    simulation result provides its ordered execution sequence of events.
-    """
-    if isinstance(schedule, VersionTable):
-        return schedule
-    from . import adapters
-
-    return adapters.table_from(schedule)
 
 
 def split_micro(x: Tensor, M: int, name: str = "batch") -> tuple[Tensor, ...]:
@@ -165,101 +138,18 @@ class Emulator:
         balance: Any = "layers",
         recompute: bool = False,
     ) -> None:
-        if D is None and isinstance(model, nn.Sequential):
-            D = getattr(schedule, "D", None)
-        stages = as_stages(model, D, balance)
-        self.D = len(stages)
-        self.table = version_table(schedule)
-        if self.table.D != self.D:
-            raise ValueError(f"the schedule has D={self.table.D} stages but the model was cut into {self.D}")
-        self.M, self.steps = self.table.M, self.table.steps
-        self.policy = make_policy(policy)
-        self.policy.check(self.table)
-        self.loss_fn = loss_fn or nn.functional.cross_entropy
-        self.recompute = bool(recompute)
-        if not callable(optimizer):
-            raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer")
-
-        # weight specs of every job, with the oracle predictor resolved to true future versions
-        self.oracle_predictor = isinstance(predictor, str) and predictor == "oracle"
-        self.specs: dict[JobKey, tuple[WeightSpec, WeightSpec]] = {}
-        uses: dict[JobKey, list[tuple[int, int]]] = {}
-        self.predicted_stages: set[int] = set()
-        for key in self.table.current:
-            if key[0] != "F":
-                continue
-            bkey = ("B",) + key[1:]
-            f, b = self.policy.forward(self.table, key), self.policy.backward(self.table, bkey)
-            if self.oracle_predictor:
-                f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
-            self.specs[key[1:]] = (f, b)  # type: ignore[index]  # (k, t, j) -> (forward, backward)
-            uses[key] = [(key[1], _needed(f))]
-            uses[bkey] = [(key[1], _needed(b))]
-            if isinstance(f, Predicted) or isinstance(b, Predicted):
-                self.predicted_stages.add(key[1])
-        self.order = resolve_order(self.table, uses)
-        self.waited = self.order != self.table.order
-        caps, last_use = ring_capacities(self.order, uses, self.D)
-        self.capacity = caps
-        plans = stage_plans(self.order, last_use, self.D)
-
-        self.stages: list[StageExecutor] = []
-        for k, module in enumerate(stages):
-            params = list(module.parameters())
-            if not params:
-                raise ValueError(f"stage {k} has no parameters; choose D so that every stage holds weights")
-            opt = optimizer(params)
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
-            events, local_last_use = plans[k]
-            st = StageExecutor(k, self.D, self.M, module, opt, caps[k],
-                               {kk[1:]: v for kk, v in self.specs.items() if kk[0] == k}, events, local_last_use,
-                               self.policy, self.table, self.loss_fn, self.recompute)
-            if lr_scheduler is not None:
-                st.scheduler = lr_scheduler(opt)
-            self.stages.append(st)
-        self._setup_predictors(predictor)
-
-    # ------------------------------------------------------------------------------------- set-up
-
-    def _setup_predictors(self, predictor: Any) -> None:
-        if not self.predicted_stages:
-            return
-        if predictor is None:
-            predictor = self.policy.default_predictor
-        if predictor is None:
-            raise ValueError(f"policy {self.policy.name!r} predicts weights; pass predictor=")
-        from ..predictors import Predictor, make_predictor
-
-        for st in self.stages:
-            if isinstance(predictor, str):
-                pred = make_predictor(predictor)
-            elif isinstance(predictor, Predictor) or hasattr(predictor, "predict"):
-                pred = predictor
-            elif callable(predictor):
-                pred = predictor(st.k)
-            else:
-                raise TypeError(f"predictor must be a name, a Predictor or a factory stage -> Predictor, "
-                                f"got {type(predictor).__name__}")
-            check = getattr(pred, "check", None)
-            if check is not None and st.k in self.predicted_stages:
-                try:
-                    check(st.optimizer)
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"predictor {getattr(pred, 'name', pred)!r} cannot follow stage {st.k}'s "
-                                     f"optimizer {type(st.optimizer).__name__}: {exc}") from exc
-            st.predictor = pred
-            observe = getattr(pred, "observe", None)
-            if observe is not None and getattr(pred, "needs_history", False):
-                observe(st.optimizer)
+        plan = build_pipeline(model, schedule=schedule, policy=policy, optimizer=optimizer, D=D, loss_fn=loss_fn,
+                              predictor=predictor, lr_scheduler=lr_scheduler, balance=balance, recompute=recompute)
+        self.plan = plan
+        self.D, self.M, self.steps, self.table, self.policy = plan.D, plan.M, plan.steps, plan.table, plan.policy
+        self.specs, self.order, self.waited, self.capacity = plan.specs, plan.order, plan.waited, plan.capacity
+        self.predicted_stages = plan.predicted_stages
+        self.stages: list[StageExecutor] = [plan.stages[k] for k in range(self.D)]
 
     @property
     def weight_copies(self) -> list[int]:
         """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers."""
-        return [self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
-                for k in range(self.D)]
-
-    # ------------------------------------------------------------------------------------- weights
+        return self.plan.weight_copies
 
     # ------------------------------------------------------------------------------------- running
 
@@ -347,27 +237,5 @@ class Emulator:
         return [tuple(p.detach() for p in st.params) for st in self.stages]
 
 
-def _needed(spec: WeightSpec) -> int:
-    return spec.version if isinstance(spec, Stored) else spec.base
-
-
 def _target(spec: WeightSpec) -> int:
     return spec.version if isinstance(spec, Stored) else spec.base + spec.s
-
-
-def stage_plans(order: Sequence[JobKey], last_use: dict[tuple[int, int], int], D: int
-                ) -> list[tuple[list[tuple[str, int, int]], dict[int, int]]]:
-    """Per stage: its events in ``order`` and each version's last use as a position among them.
-
-    A stage's events come in the same relative order in the global sequence and in the program of the
-    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
-    """
-    events: list[list[tuple[str, int, int]]] = [[] for _ in range(D)]
-    local: dict[int, int] = {}
-    for i, (op, k, t, j) in enumerate(order):
-        local[i] = len(events[k])
-        events[k].append((op, t, j))
-    uses: list[dict[int, int]] = [{} for _ in range(D)]
-    for (k, v), i in last_use.items():
-        uses[k][v] = local[i]
-    return [(events[k], uses[k]) for k in range(D)]

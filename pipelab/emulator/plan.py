@@ -1,0 +1,215 @@
+"""Planning a pipeline run: version table, per-job weight specs, execution order, ring sizes, stages.
+
+:func:`build_pipeline` does the set-up the single-process :class:`~pipelab.emulator.Emulator` and the
+multi-process runtime share: it derives every job's forward/backward weights from the policy and the
+version table (never from rank arithmetic), resolves the execution order (the oracle's waiting), sizes
+each stage's ring of weight versions, and builds a :class:`~pipelab.emulator.stage.StageExecutor` for the
+requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
+learning-rate schedulers and predictors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
+from .stage import StageExecutor
+from .versions import JobKey, VersionTable, resolve_order, ring_capacities
+
+__all__ = ["PipelinePlan", "build_pipeline", "as_stages", "version_table", "stage_plans", "OptimizerFactory"]
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
+    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules."""
+    if isinstance(model, nn.Sequential) and D is not None:
+        from ..partition import split
+
+        return list(split(model, D, balance))
+    if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model) and model:
+        if D is not None and D != len(model):
+            raise ValueError(f"D={D} but {len(model)} stage modules were given")
+        return list(model)
+    raise TypeError("model must be an nn.Sequential with D given, or a non-empty list of stage modules; "
+                    f"got {type(model).__name__} with D={D!r}")
+
+
+def version_table(schedule: Any) -> VersionTable:
+    """The version table of a schedule: a :class:`VersionTable`, a simulation result, or a schedule.
+
+    A ``pipelab.schedules.Schedule`` is simulated with unit costs (``pipelab.simulator.simulate``); a
+    simulation result provides its ordered execution sequence of events.
+    """
+    if isinstance(schedule, VersionTable):
+        return schedule
+    from . import adapters
+
+    return adapters.table_from(schedule)
+
+
+@dataclass
+class PipelinePlan:
+    """Everything a driver needs to execute a schedule under a policy (see :func:`build_pipeline`).
+
+    Attributes:
+        specs: ``(k, t, j) -> (forward spec, backward spec)`` for every micro-batch job.
+        order: execution order of all events (the schedule's, or the oracle's waiting order).
+        waited: whether ``order`` differs from the schedule's order.
+        capacity: ring size of every stage (peak versions alive at once).
+        stages: the built executors, by stage index.
+    """
+
+    D: int
+    M: int
+    steps: int
+    table: VersionTable
+    policy: Policy
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]
+    order: list[JobKey]
+    waited: bool
+    capacity: list[int]
+    predicted_stages: set[int]
+    stages: dict[int, StageExecutor]
+
+    @property
+    def weight_copies(self) -> list[int]:
+        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers."""
+        return [self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
+                for k in range(self.D)]
+
+
+def build_pipeline(
+    model: nn.Module | Sequence[nn.Module],
+    *,
+    schedule: Any,
+    policy: str | Policy,
+    optimizer: OptimizerFactory,
+    D: int | None = None,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    predictor: Any = None,
+    lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+    balance: Any = "layers",
+    recompute: bool = False,
+    only: Iterable[int] | None = None,
+) -> PipelinePlan:
+    """Plan a run and build the executors of the stages in ``only`` (default: all).
+
+    Arguments as for :class:`~pipelab.emulator.Emulator`; ``only`` restricts which stages get executors
+    (and optimizers), as a runtime rank needs only its own.
+    """
+    if D is None and isinstance(model, nn.Sequential):
+        D = getattr(schedule, "D", None)
+    stages = as_stages(model, D, balance)
+    D = len(stages)
+    table = version_table(schedule)
+    if table.D != D:
+        raise ValueError(f"the schedule has D={table.D} stages but the model was cut into {D}")
+    policy = make_policy(policy)
+    policy.check(table)
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    if not callable(optimizer):
+        raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer")
+
+    # weight specs of every job, with the oracle predictor resolved to true future versions
+    oracle = isinstance(predictor, str) and predictor == "oracle"
+    specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
+    uses: dict[JobKey, list[tuple[int, int]]] = {}
+    predicted: set[int] = set()
+    for key in table.current:
+        if key[0] != "F":
+            continue
+        bkey = ("B",) + key[1:]
+        f, b = policy.forward(table, key), policy.backward(table, bkey)
+        if oracle:
+            f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
+        specs[key[1:]] = (f, b)  # type: ignore[index]
+        uses[key] = [(key[1], _needed(f))]
+        uses[bkey] = [(key[1], _needed(b))]
+        if isinstance(f, Predicted) or isinstance(b, Predicted):
+            predicted.add(key[1])
+    order = resolve_order(table, uses)
+    capacity, last_use = ring_capacities(order, uses, D)
+    plans = stage_plans(order, last_use, D)
+
+    built: dict[int, StageExecutor] = {}
+    wanted = range(D) if only is None else sorted(set(only))
+    for k in wanted:
+        module = stages[k]
+        params = list(module.parameters())
+        if not params:
+            raise ValueError(f"stage {k} has no parameters; choose D so that every stage holds weights")
+        opt = optimizer(params)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
+        events, local_last_use = plans[k]
+        st = StageExecutor(k, D, table.M, module, opt, capacity[k],
+                           {kk[1:]: v for kk, v in specs.items() if kk[0] == k}, events, local_last_use,
+                           policy, table, loss_fn, bool(recompute))
+        if lr_scheduler is not None:
+            st.scheduler = lr_scheduler(opt)
+        built[k] = st
+    plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, order != table.order,
+                        capacity, predicted, built)
+    _attach_predictors(plan, predictor)
+    return plan
+
+
+def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
+    if not plan.predicted_stages:
+        return
+    if predictor is None:
+        predictor = plan.policy.default_predictor
+    if predictor is None:
+        raise ValueError(f"policy {plan.policy.name!r} predicts weights; pass predictor=")
+    from ..predictors import Predictor, make_predictor
+
+    for st in plan.stages.values():
+        if isinstance(predictor, str):
+            pred = make_predictor(predictor)
+        elif isinstance(predictor, Predictor) or hasattr(predictor, "predict"):
+            pred = predictor
+        elif callable(predictor):
+            pred = predictor(st.k)
+        else:
+            raise TypeError(f"predictor must be a name, a Predictor or a factory stage -> Predictor, "
+                            f"got {type(predictor).__name__}")
+        check = getattr(pred, "check", None)
+        if check is not None and st.k in plan.predicted_stages:
+            try:
+                check(st.optimizer)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"predictor {getattr(pred, 'name', pred)!r} cannot follow stage {st.k}'s "
+                                 f"optimizer {type(st.optimizer).__name__}: {exc}") from exc
+        st.predictor = pred
+        observe = getattr(pred, "observe", None)
+        if observe is not None and getattr(pred, "needs_history", False):
+            observe(st.optimizer)
+
+
+def _needed(spec: WeightSpec) -> int:
+    return spec.version if isinstance(spec, Stored) else spec.base
+
+
+def stage_plans(order: Sequence[JobKey], last_use: dict[tuple[int, int], int], D: int
+                ) -> list[tuple[list[tuple[str, int, int]], dict[int, int]]]:
+    """Per stage: its events in ``order`` and each version's last use as a position among them.
+
+    A stage's events come in the same relative order in the global sequence and in the program of the
+    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
+    """
+    events: list[list[tuple[str, int, int]]] = [[] for _ in range(D)]
+    local: dict[int, int] = {}
+    for i, (op, k, t, j) in enumerate(order):
+        local[i] = len(events[k])
+        events[k].append((op, t, j))
+    uses: list[dict[int, int]] = [{} for _ in range(D)]
+    for (k, v), i in last_use.items():
+        uses[k][v] = local[i]
+    return [(events[k], uses[k]) for k in range(D)]
