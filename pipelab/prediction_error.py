@@ -135,13 +135,30 @@ class PredictionErrorResult:
         with np.errstate(divide="ignore", invalid="ignore"):
             return self.rmse / self.stale[None]
 
-    def summary_ratio(self, skip_fraction: float = 0.1) -> np.ndarray:
-        """``[P, S]``: time-averaged overall RMSE over time-averaged stale RMSE (first ``skip_fraction`` skipped)."""
+    def summary_ratio(self, skip_fraction: float = 0.1, *, per_layer: bool = False) -> np.ndarray:
+        """Time-averaged RMSE over time-averaged stale RMSE, the first ``skip_fraction`` of origins skipped.
+
+        Returns ``[P, S]`` for the whole model, or ``[P, S, L+1]`` with ``per_layer`` (last index: overall).
+        """
         start = int(len(self.origins) * skip_fraction)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            num = np.nanmean(self.rmse[:, :, start:, -1], axis=2)
-            den = np.nanmean(self.stale[:, start:, -1], axis=1)
+        sel = slice(None) if per_layer else -1
+        with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            num = np.nanmean(self.rmse[:, :, start:, sel], axis=2)
+            den = np.nanmean(self.stale[:, start:, sel], axis=1)
             return num / den[None]
+
+    def layer_text(self, s: int = 1, skip_fraction: float = 0.1) -> str:
+        """A text table of the per-layer RMSE ratio to stale at staleness ``s`` (rows: predictors)."""
+        if not 1 <= s <= self.max_s:
+            raise ValueError(f"s must be in 1..{self.max_s}, got {s}")
+        r = self.summary_ratio(skip_fraction, per_layer=True)[:, s - 1]
+        width = max(len(n) for n in self.predictors)
+        cols = [f"L{n}" for n in self.layers] + ["all"]
+        lines = [f"{'predictor':<{width}}  " + " ".join(f"{c:>6s}" for c in cols)]
+        for i, n in enumerate(self.predictors):
+            lines.append(f"{n:<{width}}  " + " ".join(f"{v:6.2f}" for v in r[i]))
+        return "\n".join(lines)
 
     def summary_cosine(self, skip_fraction: float = 0.1) -> np.ndarray:
         """``[P, S]``: mean overall cosine between predicted and true displacement."""

@@ -102,6 +102,11 @@ def test_repeat_is_exact_under_constant_gradient():
     assert np.isnan(res.cosine[0]).all()
     s = res.summary_ratio()
     assert s.shape == (3, 3) and np.allclose(s[0], 1.0)
+    per_layer = res.summary_ratio(per_layer=True)
+    assert per_layer.shape == (3, 3, 2) and np.allclose(per_layer[..., -1], s)
+    assert "repeat" in res.layer_text(2) and "ratio s=3" in res.summary_text()
+    with pytest.raises(ValueError, match="s must be"):
+        res.layer_text(4)
 
 
 def test_divergence_is_recorded_not_raised():
