@@ -134,7 +134,8 @@ def main() -> None:
         rows = bench(device, args.reps, args.s)
         one_pass = [r for r in rows if r[1] in ("spectrain", "pipeoptim", "pipeoptim_code", "linear", "pipemare")]
         worst = max(one_pass, key=lambda r: r[3])
-        print(f"summary {device}: one-pass predictors cost ≤ {worst[3]:.2f}× a step (worst: {worst[1]} with {worst[0]}); "
+        print(f"summary {device}: one-pass predictors cost ≤ {worst[3]:.2f}× a step "
+              f"(worst: {worst[1]} with {worst[0]}); "
               f"rollouts ('repeat', 'zero_grad_rollout') cost about s = {args.s} steps by construction")
 
 

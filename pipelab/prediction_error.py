@@ -94,7 +94,8 @@ class WeightRing:
     def get(self, step: int) -> list[Tensor]:
         i = step % self.capacity
         if self._steps[i] != step:
-            raise KeyError(f"weight version {step} is not in the ring (holds {sorted(s for s in self._steps if s is not None)})")
+            held = sorted(s for s in self._steps if s is not None)
+            raise KeyError(f"weight version {step} is not in the ring (holds {held})")
         return self._slots[i]
 
 

@@ -132,7 +132,8 @@ def test_bad_arguments():
 
 def test_run_prediction_error_on_fashion_mnist_subset():
     cfg = PredictionErrorConfig(optimizer="adam", steps=12, batch_size=16, train_subset=500, measure_every=3,
-                                model_options=(("depth", 3), ("width", 16)), predictors=("stale", "spectrain", "repeat"))
+                                model_options=(("depth", 3), ("width", 16)),
+                                predictors=("stale", "spectrain", "repeat"))
     try:
         res = run_prediction_error(cfg)
     except DataError:

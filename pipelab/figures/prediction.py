@@ -115,13 +115,15 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     div = f", diverged at step {res.diverged_at}" if res.diverged_at else ""
     fig.suptitle(f"{label}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
                  f"{cfg.base.model}{div}; moving average of {cfg.smooth} measurements)", fontsize=10)
-    notes = {f"ratio/{n}/s={s + 1}": float(ratios[i, s]) for i, n in enumerate(res.predictors) for s in range(res.max_s)}
+    notes = {f"ratio/{n}/s={s + 1}": float(ratios[i, s])
+             for i, n in enumerate(res.predictors) for s in range(res.max_s)}
     notes["final_loss"] = float(np.nanmean(res.loss[-20:]))
     return FigureOutput(fig, replace(cfg.base, optimizer=optimizer), cfg.base.seed, tables={"csv": res.to_csv()},
                         notes=notes, data=res)
 
 
-@register("prediction_rmse_sgdm", "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3")
+@register("prediction_rmse_sgdm",
+          "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3")
 def prediction_rmse_sgdm(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("sgdm", preset)
 

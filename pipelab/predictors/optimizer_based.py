@@ -81,6 +81,9 @@ class SpecTrain(Predictor):
             already in ``b``, counted twice; dampening and Nesterov ignored; needs ``p.grad``).
         lr_schedule: future learning rates; ``None`` holds the current one.
 
+    ``formula="paper"`` extrapolates ``b`` also for Nesterov (whose applied update is ``g + μ·b``). With
+    dampening ``τ = μ``, ``b`` is exactly SpecTrain's smoothed gradient of Eq. 1 (``γ = μ``).
+
     Requires ``torch.optim.SGD`` with ``momentum > 0`` (raises ValueError otherwise; ``pipeoptim``
     generalises SpecTrain to other optimizers and equals it for SGD with momentum). Parameters without a
     momentum buffer yet (before the first step) are predicted stale.

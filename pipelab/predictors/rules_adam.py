@@ -203,7 +203,8 @@ class NAdamRule(_AdamLike):
         ge = self.effective_grad(wd_hp, W, g, coupled_decay=not hp["decoupled_weight_decay"])
         d = torch._foreach_div(ge, den)
         torch._foreach_mul_(d, lr * (1.0 - mu) / (1.0 - mp))
-        torch._foreach_add_(d, torch._foreach_div(st.tensors["exp_avg"], den), alpha=lr * mu_next / (1.0 - mp * mu_next))
+        m_term = torch._foreach_div(st.tensors["exp_avg"], den)
+        torch._foreach_add_(d, m_term, alpha=lr * mu_next / (1.0 - mp * mu_next))
         return self._add_decoupled(hp, lr, d, W, opts)
 
 
