@@ -367,6 +367,8 @@ def test_errors_are_clear():
         make_predictor("pipeoptim").predict(opt, True)
     with pytest.raises(ValueError, match="tensors"):
         make_predictor("pipeoptim").predict(opt, 1, params=params[:1])
+    with pytest.raises(ValueError, match="float32"):
+        make_predictor("pipeoptim").predict(opt, 1, params=[p.detach().float() for p in params])
     with pytest.raises(ValueError, match="shape"):
         make_predictor("pipeoptim").predict(opt, 1, params=[p.detach().reshape(-1) for p in params])
     with pytest.raises(ValueError, match="unknown predictor.*stale"):

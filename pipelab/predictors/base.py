@@ -71,6 +71,9 @@ def resolve_weights(optimizer: torch.optim.Optimizer, params: Sequence[Tensor] |
             raise TypeError(f"params[{i}] must be a Tensor, got {type(w).__name__}")
         if w.shape != p.shape:
             raise ValueError(f"params[{i}] has shape {tuple(w.shape)}, the optimizer's parameter {tuple(p.shape)}")
+        if w.device != p.device or w.dtype != p.dtype:
+            raise ValueError(f"params[{i}] is {w.dtype} on {w.device}, the optimizer's parameter {p.dtype} on "
+                             f"{p.device}; predictions combine them with the optimizer's state")
     return [w.detach() for w in params]
 
 
