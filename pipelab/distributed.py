@@ -112,6 +112,8 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
         results.put(("ok", rank, _to_bytes(out)))
     except BaseException:  # report everything, including KeyboardInterrupt, then unblock peers
         results.put(("error", rank, traceback.format_exc()))
+        results.close()
+        results.join_thread()  # flush the report before os._exit, which would kill the queue's feeder thread
         with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -139,6 +139,7 @@ class StageExecutor:
         spec_f, spec_b = self.specs[(t, j)]
         keep = spec_f == spec_b and isinstance(spec_f, Stored) and not self.recompute
         W = self.weights(spec_f, grad=False)
+        rng = _rng_state(x_in.device)
         if keep:
             if self.k > 0:
                 x_in.requires_grad_(True)
@@ -146,9 +147,8 @@ class StageExecutor:
                 out = self.call(W, x_in)
                 if last:
                     out = self.loss_fn(out, target) / self.M
-            self.saved[(t, j)] = ("graph", x_in, out, W, target)
+            self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
         else:
-            rng = _rng_state(x_in.device)
             with torch.no_grad():
                 out = self.call(W, x_in)
                 if last:
@@ -163,7 +163,7 @@ class StageExecutor:
         self.observed[("B", self.k, t, j)] = self.version
         entry = self.saved.pop((t, j))
         if entry[0] == "graph":
-            _, x_in, out, W, _ = entry
+            _, x_in, _, _, out, W = entry
         else:
             _, x0, rng, target = entry
             W = self.weights(self.specs[(t, j)][1], grad=True)
@@ -213,6 +213,62 @@ class StageExecutor:
         self.ring.put(self.version, W)
         self._advance()
         return W
+
+
+    # ------------------------------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this stage mid-run: weights, stored versions, saved inputs,
+        accumulated gradients, optimizer, scheduler and predictor state, and the event position."""
+        predictor_state = None
+        if self.predictor is not None and hasattr(self.predictor, "state_dict"):
+            predictor_state = self.predictor.state_dict(self.optimizer)
+        return {
+            "k": self.k, "version": self.version, "position": self.position,
+            "module": {n: t.detach().clone() for n, t in self.module.state_dict().items()},
+            "ring": {v: self.ring.get(v) for v in self.ring.versions()}, "ring_peak": self.ring.peak,
+            "saved": {key: entry[:4] for key, entry in self.saved.items()},  # graphs are rebuilt on load
+            "acc": self.acc, "observed": self.observed,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "predictor": predictor_state,
+            "grads": [p.grad for p in self.params],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a freshly built executor of the same stage and plan."""
+        if state["k"] != self.k:
+            raise ValueError(f"checkpoint of stage {state['k']} loaded into stage {self.k}")
+        self.module.load_state_dict(state["module"])
+        self.version, self.position = state["version"], state["position"]
+        self.drops = {i: vs for i, vs in self.drops.items() if i >= self.position}
+        for v in self.ring.versions():
+            self.ring.drop(v)
+        for v, W in sorted(state["ring"].items()):
+            self.ring.put(v, W)
+        self.ring.peak = max(self.ring.peak, state["ring_peak"])
+        self.acc, self.observed = state["acc"], state["observed"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.predictor is not None and state["predictor"] is not None:
+            self.predictor.load_state_dict(self.optimizer, state["predictor"])
+        for p, g in zip(self.params, state["grads"]):
+            p.grad = g
+        self.saved = {}
+        for (t, j), (kind, x_in, rng, target) in state["saved"].items():
+            if kind == "recompute":
+                self.saved[(t, j)] = (kind, x_in, rng, target)
+                continue
+            # rebuild the forward's graph at the same stored weights and random state: bitwise the same
+            W = self.weights(self.specs[(t, j)][0], grad=False)
+            if self.k > 0:
+                x_in.requires_grad_(True)
+            with torch.enable_grad(), _replay_rng(x_in.device, rng):
+                out = self.call(W, x_in, fresh_buffers=True)
+                if self.k == self.D - 1:
+                    out = self.loss_fn(out, target) / self.M
+            self.saved[(t, j)] = (kind, x_in, rng, target, out, W)
 
 
 def _inverse(perm: list[int]) -> list[int]:

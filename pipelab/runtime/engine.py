@@ -1,0 +1,347 @@
+"""The multi-process pipeline runtime: a schedule × policy run for real, one process per worker.
+
+Rank w executes ``schedule.programs[w]`` in order with the same :class:`~pipelab.emulator.stage.StageExecutor`
+code as the single-process emulator (set up by :func:`~pipelab.emulator.plan.build_pipeline`, restricted
+to the stages w computes), so it computes exactly the same weights; only the hand-over of tensors differs:
+
+- ``F(k, t, j)`` receives stage k's input from the rank of ``F(k−1, t, j)`` and sends its output to the rank
+  of ``F(k+1, t, j)``; ``B(k, t, j)`` receives ∂ℓ/∂(output) from the rank of ``B(k+1, t, j)`` and sends
+  ∂ℓ/∂(input) to the rank of ``B(k−1, t, j)``; ``U(k, t)`` is local. Hand-overs between stages on the same
+  rank (interleaved, folded) stay in memory.
+- Transport is ``torch.distributed`` point-to-point: eager ``isend`` (so a valid schedule cannot deadlock)
+  and blocking ``irecv().wait()``. Each (receiving stage, direction) is its own tag, and the runtime checks
+  at start-up that, on every channel, the sender's program and the receiver's program list the messages
+  in the same order — the FIFO matching point-to-point transports provide.
+- Receive buffers are sized once per input shape by running the model on the ``meta`` device.
+
+Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to
+choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
+It is the reference the tests and ``benchmarks/runtime.py`` compare against for the flushed schedules.
+
+Supported schedules: those where every stage is computed and its weights held by a single worker (naive,
+GPipe, 1F1B, PipeDream async 1F1B, 2BW, interleaved 1F1B, folded). Data-parallel placements (DDP, FSDP,
+LPP) need collectives the runtime does not implement; use the simulator and emulator for those.
+
+Launch: ``torchrun --nproc-per-node N -m pipelab.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
+torchrun's rendezvous), or :func:`pipelab.distributed.spawn` from Python.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..distributed import check_consistent
+from ..emulator.engine import split_micro
+from ..emulator.plan import as_stages, build_pipeline
+from ..emulator.stage import StageExecutor
+
+__all__ = ["PipelineRuntime", "RuntimeResult", "channels"]
+
+Batch = tuple[Tensor, Tensor]
+# message kinds: the input of stage k (an activation) or the gradient of stage k's output
+ACT, GRAD = 0, 1
+
+
+def _tag(kind: int, stage: int) -> int:
+    """Channel of the message *into* ``stage``: its input activation (ACT) or its output gradient (GRAD)."""
+    return 2 * stage + kind
+
+
+def channels(schedule: Any) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Cross-rank messages of a schedule per channel ``(src, dst, tag)``: (send order, receive order).
+
+    Each list holds ``(t, j)`` in the order the sender's / receiver's program handles them; the runtime
+    requires the two to be equal on every channel.
+    """
+    D = schedule.D
+    out: dict[tuple[int, int, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+    for w, prog in enumerate(schedule.programs):
+        for a in prog:
+            k, t, j = a.stage, a.step, a.micro
+            if a.op == "F":
+                if k < D - 1 and (dst := schedule.worker_of("F", k + 1, t, j)) != w:
+                    out[(w, dst, _tag(ACT, k + 1))][0].append((t, j))
+                if k > 0 and (src := schedule.worker_of("F", k - 1, t, j)) != w:
+                    out[(src, w, _tag(ACT, k))][1].append((t, j))
+            elif a.op == "B":
+                if k > 0 and (dst := schedule.worker_of("B", k - 1, t, j)) != w:
+                    out[(w, dst, _tag(GRAD, k - 1))][0].append((t, j))
+                if k < D - 1 and (src := schedule.worker_of("B", k + 1, t, j)) != w:
+                    out[(src, w, _tag(GRAD, k))][1].append((t, j))
+    return dict(out)
+
+
+@dataclass
+class RuntimeResult:
+    """What one rank's :meth:`PipelineRuntime.run` returns.
+
+    Attributes:
+        rank: this process's rank; stages: the stages it computes.
+        losses: mean training loss of every mini-batch (gathered from the last stage's rank; NaN where
+            not reached).
+        observed: version of its stage each of this rank's F/B jobs ran at.
+        weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
+        memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
+            ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —
+            plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights).
+        trace: per completed step, ``(versions held, saved inputs, pending gradients)`` summed over this
+            rank's stages, to check that nothing grows over a run.
+        position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
+    """
+
+    rank: int
+    stages: list[int]
+    losses: list[float]
+    observed: dict[tuple[str, int, int, int], int]
+    weights: dict[int, tuple[Tensor, ...]]
+    memory: dict[str, Any]
+    trace: list[tuple[int, int, int]]
+    position: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PipelineRuntime:
+    """Run a schedule × policy on ``torch.distributed`` ranks, one worker per rank.
+
+    Args:
+        model: the whole model as an ``nn.Sequential`` (cut into ``schedule.D`` stages) or the list of all
+            stage modules, built identically on every rank; each rank trains only its own stages.
+        schedule: a :class:`pipelab.schedules.Schedule` with ``schedule.W`` workers = world size.
+        policy, optimizer, loss_fn, predictor, lr_scheduler, balance, recompute: as for
+            :class:`pipelab.emulator.Emulator`.
+        device: this rank's device (default: CUDA device ``LOCAL_RANK`` under NCCL, else CPU).
+        rank, world_size: default to the initialised process group's.
+
+    Raises:
+        ValueError: world size ≠ workers; a stage computed or held by several workers; the oracle
+            predictor (not realisable); channels whose send and receive orders differ; ranks whose
+            configurations disagree.
+    """
+
+    def __init__(self, model: nn.Module | Sequence[nn.Module], *, schedule: Any, policy: Any, optimizer: Callable,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, predictor: Any = None,
+                 lr_scheduler: Callable | None = None, balance: Any = "layers", recompute: bool = False,
+                 device: torch.device | str | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        if not hasattr(schedule, "programs"):
+            raise TypeError(f"schedule must be a pipelab.schedules.Schedule, got {type(schedule).__name__}")
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world = dist.get_world_size() if world_size is None else world_size
+        if schedule.W != self.world:
+            raise ValueError(f"schedule {schedule.name!r} has {schedule.W} workers but the world size is "
+                             f"{self.world}; launch with --nproc-per-node {schedule.W}")
+        for k in range(schedule.D):
+            workers = schedule.stage_workers(k)
+            if len(workers) != 1 or tuple(schedule.weight_holders[k]) != workers:
+                raise ValueError(f"stage {k} of {schedule.name!r} is computed by workers {list(workers)} with weights "
+                                 f"on {list(schedule.weight_holders[k])}; the runtime runs schedules where one "
+                                 "worker computes and holds each stage (use the emulator for DDP/FSDP/LPP)")
+        if isinstance(predictor, str) and predictor == "oracle":
+            raise ValueError("the oracle predictor uses future weights and exists only in the emulator")
+        self.schedule = schedule
+        self.program = list(schedule.programs[self.rank])
+        self.my_stages = sorted({a.stage for a in self.program})
+        if device is None:
+            backend = dist.get_backend() if dist.is_initialized() else "gloo"
+            device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+                      else torch.device("cpu"))
+        self.device = torch.device(device)
+        stages = as_stages(model, schedule.D, balance)
+        for k in self.my_stages:
+            stages[k].to(self.device)
+        self.modules = stages
+        self.plan = build_pipeline(stages, schedule=schedule, policy=policy, optimizer=optimizer, loss_fn=loss_fn,
+                                   predictor=predictor, lr_scheduler=lr_scheduler, recompute=recompute,
+                                   only=self.my_stages)
+        if self.plan.waited:
+            raise ValueError("this policy needs jobs to wait for future weights; only the emulator can run it")
+        self.D, self.M, self.steps = self.plan.D, self.plan.M, self.plan.steps
+        self.executors: dict[int, StageExecutor] = self.plan.stages
+        for key, (sends, recvs) in channels(schedule).items():
+            if sends != recvs:
+                raise ValueError(f"channel {key} (src, dst, tag): the sender's order {sends[:6]}... differs from "
+                                 f"the receiver's {recvs[:6]}...; point-to-point matching would pair wrong messages")
+        self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
+        self.position = 0
+        self._local: dict[tuple[int, int, int, int], Tensor] = {}  # same-rank hand-overs
+        self._pending: list[tuple[Any, Tensor]] = []  # in-flight isends (work, tensor kept alive)
+        self._step_loss: dict[int, list[Tensor]] = defaultdict(list)
+        self._losses: dict[int, float] = {}
+        self._trace: list[tuple[int, int, int]] = []
+        self._act_bytes = 0
+        self._act_peak = 0
+        self._outbox: list[tuple[int, int, Tensor]] = []  # (dst, tag, tensor) to send on resume
+        self._retain: set[tuple[int, int, int, int]] = set()
+        if dist.is_initialized() and rank is None:
+            check_consistent(self.fingerprint(), "pipeline configuration")
+
+    # ------------------------------------------------------------------------------------- set-up
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What every rank must agree on: schedule, policy, stages' structure, dtypes."""
+        progs = hashlib.sha256(repr(self.schedule.programs).encode()).hexdigest()
+        return {
+            "schedule": (self.schedule.name, self.D, self.M, self.steps, progs),
+            "policy": self.plan.policy.name,
+            "stages": [[(n, tuple(p.shape), str(p.dtype)) for n, p in m.named_parameters()] for m in self.modules],
+            "optimizers": sorted({type(e.optimizer).__name__ for e in self.executors.values()}),
+        }
+
+    def _boundaries(self, x: Tensor) -> list[tuple[torch.Size, torch.dtype]]:
+        """Shape and dtype of every stage's input for a micro-batch like ``x`` (index k = input of stage k)."""
+        key = (tuple(x.shape), x.dtype)
+        if key not in self._meta:
+            metas = [(x.shape, x.dtype)]
+            h = torch.empty(x.shape, dtype=x.dtype, device="meta")
+            with torch.no_grad():
+                for m in self.modules[:-1]:
+                    h = copy.deepcopy(m).to("meta")(h)
+                    metas.append((h.shape, h.dtype))
+            self._meta[key] = metas
+        return self._meta[key]
+
+    # ------------------------------------------------------------------------------------- transport
+
+    def _send(self, tensor: Tensor, dst: int, tag: int, t: int, j: int) -> None:
+        tensor = tensor.contiguous()
+        if (dst, tag, t, j) in self._retain:  # crosses a checkpoint's cut: the resumed run sends it
+            self._outbox.append((dst, tag, tensor))
+            return
+        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+
+    def _recv(self, shape: torch.Size, dtype: torch.dtype, src: int, tag: int) -> Tensor:
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.irecv(buf, src, tag=tag).wait()
+        return buf
+
+    def _reap(self) -> None:
+        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+
+    # ------------------------------------------------------------------------------------- running
+
+    def run(self, batches: Sequence[Batch] | Callable[[int], Batch], *,
+            stop_at_step: int | None = None) -> RuntimeResult:
+        """Execute this rank's program from where it stands (the start, or a loaded checkpoint).
+
+        Args:
+            batches: mini-batch t is ``batches[t]`` or ``batches(t)``; every rank is given the same data
+                (the ranks of the first and last stage read inputs and targets; others read input shapes).
+            stop_at_step: stop at the consistent cut of mini-batch ``stop_at_step`` so that
+                :func:`~pipelab.runtime.checkpoint.save_checkpoint` can save a resumable state.
+        """
+        get = batches if callable(batches) else batches.__getitem__
+        sched, M, last = self.schedule, self.M, self.D - 1
+        cache: OrderedDict[int, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = OrderedDict()
+
+        def micro(t: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+            if t not in cache:
+                x, y = get(t)
+                cache[t] = (split_micro(x.to(self.device), M, "input batch"),
+                            split_micro(y.to(self.device), M, "target batch"))
+                if len(cache) > self.D + 2:  # mini-batches in flight on this rank, at most about D
+                    cache.popitem(last=False)
+            return cache[t]
+
+        end = len(self.program)
+        self._retain = set()
+        if stop_at_step is not None:
+            from .checkpoint import consistent_cut
+
+            cut, in_flight = consistent_cut(sched, stop_at_step)
+            end = max(cut[self.rank], self.position)
+            self._retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
+        outbox, self._outbox = self._outbox, []
+        for dst, tag, tensor in outbox:  # messages in flight when the checkpoint was taken, in order
+            self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+        for pos in range(self.position, end):
+            op, k, t, j = self.program[pos][:4]
+            ex = self.executors[k]
+            if op == "F":
+                if k == 0:
+                    x_in = micro(t)[0][j]
+                elif (src := sched.worker_of("F", k - 1, t, j)) == self.rank:
+                    x_in = self._local.pop((ACT, k, t, j))
+                else:
+                    shape, dtype = self._boundaries(micro(t)[0][j])[k]
+                    x_in = self._recv(shape, dtype, src, _tag(ACT, k))
+                out = ex.forward(t, j, x_in, micro(t)[1][j] if k == last else None)
+                self._act_bytes += x_in.numel() * x_in.element_size()
+                self._act_peak = max(self._act_peak, self._act_bytes)
+                if k == last:
+                    self._step_loss[t].append(out)
+                    if len(self._step_loss[t]) == M:
+                        self._losses[t] = float(torch.stack(self._step_loss.pop(t)).sum())
+                elif (dst := sched.worker_of("F", k + 1, t, j)) == self.rank:
+                    self._local[(ACT, k + 1, t, j)] = out
+                else:
+                    self._send(out, dst, _tag(ACT, k + 1), t, j)
+            elif op == "B":
+                if k == last:
+                    g_out = None
+                elif (src := sched.worker_of("B", k + 1, t, j)) == self.rank:
+                    g_out = self._local.pop((GRAD, k, t, j))
+                else:
+                    shape, dtype = self._boundaries(micro(t)[0][j])[k + 1]
+                    g_out = self._recv(shape, dtype, src, _tag(GRAD, k))
+                saved_in = ex.saved[(t, j)][1]
+                self._act_bytes -= saved_in.numel() * saved_in.element_size()
+                g_in = ex.backward(t, j, g_out)
+                if k > 0:
+                    if (dst := sched.worker_of("B", k - 1, t, j)) == self.rank:
+                        self._local[(GRAD, k - 1, t, j)] = g_in
+                    else:
+                        self._send(g_in, dst, _tag(GRAD, k - 1), t, j)
+            elif op == "U":
+                ex.update(t)
+                if k == self.my_stages[-1]:
+                    self._trace.append(self._held())
+            else:
+                raise ValueError(f"the runtime does not execute {op!r} actions (split backward)")
+            self.position = pos + 1
+            if len(self._pending) > 16:
+                self._reap()
+        for work, _ in self._pending:
+            work.wait()
+        self._pending = []
+        return self._result()
+
+    def _held(self) -> tuple[int, int, int]:
+        ex = self.executors.values()
+        return (sum(len(e.ring) for e in ex), sum(len(e.saved) for e in ex), sum(len(e.acc) for e in ex))
+
+    def _result(self) -> RuntimeResult:
+        losses = [math.nan] * self.steps
+        parts: list[dict[int, float] | None] = [None] * self.world
+        if dist.is_initialized():
+            dist.all_gather_object(parts, self._losses)
+        else:
+            parts = [self._losses]
+        for part in parts:
+            for t, v in (part or {}).items():
+                losses[t] = v
+        stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
+        versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
+        opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values()
+                        for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+        memory = {
+            "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors),
+            "activations": self._act_peak,
+            "optimizer_state": opt_bytes,
+            "versions_peak": versions_peak,
+            "stage_bytes": stage_bytes,
+            "weight_copies": {k: self.plan.weight_copies[k] for k in self.executors},
+        }
+        observed = {key: v for e in self.executors.values() for key, v in e.observed.items()}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()}
+        return RuntimeResult(self.rank, list(self.my_stages), losses, observed, weights, memory, list(self._trace),
+                             self.position)
