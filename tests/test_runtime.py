@@ -34,7 +34,7 @@ def schedule_of(name: str, D: int, M: int, steps: int, W: int):
 
 def build(case: dict) -> tuple[torch.nn.Sequential, Any, Any]:
     torch.manual_seed(case.get("seed", 0))
-    model = deep_mlp(in_features=6, width=8, depth=case["D"], num_classes=4).double()
+    model = deep_mlp(in_features=6, width=8, depth=case.get("depth", case["D"]), num_classes=4).double()
     sched = schedule_of(case["schedule"], case["D"], case["M"], case["steps"], case["W"])
     if case.get("optimizer", "sgdm") == "adam":
         opt = lambda ps: torch.optim.Adam(ps, lr=0.01)  # noqa: E731
@@ -177,8 +177,11 @@ def test_flushed_schedules_equal_torch_pipelining(kind: str, results_2: list) ->
 
 @pytest.mark.parametrize("case", [dict(schedule="pipedream", policy="stashing", D=2, M=1, steps=10, W=2, stop=5),
                                   dict(schedule="pipedream", policy="pipeoptim", D=2, M=2, steps=8, W=2, stop=3,
-                                       optimizer="adam")],
-                         ids=["stashing", "pipeoptim"])
+                                       optimizer="adam"),
+                                  # two blocks per stage: PipeMare's corrected backward weights change the gradient
+                                  dict(schedule="pipedream", policy="pipemare", D=2, M=1, steps=10, W=2, stop=6,
+                                       depth=4)],
+                         ids=["stashing", "pipeoptim", "pipemare-history"])
 def test_checkpoint_resume_continues_identically(case: dict, tmp_path: Path) -> None:
     full = spawn(_run_cases, 2, ([case],))
     spawn(_run_cases, 2, ([case], str(tmp_path), "stop"))

@@ -181,6 +181,13 @@ class Predictor(ABC):
     def reset(self) -> None:
         """Forget any recorded history."""
 
+    def state_dict(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The history recorded for ``optimizer`` (``None`` for predictors without history), for checkpoints."""
+        return None
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, state: Any) -> None:
+        """Restore :meth:`state_dict` for ``optimizer`` (a new optimizer over the same parameters)."""
+
     def options(self) -> dict[str, Any]:
         """The options this predictor was built with (for records and figure sidecars)."""
         return {"lr_schedule": None if self.lr_schedule is None else repr(self.lr_schedule)}

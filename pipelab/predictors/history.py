@@ -84,6 +84,21 @@ class HistoryPredictor(Predictor):
             torch._foreach_copy_(h.last, W)
             h.count += 1
 
+    def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        h = self._histories.get(optimizer)
+        if h is None:
+            return None
+        return {"last": [w.clone() for w in h.last], "count": h.count,
+                "delta": None if h.delta is None else [d.clone() for d in h.delta]}
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any] | None) -> None:
+        if state is None:
+            self._histories.pop(optimizer, None)
+            return
+        self._histories[optimizer] = _History([w.clone() for w in state["last"]],
+                                              None if state["delta"] is None else [d.clone() for d in state["delta"]],
+                                              state["count"])
+
     def observations(self, optimizer: torch.optim.Optimizer) -> int:
         """How many weight versions of ``optimizer`` have been observed."""
         h = self._histories.get(optimizer)
