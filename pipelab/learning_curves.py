@@ -46,7 +46,7 @@ from .cache import run_sweep
 from .data import load_dataset
 from .models import build_model
 
-__all__ = ["RunConfig", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep", "make_optimizer", "grid", "with_"]
+__all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep", "make_optimizer", "grid", "with_"]
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,6 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         ``test_loss``, ``test_acc`` (per epoch, index 0 = initial weights), ``diverged`` (bool),
         ``diverged_step``, ``weight_copies`` (per stage), ``seconds``.
     """
-    from .emulator import Emulator, evaluate, train_plain
-    from .policies import make_policy
-
     threads = torch.get_num_threads()
     if cfg.device == "cpu":
         # these models are small: one intra-op thread is fastest, and immune to oversubscribed cores
@@ -172,11 +169,32 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
-def _run(cfg: RunConfig) -> dict[str, Any]:
-    from .emulator import Emulator, evaluate, train_plain
+@dataclass
+class Prepared:
+    """A run's ingredients, built identically for the emulator and the multi-process runtime.
+
+    Attributes:
+        data: the dataset on ``cfg.device``; batch: mini-batch t (a fixed permutation per epoch).
+        stages: the He-initialised model cut into D stages; optimizer: factory params -> optimizer.
+        steps, per_epoch: optimizer steps in all and per epoch; schedule, policy: the arm's (``None`` for
+        the sequential arm).
+    """
+
+    data: Any
+    batch: Any
+    stages: list[torch.nn.Module]
+    optimizer: Any
+    steps: int
+    per_epoch: int
+    schedule: Any
+    policy: Any
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    """Data, batches, initial stages, optimizer factory, schedule and policy of one arm."""
+    from .partition import split
     from .policies import make_policy
 
-    t0 = time.perf_counter()
     dtype = getattr(torch, cfg.dtype)
     dataset, dkw, model_name, mkw = TASKS[cfg.task]
     ds = load_dataset(dataset, dtype=dtype, **dkw).subset(cfg.n_train, cfg.n_test).to(cfg.device)
@@ -195,12 +213,23 @@ def _run(cfg: RunConfig) -> dict[str, Any]:
 
     model = build_model(model_name, seed=cfg.seed, dtype=dtype, device=cfg.device, **mkw)
     _he_init(model, cfg.seed)
-    from .partition import split
-
     if len(model) < cfg.D:
         raise ValueError(f"task {cfg.task!r} has {len(model)} blocks; D={cfg.D} is too deep")
     stages = split(model, cfg.D)
     opt = make_optimizer(cfg.optimizer, cfg.lr)
+    if cfg.policy == "sequential":
+        return Prepared(ds, batch, stages, opt, steps, per_epoch, None, None)
+    policy = make_policy(cfg.policy, **({"anneal_steps": per_epoch} if cfg.policy == "pipemare" else {}))
+    return Prepared(ds, batch, stages, opt, steps, per_epoch, _schedule(cfg, steps), policy)
+
+
+def _run(cfg: RunConfig) -> dict[str, Any]:
+    from .emulator import Emulator, evaluate, train_plain
+
+    t0 = time.perf_counter()
+    prep = prepare(cfg)
+    ds, batch, stages, opt, steps, per_epoch = (prep.data, prep.batch, prep.stages, prep.optimizer, prep.steps,
+                                                prep.per_epoch)
     x_eval, y_eval = ds.x_train[: cfg.n_eval_train], ds.y_train[: cfg.n_eval_train]
     E = cfg.epochs + 1
     rec: dict[str, Any] = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
@@ -218,8 +247,7 @@ def _run(cfg: RunConfig) -> dict[str, Any]:
         losses = train_plain(stages, optimizer=opt, batches=batch, steps=steps,
                              callback=lambda v: record(v // per_epoch) if v % per_epoch == 0 else None)
     else:
-        policy = make_policy(cfg.policy, **({"anneal_steps": per_epoch} if cfg.policy == "pipemare" else {}))
-        emu = Emulator(stages, schedule=_schedule(cfg, steps), policy=policy, optimizer=opt)
+        emu = Emulator(stages, schedule=prep.schedule, policy=prep.policy, optimizer=opt)
         rec["weight_copies"] = emu.weight_copies
         res = emu.run(batch, snapshot_every=per_epoch,
                       on_snapshot=lambda v, W: record(v // per_epoch, W))

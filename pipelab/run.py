@@ -1,0 +1,152 @@
+"""Train one learning-curve arm for real with the multi-process runtime: ``torchrun -m pipelab.run``.
+
+One process per pipeline worker (``--nproc-per-node`` = D for the GPipe, 1F1B, PipeDream and 2BW arms):
+
+    torchrun --standalone --nproc-per-node 4 -m pipelab.run --task fashion_mnist_mlp \\
+        --policy pipeoptim --optimizer adam --D 4 --epochs 1
+
+On GPUs pass ``--device cuda`` (NCCL; rank r uses GPU ``LOCAL_RANK``). Across machines use torchrun's
+rendezvous, e.g. on each of two nodes with two GPUs each::
+
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m pipelab.run --task fashion_mnist_mlp --policy stashing --optimizer sgdm --D 4 --device cuda
+
+``--stop-at-step N --checkpoint DIR`` stops at the consistent cut of mini-batch N and saves every rank's
+state; ``--resume DIR`` continues such a run identically. Rank 0 prints a JSON summary (final losses,
+test accuracy, throughput, per-rank memory) and writes it to ``--out`` if given.
+
+From Python (tests, notebooks), :func:`train_distributed` spawns the ranks locally and returns the summary.
+The arm is described by :class:`pipelab.learning_curves.RunConfig` and built by
+:func:`pipelab.learning_curves.prepare`, exactly as the emulator's learning curves build it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .distributed import default_backend, init_from_env, spawn
+from .learning_curves import OPTIMIZERS, TASKS, RunConfig, prepare
+
+__all__ = ["train", "train_distributed", "main"]
+
+
+def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | None = None,
+          resume: str | None = None) -> dict[str, Any] | None:
+    """Run ``cfg`` on this rank of an initialised process group; rank 0 returns the summary.
+
+    Returns:
+        On rank 0: the config, ``losses`` per step, ``test_loss``/``test_acc`` of the final weights,
+        ``samples_per_s``, ``seconds``, ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
+    """
+    from .emulator import evaluate
+    from .runtime import PipelineRuntime, load_checkpoint, save_checkpoint
+
+    if cfg.policy == "sequential":
+        raise ValueError("the sequential arm has no pipeline; run it with pipelab.learning_curves.run")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    prep = prepare(cfg)
+    rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
+                         device=cfg.device if cfg.device != "cuda" else None)
+    if resume is not None:
+        load_checkpoint(rt, resume)
+    dist.barrier()
+    start = time.perf_counter()
+    res = rt.run(prep.batch, stop_at_step=stop_at_step)
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    if checkpoint is not None:
+        save_checkpoint(rt, checkpoint)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
+    if rank != 0:
+        return None
+    weights = {k: W for part in gathered for k, W in part[0].items()}
+    stages = [copy.deepcopy(m).cpu() for m in rt.modules]
+    ds = prep.data
+    done = sum(1 for v in res.losses if v == v)
+    test_loss, test_acc = evaluate(stages, ds.x_test.cpu(), ds.y_test.cpu(), [weights[k] for k in range(len(stages))])
+    return {
+        "config": asdict(cfg), "world_size": world, "schedule": prep.schedule.name,
+        "losses": res.losses, "steps_done": done, "test_loss": test_loss, "test_acc": test_acc,
+        "seconds": seconds, "samples_per_s": done * cfg.batch_size / seconds if seconds > 0 else float("nan"),
+        "memory": {r: part[1] for r, part in enumerate(gathered)},
+        "position": {r: part[2] for r, part in enumerate(gathered)},
+        "weights": weights,
+    }
+
+
+def _spawned(rank: int, world: int, cfg: RunConfig, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    return train(cfg, **kwargs)
+
+
+def train_distributed(cfg: RunConfig, world_size: int | None = None, *, backend: str | None = None,
+                      timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
+    """Spawn the ranks of ``cfg`` locally (``world_size`` defaults to the schedule's workers, D) and train.
+
+    Example:
+        >>> cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1)
+        >>> out = train_distributed(cfg)          # doctest: +SKIP
+        >>> out["test_acc"], out["samples_per_s"]  # doctest: +SKIP
+    """
+    world = world_size or cfg.D
+    backend = backend or default_backend(cfg.device)
+    return spawn(_spawned, world, (cfg, kwargs), backend=backend, timeout_s=timeout_s)[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node D -m pipelab.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="fashion_mnist_mlp", choices=sorted(TASKS))
+    p.add_argument("--policy", default="pipeoptim",
+                   choices=["gpipe", "1f1b", "vanilla", "stashing", "vertical_sync", "2bw", "spectrain", "pipeoptim",
+                            "pipemare"])
+    p.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
+    p.add_argument("--D", type=int, default=None, help="stages (default: the world size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--M", type=int, default=4, help="micro-batches per step (GPipe/1F1B)")
+    p.add_argument("--n-train", type=int, default=10_000)
+    p.add_argument("--n-test", type=int, default=2_000)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per rank, NCCL)")
+    p.add_argument("--checkpoint", default=None, help="directory to save every rank's state at the end")
+    p.add_argument("--stop-at-step", type=int, default=None, help="stop at the consistent cut of this step")
+    p.add_argument("--resume", default=None, help="directory of a checkpoint to continue from")
+    p.add_argument("--out", default=None, help="write rank 0's JSON summary here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    backend = default_backend(args.device)
+    rank, world = init_from_env(backend)
+    if args.device == "cuda":
+        args.device = f"cuda:{torch.cuda.current_device()}"
+    cfg = RunConfig(task=args.task, policy=args.policy, optimizer=args.optimizer, D=args.D or world, seed=args.seed,
+                    epochs=args.epochs, batch_size=args.batch_size, M=args.M, n_train=args.n_train,
+                    n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device)
+    out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume)
+    if out is not None:
+        out.pop("weights")
+        text = json.dumps(out, indent=2, default=str)
+        print(text)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(text + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
