@@ -50,6 +50,24 @@ from .schedules import (
     validate,
 )
 from .simulator import SimResult, costs_from_profile, simulate
+from . import predictors
+from .predictors import (
+    PREDICTORS,
+    Predictor,
+    available_predictors,
+    describe_predictors,
+    make_predictor,
+    supported_optimizers,
+)
+from .prediction_error import PredictionErrorConfig, PredictionErrorResult, measure_prediction_error, run_prediction_error
+from .policies import POLICIES, Policy, available_policies, make_policy
+from .emulator import DeadlockError, Emulator, EmulatorResult, build_pipeline, evaluate, train_plain
+from .learning_curves import RunConfig, prepare
+from .learning_curves import run as run_arm
+from .learning_curves import sweep as sweep_arms
+from .distributed import RankFailure, spawn
+from .runtime import PipelineRuntime, RuntimeResult, consistent_cut, load_checkpoint, save_checkpoint
+from .run import train_distributed
 from .stability import delayed_gd_threshold, max_stable_step, region_mask, spectral_radius, stable_mask
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr
 
@@ -69,6 +87,17 @@ __all__ = [
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
+    # predictors and prediction error
+    "predictors", "Predictor", "make_predictor", "available_predictors", "describe_predictors", "PREDICTORS",
+    "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",
+    "PredictionErrorResult",
+    # policies, the emulator and learning curves
+    "Policy", "POLICIES", "make_policy", "available_policies",
+    "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
+    "RunConfig", "prepare", "run_arm", "sweep_arms",
+    # the multi-process runtime
+    "PipelineRuntime", "RuntimeResult", "consistent_cut", "save_checkpoint", "load_checkpoint", "train_distributed",
+    "spawn", "RankFailure",
     # stability of stale-gradient methods
     "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
     "delayed_training", "max_stable_lr", "least_squares_problem",

@@ -55,3 +55,12 @@ def test_ci_installs_data_and_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "apt-get update" in ci and "dataset-fashion-mnist" in ci and "make test" in ci
     assert "no tests ran" in ci  # pytest's "no tests" must fail CI
+
+
+def test_public_api_resolves() -> None:
+    import pipelab
+
+    missing = [n for n in pipelab.__all__ if not hasattr(pipelab, n)]
+    assert not missing and len(set(pipelab.__all__)) == len(pipelab.__all__), missing
+    for name in ("split", "simulate", "make_predictor", "Emulator", "PipelineRuntime", "max_stable_step"):
+        assert name in pipelab.__all__
