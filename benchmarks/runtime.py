@@ -32,10 +32,10 @@ row's timed window holds the same samples), and the time per mini-batch is
 the same quantity as the period of a long run: it leaves out the warm-up and the async pipeline's fill
 and drain, while a flushed step's own fill and drain (its bubble) is inside every period, as it should
 be. On CUDA, rank 0 synchronises its device before each timestamp, so that it marks when the device got
-there rather than the host. Throughput = samples per mini-batch / t_mb; a row's figure is the median over repeats, and each ratio
-the median of the ratios within a repeat (rows of one repeat ran close in time). Each run starts from
-fresh weights in a fresh ``PipelineRuntime`` / ``PipelineStage``; the whole run (barrier to barrier) is
-also timed, for the simulator.
+there rather than the host. Throughput = samples per mini-batch / t_mb; a row's figure is the median over
+repeats, and each ratio the median of the ratios within a repeat (rows of one repeat ran close in time).
+Each run starts from fresh weights in a fresh ``PipelineRuntime`` / ``PipelineStage``; the whole run
+(barrier to barrier) is also timed, for the simulator.
 
 Fair comparison of async 1F1B with GPipe at M = D: both run micro-batches of b samples; one GPipe
 mini-batch (M = D micro-batches, one flush, one update) is compared with D async mini-batches of one
@@ -427,7 +427,8 @@ def run_benchmark(cfg: BenchConfig) -> Result:
     M = cfg.M
     ratios = {"pipelab/torch GPipe, time per mini-batch": paired("pipelab GPipe", "torch GPipe", False),
               "pipelab/torch 1F1B, time per mini-batch": paired("pipelab 1F1B", "torch 1F1B", False),
-              f"async stashing M=1 / pipelab GPipe M={M}, samples/s": paired("async stashing M=1", "pipelab GPipe", True),
+              f"async stashing M=1 / pipelab GPipe M={M}, samples/s":
+                  paired("async stashing M=1", "pipelab GPipe", True),
               f"async stashing M=1 / torch GPipe M={M}, samples/s": paired("async stashing M=1", "torch GPipe", True)}
     if cfg.pipeoptim:
         ratios[f"async pipeoptim M=1 / pipelab GPipe M={M}, samples/s"] = paired("async pipeoptim M=1",
