@@ -55,6 +55,12 @@ Correctness of the comparison: the last pipelab GPipe / 1F1B run and the last to
 start from the same weights and see the same data, so their final weights must agree (to float32
 rounding); the script prints the largest difference.
 
+Allocator: on CPU the runtime allocates parameter-sized buffers per job (each backward's weight
+gradients, each update's weight snapshot), and with glibc's default malloc tuning freed memory goes back
+to the OS, so these buffers page-fault again every time; that costs pipelab's flushed rows ~10% on a
+small CPU box. The report's header names any ``MALLOC_*`` variables set, since they change the numbers
+(e.g. ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296`` keeps freed memory).
+
 Targets (issue 7): pipelab's flushed schedules within 10% of the torch equivalents (time ratio ≤ 1.10);
 async 1F1B ≥ 1.2× GPipe's throughput at M = D.
 
@@ -70,6 +76,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -453,6 +460,8 @@ def format_report(res: Result) -> str:
         f"spawn {res.wall_s:.0f} s",
         f"model deep_mlp(in={cfg.in_features}, width={cfg.width}, depth={cfg.depth}) float32, {cfg.optimizer}, "
         f"{D} stages; flushed mini-batch {cfg.batch} = M={M} × micro-batch {cfg.micro}",
+        "allocator environment: " + (", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                                             if k.startswith("MALLOC_")) or "default (no MALLOC_* set)"),
         f"time per mini-batch = stage 0's intake period over {cfg.steps} flushed mini-batches after {cfg.warmup} "
         f"(async M=1: ×{M}), median of {cfg.repeats} repeats [min–max]",
         "profile (ms per micro-batch): " + "; ".join(
