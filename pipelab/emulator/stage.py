@@ -75,6 +75,9 @@ class StageExecutor:
         self.specs, self.events, self.last_use = specs, list(events), dict(last_use)
         self.policy, self.table, self.loss_fn, self.recompute = policy, table, loss_fn, recompute
         self.ring = VersionRing(capacity, k)
+        # A stage that never holds two versions at once (flushed schedules) stores its one version as views
+        # of the live parameters: the optimizer step that overwrites them comes after the version's last use.
+        self.share_live = capacity == 1
         self.version = 0
         self.position = 0  # index of the next event in ``events``
         self.drops: dict[int, list[int]] = {}
@@ -92,6 +95,9 @@ class StageExecutor:
     # ------------------------------------------------------------------------------------- weights
 
     def snapshot(self) -> tuple[Tensor, ...]:
+        """The current weights as a stored version: a copy, or views of the live weights (``share_live``)."""
+        if self.share_live:
+            return tuple(p.detach().requires_grad_(p.requires_grad) for p in self.params)
         return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
 
     def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:

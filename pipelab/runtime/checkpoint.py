@@ -25,31 +25,9 @@ from typing import Any
 
 import torch
 
-from .engine import ACT, GRAD, PipelineRuntime, _tag
+from .engine import PipelineRuntime, messages
 
 __all__ = ["consistent_cut", "save_checkpoint", "load_checkpoint"]
-
-
-def _messages(schedule: Any) -> list[tuple[int, int, int, int, int, int, int]]:
-    """Every cross-rank message: (src, send position, dst, receive position, tag, t, j)."""
-    D = schedule.D
-    sends: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-    recvs: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-    for w, prog in enumerate(schedule.programs):
-        for pos, a in enumerate(prog):
-            k, t, j = a.stage, a.step, a.micro
-            if a.op == "F":
-                if k < D - 1 and schedule.worker_of("F", k + 1, t, j) != w:
-                    sends[(_tag(ACT, k + 1), t, j, w)] = (w, pos)
-                if k > 0 and schedule.worker_of("F", k - 1, t, j) != w:
-                    recvs[(_tag(ACT, k), t, j, schedule.worker_of("F", k - 1, t, j))] = (w, pos)
-            elif a.op == "B":
-                if k > 0 and schedule.worker_of("B", k - 1, t, j) != w:
-                    sends[(_tag(GRAD, k - 1), t, j, w)] = (w, pos)
-                if k < D - 1 and schedule.worker_of("B", k + 1, t, j) != w:
-                    recvs[(_tag(GRAD, k), t, j, schedule.worker_of("B", k + 1, t, j))] = (w, pos)
-    return [(src, spos, recvs[key][0], recvs[key][1], key[0], key[1], key[2])
-            for key, (src, spos) in sends.items()]
 
 
 def consistent_cut(schedule: Any, step: int) -> tuple[list[int], set[tuple[int, int, int, int, int]]]:
@@ -62,15 +40,15 @@ def consistent_cut(schedule: Any, step: int) -> tuple[list[int], set[tuple[int, 
     if not 0 <= step <= schedule.steps:
         raise ValueError(f"step must be in 0..{schedule.steps}, got {step}")
     cut = [next((i for i, a in enumerate(prog) if a.step >= step), len(prog)) for prog in schedule.programs]
-    messages = _messages(schedule)
+    msgs = messages(schedule)
     changed = True
     while changed:
         changed = False
-        for src, spos, dst, rpos, *_ in messages:
+        for src, spos, dst, rpos, *_ in msgs:
             if spos >= cut[src] and rpos < cut[dst]:  # orphan: received before the cut, sent after it
                 cut[dst] = rpos
                 changed = True
-    in_flight = {(src, dst, tag, t, j) for src, spos, dst, rpos, tag, t, j in messages
+    in_flight = {(src, dst, tag, t, j) for src, spos, dst, rpos, tag, t, j in msgs
                  if spos < cut[src] and rpos >= cut[dst]}
     return cut, in_flight
 

@@ -34,7 +34,7 @@ import math
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -45,7 +45,7 @@ from ..emulator.engine import split_micro
 from ..emulator.plan import as_stages, build_pipeline
 from ..emulator.stage import StageExecutor
 
-__all__ = ["PipelineRuntime", "RuntimeResult", "channels"]
+__all__ = ["PipelineRuntime", "RuntimeResult", "Message", "messages", "channels"]
 
 Batch = tuple[Tensor, Tensor]
 # message kinds: the input of stage k (an activation) or the gradient of stage k's output
@@ -57,28 +57,51 @@ def _tag(kind: int, stage: int) -> int:
     return 2 * stage + kind
 
 
-def channels(schedule: Any) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
-    """Cross-rank messages of a schedule per channel ``(src, dst, tag)``: (send order, receive order).
+class Message(NamedTuple):
+    """A cross-rank transfer: sent by ``src`` at program position ``send_pos``, received by ``dst`` at
+    ``recv_pos``, on channel ``tag``, for micro-batch ``(t, j)``."""
 
-    Each list holds ``(t, j)`` in the order the sender's / receiver's program handles them; the runtime
-    requires the two to be equal on every channel.
-    """
+    src: int
+    send_pos: int
+    dst: int
+    recv_pos: int
+    tag: int
+    t: int
+    j: int
+
+
+def messages(schedule: Any) -> list[Message]:
+    """Every cross-rank message of a schedule, with its send and receive positions in the programs."""
     D = schedule.D
-    out: dict[tuple[int, int, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+    sends: dict[tuple[int, int, int, int], tuple[int, int]] = {}
+    recvs: dict[tuple[int, int, int, int], tuple[int, int]] = {}
     for w, prog in enumerate(schedule.programs):
-        for a in prog:
+        for pos, a in enumerate(prog):
             k, t, j = a.stage, a.step, a.micro
             if a.op == "F":
-                if k < D - 1 and (dst := schedule.worker_of("F", k + 1, t, j)) != w:
-                    out[(w, dst, _tag(ACT, k + 1))][0].append((t, j))
+                if k < D - 1 and schedule.worker_of("F", k + 1, t, j) != w:
+                    sends[(_tag(ACT, k + 1), t, j, w)] = (w, pos)
                 if k > 0 and (src := schedule.worker_of("F", k - 1, t, j)) != w:
-                    out[(src, w, _tag(ACT, k))][1].append((t, j))
+                    recvs[(_tag(ACT, k), t, j, src)] = (w, pos)
             elif a.op == "B":
-                if k > 0 and (dst := schedule.worker_of("B", k - 1, t, j)) != w:
-                    out[(w, dst, _tag(GRAD, k - 1))][0].append((t, j))
+                if k > 0 and schedule.worker_of("B", k - 1, t, j) != w:
+                    sends[(_tag(GRAD, k - 1), t, j, w)] = (w, pos)
                 if k < D - 1 and (src := schedule.worker_of("B", k + 1, t, j)) != w:
-                    out[(src, w, _tag(GRAD, k))][1].append((t, j))
-    return dict(out)
+                    recvs[(_tag(GRAD, k), t, j, src)] = (w, pos)
+    return [Message(src, spos, recvs[key][0], recvs[key][1], key[0], key[1], key[2])
+            for key, (src, spos) in sends.items()]
+
+
+def channels(schedule: Any) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Cross-rank messages per channel ``(src, dst, tag)``: (send order, receive order) of their ``(t, j)``.
+
+    The runtime requires the two orders to be equal on every channel (point-to-point matching is FIFO).
+    """
+    grouped: dict[tuple[int, int, int], list[Message]] = defaultdict(list)
+    for m in messages(schedule):
+        grouped[(m.src, m.dst, m.tag)].append(m)
+    return {key: ([(m.t, m.j) for m in sorted(ms, key=lambda m: m.send_pos)],
+                  [(m.t, m.j) for m in sorted(ms, key=lambda m: m.recv_pos)]) for key, ms in grouped.items()}
 
 
 @dataclass
@@ -94,8 +117,8 @@ class RuntimeResult:
         memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
             ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —
             plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights).
-        trace: per completed step, ``(versions held, saved inputs, pending gradients)`` summed over this
-            rank's stages, to check that nothing grows over a run.
+        trace: per completed step, ``(versions held, saved inputs, pending gradients, unfinished sends)``
+            summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
     """
 
@@ -105,7 +128,7 @@ class RuntimeResult:
     observed: dict[tuple[str, int, int, int], int]
     weights: dict[int, tuple[Tensor, ...]]
     memory: dict[str, Any]
-    trace: list[tuple[int, int, int]]
+    trace: list[tuple[int, int, int, int]]
     position: int
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -167,6 +190,10 @@ class PipelineRuntime:
             raise ValueError("this policy needs jobs to wait for future weights; only the emulator can run it")
         self.D, self.M, self.steps = self.plan.D, self.plan.M, self.plan.steps
         self.executors: dict[int, StageExecutor] = self.plan.stages
+        msgs = messages(schedule)
+        # where each of our sends is received, and where each message we receive was sent (for releasing sends)
+        self._recv_pos = {(m.dst, m.tag, m.t, m.j): m.recv_pos for m in msgs if m.src == self.rank}
+        self._send_pos = {(m.src, m.tag, m.t, m.j): m.send_pos for m in msgs if m.dst == self.rank}
         for key, (sends, recvs) in channels(schedule).items():
             if sends != recvs:
                 raise ValueError(f"channel {key} (src, dst, tag): the sender's order {sends[:6]}... differs from "
@@ -174,13 +201,13 @@ class PipelineRuntime:
         self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
         self.position = 0
         self._local: dict[tuple[int, int, int, int], Tensor] = {}  # same-rank hand-overs
-        self._pending: list[tuple[Any, Tensor]] = []  # in-flight isends (work, tensor kept alive)
+        self._pending: dict[int, list[tuple[int, Any, Tensor]]] = defaultdict(list)  # dst -> (recv pos, work, tensor)
         self._step_loss: dict[int, list[Tensor]] = defaultdict(list)
         self._losses: dict[int, float] = {}
-        self._trace: list[tuple[int, int, int]] = []
+        self._trace: list[tuple[int, int, int, int]] = []
         self._act_bytes = 0
         self._act_peak = 0
-        self._outbox: list[tuple[int, int, Tensor]] = []  # (dst, tag, tensor) to send on resume
+        self._outbox: list[tuple[int, int, int, int, Tensor]] = []  # (dst, tag, t, j, tensor) to send on resume
         self._retain: set[tuple[int, int, int, int]] = set()
         if dist.is_initialized() and rank is None:
             check_consistent(self.fingerprint(), "pipeline configuration")
@@ -215,17 +242,33 @@ class PipelineRuntime:
     def _send(self, tensor: Tensor, dst: int, tag: int, t: int, j: int) -> None:
         tensor = tensor.contiguous()
         if (dst, tag, t, j) in self._retain:  # crosses a checkpoint's cut: the resumed run sends it
-            self._outbox.append((dst, tag, tensor))
+            self._outbox.append((dst, tag, t, j, tensor))
             return
-        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+        self._pending[dst].append((self._recv_pos[(dst, tag, t, j)], dist.isend(tensor, dst, tag=tag), tensor))
 
-    def _recv(self, shape: torch.Size, dtype: torch.dtype, src: int, tag: int) -> Tensor:
+    def _recv(self, shape: torch.Size, dtype: torch.dtype, src: int, tag: int, t: int, j: int) -> Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         dist.irecv(buf, src, tag=tag).wait()
+        self._release(src, self._send_pos[(src, tag, t, j)])
         return buf
 
-    def _reap(self) -> None:
-        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+    def _release(self, peer: int, sent_at: int) -> None:
+        """Complete our sends to ``peer`` that it received before position ``sent_at`` of its program.
+
+        ``peer`` sent the message we just received at ``sent_at``, so every receive it placed earlier has
+        finished: waiting on those sends returns at once and frees their tensors. (Gloo reports a send as
+        unfinished until it is waited on, so polling would keep every sent tensor alive for the whole run.)
+        """
+        pending = self._pending.get(peer)
+        if not pending:
+            return
+        keep = []
+        for recv_pos, work, tensor in pending:
+            if recv_pos < sent_at:
+                work.wait()
+            else:
+                keep.append((recv_pos, work, tensor))
+        self._pending[peer] = keep
 
     # ------------------------------------------------------------------------------------- running
 
@@ -261,8 +304,8 @@ class PipelineRuntime:
             end = max(cut[self.rank], self.position)
             self._retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
         outbox, self._outbox = self._outbox, []
-        for dst, tag, tensor in outbox:  # messages in flight when the checkpoint was taken, in order
-            self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+        for dst, tag, t, j, tensor in outbox:  # messages in flight when the checkpoint was taken, in order
+            self._pending[dst].append((self._recv_pos[(dst, tag, t, j)], dist.isend(tensor, dst, tag=tag), tensor))
         for pos in range(self.position, end):
             op, k, t, j = self.program[pos][:4]
             ex = self.executors[k]
@@ -273,7 +316,7 @@ class PipelineRuntime:
                     x_in = self._local.pop((ACT, k, t, j))
                 else:
                     shape, dtype = self._boundaries(micro(t)[0][j])[k]
-                    x_in = self._recv(shape, dtype, src, _tag(ACT, k))
+                    x_in = self._recv(shape, dtype, src, _tag(ACT, k), t, j)
                 out = ex.forward(t, j, x_in, micro(t)[1][j] if k == last else None)
                 self._act_bytes += x_in.numel() * x_in.element_size()
                 self._act_peak = max(self._act_peak, self._act_bytes)
@@ -292,7 +335,7 @@ class PipelineRuntime:
                     g_out = self._local.pop((GRAD, k, t, j))
                 else:
                     shape, dtype = self._boundaries(micro(t)[0][j])[k + 1]
-                    g_out = self._recv(shape, dtype, src, _tag(GRAD, k))
+                    g_out = self._recv(shape, dtype, src, _tag(GRAD, k), t, j)
                 saved_in = ex.saved[(t, j)][1]
                 self._act_bytes -= saved_in.numel() * saved_in.element_size()
                 g_in = ex.backward(t, j, g_out)
@@ -308,16 +351,16 @@ class PipelineRuntime:
             else:
                 raise ValueError(f"the runtime does not execute {op!r} actions (split backward)")
             self.position = pos + 1
-            if len(self._pending) > 16:
-                self._reap()
-        for work, _ in self._pending:
-            work.wait()
-        self._pending = []
+        for pending in self._pending.values():
+            for _, work, _ in pending:
+                work.wait()
+        self._pending.clear()
         return self._result()
 
-    def _held(self) -> tuple[int, int, int]:
+    def _held(self) -> tuple[int, int, int, int]:
         ex = self.executors.values()
-        return (sum(len(e.ring) for e in ex), sum(len(e.saved) for e in ex), sum(len(e.acc) for e in ex))
+        return (sum(len(e.ring) for e in ex), sum(len(e.saved) for e in ex), sum(len(e.acc) for e in ex),
+                sum(len(p) for p in self._pending.values()))
 
     def _result(self) -> RuntimeResult:
         losses = [math.nan] * self.steps
