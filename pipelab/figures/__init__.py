@@ -142,14 +142,18 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str) -> list[
 
     from .. import __version__
 
+    from ..style import context
+
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for ext in ("png", "pdf"):
         path = outdir / f"{name}.{ext}"
-        # Fixed metadata keeps the files reproducible (no creation dates in the PDF).
+        # Fixed metadata keeps the files reproducible (no creation dates in the PDF); the style's savefig
+        # settings (tight bounding box, dpi) apply, so legends placed outside the axes are kept.
         meta = {"CreationDate": None} if ext == "pdf" else {"Software": None}
-        out.figure.savefig(path, metadata=meta)
+        with context():
+            out.figure.savefig(path, metadata=meta)
         paths.append(path)
     for suffix, text in out.tables.items():
         path = outdir / f"{name}.{suffix}"

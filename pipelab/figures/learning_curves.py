@@ -278,7 +278,9 @@ def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutpu
         ax.set_xlabel("stages D")
         ax.set_title(f"{task} · {OPT_LABELS[opt]}", fontsize=9)
     axes[0, 0].set_ylabel("best test acc. − sequential (pp)")
-    axes[0, -1].legend(fontsize=8, loc="best")
+    # one legend for all panels: a policy may run in some panels only (SpecTrain with SGDM)
+    handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(f"Accuracy gap to sequential training vs pipeline depth ({len(cfg.seeds)} seed(s), "
                  "paired by seed; bars: ±1 std)", fontsize=10)
     fig.tight_layout()
