@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelab.stability import delayed_gd, heavy_ball, max_stable_step, predicted_momentum
+from pipelab.stability import delayed_gd, delayed_gd_threshold, heavy_ball, max_stable_step, predicted_momentum
 from pipelab.stability.practice import delayed_training, least_squares_problem, max_stable_lr
 
 
@@ -65,3 +65,26 @@ def test_bad_arguments(problem):
         delayed_training(problem, 0.1, 1, optimizer="adam")
     with pytest.raises(ValueError, match="lam_min"):
         least_squares_problem(4, lam_max=1.0, lam_min=2.0)
+
+
+@pytest.mark.parametrize("tau,momentum,policy", [(1, 0.0, "stashing"), (3, 0.0, "vanilla"), (2, 0.9, "stashing")])
+def test_pipeline_training_equals_the_delayed_recurrence(tau: int, momentum: float, policy: str) -> None:
+    """Async 1F1B with D = τ+1 stages, weights in stage 0: the schedule delays the gradient by exactly τ."""
+    from pipelab.stability.practice import pipeline_training
+
+    prob = least_squares_problem(dim=6, lam_max=1.0, lam_min=0.05, seed=3)
+    lr = 0.5 * delayed_gd_threshold(tau) if momentum == 0 else 0.02
+    ref = delayed_training(prob, lr, tau, steps=120, momentum=momentum)
+    got = pipeline_training(prob, lr, tau, steps=120, momentum=momentum, policy=policy)
+    np.testing.assert_allclose(got.dist, ref.dist, rtol=1e-10, atol=1e-12)
+    assert got.diverged == ref.diverged
+
+
+def test_bisection_through_the_emulator_finds_the_delayed_threshold() -> None:
+    from pipelab.stability.practice import pipeline_training
+
+    prob = least_squares_problem(dim=4, lam_max=1.0, lam_min=0.1, seed=0)
+    tau = 2
+    theory = delayed_gd_threshold(tau) / prob.lam_max
+    lr = max_stable_lr(prob, tau, lo=0.8 * theory, hi=1.2 * theory, rel_tol=5e-3, steps=400, trainer=pipeline_training)
+    assert abs(lr / theory - 1) < 0.02  # 400 steps resolve the threshold to about 1 %

@@ -7,9 +7,10 @@ prediction, past momentum buffers). On every eigen-direction this is exactly a l
 :mod:`.methods`, so the largest stable learning rate is ``η* = z*/λ_max`` with ``z*`` from
 :func:`pipelab.stability.max_stable_step` — the theory is checked against the real optimizer.
 
-:func:`delayed_training` is the only place that produces the delayed gradient; it is deliberately small
-so that it can be replaced by a pipeline emulation (asynchronous 1F1B, where stage k sees a delay set by
-the schedule's version table) without changing :func:`max_stable_lr`.
+Two trainers produce the delayed gradient: :func:`delayed_training`, a small explicit loop, and
+:func:`pipeline_training`, which runs the same problem through the pipeline emulator with asynchronous
+1F1B (PipeDream) so that the delay comes from the schedule's version table; both give the same
+trajectory (tested), and :func:`max_stable_lr` bisects either (``trainer=``).
 
 Example:
     >>> prob = least_squares_problem(dim=8, lam_max=1.0, lam_min=0.1, seed=0)
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-__all__ = ["LeastSquares", "least_squares_problem", "DelayedRun", "delayed_training", "max_stable_lr"]
+__all__ = ["LeastSquares", "least_squares_problem", "DelayedRun", "delayed_training", "pipeline_training",
+           "max_stable_lr"]
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,13 @@ def delayed_training(problem: LeastSquares, lr: float, tau: int, *, steps: int =
         dist.append(d)
         if not math.isfinite(d) or d > limit:
             return DelayedRun(np.asarray(dist), True, math.inf)
+    return _verdict(dist, steps)
+
+
+def _verdict(dist: list[float], steps: int) -> DelayedRun:
+    """Diverged iff the distance's growth factor between the maxima of two windows (each spanning
+    oscillation periods) in the second half of the run exceeds 1."""
     arr = np.asarray(dist)
-    # Growth factor between the maxima of two windows (a window spans oscillation periods).
     win = max(steps // 10, 1)
     late, mid = arr[-win:].max(), arr[steps // 2 - win // 2: steps // 2 + win // 2 + 1].max()
     span = (steps - win // 2) - steps // 2
@@ -178,8 +186,68 @@ def delayed_training(problem: LeastSquares, lr: float, tau: int, *, steps: int =
     return DelayedRun(arr, bool(rate > 1.0), rate)
 
 
+class _Delay(torch.nn.Module):
+    """A pipeline stage that passes its input through: ``x + 0·p`` (one parameter, always zero gradient)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros((), dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.0 * self.p
+
+
+def pipeline_training(problem: LeastSquares, lr: float, tau: int, *, steps: int = 2000, momentum: float = 0.0,
+                      nesterov: bool = False, policy: str = "stashing", blowup: float = 1e8) -> DelayedRun:
+    """Train ``problem`` through the pipeline emulator: asynchronous 1F1B (PipeDream) with D = τ+1 stages.
+
+    Stage 0 is the linear model ``x ↦ xᵀw`` (all the weights), stages 1..τ pass activations through, and
+    the last stage's loss is ``½(xᵀw − y)²`` summed over the full batch. The version table gives stage 0 a
+    forward staleness of D−1 = τ in steady state, and weight stashing (or vanilla: stage 0's weight
+    gradient does not depend on its own weights) computes ``g_t = ∇f(w_{t−τ})`` — the recurrence of
+    :func:`delayed_training`, produced by the schedule instead of a ring buffer written for it.
+
+    Args and returns as for :func:`delayed_training` (``policy``: an emulator policy name).
+    """
+    from ..emulator import Emulator
+    from ..schedules import pipedream
+
+    if tau < 0 or int(tau) != tau:
+        raise ValueError(f"tau must be a non-negative integer, got {tau!r}")
+    if steps < 4:
+        raise ValueError(f"steps must be >= 4, got {steps}")
+    dtype = problem.X.dtype
+    first = torch.nn.Linear(problem.X.shape[1], 1, bias=False).to(dtype=dtype, device=problem.X.device)
+    with torch.no_grad():
+        first.weight.copy_(problem.w0.unsqueeze(0))
+    stages = [first] + [_Delay(dtype).to(problem.X.device) for _ in range(tau)]
+    emu = Emulator(stages, schedule=pipedream(tau + 1, 1, steps), policy=policy,
+                   optimizer=lambda ps: torch.optim.SGD(ps, lr=lr, momentum=momentum, nesterov=nesterov),
+                   loss_fn=lambda out, y: 0.5 * ((out.squeeze(1) - y) ** 2).sum())
+    dist = [float(torch.linalg.vector_norm(problem.w0 - problem.w_star))]
+    limit = blowup * dist[0]
+
+    class _Stop(Exception):
+        pass
+
+    def record(v: int, weights: list[tuple[torch.Tensor, ...]]) -> None:
+        if v == 0:
+            return
+        d = float(torch.linalg.vector_norm(weights[0][0].detach().squeeze(0) - problem.w_star))
+        dist.append(d)
+        if not math.isfinite(d) or d > limit:
+            raise _Stop
+
+    try:
+        emu.run(lambda t: (problem.X, problem.y), snapshot_every=1, on_snapshot=record)
+    except _Stop:
+        return DelayedRun(np.asarray(dist), True, math.inf)
+    return _verdict(dist, steps)
+
+
 def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float | None = None, rel_tol: float = 1e-3,
-                  steps: int = 2000, max_iter: int = 40, **kwargs) -> float:
+                  steps: int = 2000, max_iter: int = 40, trainer: Callable[..., DelayedRun] | None = None,
+                  **kwargs) -> float:
     """Largest stable learning rate of :func:`delayed_training`, by bisection on ``diverged``.
 
     Args:
@@ -190,15 +258,17 @@ def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float
         rel_tol: stop when ``hi − lo < rel_tol·hi``.
         steps: training steps per trial (longer resolves the threshold more finely: the growth per step
             near it is ~ ``(η − η*)·const``).
-        kwargs: passed to :func:`delayed_training` (``momentum``, ``nesterov``, ``predict_s``).
+        trainer: :func:`delayed_training` (default) or :func:`pipeline_training` (through the emulator).
+        kwargs: passed to the trainer (``momentum``, ``nesterov``, ``predict_s``, ``policy``).
 
     Returns:
         the midpoint of the final bracket.
     """
+    train = trainer or delayed_training
     if hi is None:
         hi = 4.0 * (1.0 + kwargs.get("momentum", 0.0)) / problem.lam_max
         for _ in range(20):
-            if delayed_training(problem, hi, tau, steps=steps, **kwargs).diverged:
+            if train(problem, hi, tau, steps=steps, **kwargs).diverged:
                 break
             hi *= 2.0
         else:
@@ -207,7 +277,7 @@ def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float
         if hi - lo < rel_tol * hi:
             break
         mid = 0.5 * (lo + hi)
-        if delayed_training(problem, mid, tau, steps=steps, **kwargs).diverged:
+        if train(problem, mid, tau, steps=steps, **kwargs).diverged:
             hi = mid
         else:
             lo = mid
