@@ -69,7 +69,7 @@ def _presets() -> dict[str, LearningCurvesConfig]:
         "tiny": LearningCurvesConfig(("digits_mlp",), ("sgdm",), ("sequential", "stashing", "pipeoptim"), 4, (0,),
                                      epochs=1, batch_size=32, n_train=512, n_test=200, n_eval_train=200,
                                      depths=(4,), gap_tasks=("digits_mlp",)),
-        "quick": LearningCurvesConfig(("fashion_mnist_mlp", "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam"),
+        "quick": LearningCurvesConfig(("fashion_mnist_mlp", "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"),
                                       _QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
                                       n_test=2000, n_eval_train=2000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp",)),
