@@ -214,7 +214,19 @@ class TwoBW(Policy):
     backward = forward
 
 
-class SpecTrainPolicy(Policy):
+class _PredictingPolicy(Policy):
+    """A policy whose version differences come from the table (``"table"``) or the paper's formula (``"paper"``)."""
+
+    def __init__(self, staleness: str = "table") -> None:
+        if staleness not in ("table", "paper"):
+            raise ValueError(f"staleness must be 'table' or 'paper', got {staleness!r}")
+        self.staleness = staleness
+
+    def options(self) -> dict:
+        return {"staleness": self.staleness}
+
+
+class SpecTrainPolicy(_PredictingPolicy):
     """SpecTrain: forward and backward at weights predicted for the end of the micro-batch's round trip.
 
     Args:
@@ -228,10 +240,6 @@ class SpecTrainPolicy(Policy):
     default_predictor = "spectrain"
     summary = "forward and backward at weights predicted for the end of the round trip (prediction twice)"
 
-    def __init__(self, staleness: str = "table") -> None:
-        if staleness not in ("table", "paper"):
-            raise ValueError(f"staleness must be 'table' or 'paper', got {staleness!r}")
-        self.staleness = staleness
 
     def target(self, table: VersionTable, key: JobKey) -> int:
         return table.round_trip_target(key)
@@ -246,11 +254,9 @@ class SpecTrainPolicy(Policy):
 
     forward = backward = _spec
 
-    def options(self) -> dict:
-        return {"staleness": self.staleness}
 
 
-class PipeOptimPolicy(Policy):
+class PipeOptimPolicy(_PredictingPolicy):
     """PipeOptim: forward at weights predicted for the job's own update; backward at the current version.
 
     Args:
@@ -262,10 +268,6 @@ class PipeOptimPolicy(Policy):
     default_predictor = "pipeoptim"
     summary = "forward at weights predicted s = own − cur(F) updates ahead, backward at cur(B)"
 
-    def __init__(self, staleness: str = "table") -> None:
-        if staleness not in ("table", "paper"):
-            raise ValueError(f"staleness must be 'table' or 'paper', got {staleness!r}")
-        self.staleness = staleness
 
     def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
         base = _cur(table, key)
@@ -277,8 +279,6 @@ class PipeOptimPolicy(Policy):
     def backward(self, table: VersionTable, key: JobKey) -> WeightSpec:
         return Stored(_cur(table, key))
 
-    def options(self) -> dict:
-        return {"staleness": self.staleness}
 
 
 class PipeMarePolicy(Policy):
