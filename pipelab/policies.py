@@ -21,7 +21,7 @@ for asynchronous 1F1B and are compared in the tests.
 | vanilla         | cur(F)                        | cur(B) (VJP at newer weights)     | 1                         |
 | stashing        | cur(F)                        | cur(F) (stashed)                  | D−k                       |
 | vertical_sync   | cur(F(0, t, j)) (input stage) | same                              | D−k+1 (k>0), D (k=0)      |
-| 2bw             | cur(F(k, t, 0)) (step's first)| same                              | 2 (on the 2BW schedule)   |
+| 2bw             | cur(F(0, t, 0)) (= t−1, M ≥ D)| same                              | 2 (on the 2BW schedule)   |
 | spectrain       | Ŵ(cur(F) → R)                 | Ŵ(cur(B) → R)                     | 1 + 1 predicted           |
 | pipeoptim       | Ŵ(cur(F) → own)               | cur(B)                            | 1 + 1 predicted (k<D−1)   |
 | pipemare        | cur(F)                        | cur(B) − (cur(B)−cur(F))·δ        | 1 + δ + 1 corrected (k<D−1)|
@@ -202,16 +202,45 @@ class VerticalSync(Policy):
 
 
 class TwoBW(Policy):
-    """PipeDream-2BW: every micro-batch of step t uses the version current at the step's first forward."""
+    """PipeDream-2BW: every job of step t, at every stage, uses the version stage 0 had when step t began.
+
+    The 2BW rule (Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021, §3.1) is
+    ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` at every stage: a new version is made every M micro-batches and is
+    used by the micro-batches that enter the pipeline after it exists, at every stage, so each stage keeps
+    two versions. The version comes from the table: ``cur(F(0, t, 0))``, the input stage's version at step
+    t's first forward, which is t − 1 (t ≥ 1) on :func:`~pipelab.schedules.pipedream_2bw` with M ≥ D.
+
+    Args:
+        rule: ``"paper"`` (default, the 2BW rule above) or ``"stage_first"``: each stage uses the version
+            current at its *own* first forward of step t. That variant is **not 2BW** (the last stage is
+            then never stale, the others have staleness 1); it is kept only to measure the difference.
+    """
 
     name, title, schedule = "2bw", "PipeDream-2BW", "2bw"
-    summary = "forward and backward at cur(F(k, t, 0)), the version of the step's first forward (double buffer)"
+    summary = "forward and backward at cur(F(0, t, 0)): version t−1 at every stage (double buffer)"
+    RULES: ClassVar[tuple[str, ...]] = ("paper", "stage_first")
+
+    def __init__(self, rule: str = "paper") -> None:
+        if rule not in self.RULES:
+            raise ValueError(f"rule must be one of {self.RULES}, got {rule!r}")
+        self.rule = rule
 
     def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
         _, k, t, _ = key
-        return Stored(table.current[("F", k, t, 0)])
+        return Stored(table.current[("F", 0 if self.rule == "paper" else k, t, 0)])
 
     backward = forward
+
+    def check(self, table: VersionTable) -> None:
+        """Refuse a schedule on which a job would need a version its stage does not have yet."""
+        for key, cur in table.current.items():
+            v = self.forward(table, key).version  # type: ignore[union-attr]
+            if v > cur:
+                raise ValueError(f"policy '2bw' on this schedule makes job {key} use version {v} of stage {key[1]} "
+                                 f"before it exists (current {cur}); use pipedream_2bw(D, M) with M >= D")
+
+    def options(self) -> dict:
+        return {"rule": self.rule}
 
 
 class _PredictingPolicy(Policy):

@@ -85,16 +85,19 @@ def test_D1_reduces_every_policy_to_plain_training(policy) -> None:
     assert max_diff(ref, m) <= TOL
 
 
-def delayed_recurrence(model: nn.Module, D: int, opt, data) -> nn.Module:
-    """Weight stashing written by hand: mini-batch t uses stage k's version max(0, t − (D−1−k)) in
-    forward and backward; stage k's update t applies that gradient to its newest weights."""
+def delayed_recurrence(model: nn.Module, D: int, opt, data, version=None) -> nn.Module:
+    """A delayed-gradient recurrence written by hand: mini-batch t uses stage k's version ``version(k, t)``
+    (default: weight stashing on async 1F1B, max(0, t − (D−1−k))) in forward and backward; stage k's
+    update t applies that gradient to its newest weights."""
+    if version is None:
+        version = lambda k, t: max(0, t - (D - 1 - k))  # noqa: E731
     model = copy.deepcopy(model)
     stages = split(model, D)
     opts = [opt(list(s.parameters())) for s in stages]
     history = [[tuple(p.detach().clone() for p in s.parameters())] for s in stages]
     names = [[n for n, _ in s.named_parameters()] for s in stages]
     for t, (x, y) in enumerate(data):
-        ws = [tuple(w.clone().requires_grad_(True) for w in history[k][max(0, t - (D - 1 - k))]) for k in range(D)]
+        ws = [tuple(w.clone().requires_grad_(True) for w in history[k][version(k, t)]) for k in range(D)]
         h = x
         for k, s in enumerate(stages):
             h = functional_call(s, dict(zip(names[k], ws[k])), (h,))
@@ -121,6 +124,25 @@ def test_weight_stashing_equals_delayed_recurrence(opt_name) -> None:
     assert res.ring_capacity == [D - k for k in range(D)]
     seq, _ = plain(model, opt, data)
     assert max_diff(seq, m) > 1e-4  # stashing is not sequential training
+
+
+@pytest.mark.parametrize("opt_name", ["sgdm", "adam"])
+def test_2bw_equals_the_delay_one_recurrence_at_every_stage(opt_name) -> None:
+    """PipeDream-2BW (ICML 2021, §3.1): W(t+1) = W(t) − ν∇f(W(t−1)) at every stage, two copies per stage."""
+    D, M, T = 4, 4, 5  # 20 micro-batches
+    model, data = make_model(), make_data(T, n=2 * M)
+    opt = OPTIMIZERS[opt_name]
+    ref = delayed_recurrence(model, D, opt, data, version=lambda k, t: max(t - 1, 0))
+    m = copy.deepcopy(model)
+    emu = Emulator(m, D=D, schedule=pipedream_2bw(D, M, T), policy="2bw", optimizer=opt)
+    res = emu.run(data)
+    assert max_diff(ref, m) <= TOL
+    for op in "FB":
+        assert all(res.used[(op, k, t, j)] == max((t * M + j) // M - 1, 0)
+                   for k in range(D) for t in range(T) for j in range(M))
+    assert res.ring_capacity == [2] * D and emu.weight_copies == [2] * D
+    seq, _ = plain(model, opt, data)
+    assert max_diff(seq, m) > 1e-4  # 2BW is not sequential training
 
 
 @pytest.mark.parametrize("M", [1, 2])

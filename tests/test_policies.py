@@ -54,7 +54,7 @@ def test_observed_versions_equal_the_simulator_table(policy, schedule) -> None:
                 assert res.observed[("F", k, t, j)] == vt.forward[k, t, j]
                 assert res.observed[("B", k, t, j)] == vt.backward[k, t, j]
     # the versions the policy used follow the simulator's weight rules
-    rule = {"stashing": "stash", "2bw": "step_first", "vanilla": "current"}.get(policy)
+    rule = {"stashing": "stash", "2bw": "double_buffer", "vanilla": "current"}.get(policy)
     if rule is not None:
         for op in "FB":
             used = vt.used(op, rule)

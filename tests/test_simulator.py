@@ -198,14 +198,26 @@ def test_spectrain_version_difference_matches_the_round_trip(D: int) -> None:
 
 
 @pytest.mark.parametrize("D,M", [(3, 3), (4, 4), (4, 6), (5, 8)])
-def test_2bw_has_staleness_one_and_two_buffers(D: int, M: int) -> None:
+def test_2bw_has_staleness_one_and_two_buffers_at_every_stage(D: int, M: int) -> None:
     T = 6
     vt = simulate(pipedream_2bw(D, M, steps=T)).version_table
-    st = vt.staleness("F")  # the schedule's own weight rule: step_first
-    assert np.all(st[:-1, 1:] == 1) and np.all(st[-1] == 0)
+    st = vt.staleness("F")  # the schedule's own weight rule: double_buffer
+    assert np.all(st[:, 1:] == 1) and np.all(st[:, 0] == 0)  # W(t+1) = W(t) − ν∇f(W(t−1)), every stage
     assert np.all(vt.staleness("B") == st)  # one version per step for F and B
-    assert max(vt.stash_depth(k) for k in range(D)) == 2
-    assert vt.staleness("F", rule="current").min() == 0  # late micro-batches would see the fresh version
+    assert [vt.stash_depth(k) for k in range(D)] == [2] * D
+    # the variant that is not 2BW: the last stage's first forward of a step comes after its update
+    local = vt.staleness("F", rule="stage_step_first")
+    assert np.all(local[:-1, 1:] == 1) and np.all(local[-1] == 0)
+
+
+def test_2bw_version_table_is_the_papers_rule_for_every_micro_batch() -> None:
+    """D=4, M=4, 20 micro-batches: micro-batch g uses version max(⌊g/M⌋ − 1, 0) at every stage."""
+    D, M, T = 4, 4, 5
+    vt = simulate(pipedream_2bw(D, M, steps=T)).version_table
+    g = np.arange(T * M).reshape(T, M)
+    want = np.maximum(g // M - 1, 0)
+    for op in "FB":
+        np.testing.assert_array_equal(vt.used(op), np.broadcast_to(want, (D, T, M)))
 
 
 def test_version_table_accessors() -> None:

@@ -137,7 +137,7 @@ def schedules_async(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     D = cfg.D
     entries = [("PipeDream async 1F1B, M=1 (version current at the job)", pipedream(D, 1, cfg.async_steps)),
-               (f"PipeDream-2BW, M={D} (one buffered version per step)", pipedream_2bw(D, D, max(2, cfg.async_steps // D + 1)))]
+               (f"PipeDream-2BW, M={D} (version t−1 at every stage)", pipedream_2bw(D, D, max(2, cfg.async_steps // D + 1)))]
     return _gantt_figure(entries, cfg, "Asynchronous 1F1B: no flush, U after each mini-batch; vN = the job uses weight "
                          "version $W^{(N)}$", versions=True)
 
@@ -277,7 +277,7 @@ def schedules_staleness(preset: str, *, progress: bool = False) -> FigureOutput:
     sm = vtm.staleness("F")[:, steady, :]
     ax.plot(k, sm.mean(axis=(1, 2)), "o-", label=f"async 1F1B, M={cfg.M2}: mean")
     ax.fill_between(k, sm.min(axis=(1, 2)), sm.max(axis=(1, 2)), alpha=0.2, label="min–max over micro-batches")
-    ax.plot(k, vt2.staleness("F")[:, steady, :].mean(axis=(1, 2)), "s-", label=f"2BW, M={cfg.M2} (step-first)")
+    ax.plot(k, vt2.staleness("F")[:, steady, :].mean(axis=(1, 2)), "s-", label=f"2BW, M={cfg.M2} (double buffer)")
     ax.set_xlabel("stage k")
     ax.set_ylabel("forward staleness")
     ax.set_title("one update per M micro-batches", fontsize=10)

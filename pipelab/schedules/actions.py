@@ -50,7 +50,7 @@ OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
 #: Ops that occupy a worker with model compute on a micro-batch.
 COMPUTE_OPS: frozenset[str] = frozenset({"F", "B", "I", "W"})
 #: Which weight version a schedule's design makes a job use (see ``Schedule.weight_rule``).
-WEIGHT_RULES: tuple[str, ...] = ("current", "step_first")
+WEIGHT_RULES: tuple[str, ...] = ("current", "double_buffer", "stage_step_first")
 
 
 class Action(NamedTuple):
@@ -101,8 +101,10 @@ class Schedule:
         sync_lag: ``None`` (no weight barrier: asynchronous) or L ≥ 0: F/B of stage k in step t wait for
             U(k, t−1−L) at their weight source (0 = flushed, synchronous training).
         weight_rule: the weight version the schedule's design uses for a job: ``"current"`` (the version
-            current when the job runs) or ``"step_first"`` (PipeDream-2BW: every micro-batch of step t at
-            stage k uses the version current when step t's first forward ran at stage k).
+            current when the job runs), ``"double_buffer"`` (PipeDream-2BW: every micro-batch of step t, at
+            every stage, uses the version the input stage had when step t entered the pipeline, i.e.
+            max(t−1, 0) with M ≥ D) or ``"stage_step_first"`` (a variant that is *not* 2BW: stage k uses the
+            version current at its own first forward of step t, so the last stage is never stale).
         update_rule: the written rule of when U happens in this schedule.
         params: the builder's parameters (e.g. ``{"V": 2}``), recorded for figures and reports.
 

@@ -14,8 +14,8 @@ builder                   order on worker k                                     
 ``pipedream`` (async)     the same 1F1B order over all T·M micro-batches,        right after B(k, t, M−1);
                           never flushed; D−k micro-batches in flight             no barrier
 ``pipedream_2bw``         as ``pipedream`` with M ≥ D                            right after B(k, t, M−1);
-                                                                                 step t uses one buffered
-                                                                                 version (``step_first``)
+                                                                                 step t uses version t−1 at
+                                                                                 every stage (two buffers)
 ``interleaved_1f1b``      Megatron's interleaved order, V chunks per worker,     after the step's last B,
                           stage s on worker s mod W                              flush
 ``folded``                worker i holds stages i and D−1−i, greedy B-first        after the step's last B,
@@ -167,22 +167,38 @@ def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
 
 
 def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
-    """PipeDream-2BW: asynchronous 1F1B with M ≥ D micro-batches per update and two weight buffers.
+    """PipeDream-2BW: asynchronous 1F1B with M ≥ D micro-batches per update and double-buffered weights.
 
-    Same order as :func:`pipedream`; every micro-batch of step t at stage k uses the version current when
-    step t's first forward ran there (``weight_rule="step_first"``), so W_{t+1} = W_t − ν∇f(W_{t−1}):
-    staleness 1 at every stage but the last (0 there, its first forward comes after its update).
+    Same order as :func:`pipedream`. The 2BW rule (Narayanan et al., ICML 2021, §3.1) is
+
+        W^(t+1) = W^(t) − ν · ∇f(W^(t−1))     at *every* stage,
+
+    so micro-batch g (counted over the run, g = t·M + j) uses version max(⌊g/M⌋ − 1, 0) in forward and
+    backward at every stage, and every stage holds two versions (the one in use and the newest). The
+    schedule records this as ``weight_rule="double_buffer"``: the version table reads the version as the one
+    the *input stage* had when step t's first micro-batch entered the pipeline, which equals t − 1 for
+    t ≥ 1 whenever M ≥ D (tested). It is derived from the simulated timeline, not from the formula.
+
+    The ``2bw`` policy's ``rule="stage_first"`` variant (each stage uses the version current at its own first
+    forward of the step, so the last stage is never stale) is *not* 2BW; it is kept only for comparison.
 
     Raises:
         ValueError: if M < D (two buffers are then not enough).
+
+    Example:
+        >>> from pipelab.simulator import simulate
+        >>> vt = simulate(pipedream_2bw(D=2, M=2, steps=3)).version_table
+        >>> vt.used("F")[:, :, 0].tolist()        # stages × steps: version t−1 at every stage
+        [[0, 0, 1], [0, 0, 1]]
     """
     D, M = check_int("D", D), check_int("M", M)
     if M < D:
         raise ValueError(f"pipedream_2bw needs M >= D micro-batches per update (M={M}, D={D}); with fewer, "
                          "more than two weight versions are in flight")
-    s = pipedream(D, M, steps, name="2BW", weight_rule="step_first")
-    rule = "U(k,t) right after B(k,t,M−1); step t's micro-batches use one buffered version (double buffer)"
-    return Schedule(s.name, s.programs, D, M, s.steps, s.weight_holders, None, "step_first", rule, s.params)
+    s = pipedream(D, M, steps, name="2BW", weight_rule="double_buffer")
+    rule = ("U(k,t) right after B(k,t,M−1); all micro-batches of step t use version t−1 at every stage "
+            "(double buffer)")
+    return Schedule(s.name, s.programs, D, M, s.steps, s.weight_holders, None, "double_buffer", rule, s.params)
 
 
 @gc_paused

@@ -9,9 +9,10 @@ of updates U(k,·) at h that *ended* at or before τ. For each job (op, k, t, j)
     staleness            = update_version[k, t] − version used by the job
 
 so a gradient computed with the weights it is applied to has staleness 0. Which version a job *uses*
-depends on the weight rule: ``"current"`` (the version at the job), ``"step_first"`` (PipeDream-2BW: the
-version at the first forward of step t at stage k, for all of step t's jobs) or ``"stash"`` (weight
-stashing: the backward uses the version its forward used).
+depends on the weight rule: ``"current"`` (the version at the job), ``"double_buffer"`` (PipeDream-2BW: all
+of step t's jobs at every stage use the version the input stage had at step t's first forward, t − 1 when
+M ≥ D), ``"stage_step_first"`` (not 2BW: the version at stage k's own first forward of step t) or ``"stash"``
+(weight stashing: the backward uses the version its forward used).
 
 Named presets from the papers, to compare with the derived values (tests do):
 
@@ -42,7 +43,7 @@ __all__ = ["VersionTable", "pipeoptim_staleness", "spectrain_version_difference"
            "USED_RULES"]
 
 #: Rules for the version a job uses (see :meth:`VersionTable.used`).
-USED_RULES = ("current", "step_first", "stash")
+USED_RULES = ("current", "double_buffer", "stage_step_first", "stash")
 
 
 def pipeoptim_staleness(D: int, k: int | np.ndarray) -> int | np.ndarray:
@@ -132,7 +133,9 @@ class VersionTable:
     def used(self, op: str = "F", rule: str | None = None) -> np.ndarray:
         """Version each job uses under ``rule`` (default: the schedule's weight rule), shape [D, T, M].
 
-        ``current``: the version at the job; ``step_first``: forward[k, t, 0] for every job of step t;
+        ``current``: the version at the job; ``double_buffer`` (PipeDream-2BW): forward[0, t, 0], the input
+        stage's version at step t's first forward, for every job of step t at every stage;
+        ``stage_step_first``: forward[k, t, 0] for every job of step t at stage k (not 2BW);
         ``stash``: a backward uses the version of its own forward.
         """
         rule = self.weight_rule if rule is None else rule
@@ -140,7 +143,9 @@ class VersionTable:
             raise ValueError(f"rule must be one of {USED_RULES}, got {rule!r}")
         if op not in ("F", "B"):
             raise ValueError(f"op must be 'F' or 'B', got {op!r}")
-        if rule == "step_first":
+        if rule == "double_buffer":
+            return np.broadcast_to(self.forward[:1, :, :1], self.forward.shape).copy()
+        if rule == "stage_step_first":
             return np.broadcast_to(self.forward[:, :, :1], self.forward.shape).copy()
         if op == "F" or rule == "stash":
             return self.forward.copy()
