@@ -5,9 +5,10 @@ With ``W`` the starting weights, ``lr`` the group's learning rate and ``s`` the 
 - ``stale``:  ``Ŵ = W`` (no prediction; the baseline).
 - SpecTrain (Chen et al., arXiv:1809.02839, Eq. 4): ``Ŵ = W − s·lr·v`` with ``v`` SGD's momentum
   buffer (constant-velocity model). The published code uses ``v = μ·b + g`` instead (``formula="code"``).
-- PipeOptim (Guan et al., arXiv:2312.00839, Eq. 5 and Table I): ``Ŵ = W − s·lr·ΔW_t`` with ``ΔW_t`` the
-  update the optimizer's own rule applied last (:meth:`UpdateRule.last_update`), for every supported
-  optimizer. ``extra_steps=1`` reproduces the published code's ``s = D−k`` (the paper: ``D−k−1``).
+- PipeOptim (Guan et al., arXiv:2312.00839, Eq. 5 and Table I): ``Ŵ = W − s·lr·ΔW_t`` with ``lr·ΔW_t``
+  the update the optimizer's own rule applied last, ``W_{t−1} − W_t`` rebuilt exactly from its state
+  (:meth:`UpdateRule.last_update`), for every supported optimizer. ``extra_steps=1`` reproduces the
+  published code's ``s = D−k`` (the paper: ``D−k−1``).
 - ``repeat``: ``s`` real steps of the optimizer's rule, each with the last gradient ``g_t`` (weight decay
   re-evaluated at the predicted weights): exact when the gradient is constant.
 - ``zero_grad_rollout``: ``s`` steps with zero future gradient (momentum and moments decay).
@@ -143,12 +144,17 @@ class SpecTrain(Predictor):
 class PipeOptim(Predictor):
     """PipeOptim: ``Ŵ_{t+s} = W_t − s·lr·ΔW_t`` with ``ΔW_t`` from the optimizer's update rule.
 
-    ``lr·ΔW_t`` is the update the last ``optimizer.step()`` applied, rebuilt from the optimizer's state
-    (Table I: ``v_t`` for SGDM, ``m̂_t/(sqrt(v̂_t)+eps)`` for Adam/AdamW; see each rule for the others).
+    ``lr·ΔW_t = W_{t−1} − W_t`` is the update the last ``optimizer.step()`` applied, rebuilt from the
+    optimizer's state and its current weights ``W_t`` (Table I: ``v_t`` for SGDM, ``m̂_t/(sqrt(v̂_t)+eps)``
+    for Adam/AdamW; see each rule for the others). With the default options the rebuild is exact to
+    float64 rounding, weight decay included (while the learning rate is unchanged since that step). With
+    ``params=`` the prediction starts from the given weights, and ΔW_t is still the optimizer's last update.
 
     Args:
-        weight_decay: include explicit decay terms (AdamW's ``lr·wd·W``, ...) in ΔW. Default ``True``
-            (follow the optimizer); Table I and the published code omit AdamW's term (``False``).
+        weight_decay: rebuild the decay part of ΔW_t exactly (AdamW: ``(u + lr·wd·W_t)/(1 − lr·wd)``
+            with ``u = lr·m̂_t/(sqrt(v̂_t)+eps)``; coupled L2 decay likewise, see
+            :mod:`pipelab.predictors.rules`). Default ``True``. ``False`` leaves the decay terms out, as
+            Table I (no AdamW decay term) and the published code do.
         bias_step: bias-correction exponent ``"t"`` (default, Table I) or ``"t+1"``.
         eps: eps override (``None``: the optimizer's; the published code uses 1e-8).
         eps_placement: ``"outside"`` (default, ``sqrt(v̂)+eps``) or ``"inside"`` (``sqrt(v̂+eps)``).
@@ -189,9 +195,13 @@ class PipeOptim(Predictor):
             lr = b.hp["lr"]
             lrs = future_lrs(self.lr_schedule, b.group_index, lr, s)
             Wb = _gather(W, b.positions)
+            # ΔW_t is the update the optimizer applied last: its decay terms are rebuilt from the optimizer's
+            # own weights W_t, also when the prediction starts from other weights (params=)
+            Wt = [p.detach() for p in b.params]
+            current = None if all(w.is_set_to(p) for w, p in zip(Wb, Wt)) else Wt
             g = _last_grads(b.params, missing_as_zero=any_grad)
             scale = sum(lrs) / lr if lr != 0 else float(s)
-            pred = rule.apply_last(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last, scale)
+            pred = rule.apply_last(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last, scale, current=current)
             for i, t in zip(b.positions, pred):
                 out[i] = t
         return _fill(out, W)
