@@ -31,8 +31,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import LRSchedule, Predictor, buckets, check_steps, future_lrs, resolve_weights
-from .rules import LastUpdateOptions, SGDRule, rule_for
+from .base import LRSchedule, Predictor, buckets, check_optimizer, check_steps, future_lrs, resolve_weights
+from .rules import LastUpdateOptions, SGDRule, check_flag, rule_for
 
 __all__ = ["Stale", "SpecTrain", "PipeOptim", "Rollout", "Repeat", "ZeroGradRollout"]
 
@@ -66,8 +66,7 @@ class Stale(Predictor):
     reference = "baseline (PipeDream, arXiv:1806.03377; SpecTrain Fig. 8's 'stale weights')"
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_optimizer(optimizer)
 
     def _predict(self, optimizer, s, W):
         return [w.clone() for w in W]
@@ -173,8 +172,11 @@ class PipeOptim(Predictor):
                  eps: float | None = None, eps_placement: Literal["outside", "inside"] = "outside",
                  extra_steps: int = 0, lr_schedule: LRSchedule | None = None) -> None:
         super().__init__(lr_schedule=lr_schedule)
-        self.last = LastUpdateOptions(bool(weight_decay), bias_step, eps, eps_placement)
-        if not isinstance(extra_steps, int) or extra_steps < 0:
+        self.last = LastUpdateOptions(weight_decay, bias_step, eps, eps_placement)
+        if isinstance(extra_steps, bool) or not isinstance(extra_steps, int):
+            raise TypeError(f"extra_steps must be a non-negative integer, got {type(extra_steps).__name__} "
+                            f"{extra_steps!r}")
+        if extra_steps < 0:
             raise ValueError(f"extra_steps must be a non-negative integer, got {extra_steps!r}")
         self.extra_steps = extra_steps
 
@@ -227,7 +229,7 @@ class Rollout(Predictor):
         if gradient not in ("last", "zero"):
             raise ValueError(f"gradient={gradient!r}; choose 'last' or 'zero'")
         self.gradient = gradient
-        self.weight_decay = bool(weight_decay)
+        self.weight_decay = check_flag("weight_decay", weight_decay)
 
     def options(self) -> dict[str, Any]:
         return {"gradient": self.gradient, "weight_decay": self.weight_decay, **super().options()}
@@ -236,6 +238,7 @@ class Rollout(Predictor):
         return self._rollout(optimizer, s, W, keep_all=False)[-1] if s > 0 else [w.clone() for w in W]
 
     def predict_all(self, optimizer, max_s, params=None):
+        check_optimizer(optimizer)
         max_s = check_steps(max_s)
         if max_s == 0:
             return []

@@ -83,12 +83,16 @@ def make_predictor(name: str, **options: Any) -> Predictor:
 
     Raises:
         ValueError: unknown name (the message lists the available ones).
-        TypeError: an option the predictor does not take.
+        TypeError: ``name`` neither a str nor a Predictor; an option the predictor does not take, or of the
+            wrong type.
     """
     if isinstance(name, Predictor):
         if options:
             raise TypeError("options cannot be given with a predictor instance")
         return name
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a predictor name (str; one of {', '.join(PREDICTORS)}) or a Predictor, "
+                        f"got {type(name).__name__}")
     try:
         preset = PREDICTORS[name]
     except (KeyError, TypeError):

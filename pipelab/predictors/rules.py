@@ -46,6 +46,7 @@ Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOpti
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -54,7 +55,7 @@ from torch import Tensor
 
 __all__ = [
     "UpdateRule", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
-    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction",
+    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction", "check_flag",
     "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
 
@@ -68,6 +69,13 @@ def scalar(value: Any) -> float:
             raise ValueError(f"expected a scalar hyper-parameter, got a tensor of shape {tuple(value.shape)}")
         return float(value.item())
     return float(value)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool; TypeError unless it is one (a string such as ``"no"`` would otherwise read as True)."""
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,9 @@ class LastUpdateOptions:
     eps_placement: Literal["outside", "inside"] = "outside"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_decay", check_flag("weight_decay", self.weight_decay))
+        if self.eps is not None and (isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real)):
+            raise TypeError(f"eps must be a number >= 0 or None, got {type(self.eps).__name__} {self.eps!r}")
         if self.bias_step not in ("t", "t+1"):
             raise ValueError(f"bias_step={self.bias_step!r}; choose 't' or 't+1'")
         if self.eps_placement not in ("outside", "inside"):
