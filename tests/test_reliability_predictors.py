@@ -7,12 +7,15 @@ silently ignored (policies that predict nothing).
 
 from __future__ import annotations
 
+import warnings
+
 import probes
 import pytest
 import torch
 from probes import Probe
 from torch import nn
 
+from pipelab.emulator import Emulator, build_pipeline
 from pipelab.predictors import (
     LinearExtrapolation,
     PipeMare,
@@ -36,6 +39,25 @@ def _opt(cls=torch.optim.SGD, steps: int = 1, **kw) -> torch.optim.Optimizer:
     return opt
 
 
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def _emulator(policy: str, predictor) -> Emulator:
+    from pipelab.schedules import pipedream
+
+    return Emulator(_model(), D=2, schedule=pipedream(2, 1, 3), policy=policy,
+                    optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), predictor=predictor)
+
+
+def _plan(policy: str, predictor):
+    from pipelab.schedules import pipedream
+
+    return build_pipeline(_model(), D=2, schedule=pipedream(2, 1, 3), policy=policy,
+                          optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), predictor=predictor)
+
+
 SGDM = _opt(momentum=0.9)
 NAMES = ["stale", "spectrain", "pipeoptim", "pipeoptim_code", "repeat", "zero_grad_rollout", "linear", "pipemare"]
 
@@ -44,6 +66,16 @@ PROBES = [
     Probe("linear-never-observed", lambda: LinearExtrapolation().predict(SGDM, 2), ValueError, r"observe\(optimizer\)"),
     Probe("pipemare-never-observed", lambda: PipeMare().predict(SGDM, 1), ValueError, r"observe\(optimizer\)"),
     Probe("pipemare-never-observed-all", lambda: PipeMare().predict_all(SGDM, 2), ValueError, "observe"),
+    # 3. an unknown predictor name is rejected whatever the policy
+    Probe("emulator-stashing-unknown-name", lambda: _emulator("stashing", "nonsense"), ValueError,
+          r"unknown predictor 'nonsense'.*pipeoptim.*oracle"),
+    Probe("build-pipeline-vanilla-unknown-name", lambda: _plan("vanilla", "nonsense"), ValueError,
+          "unknown predictor 'nonsense'"),
+    Probe("emulator-pipeoptim-unknown-name", lambda: _emulator("pipeoptim", "nonsense"), ValueError,
+          "unknown predictor 'nonsense'"),
+    Probe("emulator-stashing-bad-type", lambda: _emulator("stashing", 3), TypeError, "predictor must be"),
+    Probe("emulator-stashing-unused-predictor", lambda: _emulator("stashing", "pipeoptim"), None,
+          "predictor 'pipeoptim' is unused.*stashing", warns=UserWarning),
     # 4. wrong argument types to the predictors' public entry points
     *[Probe(f"{n}-predict-str-optimizer", lambda n=n: make_predictor(n).predict("adam", 2), TypeError,
             r"optimizer must be a torch\.optim\.Optimizer.*str") for n in NAMES],
@@ -105,3 +137,11 @@ def test_history_predictor_param_groups_changed_since_observed() -> None:
     opt.add_param_group({"params": [nn.Parameter(torch.zeros(2, dtype=DT))]})
     with pytest.raises(ValueError, match="observed 2 parameters.*has 3"):
         lin.predict(opt, 1)
+
+
+def test_predicting_policy_with_oracle_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _plan("pipeoptim", "oracle")
+        _plan("pipeoptim", "repeat")
+        _plan("stashing", None)
