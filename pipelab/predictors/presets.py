@@ -7,8 +7,9 @@ name                   what it computes
 ``spectrain``          SpecTrain as in the paper (Eq. 4): ``Ŵ = W − s·lr·b`` (b: SGD momentum buffer)
 ``spectrain_code``     SpecTrain's published code: ``Ŵ = W − s·lr·(μ·b + g_t)`` — the last gradient is
                        already inside ``b`` and is counted twice; dampening and Nesterov are ignored
-``pipeoptim``          PipeOptim (Eq. 5, Table I generalised): ``Ŵ = W − s·lr·ΔW_t``, ΔW_t the optimizer's
-                       last update with its own eps and decay terms, bias correction at step t
+``pipeoptim``          PipeOptim (Eq. 5, Table I generalised): ``Ŵ = W − s·lr·ΔW_t``, ``lr·ΔW_t`` the
+                       optimizer's last update ``W_{t−1} − W_t`` rebuilt exactly from its state (own eps,
+                       decay terms included, bias correction at step t)
 ``pipeoptim_code``     PipeOptim's published code: predicts ``s + 1`` steps (``s = D−k`` where the paper
                        says ``D−k−1``), repeats the last Adam step with bias correction at the applied
                        step t, eps = 1e-8 outside the square root, no AdamW decay term
