@@ -29,21 +29,28 @@ SHAPES = [(3, 4), (4,), (2, 2, 2)]
 OPTIMIZERS = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
     "sgd_wd_max": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.1, maximize=True),
+    "sgd_wd": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.1),
     "sgdm": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "sgdm_damp_wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.8, dampening=0.3, weight_decay=0.05),
     "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "sgd_nesterov_wd_max": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1,
+                                                     maximize=True),
     "adam": lambda p: torch.optim.Adam(p, lr=0.01),
     "adam_l2_amsgrad": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1, amsgrad=True),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    "adamw_amsgrad_wd": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, amsgrad=True),
     "adamw_amsgrad_max": lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True, maximize=True, betas=(0.8, 0.95)),
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
     "rmsprop_centered_mom_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, momentum=0.9,
                                                              weight_decay=0.1),
     "rmsprop_mom": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
+    "rmsprop_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, weight_decay=0.1),
+    "rmsprop_centered_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, weight_decay=0.1),
     "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
     "adagrad_decay": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.05, initial_accumulator_value=0.2,
                                                    weight_decay=0.1),
     "nadam": lambda p: torch.optim.NAdam(p, lr=0.01),
+    "nadam_l2": lambda p: torch.optim.NAdam(p, lr=0.01, weight_decay=0.1),
     "nadam_decoupled": lambda p: torch.optim.NAdam(p, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
     "radam": lambda p: torch.optim.RAdam(p, lr=0.01, weight_decay=0.1),
     "radam_decoupled": lambda p: torch.optim.RAdam(p, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
@@ -211,6 +218,45 @@ def test_apply_last_equals_weights_minus_scaled_last_update(opt_name):
             assert not torch.equal(fast[0], W[0])
 
 
+def _assert_rel(x, y, rel, what=""):
+    err = float((x - y).norm() / y.norm())
+    assert err <= rel, f"{what}: relative error {err:.3g} > {rel:g}"
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+def test_pipeoptim_last_update_is_the_applied_update(opt_name):
+    """The rebuilt ``lr·ΔW_t`` is exactly ``W_{t−1} − W_t``, weight decay (coupled or decoupled) included.
+
+    Varying gradients, so the state is not that of a constant gradient; checked through ``last_update``,
+    the fused ``apply_last`` and ``PipeOptim.predict`` (also from other starting weights, ``params=``).
+    """
+    from pipelab.predictors.base import buckets
+    from pipelab.predictors.rules import LastUpdateOptions
+
+    params, grads, opt = make_problem(opt_name, warmup=0)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(4):
+        before = [p.detach().clone() for p in params]
+        real_step(opt, params, [torch.randn(g.shape, generator=gen, dtype=DT) for g in grads])
+    applied = [w0 - p.detach() for w0, p in zip(before, params)]  # W_{t−1} − W_t = lr·ΔW_t
+    rule = rule_for(opt)
+    for b in buckets(opt, rule):
+        st = rule.read(b.hp, b.states)
+        W = [p.detach() for p in b.params]
+        g = [p.grad for p in b.params]
+        rebuilt = rule.last_update(b.hp, b.hp["lr"], st, W, g, LastUpdateOptions())
+        fused = rule.apply_last(b.hp, b.hp["lr"], st, W, g, LastUpdateOptions(), 1.0)
+        for i, r, f, w in zip(b.positions, rebuilt, fused, W):
+            _assert_rel(r, applied[i], 1e-12, f"last_update[{i}]")
+            _assert_rel(w - f, applied[i], 1e-12, f"apply_last[{i}]")
+    for s in (1, 3):
+        for i, (w, p) in enumerate(zip(PipeOptim().predict(opt, s), params)):
+            _assert_rel(p.detach() - w, s * applied[i], 1e-12, f"predict(s={s})[{i}]")
+    other = [p.detach() + 1.0 for p in params]
+    for i, (w, o) in enumerate(zip(PipeOptim().predict(opt, 2, params=other), other)):
+        _assert_rel(o - w, 2 * applied[i], 1e-12, f"predict(params=)[{i}]")
+
+
 def test_spectrain_closed_forms():
     params, grads, opt = make_problem("sgdm_damp_wd")
     lr, mu = 0.1, 0.8
@@ -268,7 +314,8 @@ def test_pipeoptim_adamw_closed_form(bias_step, placement):
         st = opt.state[p]
         m_hat, v_hat = st["exp_avg"] / (1 - b1 ** tau), st["exp_avg_sq"] / (1 - b2 ** tau)
         den = v_hat.sqrt() + eps if placement == "outside" else (v_hat + eps).sqrt()
-        expect = p.detach() - s * lr * (m_hat / den + wd * p.detach())
+        # exact decoupled decay: W_{t−1} − W_t = lr·(m̂/den + wd·W_t)/(1 − lr·wd)
+        expect = p.detach() - s * lr * (m_hat / den + wd * p.detach()) / (1 - lr * wd)
         torch.testing.assert_close(w, expect, **TIGHT)
 
 

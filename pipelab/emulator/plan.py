@@ -162,13 +162,35 @@ def build_pipeline(
 
 
 def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
+    """Give every stage its predictor; ``predictor`` is validated even where no stage predicts.
+
+    A name must be a registered predictor or ``"oracle"`` (ValueError otherwise, whatever the policy); a
+    predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
+    """
+    import warnings
+
+    from ..predictors import PREDICTORS, Predictor, make_predictor
+
+    if isinstance(predictor, str):
+        if predictor != "oracle" and predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {predictor!r}; choose one of {', '.join(PREDICTORS)}, or 'oracle' "
+                             "(the true future weights)")
+    elif not (predictor is None or isinstance(predictor, Predictor) or hasattr(predictor, "predict")
+              or callable(predictor)):
+        raise TypeError(f"predictor must be a name, a Predictor or a factory stage -> Predictor, "
+                        f"got {type(predictor).__name__}")
     if not plan.predicted_stages:
+        # "oracle" turns a predicting policy's predictions into stored versions: used, though none remain
+        used = isinstance(predictor, str) and predictor == "oracle" and plan.policy.uses_predictor
+        if predictor is not None and not used:
+            name = predictor if isinstance(predictor, str) else getattr(predictor, "name", None) or predictor
+            warnings.warn(f"predictor {name!r} is unused: policy {plan.policy.name!r} predicts no weights "
+                          "on this schedule", UserWarning, stacklevel=4)
         return
     if predictor is None:
         predictor = plan.policy.default_predictor
     if predictor is None:
         raise ValueError(f"policy {plan.policy.name!r} predicts weights; pass predictor=")
-    from ..predictors import Predictor, make_predictor
 
     for st in plan.stages.values():
         if isinstance(predictor, str):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,8 +33,8 @@ from torch import Tensor
 
 from .rules import UpdateRule, rule_for
 
-__all__ = ["Predictor", "LRSchedule", "check_steps", "flat_params", "resolve_weights", "Bucket", "buckets",
-           "future_lrs"]
+__all__ = ["Predictor", "LRSchedule", "check_steps", "check_optimizer", "flat_params", "resolve_weights", "Bucket",
+           "buckets", "future_lrs"]
 
 #: ``lr_schedule(group_index, j) -> lr`` of the ``j``-th future update (``j = 0`` is the next one).
 LRSchedule = Callable[[int, int], float]
@@ -53,6 +53,19 @@ def check_steps(s: Any) -> int:
     return s
 
 
+def check_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """Raise TypeError unless ``optimizer`` is a ``torch.optim.Optimizer`` (predictors read its state)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    hint = ""
+    if isinstance(optimizer, torch.nn.Module):
+        hint = "; pass the optimizer that updates it, e.g. torch.optim.SGD(model.parameters(), lr=0.1)"
+    elif isinstance(optimizer, str):
+        hint = "; pass the optimizer object, not its name"
+    raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+                    f"{f' {optimizer!r}' if isinstance(optimizer, str) else ''}{hint}")
+
+
 def flat_params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     """The optimizer's parameters in ``param_groups`` order."""
     return [p for g in optimizer.param_groups for p in g["params"]]
@@ -63,6 +76,9 @@ def resolve_weights(optimizer: torch.optim.Optimizer, params: Sequence[Tensor] |
     own = flat_params(optimizer)
     if params is None:
         return [p.detach() for p in own]
+    if isinstance(params, Tensor) or not isinstance(params, Iterable):
+        raise TypeError(f"params must be a sequence of tensors, one per optimizer parameter, or None; "
+                        f"got {type(params).__name__}")
     params = list(params)
     if len(params) != len(own):
         raise ValueError(f"params has {len(params)} tensors but the optimizer has {len(own)} parameters")
@@ -148,7 +164,7 @@ class Predictor(ABC):
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         """Raise TypeError/ValueError now if this predictor cannot follow ``optimizer``."""
-        rule = rule_for(optimizer)
+        rule = rule_for(check_optimizer(optimizer))
         for group in optimizer.param_groups:
             rule.hyper(group)
 
@@ -161,6 +177,7 @@ class Predictor(ABC):
             s: number of future updates to predict (``0`` returns copies of the starting weights).
             params: starting weights instead of the optimizer's current parameters (same shapes).
         """
+        check_optimizer(optimizer)
         s = check_steps(s)
         W = resolve_weights(optimizer, params)
         with torch.no_grad():
@@ -172,11 +189,13 @@ class Predictor(ABC):
     def predict_all(self, optimizer: torch.optim.Optimizer, max_s: int, params: Sequence[Tensor] | None = None
                     ) -> list[list[Tensor]]:
         """``[predict(optimizer, s, params) for s in 1..max_s]``; rollouts compute them in one pass."""
+        check_optimizer(optimizer)
         max_s = check_steps(max_s)
         return [self.predict(optimizer, s, params) for s in range(1, max_s + 1)]
 
     def observe(self, optimizer: torch.optim.Optimizer) -> None:
         """Record the weights after an ``optimizer.step()`` (no-op unless the predictor uses history)."""
+        check_optimizer(optimizer)
 
     def reset(self) -> None:
         """Forget any recorded history."""

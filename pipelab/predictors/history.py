@@ -2,8 +2,10 @@
 
 These ignore the optimizer's state and use only the weights it produced, so they work with any
 optimizer. Call :meth:`Predictor.observe` after every ``optimizer.step()`` (and once before training if
-you like: the first observation only records the starting point). With fewer than two observations the
-prediction is the stale weights.
+you like: the first observation only records the starting point). Predicting ``s ≠ 0`` for an optimizer
+never observed raises ValueError (it used to return the stale weights silently, hiding a missing
+``observe``); after a single observation no weight change has been seen yet and the prediction is the
+stale weights (zero velocity).
 
 - ``linear``: ``Ŵ_{t+s} = W + s·(W_t − W_{t−1})``.
 - ``pipemare``: ``δ_t = γ·δ_{t−1} + (1−γ)·(W_t − W_{t−1})`` (``δ_0 = 0``), ``Ŵ_{t+s} = W + s·δ_t``.
@@ -26,6 +28,7 @@ References: PipeMare — Yang et al., "PipeMare: Asynchronous Pipeline Parallel 
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import Predictor, flat_params
+from .base import Predictor, check_optimizer, flat_params
 
 __all__ = ["HistoryPredictor", "LinearExtrapolation", "PipeMare"]
 
@@ -46,12 +49,17 @@ class _History:
 
 
 class HistoryPredictor(Predictor):
-    """Base class: ``Ŵ = W + s·δ`` with ``δ`` an exponential moving average (decay ``gamma``) of differences."""
+    """Base class: ``Ŵ = W + s·δ`` with ``δ`` an exponential moving average (decay ``gamma``) of differences.
+
+    ``predict(optimizer, s)`` with ``s ≠ 0`` raises ValueError if ``observe(optimizer)`` was never called.
+    """
 
     needs_history = True
 
     def __init__(self, *, gamma: float = 0.0) -> None:
         super().__init__()
+        if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real):
+            raise TypeError(f"gamma must be a number in [0, 1), got {type(gamma).__name__} {gamma!r}")
         if not 0.0 <= gamma < 1.0:
             raise ValueError(f"gamma must be in [0, 1), got {gamma!r}")
         self.gamma = float(gamma)
@@ -61,8 +69,7 @@ class HistoryPredictor(Predictor):
         return {"gamma": self.gamma}
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_optimizer(optimizer)
 
     def reset(self) -> None:
         self._histories = weakref.WeakKeyDictionary()
@@ -85,28 +92,47 @@ class HistoryPredictor(Predictor):
             h.count += 1
 
     def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        h = self._histories.get(optimizer)
+        h = self._histories.get(check_optimizer(optimizer))
         if h is None:
             return None
         return {"last": [w.clone() for w in h.last], "count": h.count,
                 "delta": None if h.delta is None else [d.clone() for d in h.delta]}
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any] | None) -> None:
+        check_optimizer(optimizer)
         if state is None:
             self._histories.pop(optimizer, None)
             return
+        if not isinstance(state, dict) or not {"last", "delta", "count"} <= state.keys():
+            raise ValueError(f"state must be None or a dict with keys 'last', 'delta', 'count' (from state_dict), "
+                             f"got {type(state).__name__}")
+        n = len(flat_params(optimizer))
+        for key in ("last", "delta"):
+            if key == "delta" and state[key] is None:
+                continue
+            if not isinstance(state[key], (list, tuple)) or len(state[key]) != n:
+                raise ValueError(f"state must hold {key!r} as a list of {n} tensors (one per optimizer parameter)")
         self._histories[optimizer] = _History([w.clone() for w in state["last"]],
                                               None if state["delta"] is None else [d.clone() for d in state["delta"]],
                                               state["count"])
 
     def observations(self, optimizer: torch.optim.Optimizer) -> int:
         """How many weight versions of ``optimizer`` have been observed."""
-        h = self._histories.get(optimizer)
+        h = self._histories.get(check_optimizer(optimizer))
         return 0 if h is None else h.count
 
     def _predict(self, optimizer, s, W):
+        if s == 0:
+            return [w.clone() for w in W]
         h = self._histories.get(optimizer)
-        if s == 0 or h is None or h.delta is None:
+        if h is None:
+            raise ValueError(f"{self.name!r} extrapolates the weight history but has observed none for this "
+                             f"{type(optimizer).__name__}: call predictor.observe(optimizer) once before training "
+                             "and after every optimizer.step()")
+        if len(h.last) != len(W):
+            raise ValueError(f"{self.name!r} observed {len(h.last)} parameters but the optimizer now has {len(W)} "
+                             "(param groups changed?): observe(optimizer) again after the change")
+        if h.delta is None:  # one observation: no weight change seen yet, zero velocity
             return [w.clone() for w in W]
         return torch._foreach_add(W, h.delta, alpha=float(s))
 

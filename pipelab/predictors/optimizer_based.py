@@ -5,9 +5,10 @@ With ``W`` the starting weights, ``lr`` the group's learning rate and ``s`` the 
 - ``stale``:  ``Ŵ = W`` (no prediction; the baseline).
 - SpecTrain (Chen et al., arXiv:1809.02839, Eq. 4): ``Ŵ = W − s·lr·v`` with ``v`` SGD's momentum
   buffer (constant-velocity model). The published code uses ``v = μ·b + g`` instead (``formula="code"``).
-- PipeOptim (Guan et al., arXiv:2312.00839, Eq. 5 and Table I): ``Ŵ = W − s·lr·ΔW_t`` with ``ΔW_t`` the
-  update the optimizer's own rule applied last (:meth:`UpdateRule.last_update`), for every supported
-  optimizer. ``extra_steps=1`` reproduces the published code's ``s = D−k`` (the paper: ``D−k−1``).
+- PipeOptim (Guan et al., arXiv:2312.00839, Eq. 5 and Table I): ``Ŵ = W − s·lr·ΔW_t`` with ``lr·ΔW_t``
+  the update the optimizer's own rule applied last, ``W_{t−1} − W_t`` rebuilt exactly from its state
+  (:meth:`UpdateRule.last_update`), for every supported optimizer. ``extra_steps=1`` reproduces the
+  published code's ``s = D−k`` (the paper: ``D−k−1``).
 - ``repeat``: ``s`` real steps of the optimizer's rule, each with the last gradient ``g_t`` (weight decay
   re-evaluated at the predicted weights): exact when the gradient is constant.
 - ``zero_grad_rollout``: ``s`` steps with zero future gradient (momentum and moments decay).
@@ -30,8 +31,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .base import LRSchedule, Predictor, buckets, check_steps, future_lrs, resolve_weights
-from .rules import LastUpdateOptions, SGDRule, rule_for
+from .base import LRSchedule, Predictor, buckets, check_optimizer, check_steps, future_lrs, resolve_weights
+from .rules import LastUpdateOptions, SGDRule, check_flag, rule_for
 
 __all__ = ["Stale", "SpecTrain", "PipeOptim", "Rollout", "Repeat", "ZeroGradRollout"]
 
@@ -65,8 +66,7 @@ class Stale(Predictor):
     reference = "baseline (PipeDream, arXiv:1806.03377; SpecTrain Fig. 8's 'stale weights')"
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_optimizer(optimizer)
 
     def _predict(self, optimizer, s, W):
         return [w.clone() for w in W]
@@ -143,12 +143,17 @@ class SpecTrain(Predictor):
 class PipeOptim(Predictor):
     """PipeOptim: ``Ŵ_{t+s} = W_t − s·lr·ΔW_t`` with ``ΔW_t`` from the optimizer's update rule.
 
-    ``lr·ΔW_t`` is the update the last ``optimizer.step()`` applied, rebuilt from the optimizer's state
-    (Table I: ``v_t`` for SGDM, ``m̂_t/(sqrt(v̂_t)+eps)`` for Adam/AdamW; see each rule for the others).
+    ``lr·ΔW_t = W_{t−1} − W_t`` is the update the last ``optimizer.step()`` applied, rebuilt from the
+    optimizer's state and its current weights ``W_t`` (Table I: ``v_t`` for SGDM, ``m̂_t/(sqrt(v̂_t)+eps)``
+    for Adam/AdamW; see each rule for the others). With the default options the rebuild is exact to
+    float64 rounding, weight decay included (while the learning rate is unchanged since that step). With
+    ``params=`` the prediction starts from the given weights, and ΔW_t is still the optimizer's last update.
 
     Args:
-        weight_decay: include explicit decay terms (AdamW's ``lr·wd·W``, ...) in ΔW. Default ``True``
-            (follow the optimizer); Table I and the published code omit AdamW's term (``False``).
+        weight_decay: rebuild the decay part of ΔW_t exactly (AdamW: ``(u + lr·wd·W_t)/(1 − lr·wd)``
+            with ``u = lr·m̂_t/(sqrt(v̂_t)+eps)``; coupled L2 decay likewise, see
+            :mod:`pipelab.predictors.rules`). Default ``True``. ``False`` leaves the decay terms out, as
+            Table I (no AdamW decay term) and the published code do.
         bias_step: bias-correction exponent ``"t"`` (default, Table I) or ``"t+1"``.
         eps: eps override (``None``: the optimizer's; the published code uses 1e-8).
         eps_placement: ``"outside"`` (default, ``sqrt(v̂)+eps``) or ``"inside"`` (``sqrt(v̂+eps)``).
@@ -167,8 +172,11 @@ class PipeOptim(Predictor):
                  eps: float | None = None, eps_placement: Literal["outside", "inside"] = "outside",
                  extra_steps: int = 0, lr_schedule: LRSchedule | None = None) -> None:
         super().__init__(lr_schedule=lr_schedule)
-        self.last = LastUpdateOptions(bool(weight_decay), bias_step, eps, eps_placement)
-        if not isinstance(extra_steps, int) or extra_steps < 0:
+        self.last = LastUpdateOptions(weight_decay, bias_step, eps, eps_placement)
+        if isinstance(extra_steps, bool) or not isinstance(extra_steps, int):
+            raise TypeError(f"extra_steps must be a non-negative integer, got {type(extra_steps).__name__} "
+                            f"{extra_steps!r}")
+        if extra_steps < 0:
             raise ValueError(f"extra_steps must be a non-negative integer, got {extra_steps!r}")
         self.extra_steps = extra_steps
 
@@ -189,9 +197,13 @@ class PipeOptim(Predictor):
             lr = b.hp["lr"]
             lrs = future_lrs(self.lr_schedule, b.group_index, lr, s)
             Wb = _gather(W, b.positions)
+            # ΔW_t is the update the optimizer applied last: its decay terms are rebuilt from the optimizer's
+            # own weights W_t, also when the prediction starts from other weights (params=)
+            Wt = [p.detach() for p in b.params]
+            current = None if all(w.is_set_to(p) for w, p in zip(Wb, Wt)) else Wt
             g = _last_grads(b.params, missing_as_zero=any_grad)
             scale = sum(lrs) / lr if lr != 0 else float(s)
-            pred = rule.apply_last(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last, scale)
+            pred = rule.apply_last(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last, scale, current=current)
             for i, t in zip(b.positions, pred):
                 out[i] = t
         return _fill(out, W)
@@ -217,7 +229,7 @@ class Rollout(Predictor):
         if gradient not in ("last", "zero"):
             raise ValueError(f"gradient={gradient!r}; choose 'last' or 'zero'")
         self.gradient = gradient
-        self.weight_decay = bool(weight_decay)
+        self.weight_decay = check_flag("weight_decay", weight_decay)
 
     def options(self) -> dict[str, Any]:
         return {"gradient": self.gradient, "weight_decay": self.weight_decay, **super().options()}
@@ -226,6 +238,7 @@ class Rollout(Predictor):
         return self._rollout(optimizer, s, W, keep_all=False)[-1] if s > 0 else [w.clone() for w in W]
 
     def predict_all(self, optimizer, max_s, params=None):
+        check_optimizer(optimizer)
         max_s = check_steps(max_s)
         if max_s == 0:
             return []

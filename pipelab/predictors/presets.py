@@ -7,8 +7,9 @@ name                   what it computes
 ``spectrain``          SpecTrain as in the paper (Eq. 4): ``Ŵ = W − s·lr·b`` (b: SGD momentum buffer)
 ``spectrain_code``     SpecTrain's published code: ``Ŵ = W − s·lr·(μ·b + g_t)`` — the last gradient is
                        already inside ``b`` and is counted twice; dampening and Nesterov are ignored
-``pipeoptim``          PipeOptim (Eq. 5, Table I generalised): ``Ŵ = W − s·lr·ΔW_t``, ΔW_t the optimizer's
-                       last update with its own eps and decay terms, bias correction at step t
+``pipeoptim``          PipeOptim (Eq. 5, Table I generalised): ``Ŵ = W − s·lr·ΔW_t``, ``lr·ΔW_t`` the
+                       optimizer's last update ``W_{t−1} − W_t`` rebuilt exactly from its state (own eps,
+                       decay terms included, bias correction at step t)
 ``pipeoptim_code``     PipeOptim's published code: predicts ``s + 1`` steps (``s = D−k`` where the paper
                        says ``D−k−1``), repeats the last Adam step with bias correction at the applied
                        step t, eps = 1e-8 outside the square root, no AdamW decay term
@@ -83,12 +84,16 @@ def make_predictor(name: str, **options: Any) -> Predictor:
 
     Raises:
         ValueError: unknown name (the message lists the available ones).
-        TypeError: an option the predictor does not take.
+        TypeError: ``name`` neither a str nor a Predictor; an option the predictor does not take, or of the
+            wrong type.
     """
     if isinstance(name, Predictor):
         if options:
             raise TypeError("options cannot be given with a predictor instance")
         return name
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a predictor name (str; one of {', '.join(PREDICTORS)}) or a Predictor, "
+                        f"got {type(name).__name__}")
     try:
         preset = PREDICTORS[name]
     except (KeyError, TypeError):

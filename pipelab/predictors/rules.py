@@ -9,9 +9,26 @@ count:
   ``(W, state) -> (W', state')`` with fresh tensors (the optimizer's state is never touched). The
   operations mirror ``torch.optim``'s single-tensor code in the same order, so a rolled-out step agrees
   with a real one to float64 rounding.
-- :meth:`UpdateRule.last_update`: the update ``lr·ΔW_t`` the *last* step applied, reconstructed from the
-  state after it (PipeOptim's Table I, generalised), with options for the disputed details
-  (:class:`LastUpdateOptions`).
+- :meth:`UpdateRule.last_update`: the update ``lr·ΔW_t = W_{t−1} − W_t`` the *last* step applied,
+  reconstructed from the state and the weights ``W_t`` after it (PipeOptim's Table I, generalised), with
+  options for the disputed details (:class:`LastUpdateOptions`). With the default options it is exact,
+  weight decay included (see *Weight decay in the last update* below).
+
+Weight decay in the last update:
+    A step with decay rate ``λ`` that multiplies ``W_{t−1}`` writes ``W_t = (1 − c)·W_{t−1} − R`` where ``R``
+    does not depend on ``W_{t−1}``: decoupled decay (AdamW, NAdam/RAdam ``decoupled_weight_decay``) has
+    ``c = lr·λ``; coupled L2 decay added to a gradient that is divided element-wise by ``den`` (plain SGD:
+    ``den = 1``; RMSprop without momentum, Adagrad, NAdam) has ``c = a·λ/den`` with ``a`` the step size of
+    that gradient. Solving for ``W_{t−1}`` from the state and ``W_t`` gives the exact last update
+
+        ``W_{t−1} − W_t = (c·W_t + R) / (1 − c)``,
+
+    i.e. the "decay applied to ``W_t``" estimate ``c·W_t + R`` divided by ``1 − c`` (for coupled decay
+    ``a·(g + λ·W_t) / (den − a·λ)``). Coupled decay folded into a momentum buffer or moment (SGD with
+    momentum, Adam, RAdam and Adamax with L2 decay, RMSprop with momentum) is already exact in the state.
+    It fails only where ``c = 1`` (the step erased ``W_{t−1}``); ``weight_decay=False`` drops the decay terms
+    (PipeOptim's Table I and published code). The rebuilt update uses the group's current ``lr``: exact
+    as long as no scheduler changed it since the last step.
 
 This module holds the shared machinery and the SGD, RMSprop and Adagrad families;
 :mod:`pipelab.predictors.rules_adam` holds Adam, AdamW, NAdam, RAdam and Adamax.
@@ -29,6 +46,7 @@ Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOpti
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -37,7 +55,7 @@ from torch import Tensor
 
 __all__ = [
     "UpdateRule", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
-    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator",
+    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction", "check_flag",
     "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
 
@@ -53,14 +71,23 @@ def scalar(value: Any) -> float:
     return float(value)
 
 
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool; TypeError unless it is one (a string such as ``"no"`` would otherwise read as True)."""
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 @dataclass(frozen=True)
 class LastUpdateOptions:
     """Disputed details of "the update the last step applied" (PipeOptim's ΔW_t).
 
     Attributes:
-        weight_decay: include the decay term the optimizer adds explicitly (decoupled decay of AdamW/
-            NAdam/RAdam, or ``wd·W`` added to a reconstructed gradient). Coupled L2 decay already folded
-            into a moment buffer cannot be removed. PipeOptim's Table I lists no AdamW decay term.
+        weight_decay: rebuild the decay the optimizer applied explicitly (decoupled decay of AdamW/NAdam/
+            RAdam, or coupled ``wd·W_{t−1}`` added to a gradient the rule reconstructs), exactly: the
+            default, with which the last update equals ``W_{t−1} − W_t``. ``False`` leaves these terms out,
+            as PipeOptim's Table I (no AdamW decay term) and its published code do. Coupled L2 decay
+            already folded into a momentum buffer or moment cannot be removed either way.
         bias_step: bias-correction exponent: ``"t"`` (the step count the last update used, Table I) or
             ``"t+1"`` (the count of the next update).
         eps: override of the optimizer's eps (PipeOptim's code uses 1e-8); ``None`` keeps the optimizer's.
@@ -74,6 +101,9 @@ class LastUpdateOptions:
     eps_placement: Literal["outside", "inside"] = "outside"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_decay", check_flag("weight_decay", self.weight_decay))
+        if self.eps is not None and (isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real)):
+            raise TypeError(f"eps must be a number >= 0 or None, got {type(self.eps).__name__} {self.eps!r}")
         if self.bias_step not in ("t", "t+1"):
             raise ValueError(f"bias_step={self.bias_step!r}; choose 't' or 't+1'")
         if self.eps_placement not in ("outside", "inside"):
@@ -83,6 +113,19 @@ class LastUpdateOptions:
 
     def step_for_bias(self, step: float) -> float:
         return step + 1.0 if self.bias_step == "t+1" else step
+
+    def decay(self, hp: dict[str, Any]) -> float:
+        """The decay rate ``λ`` the last update is rebuilt with: the group's, or 0 without ``weight_decay``."""
+        return hp["weight_decay"] if self.weight_decay else 0.0
+
+
+def keep_fraction(c: float) -> float:
+    """``1 − c``, the fraction of ``W_{t−1}`` a step with decay ``c = lr·λ`` kept; ValueError if it kept none."""
+    keep = 1.0 - c
+    if keep == 0.0:
+        raise ValueError("lr·weight_decay = 1: the last step erased W_{t-1}, so the update it applied cannot be "
+                         "rebuilt from the state; use weight_decay=False or another predictor")
+    return keep
 
 
 @dataclass
@@ -219,13 +262,25 @@ class UpdateRule:
 
     def last_update(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
                     g: list[Tensor] | None, opts: LastUpdateOptions) -> list[Tensor]:
-        """``lr·ΔW_t``: the update the last step applied (``W_t ≈ W_{t-1} − lr·ΔW_t``), from the state."""
+        """``lr·ΔW_t = W_{t−1} − W_t``: the update the last step applied, rebuilt from the state after it.
+
+        Args:
+            W: the weights after the last step, ``W_t`` (the optimizer's parameters): decay terms are
+                rebuilt from them.
+            g: the last gradient ``p.grad`` (rules that need it raise ValueError when it is ``None``).
+        """
         raise NotImplementedError
 
     def apply_last(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor] | None,
-                   opts: LastUpdateOptions, scale: float) -> list[Tensor]:
-        """``W − scale·last_update(...)`` as new tensors; rules override it with fewer passes and allocations."""
-        return torch._foreach_add(W, self.last_update(hp, lr, st, W, g, opts), alpha=-scale)
+                   opts: LastUpdateOptions, scale: float, *, current: list[Tensor] | None = None) -> list[Tensor]:
+        """``W − scale·last_update(..., current, ...)`` as new tensors (rules fuse it into fewer passes).
+
+        Args:
+            W: the starting weights of the prediction.
+            current: the weights after the last step, ``W_t``, if they are not ``W`` (``params=``).
+        """
+        Wt = W if current is None else current
+        return torch._foreach_add(W, self.last_update(hp, lr, st, Wt, g, opts), alpha=-scale)
 
     # -- shared helpers ------------------------------------------------------------------------
     @staticmethod
@@ -270,8 +325,10 @@ class SGDRule(UpdateRule):
     """SGD with momentum μ, dampening τ, Nesterov, L2 weight decay (``torch.optim.SGD``).
 
     ``g ← ±g + wd·W``; ``b ← g`` (first step) else ``b ← μ·b + (1−τ)·g``; ``d = g + μ·b`` (Nesterov) or
-    ``b`` (else ``g`` when μ = 0); ``W ← W − lr·d``. The last update is ``lr·b`` (Table I's ``v_t``), or
-    ``lr·(g_t + μ·b)`` for Nesterov and ``lr·g_t`` without momentum (these need the last gradient).
+    ``b`` (else ``g`` when μ = 0); ``W ← W − lr·d``. The last update is ``lr·b`` (Table I's ``v_t``; the
+    buffer already holds ``wd·W_{t−1}``), or, from the last gradient ``g_t`` (``p.grad``) and ``W_t``,
+    ``lr·(±g_t + wd·W_t + μ·b)/(1 − lr·wd)`` for Nesterov and ``lr·(±g_t + wd·W_t)/(1 − lr·wd)`` without
+    momentum (solving ``W_t = (1 − lr·wd)·W_{t−1} − lr·(±g_t + μ·b)`` for ``W_{t−1}``).
     """
 
     name = "SGD"
@@ -311,18 +368,20 @@ class SGDRule(UpdateRule):
             st = BucketState(st.step + 1, st.tensors)
         return fadd(W, d, -lr, own_weights), st
 
-    def apply_last(self, hp, lr, st, W, g, opts, scale):
+    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
         mu = hp["momentum"]
         bufs = st.tensors["momentum_buffer"]
         have_bufs = all(b is not None for b in bufs)
         if mu != 0 and not hp["nesterov"] and have_bufs:
             return torch._foreach_add(W, bufs, alpha=-scale * lr)  # one pass: W − scale·lr·b
         if g is None or (mu != 0 and not have_bufs):
-            return super().apply_last(hp, lr, st, W, g, opts, scale)
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
-        out = torch._foreach_add(W, self.effective_grad(wd_hp, W, g), alpha=-scale * lr)
-        if mu != 0:  # Nesterov: W − scale·lr·(g + μ·b)
-            torch._foreach_add_(out, bufs, alpha=-scale * lr * mu)
+            return super().apply_last(hp, lr, st, W, g, opts, scale, current=current)
+        wd = opts.decay(hp)
+        k = -scale * lr / keep_fraction(lr * wd)
+        out = torch._foreach_add(W, self.effective_grad(dict(hp, weight_decay=wd), W if current is None else current,
+                                                        g), alpha=k)
+        if mu != 0:  # Nesterov: W − scale·lr·(g + wd·W_t + μ·b)/(1 − lr·wd)
+            torch._foreach_add_(out, bufs, alpha=k * mu)
         return out
 
     def last_update(self, hp, lr, st, W, g, opts):
@@ -333,13 +392,13 @@ class SGDRule(UpdateRule):
         if g is None:
             raise ValueError("the last update of SGD with nesterov=True or momentum=0 needs the last gradient "
                              "(p.grad); predict before optimizer.zero_grad()")
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
-        ge = self.effective_grad(wd_hp, W, g)
+        wd = opts.decay(hp)
+        ge = self.effective_grad(dict(hp, weight_decay=wd), W, g)
         if mu != 0:  # Nesterov: d = g + μ·b
             d = [x + mu * b if b is not None else x.clone() for x, b in zip(ge, bufs)]
         else:
             d = [x.clone() for x in ge]
-        torch._foreach_mul_(d, lr)
+        torch._foreach_mul_(d, lr / keep_fraction(lr * wd))
         return d
 
 
@@ -348,7 +407,8 @@ class RMSpropRule(UpdateRule):
 
     ``v ← α·v + (1−α)·g²``; centered: ``ḡ ← lerp(ḡ, g, 1−α)``, ``a = sqrt(v − ḡ²) + eps`` else
     ``a = sqrt(v) + eps``; momentum: ``b ← μ·b + g/a``, ``W ← W − lr·b``; else ``W ← W − lr·g/a``.
-    The last update is ``lr·b`` with momentum, else ``lr·g_t/a`` (needs the last gradient).
+    The last update is ``lr·b`` with momentum, else ``lr·(±g_t + wd·W_t)/(a − lr·wd)`` (needs the last
+    gradient; exact with coupled decay, see the module docstring).
     """
 
     name = "RMSprop"
@@ -404,15 +464,22 @@ class RMSpropRule(UpdateRule):
             W = faddcdiv(W, g, avg, -lr, own_weights)
         return W, BucketState(st.step + 1, new)
 
-    def apply_last(self, hp, lr, st, W, g, opts, scale):
+    def _last_avg(self, hp, lr, st, opts, wd):
+        """The denominator of the last update, ``a − lr·wd`` (a new list)."""
+        eps = hp["eps"] if opts.eps is None else opts.eps
+        avg = self._avg(hp, st.tensors["square_avg"], st.tensors.get("grad_avg"), eps, opts.eps_placement)
+        if wd != 0:
+            torch._foreach_sub_(avg, lr * wd)
+        return avg
+
+    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
         if hp["momentum"] > 0:
             return torch._foreach_add(W, st.tensors["momentum_buffer"], alpha=-scale * lr)
         if g is None:
-            return super().apply_last(hp, lr, st, W, g, opts, scale)  # raises: needs the last gradient
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
-        eps = hp["eps"] if opts.eps is None else opts.eps
-        avg = self._avg(hp, st.tensors["square_avg"], st.tensors.get("grad_avg"), eps, opts.eps_placement)
-        return torch._foreach_addcdiv(W, self.effective_grad(wd_hp, W, g), avg, value=-scale * lr)
+            return super().apply_last(hp, lr, st, W, g, opts, scale, current=current)  # raises: needs g
+        wd = opts.decay(hp)
+        ge = self.effective_grad(dict(hp, weight_decay=wd), W if current is None else current, g)
+        return torch._foreach_addcdiv(W, ge, self._last_avg(hp, lr, st, opts, wd), value=-scale * lr)
 
     def last_update(self, hp, lr, st, W, g, opts):
         if hp["momentum"] > 0:
@@ -420,11 +487,9 @@ class RMSpropRule(UpdateRule):
         if g is None:
             raise ValueError("the last update of RMSprop without momentum needs the last gradient (p.grad); "
                              "predict before optimizer.zero_grad()")
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
-        ge = self.effective_grad(wd_hp, W, g)
-        eps = hp["eps"] if opts.eps is None else opts.eps
-        avg = self._avg(hp, st.tensors["square_avg"], st.tensors.get("grad_avg"), eps, opts.eps_placement)
-        d = torch._foreach_div(ge, avg)
+        wd = opts.decay(hp)
+        ge = self.effective_grad(dict(hp, weight_decay=wd), W, g)
+        d = torch._foreach_div(ge, self._last_avg(hp, lr, st, opts, wd))
         torch._foreach_mul_(d, lr)
         return d
 
@@ -433,7 +498,8 @@ class AdagradRule(UpdateRule):
     """Adagrad with lr decay and initial accumulator (``torch.optim.Adagrad``).
 
     ``t ← t+1``; ``clr = lr / (1 + (t−1)·lr_decay)``; ``S ← S + g²``; ``W ← W − clr·g/(sqrt(S) + eps)``.
-    The last update is ``clr_t·g_t/(sqrt(S_t) + eps)`` (needs the last gradient).
+    The last update is ``clr_t·(±g_t + wd·W_t)/(sqrt(S_t) + eps − clr_t·wd)`` (needs the last gradient;
+    exact with coupled decay, see the module docstring).
     """
 
     name = "Adagrad"
@@ -461,15 +527,23 @@ class AdagradRule(UpdateRule):
         torch._foreach_add_(std, hp["eps"])
         return faddcdiv(W, g, std, -clr, own_weights), BucketState(step, {"sum": S})
 
-    def apply_last(self, hp, lr, st, W, g, opts, scale):
-        if st.step == 0 or g is None:
-            return super().apply_last(hp, lr, st, W, g, opts, scale)
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
+    def _last_den(self, hp, lr, st, opts, wd):
+        """``clr`` and the denominator ``sqrt(S) + eps − clr·wd`` of the last update (a new list)."""
         step = opts.step_for_bias(st.step)
         clr = lr / (1 + (step - 1) * hp["lr_decay"])
         eps = hp["eps"] if opts.eps is None else opts.eps
         den = denominator(st.tensors["sum"], 1.0, eps, opts.eps_placement)
-        return torch._foreach_addcdiv(W, self.effective_grad(wd_hp, W, g), den, value=-scale * clr)
+        if wd != 0:
+            torch._foreach_sub_(den, clr * wd)
+        return clr, den
+
+    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
+        if st.step == 0 or g is None:
+            return super().apply_last(hp, lr, st, W, g, opts, scale, current=current)
+        wd = opts.decay(hp)
+        clr, den = self._last_den(hp, lr, st, opts, wd)
+        ge = self.effective_grad(dict(hp, weight_decay=wd), W if current is None else current, g)
+        return torch._foreach_addcdiv(W, ge, den, value=-scale * clr)
 
     def last_update(self, hp, lr, st, W, g, opts):
         if st.step == 0:
@@ -477,12 +551,9 @@ class AdagradRule(UpdateRule):
         if g is None:
             raise ValueError("the last update of Adagrad needs the last gradient (p.grad); "
                              "predict before optimizer.zero_grad()")
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
-        ge = self.effective_grad(wd_hp, W, g)
-        step = opts.step_for_bias(st.step)
-        clr = lr / (1 + (step - 1) * hp["lr_decay"])
-        eps = hp["eps"] if opts.eps is None else opts.eps
-        d = torch._foreach_div(ge, denominator(st.tensors["sum"], 1.0, eps, opts.eps_placement))
+        wd = opts.decay(hp)
+        clr, den = self._last_den(hp, lr, st, opts, wd)
+        d = torch._foreach_div(self.effective_grad(dict(hp, weight_decay=wd), W, g), den)
         torch._foreach_mul_(d, clr)
         return d
 

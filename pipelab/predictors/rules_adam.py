@@ -2,7 +2,9 @@
 
 See :mod:`pipelab.predictors.rules` for the interface. Each ``step`` mirrors ``torch.optim``'s
 single-tensor implementation operation by operation; each ``last_update`` reconstructs ``lr·ΔW_t`` from
-the state after step ``t`` (PipeOptim's Table I for Adam/AdamW, generalised).
+the state after step ``t`` (PipeOptim's Table I for Adam/AdamW, generalised), exactly, weight decay
+included (decoupled: ``(u + lr·wd·W_t)/(1 − lr·wd)`` with ``u`` the undecayed update; see
+:mod:`pipelab.predictors.rules`).
 
 Example:
     >>> import torch
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 
 from .rules import (BucketState, LastUpdateOptions, UpdateRule, denominator, fadd, faddcdiv, flerp, fmaximum, fmul,
-                    register_rule, scalar)
+                    keep_fraction, register_rule, scalar)
 
 __all__ = ["AdamRule", "NAdamRule", "RAdamRule", "AdamaxRule"]
 
@@ -53,9 +55,22 @@ class _AdamLike(UpdateRule):
         return W, self.effective_grad(hp, W, g), own_weights
 
     @staticmethod
-    def _add_decoupled(hp, lr, d, W, opts: LastUpdateOptions):
-        if opts.weight_decay and hp["weight_decay"] != 0 and hp["decoupled_weight_decay"]:
-            torch._foreach_add_(d, W, alpha=lr * hp["weight_decay"])
+    def _decoupled(hp, opts: LastUpdateOptions) -> float:
+        """The decoupled decay rate the last update is rebuilt with (0 for coupled decay or without it)."""
+        return opts.decay(hp) if hp["decoupled_weight_decay"] else 0.0
+
+    @classmethod
+    def _add_decoupled(cls, hp, lr, d, W, opts: LastUpdateOptions):
+        """``(d + c·W_t)/(1 − c)``, ``c = lr·wd``: the exact last update from the undecayed one ``d`` (in place).
+
+        From ``W_t = (1 − c)·W_{t−1} − d``; ``W`` holds ``W_t``.
+        """
+        wd = cls._decoupled(hp, opts)
+        if wd != 0:
+            c = lr * wd
+            keep = keep_fraction(c)
+            torch._foreach_add_(d, W, alpha=c)
+            torch._foreach_mul_(d, 1.0 / keep)
         return d
 
 
@@ -65,7 +80,8 @@ class AdamRule(_AdamLike):
     ``t ← t+1``; ``m ← lerp(m, g, 1−β1)``; ``v ← β2·v + (1−β2)·g²``;
     ``W ← W − lr/(1−β1^t) · m / (sqrt(v̂) + eps)`` with ``v̂ = v/(1−β2^t)`` (``max`` of v over time with
     amsgrad); AdamW first shrinks ``W ← (1 − lr·wd)·W``. Last update (Table I):
-    ``lr·m̂_t/(sqrt(v̂_t) + eps)`` (+ ``lr·wd·W`` for AdamW when ``weight_decay``).
+    ``u = lr·m̂_t/(sqrt(v̂_t) + eps)``; for AdamW (when ``weight_decay``) ``(u + lr·wd·W_t)/(1 − lr·wd)``,
+    which is ``W_{t−1} − W_t`` exactly (``W_{t−1} = (W_t + u)/(1 − lr·wd)``).
     """
 
     name = "Adam"
@@ -105,7 +121,7 @@ class AdamRule(_AdamLike):
         torch._foreach_add_(den, hp["eps"])
         return faddcdiv(W, m, den, -(lr / bc1), own_weights), BucketState(step, new)
 
-    def apply_last(self, hp, lr, st, W, g, opts, scale):
+    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
         if st.step == 0:
             return [w.clone() for w in W]
         tau = opts.step_for_bias(st.step)
@@ -113,10 +129,13 @@ class AdamRule(_AdamLike):
         v = st.tensors["max_exp_avg_sq"] if hp["amsgrad"] else st.tensors["exp_avg_sq"]
         eps = hp["eps"] if opts.eps is None else opts.eps
         den = denominator(v, 1 - b2 ** tau, eps, opts.eps_placement)
-        if opts.weight_decay and hp["weight_decay"] != 0 and hp["decoupled_weight_decay"]:
-            W = torch._foreach_mul(W, 1 - scale * lr * hp["weight_decay"])
-            torch._foreach_addcdiv_(W, st.tensors["exp_avg"], den, value=-scale * lr / (1 - b1 ** tau))
-            return W
+        wd = self._decoupled(hp, opts)
+        if wd != 0:  # W − scale·(u + c·W_t)/(1 − c), c = lr·wd
+            c = lr * wd
+            q = scale / keep_fraction(c)
+            out = torch._foreach_mul(W, 1 - q * c) if current is None else torch._foreach_add(W, current, alpha=-q * c)
+            torch._foreach_addcdiv_(out, st.tensors["exp_avg"], den, value=-q * lr / (1 - b1 ** tau))
+            return out
         return torch._foreach_addcdiv(W, st.tensors["exp_avg"], den, value=-scale * lr / (1 - b1 ** tau))
 
     def last_update(self, hp, lr, st, W, g, opts):
@@ -136,7 +155,9 @@ class NAdamRule(_AdamLike):
 
     ``μ_t = β1·(1 − ½·0.96^{tψ})``, ``Π_t = Π_{t−1}·μ_t`` (state ``mu_product``);
     ``W ← W − lr·(1−μ_t)/(1−Π_t)·g/den − lr·μ_{t+1}/(1−Π_t·μ_{t+1})·m/den``,
-    ``den = sqrt(v/(1−β2^t)) + eps``. The last update needs the last gradient ``g_t``.
+    ``den = sqrt(v/(1−β2^t)) + eps``. The last update needs the last gradient ``g_t``; with coupled decay
+    (``g = ±g_t + wd·W_{t−1}``) it is ``(a·(±g_t + wd·W_t) + b·m)/(den − a·wd)`` with
+    ``a = lr·(1−μ_t)/(1−Π_t)``, ``b = lr·μ_{t+1}/(1−Π_t·μ_{t+1})``: exactly ``W_{t−1} − W_t``.
     """
 
     name = "NAdam"
@@ -199,12 +220,14 @@ class NAdamRule(_AdamLike):
         mu_next = self._mu(hp, tau + 1)
         eps = hp["eps"] if opts.eps is None else opts.eps
         den = denominator(st.tensors["exp_avg_sq"], 1 - hp["beta2"] ** tau, eps, opts.eps_placement)
-        wd_hp = dict(hp, weight_decay=hp["weight_decay"] if opts.weight_decay else 0.0)
-        ge = self.effective_grad(wd_hp, W, g, coupled_decay=not hp["decoupled_weight_decay"])
-        d = torch._foreach_div(ge, den)
-        torch._foreach_mul_(d, lr * (1.0 - mu) / (1.0 - mp))
-        m_term = torch._foreach_div(st.tensors["exp_avg"], den)
-        torch._foreach_add_(d, m_term, alpha=lr * mu_next / (1.0 - mp * mu_next))
+        a, b = lr * (1.0 - mu) / (1.0 - mp), lr * mu_next / (1.0 - mp * mu_next)
+        coupled = not hp["decoupled_weight_decay"]
+        wd = opts.decay(hp)
+        if coupled and wd != 0:  # W_t = W_{t−1} − a·(g + wd·W_{t−1})/den − b·m/den, solved for W_{t−1}
+            torch._foreach_sub_(den, a * wd)
+        d = torch._foreach_mul(self.effective_grad(dict(hp, weight_decay=wd), W, g, coupled_decay=coupled), a)
+        torch._foreach_add_(d, st.tensors["exp_avg"], alpha=b)
+        torch._foreach_div_(d, den)
         return self._add_decoupled(hp, lr, d, W, opts)
 
 
@@ -300,7 +323,7 @@ class AdamaxRule(_AdamLike):
         clr = lr / (1 - b1 ** step)
         return faddcdiv(W, m, u, -clr, own_weights), BucketState(step, {"exp_avg": m, "exp_inf": u})
 
-    def apply_last(self, hp, lr, st, W, g, opts, scale):
+    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
         if st.step == 0:
             return [w.clone() for w in W]
         clr = lr / (1 - hp["beta1"] ** opts.step_for_bias(st.step))

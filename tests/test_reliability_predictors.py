@@ -1,0 +1,147 @@
+"""Reliability probes of the weight predictors and of predictor selection: bad input gets a one-line error.
+
+Each probe once misbehaved: a raw AttributeError deep inside (a string or a Module where an optimizer is
+expected), a silent stale prediction (history predictors never observed), an unknown predictor name
+silently ignored (policies that predict nothing).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import probes
+import pytest
+import torch
+from probes import Probe
+from torch import nn
+
+from pipelab.emulator import Emulator, build_pipeline
+from pipelab.predictors import (
+    LinearExtrapolation,
+    PipeMare,
+    PipeOptim,
+    Repeat,
+    make_predictor,
+)
+
+DT = torch.float64
+
+
+def _opt(cls=torch.optim.SGD, steps: int = 1, **kw) -> torch.optim.Optimizer:
+    """An optimizer over two float64 parameters, ``steps`` real steps taken."""
+    gen = torch.Generator().manual_seed(0)
+    params = [nn.Parameter(torch.randn(3, 2, generator=gen, dtype=DT)), nn.Parameter(torch.randn(2, dtype=DT))]
+    opt = cls(params, **({"lr": 0.1} | kw))
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=DT)
+        opt.step()
+    return opt
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def _emulator(policy: str, predictor) -> Emulator:
+    from pipelab.schedules import pipedream
+
+    return Emulator(_model(), D=2, schedule=pipedream(2, 1, 3), policy=policy,
+                    optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), predictor=predictor)
+
+
+def _plan(policy: str, predictor):
+    from pipelab.schedules import pipedream
+
+    return build_pipeline(_model(), D=2, schedule=pipedream(2, 1, 3), policy=policy,
+                          optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), predictor=predictor)
+
+
+SGDM = _opt(momentum=0.9)
+NAMES = ["stale", "spectrain", "pipeoptim", "pipeoptim_code", "repeat", "zero_grad_rollout", "linear", "pipemare"]
+
+PROBES = [
+    # 2. history predictors asked to extrapolate a history they were never given
+    Probe("linear-never-observed", lambda: LinearExtrapolation().predict(SGDM, 2), ValueError, r"observe\(optimizer\)"),
+    Probe("pipemare-never-observed", lambda: PipeMare().predict(SGDM, 1), ValueError, r"observe\(optimizer\)"),
+    Probe("pipemare-never-observed-all", lambda: PipeMare().predict_all(SGDM, 2), ValueError, "observe"),
+    # 3. an unknown predictor name is rejected whatever the policy
+    Probe("emulator-stashing-unknown-name", lambda: _emulator("stashing", "nonsense"), ValueError,
+          r"unknown predictor 'nonsense'.*pipeoptim.*oracle"),
+    Probe("build-pipeline-vanilla-unknown-name", lambda: _plan("vanilla", "nonsense"), ValueError,
+          "unknown predictor 'nonsense'"),
+    Probe("emulator-pipeoptim-unknown-name", lambda: _emulator("pipeoptim", "nonsense"), ValueError,
+          "unknown predictor 'nonsense'"),
+    Probe("emulator-stashing-bad-type", lambda: _emulator("stashing", 3), TypeError, "predictor must be"),
+    Probe("emulator-stashing-unused-predictor", lambda: _emulator("stashing", "pipeoptim"), None,
+          "predictor 'pipeoptim' is unused.*stashing", warns=UserWarning),
+    # 4. wrong argument types to the predictors' public entry points
+    *[Probe(f"{n}-predict-str-optimizer", lambda n=n: make_predictor(n).predict("adam", 2), TypeError,
+            r"optimizer must be a torch\.optim\.Optimizer.*str") for n in NAMES],
+    Probe("predict-module-as-optimizer", lambda: PipeOptim().predict(nn.Linear(2, 2), 1), TypeError,
+          r"got Linear.*torch\.optim\.SGD\(model\.parameters\(\)"),
+    Probe("predict-all-str-optimizer", lambda: Repeat().predict_all("sgd", 2), TypeError, "optimizer must be"),
+    Probe("check-str-optimizer", lambda: PipeOptim().check("adam"), TypeError, "optimizer must be"),
+    Probe("observe-str-optimizer", lambda: PipeMare().observe("adam"), TypeError, "optimizer must be"),
+    Probe("state-dict-str-optimizer", lambda: PipeMare().state_dict("adam"), TypeError, "optimizer must be"),
+    Probe("s-negative", lambda: PipeOptim().predict(SGDM, -1), ValueError, "non-negative"),
+    Probe("s-float", lambda: PipeOptim().predict(SGDM, 2.0), TypeError, "integer"),
+    Probe("s-str", lambda: Repeat().predict(SGDM, "2"), TypeError, "integer"),
+    Probe("max-s-negative", lambda: Repeat().predict_all(SGDM, -2), ValueError, "non-negative"),
+    Probe("params-wrong-length", lambda: PipeOptim().predict(SGDM, 1, params=[torch.zeros(3, 2, dtype=DT)]),
+          ValueError, "params has 1 tensors but the optimizer has 2"),
+    Probe("params-one-tensor", lambda: PipeOptim().predict(SGDM, 1, params=torch.zeros(2, dtype=DT)), TypeError,
+          "params must be a sequence of tensors"),
+    Probe("params-not-iterable", lambda: PipeOptim().predict(SGDM, 1, params=5), TypeError,
+          "params must be a sequence of tensors"),
+    Probe("params-non-tensor", lambda: PipeOptim().predict(SGDM, 1, params=[1.0, 2.0]), TypeError,
+          r"params\[0\] must be a Tensor"),
+    Probe("make-predictor-non-str", lambda: make_predictor(3), TypeError, "name must be"),
+    Probe("pipemare-gamma-str", lambda: PipeMare(gamma="0.9"), TypeError, "gamma must be a number"),
+    Probe("pipeoptim-eps-str", lambda: PipeOptim(eps="1e-8"), TypeError, "eps must be"),
+    Probe("pipeoptim-weight-decay-str", lambda: PipeOptim(weight_decay="no"), TypeError, "weight_decay must be"),
+    Probe("repeat-weight-decay-str", lambda: Repeat(weight_decay="no"), TypeError, "weight_decay must be"),
+    Probe("pipeoptim-extra-steps-bool", lambda: PipeOptim(extra_steps=True), TypeError, "extra_steps"),
+    Probe("pipemare-load-garbage-state", lambda: PipeMare().load_state_dict(SGDM, {"x": 1}), ValueError,
+          "state must be"),
+    # exact rebuild impossible when the last step erased W_{t-1} (lr·weight_decay = 1)
+    Probe("pipeoptim-lr-times-wd-one", lambda: PipeOptim().predict(_opt(lr=1.0, weight_decay=1.0), 1), ValueError,
+          "erased"),
+]
+
+
+@probes.parametrize(PROBES)
+def test_probe(probe: Probe) -> None:
+    probe.check()
+
+
+def test_history_predictors_without_steps_predict_stale_weights() -> None:
+    """One observation (the starting point) and no step yet: no motion seen, so the stale weights; s = 0 never
+    needs a history."""
+    opt = _opt(steps=0)
+    for pred in (LinearExtrapolation(), PipeMare()):
+        for w, p in zip(pred.predict(opt, 0), (p for g in opt.param_groups for p in g["params"])):
+            assert torch.equal(w, p.detach())
+        pred.observe(opt)
+        for w, p in zip(pred.predict(opt, 3), (p for g in opt.param_groups for p in g["params"])):
+            assert torch.equal(w, p.detach())
+
+
+def test_history_predictor_param_groups_changed_since_observed() -> None:
+    opt = _opt()
+    lin = LinearExtrapolation()
+    lin.observe(opt)
+    opt.step()
+    lin.observe(opt)
+    opt.add_param_group({"params": [nn.Parameter(torch.zeros(2, dtype=DT))]})
+    with pytest.raises(ValueError, match="observed 2 parameters.*has 3"):
+        lin.predict(opt, 1)
+
+
+def test_predicting_policy_with_oracle_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _plan("pipeoptim", "oracle")
+        _plan("pipeoptim", "repeat")
+        _plan("stashing", None)
