@@ -201,3 +201,19 @@ def test_batchnorm_buffers_update_once_per_forward() -> None:
     m = copy.deepcopy(model)
     Emulator(m, D=3, schedule=pipedream(3, M, T), policy="vanilla", optimizer=OPTIMIZERS["sgdm"]).run(make_data(T))
     assert int(m[1][0].num_batches_tracked) == T * M  # the vanilla backward recomputes, without touching buffers
+
+
+@pytest.mark.parametrize("D", [2, 3])
+def test_reused_parameter_free_module_trains_like_plain_training(D: int) -> None:
+    """A shared ``nn.ReLU()`` at positions 1 and 3 is pipelined at both positions (not silently dropped)."""
+    torch.manual_seed(0)
+    relu = nn.ReLU()
+    model = nn.Sequential(nn.Linear(6, 8), relu, nn.Linear(8, 8), relu, nn.Linear(8, 10)).double()
+    data, opt, T = make_data(4), OPTIMIZERS["sgdm"], 4
+    ref = copy.deepcopy(model)
+    ref_losses = train_plain([ref], optimizer=opt, batches=data)  # the whole model as one stage, unsplit
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=naive(D, 2, T), policy="sequential", optimizer=opt).run(data)
+    assert max_diff(ref, m) <= TOL
+    assert max(abs(a - b) for a, b in zip(ref_losses, res.losses)) <= TOL
+    assert max_diff(ref, model) > 1e-3

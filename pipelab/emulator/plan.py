@@ -27,14 +27,19 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
-    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules."""
-    if isinstance(model, nn.Sequential) and D is not None:
-        from ..partition import split
+    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules.
 
+    Every position of the ``nn.Sequential`` is kept, also a module placed at several positions; a parameter
+    shared by two stages is refused (:func:`pipelab.partition.check_unshared`).
+    """
+    from ..partition import check_unshared, split
+
+    if isinstance(model, nn.Sequential) and D is not None:
         return list(split(model, D, balance))
     if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model) and model:
         if D is not None and D != len(model):
             raise ValueError(f"D={D} but {len(model)} stage modules were given")
+        check_unshared(model, range(len(model)), "stage module")
         return list(model)
     raise TypeError("model must be an nn.Sequential with D given, or a non-empty list of stage modules; "
                     f"got {type(model).__name__} with D={D!r}")
