@@ -109,18 +109,28 @@ def build_pipeline(
     Arguments as for :class:`~pipelab.emulator.Emulator`; ``only`` restricts which stages get executors
     (and optimizers), as a runtime rank needs only its own.
     """
+    if isinstance(schedule, str):
+        raise TypeError(f"schedule={schedule!r} is a name; pass a Schedule built by a builder, e.g. "
+                        "schedule=pipelab.schedules.gpipe(D, M, steps) (builders by name: "
+                        "pipelab.schedules.BUILDERS)")
+    table = version_table(schedule)  # before the model, so that a bad schedule is not blamed on the model
     if D is None and isinstance(model, nn.Sequential):
-        D = getattr(schedule, "D", None)
+        D = table.D
     stages = as_stages(model, D, balance)
     D = len(stages)
-    table = version_table(schedule)
     if table.D != D:
         raise ValueError(f"the schedule has D={table.D} stages but the model was cut into {D}")
     policy = make_policy(policy)
     policy.check(table)
     loss_fn = loss_fn or nn.functional.cross_entropy
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (output, target) -> loss, got {type(loss_fn).__name__}")
     if not callable(optimizer):
-        raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer")
+        raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer, "
+                        f"e.g. lambda ps: torch.optim.SGD(ps, lr=0.1); got {type(optimizer).__name__}")
+    if lr_scheduler is not None and not callable(lr_scheduler):
+        raise TypeError("lr_scheduler must be a factory: optimizer -> LRScheduler, "
+                        f"got {type(lr_scheduler).__name__}")
 
     # weight specs of every job, with the oracle predictor resolved to true future versions
     oracle = isinstance(predictor, str) and predictor == "oracle"
@@ -145,6 +155,8 @@ def build_pipeline(
 
     built: dict[int, StageExecutor] = {}
     wanted = range(D) if only is None else sorted(set(only))
+    if any(k not in range(D) for k in wanted):
+        raise ValueError(f"only={sorted(set(only or ()))} must name stages in 0..{D - 1}")
     for k in wanted:
         module = stages[k]
         params = list(module.parameters())
