@@ -11,7 +11,7 @@ learning-rate schedulers and predictors.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -68,6 +68,7 @@ class PipelinePlan:
         waited: whether ``order`` differs from the schedule's order.
         capacity: ring size of every stage (peak versions alive at once).
         stages: the built executors, by stage index.
+        weightless: stages without parameters (no optimizer, no predictor, no weight copies).
     """
 
     D: int
@@ -82,11 +83,14 @@ class PipelinePlan:
     capacity: list[int]
     predicted_stages: set[int]
     stages: dict[int, StageExecutor]
+    weightless: frozenset[int] = frozenset()
 
     @property
     def weight_copies(self) -> list[int]:
-        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers."""
-        return [self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
+        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers
+        (0 for a stage without parameters)."""
+        return [0 if k in self.weightless else
+                self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
                 for k in range(self.D)]
 
 
@@ -107,7 +111,8 @@ def build_pipeline(
     """Plan a run and build the executors of the stages in ``only`` (default: all).
 
     Arguments as for :class:`~pipelab.emulator.Emulator`; ``only`` restricts which stages get executors
-    (and optimizers), as a runtime rank needs only its own.
+    (and optimizers), as a runtime rank needs only its own. A stage without parameters gets no optimizer,
+    learning-rate scheduler or predictor (its policy has nothing to choose); it still runs its jobs.
     """
     if isinstance(schedule, str):
         raise TypeError(f"schedule={schedule!r} is a name; pass a Schedule built by a builder, e.g. "
@@ -132,6 +137,7 @@ def build_pipeline(
         raise TypeError("lr_scheduler must be a factory: optimizer -> LRScheduler, "
                         f"got {type(lr_scheduler).__name__}")
 
+    weightless = frozenset(k for k, m in enumerate(stages) if next(m.parameters(), None) is None)
     # weight specs of every job, with the oracle predictor resolved to true future versions
     oracle = isinstance(predictor, str) and predictor == "oracle"
     specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
@@ -147,7 +153,7 @@ def build_pipeline(
         specs[key[1:]] = (f, b)  # type: ignore[index]
         uses[key] = [(key[1], _needed(f))]
         uses[bkey] = [(key[1], _needed(b))]
-        if isinstance(f, Predicted) or isinstance(b, Predicted):
+        if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
             predicted.add(key[1])
     order = resolve_order(table, uses)
     capacity, last_use = ring_capacities(order, uses, D)
@@ -160,21 +166,20 @@ def build_pipeline(
     for k in wanted:
         module = stages[k]
         params = list(module.parameters())
-        if not params:
-            raise ValueError(f"stage {k} has no parameters; choose D so that every stage holds weights")
-        opt = optimizer(params)
-        if not isinstance(opt, torch.optim.Optimizer):
+        opt = optimizer(params) if params else None
+        if params and not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
         events, local_last_use = plans[k]
         st = StageExecutor(k, D, table.M, module, opt, capacity[k],
                            {kk[1:]: v for kk, v in specs.items() if kk[0] == k}, events, local_last_use,
                            policy, table, loss_fn, bool(recompute))
-        if lr_scheduler is not None:
+        if lr_scheduler is not None and opt is not None:
             st.scheduler = lr_scheduler(opt)
         built[k] = st
     plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, order != table.order,
-                        capacity, predicted, built)
-    _attach_predictors(plan, predictor)
+                        capacity, predicted, built, weightless)
+    # stages without parameters have no optimizer to follow and nothing to predict: no predictor for them
+    _attach_predictors(replace(plan, stages={k: st for k, st in built.items() if k not in weightless}), predictor)
     return plan
 
 
