@@ -122,7 +122,13 @@ class Emulator:
 
     Raises:
         ValueError: D larger than the number of blocks, schedule and model disagreeing on D, a synchronous
-            policy on an asynchronous schedule, a predictor that cannot follow the optimizer.
+            policy on an asynchronous schedule, a predictor that cannot follow the optimizer, a parameter
+            shared by two stages.
+        TypeError: a schedule given by name (``"gpipe"``) or of another type, an optimizer that is not a
+            factory, a loss function or scheduler factory that is not callable.
+
+    A stage without parameters (e.g. a lone ``nn.Tanh`` stage) is allowed: it runs its forwards and
+    backwards but has no optimizer, no predictor and no weight copies.
     """
 
     def __init__(
