@@ -10,11 +10,12 @@ programming (:func:`balanced_partition`), the same criterion PipeDream's partiti
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from torch import nn
 
-__all__ = ["split", "balanced_partition", "stage_sizes"]
+__all__ = ["split", "balanced_partition", "stage_sizes", "check_unshared"]
 
 
 def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
@@ -57,8 +58,10 @@ def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Seq
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"model must be an nn.Sequential of blocks, got {type(model).__name__}")
     n = len(model)
-    if not isinstance(D, int) or D < 1:
+    count = _as_int(D)
+    if count is None or count < 1:
         raise ValueError(f"D must be a positive integer, got {D!r}")
+    D = count
     if D > n:
         raise ValueError(f"D={D} stages but the model has only {n} blocks; use D <= {n} or a deeper model")
     if isinstance(balance, str):
@@ -69,10 +72,11 @@ def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Seq
             return balanced_partition([sum(p.numel() for p in b.parameters()) for b in model], D)
         raise ValueError(f"balance={balance!r}; use 'layers', 'params', D block counts, or one cost per block")
     values = list(balance)
-    if len(values) == D and all(isinstance(v, int) for v in values):
-        if any(v < 1 for v in values) or sum(values) != n:
+    counts = [_as_int(v) for v in values]
+    if len(values) == D and all(c is not None for c in counts):
+        if any(c < 1 for c in counts) or sum(counts) != n:
             raise ValueError(f"balance={values} must be D={D} positive block counts summing to {n}")
-        return values
+        return counts
     if len(values) == n:
         return balanced_partition([float(v) for v in values], D)
     raise ValueError(f"balance has {len(values)} entries; give D={D} block counts or one cost per block ({n})")
@@ -82,7 +86,8 @@ def split(model: nn.Sequential, D: int, balance: str | Sequence[int] | Sequence[
     """Cut ``model`` into D contiguous stages; the stages share (do not copy) the model's modules.
 
     Args:
-        model: an ``nn.Sequential`` whose top-level children are the blocks.
+        model: an ``nn.Sequential`` whose top-level positions are the blocks (a module placed at several
+            positions is a block at each of them).
         D: number of stages, 1 <= D <= len(model).
         balance: ``"layers"`` (equal block counts, extra blocks to the later stages), ``"params"`` (minimise
             the largest stage's parameter count), D integers (explicit block counts), or one float cost per
@@ -91,15 +96,58 @@ def split(model: nn.Sequential, D: int, balance: str | Sequence[int] | Sequence[
     Returns:
         D ``nn.Sequential`` stages whose composition equals ``model``.
 
+    Raises:
+        ValueError: bad D or balance, or a parameter shared by blocks of two stages (:func:`check_unshared`).
+
     Example:
         >>> from pipelab.models import deep_mlp
         >>> [len(s) for s in split(deep_mlp(depth=10), 4)]
         [2, 2, 3, 3]
     """
     sizes = stage_sizes(model, D, balance)
-    blocks = list(model.children())
+    # every position of the Sequential: children() would list a module used at several positions only once
+    blocks = list(model)
+    stage_of = [k for k, size in enumerate(sizes) for _ in range(size)]
+    check_unshared(blocks, stage_of, "block")
     stages, start = [], 0
     for size in sizes:
         stages.append(nn.Sequential(*blocks[start : start + size]))
         start += size
     return stages
+
+
+def check_unshared(blocks: Sequence[nn.Module], stage_of: Sequence[int], what: str = "block") -> None:
+    """Refuse a parameter that blocks of two different stages share (one module at two positions, tied weights).
+
+    A pipeline gives stage k its own copy of its weights, its own optimizer and its own weight versions
+    W_k^(v); a parameter in two stages would be updated twice per step and read at two different versions,
+    so no pipeline reproduces training of the shared model. Sharing within one stage (and sharing a
+    parameter-free module such as one ``nn.ReLU()`` anywhere) is fine.
+
+    Args:
+        blocks: the modules in model order; ``stage_of[i]``: the stage of ``blocks[i]``.
+        what: how to name a position in the error ("block" of the model, or "stage" module).
+
+    Raises:
+        ValueError: naming the two positions and their stages.
+    """
+    owner: dict[int, tuple[int, int]] = {}
+    for i, (block, k) in enumerate(zip(blocks, stage_of)):
+        for p in block.parameters():
+            first = owner.setdefault(id(p), (i, k))
+            if first[1] != k:
+                raise ValueError(
+                    f"{what} {first[0]} (stage {first[1]}) and {what} {i} (stage {k}) share parameters (the same "
+                    "module at two positions, or tied weights); a pipeline keeps a separate copy of each stage's "
+                    "weights, so shared parameters must lie in one stage: choose D or balance= to put both "
+                    "positions in the same stage, or use separate modules")
+
+
+def _as_int(value: object) -> int | None:
+    """``value`` as an int if it is an integer (``int``, ``numpy.int64``, ...; not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -223,3 +224,81 @@ def test_batchnorm_buffers_update_once_per_forward() -> None:
     m = copy.deepcopy(model)
     Emulator(m, D=3, schedule=pipedream(3, M, T), policy="vanilla", optimizer=OPTIMIZERS["sgdm"]).run(make_data(T))
     assert int(m[1][0].num_batches_tracked) == T * M  # the vanilla backward recomputes, without touching buffers
+
+
+@pytest.mark.parametrize("D", [2, 3])
+def test_reused_parameter_free_module_trains_like_plain_training(D: int) -> None:
+    """A shared ``nn.ReLU()`` at positions 1 and 3 is pipelined at both positions (not silently dropped)."""
+    torch.manual_seed(0)
+    relu = nn.ReLU()
+    model = nn.Sequential(nn.Linear(6, 8), relu, nn.Linear(8, 8), relu, nn.Linear(8, 10)).double()
+    data, opt, T = make_data(4), OPTIMIZERS["sgdm"], 4
+    ref = copy.deepcopy(model)
+    ref_losses = train_plain([ref], optimizer=opt, batches=data)  # the whole model as one stage, unsplit
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=naive(D, 2, T), policy="sequential", optimizer=opt).run(data)
+    assert max_diff(ref, m) <= TOL
+    assert max(abs(a - b) for a, b in zip(ref_losses, res.losses)) <= TOL
+    assert max_diff(ref, model) > 1e-3
+
+
+def _weightless_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 10)).double()
+
+
+@pytest.mark.parametrize("builder,policy", [(gpipe, "gpipe"), (naive, "sequential"), (one_f_one_b, "1f1b")])
+def test_stage_without_parameters_flushed_equals_plain_training(builder, policy) -> None:
+    """Linear | Tanh | Linear on D=3: the middle stage holds no weights, has no optimizer, and the pipeline
+    still reproduces plain training."""
+    model, data, opt, T = _weightless_model(), make_data(4), OPTIMIZERS["adam"], 4
+    sched = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)  # noqa: E731
+    ref = copy.deepcopy(model)
+    ref_losses = train_plain([ref], optimizer=opt, batches=data, lr_scheduler=sched)
+    m = copy.deepcopy(model)
+    emu = Emulator(m, D=3, schedule=builder(3, 2, T), policy=policy, optimizer=opt, lr_scheduler=sched)
+    res = emu.run(data)
+    assert max_diff(ref, m) <= TOL
+    assert max(abs(a - b) for a, b in zip(ref_losses, res.losses)) <= TOL
+    assert max_diff(ref, model) > 1e-3
+    assert emu.stages[1].optimizer is None and emu.stages[1].scheduler is None and emu.weights()[1] == ()
+    assert res.weight_copies[1] == 0 and res.weight_copies[0] == res.weight_copies[2] == 1
+
+
+class _FrozenScale(nn.Module):
+    """tanh(x)·c with a parameter c = 1 that an lr=0 optimizer never moves: a weighted twin of ``nn.Tanh``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Parameter(torch.ones((), dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * self.c
+
+
+@pytest.mark.parametrize("policy", ["stashing", "vanilla", "vertical_sync", "pipeoptim", "spectrain", "pipemare",
+                                    "2bw"])
+def test_stage_without_parameters_under_asynchronous_policies(policy) -> None:
+    """Under async schedules the weightless stage changes nothing: the run equals the same pipeline whose
+    middle stage has a weight frozen at 1 (same version table, same weights of the other stages), losses
+    are finite, and every job ran at the version the table gives."""
+    T, M = 6, (3 if policy == "2bw" else 1)
+    build = (lambda: pipedream_2bw(3, M, T)) if policy == "2bw" else (lambda: pipedream(3, M, T))
+    data = make_data(T, n=6)
+    base = _weightless_model()
+    twin = nn.Sequential(copy.deepcopy(base[0]), _FrozenScale(), copy.deepcopy(base[2]))
+    frozen = twin[1].c
+
+    def opt(ps):
+        lr = 0.0 if any(p is frozen for p in ps) else 0.05
+        return torch.optim.SGD(ps, lr=lr, momentum=0.9)
+
+    emu = Emulator(base, schedule=build(), policy=policy, optimizer=opt)
+    res = emu.run(data)
+    res_twin = Emulator(twin, schedule=build(), policy=policy, optimizer=opt).run(data)
+    assert all(math.isfinite(v) for v in res.losses)
+    assert max(abs(a - b) for a, b in zip(res.losses, res_twin.losses)) <= TOL
+    for k in (0, 2):
+        assert max((p - q).abs().max().item() for p, q in zip(base[k].parameters(), twin[k].parameters())) <= TOL
+    assert res.observed == res_twin.observed == {key: emu.table.current[key] for key in res.observed}
+    assert res.weight_copies[1] == 0 and emu.stages[1].predictor is None and 1 not in emu.predicted_stages

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -106,3 +107,31 @@ def test_balanced_partition_matches_brute_force() -> None:
         best = min(worst(c) for c in itertools.combinations(range(1, n), D - 1))
         got = worst(tuple(itertools.accumulate(sizes[:-1])))
         assert got == pytest.approx(best, abs=1e-12)
+
+
+def test_split_keeps_every_position_of_a_reused_module() -> None:
+    """One ``nn.ReLU()`` object at positions 1 and 3 is a block at both: ``children()`` lists it once."""
+    relu = nn.ReLU()
+    model = nn.Sequential(nn.Linear(3, 4), relu, nn.Linear(4, 4), relu, nn.Linear(4, 2))
+    stages = split(model, 2)
+    assert [len(s) for s in stages] == [2, 3]
+    assert [m for s in stages for m in s] == list(model)  # the same modules, position by position
+    x = torch.randn(5, 3)
+    h = x
+    for s in stages:
+        h = s(h)
+    assert torch.equal(h, model(x))
+
+
+def test_split_shares_a_parameterized_module_within_one_stage_only() -> None:
+    lin = nn.Linear(4, 4)
+    model = nn.Sequential(nn.Linear(3, 4), lin, nn.Tanh(), lin, nn.Linear(4, 2))
+    assert [len(s) for s in split(model, 2, [1, 4])] == [1, 4]  # both uses of lin in stage 1: fine
+    with pytest.raises(ValueError, match=r"block 1 \(stage 0\) and block 3 \(stage 1\) share parameters"):
+        split(model, 2, [2, 3])
+
+
+def test_split_accepts_numpy_integers() -> None:
+    model = deep_mlp(depth=6)
+    assert [len(s) for s in split(model, np.int64(3))] == [2, 2, 2]
+    assert [len(s) for s in split(model, 2, [np.int64(2), np.int64(4)])] == [2, 4]

@@ -236,3 +236,48 @@ def test_start_up_errors() -> None:
     with pytest.raises(ValueError, match="one worker computes and holds each stage"):
         PipelineRuntime(model, schedule=ddp(2, 2), policy="gpipe", optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
                         rank=0, world_size=ddp(2, 2).W)
+
+
+WEIGHTLESS_CASES = [dict(schedule="gpipe", policy="gpipe", M=2, steps=3),
+                    dict(schedule="pipedream", policy="stashing", M=1, steps=5),
+                    dict(schedule="pipedream", policy="pipeoptim", M=1, steps=5)]
+
+
+def _weightless_setup(case: dict) -> tuple[torch.nn.Sequential, Any, Any]:
+    """Linear | Tanh | Linear on three stages: the middle stage has no parameters."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)).double()
+    sched = schedule_of(case["schedule"], 3, case["M"], case["steps"], 3)
+    return model, sched, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)
+
+
+def _run_weightless(rank: int, world: int) -> list:
+    out = []
+    for case in WEIGHTLESS_CASES:
+        model, sched, opt = _weightless_setup(case)
+        out.append(PipelineRuntime(model, schedule=sched, policy=case["policy"], optimizer=opt).run(
+            batches(case["steps"])))
+    return out
+
+
+def test_stage_without_parameters_runs_on_three_ranks_like_the_emulator() -> None:
+    """A parameter-free middle stage on its own rank: no optimizer, no weight copies, same weights and
+    versions as the emulator (float64)."""
+    per_rank = spawn(_run_weightless, 3)
+    for i, case in enumerate(WEIGHTLESS_CASES):
+        model, sched, opt = _weightless_setup(case)
+        emu = Emulator(model, schedule=sched, policy=case["policy"], optimizer=opt)
+        ref = emu.run(batches(case["steps"]))
+        weights = emu.weights()
+        observed: dict = {}
+        for r in (per_rank[w][i] for w in range(3)):
+            observed.update(r.observed)
+            for k, W in r.weights.items():
+                assert len(W) == len(weights[k])
+                for a, b in zip(W, weights[k]):
+                    assert (a - b).abs().max().item() <= TOL, (case, k)
+            assert r.losses == pytest.approx(ref.losses, abs=TOL)
+        assert observed == ref.observed, case
+        middle = per_rank[1][i]
+        assert middle.stages == [1] and middle.weights[1] == ()
+        assert middle.memory["weight_copies"] == {1: 0} and middle.memory["optimizer_state"] == 0

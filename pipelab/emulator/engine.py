@@ -106,7 +106,8 @@ class Emulator:
     Args:
         model: an ``nn.Sequential`` (split into D stages by :func:`pipelab.partition.split`) or a list of
             stage modules. It is trained in place.
-        schedule: a ``Schedule``, a simulation result, or a :class:`VersionTable` (D, M, steps).
+        schedule: a ``Schedule`` (built by a builder such as ``pipelab.schedules.gpipe(D, M, steps)``, not its
+            name), a simulation result, or a :class:`VersionTable` (D, M, steps).
         policy: a :class:`~pipelab.policies.Policy` or its name.
         optimizer: factory ``params -> torch.optim.Optimizer`` called once per stage.
         D: number of stages (required with an ``nn.Sequential``).
@@ -121,7 +122,13 @@ class Emulator:
 
     Raises:
         ValueError: D larger than the number of blocks, schedule and model disagreeing on D, a synchronous
-            policy on an asynchronous schedule, a predictor that cannot follow the optimizer.
+            policy on an asynchronous schedule, a predictor that cannot follow the optimizer, a parameter
+            shared by two stages.
+        TypeError: a schedule given by name (``"gpipe"``) or of another type, an optimizer that is not a
+            factory, a loss function or scheduler factory that is not callable.
+
+    A stage without parameters (e.g. a lone ``nn.Tanh`` stage) is allowed: it runs its forwards and
+    backwards but has no optimizer, no predictor and no weight copies.
     """
 
     def __init__(
@@ -169,8 +176,24 @@ class Emulator:
 
         Returns:
             An :class:`EmulatorResult`.
+
+        Raises:
+            RuntimeError: on a second call. An Emulator runs its schedule once: the version table, the
+                weight specs and the rings are those of one pass (versions 0..steps); a second pass would
+                need every version renumbered. Build a new Emulator on the same model to continue.
+            TypeError: a mini-batch that is not a tuple ``(x, y)`` of tensors, or an input whose floating
+                dtype differs from the model's.
+            ValueError: too few mini-batches, input and target of different lengths, a mini-batch not
+                divisible into M micro-batches, data and model on different devices.
         """
-        get = batches if callable(batches) else batches.__getitem__
+        if any(st.position for st in self.stages):
+            raise RuntimeError("an Emulator runs its schedule once and this one has run (its stages' weight versions "
+                               "and event positions are spent); to continue training, build a new Emulator on the "
+                               "same model, which holds the trained weights (optimizer state starts afresh)")
+        if not callable(batches) and not (hasattr(batches, "__getitem__") and hasattr(batches, "__len__")):
+            raise TypeError("batches must be a sequence of (x, y) mini-batches or a callable t -> (x, y), "
+                            f"got {type(batches).__name__}")
+        get = _checked_batches(batches, self.stages[0])
         if not callable(batches) and len(batches) < self.steps:
             raise ValueError(f"the schedule runs {self.steps} steps but only {len(batches)} mini-batches were given")
         D, M = self.D, self.M
@@ -235,6 +258,39 @@ class Emulator:
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""
         return [tuple(p.detach() for p in st.params) for st in self.stages]
+
+
+def _checked_batches(batches: Sequence[Batch] | Callable[[int], Batch], first: StageExecutor
+                     ) -> Callable[[int], Batch]:
+    """``t -> (x, y)`` that checks each mini-batch's form, its sizes, and its input against stage 0's weights."""
+    get = batches if callable(batches) else batches.__getitem__
+    weight = next((p for p in first.params if p.is_floating_point()), None)
+
+    def checked(t: int) -> Batch:
+        batch = get(t)
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                and all(isinstance(v, Tensor) for v in batch)):
+            raise TypeError(f"mini-batch {t} must be a tuple (x, y) of two tensors (input, target), "
+                            f"got {_describe(batch)}")
+        x, y = batch
+        if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"mini-batch {t}: input shape {tuple(x.shape)} and target shape {tuple(y.shape)} must "
+                             "have the same number of examples along dimension 0")
+        if weight is not None and x.is_floating_point() and x.dtype != weight.dtype:
+            raise TypeError(f"mini-batch {t}: input dtype {x.dtype} differs from the model's {weight.dtype}; "
+                            f"convert the data (x.to({weight.dtype})) or the model (model.to(dtype))")
+        if weight is not None and x.device != weight.device:
+            raise ValueError(f"mini-batch {t}: input on {x.device} but the model's first stage on {weight.device}; "
+                             "move the data or the model to one device")
+        return x, y
+
+    return checked
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value[:3])}...)"
+    return type(value).__name__
 
 
 def _target(spec: WeightSpec) -> int:

@@ -11,7 +11,7 @@ learning-rate schedulers and predictors.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,14 +27,19 @@ OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
-    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules."""
-    if isinstance(model, nn.Sequential) and D is not None:
-        from ..partition import split
+    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules.
 
+    Every position of the ``nn.Sequential`` is kept, also a module placed at several positions; a parameter
+    shared by two stages is refused (:func:`pipelab.partition.check_unshared`).
+    """
+    from ..partition import check_unshared, split
+
+    if isinstance(model, nn.Sequential) and D is not None:
         return list(split(model, D, balance))
     if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model) and model:
         if D is not None and D != len(model):
             raise ValueError(f"D={D} but {len(model)} stage modules were given")
+        check_unshared(model, range(len(model)), "stage module")
         return list(model)
     raise TypeError("model must be an nn.Sequential with D given, or a non-empty list of stage modules; "
                     f"got {type(model).__name__} with D={D!r}")
@@ -63,6 +68,7 @@ class PipelinePlan:
         waited: whether ``order`` differs from the schedule's order.
         capacity: ring size of every stage (peak versions alive at once).
         stages: the built executors, by stage index.
+        weightless: stages without parameters (no optimizer, no predictor, no weight copies).
     """
 
     D: int
@@ -77,11 +83,14 @@ class PipelinePlan:
     capacity: list[int]
     predicted_stages: set[int]
     stages: dict[int, StageExecutor]
+    weightless: frozenset[int] = frozenset()
 
     @property
     def weight_copies(self) -> list[int]:
-        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers."""
-        return [self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
+        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers
+        (0 for a stage without parameters)."""
+        return [0 if k in self.weightless else
+                self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
                 for k in range(self.D)]
 
 
@@ -102,21 +111,33 @@ def build_pipeline(
     """Plan a run and build the executors of the stages in ``only`` (default: all).
 
     Arguments as for :class:`~pipelab.emulator.Emulator`; ``only`` restricts which stages get executors
-    (and optimizers), as a runtime rank needs only its own.
+    (and optimizers), as a runtime rank needs only its own. A stage without parameters gets no optimizer,
+    learning-rate scheduler or predictor (its policy has nothing to choose); it still runs its jobs.
     """
+    if isinstance(schedule, str):
+        raise TypeError(f"schedule={schedule!r} is a name; pass a Schedule built by a builder, e.g. "
+                        "schedule=pipelab.schedules.gpipe(D, M, steps) (builders by name: "
+                        "pipelab.schedules.BUILDERS)")
+    table = version_table(schedule)  # before the model, so that a bad schedule is not blamed on the model
     if D is None and isinstance(model, nn.Sequential):
-        D = getattr(schedule, "D", None)
+        D = table.D
     stages = as_stages(model, D, balance)
     D = len(stages)
-    table = version_table(schedule)
     if table.D != D:
         raise ValueError(f"the schedule has D={table.D} stages but the model was cut into {D}")
     policy = make_policy(policy)
     policy.check(table)
     loss_fn = loss_fn or nn.functional.cross_entropy
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (output, target) -> loss, got {type(loss_fn).__name__}")
     if not callable(optimizer):
-        raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer")
+        raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer, "
+                        f"e.g. lambda ps: torch.optim.SGD(ps, lr=0.1); got {type(optimizer).__name__}")
+    if lr_scheduler is not None and not callable(lr_scheduler):
+        raise TypeError("lr_scheduler must be a factory: optimizer -> LRScheduler, "
+                        f"got {type(lr_scheduler).__name__}")
 
+    weightless = frozenset(k for k, m in enumerate(stages) if next(m.parameters(), None) is None)
     # weight specs of every job, with the oracle predictor resolved to true future versions
     oracle = isinstance(predictor, str) and predictor == "oracle"
     specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
@@ -132,7 +153,7 @@ def build_pipeline(
         specs[key[1:]] = (f, b)  # type: ignore[index]
         uses[key] = [(key[1], _needed(f))]
         uses[bkey] = [(key[1], _needed(b))]
-        if isinstance(f, Predicted) or isinstance(b, Predicted):
+        if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
             predicted.add(key[1])
     order = resolve_order(table, uses)
     capacity, last_use = ring_capacities(order, uses, D)
@@ -140,24 +161,25 @@ def build_pipeline(
 
     built: dict[int, StageExecutor] = {}
     wanted = range(D) if only is None else sorted(set(only))
+    if any(k not in range(D) for k in wanted):
+        raise ValueError(f"only={sorted(set(only or ()))} must name stages in 0..{D - 1}")
     for k in wanted:
         module = stages[k]
         params = list(module.parameters())
-        if not params:
-            raise ValueError(f"stage {k} has no parameters; choose D so that every stage holds weights")
-        opt = optimizer(params)
-        if not isinstance(opt, torch.optim.Optimizer):
+        opt = optimizer(params) if params else None
+        if params and not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
         events, local_last_use = plans[k]
         st = StageExecutor(k, D, table.M, module, opt, capacity[k],
                            {kk[1:]: v for kk, v in specs.items() if kk[0] == k}, events, local_last_use,
                            policy, table, loss_fn, bool(recompute))
-        if lr_scheduler is not None:
+        if lr_scheduler is not None and opt is not None:
             st.scheduler = lr_scheduler(opt)
         built[k] = st
     plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, order != table.order,
-                        capacity, predicted, built)
-    _attach_predictors(plan, predictor)
+                        capacity, predicted, built, weightless)
+    # stages without parameters have no optimizer to follow and nothing to predict: no predictor for them
+    _attach_predictors(replace(plan, stages={k: st for k, st in built.items() if k not in weightless}), predictor)
     return plan
 
 

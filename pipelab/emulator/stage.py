@@ -20,6 +20,11 @@ Semantics (the rules the emulator's docstring states in full):
 
 Versions are dropped from the ring after their last use, counted in the stage's own event sequence, which
 is the same in the simulator's global order and in the worker's program.
+
+A stage without parameters (say a lone ``nn.Tanh`` between two Linear stages) is a real pipeline stage: its
+forwards and backwards run and pass activations and input gradients on, but it has no optimizer, nothing
+to predict and nothing to store. Its U events only advance its version counter, so that its jobs'
+observed versions still agree with the version table; its ring holds empty tuples (zero weight bytes).
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ class StageExecutor:
     Args:
         k: stage index; ``D``, ``M``: stages and micro-batches per step.
         module: the stage module (trained in place: the optimizer owns its parameters).
-        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s parameters.
+        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s parameters; ``None`` for a stage
+            without parameters (and only then).
         capacity: ring size (peak versions alive, from :func:`~pipelab.emulator.versions.ring_capacities`).
         specs: ``(t, j) -> (forward spec, backward spec)`` of this stage's jobs.
         events: this stage's events in execution order, ``(op, t, j)`` (``j = -1`` for U).
@@ -53,7 +59,8 @@ class StageExecutor:
         recompute: always recompute the forward in the backward.
     """
 
-    def __init__(self, k: int, D: int, M: int, module: nn.Module, optimizer: torch.optim.Optimizer, capacity: int,
+    def __init__(self, k: int, D: int, M: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                 capacity: int,
                  specs: Mapping[tuple[int, int], tuple[WeightSpec, WeightSpec]], events: Sequence[tuple[str, int, int]],
                  last_use: Mapping[int, int], policy: Policy, table: Any,
                  loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False) -> None:
@@ -62,11 +69,11 @@ class StageExecutor:
         named = list(module.named_parameters())
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        if not self.params:
-            raise ValueError(f"stage {k} has no parameters; choose D so that every stage holds weights")
         self.buffer_names = [n for n, _ in module.named_buffers()]
+        if optimizer is None and self.params:
+            raise ValueError(f"stage {k} has parameters, so it needs an optimizer (None is for stages without)")
         self.optimizer = optimizer
-        opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+        opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
         if {id(p) for p in opt_params} != {id(p) for p in self.params} or len(opt_params) != len(self.params):
             raise ValueError(f"the optimizer of stage {k} must hold exactly that stage's parameters")
         pos = {id(p): i for i, p in enumerate(opt_params)}  # predictors use param_groups order
@@ -107,7 +114,9 @@ class StageExecutor:
         return functional_call(self.module, mapping, (x,))
 
     def weights(self, spec: WeightSpec, grad: bool) -> tuple[Tensor, ...]:
-        """The weights a job's spec names: a stored version, or a prediction from one."""
+        """The weights a job's spec names: a stored version, or a prediction from one (none without parameters)."""
+        if not self.params:
+            return ()
         if isinstance(spec, Stored):
             return self.ring.get(spec.version)
         base = self.ring.get(spec.base)
@@ -179,10 +188,12 @@ class StageExecutor:
                 if self.k == self.D - 1:
                     out = self.loss_fn(out, target) / self.M
         inputs = list(W) + ([x_in] if self.k > 0 else [])
-        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True)
+        # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
+        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
         pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
         if t in self.acc:
-            torch._foreach_add_(self.acc[t], pgrads)
+            if pgrads:
+                torch._foreach_add_(self.acc[t], pgrads)
         else:
             self.acc[t] = pgrads
         self._advance()
@@ -194,18 +205,8 @@ class StageExecutor:
         grads = self.acc.pop(t, None)
         if grads is None:
             raise RuntimeError(f"update of stage {self.k} for step {t} has no gradient")
-        for p, g in zip(self.params, grads):
-            p.grad = g
-        factor = self.policy.lr_factor(self.table, self.k, t)
-        groups = self.optimizer.param_groups
-        saved_lr = [g["lr"] for g in groups]
-        if factor != 1.0:
-            for g in groups:
-                g["lr"] = g["lr"] * factor
-        self.optimizer.step()
-        if factor != 1.0:
-            for g, lr in zip(groups, saved_lr):
-                g["lr"] = lr
+        if self.optimizer is not None:  # a stage without parameters only counts the version
+            self._step(t, grads)
         # p.grad keeps the last gradient (as after a plain optimizer.step()); some predictors read it
         if self.scheduler is not None:
             self.scheduler.step()
@@ -221,6 +222,22 @@ class StageExecutor:
         return W
 
 
+    def _step(self, t: int, grads: list[Tensor]) -> None:
+        """The optimizer step of U(k, t) with the accumulated gradient, PipeMare's learning-rate factor applied."""
+        assert self.optimizer is not None
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        factor = self.policy.lr_factor(self.table, self.k, t)
+        groups = self.optimizer.param_groups
+        saved_lr = [g["lr"] for g in groups]
+        if factor != 1.0:
+            for g in groups:
+                g["lr"] = g["lr"] * factor
+        self.optimizer.step()
+        if factor != 1.0:
+            for g, lr in zip(groups, saved_lr):
+                g["lr"] = lr
+
     # ------------------------------------------------------------------------------------- checkpoint
 
     def state_dict(self) -> dict[str, Any]:
@@ -235,7 +252,7 @@ class StageExecutor:
             "ring": {v: self.ring.get(v) for v in self.ring.versions()}, "ring_peak": self.ring.peak,
             "saved": {key: entry[:4] for key, entry in self.saved.items()},  # graphs are rebuilt on load
             "acc": self.acc, "observed": self.observed,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "predictor": predictor_state,
             "grads": [p.grad for p in self.params],
@@ -254,7 +271,8 @@ class StageExecutor:
             self.ring.put(v, W)
         self.ring.peak = max(self.ring.peak, state["ring_peak"])
         self.acc, self.observed = state["acc"], state["observed"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.predictor is not None and state["predictor"] is not None:

@@ -210,7 +210,13 @@ class PipelineRuntime:
         self._outbox: list[tuple[int, int, int, int, Tensor]] = []  # (dst, tag, t, j, tensor) to send on resume
         self._retain: set[tuple[int, int, int, int]] = set()
         if dist.is_initialized() and rank is None:
-            check_consistent(self.fingerprint(), "pipeline configuration")
+            fp = self.fingerprint()
+            check_consistent({**fp, "optimizers": None}, "pipeline configuration")
+            # a rank whose stages have no parameters has no optimizer: compare classes among the other ranks
+            names: list[list[str] | None] = [None] * self.world
+            dist.all_gather_object(names, fp["optimizers"])
+            if len({tuple(n) for n in names if n}) > 1:
+                raise ValueError(f"ranks disagree on the optimizer: {names} (by rank)")
 
     # ------------------------------------------------------------------------------------- set-up
 
@@ -221,7 +227,8 @@ class PipelineRuntime:
             "schedule": (self.schedule.name, self.D, self.M, self.steps, progs),
             "policy": self.plan.policy.name,
             "stages": [[(n, tuple(p.shape), str(p.dtype)) for n, p in m.named_parameters()] for m in self.modules],
-            "optimizers": sorted({type(e.optimizer).__name__ for e in self.executors.values()}),
+            "optimizers": sorted({type(e.optimizer).__name__ for e in self.executors.values()
+                                  if e.optimizer is not None}),
         }
 
     def _boundaries(self, x: Tensor) -> list[tuple[torch.Size, torch.dtype]]:
@@ -374,7 +381,7 @@ class PipelineRuntime:
                 losses[t] = v
         stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
-        opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values()
+        opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
                         for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
         memory = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors),

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import functools
 import gc
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES"]
+__all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES", "MAX_JOBS", "check_int", "check_jobs"]
 
 #: Every op an action may carry. F/B/U are produced by the builders; I/W are the split backward.
 OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
@@ -51,6 +52,9 @@ OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
 COMPUTE_OPS: frozenset[str] = frozenset({"F", "B", "I", "W"})
 #: Which weight version a schedule's design makes a job use (see ``Schedule.weight_rule``).
 WEIGHT_RULES: tuple[str, ...] = ("current", "double_buffer", "stage_step_first")
+#: Largest number of compute jobs (F/B/I/W actions) a builder produces: 50 million actions take minutes
+#: and several GB to build; beyond it builders raise ValueError (see :func:`check_jobs`).
+MAX_JOBS: int = 50_000_000
 
 
 class Action(NamedTuple):
@@ -128,9 +132,7 @@ class Schedule:
 
     def __post_init__(self) -> None:
         for name in ("D", "M", "steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"Schedule.{name} must be a positive int, got {v!r}")
+            object.__setattr__(self, name, check_int(f"Schedule.{name}", getattr(self, name)))
         if not self.programs:
             raise ValueError("Schedule.programs must list at least one worker")
         progs = tuple(tuple(p) for p in self.programs)
@@ -230,10 +232,38 @@ def gc_paused(fn: _Fn) -> _Fn:
 
 
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """Return ``value`` as int, raising a ValueError naming ``name`` if it is not an int >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """Return ``value`` as a Python int, raising a ValueError naming ``name`` unless it is an integer >= minimum.
+
+    Integers are anything ``operator.index`` accepts (``int``, ``numpy.int64``, ...); bools and floats are
+    refused, so ``gpipe(D=True, M=2.0)`` is an error rather than ``D=1, M=2``.
+
+    Example:
+        >>> import numpy as np
+        >>> check_int("M", np.int64(4))
+        4
+    """
+    if isinstance(value, bool):
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return number
+
+
+def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:
+    """Refuse to build a schedule of more than ``limit`` (default :data:`MAX_JOBS`) compute jobs.
+
+    Builders call this before allocating anything, so an absurd size (``gpipe(10**9, 1)``) fails at once
+    with a clear error instead of running for hours and exhausting memory. Raise the module constant
+    ``pipelab.schedules.actions.MAX_JOBS`` to build larger schedules on purpose.
+    """
+    limit = MAX_JOBS if limit is None else limit
+    if jobs > limit:
+        raise ValueError(f"{name} would have {jobs:,} compute jobs, too large: the limit is MAX_JOBS={limit:,} "
+                         "(pipelab.schedules.actions.MAX_JOBS); use fewer stages, micro-batches or steps")
 
 
 def as_programs(programs: Sequence[Sequence[Action]]) -> tuple[tuple[Action, ...], ...]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .actions import Action, Schedule, check_int, gc_paused
+from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 from .constructor import construct
 
 __all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
@@ -68,6 +68,7 @@ def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
         (Action(op='F', stage=1, step=0, micro=0, chunk=0), Action(op='B', stage=1, step=0, micro=0, chunk=0), Action(op='U', stage=1, step=0, micro=-1, chunk=0))
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    check_jobs(f"naive(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     progs = []
     for k in range(D):
         p = []
@@ -91,6 +92,7 @@ def gpipe(D: int, M: int, steps: int = 1) -> Schedule:
         ['F1.0', 'F1.1', 'B1.0', 'B1.1', 'U1']
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    check_jobs(f"gpipe(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     progs = []
     for k in range(D):
         p = []
@@ -125,6 +127,7 @@ def one_f_one_b(D: int, M: int, steps: int = 1) -> Schedule:
         ['F0.0', 'F0.1', 'B0.0', 'F0.2', 'B0.1', 'B0.2', 'U0']
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    check_jobs(f"one_f_one_b(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     progs = []
     for k in range(D):
         p = []
@@ -151,6 +154,7 @@ def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
         ['F0.0', 'F0.0', 'B0.0', 'U0', 'B0.0', 'U0']
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
+    check_jobs(f"{name}(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     n = steps * M
     progs = []
     for k in range(D):
@@ -218,6 +222,7 @@ def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
         (4, ['F1.0', 'F1.1', 'F3.0', 'B3.0'])
     """
     W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
+    check_jobs(f"interleaved_1f1b(W={W}, V={V}, M={M}, steps={steps})", 2 * V * W * M * steps)
     if M % W:
         raise ValueError(f"interleaved_1f1b needs M divisible by W (M={M}, W={W})")
     D = V * W

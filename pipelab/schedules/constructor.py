@@ -34,7 +34,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .actions import Action, Schedule, check_int, gc_paused
+from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 
 __all__ = ["construct", "PRIORITIES", "priority_key"]
 
@@ -116,20 +116,24 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
             admission bound too small to ever run a backward), reported with the partial grid.
     """
     D, M, W, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("W", W), ("steps", steps)))
+    check_jobs(f"{name}(D={D}, M={M}, W={W}, steps={steps})", 2 * D * M * steps)
     key = priority_key(priority)
     fc = _per_stage("f_cost", f_cost, D)
     bc = _per_stage("b_cost", b_cost, D)
     if u_cost < 0:
         raise ValueError(f"u_cost must be >= 0, got {u_cost}")
-    if max_in_flight is None or isinstance(max_in_flight, int):
+    if max_in_flight is None or not isinstance(max_in_flight, Sequence):
         limit = [max_in_flight] * W
     else:
         limit = list(max_in_flight)
         if len(limit) != W:
             raise ValueError(f"max_in_flight has {len(limit)} entries, expected one per worker (W={W})")
     for w, lim in enumerate(limit):
-        if lim is not None and (not isinstance(lim, int) or lim < 1):
-            raise ValueError(f"max_in_flight[{w}] must be None or an int >= 1, got {lim!r}")
+        if lim is not None:
+            try:
+                limit[w] = check_int(f"max_in_flight[{w}]", lim)
+            except ValueError:
+                raise ValueError(f"max_in_flight[{w}] must be None or an int >= 1, got {lim!r}") from None
 
     # Placement of every compute job; stage_workers for the default weight placement.
     where: dict[tuple[str, int, int], int] = {}

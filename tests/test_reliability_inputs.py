@@ -1,0 +1,167 @@
+"""Reliability probes of the library's entry points: schedule builders, ``split``, the emulator's set-up and run.
+
+Each probe is a call that once gave a silent wrong result, ran unbounded or raised a raw error, and the clear
+error it must give now (see ``tests/probes.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import probes
+from probes import Probe
+from pipelab.emulator import Emulator, build_pipeline
+from pipelab.schedules import (construct, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive,
+                               one_f_one_b, pipedream, pipedream_2bw)
+from pipelab.schedules import actions
+from pipelab.schedules.rahimi import table_row
+
+BIG = 10**9
+SCHEDULE_PROBES = [
+    Probe("naive-absurd-size", lambda: naive(BIG, 1), ValueError, "too large.*MAX_JOBS"),
+    Probe("gpipe-absurd-size", lambda: gpipe(BIG, 1), ValueError, "too large.*MAX_JOBS"),
+    Probe("1f1b-absurd-size", lambda: one_f_one_b(4, BIG), ValueError, "too large"),
+    Probe("pipedream-absurd-steps", lambda: pipedream(4, 1, steps=BIG), ValueError, "too large"),
+    Probe("2bw-absurd-size", lambda: pipedream_2bw(4, 4, steps=BIG), ValueError, "too large"),
+    Probe("interleaved-absurd-size", lambda: interleaved_1f1b(2, BIG, 2), ValueError, "too large"),
+    Probe("folded-absurd-size", lambda: folded(2, BIG), ValueError, "too large"),
+    Probe("ddp-absurd-size", lambda: ddp(BIG, 2), ValueError, "too large"),
+    Probe("fsdp-absurd-size", lambda: fsdp(BIG, 2), ValueError, "too large"),
+    Probe("lpp-absurd-size", lambda: lpp(2, 2, 1, 2, steps=BIG), ValueError, "too large"),
+    Probe("fslpp-absurd-size", lambda: fslpp(2, 2, 1, 2, steps=BIG), ValueError, "too large"),
+    Probe("construct-absurd-size", lambda: construct(BIG, 1, 1, compute=lambda s, b, d: 0), ValueError, "too large"),
+    Probe("gpipe-bool-D", lambda: gpipe(True, 2), ValueError, "D must be an int"),
+    Probe("gpipe-float-M", lambda: gpipe(2, 2.0), ValueError, "M must be an int"),
+    Probe("gpipe-numpy-bool", lambda: gpipe(np.bool_(True), 2), ValueError, "D must be an int"),
+    Probe("table-row-zero-stages", lambda: table_row("PP", 0, 4), ValueError, "S must be an int"),
+]
+
+
+@probes.parametrize(SCHEDULE_PROBES)
+def test_schedule_probe(probe: Probe) -> None:
+    probe.check()
+
+
+@pytest.mark.parametrize("build", [
+    lambda i: naive(i(2), i(2), i(2)), lambda i: gpipe(i(2), i(2), i(2)), lambda i: one_f_one_b(i(2), i(2), i(2)),
+    lambda i: pipedream(i(2), i(1), i(3)), lambda i: pipedream_2bw(i(2), i(2), i(3)),
+    lambda i: interleaved_1f1b(i(2), i(2), i(2), i(2)), lambda i: folded(i(4), i(2), i(2)),
+    lambda i: ddp(i(2), i(2), i(2), i(2)), lambda i: fsdp(i(2), i(2)), lambda i: lpp(i(2), i(2), i(1), i(2)),
+    lambda i: fslpp(i(2), i(2), i(1), i(2)),
+    lambda i: construct(i(2), i(2), i(2), compute=lambda s, b, d: s, max_in_flight=i(2), steps=i(2)),
+], ids=["naive", "gpipe", "1f1b", "pipedream", "2bw", "interleaved", "folded", "ddp", "fsdp", "lpp", "fslpp",
+        "construct"])
+def test_builders_accept_numpy_integers(build) -> None:
+    """``np.int64(4)`` (e.g. from a numpy sweep grid) builds the same schedule as ``4``, with int sizes."""
+    ours, theirs = build(int), build(np.int64)
+    assert ours.programs == theirs.programs and ours.weight_holders == theirs.weight_holders
+    assert all(type(v) is int for v in (theirs.D, theirs.M, theirs.steps))
+
+
+def test_job_cap_is_a_module_constant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap is ``actions.MAX_JOBS``; lowering it refuses a schedule just above it and builds one at it."""
+    monkeypatch.setattr(actions, "MAX_JOBS", 2 * 2 * 3 * 4)
+    assert gpipe(2, 3, 4).n_jobs == actions.MAX_JOBS
+    with pytest.raises(ValueError, match="too large"):
+        gpipe(2, 3, 5)
+
+
+# ------------------------------------------------------------------------------------------ emulator set-up
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def _data(T: int = 3, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g))
+            for _ in range(T)]
+
+
+def _opt(ps: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def _emu(**kw: object) -> Emulator:
+    args: dict = {"schedule": gpipe(2, 2, 3), "policy": "gpipe", "optimizer": _opt}
+    args.update(kw)
+    return Emulator(args.pop("model", _model()), **args)
+
+
+def _shared_linear_stages() -> list[nn.Module]:
+    lin = nn.Linear(4, 4).double()
+    return [nn.Sequential(nn.Linear(4, 4), lin).double(), nn.Sequential(lin, nn.Linear(4, 3)).double()]
+
+
+EMULATOR_PROBES = [
+    Probe("schedule-as-name", lambda: _emu(schedule="gpipe"), TypeError, r"schedule='gpipe' is a name.*gpipe\(D, M"),
+    Probe("schedule-as-name-with-D", lambda: _emu(schedule="gpipe", D=2), TypeError, "schedule='gpipe'"),
+    Probe("schedule-wrong-type", lambda: _emu(schedule=3), TypeError, "schedule must be"),
+    Probe("D-more-than-layers", lambda: _emu(schedule=gpipe(6, 2, 3)), ValueError, "only 5 blocks"),
+    Probe("D-numpy-integer", lambda: _emu(D=np.int64(2)), None),
+    Probe("optimizer-instance", lambda: _emu(optimizer=torch.optim.SGD(_model().parameters(), lr=0.1)),
+          TypeError, "optimizer must be a factory"),
+    Probe("loss-fn-not-callable", lambda: _emu(loss_fn=3), TypeError, "loss_fn must be a callable"),
+    Probe("lr-scheduler-not-callable", lambda: _emu(lr_scheduler="step"), TypeError, "lr_scheduler must be a factory"),
+    Probe("shared-linear-across-stage-modules", lambda: _emu(model=_shared_linear_stages()), ValueError,
+          r"stage module 0 \(stage 0\) and stage module 1 \(stage 1\) share parameters"),
+    Probe("shared-linear-across-split-stages",
+          lambda: _emu(model=(lambda lin: nn.Sequential(lin, nn.Tanh(), lin, nn.Tanh()))(nn.Linear(4, 4).double()),
+                       loss_fn=lambda o, y: o.square().mean()),
+          ValueError, r"block 0 \(stage 0\) and block 2 \(stage 1\) share parameters"),
+    Probe("build-pipeline-only-out-of-range",
+          lambda: build_pipeline(_model(), schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=_opt, only=[2]),
+          ValueError, r"only=\[2\] must name stages in 0\.\.1"),
+    Probe("batch-as-dict", lambda: _emu().run([{"x": x, "y": y} for x, y in _data()]), TypeError,
+          r"mini-batch 0 must be a tuple \(x, y\) of two tensors.*got dict"),
+    Probe("batch-as-triple", lambda: _emu().run([(x, y, y) for x, y in _data()]), TypeError, "tuple of 3"),
+    Probe("batches-none", lambda: _emu().run(None), TypeError, "batches must be a sequence"),
+    Probe("batches-one-tensor", lambda: _emu().run(torch.randn(3, 4, 4)), TypeError, "got Tensor"),
+    Probe("batch-wrong-dtype", lambda: _emu().run([(x.float(), y) for x, y in _data()]), TypeError,
+          "input dtype torch.float32 differs from the model's torch.float64"),
+    Probe("batch-target-length", lambda: _emu().run([(x, y[:2]) for x, y in _data()]), ValueError,
+          "same number of examples"),
+    Probe("batch-not-divisible-by-M", lambda: _emu(schedule=gpipe(2, 3, 3)).run(_data()), ValueError,
+          "not divisible by the M=3"),
+    Probe("too-few-batches", lambda: _emu().run(_data(2)), ValueError, "only 2 mini-batches"),
+]
+
+
+@probes.parametrize(EMULATOR_PROBES)
+def test_emulator_probe(probe: Probe) -> None:
+    probe.check()
+
+
+def test_second_run_is_refused_clearly() -> None:
+    """An Emulator's schedule, version table and rings are one pass: a second run() says so (was a KeyError)."""
+    emu = _emu()
+    first = emu.run(_data())
+    assert first.steps_done == 3
+    with pytest.raises(RuntimeError, match="runs its schedule once.*build a new Emulator"):
+        emu.run(_data())
+
+
+def test_continuing_with_a_new_emulator_trains_on() -> None:
+    """The documented way to continue: a new Emulator on the same (trained) model."""
+    model = _model()
+    before = copy.deepcopy(model)
+    _emu(model=model).run(_data())
+    after_one = copy.deepcopy(model)
+    _emu(model=model).run(_data())
+    moved = [(a - b).abs().max().item() for a, b in zip(after_one.parameters(), model.parameters())]
+    assert max(moved) > 0 and any((a - b).abs().max() > 0 for a, b in zip(before.parameters(), after_one.parameters()))
+
+
+def test_a_refused_batch_leaves_the_emulator_usable() -> None:
+    """Data checked before the first event runs: after a bad first mini-batch the same Emulator still runs."""
+    emu = _emu()
+    with pytest.raises(TypeError):
+        emu.run([{"x": x, "y": y} for x, y in _data()])
+    assert emu.run(_data()).steps_done == 3
