@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 
 import numpy as np
@@ -276,3 +277,81 @@ def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     assert thr["max_abs_err_gd_vs_closed_form"] < 1e-12
     bis = json.loads((tmp_path / "stability_lr_bisection.json").read_text())["notes"]
     assert max(bis["max_rel_err"].values()) < 0.02   # tiny: 600 steps/trial, 1 % bisection tolerance
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# region_mask against the exact per-point classification, on many random grids
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _every_builder():
+    """One or more instances of every method builder, defaults included."""
+    return [gd(), delayed_gd(0), delayed_gd(1), delayed_gd(3), heavy_ball(0.5), heavy_ball(0.9, 2),
+            heavy_ball(0.5, 1, form="paper"), nesterov(0.5), nesterov(0.9, 3, form="paper"),
+            predicted_momentum(0.0, 2), predicted_momentum(0.9, 3), predicted_momentum(0.5, 2, velocity_scale=0.5),
+            pipemare(3, 1), pipemare(2, 0, rho=-1.0, gamma=0.3, beta=0.5), pipemare(3, 1, rho=0.2, correction=False),
+            adam_frozen(), adam_frozen(0.9, 2), general(0.3, (0.7, 0.3), 1)]
+
+
+def _distance_to_locus(method, z: np.ndarray, radius: float = 1.0, n: int = 1 << 17) -> np.ndarray:
+    """Distance from each z to the polyline through n+1 samples of the (radius-)locus, finite edges only."""
+    r = radius * np.exp(1j * np.linspace(0.0, 2.0 * np.pi, n + 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = -np.polyval(np.asarray(method.a), r) / np.polyval(np.asarray(method.b), r)
+    p0, p1 = c[:-1], c[1:]
+    ok = np.isfinite(p0) & np.isfinite(p1)
+    p0, p1 = p0[ok], p1[ok]
+    d = p1 - p0
+    out = np.empty(z.shape)
+    for i, zi in enumerate(z):
+        t = np.clip(((zi - p0) * np.conj(d)).real / np.maximum(np.abs(d) ** 2, 1e-300), 0.0, 1.0)
+        out[i] = np.min(np.abs(p0 + t * d - zi))
+    return out
+
+
+# Points may disagree only within this distance of the locus, relative to a grid cell: the default sampling
+# keeps every locus edge inside the window shorter than a cell, so the polygon is within a fraction of a cell
+# (the chord's sagitta, ~ curvature·cell²/8) of the true curve.
+_REL_TOL = 0.05
+
+
+@pytest.mark.parametrize("method", _every_builder(), ids=lambda m: m.name)
+def test_region_mask_agrees_with_schur_cohn_on_random_grids(method):
+    rng = np.random.default_rng(zlib.crc32(method.name.encode()))
+    zs = max_stable_step(method)
+    zs = zs if np.isfinite(zs) and zs > 0 else 2.0
+    worst = 0.0
+    for trial in range(40):
+        shape = (int(rng.integers(1, 42)), int(rng.integers(1, 42)))
+        if trial % 2 == 0:           # odd rows on a symmetric range: the real axis is a grid row
+            shape = (2 * (shape[0] // 2) + 1, shape[1])
+        lo = float(rng.choice([0.0, -0.05 * zs, rng.uniform(-0.6, 0.2) * zs]))
+        re = (lo, float(rng.choice([zs, 2.02, rng.uniform(0.3, 1.6) * zs])))
+        a = float(rng.choice([1.3, rng.uniform(0.1, 1.0) * zs]))
+        im = (-a, a) if trial % 3 != 2 else (float(rng.uniform(-a, 0.0)), a)
+        z, mask = region_mask(method, re, im, shape)
+        ref = stable_mask(method, z)
+        bad = mask != ref
+        if bad.any():
+            cell = min(abs(re[1] - re[0]) / max(shape[1] - 1, 1), abs(im[1] - im[0]) / max(shape[0] - 1, 1)) or 1.0
+            dist = _distance_to_locus(method, z[bad]) / cell
+            worst = max(worst, float(dist.max()))
+            assert dist.max() <= _REL_TOL, (re, im, shape, z[bad][dist > _REL_TOL][:5])
+    assert worst <= _REL_TOL
+
+
+@pytest.mark.parametrize("method, re, im, wrong_before", [
+    (delayed_gd(1), (-0.05, 1.25), (-1.3, 1.3), "-0.05 <= Re z < 0 on the real axis marked stable"),
+    (heavy_ball(0.5), (0.0, 2.02), (-1.3, 1.3), "0 < Re z <= 2.02 on the real axis marked unstable"),
+], ids=["delayed_gd-1", "heavy_ball-0.5"])
+def test_region_mask_real_axis_row_on_locus_vertex(method, re, im, wrong_before):
+    """1001×1001 grids whose middle row is the real axis, where the locus has a vertex (θ = 0)."""
+    z, mask = region_mask(method, re, im, (1001, 1001))
+    ref = stable_mask(method, z)
+    bad = mask != ref
+    # the only disagreements allowed are points lying on the locus itself (z = 0: the root r = 1)
+    assert np.all(np.abs(z[bad]) < 1e-12), (wrong_before, z[bad][:5])
+    axis = z[500]
+    off = np.abs(axis) > 1e-12
+    expected = (axis.real > 0) & (axis.real < max_stable_step(method))
+    assert np.array_equal(mask[500][off], expected[off])

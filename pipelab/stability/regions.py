@@ -166,40 +166,48 @@ def boundary_locus(method: LinearMethod, theta: np.ndarray | int = 2048) -> np.n
 def _winding_raster(curve: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Winding number of the closed polygon ``curve`` around every point of the grid ``x × y``.
 
-    Counts, for every grid row, the signed crossings of the polygon's edges with the row that lie to the
-    right of each point (upward crossing +1, downward −1; half-open rule at vertices).
+    Rule (crossing number with signs): an edge from ``(x0, y0)`` to ``(x1, y1)`` crosses the row ``y_j`` iff
+    ``min(y0, y1) ≤ y_j < max(y0, y1)`` (half-open in y), at ``x_c`` on the edge; it adds +1 (upward edge)
+    or −1 (downward) to the winding number of every grid point of that row with ``x_k < x_c``. The half-open
+    rule counts a vertex lying exactly on a row once when the polygon passes through the row there and zero
+    (or +1 − 1) times when it only touches it; horizontal edges cross nothing.
+
+    Rows and columns are selected by comparing with the grid coordinates themselves (``searchsorted`` on
+    the sorted ``x`` and ``y``), never with ``(y − y_0)/Δy`` recomputed in floating point: a vertex on a row
+    (e.g. the locus crossing the real axis on a symmetric grid with an odd number of rows) would otherwise
+    be skipped by one edge and rejected by the other, flipping the winding number of a whole row segment.
     """
     nx, ny = len(x), len(y)
-    dx = (x[-1] - x[0]) / (nx - 1) if nx > 1 else 1.0
-    dy = (y[-1] - y[0]) / (ny - 1) if ny > 1 else 1.0
+    # work on ascending coordinates; flip the result back if the grid runs downwards
+    xf, yf = x[0] > x[-1], y[0] > y[-1]
+    xs, ys = (x[::-1] if xf else x), (y[::-1] if yf else y)
     p0, p1 = curve[:-1], curve[1:]
     x0, y0, x1, y1 = p0.real, p0.imag, p1.real, p1.imag
-    up = y1 > y0
-    ylo, yhi = np.minimum(y0, y1), np.maximum(y0, y1)
-    # rows j with ylo <= y_j < yhi
-    j0 = np.clip(np.ceil((ylo - y[0]) / dy), 0, ny).astype(np.int64)
-    j1 = np.clip(np.ceil((yhi - y[0]) / dy), 0, ny).astype(np.int64)
+    # rows j with ylo <= y_j < yhi: j in [searchsorted(ylo, 'left'), searchsorted(yhi, 'left'))
+    j0 = np.searchsorted(ys, np.minimum(y0, y1), side="left")
+    j1 = np.searchsorted(ys, np.maximum(y0, y1), side="left")
     counts = np.maximum(j1 - j0, 0)
     total = int(counts.sum())
+    w = np.zeros((ny, nx), dtype=np.int64)
     if total == 0:
-        return np.zeros((ny, nx), dtype=np.int64)
+        return w
     edge = np.repeat(np.arange(len(p0)), counts)
     start = np.repeat(np.cumsum(counts) - counts, counts)
     row = j0[edge] + (np.arange(total) - start)
-    yr = y[0] + row * dy
-    e_y0, e_y1 = y0[edge], y1[edge]
-    # re-check the half-open rule on the row's actual y (guards against rounding in the ceil above)
-    keep = (np.minimum(e_y0, e_y1) <= yr) & (yr < np.maximum(e_y0, e_y1))
-    edge, row, yr = edge[keep], row[keep], yr[keep]
-    t = (yr - y0[edge]) / (y1[edge] - y0[edge])
+    t = (ys[row] - y0[edge]) / (y1[edge] - y0[edge])
     xc = x0[edge] + t * (x1[edge] - x0[edge])
-    # the crossing is to the right of grid columns k < (xc − x0)/dx
-    col = np.clip(np.ceil((xc - x[0]) / dx), 0, nx).astype(np.int64)
-    sign = np.where(up[edge], 1, -1)
+    # the crossing is to the right of the columns k < col (x_k < x_c)
+    col = np.searchsorted(xs, xc, side="left")
+    sign = np.where(y1[edge] > y0[edge], 1, -1)
     acc = np.bincount(row * (nx + 1) + col, weights=sign, minlength=ny * (nx + 1)).reshape(ny, nx + 1)
     # W[:, k] = Σ_{col > k} acc[:, col]
     rev = np.cumsum(acc[:, ::-1], axis=1)[:, ::-1]
-    return np.rint(rev[:, 1:]).astype(np.int64)
+    w = np.rint(rev[:, 1:]).astype(np.int64)
+    if xf:
+        w = w[:, ::-1]
+    if yf:
+        w = w[::-1, :]
+    return w
 
 
 def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, float], shape: tuple[int, int],
