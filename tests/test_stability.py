@@ -355,3 +355,39 @@ def test_region_mask_real_axis_row_on_locus_vertex(method, re, im, wrong_before)
     off = np.abs(axis) > 1e-12
     expected = (axis.real > 0) & (axis.real < max_stable_step(method))
     assert np.array_equal(mask[500][off], expected[off])
+
+
+# every builder, called with its required arguments only (defaults for the rest)
+_DEFAULTS = {"general": lambda: general(0.5, (1.0,)), "gd": gd, "delayed_gd": lambda: delayed_gd(1),
+             "heavy_ball": lambda: heavy_ball(0.5), "nesterov": lambda: nesterov(0.5),
+             "predicted_momentum": lambda: predicted_momentum(0.5, 2), "pipemare": lambda: pipemare(3, 1),
+             "adam_frozen": adam_frozen}
+
+
+def test_defaults_cover_every_builder():
+    from pipelab.stability import methods
+    builders = {n for n in methods.__all__ if n not in ("LinearMethod", "MomentumForm", "char_poly", "companion")}
+    assert builders == set(_DEFAULTS)
+
+
+@pytest.mark.parametrize("method", [f() for f in _DEFAULTS.values()] + [
+    pipemare(3, 1, correction=False),            # default ρ = 0.5: B(r) ∝ r(r² + 1) vanishes at r = ±i
+    pipemare(1, 0, correction=False),            # B(r) ∝ r + 1 vanishes at r = −1
+    general(0.3, (0.5, 0.5), 1),                 # B(r) ∝ r + 1
+    predicted_momentum(0.5, 2, velocity_scale=-0.25),   # c = (1 − 0.5, 0.5): B(r) ∝ r + 1
+    pipemare(3, 1, rho=0.5 + 1e-7, correction=False),  # B's roots at |r| ≈ 1 − 4e−7: locus unresolvable
+    pipemare(3, 1, rho=0.5 + 1e-3, correction=False),  # |r| ≈ 1 − 4e−3: a large but resolvable loop
+], ids=lambda m: m.name)
+@pytest.mark.parametrize("radius", [1.0, 0.95])
+def test_region_mask_accepts_every_builder_default(method, radius):
+    """B(r) vanishing on |r| = ρ is handled (exact per-point fallback), not refused."""
+    re, im = (-0.5, 3.0), (-1.5, 1.5)
+    z, mask = region_mask(method, re, im, (61, 71), radius=radius)
+    ref = stable_mask(method, z, radius=radius)
+    bad = mask != ref
+    if bad.any():       # only points on (within a twentieth of a cell of) the locus may disagree
+        cell = min(3.5 / 70, 3.0 / 60)
+        assert _distance_to_locus(method, z[bad], radius).max() <= _REL_TOL * cell
+    rad = spectral_radius(method, z)
+    off = np.abs(rad - radius) > 1e-9
+    assert np.array_equal(ref[off], rad[off] < radius)

@@ -95,12 +95,16 @@ def schur_stable(coeffs: np.ndarray) -> np.ndarray:
     return ok.reshape(shape)
 
 
-def stable_mask(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
+def stable_mask(method: LinearMethod, z: complex | np.ndarray, *, radius: float = 1.0) -> np.ndarray:
     """Where the method converges: all characteristic roots strictly inside the unit disk (Schur–Cohn).
+
+    With ``radius = ρ``: all roots inside ``|r| < ρ`` (the test applied to ``P(ρ·s; z)``, whose
+    coefficients are ``p_k·ρ^(n−k)``, made monic: ``p_k·ρ^(−k)``).
 
     Args:
         method: the linearised optimizer.
-        z: ``η·λ``, complex scalar or array of any shape.
+        z: ``η·λ``, complex scalar or array of any shape (finite).
+        radius: ρ > 0.
 
     Returns:
         boolean array of the shape of ``z``.
@@ -110,7 +114,20 @@ def stable_mask(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
         >>> stable_mask(delayed_gd(1), np.array([0.5, 0.99, 1.01])).tolist()
         [True, True, False]
     """
-    return schur_stable(char_poly(method, z))
+    radius = _check_radius(radius)
+    p = char_poly(method, z)
+    if radius != 1.0:
+        p = p * radius ** -np.arange(p.shape[-1], dtype=np.float64)
+    return schur_stable(p)
+
+
+def _check_radius(radius: float) -> float:
+    if isinstance(radius, bool) or not isinstance(radius, (int, float, np.integer, np.floating)):
+        raise TypeError(f"radius must be a real number > 0, got {radius!r}")
+    radius = float(radius)
+    if not (np.isfinite(radius) and radius > 0):
+        raise ValueError(f"radius must be a finite real number > 0, got {radius}")
+    return radius
 
 
 def spectral_radius(method: LinearMethod, z: complex | np.ndarray, *, chunk: int = 1 << 16) -> np.ndarray:
@@ -214,13 +231,20 @@ def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, 
                 *, radius: float = 1.0, n_theta: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Where all roots have modulus < ``radius``, on a rectangular grid, by the boundary-locus method.
 
+    When ``B(r)`` vanishes on (or so near that the locus cannot be resolved to one grid cell inside the
+    window) the circle ``|r| = ρ`` — e.g. PipeMare without correction at its default ρ = 0.5, where
+    ``B(r) ∝ r^(τf−τb) + 1`` — the locus passes through infinity and the winding number is not defined;
+    the mask is then computed point by point with the exact Schur–Cohn test (:func:`stable_mask`),
+    which gives the same classification at ``O(n²)`` array operations per point instead of one pass.
+
     Args:
         method: the linearised optimizer.
         re, im, shape: the grid, as in :func:`complex_grid` (``shape = (n_im, n_re)``).
         radius: ρ; ``1.0`` gives the stability region, ``ρ < 1`` the region converging at least as fast
             as ``ρ^t``.
-        n_theta: samples of the locus; default: enough that no edge inside the grid is longer than one
-            grid cell (so only points within about a cell of the boundary can be misclassified).
+        n_theta: samples of the locus; default: enough that no edge reaching into the grid is longer than
+            one grid cell (so only points within a small fraction of a cell of the boundary — the chords'
+            sagitta — can be misclassified).
 
     Returns:
         ``(z, mask)``: the grid and the boolean mask, both of shape ``shape``.
@@ -231,33 +255,47 @@ def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, 
         >>> int(mask.sum())
         13
     """
-    if radius <= 0:
-        raise ValueError(f"radius must be > 0, got {radius}")
+    radius = _check_radius(radius)
+    if n_theta is not None and (isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer))
+                                or n_theta < 3):
+        raise ValueError(f"n_theta must be an integer >= 3 or None, got {n_theta!r}")
     z = complex_grid(re, im, shape)
     x, y = z[0, :].real, z[:, 0].imag
     b = np.trim_zeros(np.asarray(method.b), "f")
-    n_in_b = int(np.sum(np.abs(np.roots(b)) < radius)) if len(b) > 1 else 0
+    roots_b = np.roots(b) if len(b) > 1 else np.zeros(0)
+    if np.any(np.abs(np.abs(roots_b) - radius) <= 1e-9 * radius):
+        return z, stable_mask(method, z, radius=radius)      # B = 0 on the circle: no locus
+    n_in_b = int(np.sum(np.abs(roots_b) < radius))
     cell = min(abs(x[-1] - x[0]) / max(len(x) - 1, 1), abs(y[-1] - y[0]) / max(len(y) - 1, 1)) or 1.0
+    xlo, xhi = min(x[0], x[-1]) - cell, max(x[0], x[-1]) + cell
+    ylo, yhi = min(y[0], y[-1]) - cell, max(y[0], y[-1]) + cell
 
     def locus(m: int) -> np.ndarray:
         r = radius * np.exp(1j * np.linspace(0.0, 2.0 * np.pi, m + 1))
-        A = np.polyval(np.asarray(method.a), r)
-        B = np.polyval(np.asarray(method.b), r)
-        if np.min(np.abs(B)) < 1e-12 * max(1.0, np.max(np.abs(B))):
-            raise ValueError(f"{method.name}: B(r) vanishes on |r| = {radius}; use stable_mask (Schur–Cohn)")
-        c = -A / B
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            c = -np.polyval(np.asarray(method.a), r) / np.polyval(np.asarray(method.b), r)
         c[-1] = c[0]  # exactly closed
         return c
 
+    def longest_in_window(c: np.ndarray) -> float:
+        """Longest edge whose bounding box meets the window (grown by a cell); inf if one is not finite."""
+        p0, p1 = c[:-1], c[1:]
+        meets = ((np.minimum(p0.real, p1.real) <= xhi) & (np.maximum(p0.real, p1.real) >= xlo)
+                 & (np.minimum(p0.imag, p1.imag) <= yhi) & (np.maximum(p0.imag, p1.imag) >= ylo))
+        if not np.all(np.isfinite(c)):
+            return np.inf
+        return float(np.abs(p1 - p0)[meets].max()) if meets.any() else 0.0
+
     m = int(n_theta) if n_theta is not None else 4096
     curve = locus(m)
-    if n_theta is None:
-        seg = np.abs(np.diff(curve))
-        mid = 0.5 * (curve[1:] + curve[:-1])
-        inside = ((mid.real >= x[0] - cell) & (mid.real <= x[-1] + cell)
-                  & (mid.imag >= y[0] - cell) & (mid.imag <= y[-1] + cell))
-        longest = float(seg[inside].max()) if inside.any() else 0.0
-        if longest > cell:
-            curve = locus(int(min(m * np.ceil(longest / cell), 1 << 21)))
+    longest = longest_in_window(curve)
+    if n_theta is None and longest > cell:
+        needed = m * np.ceil(longest / cell) if np.isfinite(longest) else np.inf
+        # B nearly vanishes on the circle when the locus cannot be resolved to a cell with 2²¹ samples
+        if needed > 1 << 21:
+            return z, stable_mask(method, z, radius=radius)
+        curve = locus(int(needed))
+    elif not np.isfinite(longest):
+        return z, stable_mask(method, z, radius=radius)
     w = _winding_raster(curve, x, y)
     return z, w == (method.order - n_in_b)
