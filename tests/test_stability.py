@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pipelab.stability import (
-    adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold, gd, general,
+    LinearMethod, adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold, gd, general,
     heavy_ball, heavy_ball_threshold, max_stable_step, nesterov, nesterov_threshold, pipemare, predicted_momentum,
-    region_mask, spectral_radius, stable_mask,
+    region_area, region_mask, spectral_radius, stable_mask,
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,3 +391,51 @@ def test_region_mask_accepts_every_builder_default(method, radius):
     rad = spectral_radius(method, z)
     off = np.abs(rad - radius) > 1e-9
     assert np.array_equal(ref[off], rad[off] < radius)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# region_area: closed forms, and the pixel count of a fine grid
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, radius, exact", [
+    (gd(), 1.0, np.pi),                                          # |1 − z| < 1
+    (gd(), 0.5, np.pi / 4),                                      # |1 − z| < ρ
+    (delayed_gd(0), 1.0, np.pi),
+    (delayed_gd(1), 1.0, np.pi - 1.5 * np.sqrt(3.0)),            # inner loop of z = e^{iθ} − e^{2iθ}, |θ| < π/3
+    (heavy_ball(0.0), 1.0, np.pi),
+    (heavy_ball(0.5), 1.0, np.pi * (1 - 0.25)),                  # ellipse, semi-axes 1 ± β
+    (heavy_ball(0.9), 1.0, np.pi * (1 - 0.81)),
+    (heavy_ball(0.5), 0.8, np.pi * (0.64 - 0.25 / 0.64)),        # semi-axes ρ ± β/ρ
+    (heavy_ball(0.5), 0.6, 0.0),                                 # β > ρ²: the product of the roots is too big
+    (adam_frozen(0.5), 1.0, np.pi * (1 - 0.25) / 0.25),          # heavy-ball at z·(1 − β): scaled by 1/(1 − β)²
+    (LinearMethod("GD in r²", (1.0, 0.0, -1.0), (0.0, 0.0, 1.0)), 1.0, np.pi),   # P(r) = Q(r²), Q = GD
+], ids=["gd", "gd-rho0.5", "delayed0", "delayed1", "hb0", "hb0.5", "hb0.9", "hb0.5-rho0.8", "hb0.5-empty",
+        "adam0.5", "gd-in-r2"])
+def test_region_area_matches_closed_forms(method, radius, exact):
+    area = region_area(method, radius=radius)
+    assert area == pytest.approx(exact, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("method", [f() for f in _DEFAULTS.values()] + [
+    delayed_gd(3), nesterov(0.9, 2), predicted_momentum(0.9, 4), pipemare(3, 1, correction=False),
+    pipemare(2, 0, rho=-1.0, gamma=0.3)], ids=lambda m: m.name)
+def test_region_area_matches_pixel_count(method):
+    """The area agrees with the pixel count of a fine grid within a quarter of the pixels along its edge."""
+    area = region_area(method)
+    loc = boundary_locus(method, 1 << 14)
+    loc = loc[np.isfinite(loc) & (np.abs(loc) < 100)]
+    z = complex_grid((loc.real.min(), loc.real.max()), (loc.imag.min(), loc.imag.max()), (201, 201))
+    inside = z[stable_mask(method, z)]          # a coarse look first, to frame the region tightly
+    pad = 0.05 * max(np.ptp(inside.real), np.ptp(inside.imag)) + 2 * abs(z[1, 1] - z[0, 0])
+    re, im = (inside.real.min() - pad, inside.real.max() + pad), (inside.imag.min() - pad, inside.imag.max() + pad)
+    z = complex_grid(re, im, (601, 601))
+    mask = stable_mask(method, z)
+    cell = (re[1] - re[0]) / 600 * (im[1] - im[0]) / 600
+    edge = np.zeros_like(mask)
+    edge[1:] |= mask[1:] != mask[:-1]
+    edge[:-1] |= mask[1:] != mask[:-1]
+    edge[:, 1:] |= mask[:, 1:] != mask[:, :-1]
+    edge[:, :-1] |= mask[:, 1:] != mask[:, :-1]
+    assert not mask[0].any() and not mask[-1].any() and not mask[:, 0].any() and not mask[:, -1].any()
+    assert abs(mask.sum() * cell - area) <= edge.sum() * cell / 4

@@ -35,7 +35,8 @@ import numpy as np
 
 from .methods import LinearMethod, char_poly, companion
 
-__all__ = ["complex_grid", "stable_mask", "region_mask", "spectral_radius", "boundary_locus", "schur_stable"]
+__all__ = ["complex_grid", "stable_mask", "region_mask", "region_area", "spectral_radius", "boundary_locus",
+           "schur_stable"]
 
 
 def complex_grid(re: tuple[float, float], im: tuple[float, float], shape: tuple[int, int]) -> np.ndarray:
@@ -299,3 +300,103 @@ def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, 
         return z, stable_mask(method, z, radius=radius)
     w = _winding_raster(curve, x, y)
     return z, w == (method.order - n_in_b)
+
+
+def _reduce_power(method: LinearMethod, radius: float) -> tuple[LinearMethod, float]:
+    """If ``P(r; z) = Q(r^g; z)`` with g > 1, return the method of Q and the radius ``ρ^g``.
+
+    The locus of P on ``|r| = ρ`` is that of Q traced g times; roots of P are inside ``|r| < ρ`` iff those
+    of Q are inside ``|s| < ρ^g``, so Q has the same region, with a locus traced once.
+    """
+    a, b = np.asarray(method.a), np.asarray(method.b)
+    n = method.order
+    used = [n - k for k in range(n + 1) if a[k] != 0.0 or b[k] != 0.0]
+    g = int(np.gcd.reduce(np.asarray(used, dtype=np.int64))) if used else 1
+    if g <= 1:
+        return method, radius
+    return LinearMethod(method.name, tuple(a[::g]), tuple(b[::g]), method.params), radius ** g
+
+
+def region_area(method: LinearMethod, *, radius: float = 1.0, n_theta: int = 1 << 14, levels: int = 4,
+                refine: int = 64) -> float:
+    """Area of the region ``{z : all characteristic roots inside |r| < ρ}`` in the complex z-plane.
+
+    Rule (Green's theorem on the boundary locus): the region S is open and bounded (``deg B < n``: for
+    large ``|z|`` some root goes to infinity) and its boundary lies on the locus ``z(θ) = −A(ρe^{iθ})/
+    B(ρe^{iθ})``. Cut the locus into short arcs; an arc is part of ∂S, oriented with S on its left, when
+    S lies on exactly one side of it, so
+
+        area(S) = ∮_{∂S} x dy = Σ_arcs (s_left − s_right) · ∫_arc Re z(θ) · Im z'(θ) dθ,
+
+    where ``s_left``, ``s_right`` ∈ {0, 1} say whether a point just left / right of the arc is in S (the
+    exact Schur–Cohn test, :func:`stable_mask`) and the integral is 4-point Gauss–Legendre on the exact
+    curve (``z'(θ) = −i·r·(A'B − AB')/B²``), not the chord. Arcs where the weight ``s_left − s_right``
+    changes (self-intersections of the locus, where the boundary of S leaves it) are subdivided
+    ``refine``-fold, ``levels`` times, so the switch is located to ``2π/(n_theta·refine^levels)`` in θ.
+    Arcs through a pole of z(θ) (``B = 0`` on the circle) lie outside the bounded region on both sides
+    and weigh 0. A locus traced g times because ``P(r) = Q(r^g)`` is reduced to Q first; other loci traced
+    several times over (not produced by the builders of :mod:`.methods`) would count their arcs repeatedly.
+
+    Accuracy: for the builders' regions the result agrees with closed forms to ~1e−9 relative or better
+    (plain GD: π; delayed GD τ = 1: ``π − 3√3/2``; heavy-ball: ``π(1 − β²)``; tested).
+
+    Args:
+        method: the linearised optimizer.
+        radius: ρ > 0 (``1.0``: the stability region).
+        n_theta: initial number of arcs (uniform in θ), ≥ 16.
+        levels: refinement rounds at weight changes (≥ 0).
+        refine: subdivision factor per round (≥ 2).
+
+    Returns:
+        the area (0.0 when the region is empty).
+
+    Example:
+        >>> from pipelab.stability import gd, delayed_gd
+        >>> round(region_area(gd()), 9)                # the disk |1 − z| < 1
+        3.141592654
+        >>> round(region_area(delayed_gd(1)), 9)       # π − 3√3/2
+        0.543516442
+    """
+    radius = _check_radius(radius)
+    for name, val, least in (("n_theta", n_theta, 16), ("levels", levels, 0), ("refine", refine, 2)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {val!r}")
+    method, radius = _reduce_power(method, radius)
+    a, b = np.asarray(method.a), np.asarray(method.b)
+    da, db = np.polyder(a), np.polyder(b)
+    nodes, weights = np.polynomial.legendre.leggauss(4)
+
+    def curve(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        r = radius * np.exp(1j * theta)
+        A, B = np.polyval(a, r), np.polyval(b, r)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            z = -A / B
+            dz = -(np.polyval(da, r) * B - A * np.polyval(db, r)) / (B * B) * (1j * r)
+        return z, dz
+
+    theta = np.linspace(0.0, 2.0 * np.pi, int(n_theta) + 1)
+    for level in range(int(levels) + 1):
+        ta, tb = theta[:-1], theta[1:]
+        h = tb - ta
+        zq, dzq = curve(0.5 * (ta + tb)[:, None] + 0.5 * h[:, None] * nodes)
+        with np.errstate(invalid="ignore", over="ignore"):
+            term = 0.5 * h * np.sum(weights * zq.real * dzq.imag, axis=1)
+        z_ends = curve(theta)[0]
+        chord = z_ends[1:] - z_ends[:-1]
+        mid = curve(0.5 * (ta + tb))[0]
+        ok = np.isfinite(term) & np.isfinite(mid) & np.isfinite(chord) & (chord != 0)
+        side = np.zeros(len(h), dtype=np.int64)
+        if ok.any():
+            off = 0.5j * chord[ok]     # half a chord to the left (+) and right (−) of the arc's midpoint
+            side[ok] = (stable_mask(method, mid[ok] + off, radius=radius).astype(np.int64)
+                        - stable_mask(method, mid[ok] - off, radius=radius).astype(np.int64))
+        if level == levels:
+            break
+        change = side != np.roll(side, 1)          # the weight changes between arc i−1 and arc i
+        mark = change | np.roll(change, -1)
+        mark |= np.roll(mark, 1) | np.roll(mark, -1)
+        if not mark.any():
+            break
+        sub = (ta[mark, None] + h[mark, None] * (np.arange(1, refine) / refine)).ravel()
+        theta = np.sort(np.concatenate([theta, sub]))
+    return float(np.sum(np.where(side != 0, side * np.where(ok, term, 0.0), 0.0)))
