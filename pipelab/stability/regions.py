@@ -47,8 +47,12 @@ def complex_grid(re: tuple[float, float], im: tuple[float, float], shape: tuple[
         im: (min, max) of Im z.
         shape: (n_im, n_re) points.
     """
-    if len(shape) != 2 or min(shape) < 1:
+    if (len(shape) != 2 or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) for n in shape)
+            or min(shape) < 1):
         raise ValueError(f"shape must be two positive ints (n_im, n_re), got {shape}")
+    for name, rng in (("re", re), ("im", im)):
+        if len(rng) != 2 or not np.all(np.isfinite(np.asarray(rng, dtype=float))):
+            raise ValueError(f"{name} must be a (min, max) pair of finite numbers, got {rng}")
     x = np.linspace(re[0], re[1], shape[1])
     y = np.linspace(im[0], im[1], shape[0])
     return x[None, :] + 1j * y[:, None]
@@ -70,6 +74,10 @@ def schur_stable(coeffs: np.ndarray) -> np.ndarray:
     c = np.asarray(coeffs)
     if c.ndim == 0 or c.shape[-1] < 1:
         raise ValueError("coeffs must have a last axis of length n+1 >= 1")
+    if c.dtype.kind not in "biufc":
+        raise TypeError(f"coeffs must be numeric (real or complex), got dtype {c.dtype}")
+    if not np.all(np.isfinite(c)):
+        raise ValueError("coeffs must be finite; got NaN or inf")
     if np.any(c[..., 0] == 0):
         raise ValueError("leading coefficient must be non-zero")
     shape = c.shape[:-1]
