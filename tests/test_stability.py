@@ -275,6 +275,9 @@ def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     import json
     thr = json.loads((tmp_path / "stability_threshold_vs_delay.json").read_text())["notes"]
     assert thr["max_abs_err_gd_vs_closed_form"] < 1e-12
+    regions = json.loads((tmp_path / "stability_gd_regions.json").read_text())["notes"]
+    assert regions["GD (τ = 0)"]["area"] == pytest.approx(np.pi, rel=1e-9)          # from region_area, not pixels
+    assert regions["GD, delay τ = 1"]["area"] == pytest.approx(np.pi - 1.5 * np.sqrt(3.0), rel=1e-9)
     bis = json.loads((tmp_path / "stability_lr_bisection.json").read_text())["notes"]
     assert max(bis["max_rel_err"].values()) < 0.02   # tiny: 600 steps/trial, 1 % bisection tolerance
 
