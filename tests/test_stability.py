@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pipelab.stability import (
-    LinearMethod, adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold, gd, general,
-    heavy_ball, heavy_ball_threshold, max_stable_step, nesterov, nesterov_threshold, pipemare, predicted_momentum,
-    region_area, region_mask, spectral_radius, stable_mask,
+    LinearMethod, adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold,
+    gd, general, heavy_ball, heavy_ball_threshold, max_stable_step, nesterov, nesterov_threshold, pipemare,
+    predicted_momentum, region_area, region_mask, spectral_radius, stable_mask,
 )
 
 # ---------------------------------------------------------------------------------------------------------------
