@@ -1,6 +1,6 @@
 """Stability regions in the complex ``z = η·λ`` plane, vectorised over grids.
 
-Three tools, all vectorised over arbitrary arrays of z:
+The tools, vectorised over arbitrary arrays of z:
 
 - :func:`stable_mask` — the Schur–Cohn test: exact classification "all roots strictly inside the unit
   disk", ``O(n²)`` array operations per grid for a degree-n characteristic polynomial (no eigenvalues).
@@ -14,6 +14,8 @@ Three tools, all vectorised over arbitrary arrays of z:
   matrices (``numpy.linalg.eigvals`` on a ``(..., n, n)`` array; one LAPACK call loop in C).
 - :func:`boundary_locus` — the curve ``z(θ) = −A(e^{iθ})/B(e^{iθ})`` on which some root has modulus 1.
   The region's boundary is part of it (the rest is where a root crosses while another is outside).
+- :func:`region_area` — the area of a region, exactly, by Green's theorem on the boundary locus (each
+  arc weighted by whether the region lies on its left or its right, decided by Schur–Cohn).
 
 Schur–Cohn step (for ``p(r) = Σ_k p_k r^(n−k)``, ``p_0 = 1``): p is Schur stable iff ``|p_n| < 1`` and
 the degree-(n−1) polynomial ``q(r) = (p(r) − p_n·p*(r))/r`` is Schur stable, where
