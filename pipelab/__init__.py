@@ -69,6 +69,7 @@ from .distributed import RankFailure, spawn
 from .runtime import PipelineRuntime, RuntimeResult, consistent_cut, load_checkpoint, save_checkpoint
 from .run import train_distributed
 from .stability import delayed_gd_threshold, max_stable_step, region_mask, spectral_radius, stable_mask
+from .stability import region_area
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
 
 __all__ = [
@@ -101,4 +102,5 @@ __all__ = [
     # stability of stale-gradient methods
     "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
     "delayed_training", "pipeline_training", "max_stable_lr", "least_squares_problem",
+    "region_area",
 ]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 
 import numpy as np
 import pytest
 
 from pipelab.stability import (
-    adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold, gd, general,
-    heavy_ball, heavy_ball_threshold, max_stable_step, nesterov, nesterov_threshold, pipemare, predicted_momentum,
-    region_mask, spectral_radius, stable_mask,
+    LinearMethod, adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold,
+    gd, general, heavy_ball, heavy_ball_threshold, max_stable_step, nesterov, nesterov_threshold, pipemare,
+    predicted_momentum, region_area, region_mask, spectral_radius, stable_mask,
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,5 +275,170 @@ def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     import json
     thr = json.loads((tmp_path / "stability_threshold_vs_delay.json").read_text())["notes"]
     assert thr["max_abs_err_gd_vs_closed_form"] < 1e-12
+    regions = json.loads((tmp_path / "stability_gd_regions.json").read_text())["notes"]
+    assert regions["GD (τ = 0)"]["area"] == pytest.approx(np.pi, rel=1e-9)          # from region_area, not pixels
+    assert regions["GD, delay τ = 1"]["area"] == pytest.approx(np.pi - 1.5 * np.sqrt(3.0), rel=1e-9)
     bis = json.loads((tmp_path / "stability_lr_bisection.json").read_text())["notes"]
     assert max(bis["max_rel_err"].values()) < 0.02   # tiny: 600 steps/trial, 1 % bisection tolerance
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# region_mask against the exact per-point classification, on many random grids
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _every_builder():
+    """One or more instances of every method builder, defaults included."""
+    return [gd(), delayed_gd(0), delayed_gd(1), delayed_gd(3), heavy_ball(0.5), heavy_ball(0.9, 2),
+            heavy_ball(0.5, 1, form="paper"), nesterov(0.5), nesterov(0.9, 3, form="paper"),
+            predicted_momentum(0.0, 2), predicted_momentum(0.9, 3), predicted_momentum(0.5, 2, velocity_scale=0.5),
+            pipemare(3, 1), pipemare(2, 0, rho=-1.0, gamma=0.3, beta=0.5), pipemare(3, 1, rho=0.2, correction=False),
+            adam_frozen(), adam_frozen(0.9, 2), general(0.3, (0.7, 0.3), 1)]
+
+
+def _distance_to_locus(method, z: np.ndarray, radius: float = 1.0, n: int = 1 << 17) -> np.ndarray:
+    """Distance from each z to the polyline through n+1 samples of the (radius-)locus, finite edges only."""
+    r = radius * np.exp(1j * np.linspace(0.0, 2.0 * np.pi, n + 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = -np.polyval(np.asarray(method.a), r) / np.polyval(np.asarray(method.b), r)
+    p0, p1 = c[:-1], c[1:]
+    ok = np.isfinite(p0) & np.isfinite(p1)
+    p0, p1 = p0[ok], p1[ok]
+    d = p1 - p0
+    out = np.empty(z.shape)
+    for i, zi in enumerate(z):
+        t = np.clip(((zi - p0) * np.conj(d)).real / np.maximum(np.abs(d) ** 2, 1e-300), 0.0, 1.0)
+        out[i] = np.min(np.abs(p0 + t * d - zi))
+    return out
+
+
+# Points may disagree only within this distance of the locus, relative to a grid cell. The default sampling keeps
+# every locus edge reaching into the window shorter than a cell, so the polygon is within its chords' sagitta
+# (~ curvature·cell²/8) of the true curve; on these grids the worst disagreement seen is 2e−7 cell from the locus.
+_REL_TOL = 1e-3
+
+
+@pytest.mark.parametrize("method", _every_builder(), ids=lambda m: m.name)
+def test_region_mask_agrees_with_schur_cohn_on_random_grids(method):
+    rng = np.random.default_rng(zlib.crc32(method.name.encode()))
+    zs = max_stable_step(method)
+    zs = zs if np.isfinite(zs) and zs > 0 else 2.0
+    worst = 0.0
+    for trial in range(40):
+        shape = (int(rng.integers(1, 42)), int(rng.integers(1, 42)))
+        if trial % 2 == 0:           # odd rows on a symmetric range: the real axis is a grid row
+            shape = (2 * (shape[0] // 2) + 1, shape[1])
+        lo = float(rng.choice([0.0, -0.05 * zs, rng.uniform(-0.6, 0.2) * zs]))
+        re = (lo, float(rng.choice([zs, 2.02, rng.uniform(0.3, 1.6) * zs])))
+        a = float(rng.choice([1.3, rng.uniform(0.1, 1.0) * zs]))
+        im = (-a, a) if trial % 3 != 2 else (float(rng.uniform(-a, 0.0)), a)
+        z, mask = region_mask(method, re, im, shape)
+        ref = stable_mask(method, z)
+        bad = mask != ref
+        if bad.any():
+            cell = min(abs(re[1] - re[0]) / max(shape[1] - 1, 1), abs(im[1] - im[0]) / max(shape[0] - 1, 1)) or 1.0
+            dist = _distance_to_locus(method, z[bad]) / cell
+            worst = max(worst, float(dist.max()))
+            assert dist.max() <= _REL_TOL, (re, im, shape, z[bad][dist > _REL_TOL][:5])
+    assert worst <= _REL_TOL
+
+
+@pytest.mark.parametrize("method, re, im, wrong_before", [
+    (delayed_gd(1), (-0.05, 1.25), (-1.3, 1.3), "-0.05 <= Re z < 0 on the real axis marked stable"),
+    (heavy_ball(0.5), (0.0, 2.02), (-1.3, 1.3), "0 < Re z <= 2.02 on the real axis marked unstable"),
+], ids=["delayed_gd-1", "heavy_ball-0.5"])
+def test_region_mask_real_axis_row_on_locus_vertex(method, re, im, wrong_before):
+    """1001×1001 grids whose middle row is the real axis, where the locus has a vertex (θ = 0)."""
+    z, mask = region_mask(method, re, im, (1001, 1001))
+    ref = stable_mask(method, z)
+    bad = mask != ref
+    # the only disagreements allowed are points lying on the locus itself (z = 0: the root r = 1)
+    assert np.all(np.abs(z[bad]) < 1e-12), (wrong_before, z[bad][:5])
+    axis = z[500]
+    off = np.abs(axis) > 1e-12
+    expected = (axis.real > 0) & (axis.real < max_stable_step(method))
+    assert np.array_equal(mask[500][off], expected[off])
+
+
+# every builder, called with its required arguments only (defaults for the rest)
+_DEFAULTS = {"general": lambda: general(0.5, (1.0,)), "gd": gd, "delayed_gd": lambda: delayed_gd(1),
+             "heavy_ball": lambda: heavy_ball(0.5), "nesterov": lambda: nesterov(0.5),
+             "predicted_momentum": lambda: predicted_momentum(0.5, 2), "pipemare": lambda: pipemare(3, 1),
+             "adam_frozen": adam_frozen}
+
+
+def test_defaults_cover_every_builder():
+    from pipelab.stability import methods
+    builders = {n for n in methods.__all__ if n not in ("LinearMethod", "MomentumForm", "char_poly", "companion")}
+    assert builders == set(_DEFAULTS)
+
+
+@pytest.mark.parametrize("method", [f() for f in _DEFAULTS.values()] + [
+    pipemare(3, 1, correction=False),            # default ρ = 0.5: B(r) ∝ r(r² + 1) vanishes at r = ±i
+    pipemare(1, 0, correction=False),            # B(r) ∝ r + 1 vanishes at r = −1
+    general(0.3, (0.5, 0.5), 1),                 # B(r) ∝ r + 1
+    predicted_momentum(0.5, 2, velocity_scale=-0.25),   # c = (1 − 0.5, 0.5): B(r) ∝ r + 1
+    pipemare(3, 1, rho=0.5 + 1e-7, correction=False),  # B's roots at |r| ≈ 1 − 4e−7: locus unresolvable
+    pipemare(3, 1, rho=0.5 + 1e-3, correction=False),  # |r| ≈ 1 − 4e−3: a large but resolvable loop
+], ids=lambda m: m.name)
+@pytest.mark.parametrize("radius", [1.0, 0.95])
+def test_region_mask_accepts_every_builder_default(method, radius):
+    """B(r) vanishing on |r| = ρ is handled (exact per-point fallback), not refused."""
+    re, im = (-0.5, 3.0), (-1.5, 1.5)
+    z, mask = region_mask(method, re, im, (61, 71), radius=radius)
+    ref = stable_mask(method, z, radius=radius)
+    bad = mask != ref
+    if bad.any():       # only points on (within a thousandth of a cell of) the locus may disagree
+        cell = min(3.5 / 70, 3.0 / 60)
+        assert _distance_to_locus(method, z[bad], radius).max() <= _REL_TOL * cell
+    rad = spectral_radius(method, z)
+    off = np.abs(rad - radius) > 1e-9
+    assert np.array_equal(ref[off], rad[off] < radius)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# region_area: closed forms, and the pixel count of a fine grid
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, radius, exact", [
+    (gd(), 1.0, np.pi),                                          # |1 − z| < 1
+    (gd(), 0.5, np.pi / 4),                                      # |1 − z| < ρ
+    (delayed_gd(0), 1.0, np.pi),
+    (delayed_gd(1), 1.0, np.pi - 1.5 * np.sqrt(3.0)),            # inner loop of z = e^{iθ} − e^{2iθ}, |θ| < π/3
+    (heavy_ball(0.0), 1.0, np.pi),
+    (heavy_ball(0.5), 1.0, np.pi * (1 - 0.25)),                  # ellipse, semi-axes 1 ± β
+    (heavy_ball(0.9), 1.0, np.pi * (1 - 0.81)),
+    (heavy_ball(0.5), 0.8, np.pi * (0.64 - 0.25 / 0.64)),        # semi-axes ρ ± β/ρ
+    (heavy_ball(0.5), 0.6, 0.0),                                 # β > ρ²: the product of the roots is too big
+    (adam_frozen(0.5), 1.0, np.pi * (1 - 0.25) / 0.25),          # heavy-ball at z·(1 − β): scaled by 1/(1 − β)²
+    (LinearMethod("GD in r²", (1.0, 0.0, -1.0), (0.0, 0.0, 1.0)), 1.0, np.pi),   # P(r) = Q(r²), Q = GD
+], ids=["gd", "gd-rho0.5", "delayed0", "delayed1", "hb0", "hb0.5", "hb0.9", "hb0.5-rho0.8", "hb0.5-empty",
+        "adam0.5", "gd-in-r2"])
+def test_region_area_matches_closed_forms(method, radius, exact):
+    area = region_area(method, radius=radius)
+    assert area == pytest.approx(exact, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("method", [f() for f in _DEFAULTS.values()] + [
+    delayed_gd(3), nesterov(0.9, 2), predicted_momentum(0.9, 4), pipemare(3, 1, correction=False),
+    pipemare(2, 0, rho=-1.0, gamma=0.3)], ids=lambda m: m.name)
+def test_region_area_matches_pixel_count(method):
+    """The area agrees with the pixel count of a fine grid within a quarter of the pixels along its edge."""
+    area = region_area(method)
+    loc = boundary_locus(method, 1 << 14)
+    loc = loc[np.isfinite(loc) & (np.abs(loc) < 100)]
+    z = complex_grid((loc.real.min(), loc.real.max()), (loc.imag.min(), loc.imag.max()), (201, 201))
+    inside = z[stable_mask(method, z)]          # a coarse look first, to frame the region tightly
+    pad = 0.05 * max(np.ptp(inside.real), np.ptp(inside.imag)) + 2 * abs(z[1, 1] - z[0, 0])
+    re, im = (inside.real.min() - pad, inside.real.max() + pad), (inside.imag.min() - pad, inside.imag.max() + pad)
+    z = complex_grid(re, im, (601, 601))
+    mask = stable_mask(method, z)
+    cell = (re[1] - re[0]) / 600 * (im[1] - im[0]) / 600
+    edge = np.zeros_like(mask)
+    edge[1:] |= mask[1:] != mask[:-1]
+    edge[:-1] |= mask[1:] != mask[:-1]
+    edge[:, 1:] |= mask[:, 1:] != mask[:, :-1]
+    edge[:, :-1] |= mask[:, 1:] != mask[:, :-1]
+    assert not mask[0].any() and not mask[-1].any() and not mask[:, 0].any() and not mask[:, -1].any()
+    assert abs(mask.sum() * cell - area) <= edge.sum() * cell / 4

@@ -13,7 +13,7 @@ from ..cache import cached
 from ..config import from_preset
 from ..stability import (
     LinearMethod, delayed_gd, delayed_gd_threshold, gd, heavy_ball, max_stable_step, nesterov, pipemare,
-    predicted_momentum, region_mask,
+    predicted_momentum, region_area, region_mask,
 )
 from ..stability.practice import least_squares_problem, max_stable_lr
 from . import FigureOutput, register
@@ -55,7 +55,8 @@ def _draw_regions(ax, entries: list[tuple[LinearMethod, str]], grid: int, *, ext
         if re[0] <= zs <= re[1]:
             ax.plot([zs], [0.0], "o", color=col, ms=4)
         handles.append(plt.Line2D([], [], color=col, lw=2, label=f"{label} (z*={zs:.3g})"))
-        records[label] = {"max_stable_real": zs, "area_fraction": float(mask.mean())}
+        # the exact area of the whole region (Green's theorem on the locus), not a pixel count of the window
+        records[label] = {"max_stable_real": zs, "area": region_area(m)}
     ax.axhline(0, color="0.6", lw=0.6, zorder=0)
     ax.axvline(0, color="0.6", lw=0.6, zorder=0)
     ax.set_xlim(*re)

@@ -4,7 +4,7 @@
   prediction, PipeMare discrepancy correction, Adam with a frozen preconditioner) as recurrences
   ``Σ_k (a_k + z·b_k)·w_{t+1−k} = 0`` in ``z = η·λ``; characteristic polynomials and companion matrices.
 - :mod:`.regions` — vectorised stability tests over complex grids (Schur–Cohn), spectral radius
-  (batched eigenvalues), boundary locus.
+  (batched eigenvalues), boundary locus, and the area of a region (Green's theorem on the locus).
 - :mod:`.thresholds` — largest stable real step by root-finding on the boundary locus; closed forms.
 - :mod:`.practice` — delayed training with ``torch.optim`` on a least-squares problem with a known
   spectrum, and bisection for its largest stable learning rate.
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from .methods import (LinearMethod, adam_frozen, char_poly, companion, delayed_gd, gd, general, heavy_ball,
                       nesterov, pipemare, predicted_momentum)
-from .regions import boundary_locus, complex_grid, region_mask, schur_stable, spectral_radius, stable_mask
+from .regions import (boundary_locus, complex_grid, region_area, region_mask, schur_stable, spectral_radius,
+                      stable_mask)
 from .thresholds import (boundary_crossings, delayed_gd_threshold, heavy_ball_threshold, max_stable_step,
                          nesterov_threshold)
 
 __all__ = [
     "LinearMethod", "general", "gd", "delayed_gd", "heavy_ball", "nesterov", "predicted_momentum", "pipemare",
     "adam_frozen", "char_poly", "companion",
-    "complex_grid", "stable_mask", "region_mask", "schur_stable", "spectral_radius", "boundary_locus",
+    "complex_grid", "stable_mask", "region_mask", "region_area", "schur_stable", "spectral_radius", "boundary_locus",
     "max_stable_step", "boundary_crossings", "delayed_gd_threshold", "heavy_ball_threshold", "nesterov_threshold",
 ]

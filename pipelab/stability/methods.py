@@ -79,6 +79,9 @@ class LinearMethod:
             raise ValueError(f"a must start with 1 (monic recurrence), got a={self.a}")
         if len(self.b) == 0 or self.b[0] != 0.0:
             raise ValueError(f"b must start with 0 (explicit method: no gradient at w_(t+1)), got b={self.b}")
+        if not (np.all(np.isfinite(np.asarray(self.a, dtype=float)))
+                and np.all(np.isfinite(np.asarray(self.b, dtype=float)))):
+            raise ValueError(f"a and b must be finite real coefficients, got a={self.a}, b={self.b}")
         n = max(len(self.a), len(self.b))
         a = tuple(float(x) for x in self.a) + (0.0,) * (n - len(self.a))
         b = tuple(float(x) for x in self.b) + (0.0,) * (n - len(self.b))
@@ -98,6 +101,8 @@ class LinearMethod:
 
 
 def _check_beta(beta: float, name: str = "beta") -> float:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number in [0, 1), got {beta!r}")
     beta = float(beta)
     if not 0.0 <= beta < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {beta}")
@@ -138,6 +143,10 @@ def general(beta: float, c: Sequence[float], tau: int = 0, *, scale: float = 1.0
     c = tuple(float(x) for x in c)
     if not c:
         raise ValueError("c must hold at least one coefficient")
+    if not all(np.isfinite(c)):
+        raise ValueError(f"c must hold finite coefficients, got {c}")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be a finite real number, got {scale}")
     a = (1.0, -(1.0 + beta), beta)
     b = (0.0,) * (tau + 1) + tuple(scale * x for x in c)
     return LinearMethod(name, a, b, params or (("beta", beta), ("tau", tau)))
@@ -260,8 +269,10 @@ def predicted_momentum(beta: float, tau: int, s: float | None = None, *, form: M
     beta = _check_beta(beta)
     tau = _check_tau(tau)
     s = float(tau if s is None else s)
-    if s < 0:
-        raise ValueError(f"s must be >= 0, got {s}")
+    if not (np.isfinite(s) and s >= 0):
+        raise ValueError(f"s must be a finite real number >= 0, got {s}")
+    if not np.isfinite(velocity_scale):
+        raise ValueError(f"velocity_scale must be a finite real number, got {velocity_scale}")
     k = float(velocity_scale) * s
     return general(beta, (1.0 + k, -k), tau, scale=_gradient_scale(beta, form),
                    name=f"predicted β={beta:g} τ={tau} s={s:g}",
@@ -363,7 +374,10 @@ def _as_z(z: complex | np.ndarray) -> np.ndarray:
     arr = np.asarray(z)
     if arr.dtype.kind not in "biufc":
         raise TypeError(f"z must be numeric (real or complex), got dtype {arr.dtype}")
-    return arr.astype(np.complex128)
+    out = arr.astype(np.complex128)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("z must be finite (η·λ with finite step and curvature); got NaN or inf")
+    return out
 
 
 def char_poly(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:

@@ -114,6 +114,28 @@ def _make_optimizer(params: list[torch.Tensor], name: str, lr: float, momentum: 
     raise ValueError(f"optimizer must be 'sgd', got {name!r}")
 
 
+def _check_training(problem: LeastSquares, lr: float, tau: int, steps: int, momentum: float, nesterov: bool,
+                    blowup: float) -> None:
+    """Refuse arguments of the trainers that torch or the emulator would turn into raw errors or garbage."""
+    if not isinstance(problem, LeastSquares):
+        raise TypeError(f"problem must be a LeastSquares (see least_squares_problem), got {type(problem).__name__}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float, np.integer, np.floating)):
+        raise TypeError(f"lr must be a real number > 0, got {lr!r}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite real number > 0, got {lr}")
+    if isinstance(tau, bool) or not isinstance(tau, (int, np.integer)) or tau < 0:
+        raise ValueError(f"tau must be a non-negative integer, got {tau!r}")
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 4:
+        raise ValueError(f"steps must be an integer >= 4, got {steps!r}")
+    if not (isinstance(momentum, (int, float, np.integer, np.floating)) and math.isfinite(momentum)
+            and momentum >= 0):
+        raise ValueError(f"momentum must be a finite real number >= 0, got {momentum!r}")
+    if nesterov and momentum == 0:
+        raise ValueError("nesterov=True needs momentum > 0 (torch.optim.SGD's Nesterov momentum)")
+    if not (isinstance(blowup, (int, float, np.integer, np.floating)) and math.isfinite(blowup) and blowup > 1):
+        raise ValueError(f"blowup must be a finite real number > 1, got {blowup!r}")
+
+
 def delayed_training(problem: LeastSquares, lr: float, tau: int, *, steps: int = 2000, momentum: float = 0.0,
                      nesterov: bool = False, predict_s: float | None = None, optimizer: str = "sgd",
                      blowup: float = 1e8) -> DelayedRun:
@@ -138,12 +160,12 @@ def delayed_training(problem: LeastSquares, lr: float, tau: int, *, steps: int =
     Returns:
         a :class:`DelayedRun`.
     """
-    if tau < 0 or int(tau) != tau:
-        raise ValueError(f"tau must be a non-negative integer, got {tau!r}")
+    _check_training(problem, lr, tau, steps, momentum, nesterov, blowup)
     if nesterov and predict_s is not None:
         raise ValueError("predict_s is implemented for heavy-ball momentum (nesterov=False) only")
-    if steps < 4:
-        raise ValueError(f"steps must be >= 4, got {steps}")
+    if predict_s is not None and not (isinstance(predict_s, (int, float, np.integer, np.floating))
+                                      and math.isfinite(predict_s)):
+        raise ValueError(f"predict_s must be a finite real number or None, got {predict_s!r}")
     w = problem.w0.clone().requires_grad_(True)
     opt = _make_optimizer([w], optimizer, lr, momentum, nesterov)
     zero = torch.zeros_like(w)
@@ -207,15 +229,14 @@ def pipeline_training(problem: LeastSquares, lr: float, tau: int, *, steps: int 
     gradient does not depend on its own weights) computes ``g_t = ∇f(w_{t−τ})`` — the recurrence of
     :func:`delayed_training`, produced by the schedule instead of a ring buffer written for it.
 
-    Args and returns as for :func:`delayed_training` (``policy``: an emulator policy name).
+    Args and returns as for :func:`delayed_training` (``policy``: an emulator policy name). Arguments are
+    checked as there: ``lr`` finite and > 0, τ a non-negative integer, ``steps`` ≥ 4, ``momentum`` ≥ 0
+    (and > 0 with ``nesterov``), ``blowup`` > 1.
     """
     from ..emulator import Emulator
     from ..schedules import pipedream
 
-    if tau < 0 or int(tau) != tau:
-        raise ValueError(f"tau must be a non-negative integer, got {tau!r}")
-    if steps < 4:
-        raise ValueError(f"steps must be >= 4, got {steps}")
+    _check_training(problem, lr, tau, steps, momentum, nesterov, blowup)
     dtype = problem.X.dtype
     first = torch.nn.Linear(problem.X.shape[1], 1, bias=False).to(dtype=dtype, device=problem.X.device)
     with torch.no_grad():
@@ -253,8 +274,10 @@ def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float
     Args:
         problem: the least-squares problem.
         tau: delay τ.
-        lo: a learning rate known to be stable (0 by default).
-        hi: one known to diverge; default ``4/λ_max·(1 + momentum)``, doubled until it diverges.
+        lo: a learning rate known to be stable (0 by default; a positive lo is checked, ``ValueError`` if it
+            diverges).
+        hi: one known to diverge (checked: ``ValueError`` if it does not); default ``4/λ_max·(1 + momentum)``,
+            doubled until it diverges.
         rel_tol: stop when ``hi − lo < rel_tol·hi``.
         steps: training steps per trial (longer resolves the threshold more finely: the growth per step
             near it is ~ ``(η − η*)·const``).
@@ -265,6 +288,21 @@ def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float
         the midpoint of the final bracket.
     """
     train = trainer or delayed_training
+    if not callable(train):
+        raise TypeError(f"trainer must be callable (delayed_training or pipeline_training), got {trainer!r}")
+    for name, val in (("lo", lo), ("hi", hi)):
+        if val is not None and not (isinstance(val, (int, float, np.integer, np.floating)) and math.isfinite(val)
+                                    and val >= 0):
+            raise ValueError(f"{name} must be a finite learning rate >= 0, got {val!r}")
+    if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
+        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    if hi is not None and hi <= lo:
+        raise ValueError(f"need lo < hi for the bracket, got lo={lo}, hi={hi}")
+    if lo > 0 and train(problem, lo, tau, steps=steps, **kwargs).diverged:
+        raise ValueError(f"lo={lo} diverges (tau={tau}, {steps} steps): the bracket must start at a stable "
+                         f"learning rate; pass a smaller lo (0 is always accepted)")
     if hi is None:
         hi = 4.0 * (1.0 + kwargs.get("momentum", 0.0)) / problem.lam_max
         for _ in range(20):
@@ -273,6 +311,9 @@ def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float
             hi *= 2.0
         else:
             raise RuntimeError("no diverging learning rate found")
+    elif not train(problem, hi, tau, steps=steps, **kwargs).diverged:
+        raise ValueError(f"hi={hi} does not diverge (tau={tau}, {steps} steps), so [lo, hi] does not bracket the "
+                         f"largest stable learning rate; pass a larger hi, or hi=None to search for one")
     for _ in range(max_iter):
         if hi - lo < rel_tol * hi:
             break

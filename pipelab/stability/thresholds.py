@@ -32,7 +32,7 @@ import math
 import numpy as np
 from scipy.optimize import brentq
 
-from .methods import LinearMethod
+from .methods import LinearMethod, _check_beta
 from .regions import stable_mask
 
 __all__ = ["max_stable_step", "delayed_gd_threshold", "heavy_ball_threshold", "nesterov_threshold",
@@ -47,12 +47,14 @@ def delayed_gd_threshold(tau: int) -> float:
 
 
 def heavy_ball_threshold(beta: float) -> float:
-    """``2(1+β)``: largest stable real z of heavy-ball (torch form, no delay)."""
+    """``2(1+β)``: largest stable real z of heavy-ball (torch form, no delay); β in [0, 1)."""
+    beta = _check_beta(beta)
     return 2.0 * (1.0 + beta)
 
 
 def nesterov_threshold(beta: float) -> float:
-    """``2(1+β)/(1+2β)``: largest stable real z of Nesterov momentum (torch form, no delay)."""
+    """``2(1+β)/(1+2β)``: largest stable real z of Nesterov momentum (torch form, no delay); β in [0, 1)."""
+    beta = _check_beta(beta)
     return 2.0 * (1.0 + beta) / (1.0 + 2.0 * beta)
 
 
@@ -116,6 +118,8 @@ def max_stable_step(method: LinearMethod, *, n_theta: int = 4096, check: bool = 
         >>> round(max_stable_step(heavy_ball(0.5)), 9)
         3.0
     """
+    if isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer)) or n_theta < 2:
+        raise ValueError(f"n_theta must be an integer >= 2, got {n_theta!r}")
     small = 1e-7
     if not bool(stable_mask(method, small)):
         return 0.0
