@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +14,8 @@ import pytest
 import torch
 
 import probes
+from pipelab import cache as cache_module
+from pipelab.cache import CacheWarning, ResultCache, cached, run_sweep
 from pipelab.config import config_hash, config_to_dict
 from probes import Probe
 
@@ -65,3 +71,93 @@ def test_array_dtype_and_shape_are_part_of_the_key() -> None:
 def test_set_fields_are_order_independent() -> None:
     assert config_hash(ArrayCfg(extra={"s": frozenset({"b", "a", "c"})})) == \
         config_hash(ArrayCfg(extra={"s": frozenset({"c", "a", "b"})}))
+
+
+# ------------------------------------------------------------------------------------ cache store
+
+
+@dataclass(frozen=True)
+class Small:
+    n: int = 1
+
+
+def _square(cfg: Small) -> int:
+    return cfg.n**2
+
+
+def _cache_warnings(record: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, CacheWarning)]
+
+
+def test_unwritable_store_keeps_results_and_warns_once(tmp_path: Path) -> None:
+    (tmp_path / "sweep").write_text("a file where the experiment's folder should be")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        out = run_sweep("sweep", [Small(n) for n in range(4)], _square, cache=ResultCache(tmp_path, version="1"))
+    assert out == [0, 1, 4, 9]
+    msgs = _cache_warnings(record)
+    assert len(msgs) == 1 and "cannot store" in msgs[0] and str(tmp_path) in msgs[0]
+
+
+def test_failing_rename_keeps_the_result_and_leaves_no_temporary(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(src: str, dst: str) -> None:
+        raise PermissionError(13, "Permission denied", dst)
+
+    monkeypatch.setattr(cache_module.os, "replace", denied)
+    cache = ResultCache(tmp_path, version="1")
+    with pytest.warns(CacheWarning, match="Permission denied"):
+        assert cached("exp", Small(3), _square, cache=cache) == 9
+    assert not list(tmp_path.rglob(".tmp-*"))
+    assert cache.load("exp", Small(3), _square) == (False, None)
+
+
+def test_directory_in_place_of_an_entry_is_a_miss(tmp_path: Path) -> None:
+    cache = ResultCache(tmp_path, version="1")
+    cache.path("exp", Small(2), _square).mkdir(parents=True)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert cached("exp", Small(2), _square, cache=cache) == 4
+    msgs = _cache_warnings(record)
+    assert any("cannot be read" in m for m in msgs) and any("cannot store" in m for m in msgs)
+
+
+def test_unreadable_entry_is_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ResultCache(tmp_path, version="1")
+    assert cached("exp", Small(5), _square, cache=cache) == 25
+    entry = cache.path("exp", Small(5), _square)
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self == entry:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with pytest.warns(CacheWarning, match="cannot be read.*Permission denied"):
+        assert cache.load("exp", Small(5), _square) == (False, None)
+
+
+def test_corrupt_entry_in_a_read_only_directory_is_recomputed(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ResultCache(tmp_path, version="1")
+    cached("exp", Small(6), _square, cache=cache)
+    cache.path("exp", Small(6), _square).write_bytes(b"garbage")
+
+    def denied(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", denied)
+    assert cache.load("exp", Small(6), _square) == (False, None)
+
+
+def test_entries_are_shared_readable_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        path = ResultCache(tmp_path / "root", version="1").store("exp", Small(7), 49, _square)
+    finally:
+        os.umask(old)
+    assert path is not None
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "root").stat().st_mode) == 0o755
