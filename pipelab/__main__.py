@@ -24,6 +24,11 @@ def _figures(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:  # before any experiment runs: provenance of figures written into the repository's figures/
+        figures.check_outdir(args.out, allow_dirty=args.allow_dirty)
+    except figures.ProvenanceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from tqdm import tqdm
 
     bar = tqdm(specs, desc=f"figures ({args.preset})", unit="fig")
@@ -32,7 +37,7 @@ def _figures(args: argparse.Namespace) -> int:
         bar.set_postfix_str(spec.name)
         start = time.perf_counter()
         try:
-            figures.render([spec.name], args.preset, args.out, progress=True)
+            figures.render([spec.name], args.preset, args.out, progress=True, allow_dirty=args.allow_dirty)
         except Exception:
             logging.getLogger("pipelab").exception("figure %s failed", spec.name)
             failed.append(spec.name)
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="quick", choices=PRESETS, help="experiment size (default: quick)")
     p.add_argument("--out", default="figures", help="output directory (default: figures/)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into the repository's figures/ although code outside it has uncommitted changes "
+                        "(warns; the sidecars record code_clean=false and a hash of the diff)")
     p.set_defaults(func=_figures)
 
     p = sub.add_parser("data", help="locate (or with --fetch obtain) Fashion-MNIST")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,8 @@ import torch
 
 import probes
 from pipelab import cache as cache_module
+from pipelab import figures
+from pipelab.__main__ import main
 from pipelab.cache import CacheWarning, ResultCache, cached, run_sweep
 from pipelab.config import config_hash, config_to_dict
 from probes import Probe
@@ -161,3 +165,101 @@ def test_entries_are_shared_readable_whatever_the_umask(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "root").stat().st_mode) == 0o755
+
+
+# ------------------------------------------------------------------------------- figure provenance
+
+
+def _git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                          capture_output=True, text=True, check=True)
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh clone-like checkout (code + committed figures/) that pipelab takes for its own repository."""
+    root = tmp_path / "repo"
+    (root / "figures").mkdir(parents=True)
+    (root / "code.py").write_text("x = 1\n")
+    (root / "figures" / "old.png").write_bytes(b"committed figure")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "init")
+    monkeypatch.setattr(figures, "_repo_root", lambda: root)
+    return root
+
+
+def _output() -> figures.FigureOutput:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    return figures.FigureOutput(fig, config={"n": 1}, seed=0)
+
+
+def test_sidecars_stay_clean_while_figures_dir_changes(repo: Path) -> None:
+    head = _git(repo, "rev-parse", "HEAD")
+    (repo / "figures" / "old.png").write_bytes(b"regenerated")  # what writing the first figure does
+    for _ in range(2):  # the second figure is written after the first changed figures/
+        figures.save("model_stages", _output(), repo / "figures", "tiny")
+        meta = json.loads((repo / "figures" / "model_stages.json").read_text())
+        assert meta["commit"] == head and meta["code_clean"] is True and meta["code_diff_sha256"] is None
+        assert meta["allow_dirty"] is False and "-dirty" not in json.dumps(meta)
+
+
+@pytest.mark.parametrize("change", ["modified", "untracked", "staged"])
+def test_unclean_code_is_refused_in_figures_dir(repo: Path, tmp_path: Path, change: str) -> None:
+    if change == "untracked":
+        (repo / "new_module.py").write_text("y = 2\n")
+    else:
+        (repo / "code.py").write_text("x = 2\n")
+        if change == "staged":
+            _git(repo, "add", "code.py")
+    state = figures.code_state()
+    assert state.clean is False and state.diff_sha256 and len(state.diff_sha256) == 64
+    with pytest.raises(figures.ProvenanceError, match=r"uncommitted changes.*--allow-dirty"):
+        figures.save("model_stages", _output(), repo / "figures" / "sub", "tiny")
+    assert not (repo / "figures" / "sub").exists()
+    # Another directory is fine, and says the code was unclean.
+    figures.save("model_stages", _output(), tmp_path / "elsewhere", "tiny")
+    meta = json.loads((tmp_path / "elsewhere" / "model_stages.json").read_text())
+    assert meta["code_clean"] is False and meta["code_diff_sha256"] == state.diff_sha256
+    # Explicitly allowed: a loud warning, and the sidecar says so.
+    with pytest.warns(UserWarning, match="UNCOMMITTED CODE"):
+        figures.save("model_stages", _output(), repo / "figures", "tiny", allow_dirty=True)
+    meta = json.loads((repo / "figures" / "model_stages.json").read_text())
+    assert meta["allow_dirty"] is True and meta["code_clean"] is False
+
+
+def test_diff_hash_identifies_the_change(repo: Path) -> None:
+    hashes = set()
+    for text in ("x = 2\n", "x = 3\n"):
+        (repo / "code.py").write_text(text)
+        hashes.add(figures.code_state().diff_sha256)
+    assert len(hashes) == 2
+
+
+def test_cli_refuses_unclean_code_before_running(repo: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (repo / "code.py").write_text("x = 2\n")
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("no experiment may run")
+
+    monkeypatch.setattr(figures, "make", never)
+    assert main(["figures", "model_stages", "--preset", "tiny", "--out", str(repo / "figures")]) == 2
+    assert "--allow-dirty" in capsys.readouterr().err
+
+
+def test_footer_names_preset_and_commit(repo: Path) -> None:
+    out = _output()
+    figures.save("model_stages", out, repo / "figures", "tiny")
+    short = _git(repo, "rev-parse", "HEAD")[:7]
+    texts = [t.get_text() for t in out.figure.texts]
+    assert texts == [f"pipelab tiny preset · {short}"]
+    figures.save("model_stages", out, repo / "figures", "tiny")  # saved again: still one footer
+    assert len(out.figure.texts) == 1
+    (repo / "code.py").write_text("x = 2\n")
+    figures.save("model_stages", out, repo.parent / "elsewhere", "quick")
+    assert [t.get_text() for t in out.figure.texts] == [f"pipelab quick preset · {short} + uncommitted changes"]
