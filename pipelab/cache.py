@@ -265,13 +265,18 @@ class ResultCache:
     def store(self, name: str, config: Any, result: Any, fn: Callable[..., Any] | None = None) -> Path | None:
         """Write ``result`` atomically (mode 0o644); return its path, or ``None`` when disabled or it failed.
 
-        A failing write (read-only or unwritable directory, full disk, a directory in the entry's place) does
-        not raise: the caller keeps its result and one :class:`CacheWarning` per cache directory says so.
+        A failing write (read-only or unwritable directory, full disk, a directory in the entry's place) or an
+        unpicklable result does not raise: the caller keeps its result and one :class:`CacheWarning` per cache directory says so.
         """
         if self.root is None:
             return None
         path = self.path(name, config, fn)
-        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # e.g. a lambda inside the result
+            warnings.warn(f"result for {name}/{path.name} cannot be pickled ({exc}); not cached", CacheWarning,
+                          stacklevel=3)
+            return None
         blob = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         tmp: str | None = None
         try:

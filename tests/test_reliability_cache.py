@@ -263,3 +263,15 @@ def test_footer_names_preset_and_commit(repo: Path) -> None:
     (repo / "code.py").write_text("x = 2\n")
     figures.save("model_stages", out, repo.parent / "elsewhere", "quick")
     assert [t.get_text() for t in out.figure.texts] == [f"pipelab quick preset · {short} + uncommitted changes"]
+
+
+def test_unpicklable_result_is_returned_not_lost(tmp_path: Path) -> None:
+    with pytest.warns(CacheWarning, match="cannot be pickled"):
+        out = cached("exp", Small(1), lambda c: {"fn": lambda: 1}, cache=ResultCache(tmp_path, version="1"))
+    assert out["fn"]() == 1
+
+
+def test_output_directory_inside_the_checkout_does_not_make_later_figures_unclean(repo: Path) -> None:
+    for _ in range(2):  # the second figure sees the first one's untracked files under out/
+        figures.save("model_stages", _output(), repo / "out", "tiny")
+        assert json.loads((repo / "out" / "model_stages.json").read_text())["code_clean"] is True

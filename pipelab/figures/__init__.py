@@ -174,24 +174,27 @@ def _repo_root() -> Path | None:
     return Path(out.decode().strip())
 
 
-_OUTSIDE_FIGURES = ("--", ".", f":(exclude){FIGURES_DIR}")
-
-
-def code_state(root: str | Path | None = None) -> CodeState:
+def code_state(root: str | Path | None = None, *, outdir: str | Path | None = None) -> CodeState:
     """Describe the code of the checkout at ``root`` (default: the one holding pipelab), ignoring ``figures/``.
 
-    Writing a figure modifies ``figures/``, so that directory is excluded: the state of everything else is
-    what made the figure. Example: after ``git clone`` and ``make figures`` every sidecar reads clean.
+    Writing a figure modifies ``figures/``, so that directory is excluded (and ``outdir`` too when it lies
+    inside the checkout): the state of everything else is what made the figure. Example: after ``git clone``
+    and ``make figures`` every sidecar reads clean.
     """
     root = Path(root) if root is not None else _repo_root()
     if root is None:
         return CodeState()
+    pathspec = ["--", ".", f":(exclude){FIGURES_DIR}"]
+    if outdir is not None:
+        target = Path(outdir).resolve()
+        if target != root.resolve() and root.resolve() in target.parents:
+            pathspec.append(f":(exclude){target.relative_to(root.resolve()).as_posix()}")
     try:
         commit = _git(root, "rev-parse", "HEAD").decode().strip()
-        status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", *_OUTSIDE_FIGURES)
+        status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", *pathspec)
         if not status:
             return CodeState(commit, True, None, root)
-        digest = hashlib.sha256(_git(root, "diff", "HEAD", "--binary", *_OUTSIDE_FIGURES))
+        digest = hashlib.sha256(_git(root, "diff", "HEAD", "--binary", *pathspec))
         for entry in sorted(e for e in status.split(b"\0") if e.startswith(b"?? ")):
             path = root / os.fsdecode(entry[3:])
             digest.update(b"\0" + entry[3:] + b"\0")
@@ -214,7 +217,7 @@ def check_outdir(outdir: str | Path, *, allow_dirty: bool = False, state: CodeSt
     Raises:
         ProvenanceError: unclean code, ``outdir`` inside ``<repo>/figures`` and ``allow_dirty`` not given.
     """
-    state = state if state is not None else code_state()
+    state = state if state is not None else code_state(outdir=outdir)
     if state.root is None or state.clean is not False:
         return state
     target, figdir = Path(outdir).resolve(), (state.root / FIGURES_DIR).resolve()
