@@ -266,7 +266,8 @@ class ResultCache:
         """Write ``result`` atomically (mode 0o644); return its path, or ``None`` when disabled or it failed.
 
         A failing write (read-only or unwritable directory, full disk, a directory in the entry's place) or an
-        unpicklable result does not raise: the caller keeps its result and one :class:`CacheWarning` per cache directory says so.
+        unpicklable result does not raise: the caller keeps its result and a :class:`CacheWarning` says so
+        (for write failures, once per cache directory).
         """
         if self.root is None:
             return None
