@@ -65,7 +65,7 @@ class CacheWarning(UserWarning):
 
 def _module_file(name: str) -> Path | None:
     """Source file of module ``name``: pipelab modules from this package's directory, others from sys.modules."""
-    if name == _PKG or name.startswith(_PKG + "."):
+    if _is_pipelab(name):
         rel = name.split(".")[1:]
         base = _PKG_DIR.joinpath(*rel)
         for cand in ((base / "__init__.py",) if not rel else (base / "__init__.py", base.with_suffix(".py"))):

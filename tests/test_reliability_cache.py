@@ -275,3 +275,13 @@ def test_output_directory_inside_the_checkout_does_not_make_later_figures_unclea
     for _ in range(2):  # the second figure sees the first one's untracked files under out/
         figures.save("model_stages", _output(), repo / "out", "tiny")
         assert json.loads((repo / "out" / "model_stages.json").read_text())["code_clean"] is True
+
+
+def test_output_directory_holding_code_is_not_excluded(repo: Path) -> None:
+    (repo / "src").mkdir()
+    (repo / "src" / "m.py").write_text("x = 1\n")
+    _git(repo, "add", "src")
+    _git(repo, "commit", "-qm", "src")
+    (repo / "src" / "m.py").write_text("x = 2\n")
+    figures.save("model_stages", _output(), repo / "src", "tiny")  # --out src: its code is still looked at
+    assert json.loads((repo / "src" / "model_stages.json").read_text())["code_clean"] is False

@@ -175,21 +175,21 @@ def _repo_root() -> Path | None:
 
 
 def code_state(root: str | Path | None = None, *, outdir: str | Path | None = None) -> CodeState:
-    """Describe the code of the checkout at ``root`` (default: the one holding pipelab), ignoring ``figures/``.
+    """Describe the code of the checkout at ``root`` (default: the one holding pipelab) outside ``figures/``.
 
     Writing a figure modifies ``figures/``, so that directory is excluded (and ``outdir`` too when it lies
-    inside the checkout): the state of everything else is what made the figure. Example: after ``git clone``
-    and ``make figures`` every sidecar reads clean.
+    inside the checkout and holds no tracked file): the state of everything else is what made the figure.
+    Example: after ``git clone`` and ``make figures`` every sidecar reads clean.
     """
     root = Path(root) if root is not None else _repo_root()
     if root is None:
         return CodeState()
     pathspec = ["--", ".", f":(exclude){FIGURES_DIR}"]
-    if outdir is not None:
-        target = Path(outdir).resolve()
-        if target != root.resolve() and root.resolve() in target.parents:
-            pathspec.append(f":(exclude){target.relative_to(root.resolve()).as_posix()}")
     try:
+        if outdir is not None and root.resolve() in Path(outdir).resolve().parents:
+            rel = Path(outdir).resolve().relative_to(root.resolve()).as_posix()
+            if not _git(root, "ls-files", "--", rel):  # an output folder, not code: its own files don't count
+                pathspec.append(f":(exclude){rel}")
         commit = _git(root, "rev-parse", "HEAD").decode().strip()
         status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", *pathspec)
         if not status:
