@@ -63,7 +63,7 @@ def _apt_install(deadline: float) -> str | None:
         if remaining <= 0:
             return f"`{' '.join(cmd)}` not started: the --timeout deadline had passed"
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=remaining,
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=remaining, check=False,
                                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
         except subprocess.TimeoutExpired:
             return f"`{' '.join(cmd)}` did not finish before the --timeout deadline"
@@ -107,7 +107,8 @@ def _data(args: argparse.Namespace) -> int:
 def _strip(args: argparse.Namespace) -> int:
     from .notebook_tools import strip_notebook
 
-    paths = [p for arg in args.paths for p in (sorted(Path(arg).glob("*.ipynb")) if Path(arg).is_dir() else [Path(arg)])]
+    paths = [p for arg in args.paths
+             for p in (sorted(Path(arg).glob("*.ipynb")) if Path(arg).is_dir() else [Path(arg)])]
     for path in paths:
         if strip_notebook(path):
             print(f"stripped {path}")

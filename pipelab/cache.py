@@ -88,12 +88,12 @@ def _is_pipelab(name: str) -> bool:
     return name == _PKG or name.startswith(_PKG + ".")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_digest(name: str) -> str:
     return hashlib.sha256(_read_source(name)).hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _direct_imports(name: str) -> frozenset[str]:
     """pipelab modules named by the import statements of module ``name`` (at any depth of its source)."""
     path = _module_file(name)
@@ -116,7 +116,7 @@ def _direct_imports(name: str) -> frozenset[str]:
     return frozenset(m for m in found if _is_pipelab(m) and _module_file(m) is not None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_code_hash(name: str) -> str:
     """Hash of module ``name`` and the pipelab modules it imports, transitively."""
     seen, todo = {name}, [name]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -177,5 +177,5 @@ def test_code_hash_unwraps_and_falls_back_without_a_source_file() -> None:
 
     assert code_hash(functools.partial(learning_curves.run)) == code_hash(learning_curves.run)
     namespace: dict = {"__name__": "not_a_module_with_a_file"}
-    exec("def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 2\n", namespace)  # no source file
+    exec("def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 2\n", namespace)  # noqa: S102 (no source file)
     assert len(code_hash(namespace["f"])) == 64 and code_hash(namespace["f"]) != code_hash(namespace["g"])

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import probes
 import pytest
 import torch
+from probes import Probe
 
-import probes
 from pipelab import cache as cache_module
 from pipelab import figures
 from pipelab.__main__ import main
 from pipelab.cache import CacheWarning, ResultCache, cached, run_sweep
 from pipelab.config import config_hash, config_to_dict
-from probes import Probe
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
-
 import probes
+import pytest
+from probes import Probe
+
 from pipelab import data
 from pipelab.__main__ import main
 from pipelab.data import FASHION_MNIST_FILES, DataError
-from probes import Probe
 
 
 @pytest.fixture(autouse=True)

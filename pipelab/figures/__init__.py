@@ -159,7 +159,7 @@ class CodeState:
 
 
 def _git(root: Path, *args: str) -> bytes:
-    proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=30)
+    proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=30, check=False)
     if proc.returncode != 0:
         raise OSError(proc.stderr.decode(errors="replace").strip() or f"git {args[0]} failed")
     return proc.stdout
