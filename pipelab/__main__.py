@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +27,11 @@ def _figures(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:  # before any experiment runs: provenance of figures written into the repository's figures/
+        figures.check_outdir(args.out, allow_dirty=args.allow_dirty)
+    except figures.ProvenanceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from tqdm import tqdm
 
     bar = tqdm(specs, desc=f"figures ({args.preset})", unit="fig")
@@ -32,7 +40,7 @@ def _figures(args: argparse.Namespace) -> int:
         bar.set_postfix_str(spec.name)
         start = time.perf_counter()
         try:
-            figures.render([spec.name], args.preset, args.out, progress=True)
+            figures.render([spec.name], args.preset, args.out, progress=True, allow_dirty=args.allow_dirty)
         except Exception:
             logging.getLogger("pipelab").exception("figure %s failed", spec.name)
             failed.append(spec.name)
@@ -44,22 +52,63 @@ def _figures(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data(args: argparse.Namespace) -> int:
-    from .data import DataError, fetch_fashion_mnist, find_fashion_mnist
+def _apt_install(deadline: float) -> str | None:
+    """Install Debian's ``dataset-fashion-mnist`` with apt-get as root, before ``deadline``; the problem or None."""
+    apt = shutil.which("apt-get")
+    if not apt or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "apt-get unavailable or not running as root: skipped Debian's dataset-fashion-mnist"
+    logging.getLogger("pipelab").info("installing Debian package dataset-fashion-mnist")
+    for cmd in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "dataset-fashion-mnist"]):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return f"`{' '.join(cmd)}` not started: the --timeout deadline had passed"
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=remaining, check=False,
+                                  env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        except subprocess.TimeoutExpired:
+            return f"`{' '.join(cmd)}` did not finish before the --timeout deadline"
+        except OSError as exc:
+            return f"`{' '.join(cmd)}` could not run: {exc}"
+        if proc.returncode != 0:
+            return f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-300:]}"
+    return None
 
+
+def _data(args: argparse.Namespace) -> int:
+    """Verify Fashion-MNIST (every file read in full); with --fetch obtain it first when missing or damaged."""
+    from .data import DataError, fetch_fashion_mnist, verify_fashion_mnist
+
+    if not args.timeout > 0:
+        print(f"error: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
+        return 2
     try:
-        where = fetch_fashion_mnist(args.root) if args.fetch else find_fashion_mnist(args.root)["train_images"].parent
+        where = verify_fashion_mnist(args.root)
     except DataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"Fashion-MNIST: {where}")
+        if not args.fetch:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        deadline = time.monotonic() + args.timeout
+        problem = _apt_install(deadline)
+        try:
+            if problem is None:
+                where = verify_fashion_mnist(args.root)
+            else:
+                raise DataError(problem)
+        except DataError as apt_exc:
+            try:
+                where = fetch_fashion_mnist(args.root, timeout=max(deadline - time.monotonic(), 1e-3))
+            except DataError as fetch_exc:
+                print(f"error: {apt_exc}\n{fetch_exc}", file=sys.stderr)
+                return 1
+    print(f"Fashion-MNIST: {where} (verified)")
     return 0
 
 
 def _strip(args: argparse.Namespace) -> int:
     from .notebook_tools import strip_notebook
 
-    paths = [p for arg in args.paths for p in (sorted(Path(arg).glob("*.ipynb")) if Path(arg).is_dir() else [Path(arg)])]
+    paths = [p for arg in args.paths
+             for p in (sorted(Path(arg).glob("*.ipynb")) if Path(arg).is_dir() else [Path(arg)])]
     for path in paths:
         if strip_notebook(path):
             print(f"stripped {path}")
@@ -76,11 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="quick", choices=PRESETS, help="experiment size (default: quick)")
     p.add_argument("--out", default="figures", help="output directory (default: figures/)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into the repository's figures/ although code outside it has uncommitted changes "
+                        "(warns; the sidecars record code_clean=false and a hash of the diff)")
     p.set_defaults(func=_figures)
 
-    p = sub.add_parser("data", help="locate (or with --fetch obtain) Fashion-MNIST")
-    p.add_argument("--fetch", action="store_true", help="install/download it when missing")
+    p = sub.add_parser("data", help="locate and verify (with --fetch: obtain) Fashion-MNIST")
+    p.add_argument("--fetch", action="store_true", help="install/download it when missing or damaged")
     p.add_argument("--root", default=None, help="directory to look in / download to")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="overall deadline in seconds for --fetch, retries included (default: 300)")
     p.set_defaults(func=_data)
 
     p = sub.add_parser("strip-notebooks", help="remove outputs from notebooks before committing")

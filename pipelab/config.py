@@ -28,9 +28,12 @@ import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, TypeVar
+
+import numpy as np
 
 __all__ = ["PRESETS", "resolve_preset", "from_preset", "config_to_dict", "config_hash"]
 
@@ -62,15 +65,36 @@ def from_preset(table: Mapping[str, T], preset: str | None = None) -> T:
         raise ValueError(f"no config for preset {name!r}; this experiment defines {sorted(table)}") from None
 
 
-def _jsonable(value: Any) -> Any:
+def _array_digest(kind: str, dtype: str, shape: tuple[int, ...], data: bytes) -> dict[str, Any]:
+    return {"__array__": kind, "dtype": dtype, "shape": list(shape), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _tensor_form(value: Any, where: str) -> dict[str, Any]:
+    """Content form of a dense torch tensor: dtype, shape and the SHA-256 of its bytes (device-independent)."""
+    import torch
+
+    if value.layout != torch.strided or value.is_quantized:
+        raise TypeError(f"{where}: cannot hash a {value.layout} tensor faithfully; use a dense tensor")
+    flat = value.detach().to("cpu").contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return _array_digest("torch", str(value.dtype), tuple(value.shape), data)
+
+
+def _jsonable(value: Any, where: str = "config") -> Any:
+    """Canonical JSON form of ``value``; ``where`` names the field for error messages."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {f.name: _jsonable(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}
         out["__type__"] = f"{type(value).__module__}.{type(value).__qualname__}"
         return out
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        items = sorted(value.items(), key=lambda kv: str(kv[0]))
+        return {str(k): _jsonable(v, f"{where}[{k!r}]") for k, v in items}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        # Iteration order of a set depends on the hash seed: sort the canonical forms.
+        forms = [_jsonable(v, f"{where}{{}}") for v in value]
+        return {"__set__": sorted(forms, key=lambda f: json.dumps(f, sort_keys=True))}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, PurePath):
@@ -79,12 +103,41 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    # torch.dtype, torch.device and similar: their repr is stable and unambiguous.
-    return repr(value)
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise TypeError(f"{where}: cannot hash an object array faithfully; use a numeric dtype")
+        return _array_digest("numpy", value.dtype.str, value.shape, np.ascontiguousarray(value).tobytes())
+    if isinstance(value, np.generic):
+        return _jsonable(value.item(), where)
+    if isinstance(value, (complex, bytes)):
+        return repr(value)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(value, torch.Tensor):
+            return _tensor_form(value, where)
+        if isinstance(value, (torch.dtype, torch.device)):
+            return repr(value)  # short, stable and unambiguous
+    if isinstance(value, np.dtype):
+        return repr(value)
+    # Anything else (arbitrary objects, callables) has a repr that may be abbreviated or hold a memory
+    # address: two different configs could collide, or one config never hit. Refuse instead.
+    raise TypeError(f"{where}: cannot hash a value of type {type(value).__qualname__} faithfully; allowed are "
+                    "dataclasses, mappings, lists/tuples/sets, enums, paths, None, bool, int, float, complex, str, "
+                    "bytes, numpy arrays/scalars/dtypes and torch tensors/dtypes/devices")
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """Canonical JSON-able form of a (possibly nested) dataclass config, with its type name."""
+    """Canonical JSON-able form of a (possibly nested) dataclass config, with its type name.
+
+    Values are written by content: nested dataclasses (with their type name), mappings (sorted keys),
+    lists/tuples, sets (sorted), scalars; numpy arrays and torch tensors as ``{"__array__", "dtype",
+    "shape", "sha256"}`` of their bytes, so two configs that differ anywhere in an array never share a
+    key (a ``repr`` would abbreviate large arrays with "...").
+
+    Raises:
+        TypeError: for a value that cannot be written faithfully (an arbitrary object, a callable, an object
+            array, a sparse tensor), naming the field, e.g. ``config.inner.fn``.
+    """
     if not (dataclasses.is_dataclass(config) and not isinstance(config, type)) and not isinstance(config, Mapping):
         raise TypeError(f"config must be a dataclass instance or a mapping, got {type(config).__name__}")
     return _jsonable(config)

@@ -2,13 +2,15 @@
 
 Every loader returns a :class:`Dataset` (train and test tensors with a fixed split) on the requested
 device and dtype. Loaders read local files only; obtaining Fashion-MNIST is a set-up step
-(:func:`fetch_fashion_mnist`, run by ``make figures`` / ``python -m pipelab data --fetch``).
+(``make data`` / ``python -m pipelab data --fetch``, which installs Debian's package as root, else calls
+:func:`fetch_fashion_mnist` to download with a deadline); :func:`verify_fashion_mnist` checks the files.
 
 Fashion-MNIST search order (first directory holding the four IDX files wins; ``.gz`` or uncompressed):
 
 1. an explicit ``root`` argument (the directory itself, or torchvision's ``root/FashionMNIST/raw``);
 2. ``$PIPELAB_DATA`` (same two layouts);
-3. ``/usr/share/datasets/fashion-mnist`` (Debian's ``dataset-fashion-mnist`` package).
+3. ``/usr/share/datasets/fashion-mnist`` (Debian's ``dataset-fashion-mnist`` package);
+4. ``~/.cache/pipelab/data/fashion-mnist`` (where :func:`fetch_fashion_mnist` downloads by default).
 
 Missing or corrupt files (truncated gzip, wrong magic number, mismatched counts) raise
 :class:`DataError` naming the paths tried and how to install the data.
@@ -24,10 +26,9 @@ import gzip
 import hashlib
 import logging
 import os
-import shutil
 import struct
-import subprocess
 import tempfile
+import time
 import urllib.request
 import zlib
 from collections.abc import Callable
@@ -50,6 +51,7 @@ __all__ = [
     "teacher_student_classification",
     "find_fashion_mnist",
     "fetch_fashion_mnist",
+    "verify_fashion_mnist",
     "read_idx",
     "FASHION_MNIST_FILES",
     "FASHION_MNIST_CLASSES",
@@ -58,6 +60,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+#: Where :func:`fetch_fashion_mnist` downloads to by default (searched last, so a download is found again).
+DOWNLOAD_DIR = Path.home() / ".cache" / "pipelab" / "data" / "fashion-mnist"
 ENV_DATA = "PIPELAB_DATA"
 FASHION_MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -169,7 +173,7 @@ def _candidate_dirs(root: str | os.PathLike[str] | None) -> list[Path]:
         if base is not None:
             base = Path(base).expanduser()
             dirs += [base, base / "FashionMNIST" / "raw", base / "fashion-mnist"]
-    dirs.append(DEBIAN_DIR)
+    dirs += [DEBIAN_DIR, DOWNLOAD_DIR]
     return dirs
 
 
@@ -253,6 +257,22 @@ def load_fashion_mnist(
                    images(arrays["test_images"]), labels(arrays["test_labels"]), 10)
 
 
+def verify_fashion_mnist(root: str | os.PathLike[str] | None = None) -> Path:
+    """Locate Fashion-MNIST (:func:`find_fashion_mnist`) and check every file, returning its directory.
+
+    Each IDX file is read in full (:func:`read_idx`: gzip integrity, magic number, header sizes against
+    payload length) and images are checked against labels (counts, range): a truncated or corrupt file
+    fails here, not during a long experiment.
+
+    Raises:
+        DataError: missing files (every path tried) or a damaged one (its path and what is wrong).
+    """
+    found = find_fashion_mnist(root)
+    key = tuple((k, str(p), p.stat().st_mtime, p.stat().st_size) for k, p in sorted(found.items()))
+    _parsed_fashion_mnist(key)
+    return found["train_images"].parent
+
+
 def _md5(path: Path) -> str:
     h = hashlib.md5()
     with open(path, "rb") as fh:
@@ -261,60 +281,91 @@ def _md5(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_fashion_mnist(dest: str | os.PathLike[str] | None = None, *, timeout: float = 60.0) -> Path:
-    """Make Fashion-MNIST available locally and return its directory.
+#: Seconds to wait before the first retry of a failed download (doubling after each retry).
+_RETRY_BACKOFF_S = 1.0
+#: Upper bound of one blocking network read; the overall deadline may cut it shorter.
+_READ_TIMEOUT_S = 60.0
 
-    Order: already present → nothing to do; running as root with ``apt-get`` → install Debian's
-    ``dataset-fashion-mnist``; otherwise download the official ``.gz`` files into ``dest`` (default
-    ``$PIPELAB_DATA`` or ``~/.cache/pipelab/data/fashion-mnist``) and verify their MD5 checksums.
+
+def _download(url: str, out: Path, md5: str, deadline: float, retries: int) -> None:
+    """Download ``url`` to ``out`` through a ``.part-*`` temporary, verified against ``md5``, before ``deadline``.
+
+    Failed attempts (network error, checksum mismatch) are retried ``retries`` times while time is left; the
+    temporary file never outlives an attempt.
+    """
+    problem = "no attempt started before the deadline"
+    for attempt in range(retries + 1):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".part-")
+        try:
+            with os.fdopen(fd, "wb") as fh, urllib.request.urlopen(url, timeout=min(_READ_TIMEOUT_S, remaining)) as r:
+                while chunk := r.read(1 << 16):
+                    fh.write(chunk)
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("deadline reached during the transfer")
+            got = _md5(Path(tmp))
+            if got != md5:
+                raise DataError(f"MD5 {got} does not match the published {md5}")
+            os.replace(tmp, out)
+            return
+        except OSError as exc:  # URLError, socket timeouts, DataError
+            problem = f"{type(exc).__name__}: {exc}"
+            log.info("download of %s failed (attempt %d): %s", url, attempt + 1, problem)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        if attempt < retries:
+            time.sleep(max(0.0, min(_RETRY_BACKOFF_S * 2**attempt, deadline - time.monotonic())))
+    if time.monotonic() >= deadline:
+        raise DataError(f"{out.name}: overall deadline exceeded (--timeout); last problem: {problem}")
+    raise DataError(f"{out.name}: {problem} (after {retries + 1} attempts)")
+
+
+def fetch_fashion_mnist(dest: str | os.PathLike[str] | None = None, *, timeout: float = 300.0,
+                        retries: int = 2) -> Path:
+    """Make Fashion-MNIST available locally (download if needed), verify it, and return its directory.
+
+    Order: already present and intact (:func:`verify_fashion_mnist`) → nothing to do; otherwise download
+    the official ``.gz`` files into ``dest`` (default ``$PIPELAB_DATA`` or ``~/.cache/pipelab/data/
+    fashion-mnist``), checking their MD5 checksums and then the files themselves. Installing Debian's
+    ``dataset-fashion-mnist`` is a set-up step of the command line (``python -m pipelab data --fetch``).
+
+    Args:
+        timeout: overall deadline in seconds for all downloads, retries included.
+        retries: further attempts per file after a network error or a checksum mismatch.
 
     Raises:
-        DataError: when neither way works, saying what was tried.
+        DataError: the deadline passed, or the download or verification failed; partial ``.part-*`` files
+            are removed.
     """
-    try:
-        return find_fashion_mnist(dest)["train_images"].parent
-    except DataError:
-        pass
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not (isinstance(retries, int) and retries >= 0):
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+    deadline = time.monotonic() + timeout
     problems: list[str] = []
-    apt = shutil.which("apt-get")
-    if apt and hasattr(os, "geteuid") and os.geteuid() == 0:
-        log.info("installing Debian package dataset-fashion-mnist")
-        for cmd in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "dataset-fashion-mnist"]):
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
-                                  "DEBIAN_FRONTEND": "noninteractive"})
-            if proc.returncode != 0:
-                problems.append(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-300:]}")
-                break
-        else:
-            try:
-                return find_fashion_mnist(dest)["train_images"].parent
-            except DataError as exc:
-                problems.append(f"apt-get installed the package but the files were not found: {exc}")
-    else:
-        problems.append("apt-get unavailable or not running as root: skipped Debian's dataset-fashion-mnist")
-
-    target = Path(dest or os.environ.get(ENV_DATA) or Path.home() / ".cache" / "pipelab" / "data" / "fashion-mnist")
-    target.mkdir(parents=True, exist_ok=True)
     try:
+        return verify_fashion_mnist(dest)
+    except DataError as exc:
+        if "not found" not in str(exc):
+            problems.append(str(exc).split(_HOW_TO_GET)[0].strip())
+    target = Path(dest or os.environ.get(ENV_DATA) or DOWNLOAD_DIR)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
         for name, md5 in FASHION_MNIST_MD5.items():
             out = target / name
             if out.is_file() and _md5(out) == md5:
                 continue
             log.info("downloading %s", FASHION_MNIST_URL + name)
-            fd, tmp = tempfile.mkstemp(dir=target, prefix=".part-")
-            with os.fdopen(fd, "wb") as fh, urllib.request.urlopen(FASHION_MNIST_URL + name, timeout=timeout) as r:
-                shutil.copyfileobj(r, fh)
-            got = _md5(Path(tmp))
-            if got != md5:
-                Path(tmp).unlink(missing_ok=True)
-                raise DataError(f"{name}: MD5 {got} does not match the published {md5}")
-            os.replace(tmp, out)
-        return find_fashion_mnist(target)["train_images"].parent
-    except (OSError, DataError) as exc:
+            _download(FASHION_MNIST_URL + name, out, md5, deadline, retries)
+        return verify_fashion_mnist(target)
+    except OSError as exc:  # DataError included
         problems.append(f"download from {FASHION_MNIST_URL} into {target} failed: {exc}")
     raise DataError("Could not obtain Fashion-MNIST:\n  - " + "\n  - ".join(problems) + "\n"
-                    "Install Debian's `dataset-fashion-mnist` as root, or copy the four official IDX files "
-                    f"into a directory and set ${ENV_DATA} to it.")
+                    "Install Debian's `dataset-fashion-mnist` (`sudo apt-get install dataset-fashion-mnist`, or "
+                    "`python -m pipelab data --fetch` as root), or copy the four official IDX files into a "
+                    f"directory and set ${ENV_DATA} to it.")
 
 
 # ------------------------------------------------------------------------------- other real data

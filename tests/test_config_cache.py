@@ -1,14 +1,17 @@
-"""Presets, config hashing and the result cache (hits, corruption, resume, version salt)."""
+"""Presets, config hashing and the result cache (hits, corruption, resume, version salt, code hash)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipelab.cache import ResultCache, cached, run_sweep
+from pipelab import cache as cache_module
+from pipelab import learning_curves
+from pipelab.cache import ResultCache, cached, code_hash, run_sweep
 from pipelab.config import config_hash, config_to_dict, from_preset, resolve_preset
 
 
@@ -66,8 +69,12 @@ def test_cache_hit_and_version_salt(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
 def test_corrupt_entry_is_recomputed(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
     cache = ResultCache(tmp_path, version="1")
-    cached("exp", Cfg(), lambda c: [1, 2, 3], cache=cache)
-    path = cache.path("exp", Cfg())
+
+    def fn(c: Cfg) -> list[int]:
+        return [1, 2, 3]
+
+    cached("exp", Cfg(), fn, cache=cache)
+    path = cache.path("exp", Cfg(), fn)
     raw = bytearray(path.read_bytes())
     if damage == "flip":
         raw[-3] ^= 0xFF
@@ -76,10 +83,10 @@ def test_corrupt_entry_is_recomputed(tmp_path: Path, damage: str, caplog: pytest
     else:
         raw = bytearray()
     path.write_bytes(bytes(raw))
-    assert cache.load("exp", Cfg()) == (False, None)
+    assert cache.load("exp", Cfg(), fn) == (False, None)
     assert "corrupt cache entry" in caplog.text
-    assert cached("exp", Cfg(), lambda c: [4], cache=cache) == [4]
-    assert cache.load("exp", Cfg()) == (True, [4])
+    assert cached("exp", Cfg(), lambda c: [4], cache=cache) == [4]  # same module: same code hash, same entry
+    assert cache.load("exp", Cfg(), fn) == (True, [4])
 
 
 def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
@@ -110,3 +117,65 @@ def test_cache_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     for _ in range(2):
         cached("exp", Cfg(), lambda c: calls.append(1), cache=cache)
     assert len(calls) == 2
+
+
+@pytest.fixture
+def edits(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, bytes]]:
+    """Simulated source edits: ``edits[module] = b"..."`` appends bytes to that module's hashed source."""
+    added: dict[str, bytes] = {}
+    real = cache_module._read_source
+    monkeypatch.setattr(cache_module, "_read_source", lambda name: real(name) + added.get(name, b""))
+    cache_module._clear_code_hashes()
+    yield added
+    cache_module._clear_code_hashes()
+
+
+def _edit(edits: dict[str, bytes], module: str) -> None:
+    edits[module] = b"\n# an edit\n"
+    cache_module._clear_code_hashes()
+
+
+@pytest.mark.parametrize("module, changes", [
+    ("pipelab.learning_curves", True),   # defines the experiment
+    ("pipelab.policies", True),          # imported by it through the emulator
+    ("pipelab.schedules.builders", True),
+    ("pipelab.figures.learning_curves", False),  # the figure module: colours, labels
+    ("pipelab.stability.methods", False),
+])
+def test_code_hash_follows_the_modules_an_experiment_imports(edits: dict[str, bytes], module: str,
+                                                             changes: bool) -> None:
+    before = code_hash(learning_curves.run)
+    _edit(edits, module)
+    assert (code_hash(learning_curves.run) != before) is changes
+
+
+def _experiment(cfg: Cfg) -> int:
+    return cfg.steps * 10
+
+
+def test_editing_used_code_invalidates_the_cache_but_unrelated_code_does_not(tmp_path: Path,
+                                                                             edits: dict[str, bytes]) -> None:
+    cache = ResultCache(tmp_path, version="1")
+    calls: list[int] = []
+
+    def fn(cfg: Cfg) -> int:
+        calls.append(cfg.steps)
+        return _experiment(cfg)
+
+    assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 1
+    _edit(edits, "pipelab.figures.stability")  # not imported by this module: entry still valid
+    assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 1
+    _edit(edits, "pipelab.config")  # imported by this test module: recomputed
+    assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 2
+    _edit(edits, __name__)  # the module defining the experiment itself
+    assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 3
+    assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 3
+
+
+def test_code_hash_unwraps_and_falls_back_without_a_source_file() -> None:
+    import functools
+
+    assert code_hash(functools.partial(learning_curves.run)) == code_hash(learning_curves.run)
+    namespace: dict = {"__name__": "not_a_module_with_a_file"}
+    exec("def f(x):\n    return x + 1\n\ndef g(x):\n    return x + 2\n", namespace)  # noqa: S102 (no source file)
+    assert len(code_hash(namespace["f"])) == 64 and code_hash(namespace["f"]) != code_hash(namespace["g"])

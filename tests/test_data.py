@@ -39,9 +39,11 @@ def fake_fashion_mnist(root: Path, n_train: int = 12, n_test: int = 5, *, compre
 
 @pytest.fixture(autouse=True)
 def no_system_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Unit tests see only the files they write: no $PIPELAB_DATA, no Debian directory."""
+    """Unit tests see only the files they write: no $PIPELAB_DATA, no Debian or download directory."""
     monkeypatch.delenv("PIPELAB_DATA", raising=False)
     monkeypatch.setattr(data, "DEBIAN_DIR", tmp_path / "no-debian")
+    monkeypatch.setattr(data, "DOWNLOAD_DIR", tmp_path / "no-download")
+    monkeypatch.setattr(data, "_RETRY_BACKOFF_S", 0.0)
     data._parsed_fashion_mnist.cache_clear()
 
 
@@ -125,8 +127,6 @@ def test_replaced_file_is_reparsed(tmp_path: Path) -> None:
 
 
 def test_fetch_reports_every_failed_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data.shutil, "which", lambda name: None)  # no apt-get
-
     def offline(*args: object, **kwargs: object) -> None:
         raise OSError("network unreachable")
 
@@ -143,7 +143,6 @@ def test_fetch_downloads_and_verifies(tmp_path: Path, monkeypatch: pytest.Monkey
 
     src = tmp_path / "src"
     fake_fashion_mnist(src)
-    monkeypatch.setattr(data.shutil, "which", lambda name: None)
     monkeypatch.setattr(data, "FASHION_MNIST_MD5", {p.name: hashlib.md5(p.read_bytes()).hexdigest()
                                                      for p in src.iterdir()})
     monkeypatch.setattr(data.urllib.request, "urlopen",

@@ -29,7 +29,7 @@ def test_render_writes_png_pdf_and_sidecar(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "model_stages.json").read_text())
     assert meta["preset"] == "tiny" and meta["seed"] == 0 and meta["config"]["D"] == 4
     assert meta["pipelab_version"] and meta["torch_version"].startswith("2.13")
-    assert "git_commit" in meta
+    assert {"commit", "code_clean", "code_diff_sha256", "allow_dirty"} <= set(meta) and "git_commit" not in meta
     assert meta["notes"]["deep_mlp/layers"]["blocks"] == [4, 4, 4, 4]
 
 

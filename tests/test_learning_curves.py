@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -61,7 +62,8 @@ def test_sweep_is_cached_and_resumes(monkeypatch: pytest.MonkeyPatch, tmp_path) 
     first = sweep(cfgs[:1])
     calls = []
     real = lc.run
-    monkeypatch.setattr(lc, "run", lambda c: calls.append(c) or real(c))
+    # wraps: the spy is keyed on the code of the real run (the cache keys entries on the code of fn)
+    monkeypatch.setattr(lc, "run", functools.wraps(real)(lambda c: calls.append(c) or real(c)))
     both = sweep(cfgs)
     assert calls == [cfgs[1]]  # the finished run came from the cache
     assert both[0]["test_acc"] == first[0]["test_acc"]

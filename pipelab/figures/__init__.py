@@ -4,7 +4,14 @@ A figure is a function ``fn(preset: str, *, progress: bool = False) -> FigureOut
 :func:`register`. Modules in this package are imported on first use of the registry, so adding a module
 ``pipelab/figures/<topic>.py`` that calls :func:`register` is all it takes to add figures.
 :func:`render` writes ``NAME.png``, ``NAME.pdf`` and a JSON sidecar ``NAME.json`` (config, seed, preset,
-package versions, git commit when available), plus any tables the figure returns (e.g. ``NAME.csv``).
+package versions, provenance), plus any tables the figure returns (e.g. ``NAME.csv``).
+
+Provenance describes the code that made a figure: the git ``commit`` and whether everything outside
+``figures/`` was clean (``code_clean``; otherwise ``code_diff_sha256`` identifies the uncommitted changes).
+``figures/`` itself is excluded because writing figures modifies it. The repository's ``figures/`` only
+accepts figures from clean code (:class:`ProvenanceError` otherwise, unless ``allow_dirty`` / the CLI's
+``--allow-dirty``, which warns and is recorded); other output directories accept anything. Every image
+carries a small footer ``pipelab <preset> preset · <short commit>``.
 
 Example:
     >>> from pipelab import figures
@@ -15,11 +22,15 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
+import os
 import pkgutil
 import subprocess
+import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +38,13 @@ from typing import Any, Protocol
 
 from ..config import config_to_dict, resolve_preset
 
-__all__ = ["FigureOutput", "FigureSpec", "register", "available", "get", "make", "save", "render"]
+__all__ = ["FigureOutput", "FigureSpec", "register", "available", "get", "make", "save", "render", "CodeState",
+           "code_state", "check_outdir", "ProvenanceError", "footer_text", "add_footer", "FIGURES_DIR"]
 
 log = logging.getLogger(__name__)
+#: The repository's figure directory (relative to its top); the only place that requires clean code.
+FIGURES_DIR = "figures"
+_FOOTER_GID = "pipelab-footer"
 
 
 @dataclass
@@ -121,31 +136,140 @@ def make(name: str, preset: str | None = None, *, progress: bool = False) -> Fig
     return out
 
 
-def _git_commit() -> str | None:
+class ProvenanceError(RuntimeError):
+    """Refused to write figures into the repository's ``figures/`` from code with uncommitted changes."""
+
+
+@dataclass(frozen=True)
+class CodeState:
+    """The code a figure is made from: the git commit plus the state of the tree outside ``figures/``.
+
+    Attributes:
+        commit: ``HEAD``'s full hash (``None`` outside a git checkout or without git).
+        clean: no modified, staged, deleted or untracked (non-ignored) file outside ``figures/``.
+        diff_sha256: when unclean, SHA-256 of ``git diff HEAD --binary`` (outside ``figures/``) plus the names
+            and contents of untracked files, identifying the uncommitted code.
+        root: the repository's top directory.
+    """
+
+    commit: str | None = None
+    clean: bool | None = None
+    diff_sha256: str | None = None
+    root: Path | None = None
+
+
+def _git(root: Path, *args: str) -> bytes:
+    proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise OSError(proc.stderr.decode(errors="replace").strip() or f"git {args[0]} failed")
+    return proc.stdout
+
+
+def _repo_root() -> Path | None:
+    """Top directory of the git checkout holding this package, or ``None``."""
     try:
-        root = Path(__file__).resolve().parents[2]
-        proc = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if proc.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return proc.stdout.strip() + ("-dirty" if dirty else "")
+        out = _git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel")
     except (OSError, subprocess.SubprocessError):
         return None
+    return Path(out.decode().strip())
 
 
-def save(name: str, out: FigureOutput, outdir: str | Path, preset: str) -> list[Path]:
-    """Write ``out`` as ``NAME.png``, ``NAME.pdf``, ``NAME.json`` and ``NAME.<suffix>`` tables."""
+def code_state(root: str | Path | None = None, *, outdir: str | Path | None = None) -> CodeState:
+    """Describe the code of the checkout at ``root`` (default: the one holding pipelab) outside ``figures/``.
+
+    Writing a figure modifies ``figures/``, so that directory is excluded (and ``outdir`` too when it lies
+    inside the checkout and holds no tracked file): the state of everything else is what made the figure.
+    Example: after ``git clone`` and ``make figures`` every sidecar reads clean.
+    """
+    root = Path(root) if root is not None else _repo_root()
+    if root is None:
+        return CodeState()
+    pathspec = ["--", ".", f":(exclude){FIGURES_DIR}"]
+    try:
+        if outdir is not None and root.resolve() in Path(outdir).resolve().parents:
+            rel = Path(outdir).resolve().relative_to(root.resolve()).as_posix()
+            if not _git(root, "ls-files", "--", rel):  # an output folder, not code: its own files don't count
+                pathspec.append(f":(exclude){rel}")
+        commit = _git(root, "rev-parse", "HEAD").decode().strip()
+        status = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", *pathspec)
+        if not status:
+            return CodeState(commit, True, None, root)
+        digest = hashlib.sha256(_git(root, "diff", "HEAD", "--binary", *pathspec))
+        for entry in sorted(e for e in status.split(b"\0") if e.startswith(b"?? ")):
+            path = root / os.fsdecode(entry[3:])
+            digest.update(b"\0" + entry[3:] + b"\0")
+            if path.is_file():
+                digest.update(path.read_bytes())
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("cannot read the git state of %s (%s); provenance not recorded", root, exc)
+        return CodeState(root=root)
+    return CodeState(commit, False, digest.hexdigest(), root)
+
+
+def check_outdir(outdir: str | Path, *, allow_dirty: bool = False, state: CodeState | None = None,
+                 warn: bool = True) -> CodeState:
+    """Refuse (or, with ``allow_dirty``, loudly allow) writing into the repo's ``figures/`` from unclean code.
+
+    Committed figures must be reproducible from their commit, so the repository's own ``figures/``
+    directory only takes figures made from a clean tree (see :func:`code_state`); any other directory
+    takes anything, and its sidecars record ``code_clean: false`` and the diff hash.
+
+    Raises:
+        ProvenanceError: unclean code, ``outdir`` inside ``<repo>/figures`` and ``allow_dirty`` not given.
+    """
+    state = state if state is not None else code_state(outdir=outdir)
+    if state.root is None or state.clean is not False:
+        return state
+    target, figdir = Path(outdir).resolve(), (state.root / FIGURES_DIR).resolve()
+    if target != figdir and figdir not in target.parents:
+        return state
+    commit = state.commit[:12] if state.commit else "?"
+    if not allow_dirty:
+        raise ProvenanceError(
+            f"refusing to write figures into {figdir}: the code outside figures/ has uncommitted changes "
+            f"(`git status -- . ':!figures'` in {state.root}), so the commit {commit} in the sidecars would not "
+            "be the code that made them. Commit (or stash) the changes, write elsewhere with --out DIR, or pass "
+            "--allow-dirty (allow_dirty=True) to record them as unclean.")
+    if warn:
+        warnings.warn(f"WRITING FIGURES INTO {figdir} FROM UNCOMMITTED CODE (--allow-dirty): their sidecars say "
+                      f"code_clean=false, diff {state.diff_sha256[:12] if state.diff_sha256 else '?'}; do not "
+                      "commit them as reproducible", UserWarning, stacklevel=2)
+    return state
+
+
+def footer_text(preset: str, state: CodeState) -> str:
+    """``pipelab <preset> preset · <short commit>`` (plus a mark when the code was unclean)."""
+    text = f"pipelab {preset} preset"
+    if state.commit:
+        text += f" · {state.commit[:7]}" + ("" if state.clean else " + uncommitted changes")
+    return text
+
+
+def add_footer(figure: Any, preset: str, state: CodeState) -> None:
+    """Write :func:`footer_text` small and light grey at the figure's bottom right (replacing an old one)."""
+    for text in [t for t in figure.texts if t.get_gid() == _FOOTER_GID]:
+        text.remove()
+    figure.text(0.995, 0.003, footer_text(preset, state), ha="right", va="bottom", fontsize=5, color="0.6",
+                gid=_FOOTER_GID)
+
+
+def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow_dirty: bool = False) -> list[Path]:
+    """Write ``out`` as ``NAME.png``, ``NAME.pdf``, ``NAME.json`` and ``NAME.<suffix>`` tables.
+
+    The sidecar records ``commit``, ``code_clean``, ``code_diff_sha256`` and ``allow_dirty`` (see
+    :func:`code_state`); each image carries :func:`footer_text`. Writing into the repository's ``figures/``
+    from unclean code raises :class:`ProvenanceError` unless ``allow_dirty`` (see :func:`check_outdir`).
+    """
     import matplotlib
     import matplotlib.pyplot as plt
     import torch
 
-    from .. import __version__
-
     from ..style import context
 
+    state = check_outdir(outdir, allow_dirty=allow_dirty)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    add_footer(out.figure, preset, state)
     paths = []
     for ext in ("png", "pdf"):
         path = outdir / f"{name}.{ext}"
@@ -167,8 +291,12 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str) -> list[
         "config": config_to_dict(out.config) if out.config is not None else None,
         "seed": out.seed,
         "notes": out.notes,
-        "pipelab_version": __version__,
-        "git_commit": _git_commit(),
+        # Read without an import statement of the package facade (see pipelab.cache.code_hash).
+        "pipelab_version": str(sys.modules[__name__.partition(".")[0]].__version__),
+        "commit": state.commit,
+        "code_clean": state.clean,
+        "code_diff_sha256": state.diff_sha256,
+        "allow_dirty": bool(allow_dirty and state.clean is False),
         "torch_version": torch.__version__,
         "matplotlib_version": matplotlib.__version__,
     }
@@ -179,13 +307,18 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str) -> list[
     return paths
 
 
-def render(names: Iterable[str] | None = None, preset: str | None = None, outdir: str | Path = "figures",
-           *, progress: bool = False) -> dict[str, list[Path]]:
-    """Make and save the named figures (all registered ones when ``names`` is empty)."""
+def render(names: Iterable[str] | None = None, preset: str | None = None, outdir: str | Path = FIGURES_DIR,
+           *, progress: bool = False, allow_dirty: bool = False) -> dict[str, list[Path]]:
+    """Make and save the named figures (all registered ones when ``names`` is empty).
+
+    The provenance check (:func:`check_outdir`) runs before any experiment, so a refused run costs nothing.
+    """
     preset = resolve_preset(preset)
     specs = [get(n) for n in names] if names else available()
+    check_outdir(outdir, allow_dirty=allow_dirty, warn=False)
     written: dict[str, list[Path]] = {}
     for spec in specs:
         log.info("figure %s (%s preset)", spec.name, preset)
-        written[spec.name] = save(spec.name, make(spec.name, preset, progress=progress), outdir, preset)
+        out = make(spec.name, preset, progress=progress)
+        written[spec.name] = save(spec.name, out, outdir, preset, allow_dirty=allow_dirty)
     return written
