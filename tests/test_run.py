@@ -25,7 +25,7 @@ def test_train_distributed_equals_the_emulator_arm() -> None:
     prep = prepare(CFG)
     emu = Emulator(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer)
     res = emu.run(prep.batch)
-    assert out["steps_done"] == prep.steps == 8
+    assert out["steps_done"] == prep.steps == 8 and out["diverged"] is False and out["diverged_step"] is None
     assert out["losses"] == pytest.approx(res.losses, abs=1e-12)
     for k, W in enumerate(emu.weights()):
         for a, b in zip(out["weights"][k], W):
