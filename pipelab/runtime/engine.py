@@ -221,8 +221,7 @@ class PipelineRuntime:
         self._retain: set[tuple[int, int, int, int]] = set()
         self.cut_step = 0  # the mini-batch whose consistent cut this rank stands at (steps: the end)
         self._fingerprint = self._describe(policy, predictor, lr_scheduler, recompute, config)
-        self._collective = dist.is_initialized() and rank is None
-        if self._collective:
+        if dist.is_initialized() and rank is None:
             check_consistent(self.fingerprint(), "pipeline configuration")
 
     # ------------------------------------------------------------------------------------- set-up
@@ -345,10 +344,6 @@ class PipelineRuntime:
             cut, in_flight = consistent_cut(sched, stop_at_step)
             end = max(cut[self.rank], self.position)
             self._retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
-        if self._collective and self.cut_step < self.steps:  # receive buffers are sized from the local batch
-            x0, y0 = get(self.cut_step)
-            check_consistent({"input": [list(x0.shape), str(x0.dtype)], "target": [list(y0.shape), str(y0.dtype)]},
-                             f"mini-batch {self.cut_step}")
         outbox, self._outbox = self._outbox, []
         for dst, tag, t, j, tensor in outbox:  # messages in flight when the checkpoint was taken, in order
             self._pending[dst].append((self._recv_pos[(dst, tag, t, j)], dist.isend(tensor, dst, tag=tag), tensor))
