@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["RankFailure", "default_backend", "free_port", "init_from_env", "spawn", "check_consistent", "differences",
-           "heartbeat"]
+           "describe_differences", "heartbeat"]
 
 
 class RankFailure(RuntimeError):
