@@ -93,6 +93,8 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
 
     def join() -> None:
         try:
+            if backend == "nccl":  # the current CUDA device is per thread
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend, rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=timeout_s))
         except BaseException as exc:  # handed to the caller's thread
