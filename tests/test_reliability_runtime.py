@@ -257,7 +257,7 @@ def test_the_entry_module_is_not_imported_by_the_package() -> None:
 CFG = dict(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0)
 
 PROBES = [
-    Probe("runconfig-batch-size-0", lambda: RunConfig(**CFG, batch_size=0), ValueError, r"batch_size must be an int >= 1"),
+    Probe("runconfig-batch-size-0", lambda: RunConfig(**CFG, batch_size=0), ValueError, r"batch_size must be an int"),
     Probe("runconfig-n-test-0", lambda: RunConfig(**CFG, n_test=0), ValueError, r"n_test must be an int >= 1 or None"),
     Probe("runconfig-n-train-0", lambda: RunConfig(**CFG, n_train=0), ValueError, r"n_train must be"),
     Probe("runconfig-epochs-0", lambda: RunConfig(**CFG, epochs=0), ValueError, r"epochs must be an int >= 1"),

@@ -151,7 +151,7 @@ def _check_directory(runtime: PipelineRuntime, directory: Path) -> dict[int, dic
     extra = sorted(r for r in files if r >= world)
     if extra:
         raise CheckpointError(f"checkpoint {directory} has rank files {[files[r].name for r in extra]} beyond "
-                              f"the world size {world}: it mixes runs of different world sizes")
+                              f"the world size {world}: it was written by (or mixes files of) a run with more ranks")
     headers = {r: read_header(files[r]) for r in range(world)}
     for field_ in ("world_size", "step"):
         values = {r: h[field_] for r, h in headers.items()}
