@@ -7,6 +7,8 @@ analyses (prediction error, stability, learning curves) behind the notebooks and
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 from .cache import ResultCache, cached, run_sweep
@@ -67,10 +69,22 @@ from .learning_curves import run as run_arm
 from .learning_curves import sweep as sweep_arms
 from .distributed import RankFailure, spawn
 from .runtime import PipelineRuntime, RuntimeResult, consistent_cut, load_checkpoint, save_checkpoint
-from .run import train_distributed
 from .stability import delayed_gd_threshold, max_stable_step, region_mask, spectral_radius, stable_mask
 from .stability import region_area
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
+
+
+
+def __getattr__(name: str) -> Any:
+    """``pipelab.train_distributed``, imported on first use: :mod:`pipelab.run` is the module that
+    ``torchrun -m pipelab.run`` executes, and importing it with the package would make Python warn
+    that it was found in ``sys.modules`` before execution."""
+    if name == "train_distributed":
+        from .run import train_distributed
+
+        return train_distributed
+    raise AttributeError(f"module 'pipelab' has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",

@@ -12,7 +12,9 @@ Failures are bounded in time, never a hang: every process group is created with 
 raises tears its process group down (so peers blocked in a receive fail at once instead of waiting for
 the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks and raises
 :class:`RankFailure` naming the rank that failed first. A rank that dies without reporting (killed,
-``os._exit``) is detected by its exit code.
+``os._exit``) is detected by its exit code. A rank that *hangs* (alive, silent) makes its peers' receives
+time out; :func:`spawn` then names it as unresponsive, with the last progress it reported through
+:func:`heartbeat` (the runtime reports its program position), rather than the peer whose receive timed out.
 
 Backends: ``gloo`` on CPU, ``nccl`` on CUDA (:func:`default_backend`).
 """
@@ -21,12 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import io
+import math
 import os
-import pickle
 import queue as queue_mod
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,7 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["RankFailure", "default_backend", "free_port", "init_from_env", "spawn", "check_consistent"]
+__all__ = ["RankFailure", "default_backend", "free_port", "init_from_env", "spawn", "check_consistent", "differences",
+           "describe_differences", "heartbeat"]
 
 
 class RankFailure(RuntimeError):
@@ -66,7 +69,14 @@ def free_port() -> int:
 def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment; return ``(rank, world_size)``.
 
-    On CUDA, each process uses the GPU ``LOCAL_RANK``.
+    On CUDA, each process uses the GPU ``LOCAL_RANK``. Joining is bounded by ``timeout_s``: torch's store
+    client waits without limit when ``MASTER_PORT`` is held by a program that is not a torch.distributed
+    store, so the join runs in a helper thread and a ``TimeoutError`` naming ``MASTER_ADDR:MASTER_PORT``
+    is raised when it has not finished ``timeout_s`` (+ 1 s, for torch's own timeout to report first) later.
+
+    Raises:
+        RuntimeError: the environment variables are missing, or ``MASTER_PORT`` is in use on this rank 0.
+        TimeoutError: the process group was not joined in time (port held by another program, or no peer).
     """
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
@@ -76,23 +86,109 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
     backend = backend or default_backend()
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+    if dist.is_initialized():
+        return rank, world
+    where = f"MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    outcome: dict[str, BaseException] = {}
+
+    def join() -> None:
+        try:
+            if backend == "nccl":  # the current CUDA device is per thread
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=join, name="pipelab-init-process-group", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    if thread.is_alive():  # left behind as a daemon: the store client cannot be interrupted
+        raise TimeoutError(f"rank {rank} could not join the process group at {where} within {timeout_s:g} s: "
+                           "the port is held by another program (not a torch.distributed store) or no peer "
+                           "joined; choose a free MASTER_PORT")
+    if "error" in outcome:
+        exc = outcome["error"]
+        if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
+            raise RuntimeError(f"rank {rank} cannot host the process group's store at {where}: the port is busy "
+                               "(held by another program); choose a free MASTER_PORT") from exc
+        raise exc
     return rank, world
 
 
+def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Fields where two nested configurations (dicts, lists, tuples, scalars) differ: ``(field, a, b)``.
+
+    ``field`` is a dotted path (``optimizer.0.lr``); a key present on one side only gives ``<absent>`` on
+    the other; NaN equals NaN.
+    """
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for key in list(a) + [k for k in b if k not in a]:
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                out.append((sub, a.get(key, "<absent>"), b.get(key, "<absent>")))
+            else:
+                out += differences(a[key], b[key], sub)
+        return out
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}.{i}" if path else str(i))]
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return []
+    try:
+        same = bool(a == b)
+    except Exception:  # e.g. tensors of several elements
+        same = False
+    return [] if same else [(path or "<value>", a, b)]
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]], left: str, right: str, limit: int = 8) -> str:
+    """``field: A (left) vs B (right)`` for the first ``limit`` differences, one per line."""
+    def short(v: Any) -> str:
+        text = repr(v)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+    lines = [f"  {f}: {short(x)} ({left}) vs {short(y)} ({right})" for f, x, y in diffs[:limit]]
+    if len(diffs) > limit:
+        lines.append(f"  ... and {len(diffs) - limit} more")
+    return "\n".join(lines)
+
+
 def check_consistent(obj: Any, what: str = "config") -> None:
-    """Raise ``ValueError`` on every rank unless all ranks pass an equal ``obj`` (compared by pickle hash)."""
-    digest = hashlib.sha256(pickle.dumps(obj)).hexdigest()
-    digests: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, digest)
-    if len(set(digests)) > 1:
-        groups: dict[str, list[int]] = {}
-        for r, d in enumerate(digests):
-            groups.setdefault(str(d), []).append(r)
-        raise ValueError(f"ranks disagree on the {what}: " + "; ".join(f"ranks {v} have {k[:12]}"
-                                                                     for k, v in groups.items()))
+    """Raise ``ValueError`` on every rank unless all ranks pass an equal ``obj``.
+
+    Every rank gathers every rank's ``obj`` (keep it small: a configuration, not tensors); the message
+    names each field that differs, with its value on rank 0 and on the ranks that disagree.
+    """
+    objs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(objs, obj)
+    groups: list[tuple[Any, list[int]]] = []  # distinct configurations and the ranks that hold each
+    for r, o in enumerate(objs):
+        for ref, ranks in groups:
+            if not differences(ref, o):
+                ranks.append(r)
+                break
+        else:
+            groups.append((o, [r]))
+    if len(groups) > 1:
+        ref, ref_ranks = groups[0]
+        parts = [f"ranks {ranks} vs ranks {ref_ranks}:\n" + describe_differences(
+            differences(o, ref), f"ranks {ranks}", f"ranks {ref_ranks}") for o, ranks in groups[1:]]
+        raise ValueError(f"ranks disagree on the {what}; " + "\n".join(parts))
+
+
+_BEAT: Any = None  # this spawned rank's shared [progress, time of the last progress]; None outside spawn
+
+
+def heartbeat(progress: int) -> None:
+    """Record that this rank made progress (e.g. reached position ``progress`` of its program).
+
+    Under :func:`spawn` the parent reads it to name a hung rank and say where it stopped; elsewhere
+    (torchrun, plain processes) it does nothing. Cheap: two writes to shared memory.
+    """
+    if _BEAT is not None:
+        _BEAT[0] = float(progress)
+        _BEAT[1] = time.monotonic()
 
 
 def _to_bytes(obj: Any) -> bytes:
@@ -102,7 +198,11 @@ def _to_bytes(obj: Any) -> bytes:
 
 
 def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: str, timeout_s: float,
-            args: tuple, results: Any) -> None:
+            args: tuple, results: Any, beat: Any = None) -> None:
+    global _BEAT
+    _BEAT = beat
+    if beat is not None:
+        beat[1] = time.monotonic()  # silence is measured from the start until the first heartbeat
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # ranks share the machine's cores
@@ -135,25 +235,36 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
 
     Raises:
         RankFailure: a rank raised or died; the message has its traceback (and what followed on the others).
-        TimeoutError: the run exceeded ``timeout_s``.
+            Its ``rank`` is the cause: a rank that died without reporting, else a rank that is
+            *unresponsive* — still running, silent, ``grace_s`` after the first failure, and without
+            :func:`heartbeat` progress for at least ``comm_timeout_s`` (its peers' receives timed out
+            waiting for it) — else the first rank that reported an error.
+        TimeoutError: the run exceeded ``timeout_s`` (the message gives each running rank's last progress).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, comm_timeout_s, args, results),
-                         daemon=True) for r in range(world_size)]
+    beats = [ctx.RawArray("d", [-1.0, time.monotonic()]) for _ in range(world_size)]  # see heartbeat()
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, comm_timeout_s, args, results,
+                                               beats[r]), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     done: dict[int, bytes] = {}
     errors: dict[int, str] = {}  # in the order they were reported
     deadline = time.monotonic() + timeout_s
     error_deadline = float("inf")
+    hung: dict[int, str] = {}
 
     def unreported_deaths() -> dict[int, str]:
         return {r: f"process exited with code {p.exitcode} without reporting"
                 for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done and r not in errors}
+
+    def progress(r: int) -> str:
+        pos, when = beats[r][0], beats[r][1]
+        where = "no progress reported" if pos < 0 else f"last progress: position {int(pos)} of its program"
+        return f"{where}, {time.monotonic() - when:.1f} s ago"
 
     def drain() -> None:
         while True:
@@ -166,14 +277,20 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
     try:
         while len(done) + len(errors) < world_size and time.monotonic() < error_deadline:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks still running after {timeout_s:.0f} s: "
-                                   f"{sorted(set(range(world_size)) - set(done) - set(errors))}")
+                running = sorted(set(range(world_size)) - set(done) - set(errors))
+                raise TimeoutError(f"ranks still running after {timeout_s:.0f} s: {running}" + "".join(
+                    f"\n  rank {r}: {progress(r)}" for r in running))
             drain()
             if (errors or unreported_deaths()) and error_deadline == float("inf"):
                 error_deadline = time.monotonic() + grace_s
         drain()
     finally:
         dead = unreported_deaths()  # before terminating the stragglers, which would then look dead too
+        if errors or dead:  # a failure: ranks still running, silent and without progress, hang
+            hung = {r: f"unresponsive: still running without a report {grace_s:g} s after the first failure "
+                       f"({progress(r)})"
+                    for r, p in enumerate(procs) if p.is_alive() and r not in done and r not in errors
+                    and r not in dead and time.monotonic() - beats[r][1] >= comm_timeout_s}
         for p in procs:
             p.join(timeout=0.5 if errors else 10)
             if p.is_alive():
@@ -181,9 +298,11 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
                 p.join(timeout=5)
     drain()
     dead = {r: d for r, d in dead.items() if r not in errors and r not in done}
+    hung = {r: d for r, d in hung.items() if r not in errors and r not in done}
     if dead or errors:
-        # A rank that died silently is the cause of its peers' communication errors; else the first report.
-        first = min(dead) if dead else next(iter(errors))
-        failures = {**errors, **dead}
+        # A rank that died silently or hangs is the cause of its peers' communication errors; else the
+        # first report.
+        first = min(dead) if dead else min(hung) if hung else next(iter(errors))
+        failures = {**errors, **hung, **dead}
         raise RankFailure(first, failures[first], {r: d for r, d in failures.items() if r != first})
     return [torch.load(io.BytesIO(done[r]), weights_only=False) for r in range(world_size)]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -88,6 +89,11 @@ class RunConfig:
             the epoch-end training loss is measured.
         lr: learning rate (``None``: the optimizer's default in :data:`OPTIMIZERS`).
         dtype, device: computation precision and device.
+
+    Raises:
+        ValueError: an unknown task/policy/optimizer/dtype; a count (``D``, ``epochs``, ``batch_size``,
+            ``M``, ``n_eval_train``, ``n_train``/``n_test`` unless ``None``) that is not an int >= 1; a
+            non-integer seed; an ``lr`` that is not a finite number > 0.
     """
 
     task: str
@@ -111,6 +117,19 @@ class RunConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {', '.join(table)}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        for name in ("D", "epochs", "batch_size", "M", "n_eval_train"):  # counts: a 0 would fail (or mislead) later
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("n_train", "n_test"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1 or None (all examples), got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real)
+                                    or not math.isfinite(self.lr) or self.lr <= 0):
+            raise ValueError(f"lr must be a finite number > 0 or None (the optimizer's default), got {self.lr!r}")
 
 
 def make_optimizer(name: str, lr: float | None = None):

@@ -12,8 +12,10 @@ rendezvous, e.g. on each of two nodes with two GPUs each::
         -m pipelab.run --task fashion_mnist_mlp --policy stashing --optimizer sgdm --D 4 --device cuda
 
 ``--stop-at-step N --checkpoint DIR`` stops at the consistent cut of mini-batch N and saves every rank's
-state; ``--resume DIR`` continues such a run identically. Rank 0 prints a JSON summary (final losses,
-test accuracy, throughput, per-rank memory) and writes it to ``--out`` if given.
+state; ``--resume DIR`` continues such a run identically (a different configuration — learning rate,
+seed, batch size, ... — is refused, naming what differs; so are ranks launched with different arguments).
+Rank 0 prints a JSON summary (final losses, test accuracy, throughput, per-rank memory, divergence) and
+writes it to ``--out`` if given.
 
 From Python (tests, notebooks), :func:`train_distributed` spawns the ranks locally and returns the summary.
 The arm is described by :class:`pipelab.learning_curves.RunConfig` and built by
@@ -44,8 +46,12 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     """Run ``cfg`` on this rank of an initialised process group; rank 0 returns the summary.
 
     Returns:
-        On rank 0: the config, ``losses`` per step, ``test_loss``/``test_acc`` of the final weights,
-        ``samples_per_s``, ``seconds``, ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
+        On rank 0: the config, ``losses`` per step (NaN where not reached or diverged), ``steps_done``
+        (mini-batches whose loss was computed, finite or not), ``diverged`` (a loss or a final weight is
+        NaN/inf) and ``diverged_step`` (first non-finite loss; the last step done when only the final
+        weights are non-finite; ``None``), ``test_loss``/``test_acc`` of the final weights and
+        ``samples_per_s`` (NaN when diverged: neither means anything for NaN weights), ``seconds``,
+        ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
     """
     from .emulator import evaluate
     from .runtime import PipelineRuntime, load_checkpoint, save_checkpoint
@@ -54,8 +60,9 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         raise ValueError("the sequential arm has no pipeline; run it with pipelab.learning_curves.run")
     rank, world = dist.get_rank(), dist.get_world_size()
     prep = prepare(cfg)
+    shared = {k: v for k, v in asdict(cfg).items() if k != "device"}  # each rank has its own device
     rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
-                         device=cfg.device if cfg.device != "cuda" else None)
+                         device=cfg.device if cfg.device != "cuda" else None, config=shared)
     if resume is not None:
         load_checkpoint(rt, resume)
     dist.barrier()
@@ -72,12 +79,21 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     weights = {k: W for part in gathered for k, W in part[0].items()}
     stages = [copy.deepcopy(m).cpu() for m in rt.modules]
     ds = prep.data
-    done = sum(1 for v in res.losses if v == v)
-    test_loss, test_acc = evaluate(stages, ds.x_test.cpu(), ds.y_test.cpu(), [weights[k] for k in range(len(stages))])
+    done = res.steps_done
+    finite = all(bool(torch.isfinite(w).all()) for W in weights.values() for w in W)
+    diverged = res.diverged or not finite
+    diverged_step = res.diverged_step if res.diverged else (done - 1 if diverged else None)
+    nan = float("nan")
+    if diverged or ds.x_test.shape[0] == 0:
+        test_loss, test_acc = nan, nan
+    else:
+        test_loss, test_acc = evaluate(stages, ds.x_test.cpu(), ds.y_test.cpu(),
+                                       [weights[k] for k in range(len(stages))])
     return {
         "config": asdict(cfg), "world_size": world, "schedule": prep.schedule.name,
-        "losses": res.losses, "steps_done": done, "test_loss": test_loss, "test_acc": test_acc,
-        "seconds": seconds, "samples_per_s": done * cfg.batch_size / seconds if seconds > 0 else float("nan"),
+        "losses": res.losses, "steps_done": done, "diverged": diverged, "diverged_step": diverged_step,
+        "test_loss": test_loss, "test_acc": test_acc, "seconds": seconds,
+        "samples_per_s": done * cfg.batch_size / seconds if seconds > 0 and not diverged else nan,
         "memory": {r: part[1] for r, part in enumerate(gathered)},
         "position": {r: part[2] for r, part in enumerate(gathered)},
         "weights": weights,

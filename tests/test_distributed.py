@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipelab.distributed import RankFailure, check_consistent, spawn
+from pipelab.distributed import RankFailure, check_consistent, differences, spawn
 
 
 def _ring(rank: int, world: int, n: int) -> torch.Tensor:
@@ -56,5 +56,14 @@ def _config_check(rank: int, world: int) -> None:
 
 
 def test_mismatched_configs_are_detected() -> None:
-    with pytest.raises(RankFailure, match="ranks disagree on the config"):
+    with pytest.raises(RankFailure, match="ranks disagree on the config") as err:
         spawn(_config_check, 2)
+    assert "lr: 0.2 (ranks [1]) vs 0.1 (ranks [0])" in str(err.value)  # the field and both values
+
+
+def test_differences_name_fields() -> None:
+    a = {"optimizer": {"lr": 0.1, "betas": [0.9, 0.999]}, "predictor": "pipeoptim", "loss": float("nan")}
+    b = {"optimizer": {"lr": 0.1, "betas": (0.9, 0.99)}, "predictor": "linear", "loss": float("nan"), "seed": 1}
+    assert differences(a, b) == [("optimizer.betas.1", 0.999, 0.99), ("predictor", "pipeoptim", "linear"),
+                                 ("seed", "<absent>", 1)]
+    assert differences(a, dict(a)) == []

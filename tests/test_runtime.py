@@ -179,25 +179,39 @@ def test_flushed_schedules_equal_torch_pipelining(kind: str, results_2: list) ->
             assert (a - b).abs().max().item() <= TOL
 
 
-@pytest.mark.parametrize("case", [dict(schedule="pipedream", policy="stashing", D=2, M=1, steps=10, W=2, stop=5),
-                                  dict(schedule="pipedream", policy="pipeoptim", D=2, M=2, steps=8, W=2, stop=3,
-                                       optimizer="adam"),
-                                  # two blocks per stage: PipeMare's corrected backward weights change the gradient
-                                  dict(schedule="pipedream", policy="pipemare", D=2, M=1, steps=10, W=2, stop=6,
-                                       depth=4)],
-                         ids=["stashing", "pipeoptim", "pipemare-history"])
-def test_checkpoint_resume_continues_identically(case: dict, tmp_path: Path) -> None:
-    full = spawn(_run_cases, 2, ([case],))
-    spawn(_run_cases, 2, ([case], str(tmp_path), "stop"))
+CKPT_CASES = [dict(schedule="pipedream", policy="stashing", D=2, M=1, steps=10, W=2, stop=5),
+              dict(schedule="pipedream", policy="pipeoptim", D=2, M=2, steps=8, W=2, stop=3, optimizer="adam"),
+              # two blocks per stage: PipeMare's corrected backward weights change the gradient
+              dict(schedule="pipedream", policy="pipemare", D=2, M=1, steps=10, W=2, stop=6, depth=4)]
+
+
+def _checkpoint_phase(rank: int, world: int, root: str, mode: str) -> list:
+    """One phase (full run, stop and save, or load and resume) of every checkpoint case, in one spawn."""
+    return [_run_cases(rank, world, [case], str(Path(root) / f"case{i}"), mode)[0] for i, case in enumerate(CKPT_CASES)]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
+    """Full runs and stopped-then-resumed runs of CKPT_CASES: three spawns in all (fresh processes per phase)."""
+    root = str(tmp_path_factory.mktemp("checkpoints"))
+    full = spawn(_checkpoint_phase, 2, (root, "full"))
+    spawn(_checkpoint_phase, 2, (root, "stop"))
+    return full, spawn(_checkpoint_phase, 2, (root, "resume"))
+
+
+@pytest.mark.parametrize("i", range(len(CKPT_CASES)), ids=["stashing", "pipeoptim", "pipemare-history"])
+def test_checkpoint_resume_continues_identically(resumed: tuple[list, list], i: int) -> None:
+    case = CKPT_CASES[i]
     cut, in_flight = consistent_cut(build(case)[1], case["stop"])
     assert in_flight, "the cut of an asynchronous pipeline has messages in flight"
-    resumed = spawn(_run_cases, 2, ([case], str(tmp_path), "resume"))
+    full, again = resumed
     for r in range(2):
-        a, b = full[r][0], resumed[r][0]
+        a, b = full[r][i], again[r][i]
         for k in a.weights:
             for x, y in zip(a.weights[k], b.weights[k]):
                 assert torch.equal(x, y)
         assert a.losses == b.losses and a.observed == b.observed
+        assert b.steps_done == case["steps"] and not b.diverged
 
 
 def test_cut_has_no_orphans() -> None:

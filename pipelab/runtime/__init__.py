@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from .checkpoint import consistent_cut, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, consistent_cut, load_checkpoint, read_header, save_checkpoint
 from .engine import PipelineRuntime, RuntimeResult, channels
 
-__all__ = ["PipelineRuntime", "RuntimeResult", "channels", "consistent_cut", "save_checkpoint", "load_checkpoint"]
+__all__ = ["PipelineRuntime", "RuntimeResult", "channels", "consistent_cut", "save_checkpoint", "load_checkpoint",
+           "read_header", "CheckpointError"]

@@ -31,8 +31,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import re
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -40,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..distributed import check_consistent
+from ..distributed import check_consistent, describe_differences, differences, heartbeat
 from ..emulator.engine import split_micro
 from ..emulator.plan import as_stages, build_pipeline
 from ..emulator.stage import StageExecutor
@@ -120,6 +121,9 @@ class RuntimeResult:
         trace: per completed step, ``(versions held, saved inputs, pending gradients, unfinished sends)``
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
+        steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
+        diverged: some computed loss is NaN or ±inf (DESIGN: divergence is a result, not a crash);
+            diverged_step: the first such mini-batch (``None`` if none).
     """
 
     rank: int
@@ -131,6 +135,9 @@ class RuntimeResult:
     trace: list[tuple[int, int, int, int]]
     position: int
     extra: dict[str, Any] = field(default_factory=dict)
+    steps_done: int = 0
+    diverged: bool = False
+    diverged_step: int | None = None
 
 
 class PipelineRuntime:
@@ -143,19 +150,22 @@ class PipelineRuntime:
         policy, optimizer, loss_fn, predictor, lr_scheduler, balance, recompute: as for
             :class:`pipelab.emulator.Emulator`.
         device: this rank's device (default: CUDA device ``LOCAL_RANK`` under NCCL, else CPU).
-        rank, world_size: default to the initialised process group's.
+        rank, world_size: default to the initialised process group's (then every rank's
+            :meth:`fingerprint` is compared at construction).
+        config: the caller's settings every rank must share and a resumed run must keep (JSON-able; e.g.
+            :mod:`pipelab.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
 
     Raises:
         ValueError: world size ≠ workers; a stage computed or held by several workers; the oracle
             predictor (not realisable); channels whose send and receive orders differ; ranks whose
-            configurations disagree.
+            configurations disagree (the message names each differing field and its values).
     """
 
     def __init__(self, model: nn.Module | Sequence[nn.Module], *, schedule: Any, policy: Any, optimizer: Callable,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, predictor: Any = None,
                  lr_scheduler: Callable | None = None, balance: Any = "layers", recompute: bool = False,
                  device: torch.device | str | None = None, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, config: Mapping[str, Any] | None = None) -> None:
         if not hasattr(schedule, "programs"):
             raise TypeError(f"schedule must be a pipelab.schedules.Schedule, got {type(schedule).__name__}")
         self.rank = dist.get_rank() if rank is None else rank
@@ -209,27 +219,60 @@ class PipelineRuntime:
         self._act_peak = 0
         self._outbox: list[tuple[int, int, int, int, Tensor]] = []  # (dst, tag, t, j, tensor) to send on resume
         self._retain: set[tuple[int, int, int, int]] = set()
+        self.cut_step = 0  # the mini-batch whose consistent cut this rank stands at (steps: the end)
+        self._fingerprint = self._describe(policy, predictor, lr_scheduler, recompute, config)
         if dist.is_initialized() and rank is None:
             fp = self.fingerprint()
-            check_consistent({**fp, "optimizers": None}, "pipeline configuration")
-            # a rank whose stages have no parameters has no optimizer: compare classes among the other ranks
-            names: list[list[str] | None] = [None] * self.world
-            dist.all_gather_object(names, fp["optimizers"])
-            if len({tuple(n) for n in names if n}) > 1:
-                raise ValueError(f"ranks disagree on the optimizer: {names} (by rank)")
+            check_consistent({**fp, "optimizer": None}, "pipeline configuration")
+            # a rank whose stages have no parameters has no optimizer: compare optimizers among the others
+            opts: list[Any] = [None] * self.world
+            dist.all_gather_object(opts, fp["optimizer"])
+            held = [(r, o) for r, o in enumerate(opts) if o is not None]
+            for r, o in held[1:]:
+                diffs = differences({"optimizer": held[0][1]}, {"optimizer": o})
+                if diffs:
+                    raise ValueError("ranks disagree on the pipeline configuration:\n"
+                                     + describe_differences(diffs, f"rank {held[0][0]}", f"rank {r}"))
 
     # ------------------------------------------------------------------------------------- set-up
 
     def fingerprint(self) -> dict[str, Any]:
-        """What every rank must agree on: schedule, policy, stages' structure, dtypes."""
+        """What every rank must agree on and a resumed run must keep, as JSON-able data.
+
+        Schedule (name, D, M, steps, a digest of the programs), policy and its options, predictor and its
+        options, optimizer type and hyper-parameters (every ``param_groups`` value but ``params``: lr,
+        momentum, betas, weight decay, ...), learning-rate scheduler, loss, recompute, the stages'
+        parameter names/shapes/dtypes, and the caller's ``config`` (data seed, batch size, ...). Taken at
+        construction, before any update changes a learning rate. Compare two with
+        :func:`pipelab.distributed.differences`.
+        """
+        return copy.deepcopy(self._fingerprint)
+
+    def _describe(self, policy: Any, predictor: Any, lr_scheduler: Any, recompute: bool,
+                  config: Mapping[str, Any] | None) -> dict[str, Any]:
         progs = hashlib.sha256(repr(self.schedule.programs).encode()).hexdigest()
-        return {
-            "schedule": (self.schedule.name, self.D, self.M, self.steps, progs),
-            "policy": self.plan.policy.name,
+        pol = self.plan.policy
+        optimizers: list[dict[str, Any]] = []
+        for k in self.my_stages:  # one entry unless this rank's stages were given different optimizers
+            opt = self.executors[k].optimizer
+            if opt is None:  # a stage without parameters has no optimizer
+                continue
+            groups = [{n: _plain(v) for n, v in g.items() if n != "params"} for g in opt.param_groups]
+            desc = {"type": type(opt).__name__, **(groups[0] if len(groups) == 1 else {"groups": groups})}
+            if desc not in optimizers:
+                optimizers.append(desc)
+        return _plain({
+            "schedule": {"name": self.schedule.name, "D": self.D, "M": self.M, "steps": self.steps,
+                         "programs_sha256": progs},
+            "policy": {"name": pol.name, "type": type(pol).__name__, "options": pol.options()},
+            "predictor": _describe_predictor(predictor if pol.uses_predictor else None, pol, self.D),
+            "optimizer": optimizers[0] if len(optimizers) == 1 else (optimizers or None),
+            "lr_scheduler": None if lr_scheduler is None else _name(lr_scheduler),
+            "loss_fn": _name(self.plan.loss_fn),
+            "recompute": bool(recompute),
             "stages": [[(n, tuple(p.shape), str(p.dtype)) for n, p in m.named_parameters()] for m in self.modules],
-            "optimizers": sorted({type(e.optimizer).__name__ for e in self.executors.values()
-                                  if e.optimizer is not None}),
-        }
+            "config": dict(config) if config is not None else None,
+        })
 
     def _boundaries(self, x: Tensor) -> list[tuple[torch.Size, torch.dtype]]:
         """Shape and dtype of every stage's input for a micro-batch like ``x`` (index k = input of stage k)."""
@@ -307,6 +350,9 @@ class PipelineRuntime:
         if stop_at_step is not None:
             from .checkpoint import consistent_cut
 
+            if not isinstance(stop_at_step, int) or not self.cut_step <= stop_at_step <= self.steps:
+                raise ValueError(f"stop_at_step must be an int in {self.cut_step}..{self.steps} (this rank stands "
+                                 f"at the cut of mini-batch {self.cut_step}), got {stop_at_step!r}")
             cut, in_flight = consistent_cut(sched, stop_at_step)
             end = max(cut[self.rank], self.position)
             self._retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
@@ -358,10 +404,12 @@ class PipelineRuntime:
             else:
                 raise ValueError(f"the runtime does not execute {op!r} actions (split backward)")
             self.position = pos + 1
+            heartbeat(self.position)
         for pending in self._pending.values():
             for _, work, _ in pending:
                 work.wait()
         self._pending.clear()
+        self.cut_step = self.steps if stop_at_step is None else stop_at_step
         return self._result()
 
     def _held(self) -> tuple[int, int, int, int]:
@@ -376,9 +424,12 @@ class PipelineRuntime:
             dist.all_gather_object(parts, self._losses)
         else:
             parts = [self._losses]
+        done: set[int] = set()
         for part in parts:
             for t, v in (part or {}).items():
                 losses[t] = v
+                done.add(t)
+        bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
         stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
         opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
@@ -394,4 +445,42 @@ class PipelineRuntime:
         observed = {key: v for e in self.executors.values() for key, v in e.observed.items()}
         weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()}
         return RuntimeResult(self.rank, list(self.my_stages), losses, observed, weights, memory, list(self._trace),
-                             self.position)
+                             self.position, steps_done=len(done), diverged=bool(bad),
+                             diverged_step=bad[0] if bad else None)
+
+
+def _name(obj: Any) -> str:
+    """A callable's or object's stable name (module and qualified name; no memory address)."""
+    target = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(obj).__name__)}"
+
+
+def _plain(x: Any) -> Any:
+    """JSON-able copy of a configuration value (tuples become lists; objects their address-free repr)."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if torch.is_tensor(x):
+        return x.tolist() if x.numel() <= 16 else f"tensor{list(x.shape)}:{x.dtype}"
+    if isinstance(x, torch.dtype):
+        return str(x)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(x))
+
+
+def _describe_predictor(predictor: Any, policy: Any, D: int) -> Any:
+    """The configured predictor: a preset name, or a predictor's type, name and options (per stage for a
+    factory), so that a rank whose stages predict nothing still reports the run's predictor."""
+    if predictor is None:
+        predictor = policy.default_predictor if policy.uses_predictor else None
+    if predictor is None or isinstance(predictor, str):
+        return predictor
+    if hasattr(predictor, "predict"):
+        options = predictor.options() if hasattr(predictor, "options") else {}
+        return {"type": type(predictor).__name__, "name": getattr(predictor, "preset", getattr(predictor, "name", "")),
+                "options": options}
+    if callable(predictor):
+        return {"factory": _name(predictor), "stages": [_describe_predictor(predictor(k), policy, D) for k in range(D)]}
+    return _plain(predictor)

@@ -1,0 +1,276 @@
+"""Reliability probes of the multi-process runtime: corrupt or mixed checkpoints, configurations that differ
+between ranks or between a checkpoint and its resumption, divergence, a hung rank, a busy MASTER_PORT.
+
+Spawned process groups are slow on a small machine, so the checkpoints are written by one spawn (a
+module fixture) and every check on them runs in this process (a runtime built with ``rank=`` and
+``world_size=`` needs no process group; loading refuses before any communication, on every rank).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import probes
+import pytest
+import torch
+import torch.distributed as dist
+from probes import Probe
+
+from pipelab.distributed import RankFailure, describe_differences, differences, spawn
+from pipelab.learning_curves import RunConfig
+from pipelab.models import deep_mlp
+from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
+from pipelab.schedules import pipedream
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 6
+BATCH = 8
+
+
+def runtime(rank: int | None = None, *, lr: float = 0.05, policy: str = "stashing", predictor: str | None = None,
+            config: dict | None = None) -> PipelineRuntime:
+    """A 2-rank PipeDream runtime of a tiny float64 MLP (in this process when ``rank`` is given)."""
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=6, width=8, depth=2, num_classes=4).double()
+    kw = {} if rank is None else {"rank": rank, "world_size": 2}
+    return PipelineRuntime(model, schedule=pipedream(2, 1, STEPS), policy=policy, predictor=predictor,
+                           optimizer=lambda ps: torch.optim.SGD(ps, lr=lr, momentum=0.9), config=config, **kw)
+
+
+def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (BATCH,), generator=g))
+            for _ in range(STEPS)]
+
+
+def _two_cuts(rank: int, world: int, root: str) -> None:
+    """Stop at the cut of step 2 (save to ``cut2``), continue to the cut of step 4 (save to ``cut4``)."""
+    rt = runtime()
+    rt.run(batches(), stop_at_step=2)
+    save_checkpoint(rt, Path(root) / "cut2")
+    rt.run(batches(), stop_at_step=4)
+    save_checkpoint(rt, Path(root) / "cut4")
+
+
+@pytest.fixture(scope="module")
+def cuts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cuts")
+    spawn(_two_cuts, 2, (str(root),), timeout_s=120)
+    return root
+
+
+def copy_ranks(tmp: Path, **sources: Path) -> Path:
+    """A checkpoint directory made of ``rank<r>.pt`` files taken from the given directories."""
+    out = tmp / "mixed"
+    out.mkdir()
+    for name, src in sources.items():
+        shutil.copy(src / f"{name}.pt", out / f"{name}.pt")
+    return out
+
+
+# ----------------------------------------------------------------------------------------- 1: checksums
+
+def test_a_flipped_byte_in_a_tensor_is_refused(cuts: Path, tmp_path: Path) -> None:
+    ckpt = copy_ranks(tmp_path, rank0=cuts / "cut2", rank1=cuts / "cut2")
+    path = ckpt / "rank1.pt"
+    data = bytearray(path.read_bytes())
+    weight = runtime(1).executors[1].params[0].detach()
+    start = data.find(weight.numpy().tobytes()[:16])  # the initial weights, kept as stashed version 0
+    if start < 0:  # fall back to any stored float64 tensor: the bytes of the live weights
+        start = len(data) // 2
+    data[start + 7] ^= 0x40  # the exponent byte of one float64: a huge (or non-finite) weight
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"rank1\.pt is corrupt: its SHA-256 digest"):
+        load_checkpoint(runtime(1), ckpt)
+    load_checkpoint(runtime(0), ckpt)  # the intact file of the other rank still loads
+
+
+def test_a_truncated_or_garbled_file_is_refused(cuts: Path, tmp_path: Path) -> None:
+    ckpt = copy_ranks(tmp_path, rank0=cuts / "cut2", rank1=cuts / "cut2")
+    path = ckpt / "rank0.pt"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"rank0\.pt is corrupt"):
+        load_checkpoint(runtime(0), ckpt)
+    path.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"rank0\.pt is not a pipelab runtime checkpoint"):
+        load_checkpoint(runtime(1), ckpt)  # every rank refuses a directory with a bad file
+
+
+# ----------------------------------------------------------------------------------------- 2: fingerprint
+
+def test_resume_with_another_learning_rate_is_refused(cuts: Path) -> None:
+    with pytest.raises(ValueError, match=r"optimizer\.lr: 0\.05 \(checkpoint\) vs 0\.1 \(now\)"):
+        load_checkpoint(runtime(0, lr=0.1), cuts / "cut2")
+
+
+def test_resume_with_another_data_seed_or_predictor_is_refused(tmp_path: Path) -> None:
+    cfg = {"seed": 0, "batch_size": 8}
+    for r in range(2):
+        save_checkpoint(runtime(r, policy="pipeoptim", config=cfg), tmp_path)
+    with pytest.raises(ValueError, match=r"config\.seed: 0 \(checkpoint\) vs 1 \(now\)"):
+        load_checkpoint(runtime(0, policy="pipeoptim", config={**cfg, "seed": 1}), tmp_path)
+    with pytest.raises(ValueError, match=r"predictor: 'pipeoptim' \(checkpoint\) vs 'linear' \(now\)"):
+        load_checkpoint(runtime(1, policy="pipeoptim", predictor="linear", config=cfg), tmp_path)
+    load_checkpoint(runtime(1, policy="pipeoptim", config=cfg), tmp_path)
+
+
+def test_fingerprints_name_what_differs() -> None:
+    """The rank-vs-rank comparison (what check_consistent gathers) names predictor, lr and batch size."""
+    a = runtime(1, policy="pipeoptim", config={"batch_size": 32}).fingerprint()  # stage 1 predicts nothing
+    b = runtime(1, policy="pipeoptim", predictor="spectrain", lr=0.1, config={"batch_size": 16}).fingerprint()
+    assert a != b
+    text = describe_differences(differences(a, b), "rank 0", "rank 1")
+    assert "predictor: 'pipeoptim' (rank 0) vs 'spectrain' (rank 1)" in text
+    assert "optimizer.lr: 0.05 (rank 0) vs 0.1 (rank 1)" in text
+    assert "config.batch_size: 32 (rank 0) vs 16 (rank 1)" in text
+    assert differences(a, runtime(0, policy="pipeoptim", config={"batch_size": 32}).fingerprint()) == []
+
+
+def _disagreeing_ranks(rank: int, world: int) -> dict[str, str]:
+    """In one process group: ranks with different predictors, then ranks launched with different batch sizes."""
+    from pipelab.run import train
+
+    out = {}
+    try:
+        runtime(policy="pipeoptim", predictor="pipeoptim" if rank == 0 else "linear")
+    except ValueError as exc:
+        out["predictor"] = str(exc)
+    cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1, n_train=64,
+                    n_test=32, batch_size=16 if rank == 0 else 8, dtype="float64")
+    try:
+        train(cfg)
+    except ValueError as exc:
+        out["batch_size"] = str(exc)
+    dist.barrier()  # both refused before any pipeline traffic: the group is still usable
+    return out
+
+
+def test_ranks_with_different_predictors_or_batch_sizes_are_refused() -> None:
+    msgs = spawn(_disagreeing_ranks, 2, timeout_s=120, comm_timeout_s=30)
+    for m in msgs:  # every rank refuses, with the field and both values
+        assert m.keys() == {"predictor", "batch_size"}, m
+        assert "predictor: 'linear' (ranks [1]) vs 'pipeoptim' (ranks [0])" in m["predictor"], m["predictor"]
+        assert "config.batch_size: 8 (ranks [1]) vs 16 (ranks [0])" in m["batch_size"], m["batch_size"]
+
+
+# ----------------------------------------------------------------------------------------- 3: cuts
+
+def test_rank_files_from_different_cuts_are_refused_on_every_rank(cuts: Path, tmp_path: Path) -> None:
+    ckpt = copy_ranks(tmp_path, rank0=cuts / "cut2", rank1=cuts / "cut4")
+    for r in range(2):
+        with pytest.raises(ValueError, match=r"disagree on the cut step \(rank0\.pt: 2, rank1\.pt: 4\)"):
+            load_checkpoint(runtime(r), ckpt)
+
+
+def test_a_missing_rank_file_is_refused_on_every_rank(cuts: Path, tmp_path: Path) -> None:
+    ckpt = copy_ranks(tmp_path, rank0=cuts / "cut4")
+    for r in range(2):
+        with pytest.raises(FileNotFoundError, match=r"rank 1|ranks \[1\]"):
+            load_checkpoint(runtime(r), ckpt)
+
+
+def test_a_stop_step_before_the_resume_point_is_refused(cuts: Path) -> None:
+    for r in range(2):
+        rt = runtime(r)
+        load_checkpoint(rt, cuts / "cut4")
+        with pytest.raises(ValueError, match=r"stop_at_step must be an int in 4\.\.6 .* got 2"):
+            rt.run(batches(), stop_at_step=2)  # refused before any communication (no process group here)
+        assert rt.cut_step == 4 and rt.position > 0
+
+
+# ----------------------------------------------------------------------------------------- 4: divergence
+
+def test_divergence_is_reported() -> None:
+    from pipelab.run import train_distributed
+
+    cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1, n_train=64,
+                    n_test=32, batch_size=16, lr=1e8, dtype="float64")
+    out = train_distributed(cfg, timeout_s=120)
+    assert out["steps_done"] == 4  # every step ran, finite or not
+    assert out["diverged"] is True and isinstance(out["diverged_step"], int) and 0 <= out["diverged_step"] < 4
+    assert not math.isfinite(out["losses"][out["diverged_step"]])
+    assert all(math.isfinite(v) for v in out["losses"][:out["diverged_step"]])
+    assert math.isnan(out["test_acc"]) and math.isnan(out["test_loss"]) and math.isnan(out["samples_per_s"])
+
+
+# ----------------------------------------------------------------------------------------- 5: a hung rank
+
+def _hang_on_rank_1(rank: int, world: int) -> None:
+    rt = runtime()
+    if rank == 1:
+        time.sleep(3600)  # hangs inside the training function
+    rt.run(batches())
+
+
+def test_a_hung_rank_is_named() -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        spawn(_hang_on_rank_1, 2, timeout_s=90, comm_timeout_s=3, grace_s=2)
+    assert err.value.rank == 1, str(err.value)
+    assert "rank 1 failed:\nunresponsive" in str(err.value) and "rank 0:" in str(err.value)
+    assert time.monotonic() - start < 60
+
+
+# ----------------------------------------------------------------------------------------- 6: busy port
+
+def _init_with_busy_port(rank: int, port: int) -> subprocess.CompletedProcess:
+    code = "from pipelab.distributed import init_from_env; init_from_env('gloo', timeout_s=3)"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+
+
+def test_a_busy_master_port_fails_in_bounded_time() -> None:
+    with socket.socket() as held:  # another program listens on MASTER_PORT and never speaks the store protocol
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        start = time.monotonic()
+        client = _init_with_busy_port(1, port)
+        elapsed = time.monotonic() - start
+        host = _init_with_busy_port(0, port)
+    assert client.returncode != 0 and elapsed < 30, (elapsed, client.stderr[-2000:])
+    assert f"MASTER_ADDR:MASTER_PORT = 127.0.0.1:{port}" in client.stderr and "TimeoutError" in client.stderr
+    assert host.returncode != 0 and f"127.0.0.1:{port}: the port is busy" in host.stderr, host.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------- 8: entry point
+
+def test_the_entry_module_is_not_imported_by_the_package() -> None:
+    proc = subprocess.run([sys.executable, "-W", "error", "-m", "pipelab.run", "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and "RuntimeWarning" not in proc.stderr, proc.stderr[-2000:]
+    import pipelab
+
+    assert pipelab.train_distributed.__module__ == "pipelab.run" and pipelab.RunConfig is RunConfig
+
+
+# ----------------------------------------------------------------------------------------- 9: RunConfig
+
+CFG = dict(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0)
+
+PROBES = [
+    Probe("runconfig-batch-size-0", lambda: RunConfig(**CFG, batch_size=0), ValueError, r"batch_size must be an int"),
+    Probe("runconfig-n-test-0", lambda: RunConfig(**CFG, n_test=0), ValueError, r"n_test must be an int >= 1 or None"),
+    Probe("runconfig-n-train-0", lambda: RunConfig(**CFG, n_train=0), ValueError, r"n_train must be"),
+    Probe("runconfig-epochs-0", lambda: RunConfig(**CFG, epochs=0), ValueError, r"epochs must be an int >= 1"),
+    Probe("runconfig-D-0", lambda: RunConfig(**{**CFG, "D": 0}), ValueError, r"D must be an int >= 1"),
+    Probe("runconfig-M-float", lambda: RunConfig(**CFG, M=2.5), ValueError, r"M must be an int >= 1, got 2\.5"),
+    Probe("runconfig-lr-0", lambda: RunConfig(**CFG, lr=0.0), ValueError, r"lr must be a finite number > 0"),
+    Probe("runconfig-lr-nan", lambda: RunConfig(**CFG, lr=float("nan")), ValueError, r"lr must be a finite"),
+    Probe("runconfig-n-eval-train-0", lambda: RunConfig(**CFG, n_eval_train=0), ValueError, r"n_eval_train must"),
+    Probe("stop-before-start", lambda: runtime(0).run(batches(), stop_at_step=-1), ValueError,
+          r"stop_at_step must be an int in 0\.\.6"),
+]
+
+
+@probes.parametrize(PROBES)
+def test_probe(probe: Probe) -> None:
+    probe.check()
