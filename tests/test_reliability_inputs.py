@@ -165,3 +165,17 @@ def test_a_refused_batch_leaves_the_emulator_usable() -> None:
     with pytest.raises(TypeError):
         emu.run([{"x": x, "y": y} for x, y in _data()])
     assert emu.run(_data()).steps_done == 3
+
+
+def test_evaluation_on_an_empty_set_is_refused() -> None:
+    """It used to report loss 0.0 and accuracy 0.0, which reads as a result."""
+    import torch
+    from torch import nn
+
+    from pipelab.emulator.reference import evaluate
+
+    stages = [nn.Linear(3, 2).double()]
+    with pytest.raises(ValueError, match="empty evaluation set"):
+        evaluate(stages, torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    loss, acc = evaluate(stages, torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    assert loss > 0 and 0.0 <= acc <= 1.0

@@ -109,7 +109,15 @@ def evaluate(
     """Mean loss and accuracy of the stages (with ``weights[k]`` in ``named_parameters`` order, if given).
 
     The stages are put in eval mode for the call and restored afterwards.
+
+    Raises:
+        ValueError: on an empty evaluation set (a mean over no examples is undefined).
     """
+    if x.shape[0] == 0 or y.shape[0] == 0:
+        raise ValueError("evaluate() got an empty evaluation set (0 examples); a loss or accuracy over no "
+                         "examples is undefined")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"evaluate(): x has {x.shape[0]} examples but y has {y.shape[0]}")
     loss_fn = loss_fn or nn.functional.cross_entropy
     modes = [s.training for s in stages]
     for s in stages:
@@ -130,4 +138,4 @@ def evaluate(
     finally:
         for s, m in zip(stages, modes):
             s.train(m)
-    return total / max(n, 1), correct / max(n, 1)
+    return total / n, correct / n
