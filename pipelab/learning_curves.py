@@ -46,6 +46,7 @@ import torch
 from .cache import run_sweep
 from .data import load_dataset
 from .models import build_model
+from .schedules.actions import check_int
 
 __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep", "make_optimizer", "grid", "with_"]
 
@@ -118,13 +119,14 @@ class RunConfig:
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         for name in ("D", "epochs", "batch_size", "M", "n_eval_train"):  # counts: a 0 would fail (or mislead) later
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         for name in ("n_train", "n_test"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1 or None (all examples), got {value!r}")
+            if value is not None:
+                try:
+                    check_int(name, value)
+                except ValueError:
+                    raise ValueError(f"{name} must be an int >= 1 or None (all examples), got {value!r}") from None
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real)
