@@ -47,8 +47,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-if TYPE_CHECKING:  # the emulator imports this module; only annotations need its types
-    from .emulator.versions import JobKey, VersionTable
+if TYPE_CHECKING:
+    from .schedules.dependencies import Job
+    from .schedules.versions import VersionTable
 
 __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",
@@ -106,10 +107,10 @@ class Policy:
                                  f"has staleness {worst[k]} at stage {k}; use 'vanilla', 'stashing' or a "
                                  "prediction policy for asynchronous schedules")
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         raise NotImplementedError
 
-    def backward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
         raise NotImplementedError
 
     def lr_factor(self, table: VersionTable, stage: int, step: int) -> float:
@@ -131,8 +132,8 @@ class Policy:
         return f"{type(self).__name__}({opts})"
 
 
-def _cur(table: VersionTable, key: JobKey, op: str | None = None) -> int:
-    return table.current[(op or key[0],) + key[1:]]
+def _cur(table: VersionTable, key: Job, op: str | None = None) -> int:
+    return table.version((op or key[0], key[1], key[2], key[3]))
 
 
 def _predict(base: int, target: int) -> WeightSpec:
@@ -152,10 +153,10 @@ class Sync(Policy):
             raise ValueError(f"Sync policy name must be one of {sorted(titles)}, got {name!r}")
         self.name, self.title, self.schedule = name, titles[name], schedules[name]
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key))
 
-    def backward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key))
 
     def options(self) -> dict:
@@ -182,7 +183,7 @@ class Stashing(Policy):
     name, title = "stashing", "PipeDream (stashing)"
     summary = "forward at cur(F), backward at the same stashed version (PipeDream weight stashing)"
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key, "F"))
 
     backward = forward
@@ -194,9 +195,9 @@ class VerticalSync(Policy):
     name, title = "vertical_sync", "vertical sync"
     summary = "forward and backward at cur(F at stage 0) of the same micro-batch, at every stage"
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         _, k, t, j = key
-        return Stored(min(table.current[("F", 0, t, j)], table.current[("F", k, t, j)]))
+        return Stored(min(table.version(("F", 0, t, j)), table.version(("F", k, t, j))))
 
     backward = forward
 
@@ -225,15 +226,16 @@ class TwoBW(Policy):
             raise ValueError(f"rule must be one of {self.RULES}, got {rule!r}")
         self.rule = rule
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         _, k, t, _ = key
-        return Stored(table.current[("F", 0 if self.rule == "paper" else k, t, 0)])
+        return Stored(table.version(("F", 0 if self.rule == "paper" else k, t, 0)))
 
     backward = forward
 
     def check(self, table: VersionTable) -> None:
         """Refuse a schedule on which a job would need a version its stage does not have yet."""
-        for key, cur in table.current.items():
+        for key in table.jobs("F") + table.jobs("B"):
+            cur = table.version(key)
             v = self.forward(table, key).version  # type: ignore[union-attr]
             if v > cur:
                 raise ValueError(f"policy '2bw' on this schedule makes job {key} use version {v} of stage {key[1]} "
@@ -270,10 +272,10 @@ class SpecTrainPolicy(_PredictingPolicy):
     summary = "forward and backward at weights predicted for the end of the round trip (prediction twice)"
 
 
-    def target(self, table: VersionTable, key: JobKey) -> int:
+    def target(self, table: VersionTable, key: Job) -> int:
         return table.round_trip_target(key)
 
-    def _spec(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def _spec(self, table: VersionTable, key: Job) -> WeightSpec:
         base = _cur(table, key)
         if self.staleness == "paper":
             k, D = key[1], table.D
@@ -298,14 +300,14 @@ class PipeOptimPolicy(_PredictingPolicy):
     summary = "forward at weights predicted s = own − cur(F) updates ahead, backward at cur(B)"
 
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         base = _cur(table, key)
         if self.staleness == "paper":
             s = table.D - key[1] - 1
             return Predicted(base, s) if s else Stored(base)
-        return _predict(base, table.own[(key[1], key[2])])
+        return _predict(base, int(table.update_version[key[1], key[2]]))
 
-    def backward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key))
 
 
@@ -335,10 +337,10 @@ class PipeMarePolicy(Policy):
         self.correction = correction
         self._tau: dict[int, list[int]] = {}
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key))
 
-    def backward(self, table: VersionTable, key: JobKey) -> WeightSpec:
+    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
         cur_b, cur_f = _cur(table, key), _cur(table, key, "F")
         if not self.correction or cur_b == cur_f:
             return Stored(cur_b)
@@ -347,10 +349,7 @@ class PipeMarePolicy(Policy):
     def taus(self, table: VersionTable) -> list[int]:
         tau = self._tau.get(id(table))
         if tau is None:
-            tau = [0] * table.D
-            for key in table.current:
-                if key[0] == "F":
-                    tau[key[1]] = max(tau[key[1]], table.staleness(key))
+            tau = [int(s) for s in table.staleness("F", "current").max(axis=(1, 2))]
             self._tau = {id(table): tau}
         return tau
 
@@ -376,8 +375,8 @@ class Oracle(Policy):
     name, title = "oracle", "oracle (true future weights)"
     summary = "forward and backward at W^(own), the true weights of the job's own update (waits for them)"
 
-    def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
-        return Stored(table.own[(key[1], key[2])])
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
+        return Stored(int(table.update_version[key[1], key[2]]))
 
     backward = forward
 

@@ -6,7 +6,7 @@ Each worker runs its program in order; a job starts when its worker is free and 
     start(j) = max(end of the worker's previous job, max_d end(d) + latency(d, j)),  end(j) = start(j) + cost(j).
 
 The resolution is linear in the number of actions (per-worker cursors with a wait list, see
-:mod:`pipelab.schedules.engine`), ~10^5–10^6 actions per second on one core.
+:mod:`pipelab.schedules.compiled`), ~10^5–10^6 actions per second on one core.
 
 Outputs (:class:`SimResult`): per-action start/end, makespan, bubble fraction per worker (idle share of
 the makespan), peak activation memory per worker (count; bytes with ``activation_bytes``), activations,
@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from .schedules.actions import Action, Schedule, gc_paused
-from .schedules.engine import OP_CODE, Compiled, _per_stage, compile_schedule, job_costs, run
+from .schedules.compiled import OP_CODE, Compiled, _per_stage, compile_schedule, job_costs, run
+from .schedules.dependencies import Job
 from .schedules.validate import ScheduleError, format_grid
 from .schedules.versions import VersionTable
 
@@ -301,7 +302,21 @@ class SimResult:
             # Updates of one holder run one after another: U(k,t)'s version is its rank among them.
             rank = np.lexsort((c.step[ids], self.end[ids]))
             uv[k, c.step[ids[rank]]] = np.arange(len(ids))
-        return VersionTable(fv, bv, self.start[fid], self.start[bid], uv, ue, s.weight_rule)
+        return VersionTable(fv, bv, self.start[fid], self.start[bid], uv, ue, s.weight_rule, self.jobs_in_order)
+
+    @gc_paused
+    def jobs_in_order(self) -> list[Job]:
+        """:meth:`order` as jobs ``(op, k, t, j)``, each update ``U(k, t)`` once (at its first holder to end):
+        the execution sequence of the version table, which a single-process replay follows."""
+        seen: set[tuple[int, int]] = set()
+        out: list[Job] = []
+        for a in self.order():
+            if a.op == "U":
+                if (a.stage, a.step) in seen:
+                    continue
+                seen.add((a.stage, a.step))
+            out.append((a.op, a.stage, a.step, a.micro))
+        return out
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a JSON-able dict."""

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pipelab.emulator import DeadlockError, Emulator, table_from
+from pipelab.emulator import DeadlockError, Emulator
 from pipelab.models import deep_mlp
 from pipelab.policies import PipeMarePolicy, Predicted, Stored, make_policy
 from pipelab.schedules import (gpipe, interleaved_1f1b, pipedream, pipedream_2bw, pipeoptim_staleness,
@@ -65,7 +65,7 @@ def test_observed_versions_equal_the_simulator_table(policy, schedule) -> None:
 
 
 def test_version_differences_match_the_papers_formulas_in_steady_state() -> None:
-    table = table_from(pipedream(D, 1, 3 * D))
+    table = simulate(pipedream(D, 1, 3 * D)).version_table
     po, st = make_policy("pipeoptim"), make_policy("spectrain")
     t = 2 * D  # steady state
     for k in range(D):
@@ -103,7 +103,7 @@ def test_spectrain_with_a_perfect_predictor_deadlocks() -> None:
 
 
 def test_pipemare_learning_rate_rescheduling() -> None:
-    table = table_from(pipedream(D, 1, T))
+    table = simulate(pipedream(D, 1, T)).version_table
     pol = PipeMarePolicy(anneal_steps=4)
     # tau_k = D-1-k; factor tau^-(1 - min(t/K, 1))
     assert pol.lr_factor(table, 0, 0) == pytest.approx(3.0 ** -1)
@@ -117,12 +117,12 @@ def test_pipemare_learning_rate_rescheduling() -> None:
 
 
 def test_policy_specs() -> None:
-    table = table_from(pipedream(D, 1, T))
+    table = simulate(pipedream(D, 1, T)).version_table
     key = ("F", 0, 6, 0)
-    assert make_policy("stashing").backward(table, ("B", 0, 6, 0)) == Stored(table.current[key])
+    assert make_policy("stashing").backward(table, ("B", 0, 6, 0)) == Stored(table.version(key))
     assert make_policy("oracle").forward(table, key) == Stored(6)
     vs = make_policy("vertical_sync")
-    assert vs.forward(table, ("F", 3, 6, 0)) == Stored(table.current[("F", 0, 6, 0)])
+    assert vs.forward(table, ("F", 3, 6, 0)) == Stored(table.version(("F", 0, 6, 0)))
 
 
 # ------------------------------------------------------------------------------------------ errors

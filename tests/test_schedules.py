@@ -172,3 +172,35 @@ def test_schedule_rejects_bad_fields() -> None:
     assert s.worker_of("B", 1, 0, 1) == 1
     with pytest.raises(ValueError, match="not in schedule"):
         s.worker_of("B", 1, 3, 1)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: gpipe(3, 2, steps=2), lambda: one_f_one_b(4, 4, steps=2), lambda: pipedream(3, 2, steps=3),
+    lambda: interleaved_1f1b(2, 2, 4, steps=2), lambda: ddp(2, 2, steps=2), lambda: fsdp(3, 2, steps=2),
+])
+def test_compiled_dependencies_are_the_one_rule(build) -> None:
+    """The compiled arrays the simulator and validator time with hold exactly the jobs that
+    pipelab.schedules.dependencies lists for every action (data edges; an update's weight-gradient jobs)."""
+    from pipelab.schedules.compiled import compile_schedule
+    from pipelab.schedules.dependencies import dependencies
+
+    s = build()
+    c = compile_schedule(s)
+    flat = [a for p in s.programs for a in p]
+    job = [(a.op, a.stage, a.step, a.micro) for a in flat]
+    udeps = {int(u): row for u, row in zip(c.u_ids.tolist(), c.udeps.tolist())}
+    for i, a in enumerate(job):
+        got = [job[d] for d in ((udeps[i]) if a[0] == "U" else (int(c.dep1[i]), int(c.dep2[i]))) if d >= 0]
+        assert got == dependencies(a, s.D, s.M), a
+
+
+def test_the_dependency_rule_of_a_split_backward() -> None:
+    from pipelab.schedules.dependencies import dependencies, update_dependency
+
+    assert dependencies(("I", 1, 0, 2), D=3, M=4, split=True) == [("F", 1, 0, 2), ("I", 2, 0, 2)]
+    assert dependencies(("W", 1, 0, 2), D=3, M=4, split=True) == [("I", 1, 0, 2)]
+    assert dependencies(("U", 1, 5, -1), D=3, M=2, split=True) == [("W", 1, 5, 0), ("W", 1, 5, 1)]
+    assert dependencies(("F", 0, 0, 0), D=3, M=1) == [] and dependencies(("B", 2, 0, 0), D=3, M=1) == [("F", 2, 0, 0)]
+    assert update_dependency(("F", 2, 3, 0), sync_lag=0) == (2, 2)
+    assert update_dependency(("F", 2, 0, 0), sync_lag=0) is None and update_dependency(("U", 2, 3, -1), 0) is None
+    assert update_dependency(("B", 1, 3, 0), sync_lag=None) is None

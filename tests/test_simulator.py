@@ -301,3 +301,44 @@ def test_split_backward_into_input_and_weight_gradients_fits() -> None:
     late = dataclasses.replace(split, programs=(tuple(p0),) + progs[1:])
     validate(late)
     assert simulate(late, 1.0, 2.0).makespan >= r.makespan
+
+
+def _count_versions(order, D):
+    """Test oracle: the version of every job obtained by counting updates along an execution order (each
+    U(k, t) once), and the version every update is applied to."""
+    version = [0] * D
+    current, updated = {}, {}
+    for op, k, t, j in order:
+        if op == "U":
+            updated[(k, t)] = version[k]
+            version[k] += 1
+        else:
+            current[(op, k, t, j)] = version[k]
+    return current, updated
+
+
+@pytest.mark.parametrize("build", [
+    lambda: pipedream(4, 2, steps=6), lambda: pipedream_2bw(3, 3, steps=4), lambda: one_f_one_b(3, 4, steps=3),
+    lambda: gpipe(3, 2, steps=3), lambda: interleaved_1f1b(2, 2, 4, steps=3), lambda: naive(3, 1, steps=3),
+])
+def test_counting_updates_along_the_execution_order_gives_the_version_table(build) -> None:
+    """The table's execution order (what the emulator replays) and its versions (what policies read) agree:
+    counting updates along the order reproduces forward, backward and update_version for every job."""
+    s = build()
+    rng = np.random.default_rng(3)
+    vt = simulate(s, rng.uniform(0.5, 1.5, s.D), rng.uniform(1.0, 2.0, s.D)).version_table
+    assert len(vt.order) == len(set(vt.order)) == 2 * s.D * s.M * s.steps + s.D * s.steps
+    current, updated = _count_versions(vt.order, s.D)
+    assert {job: vt.version(job) for job in current} == current
+    assert {kt: int(vt.update_version[kt]) for kt in updated} == updated
+    assert [vt.staleness_of(job) for job in vt.jobs("F")] == [
+        int(vt.staleness("F", "current")[job[1:]]) for job in vt.jobs("F")]
+
+
+def test_version_table_keyed_accessors_refuse_what_they_do_not_know() -> None:
+    vt = simulate(pipedream(3, 1, steps=4)).version_table
+    with pytest.raises(ValueError, match="F or B job"):
+        vt.version(("U", 0, 1, -1))
+    with pytest.raises(ValueError, match="'F' or 'B'"):
+        vt.jobs("U")
+    assert (vt.D, vt.steps, vt.M) == (3, 4, 1) and vt.max_staleness() == [2, 1, 0]

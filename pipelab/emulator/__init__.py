@@ -2,7 +2,7 @@
 
 - :class:`Emulator` (:mod:`.engine`): replay a simulated schedule's F/B/U events with explicit weight
   versions, per-stage autograd and the user's ``torch.optim`` optimizers;
-- :class:`VersionTable`, :class:`VersionRing`, :func:`resolve_order` (:mod:`.versions`);
+- :class:`VersionRing`, :func:`resolve_order` (:mod:`.versions`);
 - :func:`train_plain` (:mod:`.reference`): plain PyTorch mini-batch training, the reference.
 
 Example:
@@ -11,15 +11,13 @@ Example:
 
 from __future__ import annotations
 
-from .adapters import simulate_schedule, table_from
 from .engine import Emulator, EmulatorResult, split_micro
 from .plan import PipelinePlan, as_stages, build_pipeline, version_table
 from .reference import evaluate, train_plain
-from .versions import DeadlockError, VersionRing, VersionTable, resolve_order, ring_capacities
+from .versions import DeadlockError, VersionRing, resolve_order, ring_capacities
 
 __all__ = [
     "Emulator", "EmulatorResult", "PipelinePlan", "build_pipeline", "as_stages", "split_micro", "version_table",
-    "table_from", "simulate_schedule",
-    "VersionTable", "VersionRing", "resolve_order", "ring_capacities", "DeadlockError",
+    "VersionRing", "resolve_order", "ring_capacities", "DeadlockError",
     "train_plain", "evaluate",
 ]

@@ -53,9 +53,9 @@ import torch
 from torch import Tensor, nn
 
 from ..policies import Policy, Stored, WeightSpec
+from ..schedules.dependencies import Job
 from .plan import OptimizerFactory, build_pipeline
 from .stage import StageExecutor
-from .versions import JobKey, VersionTable
 
 __all__ = ["Emulator", "EmulatorResult", "split_micro"]
 
@@ -91,8 +91,8 @@ class EmulatorResult:
 
     losses: list[float]
     diverged_at: int | None
-    observed: dict[JobKey, int]
-    used: dict[JobKey, int]
+    observed: dict[Job, int]
+    used: dict[Job, int]
     waited: bool
     ring_capacity: list[int]
     weight_copies: list[int]
@@ -107,7 +107,7 @@ class Emulator:
         model: an ``nn.Sequential`` (split into D stages by :func:`pipelab.partition.split`) or a list of
             stage modules. It is trained in place.
         schedule: a ``Schedule`` (built by a builder such as ``pipelab.schedules.gpipe(D, M, steps)``, not its
-            name), a simulation result, or a :class:`VersionTable` (D, M, steps).
+            name), a simulation result, or a :class:`~pipelab.schedules.VersionTable` with its execution order.
         policy: a :class:`~pipelab.policies.Policy` or its name.
         optimizer: factory ``params -> torch.optim.Optimizer`` called once per stage.
         D: number of stages (required with an ``nn.Sequential``).

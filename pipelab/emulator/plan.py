@@ -18,8 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
+from ..schedules import VersionTable
+from ..schedules.dependencies import Job
 from .stage import StageExecutor
-from .versions import JobKey, VersionTable, resolve_order, ring_capacities
+from .versions import resolve_order, ring_capacities
 
 __all__ = ["PipelinePlan", "build_pipeline", "as_stages", "version_table", "stage_plans", "OptimizerFactory"]
 
@@ -46,16 +48,38 @@ def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: An
 
 
 def version_table(schedule: Any) -> VersionTable:
-    """The version table of a schedule: a :class:`VersionTable`, a simulation result, or a schedule.
+    """The version table of a schedule: a :class:`~pipelab.schedules.VersionTable` with its execution order,
+    a simulation result, or a schedule (simulated with unit costs by :func:`pipelab.simulator.simulate`).
 
-    A ``pipelab.schedules.Schedule`` is simulated with unit costs (``pipelab.simulator.simulate``); a
-    simulation result provides its ordered execution sequence of events.
+    Raises:
+        TypeError: any other object.
+        ValueError: a schedule that splits the backward into I/W jobs (the pipeline core runs F/B/U), or a
+            table without an execution order.
     """
     if isinstance(schedule, VersionTable):
-        return schedule
-    from . import adapters
+        table = schedule
+    else:
+        from ..schedules import Schedule
+        from ..simulator import SimResult, simulate
 
-    return adapters.table_from(schedule)
+        if isinstance(schedule, SimResult):
+            sim = schedule
+        elif isinstance(schedule, Schedule):
+            sim = simulate(schedule)
+        else:
+            raise TypeError("schedule must be a pipelab.schedules.Schedule, a simulation result or a VersionTable, "
+                            f"got {type(schedule).__name__}")
+        if sim.schedule.split_backward:
+            raise ValueError(f"schedule {sim.schedule.name!r} splits the backward into I/W jobs; the emulator runs "
+                             "F/B/U only")
+        table = sim.version_table
+    if not table.order:
+        raise ValueError("the version table has no execution order; build it with pipelab.simulator.simulate")
+    bad = next((job for job in table.order if job[0] not in ("F", "B", "U")), None)
+    if bad is not None:
+        raise ValueError(f"the emulator runs F/B/U events only, got op {bad[0]!r} ({bad}); "
+                         "use a schedule without a split backward")
+    return table
 
 
 @dataclass
@@ -78,7 +102,7 @@ class PipelinePlan:
     policy: Policy
     loss_fn: Callable[[Tensor, Tensor], Tensor]
     specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]
-    order: list[JobKey]
+    order: list[Job]
     waited: bool
     capacity: list[int]
     predicted_stages: set[int]
@@ -141,11 +165,9 @@ def build_pipeline(
     # weight specs of every job, with the oracle predictor resolved to true future versions
     oracle = isinstance(predictor, str) and predictor == "oracle"
     specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
-    uses: dict[JobKey, list[tuple[int, int]]] = {}
+    uses: dict[Job, list[tuple[int, int]]] = {}
     predicted: set[int] = set()
-    for key in table.current:
-        if key[0] != "F":
-            continue
+    for key in table.jobs("F"):
         bkey = ("B",) + key[1:]
         f, b = policy.forward(table, key), policy.backward(table, bkey)
         if oracle:
@@ -176,7 +198,7 @@ def build_pipeline(
         if lr_scheduler is not None and opt is not None:
             st.scheduler = lr_scheduler(opt)
         built[k] = st
-    plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, order != table.order,
+    plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, tuple(order) != table.order,
                         capacity, predicted, built, weightless)
     # stages without parameters have no optimizer to follow and nothing to predict: no predictor for them
     _attach_predictors(replace(plan, stages={k: st for k, st in built.items() if k not in weightless}), predictor)
@@ -241,7 +263,7 @@ def _needed(spec: WeightSpec) -> int:
     return spec.version if isinstance(spec, Stored) else spec.base
 
 
-def stage_plans(order: Sequence[JobKey], last_use: dict[tuple[int, int], int], D: int
+def stage_plans(order: Sequence[Job], last_use: dict[tuple[int, int], int], D: int
                 ) -> list[tuple[list[tuple[str, int, int]], dict[int, int]]]:
     """Per stage: its events in ``order`` and each version's last use as a position among them.
 

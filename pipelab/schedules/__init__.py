@@ -1,4 +1,5 @@
-"""Pipeline schedules as data: actions, builders, the general constructor, validation, version tables.
+"""Pipeline schedules as data: actions, builders, the general constructor, the dependency rule, validation,
+the version table.
 
 Example:
     >>> from pipelab.schedules import one_f_one_b, validate
@@ -15,15 +16,16 @@ from .actions import COMPUTE_OPS, OPS, WEIGHT_RULES, Action, Schedule
 from .builders import (BUILDERS, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, lpp_hash, naive,
                        one_f_one_b, pipedream, pipedream_2bw)
 from .constructor import PRIORITIES, construct
+from .dependencies import EDGES, Edge, Job, dependencies
 from .validate import ScheduleError, format_grid, validate
-from .versions import (USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness,
-                       spectrain_version_difference)
+from .versions import USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness, spectrain_version_difference
 
 __all__ = [
     "Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "lpp_hash", "BUILDERS",
     "construct", "PRIORITIES",
+    "Job", "Edge", "EDGES", "dependencies",
     "validate", "ScheduleError", "format_grid",
     "VersionTable", "USED_RULES", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
 ]

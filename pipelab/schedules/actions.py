@@ -19,10 +19,10 @@ programs (the worker whose list holds the action), the weight placement is ``Sch
 the workers holding a copy of stage k's weights. A job on worker w reads stage k's weights from w itself
 when w holds them, else from the first holder (:meth:`Schedule.weight_source`).
 
-Dependencies (Rahimi's pred):  F(k,g) after F(k−1,g);  B(D−1,g) after F(D−1,g);  B(k,g) after F(k,g) and
-B(k+1,g);  U(k,t) on holder h after every B(k,g) of step t. A schedule with ``sync_lag = L`` (not None)
-additionally makes F/B of stage k in step t wait for U(k, t−1−L) at its weight source: L = 0 is a flushed
-(synchronous) schedule; ``None`` means no weight barrier (PipeDream-style asynchronous schedules).
+Which job waits for which (Rahimi's pred) is :mod:`pipelab.schedules.dependencies`, the one place the rule
+is written. A schedule with ``sync_lag = L`` (not None) makes the jobs of stage k in step t wait for
+U(k, t−1−L) at their weight source: L = 0 is a flushed (synchronous) schedule; ``None`` means no weight
+barrier (PipeDream-style asynchronous schedules).
 
 Example:
     >>> from pipelab.schedules import gpipe

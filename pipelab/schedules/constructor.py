@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .dependencies import dependencies, update_dependency
 
 __all__ = ["construct", "PRIORITIES", "priority_key"]
 
@@ -180,19 +181,12 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
         n_dep[job] += 1
 
     for i, a in enumerate(jobs):
-        s, t, b = a.stage, a.step, a.micro
-        if a.op == "F":
-            if s > 0:
-                add(index[("F", s - 1, t, b, -1)], i)
-        elif a.op == "B":
-            add(index[("F", s, t, b, -1)], i)
-            if s < D - 1:
-                add(index[("B", s + 1, t, b, -1)], i)
-        else:
-            for bb in range(M):
-                add(index[("B", s, t, bb, -1)], i)
-        if a.op != "U" and sync_lag is not None and t - 1 - sync_lag >= 0:
-            add(index[("U", s, t - 1 - sync_lag, -1, src(s, worker[i]))], i)
+        job = (a.op, a.stage, a.step, a.micro)
+        for dep in dependencies(job, D, M):
+            add(index[(*dep, -1)], i)
+        barrier = update_dependency(job, sync_lag)
+        if barrier is not None:
+            add(index[("U", barrier[0], barrier[1], -1, src(a.stage, worker[i]))], i)
 
     ready: list[list[tuple]] = [[] for _ in range(W)]
     keys = [(-1,) if a.op == "U" else key(a, M) for a in jobs]

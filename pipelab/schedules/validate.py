@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .actions import Schedule, gc_paused
-from .engine import Compiled, compile_schedule, job_costs, run
+from .compiled import Compiled, compile_schedule, job_costs, run
 
 __all__ = ["ScheduleError", "validate", "format_grid", "unit_timeline"]
 

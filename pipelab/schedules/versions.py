@@ -35,9 +35,13 @@ Eqs. 5–6); PipeDream-2BW (Narayanan et al., ICML 2021).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
+
+from .dependencies import Job
 
 __all__ = ["VersionTable", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
            "USED_RULES"]
@@ -102,12 +106,21 @@ def _check_stage(D: int, k: int | np.ndarray) -> None:
 class VersionTable:
     """Weight versions of every job of a simulated schedule (see the module docstring for the rules).
 
+    The one version table of pipelab: the simulator builds it, the policies, the pipeline core (emulator
+    and runtime) and the analyses read it. Arrays answer questions about all jobs at once; the keyed
+    accessors (:meth:`version`, :meth:`staleness_of`, :meth:`round_trip_target`, :meth:`jobs`) answer them
+    for one job ``(op, k, t, j)``.
+
     Attributes:
         forward, backward: int arrays [D, T, M], version at the start of F / B (B = W when split).
         forward_start, backward_start: float arrays [D, T, M], start times of those jobs.
-        update_version: int array [D, T], version at the start of U(k, t) at stage k's first holder.
+        update_version: int array [D, T], version at the start of U(k, t) at stage k's first holder (the
+            version the update's gradient is applied to).
         update_end: float array [D, T], when U(k, t) ended at stage k's first holder.
         weight_rule: the schedule's weight rule, the default for :meth:`used` / :meth:`staleness`.
+        order: the execution sequence, every job once (``U(k, t)`` once, however many holders run it), in an
+            order where each job sees exactly the updates counted for it: compute jobs at their start,
+            updates at their end (see :meth:`pipelab.simulator.SimResult.order`). Computed on first use.
 
     Example:
         >>> from pipelab.schedules import gpipe
@@ -124,11 +137,81 @@ class VersionTable:
     update_version: np.ndarray
     update_end: np.ndarray
     weight_rule: str = "current"
+    execution: Sequence[Job] | Callable[[], Sequence[Job]] = field(default=(), repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(D, T, M)."""
-        return self.forward.shape  # type: ignore[return-value]
+        D, T, M = self.forward.shape
+        return int(D), int(T), int(M)
+
+    @property
+    def D(self) -> int:
+        """Stages."""
+        return self.shape[0]
+
+    @property
+    def steps(self) -> int:
+        """Steps (mini-batches) T."""
+        return self.shape[1]
+
+    @property
+    def M(self) -> int:
+        """Micro-batches per step."""
+        return self.shape[2]
+
+    # ------------------------------------------------------------ one job at a time
+    @cached_property
+    def order(self) -> tuple[Job, ...]:
+        """The execution sequence (see the class docstring); empty for a table built without one."""
+        ex = self.execution
+        return tuple(ex() if callable(ex) else ex)
+
+    @cached_property
+    def index(self) -> dict[Job, int]:
+        """Position of every job in :attr:`order`."""
+        return {job: i for i, job in enumerate(self.order)}
+
+    def jobs(self, op: str = "F") -> list[Job]:
+        """The F (or B) jobs in execution order (in (k, t, j) order for a table without one)."""
+        if op not in ("F", "B"):
+            raise ValueError(f"op must be 'F' or 'B', got {op!r}")
+        if self.order:
+            return [job for job in self.order if job[0] == op]
+        D, T, M = self.shape
+        return [(op, k, t, j) for k in range(D) for t in range(T) for j in range(M)]
+
+    def version(self, job: Job) -> int:
+        """cur(job): the version of stage k current when F or B job ``(op, k, t, j)`` started."""
+        op, k, t, j = job
+        if op == "F":
+            return int(self.forward[k, t, j])
+        if op == "B":
+            return int(self.backward[k, t, j])
+        raise ValueError(f"version() takes an F or B job, got op {op!r} in {job}")
+
+    def staleness_of(self, job: Job) -> int:
+        """``update_version[k, t] − cur(job)`` for an F or B job (at the version current at the job)."""
+        return int(self.update_version[job[1], job[2]]) - self.version(job)
+
+    def max_staleness(self) -> list[int]:
+        """Largest staleness of any F or B job at the version current at it, per stage."""
+        uv = self.update_version[:, :, None]
+        worst = np.maximum((uv - self.forward).max(axis=(1, 2)), (uv - self.backward).max(axis=(1, 2)))
+        return [int(w) for w in worst]
+
+    def round_trip_target(self, job: Job) -> int:
+        """R(job): stage k's version when micro-batch (t, j)'s backward at stage 0 starts (updates ending
+        strictly before it) - SpecTrain's prediction target; see :meth:`round_trip_difference`."""
+        op, k, t, j = job
+        if op not in ("F", "B"):
+            raise ValueError(f"round_trip_target() takes an F or B job, got op {op!r} in {job}")
+        return int(self._round_trip_targets[op][k, t, j])
+
+    @cached_property
+    def _round_trip_targets(self) -> dict[str, np.ndarray]:
+        return {"F": self.forward + self.round_trip_difference("F"),
+                "B": self.backward + self.round_trip_difference("B")}
 
     def used(self, op: str = "F", rule: str | None = None) -> np.ndarray:
         """Version each job uses under ``rule`` (default: the schedule's weight rule), shape [D, T, M].

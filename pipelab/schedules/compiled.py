@@ -1,6 +1,8 @@
-"""Timing core shared by the simulator and the validator: compile a schedule to arrays, then time it.
+"""A schedule compiled to arrays, and its timing: the core shared by the simulator and the validator.
 
-The schedule fixes each worker's order, so timing needs no search: a job starts at
+:func:`compile_schedule` flattens the programs and looks up every action's dependencies, read from the one
+dependency rule (:mod:`pipelab.schedules.dependencies`); :func:`run` times them. The schedule fixes each
+worker's order, so timing needs no search: a job starts at
 
     start(j) = max( end of the previous job on its worker,
                     max over dependencies d of end(d) + latency(d → j) ),   end(j) = start(j) + cost(j).
@@ -11,9 +13,10 @@ finishes. Every job is examined a bounded number of times, so the cost is linear
 (no argmin over a frontier). A worker that can never resume means the program order contradicts the
 dependencies (deadlock): :func:`run` reports the blocked workers instead of times.
 
-Dependencies (op codes F=0, B=1, U=2, I=3, W=4; the "gradient job" of a stage is B, or I when split):
-F(k,g) ← F(k−1,g);  B/I(k,g) ← F(k,g), grad job(k+1,g);  W(k,g) ← I(k,g);  U(k,t,h) ← every B/W(k,g∈t);
-with ``sync_lag = L``: every compute job of stage k in step t ← U(k, t−1−L) at its weight source.
+Op codes: F=0, B=1, U=2, I=3, W=4. Dependency slots: ``dep1``/``dep2`` hold a compute job's data edges in
+the order of :func:`~pipelab.schedules.dependencies.edges_into`; ``dep3`` its weight barrier
+(:func:`~pipelab.schedules.dependencies.update_dependency`, at its weight source); an update's
+weight-gradient jobs are in ``udeps``.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .actions import OPS, Schedule
+from .dependencies import barrier_step, edges_into
 
 __all__ = ["Compiled", "compile_schedule", "run", "OP_CODE"]
 
@@ -174,24 +178,20 @@ def compile_schedule(s: Schedule) -> Compiled:
                 continue
             break
 
-    # Dependencies.
+    # Dependencies: the data edges of the one rule, vectorised per op and slot.
     dep1 = np.full(n, -1, np.int64)
     dep2 = np.full(n, -1, np.int64)
     dep3 = np.full(n, -1, np.int64)
     gradjob = np.where(has[B], table[B], table[I])  # the job that sends stage k's input gradient
     wjob = np.where(has[B], table[B], table[Wop])  # the job that finishes stage k's weight gradient
-    for code in (F, B, I, Wop):
-        sel = ids[ok & (op == code)]
+    for name in ("F", "B", "I", "W"):
+        sel = ids[ok & (op == OP_CODE[name])]
         k, gg = stage[sel], g[sel]
-        if code == F:
-            m = k > 0
-            dep1[sel[m]] = table[F, k[m] - 1, gg[m]]
-        elif code in (B, I):
-            dep1[sel] = table[F, k, gg]
-            m = k < D - 1
-            dep2[sel[m]] = gradjob[k[m] + 1, gg[m]]
-        else:
-            dep1[sel] = table[I, k, gg]
+        for slot, edge in zip((dep1, dep2), edges_into(name)):
+            kk = k + edge.stage
+            m = (kk >= 0) & (kk < D)
+            producer = gradjob if edge.on == "grad" else table[OP_CODE[edge.on]]
+            slot[sel[m]] = producer[kk[m], gg[m]]
     src = worker.copy()
     comp_ids = ids[comp]
     if comp_ids.size:
@@ -200,7 +200,7 @@ def compile_schedule(s: Schedule) -> Compiled:
         own = hidx[k, w] >= 0
         src[comp_ids] = np.where(own, w, first[k])
         if s.sync_lag is not None:
-            tt = step[comp_ids] - 1 - s.sync_lag
+            tt = barrier_step(step[comp_ids], s.sync_lag)
             m = tt >= 0
             sel = comp_ids[m]
             dep3[sel] = u_tab[k[m], tt[m], hidx[k[m], src[sel]]]

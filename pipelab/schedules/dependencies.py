@@ -1,0 +1,132 @@
+"""The dependency rule of a pipeline schedule, written once.
+
+Every reader of job order derives it from this module: the array compiler the simulator and the validator
+time with (:func:`pipelab.schedules.compiled.compile_schedule`), the constructor's list scheduler
+(:func:`pipelab.schedules.construct`), the order resolution of the pipeline core
+(:func:`pipelab.pipeline.order.resolve_order`) and the point-to-point messages of the runtime
+(:func:`pipelab.schedules.transfers.messages`).
+
+A job is ``(op, k, t, j)``: op, stage k, step t, micro-batch j (``j = -1`` for ``U``). The *gradient job*
+of stage k is the job that produces the gradient of stage k's input, B, or I when the backward is split;
+the *weight-gradient job* is the one that finishes stage k's weight gradient, B, or W when split. For one
+micro-batch (t, j):
+
+    F(k)    <- F(k-1)                           carries the activation into stage k
+    B(k)    <- F(k),  gradient job(k+1)         the latter carries the gradient of stage k's output
+    I(k)    <- F(k),  gradient job(k+1)
+    W(k)    <- I(k)
+    U(k, t) <- weight-gradient job(k, t, j) for every j = 0..M-1
+
+and with a weight barrier (``Schedule.sync_lag = L`` not None) every compute job of stage k in step t also
+waits for U(k, t-1-L) at its weight source (L = 0: a flushed schedule).
+
+:data:`EDGES` is the first block as data; the order of a job's edges is the order of its dependency slots
+in the compiled arrays (slot 1: the input side, slot 2: the gradient from the next stage). A new kind of
+job (a collective, a weight fetch) is added here, as an edge, and every reader follows.
+
+Example:
+    >>> dependencies(("B", 1, 0, 2), D=3, M=4)
+    [('F', 1, 0, 2), ('B', 2, 0, 2)]
+    >>> [(e.job, e.on, e.stage) for e in edges_into("F")]
+    [('F', 'F', -1)]
+
+Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s, b, d); the
+split backward of Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import numpy as np
+
+__all__ = ["Job", "Edge", "EDGES", "ACTIVATION", "GRADIENT", "edges_into", "dependencies", "update_dependency",
+           "barrier_step", "gradient_job", "weight_gradient_job"]
+
+#: A job ``(op, k, t, j)``: op in "F", "B", "U", "I", "W"; ``j = -1`` for "U".
+Job = tuple[str, int, int, int]
+
+StepT = TypeVar("StepT", int, np.ndarray)
+
+#: What a cross-stage edge carries between workers.
+ACTIVATION: Literal["activation"] = "activation"
+GRADIENT: Literal["gradient"] = "gradient"
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``job(k) <- on(k + stage)`` for the same micro-batch.
+
+    Attributes:
+        job: the dependent op.
+        on: the op it waits for: "F", "I", or "grad" (the gradient job of that stage: B, or I when split).
+        stage: the producer's stage offset (-1, 0 or +1); an edge leaving 0..D-1 does not exist.
+        carries: the tensor that crosses to another worker along the edge (``None``: the two jobs belong to
+            one stage and share what they need on the stage's worker).
+    """
+
+    job: str
+    on: str
+    stage: int
+    carries: str | None
+
+
+EDGES: tuple[Edge, ...] = (
+    Edge("F", "F", -1, ACTIVATION),
+    Edge("B", "F", 0, None),
+    Edge("B", "grad", +1, GRADIENT),
+    Edge("I", "F", 0, None),
+    Edge("I", "grad", +1, GRADIENT),
+    Edge("W", "I", 0, None),
+)
+
+
+def edges_into(op: str) -> tuple[Edge, ...]:
+    """The edges of a job of ``op``, in dependency-slot order (none for "U": see :func:`dependencies`)."""
+    return tuple(e for e in EDGES if e.job == op)
+
+
+def gradient_job(split: bool) -> str:
+    """The op that produces a stage's input gradient: "I" when the backward is split, else "B"."""
+    return "I" if split else "B"
+
+
+def weight_gradient_job(split: bool) -> str:
+    """The op that finishes a stage's weight gradient: "W" when the backward is split, else "B"."""
+    return "W" if split else "B"
+
+
+def dependencies(job: Job, D: int, M: int, split: bool = False) -> list[Job]:
+    """The jobs that ``job`` waits for (data dependencies; the weight barrier is :func:`update_dependency`).
+
+    Args:
+        job: ``(op, k, t, j)``.
+        D, M: stages and micro-batches per step.
+        split: whether the backward is split into I and W.
+    """
+    op, k, t, j = job
+    if op == "U":
+        wg = weight_gradient_job(split)
+        return [(wg, k, t, jj) for jj in range(M)]
+    out: list[Job] = []
+    for e in edges_into(op):
+        kk = k + e.stage
+        if 0 <= kk < D:
+            out.append((gradient_job(split) if e.on == "grad" else e.on, kk, t, j))
+    return out
+
+
+def barrier_step(t: StepT, sync_lag: int) -> StepT:
+    """``t - 1 - L``: the step whose update a compute job of step t waits for under a weight barrier
+    ``sync_lag = L`` (negative: none yet). Works on ints and on integer arrays."""
+    return t - 1 - sync_lag
+
+
+def update_dependency(job: Job, sync_lag: int | None) -> tuple[int, int] | None:
+    """``(k, t-1-L)``: the update U(k, t-1-L) a compute job of stage k in step t waits for under a weight
+    barrier ``sync_lag = L``; ``None`` without a barrier, for U, and in the first L+1 steps."""
+    op, k, t, _ = job
+    if op == "U" or sync_lag is None or barrier_step(t, sync_lag) < 0:
+        return None
+    return k, barrier_step(t, sync_lag)
