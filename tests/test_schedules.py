@@ -204,3 +204,20 @@ def test_the_dependency_rule_of_a_split_backward() -> None:
     assert update_dependency(("F", 2, 3, 0), sync_lag=0) == (2, 2)
     assert update_dependency(("F", 2, 0, 0), sync_lag=0) is None and update_dependency(("U", 2, 3, -1), 0) is None
     assert update_dependency(("B", 1, 3, 0), sync_lag=None) is None
+
+
+def test_transfers_of_a_two_stage_1f1b_worked_by_hand() -> None:
+    """Worker 0 runs F0.0 F0.1 B0.0 B0.1 U0, worker 1 runs F1.0 B1.0 F1.1 B1.1 U1: each F0 sends the activation
+    into stage 1 (channel 2) and each B1 the gradient into stage 0 (channel 1) to the matching job."""
+    from pipelab.schedules.transfers import Message, channels, consistent_cut, messages
+
+    s = one_f_one_b(D=2, M=2, steps=1)
+    assert [[str(a) for a in p] for p in s.programs] == [["F0.0", "F0.1", "B0.0", "B0.1", "U0"],
+                                                         ["F1.0", "B1.0", "F1.1", "B1.1", "U1"]]
+    assert messages(s) == [Message(0, 0, 1, 0, 2, 0, 0), Message(0, 1, 1, 2, 2, 0, 1),
+                           Message(1, 1, 0, 2, 1, 0, 0), Message(1, 3, 0, 3, 1, 0, 1)]
+    assert channels(s) == {(0, 1, 2): ([(0, 0), (0, 1)], [(0, 0), (0, 1)]),
+                           (1, 0, 1): ([(0, 0), (0, 1)], [(0, 0), (0, 1)])}
+    assert consistent_cut(s, 0) == ([0, 0], set()) and consistent_cut(s, 1) == ([5, 5], set())
+    with pytest.raises(ValueError, match="step must be in 0..1"):
+        consistent_cut(s, 2)

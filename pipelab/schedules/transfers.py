@@ -1,0 +1,120 @@
+"""Point-to-point transfers of a schedule: which tensor crosses from which worker to which, and when.
+
+A transfer is a dependency edge that carries a tensor (:data:`pipelab.schedules.dependencies.EDGES` with
+``carries`` set) between two jobs placed on different workers: the activation into stage k (from F(k−1)
+to F(k)) and the gradient of stage k's output (from stage k+1's gradient job to stage k's B or I). Each
+is sent by the producer's worker at its program position and received by the consumer's worker at its
+own. A multi-process runtime matches them by channel: the channel of a tensor *into* stage k is
+``2k`` for an activation and ``2k + 1`` for a gradient, and point-to-point matching on a channel between
+two workers is first-in first-out, so sends and receives on a channel must come in the same order
+(:func:`channels` lists both orders; the runtime refuses a schedule where they differ).
+
+:func:`consistent_cut` finds where each worker can stop so that a checkpoint taken there is consistent:
+no message is received before the cut and sent after it (Chandy–Lamport's condition, here computed from
+the static programs).
+
+Example:
+    >>> from pipelab.schedules import one_f_one_b
+    >>> [(m.src, m.dst, m.channel) for m in messages(one_f_one_b(D=2, M=1, steps=1))]
+    [(0, 1, 2), (1, 0, 1)]
+
+Reference: K. M. Chandy and L. Lamport, "Distributed Snapshots" (ACM TOCS 1985).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+from .actions import Schedule
+from .dependencies import ACTIVATION, Job, edges_into, gradient_job
+
+__all__ = ["Message", "messages", "channels", "channel", "consistent_cut", "ACT", "GRAD"]
+
+#: Kinds of tensor a transfer carries into a stage: its input activation or the gradient of its output.
+ACT, GRAD = 0, 1
+
+
+def channel(kind: int, stage: int) -> int:
+    """The channel of a tensor of ``kind`` (:data:`ACT` or :data:`GRAD`) *into* ``stage``: 2·stage + kind."""
+    return 2 * stage + kind
+
+
+class Message(NamedTuple):
+    """A cross-worker transfer: sent by ``src`` at program position ``send_pos``, received by ``dst`` at
+    ``recv_pos``, on ``channel``, for micro-batch ``(t, j)``."""
+
+    src: int
+    send_pos: int
+    dst: int
+    recv_pos: int
+    channel: int
+    t: int
+    j: int
+
+
+def messages(schedule: Schedule) -> list[Message]:
+    """Every cross-worker transfer of ``schedule``, ordered by sender and send position.
+
+    For every compute job and every edge into it that carries a tensor, a message exists when the producer
+    runs on another worker than the consumer.
+    """
+    split = schedule.split_backward
+    where: dict[Job, tuple[int, int]] = {}
+    for w, prog in enumerate(schedule.programs):
+        for pos, a in enumerate(prog):
+            if a.op != "U":
+                where[(a.op, a.stage, a.step, a.micro)] = (w, pos)
+    out: list[Message] = []
+    for (op, k, t, j), (w, pos) in where.items():
+        for edge in edges_into(op):
+            kk = k + edge.stage
+            if edge.carries is None or not 0 <= kk < schedule.D:
+                continue
+            src, send_pos = where[(gradient_job(split) if edge.on == "grad" else edge.on, kk, t, j)]
+            if src != w:
+                kind = ACT if edge.carries == ACTIVATION else GRAD
+                out.append(Message(src, send_pos, w, pos, channel(kind, k), t, j))
+    out.sort(key=lambda m: (m.src, m.send_pos))
+    return out
+
+
+def channels(schedule: Schedule) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+    """Cross-worker messages per channel ``(src, dst, channel)``: (send order, receive order) of their ``(t, j)``.
+
+    A runtime requires the two orders to be equal on every channel (point-to-point matching is FIFO).
+    """
+    grouped: dict[tuple[int, int, int], list[Message]] = defaultdict(list)
+    for m in messages(schedule):
+        grouped[(m.src, m.dst, m.channel)].append(m)
+    return {key: ([(m.t, m.j) for m in sorted(ms, key=lambda m: m.send_pos)],
+                  [(m.t, m.j) for m in sorted(ms, key=lambda m: m.recv_pos)]) for key, ms in grouped.items()}
+
+
+def consistent_cut(schedule: Schedule, step: int) -> tuple[list[int], set[tuple[int, int, int, int, int]]]:
+    """Cut positions per worker for a checkpoint at mini-batch ``step``, and the messages in flight.
+
+    Each worker first stops before its first action of step ``step`` or later; a worker whose cut would
+    receive a message sent after its sender's cut stops before that receive, until nothing changes.
+
+    Returns:
+        ``(positions, in_flight)``: worker r runs ``programs[r][:positions[r]]``; ``in_flight`` holds
+        ``(src, dst, channel, t, j)`` of the messages its sender must keep for the resumed run.
+
+    Raises:
+        ValueError: ``step`` outside 0..steps.
+    """
+    if not 0 <= step <= schedule.steps:
+        raise ValueError(f"step must be in 0..{schedule.steps}, got {step}")
+    cut = [next((i for i, a in enumerate(prog) if a.step >= step), len(prog)) for prog in schedule.programs]
+    msgs = messages(schedule)
+    changed = True
+    while changed:
+        changed = False
+        for m in msgs:
+            if m.send_pos >= cut[m.src] and m.recv_pos < cut[m.dst]:  # orphan: received before the cut, sent after
+                cut[m.dst] = m.recv_pos
+                changed = True
+    in_flight = {(m.src, m.dst, m.channel, m.t, m.j) for m in msgs
+                 if m.send_pos < cut[m.src] and m.recv_pos >= cut[m.dst]}
+    return cut, in_flight
