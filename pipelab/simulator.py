@@ -293,10 +293,10 @@ class SimResult:
         uv = np.zeros((D, T), np.int64)
         ue = np.full((D, T), np.inf)
         for k in range(D):
-            ends = uend_by.get((k, int(first[k])))
-            if ends is None:
+            first_ends = uend_by.get((k, int(first[k])))
+            if first_ends is None:
                 continue
-            ue[k, : len(ends)] = ends
+            ue[k, : len(first_ends)] = first_ends
             m = (c.stage[uids] == k) & (c.worker[uids] == first[k])
             ids = uids[m]
             # Updates of one holder run one after another: U(k,t)'s version is its rank among them.

@@ -7,6 +7,7 @@ Rahimi's Table 1 and throughput bound checked by simulation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -14,8 +15,8 @@ import seaborn as sns
 from matplotlib.patches import Patch, Rectangle
 
 from ..config import from_preset
-from ..schedules import (ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive, one_f_one_b, pipedream,
-                         pipedream_2bw, pipeoptim_staleness, spectrain_version_difference)
+from ..schedules import (Schedule, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive, one_f_one_b,
+                         pipedream, pipedream_2bw, pipeoptim_staleness, spectrain_version_difference)
 from ..schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_worker
 from ..simulator import SimResult, simulate
 from . import FigureOutput, register
@@ -120,7 +121,7 @@ def _gantt_figure(entries, cfg: GanttConfig, suptitle: str, versions: bool = Fal
 def schedules_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     D, M, T = cfg.D, cfg.M, cfg.steps
-    entries = [("naive model parallel (M=1 per step)", naive(D, 1, T)),
+    entries: list[tuple[Any, ...]] = [("naive model parallel (M=1 per step)", naive(D, 1, T)),
                ("GPipe", gpipe(D, M, T)), ("1F1B (PipeDream-Flush / DAPPLE)", one_f_one_b(D, M, T))]
     if M % D == 0:
         entries.append((f"interleaved 1F1B: the model in {2 * D} half-size chunks, V=2 per worker "
@@ -167,7 +168,7 @@ _SWEEP = {"tiny": SweepConfig(D=4, Ms=(1, 2, 4, 8), M_memory=8), "quick": SweepC
           "paper": SweepConfig(D=16, Ms=(1, 2, 4, 8, 16, 32, 64, 128), M_memory=32)}
 
 
-def _sweep_schedules(W: int, M: int) -> dict[str, tuple[object, float]]:
+def _sweep_schedules(W: int, M: int) -> dict[str, tuple[Schedule, float]]:
     """Schedules of one model on W workers: name -> (schedule, stage-cost scale). Interleaved and folded
     cut the model into V·W (2W) chunks of 1/V (1/2) the cost."""
     out = {"GPipe": (gpipe(W, M), 1.0), "1F1B": (one_f_one_b(W, M), 1.0), "folded (2W chunks)": (folded(2 * W, M), 0.5)}
@@ -193,8 +194,8 @@ def schedules_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
     ax.plot(Ms, (D - 1) / (Ms + D - 1), color="0.3", lw=4, alpha=0.35, label="(D−1)/(M+D−1)")
     markers = iter("osD^v<>")
     for name, pts in rows.items():
-        x, y = zip(*pts)
-        ax.plot(x, y, marker=next(markers), ms=4, label=name)
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker=next(markers), ms=4, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batches per step M")
     ax.set_ylabel("bubble fraction (mean over workers)")
@@ -213,8 +214,11 @@ def schedules_memory(preset: str, *, progress: bool = False) -> FigureOutput:
     scheds["PipeDream (async, M=1)"] = (pipedream(D, 1, 3 * D), 1.0)
     scheds[f"DDP (W=M={M})"] = (ddp(D, M), 1.0)
     # Activations in units of one full stage's activation (a chunk of 1/V of the model holds 1/V).
-    data = {name: simulate(s, x, x * cfg.b_over_f, activation_bytes=x).peak_activation_bytes
-            for name, (s, x) in scheds.items()}
+    data: dict[str, np.ndarray] = {}
+    for name, (s, x) in scheds.items():
+        peaks = simulate(s, x, x * cfg.b_over_f, activation_bytes=x).peak_activation_bytes
+        assert peaks is not None  # activation_bytes given
+        data[name] = peaks
     fig, ax = plt.subplots(figsize=(9.5, 4.0))
     for name, peaks in data.items():
         ax.plot(np.arange(len(peaks)), peaks, marker="o", ms=4, label=f"{name} ({len(peaks)} workers)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -193,7 +194,7 @@ def _bisection_sweep(cfg: BisectionConfig) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"tau": [], "sgd": [], "momentum": [], "momentum_pred": []}
     for t in range(cfg.taus):
         out["tau"].append(t)
-        kw = dict(steps=cfg.steps, rel_tol=cfg.rel_tol)
+        kw: dict[str, Any] = dict(steps=cfg.steps, rel_tol=cfg.rel_tol)
         out["sgd"].append(max_stable_lr(prob, t, **kw) * prob.lam_max)
         out["momentum"].append(max_stable_lr(prob, t, momentum=cfg.momentum, **kw) * prob.lam_max)
         out["momentum_pred"].append(max_stable_lr(prob, t, momentum=cfg.momentum, predict_s=t, **kw) * prob.lam_max)

@@ -95,9 +95,9 @@ def compile_schedule(s: Schedule) -> Compiled:
     try:
         op = np.array([OP_CODE[o] for o in ops], np.int64)
     except KeyError:
-        bad = next(i for i, o in enumerate(ops) if o not in OP_CODE)
+        first_bad = next(i for i, o in enumerate(ops) if o not in OP_CODE)
         op = np.array([OP_CODE.get(o, -1) for o in ops], np.int64)
-        problems.append((f"unknown op {ops[bad]!r} (allowed: {', '.join(OPS)})", None))
+        problems.append((f"unknown op {ops[first_bad]!r} (allowed: {', '.join(OPS)})", None))
     stage = np.asarray(stages, np.int64)
     step = np.asarray(steps, np.int64)
     micro = np.asarray(micros, np.int64)
@@ -215,7 +215,10 @@ def compile_schedule(s: Schedule) -> Compiled:
 
 
 def _per_stage(name: str, value: float | Sequence[float] | np.ndarray, D: int, *, positive: bool) -> np.ndarray:
-    arr = np.full(D, float(value)) if np.isscalar(value) else np.asarray(value, dtype=np.float64).reshape(-1)
+    if isinstance(value, (int, float, np.number)):
+        arr = np.full(D, float(value))
+    else:
+        arr = np.asarray(value, dtype=np.float64).reshape(-1)
     if arr.shape != (D,):
         raise ValueError(f"{name} must be a scalar or one value per stage (D={D}), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
@@ -332,5 +335,5 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
             i += 1
         ptr[w] = i
         free[w] = t_free
-    blocked = [(w, ptr[w] - offs[w]) for w in range(W) if ptr[w] < stop[w]]
-    return np.asarray(start), np.asarray(end), np.asarray(seqs), blocked
+    stuck = [(w, ptr[w] - offs[w]) for w in range(W) if ptr[w] < stop[w]]
+    return np.asarray(start), np.asarray(end), np.asarray(seqs), stuck

@@ -211,8 +211,8 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
             item = heapq.heappop(ready[w])
             a = jobs[item[1]]
             g = a.step * M + a.micro
-            if (a.op == "F" and limit[w] is not None and g not in resident[w]
-                    and len(resident[w]) >= limit[w]):
+            bound = limit[w]
+            if a.op == "F" and bound is not None and g not in resident[w] and len(resident[w]) >= bound:
                 held.append(item)
                 continue
             chosen = item[1]

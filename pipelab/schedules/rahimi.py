@@ -50,6 +50,7 @@ def table_row(scheme: str, S: int, B: int, G: int = 1, R: int = 1) -> dict[str, 
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     S, B, G, R = (check_int(n, v) for n, v in (("S", S), ("B", B), ("G", G), ("R", R)))
+    row: tuple[float, ...]
     if scheme in ("DDP", "FSDP"):
         row = (B, S, 0, 0 if scheme == "DDP" else S - 1, S, S if scheme == "DDP" else 1)
     elif scheme == "PP":

@@ -160,8 +160,8 @@ def _validate_schedule(s: Schedule, c: Compiled | None = None) -> None:
     why = ""
     if d >= 0:
         dw, dpos = c.position(d)
-        where = "later on the same worker" if dw == w else f"at position {dpos} on worker {dw}, behind a blocked job"
-        why = f"; it waits for {s.programs[dw][dpos]} (step {s.programs[dw][dpos].step}), which is {where}"
+        place = "later on the same worker" if dw == w else f"at position {dpos} on worker {dw}, behind a blocked job"
+        why = f"; it waits for {s.programs[dw][dpos]} (step {s.programs[dw][dpos].step}), which is {place}"
     _fail(s, f"dependency violated in {s.name!r}: worker {w}'s action {a} (step {a.step}, position {pos}) "
              f"can never run{why}; {len(blocked)} worker(s) blocked (deadlock)", (w, pos), tl)
 
