@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the emulator imports this module; only annotations need its
 __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",
     "Sync", "Vanilla", "Stashing", "VerticalSync", "TwoBW", "SpecTrainPolicy", "PipeOptimPolicy",
-    "PipeMarePolicy", "Oracle",
+    "PipeMarePolicy", "Oracle", "PolicyInfo", "policy_info", "SCHEDULE_FAMILIES",
 ]
 
 
@@ -75,25 +75,33 @@ class Predicted:
 
 WeightSpec = Stored | Predicted
 
+#: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms.
+SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "async_1f1b", "2bw")
+
 
 class Policy:
     """Base class. Subclasses set the class attributes and :meth:`forward`/:meth:`backward`.
 
     Class attributes:
-        name, title: registry name and legend label.
-        schedule: the schedule family the policy is meant for (``"gpipe"``, ``"1f1b"``, ``"async_1f1b"``,
-            ``"2bw"``, ``"sequential"``).
+        name, title: registry name and legend label (figures and tables print ``title``).
+        schedule: the schedule family the policy is meant for, one of :data:`SCHEDULE_FAMILIES`
+            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"async_1f1b"``: PipeDream's
+            asynchronous 1F1B, one update per mini-batch; ``"2bw"``: PipeDream-2BW).
         synchronous: the policy requires a schedule without staleness (checked against the table).
         uses_predictor: the policy's specs include :class:`Predicted` (a predictor must be given).
         default_predictor: predictor name used when none is given.
+        emulation_only: the policy needs weights no real pipeline has yet (the oracle): it runs in the
+            emulator only and is no learning-curve arm.
+        summary: one line for :meth:`describe`.
     """
 
-    name: ClassVar[str] = ""
-    title: ClassVar[str] = ""
-    schedule: ClassVar[str] = "async_1f1b"
+    name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
+    title: str = ""
+    schedule: str = "async_1f1b"
     synchronous: ClassVar[bool] = False
     uses_predictor: ClassVar[bool] = False
     default_predictor: ClassVar[str | None] = None
+    emulation_only: ClassVar[bool] = False
     summary: ClassVar[str] = ""
 
     def check(self, table: VersionTable) -> None:
@@ -276,8 +284,9 @@ class SpecTrainPolicy(_PredictingPolicy):
     def _spec(self, table: VersionTable, key: JobKey) -> WeightSpec:
         base = _cur(table, key)
         if self.staleness == "paper":
-            k, D = key[1], table.D
-            s = k // 2 + (D - k - 1 if key[0] == "F" else 0)
+            from .schedules.versions import spectrain_version_difference  # the formula's one definition
+
+            s = int(spectrain_version_difference(table.D, key[1], key[0]))
             return Predicted(base, s) if s else Stored(base)
         return _predict(base, self.target(table, key))
 
@@ -301,7 +310,9 @@ class PipeOptimPolicy(_PredictingPolicy):
     def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
         base = _cur(table, key)
         if self.staleness == "paper":
-            s = table.D - key[1] - 1
+            from .schedules.versions import pipeoptim_staleness  # the formula's one definition
+
+            s = int(pipeoptim_staleness(table.D, key[1]))
             return Predicted(base, s) if s else Stored(base)
         return _predict(base, table.own[(key[1], key[2])])
 
@@ -374,6 +385,7 @@ class Oracle(Policy):
     """
 
     name, title = "oracle", "oracle (true future weights)"
+    emulation_only = True
     summary = "forward and backward at W^(own), the true weights of the job's own update (waits for them)"
 
     def forward(self, table: VersionTable, key: JobKey) -> WeightSpec:
@@ -422,3 +434,41 @@ def make_policy(name: str | Policy, **options: object) -> Policy:
         return cls(**fixed, **options)
     except TypeError as exc:
         raise TypeError(f"policy {name!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What the registry says about a policy: the one source of its label, schedule family and needs.
+
+    Attributes:
+        name: registry name; title: legend label; schedule: schedule family (:data:`SCHEDULE_FAMILIES`);
+        synchronous: needs a flushed schedule; uses_predictor: its specs include :class:`Predicted`;
+        default_predictor: the predictor used when none is given; emulation_only: not runnable in a real
+        pipeline (no learning-curve arm, no ``pipelab.run`` choice); summary: one line on what it does.
+    """
+
+    name: str
+    title: str
+    schedule: str
+    synchronous: bool
+    uses_predictor: bool
+    default_predictor: str | None
+    emulation_only: bool
+    summary: str
+
+
+def policy_info(name: str) -> PolicyInfo:
+    """The metadata of the registered policy ``name`` (read from the policy built with default options).
+
+    Figures, the learning-curve arms and the ``pipelab.run`` choices read labels and schedule families here
+    instead of retyping them.
+
+    Example:
+        >>> info = policy_info("2bw")
+        >>> info.title, info.schedule, info.uses_predictor
+        ('PipeDream-2BW', '2bw', False)
+    """
+    p = make_policy(name)
+    return PolicyInfo(name=p.name, title=p.title, schedule=p.schedule, synchronous=p.synchronous,
+                      uses_predictor=p.uses_predictor, default_predictor=p.default_predictor,
+                      emulation_only=p.emulation_only, summary=p.summary)
