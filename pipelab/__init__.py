@@ -52,6 +52,8 @@ from .schedules import (
     validate,
 )
 from .simulator import SimResult, costs_from_profile, simulate
+from .profiling import StageProfile, profile_stages
+from .threads import torch_threads
 from . import predictors
 from .predictors import (
     PREDICTORS,
@@ -62,7 +64,7 @@ from .predictors import (
     supported_optimizers,
 )
 from .prediction_error import PredictionErrorConfig, PredictionErrorResult, measure_prediction_error, run_prediction_error
-from .policies import POLICIES, Policy, available_policies, make_policy
+from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
 from .emulator import DeadlockError, Emulator, EmulatorResult, build_pipeline, evaluate, train_plain
 from .learning_curves import RunConfig, prepare
 from .learning_curves import run as run_arm
@@ -101,13 +103,14 @@ __all__ = [
     "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
+    "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
     # predictors and prediction error
     "predictors", "Predictor", "make_predictor", "available_predictors", "describe_predictors", "PREDICTORS",
     "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",
     "PredictionErrorResult",
     # policies, the emulator and learning curves
-    "Policy", "POLICIES", "make_policy", "available_policies",
+    "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo",
     "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
     "RunConfig", "prepare", "run_arm", "sweep_arms",
     # the multi-process runtime
