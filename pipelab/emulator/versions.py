@@ -5,7 +5,7 @@ Stage k's weights after v optimizer updates are *version v*, ``W_k^(v)``. Three 
 - :class:`VersionTable`: for an ordered execution sequence of F/B/U events (the simulator's), the version
   of stage k current when every job ran, ``cur(job)``, and the version its own update is applied to,
   ``own(k, t)`` (the version current just before ``U(k, t)``). The staleness of a job is
-  ``own(k, t) − cur(job)`` (DESIGN §3). :meth:`VersionTable.version_at` answers "which version did stage
+  ``own(k, t) − cur(job)`` (see :mod:`pipelab`). :meth:`VersionTable.version_at` answers "which version did stage
   k have when event i started?" (SpecTrain's round-trip target needs it).
 - :func:`resolve_order`: a ready-queue over the schedule order. An event runs once its data dependencies
   ran *and* the weight versions it needs exist. For every realisable policy the result is the schedule's
