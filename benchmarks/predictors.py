@@ -24,6 +24,7 @@ import torch
 
 from pipelab.models import deep_mlp
 from pipelab.predictors import make_predictor
+from pipelab.threads import torch_threads
 
 OPTIMIZERS = {
     "SGDM": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
@@ -119,24 +120,24 @@ def main() -> None:
     args = ap.parse_args()
     if not args.system_malloc:
         _reexec_with_caching_malloc()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    devices = []
-    if args.device in ("cpu", "all"):
-        devices.append(torch.device("cpu"))
-    if args.device in ("cuda", "all") and torch.cuda.is_available():
-        devices.append(torch.device("cuda"))
-    malloc = ", ".join(f"{k}={os.environ[k]}" for k in _MALLOC_ENV if k in os.environ) or "system default"
-    print(f"malloc: {malloc}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
-          + (f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"))
-    for device in devices:
-        rows = bench(device, args.reps, args.s)
-        one_pass = [r for r in rows if r[1] in ("spectrain", "pipeoptim", "pipeoptim_code", "linear", "pipemare")]
-        worst = max(one_pass, key=lambda r: r[3])
-        print(f"summary {device}: one-pass predictors cost ≤ {worst[3]:.2f}× a step "
-              f"(worst: {worst[1]} with {worst[0]}); "
-              f"rollouts ('repeat', 'zero_grad_rollout') cost about s = {args.s} steps by construction")
+    with torch_threads(args.threads or None):  # the CPU run's thread count, restored afterwards
+        devices = []
+        if args.device in ("cpu", "all"):
+            devices.append(torch.device("cpu"))
+        if args.device in ("cuda", "all") and torch.cuda.is_available():
+            devices.append(torch.device("cuda"))
+        malloc = ", ".join(f"{k}={os.environ[k]}" for k in _MALLOC_ENV if k in os.environ) or "system default"
+        print(f"malloc: {malloc}")
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
+              + (f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"))
+        for device in devices:
+            rows = bench(device, args.reps, args.s)
+            one_pass = [r for r in rows
+                        if r[1] in ("spectrain", "pipeoptim", "pipeoptim_code", "linear", "pipemare")]
+            worst = max(one_pass, key=lambda r: r[3])
+            print(f"summary {device}: one-pass predictors cost ≤ {worst[3]:.2f}× a step "
+                  f"(worst: {worst[1]} with {worst[0]}); "
+                  f"rollouts ('repeat', 'zero_grad_rollout') cost about s = {args.s} steps by construction")
 
 
 if __name__ == "__main__":

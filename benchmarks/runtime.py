@@ -43,7 +43,8 @@ micro-batch each (one update each, PipeDream's setting) by samples per second. T
 as many optimizer updates and weight snapshots per sample and pays for them in the measured time; the
 ``async stashing M=M`` row has GPipe's mini-batch and update count instead.
 
-Simulator check: each rank profiles its own stage with the plain module (1 thread, like the runs):
+Simulator check: each rank profiles its own stage with the plain module (1 thread, like the runs; the
+profiler is :mod:`pipelab.profiling`):
 forward, backward and optimizer step for one micro-batch (medians over repeats), and the one-way time of
 an activation between neighbouring ranks (ping-pong / 2). :func:`pipelab.simulator.simulate` then predicts,
 for each row's schedule (torch rows: the pipelab schedule of the same order), the same period from the
@@ -90,6 +91,7 @@ from torch import Tensor, nn
 from pipelab.distributed import spawn
 from pipelab.models import deep_mlp
 from pipelab.partition import split
+from pipelab.profiling import profile_stage, transfer_times
 from pipelab.runtime import PipelineRuntime
 from pipelab.schedules import gpipe, one_f_one_b, pipedream
 from pipelab.simulator import simulate
@@ -218,76 +220,24 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def _median_time(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _profile(rank: int, world: int, cfg: BenchConfig, base: nn.Sequential, x: Tensor, y: Tensor,
-             device: torch.device) -> dict[str, float]:
-    """Forward, backward, optimizer step of this rank's stage for one micro-batch; transfer to the next rank."""
+             device: torch.device) -> dict[str, Any]:
+    """Forward, backward, optimizer step of this rank's stage for one micro-batch; transfer to the next rank.
+
+    The measurements are :func:`pipelab.profiling.profile_stage` (this rank's stage, from its input: stages
+    0..rank−1 run first, untimed) and :func:`pipelab.profiling.transfer_times` (ping-pong / 2 per boundary).
+    """
     stages = [s.to(device) for s in split(copy.deepcopy(base), world)]
-    stage = stages[rank]
+    last = rank == world - 1
     with torch.no_grad():
         h = x
         for s in stages[:rank]:
             h = s(h)
-    last = rank == world - 1
-    opt = _make_optimizer(cfg.optimizer)(list(stage.parameters()))
-    state: dict[str, Tensor] = {}
-
-    def fwd() -> None:
-        inp = h.detach().requires_grad_(rank > 0)
-        with torch.enable_grad():
-            out = stage(inp)
-            state["out"] = nn.functional.cross_entropy(out, y) / cfg.M if last else out
-
-    def bwd() -> None:
-        out = state.pop("out")
-        out.backward(None if last else torch.ones_like(out))
-
-    fb_reps = cfg.profile_reps + 3
-    f_times, b_times = [], []
-    for i in range(fb_reps):
-        f_times.append(_median_time(fwd, device, 1))
-        b_times.append(_median_time(bwd, device, 1))
-    f, b = statistics.median(f_times[3:]), statistics.median(b_times[3:])
-    _median_time(opt.step, device, 3)
-    u = _median_time(opt.step, device, cfg.profile_reps)
-    params = [p for p in stage.parameters()]
-    copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, cfg.profile_reps)
-    # one-way transfer of a boundary activation, from ping-pongs between neighbours
-    transfer = [0.0] * (world - 1)
-    with torch.no_grad():
-        out_k = stage(h) if not last else None
-    for k in range(world - 1):
-        dist.barrier()
-        if rank in (k, k + 1):
-            peer = k + 1 if rank == k else k
-            act = torch.zeros_like(out_k if rank == k else h)  # stage k's output = stage k+1's input
-            buf = torch.empty_like(act)
-            rts = []
-            for i in range(cfg.profile_reps + 3):
-                _sync(device)
-                t0 = time.perf_counter()
-                if rank == k:
-                    dist.send(act, peer)
-                    dist.recv(buf, peer)
-                else:
-                    dist.recv(buf, peer)
-                    dist.send(act, peer)
-                _sync(device)
-                rts.append(time.perf_counter() - t0)
-            if rank == k:
-                transfer[k] = statistics.median(rts[3:]) / 2
-    dist.barrier()
-    return {"f": f, "b": b, "u": u, "copy": copy_t, "transfer": transfer}
+        out = None if last else stages[rank](h)
+    c = profile_stage(stages[rank], h, y if last else None, optimizer=_make_optimizer(cfg.optimizer),
+                      reps=cfg.profile_reps, warmup=3, input_grad=rank > 0)
+    transfer = transfer_times(out, h if rank > 0 else None, reps=cfg.profile_reps, warmup=3)
+    return {"f": c.f, "b": c.b, "u": c.u, "copy": c.copy, "transfer": transfer}
 
 
 def _torch_run(row: Row, rank: int, world: int, base: nn.Sequential, data: list[tuple[Tensor, Tensor]],

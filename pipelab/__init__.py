@@ -3,6 +3,31 @@
 Schedules as data with a simulator and version tables, weight-staleness policies and predictors derived
 from ``torch.optim``, an exact single-process emulator and a ``torch.distributed`` runtime, and the
 analyses (prediction error, stability, learning curves) behind the notebooks and figures.
+
+Vocabulary (one name per concept, used in code, docstrings and figures):
+
+- **D** stages, **stage k** = 0..D−1 in model order (a model cut by :func:`split`); **M** micro-batches
+  per optimizer step; **step t** = 0..T−1, one mini-batch and one update per stage; **micro-batch j**
+  = 0..M−1 of step t (global index g = t·M + j).
+- **job** ``(op, k, t, j)``: op ``F`` (forward), ``B`` (backward; split into ``I`` input gradient and ``W``
+  weight gradient in zero-bubble schedules) of stage k on micro-batch (t, j); ``(U, k, t, −1)`` is stage
+  k's optimizer update with step t's gradients. :class:`Action` ``(op, stage, step, micro)`` is a job in
+  a worker's program.
+- **version** W_k^(v): stage k's weights after v updates. A job *uses* one version; its **update
+  version** is the version U(k, t) applies its gradient to (t when updates run in order).
+- **staleness** of a job = update version − version used (0: the gradient is applied to the weights it
+  was computed with).
+- **version table** (:class:`VersionTable`): for every job, the version current when it ran and the
+  update version, derived from a (simulated) schedule, never from rank arithmetic.
+- **schedule** (:class:`Schedule`): for every **worker** w (a process / device), its **program**, the
+  ordered list of actions it executes, plus which workers hold each stage's weights.
+- **policy** (:mod:`pipelab.policies`): which version (stored or predicted) each F and B job uses, given
+  the version table: stashing, vertical sync, 2BW, SpecTrain, PipeOptim, PipeMare, ...
+- **predictor** (:mod:`pipelab.predictors`): a pure function of (weights, optimizer state, learning rate,
+  s) estimating W^(v+s) from W^(v) with the user's ``torch.optim`` rule, never mutating the optimizer.
+
+Conventions: seeds and devices are explicit arguments; divergence (a NaN/inf loss) is a result, recorded
+and plotted, not an exception; bad input raises ``ValueError``/``TypeError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -52,6 +77,8 @@ from .schedules import (
     validate,
 )
 from .simulator import SimResult, costs_from_profile, simulate
+from .profiling import StageProfile, profile_stages
+from .threads import torch_threads
 from . import predictors
 from .predictors import (
     PREDICTORS,
@@ -62,7 +89,7 @@ from .predictors import (
     supported_optimizers,
 )
 from .prediction_error import PredictionErrorConfig, PredictionErrorResult, measure_prediction_error, run_prediction_error
-from .policies import POLICIES, Policy, available_policies, make_policy
+from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
 from .emulator import DeadlockError, Emulator, EmulatorResult, build_pipeline, evaluate, train_plain
 from .learning_curves import RunConfig, prepare
 from .learning_curves import run as run_arm
@@ -101,13 +128,14 @@ __all__ = [
     "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
+    "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
     # predictors and prediction error
     "predictors", "Predictor", "make_predictor", "available_predictors", "describe_predictors", "PREDICTORS",
     "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",
     "PredictionErrorResult",
     # policies, the emulator and learning curves
-    "Policy", "POLICIES", "make_policy", "available_policies",
+    "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo",
     "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
     "RunConfig", "prepare", "run_arm", "sweep_arms",
     # the multi-process runtime

@@ -205,7 +205,9 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
         beat[1] = time.monotonic()  # silence is measured from the start until the first heartbeat
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)  # ranks share the machine's cores
+    # ranks share the machine's cores; a spawned process sets its own count once at start (not scoped with
+    # pipelab.threads.torch_threads: the process exists for this one job, there is no caller's count to restore)
+    torch.set_num_threads(1)
     try:
         init_from_env(backend, timeout_s=timeout_s)
         out = fn(rank, world, *args)

@@ -46,7 +46,9 @@ import torch
 from .cache import run_sweep
 from .data import load_dataset
 from .models import build_model
+from .policies import available_policies, policy_info
 from .schedules.actions import check_int
+from .threads import torch_threads
 
 __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep", "make_optimizer", "grid", "with_"]
 
@@ -70,12 +72,10 @@ OPTIMIZERS: dict[str, tuple[str, dict[str, float]]] = {
     "adamw": ("AdamW", {"lr": 1e-3, "weight_decay": 1e-2}),
 }
 
-#: policy -> schedule family used for its arm
-ARM_POLICIES: dict[str, str] = {
-    "sequential": "plain", "gpipe": "gpipe", "1f1b": "1f1b", "vanilla": "pipedream", "stashing": "pipedream",
-    "vertical_sync": "pipedream", "2bw": "2bw", "spectrain": "pipedream", "pipeoptim": "pipedream",
-    "pipemare": "pipedream",
-}
+#: policy -> schedule family of its arm (:attr:`pipelab.policies.Policy.schedule`), read from the policy
+#: registry: every registered policy that a real pipeline can run (all but the emulation-only oracle).
+ARM_POLICIES: dict[str, str] = {name: info.schedule for name, info in
+                                ((n, policy_info(n)) for n in available_policies()) if not info.emulation_only}
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,9 @@ def _schedule(cfg: RunConfig, steps: int):
         return one_f_one_b(cfg.D, cfg.M, steps)
     if family == "2bw":
         return pipedream_2bw(cfg.D, cfg.D, steps)
-    return pipedream(cfg.D, 1, steps)
+    if family == "async_1f1b":
+        return pipedream(cfg.D, 1, steps)
+    raise ValueError(f"policy {cfg.policy!r}: no pipeline schedule for family {family!r}")
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
@@ -180,14 +182,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         ``test_loss``, ``test_acc`` (per epoch, index 0 = initial weights), ``diverged`` (bool),
         ``diverged_step``, ``weight_copies`` (per stage), ``seconds``.
     """
-    threads = torch.get_num_threads()
-    if cfg.device == "cpu":
-        # these models are small: one intra-op thread is fastest, and immune to oversubscribed cores
-        torch.set_num_threads(1)
-    try:
+    # these models are small: on CPU one intra-op thread is fastest, and immune to oversubscribed cores
+    with torch_threads(1 if cfg.device == "cpu" else None):
         return _run(cfg)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @dataclass

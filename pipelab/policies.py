@@ -10,7 +10,7 @@ forward (F) and its backward (B):
   ``W_k^(base) + s·δ_k`` with ``s < 0`` (δ the EMA of recent weight differences).
 
 The version difference ``s`` always comes from the version table (``cur``: version current when the job
-runs, ``own``: version its own update is applied to), never from rank arithmetic; the papers' formulas
+runs, ``upd``: the update version, the one its update applies its gradient to), never from rank arithmetic; the papers' formulas
 (PipeOptim ``s = D−k−1``; SpecTrain ``⌊k/2⌋+D−k−1`` forward, ``⌊k/2⌋`` backward) are what the table gives
 for asynchronous 1F1B and are compared in the tests.
 
@@ -23,9 +23,9 @@ for asynchronous 1F1B and are compared in the tests.
 | vertical_sync   | cur(F(0, t, j)) (input stage) | same                              | D−k+1 (k>0), D (k=0)      |
 | 2bw             | cur(F(0, t, 0)) (= t−1, M ≥ D)| same                              | 2 (on the 2BW schedule)   |
 | spectrain       | Ŵ(cur(F) → R)                 | Ŵ(cur(B) → R)                     | 1 + 1 predicted           |
-| pipeoptim       | Ŵ(cur(F) → own)               | cur(B)                            | 1 + 1 predicted (k<D−1)   |
+| pipeoptim       | Ŵ(cur(F) → upd)               | cur(B)                            | 1 + 1 predicted (k<D−1)   |
 | pipemare        | cur(F)                        | cur(B) − (cur(B)−cur(F))·δ        | 1 + δ + 1 corrected (k<D−1)|
-| oracle          | W^(own) (true future; waits)  | W^(own)                           | (sequential training)     |
+| oracle          | W^(upd) (true future; waits)  | W^(upd)                           | (sequential training)     |
 
 R(k, t, j) is the version of stage k current when the micro-batch's round trip ends (its backward at
 stage 0 starts): SpecTrain predicts "the weights at the end of the round trip" at every stage. PipeMare
@@ -47,6 +47,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from .schedules.versions import pipeoptim_staleness, spectrain_version_difference
+
 if TYPE_CHECKING:
     from .schedules.dependencies import Job
     from .schedules.versions import VersionTable
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",
     "Sync", "Vanilla", "Stashing", "VerticalSync", "TwoBW", "SpecTrainPolicy", "PipeOptimPolicy",
-    "PipeMarePolicy", "Oracle",
+    "PipeMarePolicy", "Oracle", "PolicyInfo", "policy_info", "SCHEDULE_FAMILIES",
 ]
 
 
@@ -76,25 +78,33 @@ class Predicted:
 
 WeightSpec = Stored | Predicted
 
+#: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms.
+SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "async_1f1b", "2bw")
+
 
 class Policy:
     """Base class. Subclasses set the class attributes and :meth:`forward`/:meth:`backward`.
 
     Class attributes:
-        name, title: registry name and legend label.
-        schedule: the schedule family the policy is meant for (``"gpipe"``, ``"1f1b"``, ``"async_1f1b"``,
-            ``"2bw"``, ``"sequential"``).
+        name, title: registry name and legend label (figures and tables print ``title``).
+        schedule: the schedule family the policy is meant for, one of :data:`SCHEDULE_FAMILIES`
+            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"async_1f1b"``: PipeDream's
+            asynchronous 1F1B, one update per mini-batch; ``"2bw"``: PipeDream-2BW).
         synchronous: the policy requires a schedule without staleness (checked against the table).
         uses_predictor: the policy's specs include :class:`Predicted` (a predictor must be given).
         default_predictor: predictor name used when none is given.
+        emulation_only: the policy needs weights no real pipeline has yet (the oracle): it runs in the
+            emulator only and is no learning-curve arm.
+        summary: one line for :meth:`describe`.
     """
 
-    name: ClassVar[str] = ""
-    title: ClassVar[str] = ""
-    schedule: ClassVar[str] = "async_1f1b"
+    name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
+    title: str = ""
+    schedule: str = "async_1f1b"
     synchronous: ClassVar[bool] = False
     uses_predictor: ClassVar[bool] = False
     default_predictor: ClassVar[str | None] = None
+    emulation_only: ClassVar[bool] = False
     summary: ClassVar[str] = ""
 
     def check(self, table: VersionTable) -> None:
@@ -278,8 +288,8 @@ class SpecTrainPolicy(_PredictingPolicy):
     def _spec(self, table: VersionTable, key: Job) -> WeightSpec:
         base = _cur(table, key)
         if self.staleness == "paper":
-            k, D = key[1], table.D
-            s = k // 2 + (D - k - 1 if key[0] == "F" else 0)
+
+            s = int(spectrain_version_difference(table.D, key[1], key[0]))
             return Predicted(base, s) if s else Stored(base)
         return _predict(base, self.target(table, key))
 
@@ -291,19 +301,20 @@ class PipeOptimPolicy(_PredictingPolicy):
     """PipeOptim: forward at weights predicted for the job's own update; backward at the current version.
 
     Args:
-        staleness: ``"table"`` (default: s = own(k, t) − cur(F)) or ``"paper"`` (s = D − k − 1, eq. 4).
+        staleness: ``"table"`` (default: s = upd(k, t) − cur(F)) or ``"paper"`` (s = D − k − 1, eq. 4).
     """
 
     name, title = "pipeoptim", "PipeOptim"
     uses_predictor = True
     default_predictor = "pipeoptim"
-    summary = "forward at weights predicted s = own − cur(F) updates ahead, backward at cur(B)"
+    summary = "forward at weights predicted s = upd − cur(F) updates ahead, backward at cur(B)"
 
 
     def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         base = _cur(table, key)
         if self.staleness == "paper":
-            s = table.D - key[1] - 1
+
+            s = int(pipeoptim_staleness(table.D, key[1]))
             return Predicted(base, s) if s else Stored(base)
         return _predict(base, int(table.update_version[key[1], key[2]]))
 
@@ -367,13 +378,14 @@ class PipeMarePolicy(Policy):
 
 
 class Oracle(Policy):
-    """The true future weights: every job uses W^(own(k, t)); jobs wait for them (emulation only).
+    """The true future weights: every job uses W^(upd(k, t)), the update version; jobs wait for them (emulation only).
 
     On any schedule this is sequential training, which checks the emulator's machinery.
     """
 
     name, title = "oracle", "oracle (true future weights)"
-    summary = "forward and backward at W^(own), the true weights of the job's own update (waits for them)"
+    emulation_only = True
+    summary = "forward and backward at W^(upd), the true weights of the job's own update (waits for them)"
 
     def forward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(int(table.update_version[key[1], key[2]]))
@@ -421,3 +433,41 @@ def make_policy(name: str | Policy, **options: object) -> Policy:
         return cls(**fixed, **options)
     except TypeError as exc:
         raise TypeError(f"policy {name!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What the registry says about a policy: the one source of its label, schedule family and needs.
+
+    Attributes:
+        name: registry name; title: legend label; schedule: schedule family (:data:`SCHEDULE_FAMILIES`);
+        synchronous: needs a flushed schedule; uses_predictor: its specs include :class:`Predicted`;
+        default_predictor: the predictor used when none is given; emulation_only: not runnable in a real
+        pipeline (no learning-curve arm, no ``pipelab.run`` choice); summary: one line on what it does.
+    """
+
+    name: str
+    title: str
+    schedule: str
+    synchronous: bool
+    uses_predictor: bool
+    default_predictor: str | None
+    emulation_only: bool
+    summary: str
+
+
+def policy_info(name: str) -> PolicyInfo:
+    """The metadata of the registered policy ``name`` (read from the policy built with default options).
+
+    Figures, the learning-curve arms and the ``pipelab.run`` choices read labels and schedule families here
+    instead of retyping them.
+
+    Example:
+        >>> info = policy_info("2bw")
+        >>> info.title, info.schedule, info.uses_predictor
+        ('PipeDream-2BW', '2bw', False)
+    """
+    p = make_policy(name)
+    return PolicyInfo(name=p.name, title=p.title, schedule=p.schedule, synchronous=p.synchronous,
+                      uses_predictor=p.uses_predictor, default_predictor=p.default_predictor,
+                      emulation_only=p.emulation_only, summary=p.summary)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from .predictors import Predictor, make_predictor
 from .predictors.base import flat_params
+from .threads import torch_threads
 
 __all__ = ["OPTIMIZERS", "make_optimizer", "WeightRing", "PredictionErrorResult", "measure_prediction_error",
            "PredictionErrorConfig", "run_prediction_error", "layer_names"]
@@ -359,15 +360,9 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
         except (TypeError, ValueError) as exc:
             skipped.append(name)
             log.info("predictor %s skipped for %s: %s", name, cfg.optimizer, exc)
-    saved_threads = torch.get_num_threads()
-    try:
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            res = measure_prediction_error(model, opt, batches, usable, max_s=cfg.max_s,
-                                           measure_every=cfg.measure_every)
-    finally:
-        torch.set_num_threads(saved_threads)
+    with torch_threads(cfg.threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        res = measure_prediction_error(model, opt, batches, usable, max_s=cfg.max_s,
+                                       measure_every=cfg.measure_every)
     res.meta.update({"config_optimizer": cfg.optimizer, "skipped": skipped, "device": device})
     return res

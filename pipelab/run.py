@@ -36,9 +36,13 @@ import torch
 import torch.distributed as dist
 
 from .distributed import default_backend, init_from_env, spawn
-from .learning_curves import OPTIMIZERS, TASKS, RunConfig, prepare
+from .learning_curves import ARM_POLICIES, OPTIMIZERS, TASKS, RunConfig, prepare
 
-__all__ = ["train", "train_distributed", "main"]
+__all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
+
+#: ``--policy`` choices: the learning-curve arms that have a pipeline (all but the sequential arm), from the
+#: policy registry.
+PIPELINE_POLICIES = [p for p, family in ARM_POLICIES.items() if family != "sequential"]
 
 
 def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | None = None,
@@ -122,9 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node D -m pipelab.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="fashion_mnist_mlp", choices=sorted(TASKS))
-    p.add_argument("--policy", default="pipeoptim",
-                   choices=["gpipe", "1f1b", "vanilla", "stashing", "vertical_sync", "2bw", "spectrain", "pipeoptim",
-                            "pipemare"])
+    p.add_argument("--policy", default="pipeoptim", choices=PIPELINE_POLICIES)
     p.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
     p.add_argument("--D", type=int, default=None, help="stages (default: the world size)")
     p.add_argument("--seed", type=int, default=0)

@@ -55,6 +55,8 @@ def costs_from_profile(profile: Any) -> dict[str, Any]:
     """Read per-stage costs (and sizes) from a profile: a mapping or an object with attributes.
 
     Recognised keys: ``f_cost``/``forward``, ``b_cost``/``backward``, ``activation_bytes``, ``weight_bytes``.
+    The measured profile is :func:`pipelab.profiling.profile_stages`' :class:`~pipelab.profiling.StageProfile`
+    (F/B seconds and sizes read here; ``simulate(schedule, **profile.costs())`` also passes its update times).
 
     Example:
         >>> costs_from_profile({"forward": [1.0, 2.0], "backward": [2.0, 4.0]})

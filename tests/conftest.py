@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest
 import torch
+
+from pipelab.threads import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -17,10 +20,10 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _threads() -> None:
+def _threads() -> Iterator[None]:
     # Under pytest-xdist each worker is a process; one intra-op thread each avoids oversubscribing CI's cores.
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        torch.set_num_threads(1)
+    with torch_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else None):
+        yield
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

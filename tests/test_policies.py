@@ -173,3 +173,41 @@ def test_modules_import_first(module) -> None:
 
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_paper_staleness_options_use_the_schedule_helpers_and_match_the_table() -> None:
+    """``staleness="paper"`` gives the papers' formulas (schedules.versions) and, in steady state, the table's."""
+    table = simulate(pipedream(D, 1, 3 * D)).version_table
+    t = 2 * D
+    for k in range(D):
+        base = table.version(("F", k, t, 0))
+        s = pipeoptim_staleness(D, k)
+        expected = Predicted(base, s) if s else Stored(base)
+        assert make_policy("pipeoptim", staleness="paper").forward(table, ("F", k, t, 0)) == expected
+        assert make_policy("pipeoptim").forward(table, ("F", k, t, 0)) == expected
+
+
+def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> None:
+    from pipelab.figures.learning_curves import LABELS, POLICY_ORDER
+    from pipelab.learning_curves import ARM_POLICIES
+    from pipelab.policies import SCHEDULE_FAMILIES, available_policies, policy_info
+    from pipelab.run import PIPELINE_POLICIES
+
+    for name in available_policies():
+        info, pol = policy_info(name), make_policy(name)
+        assert (info.name, info.title, info.schedule, info.uses_predictor) == (name, pol.title, pol.schedule,
+                                                                               pol.uses_predictor)
+        assert info.title and info.summary and info.schedule in SCHEDULE_FAMILIES
+        assert info.uses_predictor == (info.default_predictor is not None)
+        assert info.synchronous == (info.schedule in ("sequential", "gpipe", "1f1b"))
+    assert [n for n in available_policies() if policy_info(n).emulation_only] == ["oracle"]
+    assert list(ARM_POLICIES) == list(POLICY_ORDER) == [n for n in available_policies() if n != "oracle"]
+    assert ARM_POLICIES["vanilla"] == "async_1f1b" and ARM_POLICIES["2bw"] == "2bw"
+    # the figures' legend texts (unchanged: the registry's titles are today's labels)
+    assert LABELS == {"sequential": "sequential", "gpipe": "GPipe", "1f1b": "1F1B (flushed)",
+                      "vanilla": "vanilla async", "stashing": "PipeDream (stashing)", "vertical_sync": "vertical sync",
+                      "2bw": "PipeDream-2BW", "spectrain": "SpecTrain", "pipeoptim": "PipeOptim",
+                      "pipemare": "PipeMare"}
+    assert PIPELINE_POLICIES == [n for n in POLICY_ORDER if n != "sequential"]
+    with pytest.raises(ValueError, match="unknown policy"):
+        policy_info("nope")

@@ -1,4 +1,4 @@
-"""Exact single-process emulation of pipeline schedules under weight-staleness policies (DESIGN §5).
+"""Exact single-process emulation of pipeline schedules under weight-staleness policies (see :mod:`pipelab`).
 
 - :class:`Emulator` (:mod:`.engine`): replay a simulated schedule's F/B/U events with explicit weight
   versions, per-stage autograd and the user's ``torch.optim`` optimizers;

@@ -21,14 +21,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..config import from_preset
-from ..learning_curves import grid, sweep
+from ..learning_curves import ARM_POLICIES, grid, sweep
+from ..policies import policy_info
 from . import FigureOutput, register
 
-POLICY_ORDER = ("sequential", "gpipe", "1f1b", "vanilla", "stashing", "vertical_sync", "2bw", "spectrain",
-                "pipeoptim", "pipemare")
-LABELS = {"sequential": "sequential", "gpipe": "GPipe", "1f1b": "1F1B (flushed)", "vanilla": "vanilla async",
-          "stashing": "PipeDream (stashing)", "vertical_sync": "vertical sync", "2bw": "PipeDream-2BW",
-          "spectrain": "SpecTrain", "pipeoptim": "PipeOptim", "pipemare": "PipeMare"}
+#: the learning-curve arms in registry order, and their legend labels (:attr:`pipelab.policies.Policy.title`)
+POLICY_ORDER = tuple(ARM_POLICIES)
+LABELS = {p: policy_info(p).title for p in POLICY_ORDER}
 OPT_LABELS = {"sgdm": "SGDM", "adam": "Adam", "adamw": "AdamW"}
 
 

@@ -1,7 +1,7 @@
 """Weight predictors derived from ``torch.optim``: predict the weights a stage will have ``s`` updates ahead.
 
 Every predictor is a pure function of the user's optimizer (params, param groups, state) and ``s``
-(DESIGN §4); it never mutates the optimizer. The optimizer-specific part — "what update would this
+(vocabulary: :mod:`pipelab`); it never mutates the optimizer. The optimizer-specific part — "what update would this
 optimizer apply?" — lives in one :class:`~pipelab.predictors.rules.UpdateRule` per optimizer family
 (SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam, Adamax), shared by ``pipeoptim``, ``repeat`` and
 ``zero_grad_rollout``.

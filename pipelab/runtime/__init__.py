@@ -1,4 +1,4 @@
-"""The multi-process pipeline runtime on ``torch.distributed`` (DESIGN §6).
+"""The multi-process pipeline runtime on ``torch.distributed`` (terms: :mod:`pipelab`).
 
 - :class:`PipelineRuntime` (:mod:`.engine`): one worker's program per rank, sharing the emulator's
   stage executors, policies and predictors; gloo on CPU, NCCL on GPUs;

@@ -122,7 +122,7 @@ class RuntimeResult:
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
         steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
-        diverged: some computed loss is NaN or ±inf (DESIGN: divergence is a result, not a crash);
+        diverged: some computed loss is NaN or ±inf (:mod:`pipelab`: divergence is a result, not a crash);
             diverged_step: the first such mini-batch (``None`` if none).
     """
 

@@ -1,4 +1,4 @@
-"""Stability of stale-gradient methods on the quadratic ``L = ½·λ·w²`` (DESIGN §7).
+"""Stability of stale-gradient methods on the quadratic ``L = ½·λ·w²`` (terms: :mod:`pipelab`).
 
 - :mod:`.methods` — linearised optimizers (GD, delayed GD, heavy-ball, Nesterov, SpecTrain/PipeOptim
   prediction, PipeMare discrepancy correction, Adam with a frozen preconditioner) as recurrences

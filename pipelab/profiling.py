@@ -1,0 +1,291 @@
+"""Stage profiler: measured per-stage costs of a model cut into pipeline stages, in the simulator's terms.
+
+For every stage k and one micro-batch x it measures (medians over ``reps`` after ``warmup`` discarded runs)
+
+    f_cost[k]  = time of F(k): the stage's forward from its input (stage 0..k−1 run beforehand, untimed)
+    b_cost[k]  = time of B(k): backward from the stage output (loss at the last stage, ones elsewhere)
+    u_cost[k]  = time of U(k): one ``optimizer.step()`` of the stage's parameters
+    copy_cost[k] = time to clone the stage's weights (a weight version kept by a stash / version ring)
+
+and the sizes ``activation_bytes[k]`` (what the stage saves for its backward per micro-batch: its saved
+tensors, parameters excluded, each storage once) and ``weight_bytes[k]`` (its parameters). The result is
+what :func:`pipelab.simulator.simulate` takes: ``simulate(schedule, **profile.costs())`` (F, B, U costs and
+sizes), or ``simulate(schedule, profile=profile)`` via :func:`~pipelab.simulator.costs_from_profile`
+(F, B and sizes). :func:`transfer_times` measures the one-way time of an activation between neighbouring
+ranks of a ``torch.distributed`` group (ping-pong / 2), the simulator's ``transfer_cost``.
+
+The stages are never modified: a copy of each is profiled. Costs are wall-clock seconds, so they vary
+from run to run; sizes are exact and repeat.
+
+Example:
+    >>> import torch
+    >>> from pipelab import deep_mlp, split, simulate, one_f_one_b
+    >>> stages = split(deep_mlp(in_features=8, width=16, depth=4), 2)
+    >>> prof = profile_stages(stages, torch.randn(4, 8), torch.randint(0, 10, (4,)), reps=3)
+    >>> len(prof.f_cost), prof.weight_bytes == [sum(p.numel() * 4 for p in s.parameters()) for s in stages]
+    (2, True)
+    >>> simulate(one_f_one_b(2, 4), **prof.costs()).makespan > 0
+    True
+
+References: PipeDream (Narayanan et al., SOSP 2019, §3.1: profile each layer's compute time, activation
+and weight sizes, then plan the pipeline from them).
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .threads import torch_threads
+
+__all__ = ["StageCosts", "StageProfile", "profile_stage", "profile_stages", "transfer_times"]
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Measured costs of one stage for one micro-batch: seconds (``f``, ``b``, ``u``, ``copy``) and bytes."""
+
+    f: float
+    b: float
+    u: float
+    copy: float
+    activation_bytes: int
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """Per-stage costs of a pipeline (lists of D values; see the module docstring for what each measures).
+
+    Its attributes carry the names :func:`pipelab.simulator.costs_from_profile` reads (``f_cost``,
+    ``b_cost``, ``activation_bytes``, ``weight_bytes``); :meth:`costs` adds ``u_cost``.
+    """
+
+    f_cost: list[float]
+    b_cost: list[float]
+    u_cost: list[float]
+    copy_cost: list[float]
+    activation_bytes: list[int]
+    weight_bytes: list[int]
+
+    @property
+    def D(self) -> int:
+        """Number of stages."""
+        return len(self.f_cost)
+
+    def costs(self) -> dict[str, list[float] | list[int]]:
+        """Keyword arguments of :func:`pipelab.simulator.simulate`: F, B and U costs and the byte sizes."""
+        return {"f_cost": list(self.f_cost), "b_cost": list(self.b_cost), "u_cost": list(self.u_cost),
+                "activation_bytes": list(self.activation_bytes), "weight_bytes": list(self.weight_bytes)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields as a JSON-able dict."""
+        return asdict(self)
+
+
+def _check_counts(reps: object, warmup: object) -> None:
+    if isinstance(reps, bool) or not isinstance(reps, numbers.Integral) or reps < 1:
+        raise ValueError(f"reps must be an int >= 1, got {reps!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, numbers.Integral) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _median_time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int) -> float:
+    times = [_timed(fn, device) for _ in range(warmup + reps)]
+    return statistics.median(times[warmup:])
+
+
+def _saved_bytes(run: Callable[[], object], params: Sequence[Tensor]) -> int:
+    """Bytes of the tensors autograd saves while ``run`` executes, parameters excluded, each storage once."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
+                  loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+                  optimizer: OptimizerFactory | None = None, reps: int = 20, warmup: int = 3,
+                  input_grad: bool = True) -> StageCosts:
+    """Measure one stage for the micro-batch input ``x`` (a copy of ``stage`` is profiled, ``stage`` is kept).
+
+    Args:
+        stage: the stage module, on the device it should be timed on (``x``'s device).
+        x: the stage's input for one micro-batch.
+        target: labels for the last stage (its backward starts from ``loss_fn(out, target)``); ``None``
+            for other stages (backward from a gradient of ones, the shape of the output).
+        loss_fn: loss of the last stage.
+        optimizer: factory ``params -> torch.optim.Optimizer`` whose ``step`` is timed (default: SGD,
+            lr 1e-3; the learning rate does not change the time).
+        reps, warmup: timed repetitions (median) and discarded runs before them.
+        input_grad: the stage's input requires a gradient (every stage but the first in a pipeline).
+
+    Returns:
+        :class:`StageCosts`.
+
+    Raises:
+        TypeError: ``stage`` is not a module or ``x`` not a tensor. ValueError: bad ``reps``/``warmup``.
+    """
+    if not isinstance(stage, nn.Module):
+        raise TypeError(f"stage must be a torch.nn.Module, got {type(stage).__name__}")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor (the stage's input), got {type(x).__name__}")
+    _check_counts(reps, warmup)
+    device = x.device
+    mod = copy.deepcopy(stage)
+    params = [p for p in mod.parameters() if p.requires_grad]
+    make = optimizer if optimizer is not None else (lambda ps: torch.optim.SGD(ps, lr=1e-3))
+    opt = make(params)
+    state: dict[str, Tensor] = {}
+
+    def fwd() -> None:
+        inp = x.detach().requires_grad_(input_grad)
+        with torch.enable_grad():
+            out = mod(inp)
+            state["out"] = loss_fn(out, target) if target is not None else out
+
+    def bwd() -> None:
+        out = state.pop("out")
+        out.backward(None if target is not None else torch.ones_like(out))
+
+    activation_bytes = _saved_bytes(fwd, params)
+    state.clear()
+    f_times, b_times = [], []
+    for _ in range(warmup + reps):  # F and B alternate, as in a pipeline
+        f_times.append(_timed(fwd, device))
+        b_times.append(_timed(bwd, device))
+    u = _median_time(opt.step, device, reps, warmup) if params else 0.0
+    copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, reps, warmup)
+    return StageCosts(f=statistics.median(f_times[warmup:]), b=statistics.median(b_times[warmup:]), u=u,
+                      copy=copy_t, activation_bytes=activation_bytes,
+                      weight_bytes=sum(p.numel() * p.element_size() for p in mod.parameters()))
+
+
+def profile_stages(stages: Sequence[nn.Module], x: Tensor, target: Tensor, *,
+                   loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+                   optimizer: OptimizerFactory | None = None, reps: int = 20, warmup: int = 3,
+                   threads: int | None = None) -> StageProfile:
+    """Profile every stage of a pipeline in this process for one micro-batch ``(x, target)``.
+
+    Stage k's input is the output of stages 0..k−1 on ``x`` (computed once, untimed); each stage is then
+    measured by :func:`profile_stage` (stage 0 without an input gradient, the last one from the loss).
+
+    Args:
+        stages: the D stage modules, e.g. from :func:`pipelab.partition.split`, on ``x``'s device.
+        x, target: one micro-batch (input of stage 0, labels of the last stage).
+        loss_fn, optimizer, reps, warmup: as in :func:`profile_stage`.
+        threads: intra-op threads while profiling (:func:`pipelab.threads.torch_threads`; ``None``: as is).
+            A pipeline worker usually runs with one.
+
+    Returns:
+        :class:`StageProfile`; ``simulate(schedule, **profile.costs())`` forecasts the schedule.
+
+    Raises:
+        TypeError: ``stages`` is not a non-empty sequence of modules; ValueError: bad ``reps``/``warmup``.
+    """
+    if isinstance(stages, nn.Module) and not isinstance(stages, nn.ModuleList):
+        raise TypeError("stages must be a sequence of stage modules, e.g. pipelab.split(model, D), not one module")
+    stages = list(stages)
+    if not stages or not all(isinstance(s, nn.Module) for s in stages):
+        raise TypeError("stages must be a non-empty sequence of torch.nn.Module stages")
+    _check_counts(reps, warmup)
+    last = len(stages) - 1
+    rows = []
+    with torch_threads(threads):
+        h = x
+        for k, stage in enumerate(stages):
+            rows.append(profile_stage(stage, h, target if k == last else None, loss_fn=loss_fn,
+                                      optimizer=optimizer, reps=reps, warmup=warmup, input_grad=k > 0))
+            if k < last:
+                with torch.no_grad():
+                    h = stage(h)
+    return StageProfile(f_cost=[r.f for r in rows], b_cost=[r.b for r in rows], u_cost=[r.u for r in rows],
+                        copy_cost=[r.copy for r in rows], activation_bytes=[r.activation_bytes for r in rows],
+                        weight_bytes=[r.weight_bytes for r in rows])
+
+
+def transfer_times(output: Tensor | None, inp: Tensor | None, *, reps: int = 20, warmup: int = 3) -> list[float]:
+    """One-way time of an activation across every stage boundary, by ping-pong between neighbouring ranks.
+
+    Collective over the default ``torch.distributed`` group, rank k holding stage k: every rank calls it
+    with its stage's ``output`` (``None`` on the last rank) and ``inp`` (``None`` on rank 0); for boundary
+    k, ranks k and k+1 exchange a tensor of that shape ``warmup + reps`` times and take half the median
+    round trip. The other ranks wait at a barrier.
+
+    Returns:
+        world − 1 values in seconds (boundary k between stages k and k+1), the same on every rank: the
+        simulator's ``transfer_cost``.
+
+    Raises:
+        RuntimeError: no process group is initialised; ValueError: bad ``reps``/``warmup`` or a missing
+            tensor on a rank that sends or receives.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("transfer_times needs an initialised torch.distributed process group")
+    _check_counts(reps, warmup)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank < world - 1 and output is None:
+        raise ValueError(f"rank {rank} sends to rank {rank + 1}: output must be its stage's output, got None")
+    if rank > 0 and inp is None:
+        raise ValueError(f"rank {rank} receives from rank {rank - 1}: inp must be its stage's input, got None")
+    ref = output if output is not None else inp
+    device = ref.device if ref is not None else torch.device("cpu")
+    times = torch.zeros(max(world - 1, 0), dtype=torch.float64, device=device)
+    for k in range(world - 1):
+        dist.barrier()
+        if rank in (k, k + 1):
+            peer = k + 1 if rank == k else k
+            like = output if rank == k else inp
+            assert like is not None  # checked above
+            act = torch.zeros_like(like)  # stage k's output = stage k+1's input
+            buf = torch.empty_like(act)
+            rts = []
+            for _ in range(warmup + reps):
+                _sync(device)
+                t0 = time.perf_counter()
+                if rank == k:
+                    dist.send(act, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(act, peer)
+                _sync(device)
+                rts.append(time.perf_counter() - t0)
+            if rank == k:
+                times[k] = statistics.median(rts[warmup:]) / 2
+    dist.barrier()
+    if world > 1:
+        dist.all_reduce(times)  # each boundary was measured by its sender only
+    return [float(t) for t in times.cpu()]
