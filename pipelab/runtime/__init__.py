@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
-from .checkpoint import CheckpointError, consistent_cut, load_checkpoint, read_header, save_checkpoint
-from .engine import PipelineRuntime, RuntimeResult, channels
+from ..schedules.transfers import channels, consistent_cut
+from .checkpoint import CheckpointError, load_checkpoint, read_header, save_checkpoint
+from .engine import PipelineRuntime, RuntimeResult
 
 __all__ = ["PipelineRuntime", "RuntimeResult", "channels", "consistent_cut", "save_checkpoint", "load_checkpoint",
            "read_header", "CheckpointError"]

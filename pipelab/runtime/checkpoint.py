@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 from ..distributed import describe_differences, differences
-from .engine import PipelineRuntime, messages
+from .engine import PipelineRuntime
 
-__all__ = ["consistent_cut", "save_checkpoint", "load_checkpoint", "read_header", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "read_header", "CheckpointError"]
 
 MAGIC = b"PIPELAB-RUNTIME-CHECKPOINT 1\n"
 _MAX_HEADER = 1 << 24  # bytes: a header line longer than this is corrupt
@@ -52,29 +52,6 @@ _MAX_HEADER = 1 << 24  # bytes: a header line longer than this is corrupt
 
 class CheckpointError(ValueError):
     """A checkpoint directory or rank file that cannot be resumed from (corrupt, mixed, incomplete, other run)."""
-
-
-def consistent_cut(schedule: Any, step: int) -> tuple[list[int], set[tuple[int, int, int, int, int]]]:
-    """Cut positions per rank for a checkpoint at mini-batch ``step``, and the messages in flight.
-
-    Returns:
-        ``(positions, in_flight)``: rank r runs ``programs[r][:positions[r]]``; ``in_flight`` holds
-        ``(src, dst, tag, t, j)`` of the messages its sender must keep for the resumed run.
-    """
-    if not 0 <= step <= schedule.steps:
-        raise ValueError(f"step must be in 0..{schedule.steps}, got {step}")
-    cut = [next((i for i, a in enumerate(prog) if a.step >= step), len(prog)) for prog in schedule.programs]
-    msgs = messages(schedule)
-    changed = True
-    while changed:
-        changed = False
-        for src, spos, dst, rpos, *_ in msgs:
-            if spos >= cut[src] and rpos < cut[dst]:  # orphan: received before the cut, sent after it
-                cut[dst] = rpos
-                changed = True
-    in_flight = {(src, dst, tag, t, j) for src, spos, dst, rpos, tag, t, j in msgs
-                 if spos < cut[src] and rpos >= cut[dst]}
-    return cut, in_flight
 
 
 def _digest(meta: dict[str, Any], payload: bytes) -> str:

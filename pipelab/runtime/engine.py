@@ -35,7 +35,7 @@ import re
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,64 +45,11 @@ from ..distributed import check_consistent, describe_differences, differences, h
 from ..emulator.engine import split_micro
 from ..emulator.plan import as_stages, build_pipeline
 from ..emulator.stage import StageExecutor
+from ..schedules.transfers import ACT, GRAD, _tag, channels, consistent_cut, messages
 
-__all__ = ["PipelineRuntime", "RuntimeResult", "Message", "messages", "channels"]
+__all__ = ["PipelineRuntime", "RuntimeResult"]
 
 Batch = tuple[Tensor, Tensor]
-# message kinds: the input of stage k (an activation) or the gradient of stage k's output
-ACT, GRAD = 0, 1
-
-
-def _tag(kind: int, stage: int) -> int:
-    """Channel of the message *into* ``stage``: its input activation (ACT) or its output gradient (GRAD)."""
-    return 2 * stage + kind
-
-
-class Message(NamedTuple):
-    """A cross-rank transfer: sent by ``src`` at program position ``send_pos``, received by ``dst`` at
-    ``recv_pos``, on channel ``tag``, for micro-batch ``(t, j)``."""
-
-    src: int
-    send_pos: int
-    dst: int
-    recv_pos: int
-    tag: int
-    t: int
-    j: int
-
-
-def messages(schedule: Any) -> list[Message]:
-    """Every cross-rank message of a schedule, with its send and receive positions in the programs."""
-    D = schedule.D
-    sends: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-    recvs: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-    for w, prog in enumerate(schedule.programs):
-        for pos, a in enumerate(prog):
-            k, t, j = a.stage, a.step, a.micro
-            if a.op == "F":
-                if k < D - 1 and schedule.worker_of("F", k + 1, t, j) != w:
-                    sends[(_tag(ACT, k + 1), t, j, w)] = (w, pos)
-                if k > 0 and (src := schedule.worker_of("F", k - 1, t, j)) != w:
-                    recvs[(_tag(ACT, k), t, j, src)] = (w, pos)
-            elif a.op == "B":
-                if k > 0 and schedule.worker_of("B", k - 1, t, j) != w:
-                    sends[(_tag(GRAD, k - 1), t, j, w)] = (w, pos)
-                if k < D - 1 and (src := schedule.worker_of("B", k + 1, t, j)) != w:
-                    recvs[(_tag(GRAD, k), t, j, src)] = (w, pos)
-    return [Message(src, spos, recvs[key][0], recvs[key][1], key[0], key[1], key[2])
-            for key, (src, spos) in sends.items()]
-
-
-def channels(schedule: Any) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
-    """Cross-rank messages per channel ``(src, dst, tag)``: (send order, receive order) of their ``(t, j)``.
-
-    The runtime requires the two orders to be equal on every channel (point-to-point matching is FIFO).
-    """
-    grouped: dict[tuple[int, int, int], list[Message]] = defaultdict(list)
-    for m in messages(schedule):
-        grouped[(m.src, m.dst, m.tag)].append(m)
-    return {key: ([(m.t, m.j) for m in sorted(ms, key=lambda m: m.send_pos)],
-                  [(m.t, m.j) for m in sorted(ms, key=lambda m: m.recv_pos)]) for key, ms in grouped.items()}
 
 
 @dataclass
@@ -348,8 +295,6 @@ class PipelineRuntime:
         end = len(self.program)
         self._retain = set()
         if stop_at_step is not None:
-            from .checkpoint import consistent_cut
-
             if not isinstance(stop_at_step, int) or not self.cut_step <= stop_at_step <= self.steps:
                 raise ValueError(f"stop_at_step must be an int in {self.cut_step}..{self.steps} (this rank stands "
                                  f"at the cut of mini-batch {self.cut_step}), got {stop_at_step!r}")

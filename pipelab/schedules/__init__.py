@@ -15,6 +15,7 @@ from .actions import COMPUTE_OPS, OPS, WEIGHT_RULES, Action, Schedule
 from .builders import (BUILDERS, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, lpp_hash, naive,
                        one_f_one_b, pipedream, pipedream_2bw)
 from .constructor import PRIORITIES, construct
+from .transfers import ACT, GRAD, Message, channel_tag, channels, consistent_cut, messages
 from .validate import ScheduleError, format_grid, validate
 from .versions import (USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness,
                        spectrain_version_difference)
@@ -25,5 +26,6 @@ __all__ = [
     "lpp", "fslpp", "lpp_hash", "BUILDERS",
     "construct", "PRIORITIES",
     "validate", "ScheduleError", "format_grid",
+    "Message", "messages", "channels", "channel_tag", "consistent_cut", "ACT", "GRAD",
     "VersionTable", "USED_RULES", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
 ]
