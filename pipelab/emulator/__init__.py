@@ -1,9 +1,10 @@
 """Exact single-process emulation of pipeline schedules under weight-staleness policies (DESIGN §5).
 
-- :class:`Emulator` (:mod:`.engine`): replay a simulated schedule's F/B/U events with explicit weight
-  versions, per-stage autograd and the user's ``torch.optim`` optimizers;
-- :class:`VersionTable`, :class:`VersionRing`, :func:`resolve_order` (:mod:`.versions`);
-- :func:`train_plain` (:mod:`.reference`): plain PyTorch mini-batch training, the reference.
+- :class:`Emulator` (:mod:`.emulator`): replay a simulated schedule's F/B/U events with explicit weight
+  versions, per-stage autograd and the user's ``torch.optim`` optimizers, on the pipeline core
+  (:mod:`pipelab.pipeline`) with an in-memory transport;
+- :class:`VersionTable` (:mod:`.versions`), :func:`table_from`, :func:`simulate_schedule` (:mod:`.adapters`);
+- :func:`train_plain`, :func:`evaluate` (:mod:`.reference`): plain PyTorch mini-batch training, the reference.
 
 Example:
     >>> from pipelab.emulator import Emulator, train_plain   # doctest: +SKIP
@@ -11,15 +12,14 @@ Example:
 
 from __future__ import annotations
 
+from ..pipeline import DeadlockError, build_pipeline  # re-exported: part of pipelab's public API
 from .adapters import simulate_schedule, table_from
-from .engine import Emulator, EmulatorResult, split_micro
-from .plan import PipelinePlan, as_stages, build_pipeline, version_table
+from .emulator import Emulator, EmulatorResult
 from .reference import evaluate, train_plain
-from .versions import DeadlockError, VersionRing, VersionTable, resolve_order, ring_capacities
+from .versions import VersionTable
 
 __all__ = [
-    "Emulator", "EmulatorResult", "PipelinePlan", "build_pipeline", "as_stages", "split_micro", "version_table",
-    "table_from", "simulate_schedule",
-    "VersionTable", "VersionRing", "resolve_order", "ring_capacities", "DeadlockError",
+    "Emulator", "EmulatorResult", "build_pipeline", "DeadlockError",
+    "table_from", "simulate_schedule", "VersionTable",
     "train_plain", "evaluate",
 ]
