@@ -187,7 +187,9 @@ class PipelineRuntime:
         at), ``stages`` (each executor's :meth:`~pipelab.pipeline.stage.StageExecutor.state_dict`), ``local``
         (same-rank hand-overs in flight), ``outbox`` (messages kept at the cut), ``step_loss`` (losses of
         unfinished mini-batches), ``losses``, ``trace``, ``activations`` (saved-input bytes now and at the
-        peak). Call between runs (after ``run(..., stop_at_step=c)``), when no send is outstanding.
+        peak). Call between runs (after ``run(..., stop_at_step=c)``), when no send is outstanding. Like
+        ``nn.Module.state_dict``, it holds references to the live tensors (optimizer state included): save
+        or copy it before this runtime, or one loaded from it, runs on.
         """
         return {
             "rank": self.rank,
