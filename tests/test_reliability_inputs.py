@@ -16,6 +16,7 @@ from torch import nn
 import probes
 from probes import Probe
 from pipelab.emulator import Emulator, build_pipeline
+from pipelab.pipeline import PipelineSpec
 from pipelab.schedules import (construct, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive,
                                one_f_one_b, pipedream, pipedream_2bw)
 from pipelab.schedules import actions
@@ -132,6 +133,52 @@ EMULATOR_PROBES = [
           "not divisible by the M=3"),
     Probe("too-few-batches", lambda: _emu().run(_data(2)), ValueError, "only 2 mini-batches"),
 ]
+
+SPEC = {"schedule": gpipe(2, 2, 3), "policy": "gpipe", "optimizer": _opt}
+
+# PipelineSpec: the one declaration of a run's arguments, shared by build_pipeline, Emulator and PipelineRuntime
+SPEC_PROBES = [
+    Probe("spec-unknown-field", lambda: _emu(lr=0.1), TypeError,
+          r"Emulator got unexpected keyword argument\(s\) 'lr'; the pipeline's arguments are schedule, policy, "
+          r"optimizer, D, loss_fn, predictor, lr_scheduler, balance, recompute"),
+    Probe("spec-unknown-field-build", lambda: build_pipeline(_model(), **SPEC, stages=2), TypeError,
+          r"build_pipeline got unexpected keyword argument\(s\) 'stages'"),
+    Probe("spec-missing-optimizer", lambda: Emulator(_model(), schedule=gpipe(2, 2, 3), policy="gpipe"), TypeError,
+          r"Emulator needs optimizer \(or spec=PipelineSpec"),
+    Probe("spec-not-a-spec", lambda: Emulator(_model(), SPEC), TypeError,
+          r"spec must be a pipelab.pipeline.PipelineSpec"),
+    Probe("spec-D-string", lambda: PipelineSpec(**SPEC, D="2"), TypeError, r"D must be an int .* got str"),
+    Probe("spec-D-bool", lambda: PipelineSpec(**SPEC, D=True), TypeError, r"D must be an int"),
+    Probe("spec-policy-number", lambda: PipelineSpec(**{**SPEC, "policy": 3}), TypeError,
+          r"policy must be a Policy or its name"),
+    Probe("spec-policy-unknown", lambda: PipelineSpec(**{**SPEC, "policy": "nosuch"}), ValueError, "nosuch"),
+    Probe("spec-recompute-string", lambda: PipelineSpec(**SPEC, recompute="yes"), TypeError,
+          r"recompute must be a bool, got 'yes'"),
+    Probe("spec-predictor-unknown", lambda: PipelineSpec(**SPEC, predictor="nosuch"), ValueError,
+          r"unknown predictor 'nosuch'"),
+    Probe("spec-predictor-number", lambda: PipelineSpec(**SPEC, predictor=3), TypeError,
+          r"predictor must be a name, a Predictor or a factory"),
+    Probe("spec-optimizer-instance", lambda: PipelineSpec(**{**SPEC, "optimizer": torch.optim.SGD(
+        _model().parameters(), lr=0.1)}), TypeError, "optimizer must be a factory"),
+    Probe("spec-schedule-name", lambda: PipelineSpec(**{**SPEC, "schedule": "gpipe"}), TypeError,
+          r"schedule='gpipe' is a name"),
+    Probe("spec-is-frozen", lambda: setattr(PipelineSpec(**SPEC), "D", 3), AttributeError, ""),
+]
+
+
+@probes.parametrize(SPEC_PROBES)
+def test_spec_probe(probe: Probe) -> None:
+    probe.check()
+
+
+def test_a_spec_and_keywords_build_the_same_run() -> None:
+    """Emulator(model, spec) and Emulator(model, **fields) train identically; keywords replace a spec's fields."""
+    spec = PipelineSpec(**SPEC)
+    a = Emulator(_model(), spec).run(_data())
+    b = _emu().run(_data())
+    assert a.losses == b.losses
+    assert Emulator(_model(), spec, recompute=True).plan.stages[0].recompute is True
+    assert PipelineSpec(**spec.fields()) == spec
 
 
 @probes.parametrize(EMULATOR_PROBES)

@@ -268,9 +268,63 @@ PROBES = [
     Probe("runconfig-n-eval-train-0", lambda: RunConfig(**CFG, n_eval_train=0), ValueError, r"n_eval_train must"),
     Probe("stop-before-start", lambda: runtime(0).run(batches(), stop_at_step=-1), ValueError,
           r"stop_at_step must be an int in 0\.\.6"),
+    # the runtime checks mini-batches as the emulator does, before any communication (was: a raw error mid-run)
+    Probe("runtime-batch-as-dict", lambda: runtime(0).run([{"x": x, "y": y} for x, y in batches()]), TypeError,
+          r"mini-batch 0 must be a tuple \(x, y\) of two tensors.*got dict"),
+    Probe("runtime-batch-wrong-dtype", lambda: runtime(0).run([(x.float(), y) for x, y in batches()]), TypeError,
+          "input dtype torch.float32 differs from the model's torch.float64"),
+    Probe("runtime-batch-target-length", lambda: runtime(0).run([(x, y[:2]) for x, y in batches()]), ValueError,
+          "same number of examples"),
+    Probe("runtime-too-few-batches", lambda: runtime(0).run(batches()[:2]), ValueError, "only 2 mini-batches"),
+    Probe("runtime-batches-none", lambda: runtime(0).run(None), TypeError, "batches must be a sequence"),
+    Probe("runtime-unknown-keyword", lambda: PipelineRuntime(deep_mlp(in_features=6, width=8, depth=2),
+                                                             schedule=pipedream(2, 1, STEPS), policy="stashing",
+                                                             optimizer=torch.optim.SGD, rank=0, world_size=2,
+                                                             momentum=0.9),
+          TypeError, r"unexpected keyword argument\(s\) 'momentum'.*schedule, policy, optimizer"),
 ]
 
 
 @probes.parametrize(PROBES)
 def test_probe(probe: Probe) -> None:
     probe.check()
+
+
+# ----------------------------------------------------------------------------------------- 10: state_dict
+
+def _single_worker(lr: float = 0.05) -> PipelineRuntime:
+    """A folded two-stage pipeline on one worker: it runs in this process, without a process group."""
+    from pipelab.schedules import folded
+
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=6, width=8, depth=2, num_classes=4).double()
+    return PipelineRuntime(model, schedule=folded(2, 2, STEPS), policy="gpipe", rank=0, world_size=1,
+                           optimizer=lambda ps: torch.optim.SGD(ps, lr=lr, momentum=0.9))
+
+
+def test_state_dict_round_trip_resumes_identically(tmp_path: Path) -> None:
+    """state_dict() at a cut, loaded into a fresh runtime, continues to the same losses and weights, also
+    through a checkpoint file; a state of another rank or with keys missing is refused."""
+    whole = _single_worker().run(batches())
+    first = _single_worker()
+    first.run(batches(), stop_at_step=3)
+    save_checkpoint(first, tmp_path / "cut3")
+    state = first.state_dict()
+    assert state["cut_step"] == 3 and state["position"] == first.position > 0
+    resumed = _single_worker()
+    resumed.load_state_dict(state)
+    assert resumed.position == first.position and resumed.cut_step == 3
+    again = resumed.state_dict()
+    assert again["losses"] == state["losses"] and again["trace"] == state["trace"]
+    assert again["activations"] == state["activations"]
+    res = resumed.run(batches())
+    assert res.losses == whole.losses and res.steps_done == STEPS
+    for k in whole.weights:
+        assert all(torch.equal(a, b) for a, b in zip(res.weights[k], whole.weights[k]))
+    from_file = _single_worker()
+    load_checkpoint(from_file, tmp_path / "cut3")
+    assert from_file.run(batches()).losses == whole.losses
+    with pytest.raises(ValueError, match="state lacks trace"):
+        _single_worker().load_state_dict({k: v for k, v in state.items() if k != "trace"})
+    with pytest.raises(ValueError, match="state of rank 1 cannot be loaded into rank 0"):
+        _single_worker().load_state_dict({**state, "rank": 1})

@@ -1,9 +1,9 @@
 """Exact single-process emulation of pipeline schedules under weight-staleness policies (see :mod:`pipelab`).
 
-- :class:`Emulator` (:mod:`.engine`): replay a simulated schedule's F/B/U events with explicit weight
-  versions, per-stage autograd and the user's ``torch.optim`` optimizers;
-- :class:`VersionRing`, :func:`resolve_order` (:mod:`.versions`);
-- :func:`train_plain` (:mod:`.reference`): plain PyTorch mini-batch training, the reference.
+- :class:`Emulator` (:mod:`.emulator`): replay a simulated schedule's F/B/U events with explicit weight
+  versions, per-stage autograd and the user's ``torch.optim`` optimizers, on the pipeline core
+  (:mod:`pipelab.pipeline`) with an in-memory transport;
+- :func:`train_plain`, :func:`evaluate` (:mod:`.reference`): plain PyTorch mini-batch training, the reference.
 
 Example:
     >>> from pipelab.emulator import Emulator, train_plain   # doctest: +SKIP
@@ -11,13 +11,11 @@ Example:
 
 from __future__ import annotations
 
-from .engine import Emulator, EmulatorResult, split_micro
-from .plan import PipelinePlan, as_stages, build_pipeline, version_table
+from ..pipeline import DeadlockError, build_pipeline  # re-exported: part of pipelab's public API
+from .emulator import Emulator, EmulatorResult
 from .reference import evaluate, train_plain
-from .versions import DeadlockError, VersionRing, resolve_order, ring_capacities
 
 __all__ = [
-    "Emulator", "EmulatorResult", "PipelinePlan", "build_pipeline", "as_stages", "split_micro", "version_table",
-    "VersionRing", "resolve_order", "ring_capacities", "DeadlockError",
+    "Emulator", "EmulatorResult", "build_pipeline", "DeadlockError",
     "train_plain", "evaluate",
 ]

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from .plan import OptimizerFactory, as_stages
+from ..pipeline.plan import OptimizerFactory, as_stages
 
 __all__ = ["train_plain", "evaluate"]
 

@@ -1,16 +1,19 @@
 """The multi-process pipeline runtime on ``torch.distributed`` (terms: :mod:`pipelab`).
 
-- :class:`PipelineRuntime` (:mod:`.engine`): one worker's program per rank, sharing the emulator's
-  stage executors, policies and predictors; gloo on CPU, NCCL on GPUs;
-- :func:`consistent_cut`, :func:`save_checkpoint`, :func:`load_checkpoint` (:mod:`.checkpoint`): resume a
-  run mid-flight identically;
+- :class:`PipelineRuntime` (:mod:`.runtime`): one worker's program per rank, on the pipeline core the
+  emulator runs (:mod:`pipelab.pipeline`: driver loop, stage executors, policies and predictors); gloo on
+  CPU, NCCL on GPUs;
+- :class:`~pipelab.runtime.p2p.P2PTransport` (:mod:`.p2p`): the ``torch.distributed`` point-to-point transport;
+- :func:`save_checkpoint`, :func:`load_checkpoint` (:mod:`.checkpoint`): resume a run mid-flight identically,
+  through :meth:`PipelineRuntime.state_dict`; the cut is :func:`~pipelab.schedules.consistent_cut`;
 - launch with ``torchrun -m pipelab.run`` or :func:`pipelab.distributed.spawn`.
 """
 
 from __future__ import annotations
 
-from .checkpoint import CheckpointError, consistent_cut, load_checkpoint, read_header, save_checkpoint
-from .engine import PipelineRuntime, RuntimeResult, channels
+from ..schedules.transfers import channels, consistent_cut
+from .checkpoint import CheckpointError, load_checkpoint, read_header, save_checkpoint
+from .runtime import PipelineRuntime, RuntimeResult
 
 __all__ = ["PipelineRuntime", "RuntimeResult", "channels", "consistent_cut", "save_checkpoint", "load_checkpoint",
            "read_header", "CheckpointError"]

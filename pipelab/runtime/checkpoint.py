@@ -8,12 +8,11 @@ received before its receiver's cut but sent after its sender's cut. Messages sen
 cut and received after the receiver's cut are *in flight*: the sender keeps them (unsent) in its
 checkpoint and sends them first on resume, which preserves each channel's order.
 
-The cut for "step c": p_r starts at the first action of rank r that belongs to a mini-batch t ≥ c;
-then, while some message is an orphan (sent at or after p_src, received before p_dst), the receiver's
-cut moves back to that receive. Positions only decrease, so this terminates.
+The cut for "step c" is :func:`pipelab.schedules.transfers.consistent_cut`.
 
-Each rank writes ``<dir>/rank<r>.pt`` with its stages' :meth:`~pipelab.emulator.stage.StageExecutor.state_dict`,
-its in-memory hand-overs, partial losses, the outbox and its program position. The file is::
+Each rank writes ``<dir>/rank<r>.pt`` with its runtime's :meth:`~pipelab.runtime.PipelineRuntime.state_dict`
+(its stages' executor states, in-memory hand-overs, partial losses, the outbox and its program position);
+loading hands it to :meth:`~pipelab.runtime.PipelineRuntime.load_state_dict`. The file is::
 
     PIPELAB-RUNTIME-CHECKPOINT 1
     <header: one line of JSON>
@@ -35,16 +34,17 @@ import io
 import json
 import os
 import re
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..distributed import describe_differences, differences
-from .engine import PipelineRuntime, messages
 
-__all__ = ["consistent_cut", "save_checkpoint", "load_checkpoint", "read_header", "CheckpointError"]
+if TYPE_CHECKING:  # the runtime is used through its public state_dict()/load_state_dict() only
+    from .runtime import PipelineRuntime
+
+__all__ = ["save_checkpoint", "load_checkpoint", "read_header", "CheckpointError"]
 
 MAGIC = b"PIPELAB-RUNTIME-CHECKPOINT 1\n"
 _MAX_HEADER = 1 << 24  # bytes: a header line longer than this is corrupt
@@ -52,29 +52,6 @@ _MAX_HEADER = 1 << 24  # bytes: a header line longer than this is corrupt
 
 class CheckpointError(ValueError):
     """A checkpoint directory or rank file that cannot be resumed from (corrupt, mixed, incomplete, other run)."""
-
-
-def consistent_cut(schedule: Any, step: int) -> tuple[list[int], set[tuple[int, int, int, int, int]]]:
-    """Cut positions per rank for a checkpoint at mini-batch ``step``, and the messages in flight.
-
-    Returns:
-        ``(positions, in_flight)``: rank r runs ``programs[r][:positions[r]]``; ``in_flight`` holds
-        ``(src, dst, tag, t, j)`` of the messages its sender must keep for the resumed run.
-    """
-    if not 0 <= step <= schedule.steps:
-        raise ValueError(f"step must be in 0..{schedule.steps}, got {step}")
-    cut = [next((i for i, a in enumerate(prog) if a.step >= step), len(prog)) for prog in schedule.programs]
-    msgs = messages(schedule)
-    changed = True
-    while changed:
-        changed = False
-        for src, spos, dst, rpos, *_ in msgs:
-            if spos >= cut[src] and rpos < cut[dst]:  # orphan: received before the cut, sent after it
-                cut[dst] = rpos
-                changed = True
-    in_flight = {(src, dst, tag, t, j) for src, spos, dst, rpos, tag, t, j in msgs
-                 if spos < cut[src] and rpos >= cut[dst]}
-    return cut, in_flight
 
 
 def _digest(meta: dict[str, Any], payload: bytes) -> str:
@@ -91,22 +68,12 @@ def save_checkpoint(runtime: PipelineRuntime, directory: str | os.PathLike[str])
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {
-        "rank": runtime.rank,
-        "position": runtime.position,
-        "stages": {k: ex.state_dict() for k, ex in runtime.executors.items()},
-        "local": runtime._local,
-        "outbox": runtime._outbox,
-        "step_loss": dict(runtime._step_loss),
-        "losses": runtime._losses,
-        "trace": runtime._trace,
-        "activations": (runtime._act_bytes, runtime._act_peak),
-    }
+    state = runtime.state_dict()
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
-    meta = {"rank": runtime.rank, "world_size": runtime.world, "step": runtime.cut_step,
-            "position": runtime.position, "fingerprint": runtime.fingerprint(), "payload_bytes": len(payload)}
+    meta = {"rank": state["rank"], "world_size": runtime.world, "step": state["cut_step"],
+            "position": state["position"], "fingerprint": runtime.fingerprint(), "payload_bytes": len(payload)}
     header = dict(meta, sha256=_digest(meta, payload))
     path = directory / f"rank{runtime.rank}.pt"
     tmp = path.with_suffix(".tmp")
@@ -206,13 +173,8 @@ def load_checkpoint(runtime: PipelineRuntime, directory: str | os.PathLike[str])
         state = torch.load(io.BytesIO(payload), weights_only=False)
     except Exception as exc:  # a digest match makes this unlikely; still name the file
         raise CheckpointError(f"{path}: cannot read the checkpoint's payload ({exc})") from exc
-    for k, ex in runtime.executors.items():
-        ex.load_state_dict(state["stages"][k])
-    runtime.position = state["position"]
-    runtime.cut_step = header["step"]
-    runtime._local = state["local"]
-    runtime._outbox = state["outbox"]
-    runtime._step_loss = defaultdict(list, state["step_loss"])
-    runtime._losses = state["losses"]
-    runtime._trace = state["trace"]
-    runtime._act_bytes, runtime._act_peak = state["activations"]
+    if state.get("cut_step") != header["step"] or state.get("position") != header["position"]:
+        raise CheckpointError(f"{path}: the payload's cut (step {state.get('cut_step')}, position "
+                              f"{state.get('position')}) differs from its header's ({header['step']}, "
+                              f"{header['position']}); take a new checkpoint")
+    runtime.load_state_dict(state)

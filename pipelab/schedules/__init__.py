@@ -17,6 +17,7 @@ from .builders import (BUILDERS, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f
                        one_f_one_b, pipedream, pipedream_2bw)
 from .constructor import PRIORITIES, construct
 from .dependencies import EDGES, Edge, Job, dependencies
+from .transfers import ACT, GRAD, Message, channel, channels, consistent_cut, messages
 from .validate import ScheduleError, format_grid, validate
 from .versions import USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness, spectrain_version_difference
 
@@ -27,5 +28,6 @@ __all__ = [
     "construct", "PRIORITIES",
     "Job", "Edge", "EDGES", "dependencies",
     "validate", "ScheduleError", "format_grid",
+    "Message", "messages", "channels", "channel", "consistent_cut", "ACT", "GRAD",
     "VersionTable", "USED_RULES", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
 ]

@@ -1,8 +1,9 @@
 """The multi-process pipeline runtime: a schedule × policy run for real, one process per worker.
 
-Rank w executes ``schedule.programs[w]`` in order with the same :class:`~pipelab.emulator.stage.StageExecutor`
-code as the single-process emulator (set up by :func:`~pipelab.emulator.plan.build_pipeline`, restricted
-to the stages w computes), so it computes exactly the same weights; only the hand-over of tensors differs:
+Rank w executes ``schedule.programs[w]`` with the pipeline core the single-process emulator runs: the same
+driver loop (:func:`~pipelab.pipeline.driver.run_jobs`) and :class:`~pipelab.pipeline.stage.StageExecutor`
+code, set up by :func:`~pipelab.pipeline.plan.build_pipeline` restricted to the stages w computes, so it
+computes exactly the same weights; only the transport of tensors differs (:mod:`pipelab.runtime.p2p`):
 
 - ``F(k, t, j)`` receives stage k's input from the rank of ``F(k−1, t, j)`` and sends its output to the rank
   of ``F(k+1, t, j)``; ``B(k, t, j)`` receives ∂ℓ/∂(output) from the rank of ``B(k+1, t, j)`` and sends
@@ -32,77 +33,25 @@ import copy
 import hashlib
 import math
 import re
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..distributed import check_consistent, describe_differences, differences, heartbeat
-from ..emulator.engine import split_micro
-from ..emulator.plan import as_stages, build_pipeline
-from ..emulator.stage import StageExecutor
+from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.plan import as_stages, build_pipeline
+from ..pipeline.spec import PipelineSpec, make_spec
+from ..pipeline.stage import StageExecutor
+from ..schedules.transfers import channels, consistent_cut
+from .p2p import P2PTransport
 
-__all__ = ["PipelineRuntime", "RuntimeResult", "Message", "messages", "channels"]
+__all__ = ["PipelineRuntime", "RuntimeResult"]
 
-Batch = tuple[Tensor, Tensor]
-# message kinds: the input of stage k (an activation) or the gradient of stage k's output
-ACT, GRAD = 0, 1
-
-
-def _tag(kind: int, stage: int) -> int:
-    """Channel of the message *into* ``stage``: its input activation (ACT) or its output gradient (GRAD)."""
-    return 2 * stage + kind
-
-
-class Message(NamedTuple):
-    """A cross-rank transfer: sent by ``src`` at program position ``send_pos``, received by ``dst`` at
-    ``recv_pos``, on channel ``tag``, for micro-batch ``(t, j)``."""
-
-    src: int
-    send_pos: int
-    dst: int
-    recv_pos: int
-    tag: int
-    t: int
-    j: int
-
-
-def messages(schedule: Any) -> list[Message]:
-    """Every cross-rank message of a schedule, with its send and receive positions in the programs."""
-    D = schedule.D
-    sends: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-    recvs: dict[tuple[int, int, int, int], tuple[int, int]] = {}
-    for w, prog in enumerate(schedule.programs):
-        for pos, a in enumerate(prog):
-            k, t, j = a.stage, a.step, a.micro
-            if a.op == "F":
-                if k < D - 1 and schedule.worker_of("F", k + 1, t, j) != w:
-                    sends[(_tag(ACT, k + 1), t, j, w)] = (w, pos)
-                if k > 0 and (src := schedule.worker_of("F", k - 1, t, j)) != w:
-                    recvs[(_tag(ACT, k), t, j, src)] = (w, pos)
-            elif a.op == "B":
-                if k > 0 and schedule.worker_of("B", k - 1, t, j) != w:
-                    sends[(_tag(GRAD, k - 1), t, j, w)] = (w, pos)
-                if k < D - 1 and (src := schedule.worker_of("B", k + 1, t, j)) != w:
-                    recvs[(_tag(GRAD, k), t, j, src)] = (w, pos)
-    return [Message(src, spos, recvs[key][0], recvs[key][1], key[0], key[1], key[2])
-            for key, (src, spos) in sends.items()]
-
-
-def channels(schedule: Any) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
-    """Cross-rank messages per channel ``(src, dst, tag)``: (send order, receive order) of their ``(t, j)``.
-
-    The runtime requires the two orders to be equal on every channel (point-to-point matching is FIFO).
-    """
-    grouped: dict[tuple[int, int, int], list[Message]] = defaultdict(list)
-    for m in messages(schedule):
-        grouped[(m.src, m.dst, m.tag)].append(m)
-    return {key: ([(m.t, m.j) for m in sorted(ms, key=lambda m: m.send_pos)],
-                  [(m.t, m.j) for m in sorted(ms, key=lambda m: m.recv_pos)]) for key, ms in grouped.items()}
 
 
 @dataclass
@@ -146,9 +95,10 @@ class PipelineRuntime:
     Args:
         model: the whole model as an ``nn.Sequential`` (cut into ``schedule.D`` stages) or the list of all
             stage modules, built identically on every rank; each rank trains only its own stages.
-        schedule: a :class:`pipelab.schedules.Schedule` with ``schedule.W`` workers = world size.
-        policy, optimizer, loss_fn, predictor, lr_scheduler, balance, recompute: as for
-            :class:`pipelab.emulator.Emulator`.
+        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords (schedule,
+            policy, optimizer, D, loss_fn, predictor, lr_scheduler, balance, recompute), as for
+            :class:`pipelab.emulator.Emulator`; the schedule must be a :class:`pipelab.schedules.Schedule`
+            with ``schedule.W`` workers = world size.
         device: this rank's device (default: CUDA device ``LOCAL_RANK`` under NCCL, else CPU).
         rank, world_size: default to the initialised process group's (then every rank's
             :meth:`fingerprint` is compared at construction).
@@ -156,16 +106,17 @@ class PipelineRuntime:
             :mod:`pipelab.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
 
     Raises:
+        TypeError: a schedule that is not a ``Schedule``; an unknown keyword; a field of the wrong type.
         ValueError: world size ≠ workers; a stage computed or held by several workers; the oracle
             predictor (not realisable); channels whose send and receive orders differ; ranks whose
             configurations disagree (the message names each differing field and its values).
     """
 
-    def __init__(self, model: nn.Module | Sequence[nn.Module], *, schedule: Any, policy: Any, optimizer: Callable,
-                 loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None, predictor: Any = None,
-                 lr_scheduler: Callable | None = None, balance: Any = "layers", recompute: bool = False,
+    def __init__(self, model: nn.Module | Sequence[nn.Module], spec: PipelineSpec | None = None, *,
                  device: torch.device | str | None = None, rank: int | None = None,
-                 world_size: int | None = None, config: Mapping[str, Any] | None = None) -> None:
+                 world_size: int | None = None, config: Mapping[str, Any] | None = None, **fields: Any) -> None:
+        spec = make_spec(spec, fields, "PipelineRuntime")
+        schedule, predictor = spec.schedule, spec.predictor
         if not hasattr(schedule, "programs"):
             raise TypeError(f"schedule must be a pipelab.schedules.Schedule, got {type(schedule).__name__}")
         self.rank = dist.get_rank() if rank is None else rank
@@ -189,38 +140,26 @@ class PipelineRuntime:
             device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                       else torch.device("cpu"))
         self.device = torch.device(device)
-        stages = as_stages(model, schedule.D, balance)
+        stages = as_stages(model, schedule.D, spec.balance)
         for k in self.my_stages:
             stages[k].to(self.device)
         self.modules = stages
-        self.plan = build_pipeline(stages, schedule=schedule, policy=policy, optimizer=optimizer, loss_fn=loss_fn,
-                                   predictor=predictor, lr_scheduler=lr_scheduler, recompute=recompute,
-                                   only=self.my_stages)
+        self.spec = spec
+        self.plan = build_pipeline(stages, spec, only=self.my_stages)
         if self.plan.waited:
             raise ValueError("this policy needs jobs to wait for future weights; only the emulator can run it")
         self.D, self.M, self.steps = self.plan.D, self.plan.M, self.plan.steps
         self.executors: dict[int, StageExecutor] = self.plan.stages
-        msgs = messages(schedule)
-        # where each of our sends is received, and where each message we receive was sent (for releasing sends)
-        self._recv_pos = {(m.dst, m.tag, m.t, m.j): m.recv_pos for m in msgs if m.src == self.rank}
-        self._send_pos = {(m.src, m.tag, m.t, m.j): m.send_pos for m in msgs if m.dst == self.rank}
         for key, (sends, recvs) in channels(schedule).items():
             if sends != recvs:
                 raise ValueError(f"channel {key} (src, dst, tag): the sender's order {sends[:6]}... differs from "
                                  f"the receiver's {recvs[:6]}...; point-to-point matching would pair wrong messages")
         self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
-        self.position = 0
-        self._local: dict[tuple[int, int, int, int], Tensor] = {}  # same-rank hand-overs
-        self._pending: dict[int, list[tuple[int, Any, Tensor]]] = defaultdict(list)  # dst -> (recv pos, work, tensor)
-        self._step_loss: dict[int, list[Tensor]] = defaultdict(list)
-        self._losses: dict[int, float] = {}
-        self._trace: list[tuple[int, int, int, int]] = []
-        self._act_bytes = 0
-        self._act_peak = 0
-        self._outbox: list[tuple[int, int, int, int, Tensor]] = []  # (dst, tag, t, j, tensor) to send on resume
-        self._retain: set[tuple[int, int, int, int]] = set()
+        self.transport = P2PTransport(schedule, self.rank, self.device)
+        self.state = DriverState()
+        self.trace: list[tuple[int, int, int, int]] = []
         self.cut_step = 0  # the mini-batch whose consistent cut this rank stands at (steps: the end)
-        self._fingerprint = self._describe(policy, predictor, lr_scheduler, recompute, config)
+        self._fingerprint = self._describe(spec.policy, predictor, spec.lr_scheduler, spec.recompute, config)
         if dist.is_initialized() and rank is None:
             fp = self.fingerprint()
             check_consistent({**fp, "optimizer": None}, "pipeline configuration")
@@ -233,6 +172,63 @@ class PipelineRuntime:
                 if diffs:
                     raise ValueError("ranks disagree on the pipeline configuration:\n"
                                      + describe_differences(diffs, f"rank {held[0][0]}", f"rank {r}"))
+
+    @property
+    def position(self) -> int:
+        """Index in this rank's program of the next job to run."""
+        return self.state.position
+
+    # ------------------------------------------------------------------------------------- resume state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs besides the model and the configuration, as plain data.
+
+        Keys: ``rank``, ``position`` (next job of the program), ``cut_step`` (the consistent cut it stands
+        at), ``stages`` (each executor's :meth:`~pipelab.pipeline.stage.StageExecutor.state_dict`), ``local``
+        (same-rank hand-overs in flight), ``outbox`` (messages kept at the cut), ``step_loss`` (losses of
+        unfinished mini-batches), ``losses``, ``trace``, ``activations`` (saved-input bytes now and at the
+        peak). Call between runs (after ``run(..., stop_at_step=c)``), when no send is outstanding. Like
+        ``nn.Module.state_dict``, it holds references to the live tensors (optimizer state included): save
+        or copy it before this runtime, or one loaded from it, runs on.
+        """
+        return {
+            "rank": self.rank,
+            "position": self.state.position,
+            "cut_step": self.cut_step,
+            "stages": {k: ex.state_dict() for k, ex in self.executors.items()},
+            "local": self.transport.local,
+            "outbox": self.transport.outbox,
+            "step_loss": dict(self.state.partial),
+            "losses": self.state.losses,
+            "trace": self.trace,
+            "activations": (self.state.act_bytes, self.state.act_peak),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, into a runtime built with the same configuration.
+
+        Raises:
+            ValueError: a state with missing keys, of another rank, or without some of this rank's stages.
+        """
+        keys = ("rank", "position", "cut_step", "stages", "local", "outbox", "step_loss", "losses", "trace",
+                "activations")
+        missing = [key for key in keys if key not in state]
+        if missing:
+            raise ValueError(f"state lacks {', '.join(missing)}: not a PipelineRuntime.state_dict()")
+        if state["rank"] != self.rank:
+            raise ValueError(f"state of rank {state['rank']} cannot be loaded into rank {self.rank}")
+        if sorted(state["stages"]) != sorted(self.executors):
+            raise ValueError(f"state holds stages {sorted(state['stages'])}, this rank computes "
+                             f"{sorted(self.executors)}")
+        for k, ex in self.executors.items():
+            ex.load_state_dict(state["stages"][k])
+        act_bytes, act_peak = state["activations"]
+        self.state = DriverState(state["position"], defaultdict(list, state["step_loss"]), dict(state["losses"]),
+                                 act_bytes, act_peak)
+        self.cut_step = state["cut_step"]
+        self.transport.local = dict(state["local"])
+        self.transport.outbox = list(state["outbox"])
+        self.trace = list(state["trace"])
 
     # ------------------------------------------------------------------------------------- set-up
 
@@ -287,39 +283,6 @@ class PipelineRuntime:
             self._meta[key] = metas
         return self._meta[key]
 
-    # ------------------------------------------------------------------------------------- transport
-
-    def _send(self, tensor: Tensor, dst: int, tag: int, t: int, j: int) -> None:
-        tensor = tensor.contiguous()
-        if (dst, tag, t, j) in self._retain:  # crosses a checkpoint's cut: the resumed run sends it
-            self._outbox.append((dst, tag, t, j, tensor))
-            return
-        self._pending[dst].append((self._recv_pos[(dst, tag, t, j)], dist.isend(tensor, dst, tag=tag), tensor))
-
-    def _recv(self, shape: torch.Size, dtype: torch.dtype, src: int, tag: int, t: int, j: int) -> Tensor:
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
-        dist.irecv(buf, src, tag=tag).wait()
-        self._release(src, self._send_pos[(src, tag, t, j)])
-        return buf
-
-    def _release(self, peer: int, sent_at: int) -> None:
-        """Complete our sends to ``peer`` that it received before position ``sent_at`` of its program.
-
-        ``peer`` sent the message we just received at ``sent_at``, so every receive it placed earlier has
-        finished: waiting on those sends returns at once and frees their tensors. (Gloo reports a send as
-        unfinished until it is waited on, so polling would keep every sent tensor alive for the whole run.)
-        """
-        pending = self._pending.get(peer)
-        if not pending:
-            return
-        keep = []
-        for recv_pos, work, tensor in pending:
-            if recv_pos < sent_at:
-                work.wait()
-            else:
-                keep.append((recv_pos, work, tensor))
-        self._pending[peer] = keep
-
     # ------------------------------------------------------------------------------------- running
 
     def run(self, batches: Sequence[Batch] | Callable[[int], Batch], *,
@@ -332,98 +295,43 @@ class PipelineRuntime:
             stop_at_step: stop at the consistent cut of mini-batch ``stop_at_step`` so that
                 :func:`~pipelab.runtime.checkpoint.save_checkpoint` can save a resumable state.
         """
-        get = batches if callable(batches) else batches.__getitem__
-        sched, M, last = self.schedule, self.M, self.D - 1
-        cache: OrderedDict[int, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = OrderedDict()
-
-        def micro(t: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-            if t not in cache:
-                x, y = get(t)
-                cache[t] = (split_micro(x.to(self.device), M, "input batch"),
-                            split_micro(y.to(self.device), M, "target batch"))
-                if len(cache) > self.D + 2:  # mini-batches in flight on this rank, at most about D
-                    cache.popitem(last=False)
-            return cache[t]
-
+        ref = next((p for p in self.modules[0].parameters() if p.is_floating_point()), None)
+        data = MiniBatches(batches, self.M, self.steps, reference=ref, device=self.device)
         end = len(self.program)
-        self._retain = set()
+        self.transport.retain = set()
         if stop_at_step is not None:
-            from .checkpoint import consistent_cut
-
             if not isinstance(stop_at_step, int) or not self.cut_step <= stop_at_step <= self.steps:
                 raise ValueError(f"stop_at_step must be an int in {self.cut_step}..{self.steps} (this rank stands "
                                  f"at the cut of mini-batch {self.cut_step}), got {stop_at_step!r}")
-            cut, in_flight = consistent_cut(sched, stop_at_step)
+            cut, in_flight = consistent_cut(self.schedule, stop_at_step)
             end = max(cut[self.rank], self.position)
-            self._retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
-        outbox, self._outbox = self._outbox, []
-        for dst, tag, t, j, tensor in outbox:  # messages in flight when the checkpoint was taken, in order
-            self._pending[dst].append((self._recv_pos[(dst, tag, t, j)], dist.isend(tensor, dst, tag=tag), tensor))
-        for pos in range(self.position, end):
-            op, k, t, j = self.program[pos][:4]
-            ex = self.executors[k]
-            if op == "F":
-                if k == 0:
-                    x_in = micro(t)[0][j]
-                elif (src := sched.worker_of("F", k - 1, t, j)) == self.rank:
-                    x_in = self._local.pop((ACT, k, t, j))
-                else:
-                    shape, dtype = self._boundaries(micro(t)[0][j])[k]
-                    x_in = self._recv(shape, dtype, src, _tag(ACT, k), t, j)
-                out = ex.forward(t, j, x_in, micro(t)[1][j] if k == last else None)
-                self._act_bytes += x_in.numel() * x_in.element_size()
-                self._act_peak = max(self._act_peak, self._act_bytes)
-                if k == last:
-                    self._step_loss[t].append(out)
-                    if len(self._step_loss[t]) == M:
-                        self._losses[t] = float(torch.stack(self._step_loss.pop(t)).sum())
-                elif (dst := sched.worker_of("F", k + 1, t, j)) == self.rank:
-                    self._local[(ACT, k + 1, t, j)] = out
-                else:
-                    self._send(out, dst, _tag(ACT, k + 1), t, j)
-            elif op == "B":
-                if k == last:
-                    g_out = None
-                elif (src := sched.worker_of("B", k + 1, t, j)) == self.rank:
-                    g_out = self._local.pop((GRAD, k, t, j))
-                else:
-                    shape, dtype = self._boundaries(micro(t)[0][j])[k + 1]
-                    g_out = self._recv(shape, dtype, src, _tag(GRAD, k), t, j)
-                saved_in = ex.saved[(t, j)][1]
-                self._act_bytes -= saved_in.numel() * saved_in.element_size()
-                g_in = ex.backward(t, j, g_out)
-                if k > 0:
-                    if (dst := sched.worker_of("B", k - 1, t, j)) == self.rank:
-                        self._local[(GRAD, k - 1, t, j)] = g_in
-                    else:
-                        self._send(g_in, dst, _tag(GRAD, k - 1), t, j)
-            elif op == "U":
-                ex.update(t)
-                if k == self.my_stages[-1]:
-                    self._trace.append(self._held())
-            else:
-                raise ValueError(f"the runtime does not execute {op!r} actions (split backward)")
-            self.position = pos + 1
-            heartbeat(self.position)
-        for pending in self._pending.values():
-            for _, work, _ in pending:
-                work.wait()
-        self._pending.clear()
+            self.transport.retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
+        self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j])[boundary]
+        self.transport.resend_outbox()  # messages in flight when the checkpoint was taken, in order
+        last_stage = self.my_stages[-1]
+
+        def on_update(ex: StageExecutor, t: int, W: tuple[Tensor, ...]) -> None:
+            if ex.k == last_stage:
+                self.trace.append(self._held())
+
+        run_jobs(self.program, self.executors, self.transport, data, self.state, D=self.D, M=self.M, end=end,
+                 on_update=on_update, after_job=heartbeat)
+        self.transport.flush()
         self.cut_step = self.steps if stop_at_step is None else stop_at_step
         return self._result()
 
     def _held(self) -> tuple[int, int, int, int]:
         ex = self.executors.values()
         return (sum(len(e.ring) for e in ex), sum(len(e.saved) for e in ex), sum(len(e.acc) for e in ex),
-                sum(len(p) for p in self._pending.values()))
+                self.transport.held())
 
     def _result(self) -> RuntimeResult:
         losses = [math.nan] * self.steps
         parts: list[dict[int, float] | None] = [None] * self.world
         if dist.is_initialized():
-            dist.all_gather_object(parts, self._losses)
+            dist.all_gather_object(parts, self.state.losses)
         else:
-            parts = [self._losses]
+            parts = [self.state.losses]
         done: set[int] = set()
         for part in parts:
             for t, v in (part or {}).items():
@@ -436,7 +344,7 @@ class PipelineRuntime:
                         for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
         memory = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors),
-            "activations": self._act_peak,
+            "activations": self.state.act_peak,
             "optimizer_state": opt_bytes,
             "versions_peak": versions_peak,
             "stage_bytes": stage_bytes,
@@ -444,7 +352,7 @@ class PipelineRuntime:
         }
         observed = {key: v for e in self.executors.values() for key, v in e.observed.items()}
         weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()}
-        return RuntimeResult(self.rank, list(self.my_stages), losses, observed, weights, memory, list(self._trace),
+        return RuntimeResult(self.rank, list(self.my_stages), losses, observed, weights, memory, list(self.trace),
                              self.position, steps_done=len(done), diverged=bool(bad),
                              diverged_step=bad[0] if bad else None)
 

@@ -3,11 +3,17 @@
 :class:`Emulator` replays the simulator's execution sequence of F, B and U events, stage by stage, as a
 real pipeline would, but in one process:
 
-- **Weights.** Stage k's versions ``W_k^(v)`` are explicit tensors in a :class:`VersionRing` keyed by
-  version number. The stage's own ``torch.optim`` optimizer owns the live parameters (the stage module's
-  ``nn.Parameter`` s, i.e. the user's model is trained in place); after each update the new version is
-  cloned into the ring; stored versions are never written to and are dropped after their last use. The
-  ring's capacity is the peak number of versions alive at once, i.e. the copies a real stage holds.
+The loop itself (:func:`pipelab.pipeline.driver.run_jobs`), the stage arithmetic
+(:class:`~pipelab.pipeline.stage.StageExecutor`) and the set-up (:func:`~pipelab.pipeline.plan.build_pipeline`)
+are the pipeline core the multi-process :class:`~pipelab.runtime.PipelineRuntime` shares; the emulator runs
+the whole execution order in one process and hands tensors over in memory.
+
+- **Weights.** Stage k's versions ``W_k^(v)`` are explicit tensors in a
+  :class:`~pipelab.pipeline.rings.VersionRing` keyed by version number. The stage's own ``torch.optim``
+  optimizer owns the live parameters (the stage module's ``nn.Parameter`` s, i.e. the user's model is
+  trained in place); after each update the new version is cloned into the ring; stored versions are never
+  written to and are dropped after their last use. The ring's capacity is the peak
+  number of versions alive at once, i.e. the copies a real stage holds.
 - **Forward.** ``F(k, t, j)`` runs the stage through :func:`torch.func.functional_call` with the weights
   its policy asks for (a stored version, or a predictor's output) on micro-batch j of mini-batch t. The
   last stage also computes the loss, scaled by 1/M so that the M micro-batch gradients sum to the gradient
@@ -49,28 +55,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from ..policies import Policy, Stored, WeightSpec
+from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.plan import build_pipeline
+from ..pipeline.spec import PipelineSpec, make_spec
+from ..pipeline.stage import StageExecutor
+from ..pipeline.transport import InMemoryTransport
+from ..policies import Stored, WeightSpec
 from ..schedules.dependencies import Job
-from .plan import OptimizerFactory, build_pipeline
-from .stage import StageExecutor
 
-__all__ = ["Emulator", "EmulatorResult", "split_micro"]
+__all__ = ["Emulator", "EmulatorResult"]
 
 log = logging.getLogger(__name__)
-
-Batch = tuple[Tensor, Tensor]
-
-
-def split_micro(x: Tensor, M: int, name: str = "batch") -> tuple[Tensor, ...]:
-    """Split a mini-batch into M equal micro-batches along dimension 0."""
-    n = x.shape[0]
-    if n % M:
-        raise ValueError(f"{name} size {n} is not divisible by the M={M} micro-batches of the schedule; "
-                         f"use a mini-batch size that is a multiple of {M}")
-    return torch.split(x, n // M)
 
 
 @dataclass
@@ -106,47 +103,25 @@ class Emulator:
     Args:
         model: an ``nn.Sequential`` (split into D stages by :func:`pipelab.partition.split`) or a list of
             stage modules. It is trained in place.
-        schedule: a ``Schedule`` (built by a builder such as ``pipelab.schedules.gpipe(D, M, steps)``, not its
-            name), a simulation result, or a :class:`~pipelab.schedules.VersionTable` with its execution order.
-        policy: a :class:`~pipelab.policies.Policy` or its name.
-        optimizer: factory ``params -> torch.optim.Optimizer`` called once per stage.
-        D: number of stages (required with an ``nn.Sequential``).
-        loss_fn: ``(output, target) -> mean loss`` of a micro-batch (default cross-entropy).
-        predictor: for prediction policies: a predictor name (``pipelab.predictors.make_predictor``), a
-            ``Predictor``, a factory ``stage -> Predictor``, or ``"oracle"`` (the true future weights:
-            jobs wait for them). Default: the policy's ``default_predictor``.
-        lr_scheduler: factory ``optimizer -> LRScheduler``; each stage's scheduler steps after each update.
-        balance: how :func:`~pipelab.partition.split` balances stages.
-        recompute: always recompute the stage forward in the backward (activation recomputation, as in
-            PipeOptim's experiments), even when forward and backward weights agree.
+        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`: schedule, policy, optimizer, D, loss_fn,
+            predictor, lr_scheduler, balance, recompute, documented there), or the same fields as keywords,
+            e.g. ``Emulator(model, schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=factory)``; keywords
+            given with a spec replace its fields.
 
     Raises:
         ValueError: D larger than the number of blocks, schedule and model disagreeing on D, a synchronous
             policy on an asynchronous schedule, a predictor that cannot follow the optimizer, a parameter
             shared by two stages.
         TypeError: a schedule given by name (``"gpipe"``) or of another type, an optimizer that is not a
-            factory, a loss function or scheduler factory that is not callable.
+            factory, a loss function or scheduler factory that is not callable, an unknown keyword.
 
     A stage without parameters (e.g. a lone ``nn.Tanh`` stage) is allowed: it runs its forwards and
     backwards but has no optimizer, no predictor and no weight copies.
     """
 
-    def __init__(
-        self,
-        model: nn.Module | Sequence[nn.Module],
-        *,
-        schedule: Any,
-        policy: str | Policy,
-        optimizer: OptimizerFactory,
-        D: int | None = None,
-        loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-        predictor: Any = None,
-        lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
-        balance: Any = "layers",
-        recompute: bool = False,
-    ) -> None:
-        plan = build_pipeline(model, schedule=schedule, policy=policy, optimizer=optimizer, D=D, loss_fn=loss_fn,
-                              predictor=predictor, lr_scheduler=lr_scheduler, balance=balance, recompute=recompute)
+    def __init__(self, model: nn.Module | Sequence[nn.Module], spec: PipelineSpec | None = None,
+                 **fields: Any) -> None:
+        plan = build_pipeline(model, make_spec(spec, fields, "Emulator"))
         self.plan = plan
         self.D, self.M, self.steps, self.table, self.policy = plan.D, plan.M, plan.steps, plan.table, plan.policy
         self.specs, self.order, self.waited, self.capacity = plan.specs, plan.order, plan.waited, plan.capacity
@@ -190,23 +165,10 @@ class Emulator:
             raise RuntimeError("an Emulator runs its schedule once and this one has run (its stages' weight versions "
                                "and event positions are spent); to continue training, build a new Emulator on the "
                                "same model, which holds the trained weights (optimizer state starts afresh)")
-        if not callable(batches) and not (hasattr(batches, "__getitem__") and hasattr(batches, "__len__")):
-            raise TypeError("batches must be a sequence of (x, y) mini-batches or a callable t -> (x, y), "
-                            f"got {type(batches).__name__}")
-        get = _checked_batches(batches, self.stages[0])
-        if not callable(batches) and len(batches) < self.steps:
-            raise ValueError(f"the schedule runs {self.steps} steps but only {len(batches)} mini-batches were given")
-        D, M = self.D, self.M
-        last = D - 1
-        micro: dict[int, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
-        acts: dict[tuple[int, int, int], Tensor] = {}
-        gouts: dict[tuple[int, int, int], Tensor] = {}
-        step_loss: dict[int, list[Tensor]] = defaultdict(list)
-        losses = [math.nan] * self.steps
+        first = next((p for p in self.stages[0].params if p.is_floating_point()), None)
+        data = MiniBatches(batches, self.M, self.steps, reference=first)
+        D = self.D
         snaps: dict[int, dict[int, tuple[Tensor, ...]]] = defaultdict(dict)
-        diverged: int | None = None
-        done = 0
-        back0: dict[int, int] = defaultdict(int)
 
         def snapshot(k: int, v: int, W: tuple[Tensor, ...]) -> None:
             if on_snapshot is None or not snapshot_every or (v % snapshot_every and v != self.steps):
@@ -220,78 +182,24 @@ class Emulator:
             st.module.train()
             snapshot(st.k, 0, st.ring.get(0))
 
-        for op, k, t, j in self.order:
-            st = self.stages[k]
-            if op == "F":
-                if t not in micro:
-                    x, y = get(t)
-                    micro[t] = (split_micro(x, M, "input batch"), split_micro(y, M, "target batch"))
-                x_in = micro[t][0][j] if k == 0 else acts.pop((k - 1, t, j))
-                out = st.forward(t, j, x_in, micro[t][1][j] if k == last else None)
-                if k < last:
-                    acts[(k, t, j)] = out
-                    continue
-                step_loss[t].append(out)
-                if len(step_loss[t]) == M:
-                    total = float(torch.stack(step_loss.pop(t)).sum())
-                    losses[t] = total
-                    done += 1
-                    if not math.isfinite(total):
-                        diverged = t
-                        break
-            elif op == "B":
-                g_in = st.backward(t, j, gouts.pop((k, t, j), None))
-                if k > 0:
-                    gouts[(k - 1, t, j)] = g_in
-                else:
-                    back0[t] += 1
-                    if back0[t] == M:  # the mini-batch has left the pipeline
-                        micro.pop(t, None)
-                        del back0[t]
-            else:  # U
-                snapshot(k, st.version + 1, st.update(t))
+        state = DriverState()
+        diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state, D=D,
+                            M=self.M, stop_on_divergence=True,
+                            on_update=lambda st, t, W: snapshot(st.k, st.version, W))
+        losses = [math.nan] * self.steps
+        for t, total in state.losses.items():
+            losses[t] = total
+        done = len(state.losses)
         observed = {key: v for st in self.stages for key, v in st.observed.items()}
         used = {(op,) + kk: _target(spec) for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
-        return EmulatorResult(losses, diverged, observed, used, self.waited, list(self.capacity), self.weight_copies, done,
-                              extra={"ring_peak": [st.ring.peak for st in self.stages]})
+        return EmulatorResult(losses, diverged, observed, used, self.waited, list(self.capacity), self.weight_copies,
+                              done, extra={"ring_peak": [st.ring.peak for st in self.stages]})
 
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""
         return [tuple(p.detach() for p in st.params) for st in self.stages]
 
 
-def _checked_batches(batches: Sequence[Batch] | Callable[[int], Batch], first: StageExecutor
-                     ) -> Callable[[int], Batch]:
-    """``t -> (x, y)`` that checks each mini-batch's form, its sizes, and its input against stage 0's weights."""
-    get = batches if callable(batches) else batches.__getitem__
-    weight = next((p for p in first.params if p.is_floating_point()), None)
-
-    def checked(t: int) -> Batch:
-        batch = get(t)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
-                and all(isinstance(v, Tensor) for v in batch)):
-            raise TypeError(f"mini-batch {t} must be a tuple (x, y) of two tensors (input, target), "
-                            f"got {_describe(batch)}")
-        x, y = batch
-        if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
-            raise ValueError(f"mini-batch {t}: input shape {tuple(x.shape)} and target shape {tuple(y.shape)} must "
-                             "have the same number of examples along dimension 0")
-        if weight is not None and x.is_floating_point() and x.dtype != weight.dtype:
-            raise TypeError(f"mini-batch {t}: input dtype {x.dtype} differs from the model's {weight.dtype}; "
-                            f"convert the data (x.to({weight.dtype})) or the model (model.to(dtype))")
-        if weight is not None and x.device != weight.device:
-            raise ValueError(f"mini-batch {t}: input on {x.device} but the model's first stage on {weight.device}; "
-                             "move the data or the model to one device")
-        return x, y
-
-    return checked
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value[:3])}...)"
-    return type(value).__name__
-
-
 def _target(spec: WeightSpec) -> int:
     return spec.version if isinstance(spec, Stored) else spec.base + spec.s
+

@@ -30,14 +30,14 @@ observed versions still agree with the version table; its ring holds empty tuple
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ..policies import Policy, Predicted, Stored, WeightSpec
-from .versions import VersionRing
+from ..policies import Policy, Stored, WeightSpec
+from .rings import VersionRing
 
 __all__ = ["StageExecutor"]
 
@@ -50,7 +50,7 @@ class StageExecutor:
         module: the stage module (trained in place: the optimizer owns its parameters).
         optimizer: a ``torch.optim`` optimizer over exactly ``module``'s parameters; ``None`` for a stage
             without parameters (and only then).
-        capacity: ring size (peak versions alive, from :func:`~pipelab.emulator.versions.ring_capacities`).
+        capacity: ring size (peak versions alive, from :func:`~pipelab.pipeline.rings.ring_capacities`).
         specs: ``(t, j) -> (forward spec, backward spec)`` of this stage's jobs.
         events: this stage's events in execution order, ``(op, t, j)`` (``j = -1`` for U).
         last_use: ``version -> position in events`` of its last use.
@@ -161,13 +161,13 @@ class StageExecutor:
             with torch.enable_grad():
                 out = self.call(W, x_in)
                 if last:
-                    out = self.loss_fn(out, target) / self.M
+                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
         else:
             with torch.no_grad():
                 out = self.call(W, x_in)
                 if last:
-                    out = self.loss_fn(out, target) / self.M
+                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("recompute", x_in, rng, target)
         self._advance()
         return out.detach()
@@ -186,7 +186,7 @@ class StageExecutor:
             with torch.enable_grad(), _replay_rng(x0.device, rng):
                 out = self.call(W, x_in, fresh_buffers=True)
                 if self.k == self.D - 1:
-                    out = self.loss_fn(out, target) / self.M
+                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
         inputs = list(W) + ([x_in] if self.k > 0 else [])
         # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
         grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
@@ -229,14 +229,14 @@ class StageExecutor:
             p.grad = g
         factor = self.policy.lr_factor(self.table, self.k, t)
         groups = self.optimizer.param_groups
-        saved_lr = [g["lr"] for g in groups]
+        saved_lr = [group["lr"] for group in groups]
         if factor != 1.0:
-            for g in groups:
-                g["lr"] = g["lr"] * factor
+            for group in groups:
+                group["lr"] = group["lr"] * factor
         self.optimizer.step()
         if factor != 1.0:
-            for g, lr in zip(groups, saved_lr):
-                g["lr"] = lr
+            for group, lr in zip(groups, saved_lr):
+                group["lr"] = lr
 
     # ------------------------------------------------------------------------------------- checkpoint
 
@@ -291,7 +291,7 @@ class StageExecutor:
             with torch.enable_grad(), _replay_rng(x_in.device, rng):
                 out = self.call(W, x_in, fresh_buffers=True)
                 if self.k == self.D - 1:
-                    out = self.loss_fn(out, target) / self.M
+                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = (kind, x_in, rng, target, out, W)
 
 

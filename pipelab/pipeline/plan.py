@@ -1,10 +1,11 @@
 """Planning a pipeline run: version table, per-job weight specs, execution order, ring sizes, stages.
 
 :func:`build_pipeline` does the set-up the single-process :class:`~pipelab.emulator.Emulator` and the
-multi-process runtime share: it derives every job's forward/backward weights from the policy and the
-version table (never from rank arithmetic), resolves the execution order (the oracle's waiting), sizes
-each stage's ring of weight versions, and builds a :class:`~pipelab.emulator.stage.StageExecutor` for the
-requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
+multi-process :class:`~pipelab.runtime.PipelineRuntime` share, from one
+:class:`~pipelab.pipeline.spec.PipelineSpec`: it derives every job's forward/backward weights from the policy
+and the version table (never from rank arithmetic), resolves the execution order (the oracle's waiting),
+sizes each stage's ring of weight versions, and builds a :class:`~pipelab.pipeline.stage.StageExecutor` for
+the requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
 learning-rate schedulers and predictors.
 """
 
@@ -20,12 +21,12 @@ from torch import Tensor, nn
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
 from ..schedules import VersionTable
 from ..schedules.dependencies import Job
+from .order import resolve_order
+from .rings import ring_capacities
+from .spec import OptimizerFactory, PipelineSpec, make_spec
 from .stage import StageExecutor
-from .versions import resolve_order, ring_capacities
 
 __all__ = ["PipelinePlan", "build_pipeline", "as_stages", "version_table", "stage_plans", "OptimizerFactory"]
-
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
@@ -120,46 +121,36 @@ class PipelinePlan:
 
 def build_pipeline(
     model: nn.Module | Sequence[nn.Module],
+    spec: PipelineSpec | None = None,
     *,
-    schedule: Any,
-    policy: str | Policy,
-    optimizer: OptimizerFactory,
-    D: int | None = None,
-    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-    predictor: Any = None,
-    lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
-    balance: Any = "layers",
-    recompute: bool = False,
     only: Iterable[int] | None = None,
+    **fields: Any,
 ) -> PipelinePlan:
     """Plan a run and build the executors of the stages in ``only`` (default: all).
 
-    Arguments as for :class:`~pipelab.emulator.Emulator`; ``only`` restricts which stages get executors
-    (and optimizers), as a runtime rank needs only its own. A stage without parameters gets no optimizer,
-    learning-rate scheduler or predictor (its policy has nothing to choose); it still runs its jobs.
+    Args:
+        model: an ``nn.Sequential`` (cut into ``spec.D`` stages, default the schedule's) or a list of stage
+            modules.
+        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords
+            (``schedule=..., policy=..., optimizer=..., ...``; with a spec, keywords replace its fields).
+        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own.
+
+    A stage without parameters gets no optimizer, learning-rate scheduler or predictor (its policy has
+    nothing to choose); it still runs its jobs.
     """
-    if isinstance(schedule, str):
-        raise TypeError(f"schedule={schedule!r} is a name; pass a Schedule built by a builder, e.g. "
-                        "schedule=pipelab.schedules.gpipe(D, M, steps) (builders by name: "
-                        "pipelab.schedules.BUILDERS)")
+    spec = make_spec(spec, fields, "build_pipeline")
+    schedule, optimizer, D, predictor = spec.schedule, spec.optimizer, spec.D, spec.predictor
     table = version_table(schedule)  # before the model, so that a bad schedule is not blamed on the model
     if D is None and isinstance(model, nn.Sequential):
         D = table.D
-    stages = as_stages(model, D, balance)
+    stages = as_stages(model, D, spec.balance)
     D = len(stages)
     if table.D != D:
         raise ValueError(f"the schedule has D={table.D} stages but the model was cut into {D}")
-    policy = make_policy(policy)
+    policy = make_policy(spec.policy)
     policy.check(table)
-    loss_fn = loss_fn or nn.functional.cross_entropy
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be a callable (output, target) -> loss, got {type(loss_fn).__name__}")
-    if not callable(optimizer):
-        raise TypeError("optimizer must be a factory: params -> torch.optim.Optimizer, "
-                        f"e.g. lambda ps: torch.optim.SGD(ps, lr=0.1); got {type(optimizer).__name__}")
-    if lr_scheduler is not None and not callable(lr_scheduler):
-        raise TypeError("lr_scheduler must be a factory: optimizer -> LRScheduler, "
-                        f"got {type(lr_scheduler).__name__}")
+    loss_fn = spec.loss_fn or nn.functional.cross_entropy
+    recompute, lr_scheduler = spec.recompute, spec.lr_scheduler
 
     weightless = frozenset(k for k, m in enumerate(stages) if next(m.parameters(), None) is None)
     # weight specs of every job, with the oracle predictor resolved to true future versions
@@ -206,23 +197,14 @@ def build_pipeline(
 
 
 def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
-    """Give every stage its predictor; ``predictor`` is validated even where no stage predicts.
+    """Give every stage its predictor (validated by :class:`~pipelab.pipeline.spec.PipelineSpec`).
 
-    A name must be a registered predictor or ``"oracle"`` (ValueError otherwise, whatever the policy); a
-    predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
+    A predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
     """
     import warnings
 
-    from ..predictors import PREDICTORS, Predictor, make_predictor
+    from ..predictors import Predictor, make_predictor
 
-    if isinstance(predictor, str):
-        if predictor != "oracle" and predictor not in PREDICTORS:
-            raise ValueError(f"unknown predictor {predictor!r}; choose one of {', '.join(PREDICTORS)}, or 'oracle' "
-                             "(the true future weights)")
-    elif not (predictor is None or isinstance(predictor, Predictor) or hasattr(predictor, "predict")
-              or callable(predictor)):
-        raise TypeError(f"predictor must be a name, a Predictor or a factory stage -> Predictor, "
-                        f"got {type(predictor).__name__}")
     if not plan.predicted_stages:
         # "oracle" turns a predicting policy's predictions into stored versions: used, though none remain
         used = isinstance(predictor, str) and predictor == "oracle" and plan.policy.uses_predictor

@@ -1,0 +1,214 @@
+"""The one driver loop: execute a program of F/B/U jobs on stage executors, handing tensors over a transport.
+
+Both drivers run :func:`run_jobs`: the single-process :class:`~pipelab.emulator.Emulator` on the whole
+execution order with an in-memory transport, every rank of :class:`~pipelab.runtime.PipelineRuntime` on its
+own program with a ``torch.distributed`` one. For each job ``(op, k, t, j)``:
+
+- ``F``: its input is micro-batch j of mini-batch t (stage 0) or the hand-over from ``F(k−1, t, j)``; the
+  stage runs at its policy's forward weights; its output is handed to ``F(k+1, t, j)``, or, on the last stage,
+  its loss ℓ_j/M is added to mini-batch t's loss, complete after M micro-batches (the mini-batch mean loss
+  Σ_j ℓ_j/M);
+- ``B``: the gradient of its output comes from ``B(k+1, t, j)`` (none on the last stage, which starts from
+  its loss); the stage's vector–Jacobian product runs; the gradient of its input goes to ``B(k−1, t, j)``;
+- ``U``: the stage's optimizer steps with the gradient accumulated over step t's micro-batches.
+
+The data side lives here once too: :class:`MiniBatches` checks each mini-batch's form, sizes, dtype and
+device, splits it into M micro-batches (:func:`split_micro`) and keeps it only while a job of the program
+still needs it.
+
+Reference: the F/B/U semantics of GPipe (Huang et al., NeurIPS 2019) and PipeDream (Narayanan et al.,
+SOSP 2019); DESIGN §5–6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .stage import StageExecutor
+from .transport import Transport
+
+__all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs"]
+
+Batch = tuple[Tensor, Tensor]
+
+
+def split_micro(x: Tensor, M: int, name: str = "batch") -> tuple[Tensor, ...]:
+    """Split a mini-batch into M equal micro-batches along dimension 0.
+
+    Raises:
+        ValueError: the mini-batch size is not a multiple of M.
+    """
+    n = x.shape[0]
+    if n % M:
+        raise ValueError(f"{name} size {n} is not divisible by the M={M} micro-batches of the schedule; "
+                         f"use a mini-batch size that is a multiple of {M}")
+    return torch.split(x, n // M)
+
+
+class MiniBatches:
+    """The run's mini-batches, checked, split into M micro-batches, and cached while in use.
+
+    Args:
+        batches: mini-batch t is ``batches[t]`` or ``batches(t)``, a tuple ``(x, y)`` of tensors.
+        M: micro-batches per mini-batch; ``steps``: mini-batches the schedule runs.
+        reference: a floating-point weight of stage 0: the input's dtype must be its dtype and, unless
+            ``device`` is given, its device must be the weight's (``None``: no dtype/device check).
+        device: move every mini-batch there before splitting (the runtime's rank device).
+
+    Raises:
+        TypeError: ``batches`` neither a sequence nor a callable.
+        ValueError: a sequence with fewer than ``steps`` mini-batches.
+
+    :meth:`micro` raises TypeError for a mini-batch that is not a tuple ``(x, y)`` of tensors or whose input
+    dtype differs from the model's, ValueError for an input and a target of different lengths, a size not
+    divisible by M, or data on another device than the model.
+    """
+
+    def __init__(self, batches: Sequence[Batch] | Callable[[int], Batch], M: int, steps: int, *,
+                 reference: Tensor | None, device: torch.device | None = None) -> None:
+        if not callable(batches) and not (hasattr(batches, "__getitem__") and hasattr(batches, "__len__")):
+            raise TypeError("batches must be a sequence of (x, y) mini-batches or a callable t -> (x, y), "
+                            f"got {type(batches).__name__}")
+        if not callable(batches) and len(batches) < steps:
+            raise ValueError(f"the schedule runs {steps} steps but only {len(batches)} mini-batches were given")
+        self._get: Callable[[int], Any] = batches if callable(batches) else batches.__getitem__
+        self.M, self.reference, self.device = M, reference, device
+        self._cache: dict[int, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
+
+    def checked(self, t: int) -> Batch:
+        """Mini-batch t, after checking its form, its sizes, and its input against stage 0's weights."""
+        batch = self._get(t)
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                and all(isinstance(v, Tensor) for v in batch)):
+            raise TypeError(f"mini-batch {t} must be a tuple (x, y) of two tensors (input, target), "
+                            f"got {_describe(batch)}")
+        x, y = batch
+        if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"mini-batch {t}: input shape {tuple(x.shape)} and target shape {tuple(y.shape)} must "
+                             "have the same number of examples along dimension 0")
+        weight = self.reference
+        if weight is not None and x.is_floating_point() and x.dtype != weight.dtype:
+            raise TypeError(f"mini-batch {t}: input dtype {x.dtype} differs from the model's {weight.dtype}; "
+                            f"convert the data (x.to({weight.dtype})) or the model (model.to(dtype))")
+        if weight is not None and self.device is None and x.device != weight.device:
+            raise ValueError(f"mini-batch {t}: input on {x.device} but the model's first stage on {weight.device}; "
+                             "move the data or the model to one device")
+        return x, y
+
+    def micro(self, t: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """``(inputs, targets)`` of mini-batch t, each split into M micro-batches (read once while cached)."""
+        if t not in self._cache:
+            x, y = self.checked(t)
+            if self.device is not None:
+                x, y = x.to(self.device), y.to(self.device)
+            self._cache[t] = (split_micro(x, self.M, "input batch"), split_micro(y, self.M, "target batch"))
+        return self._cache[t]
+
+    def release(self, t: int) -> None:
+        """Forget mini-batch t (no job left needs it)."""
+        self._cache.pop(t, None)
+
+    def __len__(self) -> int:
+        """Mini-batches held now."""
+        return len(self._cache)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value[:3])}...)"
+    return type(value).__name__
+
+
+@dataclass
+class DriverState:
+    """Where a driver stands: what a resumed run needs besides the executors and the transport.
+
+    Attributes:
+        position: index of the next job of the program.
+        partial: ``t -> [ℓ_j/M, ...]`` losses of mini-batch t's micro-batches computed so far.
+        losses: ``t -> Σ_j ℓ_j/M``, the mean loss of every completed mini-batch.
+        act_bytes, act_peak: bytes of stage inputs saved for a backward, now and at the peak.
+    """
+
+    position: int = 0
+    partial: dict[int, list[Tensor]] = field(default_factory=lambda: defaultdict(list))
+    losses: dict[int, float] = field(default_factory=dict)
+    act_bytes: int = 0
+    act_peak: int = 0
+
+
+def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], transport: Transport,
+             data: MiniBatches, state: DriverState, *, D: int, M: int, end: int | None = None,
+             stop_on_divergence: bool = False,
+             on_update: Callable[[StageExecutor, int, tuple[Tensor, ...]], None] | None = None,
+             after_job: Callable[[int], None] | None = None) -> int | None:
+    """Execute ``program[state.position:end]``; jobs are ``(op, k, t, j, ...)`` (tuples or ``Action`` s).
+
+    Args:
+        program: the jobs in execution order (the emulator's whole order, or one rank's program).
+        executors: stage index -> executor, for every stage the program computes.
+        transport: carries activations and gradients between jobs.
+        data: the mini-batches; a mini-batch is released after the program's last F/B job of it.
+        state: position, losses and activation counters; advanced in place.
+        end: stop before this position (default: the program's end).
+        stop_on_divergence: return as soon as a mini-batch's loss is NaN or ±inf.
+        on_update: called after each ``U(k, t)`` with the executor, t and the new weights.
+        after_job: called with the new position after each job.
+
+    Returns:
+        The first mini-batch whose loss diverged, when ``stop_on_divergence``; else ``None``.
+
+    Raises:
+        ValueError: a job whose op is not F, B or U (a split backward's I/W).
+    """
+    last = D - 1
+    last_job: dict[int, int] = {}
+    for pos, job in enumerate(program):
+        if job[0] in ("F", "B"):
+            last_job[job[2]] = pos
+    end = len(program) if end is None else end
+    for pos in range(state.position, end):
+        op, k, t, j = program[pos][:4]
+        ex = executors[k]
+        if op == "F":
+            x_in = data.micro(t)[0][j] if k == 0 else transport.receive(("F", k - 1, t, j), ("F", k, t, j))
+            out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
+            state.act_bytes += x_in.numel() * x_in.element_size()
+            state.act_peak = max(state.act_peak, state.act_bytes)
+            if k < last:
+                transport.send(("F", k, t, j), ("F", k + 1, t, j), out)
+            else:
+                state.partial[t].append(out)
+                if len(state.partial[t]) == M:
+                    total = float(torch.stack(state.partial.pop(t)).sum())
+                    state.losses[t] = total
+                    if stop_on_divergence and not math.isfinite(total):
+                        state.position = pos + 1
+                        return t
+        elif op == "B":
+            g_out = None if k == last else transport.receive(("B", k + 1, t, j), ("B", k, t, j))
+            saved_in = ex.saved[(t, j)][1]
+            state.act_bytes -= saved_in.numel() * saved_in.element_size()
+            g_in = ex.backward(t, j, g_out)
+            if k > 0:
+                assert g_in is not None
+                transport.send(("B", k, t, j), ("B", k - 1, t, j), g_in)
+        elif op == "U":
+            W = ex.update(t)
+            if on_update is not None:
+                on_update(ex, t, W)
+        else:
+            raise ValueError(f"the pipeline drivers execute F, B and U jobs, not {op!r} (split backward)")
+        if last_job.get(t) == pos:
+            data.release(t)
+        state.position = pos + 1
+        if after_job is not None:
+            after_job(state.position)
+    return None
