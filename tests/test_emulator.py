@@ -300,5 +300,5 @@ def test_stage_without_parameters_under_asynchronous_policies(policy) -> None:
     assert max(abs(a - b) for a, b in zip(res.losses, res_twin.losses)) <= TOL
     for k in (0, 2):
         assert max((p - q).abs().max().item() for p, q in zip(base[k].parameters(), twin[k].parameters())) <= TOL
-    assert res.observed == res_twin.observed == {key: emu.table.version(key) for key in res.observed}
+    assert res.current == res_twin.current == {key: emu.table.version(key) for key in res.current}
     assert res.weight_copies[1] == 0 and emu.stages[1].predictor is None and 1 not in emu.predicted_stages

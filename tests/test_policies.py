@@ -40,7 +40,7 @@ D, T = 4, 10
     ("2bw", pipedream_2bw(D, 4, 5)), ("pipeoptim", pipedream(D, 1, T)), ("spectrain", pipedream(D, 1, T)),
     ("pipemare", pipedream(D, 3, T)), ("1f1b", interleaved_1f1b(2, 2, 4, 3)),
 ])
-def test_observed_versions_equal_the_simulator_table(policy, schedule) -> None:
+def test_current_versions_equal_the_simulator_table(policy, schedule) -> None:
     steps = schedule.steps
     vt = simulate(schedule).version_table
     m = make_model(depth=6)
@@ -51,8 +51,8 @@ def test_observed_versions_equal_the_simulator_table(policy, schedule) -> None:
     for k in range(Dk):
         for t in range(Tt):
             for j in range(M):
-                assert res.observed[("F", k, t, j)] == vt.forward[k, t, j]
-                assert res.observed[("B", k, t, j)] == vt.backward[k, t, j]
+                assert res.current[("F", k, t, j)] == vt.forward[k, t, j]
+                assert res.current[("B", k, t, j)] == vt.backward[k, t, j]
     # the versions the policy used follow the simulator's weight rules
     rule = {"stashing": "stash", "2bw": "double_buffer", "vanilla": "current"}.get(policy)
     if rule is not None:

@@ -74,12 +74,12 @@ def check_equal(case: dict, per_rank: list) -> None:
     weights, emu = emulate(case)
     observed: dict = {}
     for r in per_rank:
-        observed.update(r.observed)
+        observed.update(r.current)
         for k, W in r.weights.items():
             for a, b in zip(W, weights[k]):
                 assert (a - b).abs().max().item() <= TOL, (case, k)
         assert r.losses == pytest.approx(emu.losses, abs=TOL, nan_ok=True)
-    assert observed == emu.observed, case  # the runtime's version table is the emulator's (= the simulator's)
+    assert observed == emu.current, case  # the runtime's version table is the emulator's (= the simulator's)
 
 
 CASES_2 = [dict(schedule="gpipe", policy="gpipe", D=2, M=4, steps=3),
@@ -210,7 +210,7 @@ def test_checkpoint_resume_continues_identically(resumed: tuple[list, list], i: 
         for k in a.weights:
             for x, y in zip(a.weights[k], b.weights[k]):
                 assert torch.equal(x, y)
-        assert a.losses == b.losses and a.observed == b.observed
+        assert a.losses == b.losses and a.current == b.current
         assert b.steps_done == case["steps"] and not b.diverged
 
 
@@ -285,13 +285,13 @@ def test_stage_without_parameters_runs_on_three_ranks_like_the_emulator() -> Non
         weights = emu.weights()
         observed: dict = {}
         for r in (per_rank[w][i] for w in range(3)):
-            observed.update(r.observed)
+            observed.update(r.current)
             for k, W in r.weights.items():
                 assert len(W) == len(weights[k])
                 for a, b in zip(W, weights[k]):
                     assert (a - b).abs().max().item() <= TOL, (case, k)
             assert r.losses == pytest.approx(ref.losses, abs=TOL)
-        assert observed == ref.observed, case
+        assert observed == ref.current, case
         middle = per_rank[1][i]
         assert middle.stages == [1] and middle.weights[1] == ()
         assert middle.memory["weight_copies"] == {1: 0} and middle.memory["optimizer_state"] == 0

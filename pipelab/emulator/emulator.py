@@ -29,7 +29,7 @@ the whole execution order in one process and hands tensors over in memory.
 - **Update.** ``U(k, t)`` hands the accumulated gradient of step t to stage k's optimizer (with PipeMare's
   learning-rate factor if any), steps the optional learning-rate scheduler and the predictor's history.
 - **Versions** come from the version table of the simulator's sequence, never from rank arithmetic; the
-  emulator records the version each job actually ran at (``EmulatorResult.observed``) for comparison.
+  emulator records the version each job actually ran at (``EmulatorResult.current``) for comparison.
 - **Buffers** (e.g. BatchNorm running statistics) are not versioned: they live in the stage modules and
   are updated in place by every (non-recomputed) forward in execution order, whatever weights it used.
 
@@ -77,7 +77,7 @@ class EmulatorResult:
     Attributes:
         losses: mean training loss of every mini-batch (the last stage's forward), NaN where not reached.
         diverged_at: first step whose loss was NaN/inf (the run stops there), else ``None``.
-        observed: the version of its stage each F/B job actually ran at (``cur`` as executed).
+        current: cur(job), the version of its stage current when each F/B job ran (as executed).
         used: the version each F/B job's weights stand for: v for a stored version, base+s for a
             prediction of it (``("F", k, t, j) -> int``).
         waited: whether the execution order differs from the schedule's (oracle-type waiting).
@@ -88,7 +88,7 @@ class EmulatorResult:
 
     losses: list[float]
     diverged_at: int | None
-    observed: dict[Job, int]
+    current: dict[Job, int]
     used: dict[Job, int]
     waited: bool
     ring_capacity: list[int]
@@ -190,9 +190,9 @@ class Emulator:
         for t, total in state.losses.items():
             losses[t] = total
         done = len(state.losses)
-        observed = {key: v for st in self.stages for key, v in st.observed.items()}
+        current = {key: v for st in self.stages for key, v in st.current.items()}
         used = {(op,) + kk: _target(spec) for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
-        return EmulatorResult(losses, diverged, observed, used, self.waited, list(self.capacity), self.weight_copies,
+        return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
                               done, extra={"ring_peak": [st.ring.peak for st in self.stages]})
 
     def weights(self) -> list[tuple[Tensor, ...]]:

@@ -24,7 +24,7 @@ is the same in the simulator's global order and in the worker's program.
 A stage without parameters (say a lone ``nn.Tanh`` between two Linear stages) is a real pipeline stage: its
 forwards and backwards run and pass activations and input gradients on, but it has no optimizer, nothing
 to predict and nothing to store. Its U events only advance its version counter, so that its jobs'
-observed versions still agree with the version table; its ring holds empty tuples (zero weight bytes).
+versions current at its jobs still agree with the version table; its ring holds empty tuples (zero weight bytes).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..policies import Policy, Stored, WeightSpec
+from ..schedules.dependencies import Job
 from .rings import VersionRing
 
 __all__ = ["StageExecutor"]
@@ -94,7 +95,7 @@ class StageExecutor:
         self.predictor: Any = None
         self.saved: dict[tuple[int, int], tuple] = {}
         self.acc: dict[int, list[Tensor]] = {}
-        self.observed: dict[tuple[str, int, int, int], int] = {}
+        self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
         self.ring.put(0, self.snapshot())
@@ -147,7 +148,7 @@ class StageExecutor:
     def forward(self, t: int, j: int, x_in: Tensor, target: Tensor | None = None) -> Tensor:
         """F(k, t, j): the stage output (detached), or on the last stage the micro-batch loss ℓ/M."""
         self._check_event("F", t, j)
-        self.observed[("F", self.k, t, j)] = self.version
+        self.current[("F", self.k, t, j)] = self.version
         last = self.k == self.D - 1
         if last and target is None:
             raise ValueError(f"the last stage's forward of micro-batch ({t}, {j}) needs its target")
@@ -175,7 +176,7 @@ class StageExecutor:
     def backward(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
         """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
         self._check_event("B", t, j)
-        self.observed[("B", self.k, t, j)] = self.version
+        self.current[("B", self.k, t, j)] = self.version
         entry = self.saved.pop((t, j))
         if entry[0] == "graph":
             _, x_in, _, _, out, W = entry
@@ -251,7 +252,7 @@ class StageExecutor:
             "module": {n: t.detach().clone() for n, t in self.module.state_dict().items()},
             "ring": {v: self.ring.get(v) for v in self.ring.versions()}, "ring_peak": self.ring.peak,
             "saved": {key: entry[:4] for key, entry in self.saved.items()},  # graphs are rebuilt on load
-            "acc": self.acc, "observed": self.observed,
+            "acc": self.acc, "current": self.current,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "predictor": predictor_state,
@@ -270,7 +271,7 @@ class StageExecutor:
         for v, W in sorted(state["ring"].items()):
             self.ring.put(v, W)
         self.ring.peak = max(self.ring.peak, state["ring_peak"])
-        self.acc, self.observed = state["acc"], state["observed"]
+        self.acc, self.current = state["acc"], state["current"]
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:

@@ -62,7 +62,7 @@ class RuntimeResult:
         rank: this process's rank; stages: the stages it computes.
         losses: mean training loss of every mini-batch (gathered from the last stage's rank; NaN where
             not reached).
-        observed: version of its stage each of this rank's F/B jobs ran at.
+        current: cur(job), the version of its stage current when each of this rank's F/B jobs ran.
         weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
         memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
             ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —
@@ -78,7 +78,7 @@ class RuntimeResult:
     rank: int
     stages: list[int]
     losses: list[float]
-    observed: dict[tuple[str, int, int, int], int]
+    current: dict[tuple[str, int, int, int], int]
     weights: dict[int, tuple[Tensor, ...]]
     memory: dict[str, Any]
     trace: list[tuple[int, int, int, int]]
@@ -350,9 +350,9 @@ class PipelineRuntime:
             "stage_bytes": stage_bytes,
             "weight_copies": {k: self.plan.weight_copies[k] for k in self.executors},
         }
-        observed = {key: v for e in self.executors.values() for key, v in e.observed.items()}
+        current = {key: v for e in self.executors.values() for key, v in e.current.items()}
         weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()}
-        return RuntimeResult(self.rank, list(self.my_stages), losses, observed, weights, memory, list(self.trace),
+        return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
                              self.position, steps_done=len(done), diverged=bool(bad),
                              diverged_step=bad[0] if bad else None)
 
