@@ -52,6 +52,7 @@ from .schedules import (
     validate,
 )
 from .simulator import SimResult, costs_from_profile, simulate
+from .optim import OPTIMIZERS, OptimizerSpec, available_optimizers, make_optimizer, optimizer_factory, optimizer_label
 from . import predictors
 from .predictors import (
     PREDICTORS,
@@ -102,6 +103,8 @@ __all__ = [
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
+    # the optimizer registry
+    "OPTIMIZERS", "OptimizerSpec", "available_optimizers", "make_optimizer", "optimizer_factory", "optimizer_label",
     # predictors and prediction error
     "predictors", "Predictor", "make_predictor", "available_predictors", "describe_predictors", "PREDICTORS",
     "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",

@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from .distributed import default_backend, init_from_env, spawn
-from .learning_curves import OPTIMIZERS, TASKS, RunConfig, prepare
+from .learning_curves import TASKS, RunConfig, prepare
+from .optim import available_optimizers
 
 __all__ = ["train", "train_distributed", "main"]
 
@@ -125,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="pipeoptim",
                    choices=["gpipe", "1f1b", "vanilla", "stashing", "vertical_sync", "2bw", "spectrain", "pipeoptim",
                             "pipemare"])
-    p.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
+    p.add_argument("--optimizer", default="adam", choices=available_optimizers())
     p.add_argument("--D", type=int, default=None, help="stages (default: the world size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=1)
