@@ -332,7 +332,7 @@ class UpdateRule:
         if d.den is None:
             (_, n), *rest = d.terms
             for w, x in rest:  # torch's SGD: d = g + μ·b, then W − lr·d
-                n = torch._foreach_add(n, x, alpha=w)
+                n = list(torch._foreach_add(n, x, alpha=w))
             return fadd(W, n, -f, own_weights), st
         for w, n in d.terms:
             W, own_weights = faddcdiv(W, n, d.den, -(f * w), own_weights), True
@@ -372,7 +372,7 @@ class UpdateRule:
         """``U`` as new tensors; with decoupled decay ``c``, ``(U + c·W_t)/(1 − c)``."""
         f = d.c / d.k
         (w0, n0), *rest = d.terms
-        out = torch._foreach_mul(n0, f * w0)
+        out = list(torch._foreach_mul(n0, f * w0))
         for w, n in rest:
             torch._foreach_add_(out, n, alpha=f * w)
         if d.den is not None:
@@ -413,17 +413,18 @@ class UpdateRule:
         if d is None:
             return [w.clone() for w in W]
         if not d.fuse:
-            return torch._foreach_add(W, self._materialise(d, Wt, c), alpha=-scale)
+            return list(torch._foreach_add(W, self._materialise(d, Wt, c), alpha=-scale))
         q, out, own = scale, W, False
         if c != 0:
             q = scale / keep_fraction(c)
-            out = torch._foreach_mul(W, 1 - q * c) if current is None else torch._foreach_add(W, current, alpha=-q * c)
+            out = list(torch._foreach_mul(W, 1 - q * c) if current is None
+                       else torch._foreach_add(W, current, alpha=-q * c))
             own = True
         v = -q * d.c / d.k
         for w, n in d.terms:
             out = fadd(out, n, v * w, own) if d.den is None else faddcdiv(out, n, d.den, v * w, own)
             own = True
-        return out
+        return list(out)
 
     # -- shared helpers ------------------------------------------------------------------------
     @staticmethod
