@@ -150,14 +150,14 @@ class BucketState:
 def denominator(x: list[Tensor], scale: float, eps: float, placement: str) -> list[Tensor]:
     """``sqrt(x / scale) + eps`` (``placement="outside"``) or ``sqrt(x / scale + eps)`` (``"inside"``)."""
     if placement == "outside":
-        den = torch._foreach_sqrt(x)
+        den = list(torch._foreach_sqrt(x))
         if scale != 1.0:
             torch._foreach_div_(den, scale ** 0.5)
         torch._foreach_add_(den, eps)
         return den
     inner = torch._foreach_div(x, scale) if scale != 1.0 else [t.clone() for t in x]
     torch._foreach_add_(inner, eps)
-    return torch._foreach_sqrt(inner)
+    return list(torch._foreach_sqrt(inner))
 
 
 def fmul(xs: list[Tensor], c: float, own: bool) -> list[Tensor]:
@@ -165,7 +165,7 @@ def fmul(xs: list[Tensor], c: float, own: bool) -> list[Tensor]:
     if own:
         torch._foreach_mul_(xs, c)
         return xs
-    return torch._foreach_mul(xs, c)
+    return list(torch._foreach_mul(xs, c))
 
 
 def flerp(xs: list[Tensor], ys: list[Tensor], w: float, own: bool) -> list[Tensor]:
@@ -173,7 +173,7 @@ def flerp(xs: list[Tensor], ys: list[Tensor], w: float, own: bool) -> list[Tenso
     if own:
         torch._foreach_lerp_(xs, ys, w)
         return xs
-    return torch._foreach_lerp(xs, ys, w)
+    return list(torch._foreach_lerp(xs, ys, w))
 
 
 def fadd(xs: list[Tensor], ys: list[Tensor], alpha: float, own: bool) -> list[Tensor]:
@@ -181,7 +181,7 @@ def fadd(xs: list[Tensor], ys: list[Tensor], alpha: float, own: bool) -> list[Te
     if own:
         torch._foreach_add_(xs, ys, alpha=alpha)
         return xs
-    return torch._foreach_add(xs, ys, alpha=alpha)
+    return list(torch._foreach_add(xs, ys, alpha=alpha))
 
 
 def faddcmul(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, own: bool) -> list[Tensor]:
@@ -189,7 +189,7 @@ def faddcmul(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, o
     if own:
         torch._foreach_addcmul_(xs, a, b, value=value)
         return xs
-    return torch._foreach_addcmul(xs, a, b, value=value)
+    return list(torch._foreach_addcmul(xs, a, b, value=value))
 
 
 def faddcdiv(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, own: bool) -> list[Tensor]:
@@ -197,7 +197,7 @@ def faddcdiv(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, o
     if own:
         torch._foreach_addcdiv_(xs, a, b, value=value)
         return xs
-    return torch._foreach_addcdiv(xs, a, b, value=value)
+    return list(torch._foreach_addcdiv(xs, a, b, value=value))
 
 
 def fmaximum(xs: list[Tensor], ys: list[Tensor], own: bool) -> list[Tensor]:
@@ -205,7 +205,7 @@ def fmaximum(xs: list[Tensor], ys: list[Tensor], own: bool) -> list[Tensor]:
     if own:
         torch._foreach_maximum_(xs, ys)
         return xs
-    return torch._foreach_maximum(xs, ys)
+    return list(torch._foreach_maximum(xs, ys))
 
 
 @dataclass
@@ -431,9 +431,9 @@ class UpdateRule:
     def effective_grad(hp: dict[str, Any], W: list[Tensor], g: list[Tensor], *, coupled_decay: bool = True
                        ) -> list[Tensor]:
         """``±g + wd·W`` as torch.optim forms it (sign from ``maximize``, L2 decay when coupled)."""
-        out = torch._foreach_neg(g) if hp["maximize"] else list(g)
+        out = list(torch._foreach_neg(g)) if hp["maximize"] else list(g)
         if coupled_decay and hp["weight_decay"] != 0:
-            out = torch._foreach_add(out, W, alpha=hp["weight_decay"])
+            out = list(torch._foreach_add(out, W, alpha=hp["weight_decay"]))
         return out
 
 
