@@ -79,6 +79,7 @@ from .schedules import (
 from .simulator import SimResult, costs_from_profile, simulate
 from .profiling import StageProfile, profile_stages
 from .threads import torch_threads
+from .optim import OPTIMIZERS, OptimizerSpec, available_optimizers, make_optimizer, optimizer_factory, optimizer_label
 from . import predictors
 from .predictors import (
     PREDICTORS,
@@ -91,6 +92,7 @@ from .predictors import (
 from .prediction_error import PredictionErrorConfig, PredictionErrorResult, measure_prediction_error, run_prediction_error
 from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
 from .emulator import DeadlockError, Emulator, EmulatorResult, build_pipeline, evaluate, train_plain
+from .pipeline import PipelineSpec
 from .learning_curves import RunConfig, prepare
 from .learning_curves import run as run_arm
 from .learning_curves import sweep as sweep_arms
@@ -130,13 +132,15 @@ __all__ = [
     "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
+    # the optimizer registry
+    "OPTIMIZERS", "OptimizerSpec", "available_optimizers", "make_optimizer", "optimizer_factory", "optimizer_label",
     # predictors and prediction error
     "predictors", "Predictor", "make_predictor", "available_predictors", "describe_predictors", "PREDICTORS",
     "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",
     "PredictionErrorResult",
     # policies, the emulator and learning curves
     "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo",
-    "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
+    "PipelineSpec", "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
     "RunConfig", "prepare", "run_arm", "sweep_arms",
     # the multi-process runtime
     "PipelineRuntime", "RuntimeResult", "consistent_cut", "save_checkpoint", "load_checkpoint", "train_distributed",

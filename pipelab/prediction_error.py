@@ -39,42 +39,39 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .optim import make_optimizer
 from .predictors import Predictor, make_predictor
 from .predictors.base import flat_params
 from .threads import torch_threads
 
-__all__ = ["OPTIMIZERS", "make_optimizer", "WeightRing", "PredictionErrorResult", "measure_prediction_error",
-           "PredictionErrorConfig", "run_prediction_error", "layer_names"]
+__all__ = ["OPTIMIZER_SETTINGS", "prediction_optimizer", "WeightRing", "PredictionErrorResult",
+           "measure_prediction_error", "PredictionErrorConfig", "run_prediction_error", "layer_names"]
 
 log = logging.getLogger(__name__)
 
-#: Named optimizers used by the experiments: class and default hyper-parameters (overridable).
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
-    "sgd": (torch.optim.SGD, {"lr": 0.05}),
-    "sgdm": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
-    "nesterov": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
-    "adam": (torch.optim.Adam, {"lr": 1e-3}),
-    "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.05}),
-    "rmsprop": (torch.optim.RMSprop, {"lr": 3e-4}),
-    "rmsprop_momentum": (torch.optim.RMSprop, {"lr": 1e-4, "momentum": 0.9, "centered": True}),
-    "adagrad": (torch.optim.Adagrad, {"lr": 0.02}),
-    "nadam": (torch.optim.NAdam, {"lr": 1e-3}),
-    "radam": (torch.optim.RAdam, {"lr": 1e-3}),
-    "adamax": (torch.optim.Adamax, {"lr": 2e-3}),
+#: This experiment's hyper-parameters where they differ from the registry's defaults
+#: (:data:`pipelab.optim.OPTIMIZERS`): the learning rates its figures were made with (SGD 0.05, RMSprop
+#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3) and AdamW's decay 0.05; adam, radam and adamax use the defaults.
+OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
+    "sgd": {"lr": 0.05},
+    "sgdm": {"lr": 0.05},
+    "nesterov": {"lr": 0.05},
+    "adamw": {"weight_decay": 0.05},
+    "rmsprop": {"lr": 3e-4},
+    "rmsprop_momentum": {"lr": 1e-4},
+    "adagrad": {"lr": 0.02},
+    "nadam": {"lr": 1e-3},
 }
 
-OPTIMIZER_LABELS = {"sgd": "SGD", "sgdm": "SGDM", "nesterov": "SGD-Nesterov", "adam": "Adam", "adamw": "AdamW",
-                    "rmsprop": "RMSprop", "rmsprop_momentum": "RMSprop (centered, momentum)",
-                    "adagrad": "Adagrad", "nadam": "NAdam", "radam": "RAdam", "adamax": "Adamax"}
 
+def prediction_optimizer(name: str, params: Iterable[Tensor], **overrides: Any) -> torch.optim.Optimizer:
+    """The registry's optimizer ``name`` with this experiment's settings, then ``overrides``, applied.
 
-def make_optimizer(name: str, params: Iterable[Tensor], **overrides: Any) -> torch.optim.Optimizer:
-    """Build the named optimizer of :data:`OPTIMIZERS` over ``params`` with ``overrides`` applied."""
-    try:
-        cls, defaults = OPTIMIZERS[name]
-    except KeyError:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
-    return cls(params, **{**defaults, **overrides})
+    Raises:
+        ValueError: ``name`` is not in :data:`pipelab.optim.OPTIMIZERS`.
+        TypeError: an override the ``torch.optim`` class does not accept.
+    """
+    return make_optimizer(name, params, **{**OPTIMIZER_SETTINGS.get(name, {}), **overrides})
 
 
 class WeightRing:
@@ -305,7 +302,8 @@ def measure_prediction_error(
 class PredictionErrorConfig:
     """One prediction-error run: model × data × optimizer × predictors.
 
-    ``optimizer_options`` are ``(name, value)`` pairs overriding :data:`OPTIMIZERS`' defaults;
+    ``optimizer`` is a name of :data:`pipelab.optim.OPTIMIZERS`, built with :data:`OPTIMIZER_SETTINGS`;
+    ``optimizer_options`` are ``(name, value)`` pairs overriding both;
     ``model_options`` likewise for :func:`pipelab.models.build_model`.
     """
 
@@ -347,7 +345,7 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
         ds = ds.subset(cfg.train_subset)
     model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device,
                         **dict(cfg.model_options))
-    opt = make_optimizer(cfg.optimizer, model.parameters(), **dict(cfg.optimizer_options))
+    opt = prediction_optimizer(cfg.optimizer, model.parameters(), **dict(cfg.optimizer_options))
     gen = torch.Generator().manual_seed(cfg.seed)
     n = len(ds.x_train)
     idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen).to(device) for _ in range(cfg.steps)]

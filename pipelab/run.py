@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from .distributed import default_backend, init_from_env, spawn
-from .learning_curves import ARM_POLICIES, OPTIMIZERS, TASKS, RunConfig, prepare
+from .learning_curves import ARM_POLICIES, TASKS, RunConfig, prepare
+from .optim import available_optimizers
 
 __all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
 
@@ -127,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="fashion_mnist_mlp", choices=sorted(TASKS))
     p.add_argument("--policy", default="pipeoptim", choices=PIPELINE_POLICIES)
-    p.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZERS))
+    p.add_argument("--optimizer", default="adam", choices=available_optimizers())
     p.add_argument("--D", type=int, default=None, help="stages (default: the world size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=1)

@@ -12,6 +12,7 @@ from torch.func import functional_call
 
 from pipelab.emulator import Emulator, train_plain
 from pipelab.models import deep_mlp, small_cnn
+from pipelab.optim import optimizer_factory
 from pipelab.partition import split
 from pipelab.policies import PipeMarePolicy, available_policies
 from pipelab.schedules import gpipe, naive, one_f_one_b, pipedream, pipedream_2bw
@@ -19,9 +20,9 @@ from pipelab.schedules import gpipe, naive, one_f_one_b, pipedream, pipedream_2b
 TOL = 1e-10
 
 OPTIMIZERS = {
-    "sgdm": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
-    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.05),
+    "nesterov": optimizer_factory("nesterov", lr=0.05, weight_decay=1e-3),
+    "adam": optimizer_factory("adam", lr=1e-2),
+    "adamw": optimizer_factory("adamw", lr=1e-2, weight_decay=0.05),
 }
 
 
@@ -78,7 +79,7 @@ def test_flushed_cnn_with_groupnorm_and_recompute() -> None:
 def test_D1_reduces_every_policy_to_plain_training(policy) -> None:
     T = 4
     model, data = make_model(depth=3), make_data(T)
-    opt = OPTIMIZERS["sgdm"]
+    opt = OPTIMIZERS["nesterov"]
     ref, _ = plain(model, opt, data)
     builder = {"sequential": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "2bw": pipedream_2bw}.get(policy, pipedream)
     m = copy.deepcopy(model)
@@ -113,7 +114,7 @@ def delayed_recurrence(model: nn.Module, D: int, opt, data, version=None) -> nn.
     return model
 
 
-@pytest.mark.parametrize("opt_name", ["sgdm", "adam"])
+@pytest.mark.parametrize("opt_name", ["nesterov", "adam"])
 def test_weight_stashing_equals_delayed_recurrence(opt_name) -> None:
     D, T = 4, 9
     model, data = make_model(), make_data(T)
@@ -127,7 +128,7 @@ def test_weight_stashing_equals_delayed_recurrence(opt_name) -> None:
     assert max_diff(seq, m) > 1e-4  # stashing is not sequential training
 
 
-@pytest.mark.parametrize("opt_name", ["sgdm", "adam"])
+@pytest.mark.parametrize("opt_name", ["nesterov", "adam"])
 def test_2bw_equals_the_delay_one_recurrence_at_every_stage(opt_name) -> None:
     """PipeDream-2BW (ICML 2021, §3.1): W(t+1) = W(t) − ν∇f(W(t−1)) at every stage, two copies per stage."""
     D, M, T = 4, 4, 5  # 20 micro-batches
@@ -162,7 +163,7 @@ def test_oracle_coincides_with_sequential_training(M) -> None:
 def test_pipeoptim_with_perfect_predictor_is_sequential() -> None:
     D, T = 4, 7
     model, data = make_model(), make_data(T)
-    opt = OPTIMIZERS["sgdm"]
+    opt = OPTIMIZERS["nesterov"]
     record: list = []
     ref, _ = plain(model, opt, data, D=D, record=record)
 
@@ -193,7 +194,7 @@ def test_pipeoptim_with_perfect_predictor_is_sequential() -> None:
 def test_pipemare_with_perfect_correction_is_stashing() -> None:
     D, T = 3, 6
     model, data = make_model(), make_data(T)
-    opt = OPTIMIZERS["sgdm"]
+    opt = OPTIMIZERS["nesterov"]
     a, b = copy.deepcopy(model), copy.deepcopy(model)
     Emulator(a, D=D, schedule=pipedream(D, 1, T), policy="stashing", optimizer=opt).run(data)
     # a perfect discrepancy correction recovers the forward's weights; anneal_steps=0 switches off the LR factor
@@ -207,7 +208,7 @@ def test_dropout_recompute_replays_the_random_state() -> None:
     model = nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.Dropout(0.3), nn.Linear(8, 8), nn.Tanh()),
                           nn.Linear(8, 10)).double()
     data = make_data(3)
-    opt = OPTIMIZERS["sgdm"]
+    opt = OPTIMIZERS["nesterov"]
     outs = []
     for recompute in (False, True):
         m = copy.deepcopy(model)
@@ -222,7 +223,7 @@ def test_batchnorm_buffers_update_once_per_forward() -> None:
     model = nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.BatchNorm1d(8), nn.Tanh()), nn.Linear(8, 10)).double()
     T, M = 5, 2
     m = copy.deepcopy(model)
-    Emulator(m, D=3, schedule=pipedream(3, M, T), policy="vanilla", optimizer=OPTIMIZERS["sgdm"]).run(make_data(T))
+    Emulator(m, D=3, schedule=pipedream(3, M, T), policy="vanilla", optimizer=OPTIMIZERS["nesterov"]).run(make_data(T))
     assert int(m[1][0].num_batches_tracked) == T * M  # the vanilla backward recomputes, without touching buffers
 
 
@@ -232,7 +233,7 @@ def test_reused_parameter_free_module_trains_like_plain_training(D: int) -> None
     torch.manual_seed(0)
     relu = nn.ReLU()
     model = nn.Sequential(nn.Linear(6, 8), relu, nn.Linear(8, 8), relu, nn.Linear(8, 10)).double()
-    data, opt, T = make_data(4), OPTIMIZERS["sgdm"], 4
+    data, opt, T = make_data(4), OPTIMIZERS["nesterov"], 4
     ref = copy.deepcopy(model)
     ref_losses = train_plain([ref], optimizer=opt, batches=data)  # the whole model as one stage, unsplit
     m = copy.deepcopy(model)

@@ -10,14 +10,15 @@ import torch
 
 from pipelab.emulator import DeadlockError, Emulator
 from pipelab.models import deep_mlp
+from pipelab.optim import optimizer_factory
 from pipelab.policies import PipeMarePolicy, Predicted, Stored, make_policy
 from pipelab.schedules import (gpipe, interleaved_1f1b, pipedream, pipedream_2bw, pipeoptim_staleness,
                                spectrain_version_difference)
 from pipelab.simulator import simulate
 
 OPTIMIZERS = {
-    "sgdm": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
-    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "nesterov": optimizer_factory("nesterov", lr=0.05, weight_decay=1e-3),
+    "adam": optimizer_factory("adam", lr=1e-2),
 }
 
 
@@ -44,7 +45,7 @@ def test_current_versions_equal_the_simulator_table(policy, schedule) -> None:
     steps = schedule.steps
     vt = simulate(schedule).version_table
     m = make_model(depth=6)
-    res = Emulator(m, schedule=schedule, policy=policy, optimizer=OPTIMIZERS["sgdm"]).run(
+    res = Emulator(m, schedule=schedule, policy=policy, optimizer=OPTIMIZERS["nesterov"]).run(
         make_data(steps, n=4 * schedule.M))
     assert not res.waited
     Dk, Tt, M = vt.forward.shape
@@ -84,7 +85,8 @@ def test_version_differences_match_the_papers_formulas_in_steady_state() -> None
     ("pipeoptim", [2, 2, 2, 1]), ("spectrain", [2, 2, 2, 2]), ("pipemare", [3, 3, 3, 1]),
 ])
 def test_weight_copies_of_async_1f1b(policy, copies) -> None:
-    emu = Emulator(make_model(depth=4), D=D, schedule=pipedream(D, 1, T), policy=policy, optimizer=OPTIMIZERS["sgdm"])
+    emu = Emulator(make_model(depth=4), D=D, schedule=pipedream(D, 1, T), policy=policy,
+                   optimizer=OPTIMIZERS["nesterov"])
     assert emu.weight_copies == copies
     res = emu.run(make_data(T))
     assert res.extra["ring_peak"] == emu.capacity  # the ring was filled to its bound, never beyond
@@ -99,7 +101,7 @@ def test_2bw_keeps_two_versions() -> None:
 def test_spectrain_with_a_perfect_predictor_deadlocks() -> None:
     with pytest.raises(DeadlockError, match="own gradients"):
         Emulator(make_model(), D=D, schedule=pipedream(D, 1, 6), policy="spectrain",
-                 optimizer=OPTIMIZERS["sgdm"], predictor="oracle")
+                 optimizer=OPTIMIZERS["nesterov"], predictor="oracle")
 
 
 def test_pipemare_learning_rate_rescheduling() -> None:
@@ -111,7 +113,7 @@ def test_pipemare_learning_rate_rescheduling() -> None:
     assert pol.lr_factor(table, 0, 4) == 1.0 and pol.lr_factor(table, 3, 0) == 1.0
     # the factor is applied to the update and the optimizer's lr restored
     m = make_model()
-    emu = Emulator(m, D=D, schedule=pipedream(D, 1, T), policy=pol, optimizer=OPTIMIZERS["sgdm"])
+    emu = Emulator(m, D=D, schedule=pipedream(D, 1, T), policy=pol, optimizer=OPTIMIZERS["nesterov"])
     emu.run(make_data(T))
     assert all(st.optimizer.param_groups[0]["lr"] == 0.05 for st in emu.stages)
 
@@ -129,7 +131,7 @@ def test_policy_specs() -> None:
 
 
 def test_bad_input_errors() -> None:
-    opt = OPTIMIZERS["sgdm"]
+    opt = OPTIMIZERS["nesterov"]
     with pytest.raises(ValueError, match="only 3 blocks"):
         Emulator(make_model(depth=3), D=4, schedule=pipedream(4, 1, 4), policy="stashing", optimizer=opt)
     with pytest.raises(ValueError, match="not divisible"):

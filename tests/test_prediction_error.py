@@ -13,8 +13,8 @@ from pipelab.data import DataError
 from pipelab.prediction_error import (
     PredictionErrorConfig,
     WeightRing,
-    make_optimizer,
     measure_prediction_error,
+    prediction_optimizer,
     run_prediction_error,
 )
 
@@ -92,7 +92,7 @@ def test_repeat_is_exact_under_constant_gradient():
     """A loss linear in the outputs, on a linear model with a fixed batch, has a constant gradient."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3)).to(DT)
-    opt = make_optimizer("adamw", model.parameters())
+    opt = prediction_optimizer("adamw", model.parameters())
     res = measure_prediction_error(model, opt, _batches(10, fixed=True), ["stale", "repeat", "pipeoptim"], max_s=3,
                                    loss_fn=lambda out, y: out.sum())
     ratio = res.ratio()[:, :, :, -1]
@@ -127,7 +127,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="SGD"):
         measure_prediction_error(model, opt, _batches(3), ["spectrain"])
     with pytest.raises(ValueError, match="unknown optimizer"):
-        make_optimizer("lion", model.parameters())
+        prediction_optimizer("lion", model.parameters())
 
 
 def test_run_prediction_error_on_fashion_mnist_subset():

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from pipelab.optim import optimizer_factory
 from pipelab.predictors import (
     PREDICTORS,
     LinearExtrapolation,
@@ -26,35 +27,33 @@ TIGHT = {"rtol": 1e-13, "atol": 1e-14}  # float64 rounding of a few operations
 SHAPES = [(3, 4), (4,), (2, 2, 2)]
 
 # Every supported optimizer family and option that changes its update rule.
+F = optimizer_factory
 OPTIMIZERS = {
-    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
-    "sgd_wd_max": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.1, maximize=True),
-    "sgd_wd": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.1),
-    "sgdm": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-    "sgdm_damp_wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.8, dampening=0.3, weight_decay=0.05),
-    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-    "sgd_nesterov_wd_max": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1,
-                                                     maximize=True),
-    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
-    "adam_l2_amsgrad": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1, amsgrad=True),
-    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
-    "adamw_amsgrad_wd": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, amsgrad=True),
-    "adamw_amsgrad_max": lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True, maximize=True, betas=(0.8, 0.95)),
-    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
-    "rmsprop_centered_mom_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, momentum=0.9,
-                                                             weight_decay=0.1),
-    "rmsprop_mom": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
-    "rmsprop_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, weight_decay=0.1),
-    "rmsprop_centered_wd": lambda p: torch.optim.RMSprop(p, lr=0.01, centered=True, weight_decay=0.1),
-    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
-    "adagrad_decay": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.05, initial_accumulator_value=0.2,
-                                                   weight_decay=0.1),
-    "nadam": lambda p: torch.optim.NAdam(p, lr=0.01),
-    "nadam_l2": lambda p: torch.optim.NAdam(p, lr=0.01, weight_decay=0.1),
-    "nadam_decoupled": lambda p: torch.optim.NAdam(p, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
-    "radam": lambda p: torch.optim.RAdam(p, lr=0.01, weight_decay=0.1),
-    "radam_decoupled": lambda p: torch.optim.RAdam(p, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
-    "adamax": lambda p: torch.optim.Adamax(p, lr=0.01, weight_decay=0.1),
+    "sgd": F("sgd", lr=0.1),
+    "sgd_wd_max": F("sgd", lr=0.1, weight_decay=0.1, maximize=True),
+    "sgd_wd": F("sgd", lr=0.1, weight_decay=0.1),
+    "sgdm": F("sgdm", lr=0.1),
+    "sgdm_damp_wd": F("sgdm", lr=0.1, momentum=0.8, dampening=0.3, weight_decay=0.05),
+    "sgd_nesterov": F("nesterov", lr=0.1, weight_decay=0.01),
+    "sgd_nesterov_wd_max": F("nesterov", lr=0.1, weight_decay=0.1, maximize=True),
+    "adam": F("adam", lr=0.01),
+    "adam_l2_amsgrad": F("adam", lr=0.01, weight_decay=0.1, amsgrad=True),
+    "adamw": F("adamw", lr=0.01, weight_decay=0.1),
+    "adamw_amsgrad_wd": F("adamw", lr=0.01, weight_decay=0.1, amsgrad=True),
+    "adamw_amsgrad_max": F("adamw", lr=0.01, amsgrad=True, maximize=True, betas=(0.8, 0.95)),
+    "rmsprop": F("rmsprop", lr=0.01),
+    "rmsprop_centered_mom_wd": F("rmsprop_momentum", lr=0.01, weight_decay=0.1),
+    "rmsprop_mom": F("rmsprop", lr=0.01, momentum=0.5),
+    "rmsprop_wd": F("rmsprop", lr=0.01, weight_decay=0.1),
+    "rmsprop_centered_wd": F("rmsprop", lr=0.01, centered=True, weight_decay=0.1),
+    "adagrad": F("adagrad", lr=0.1),
+    "adagrad_decay": F("adagrad", lr=0.1, lr_decay=0.05, initial_accumulator_value=0.2, weight_decay=0.1),
+    "nadam": F("nadam", lr=0.01),
+    "nadam_l2": F("nadam", lr=0.01, weight_decay=0.1),
+    "nadam_decoupled": F("nadam", lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+    "radam": F("radam", lr=0.01, weight_decay=0.1),
+    "radam_decoupled": F("radam", lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+    "adamax": F("adamax", lr=0.01, weight_decay=0.1),
 }
 
 

@@ -22,13 +22,13 @@ import numpy as np
 
 from ..config import from_preset
 from ..learning_curves import ARM_POLICIES, grid, sweep
+from ..optim import optimizer_label
 from ..policies import policy_info
 from . import FigureOutput, register
 
 #: the learning-curve arms in registry order, and their legend labels (:attr:`pipelab.policies.Policy.title`)
 POLICY_ORDER = tuple(ARM_POLICIES)
 LABELS = {p: policy_info(p).title for p in POLICY_ORDER}
-OPT_LABELS = {"sgdm": "SGDM", "adam": "Adam", "adamw": "AdamW"}
 
 
 def _device() -> str:
@@ -163,8 +163,8 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                     ax.fill_between(ep, m - s, m + s, color=colors[pol], alpha=0.15, lw=0)
                 handles.setdefault(pol, h)
             ax_l.set_yscale("log")
-            ax_l.set_title(f"{task} · {OPT_LABELS[opt]}: train loss", fontsize=9)
-            ax_a.set_title(f"{task} · {OPT_LABELS[opt]}: test acc. (%)", fontsize=9)
+            ax_l.set_title(f"{task} · {optimizer_label(opt)}: train loss", fontsize=9)
+            ax_a.set_title(f"{task} · {optimizer_label(opt)}: test acc. (%)", fontsize=9)
             for ax in (ax_l, ax_a):
                 ax.set_xlabel("epoch")
     fig.suptitle(f"Learning curves, D={cfg.D} stages, mean ± 1 std over {len(cfg.seeds)} seed(s) "
@@ -230,7 +230,7 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
         bold.append(best_j)
     fig, ax = plt.subplots(figsize=(1.55 * len(pols) + 2.4, 0.3 * len(keys) + 0.8))
     ax.axis("off")
-    tab = ax.table(cellText=cells, rowLabels=[f"{t} · {OPT_LABELS[o]}" for t, o in keys],
+    tab = ax.table(cellText=cells, rowLabels=[f"{t} · {optimizer_label(o)}" for t, o in keys],
                    colLabels=[LABELS[p] for p in pols], loc="center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(8)
@@ -275,7 +275,7 @@ def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutpu
         ax.axhline(0, color="k", ls="--", lw=1)
         ax.set_xticks(list(cfg.depths))
         ax.set_xlabel("stages D")
-        ax.set_title(f"{task} · {OPT_LABELS[opt]}", fontsize=9)
+        ax.set_title(f"{task} · {optimizer_label(opt)}", fontsize=9)
     axes[0, 0].set_ylabel("best test acc. − sequential (pp)")
     # one legend for all panels: a policy may run in some panels only (SpecTrain with SGDM)
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}

@@ -20,7 +20,8 @@ from matplotlib.colors import LogNorm
 
 from ..cache import cached
 from ..config import from_preset
-from ..prediction_error import OPTIMIZER_LABELS, PredictionErrorConfig, PredictionErrorResult, run_prediction_error
+from ..optim import available_optimizers, optimizer_label
+from ..prediction_error import PredictionErrorConfig, PredictionErrorResult, run_prediction_error
 from . import FigureOutput, register
 
 __all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS"]
@@ -34,7 +35,8 @@ _COLORS = {"spectrain": "#0072B2", "pipeoptim": "#0072B2", "repeat": "#E69F00", 
            "pipemare": "#CC79A7", "linear": "#56B4E9"}
 # Lines drawn over training (the summary shows every predictor).
 _CURVES = ("pipeoptim", "repeat", "zero_grad_rollout", "pipemare")
-_ALL_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "nadam", "radam", "adamax")
+# Every registered optimizer, in registry order, but the centered-momentum RMSprop variant.
+_ALL_OPTIMIZERS = tuple(n for n in available_optimizers() if n != "rmsprop_momentum")
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     axes[0].set_ylabel("RMSE vs true weights $W_{t+s}$")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8, frameon=False)
-    label = OPTIMIZER_LABELS.get(optimizer, optimizer)
+    label = optimizer_label(optimizer)
     div = f", diverged at step {res.diverged_at}" if res.diverged_at else ""
     fig.suptitle(f"{label}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
                  f"{cfg.base.model}{div}; moving average of {cfg.smooth} measurements)", fontsize=10)
@@ -192,7 +194,7 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
                             fontsize=6.5, color="white" if np.isfinite(v) and abs(np.log(v)) > 0.8 else "black")
                     if np.isfinite(v):
                         rows.append(f"{mname},{preds[pi]},{opts[oi]},{si + 1},{v:.6g}")
-            ax.set_xticks(range(len(opts)), [OPTIMIZER_LABELS.get(o, o) for o in opts], rotation=60, ha="right",
+            ax.set_xticks(range(len(opts)), [optimizer_label(o) for o in opts], rotation=60, ha="right",
                           fontsize=7)
             ax.set_yticks(range(len(preds)), [PREDICTOR_LABELS.get(p, p) for p in preds] if si == 0 else [],
                           fontsize=7)

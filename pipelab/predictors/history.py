@@ -62,7 +62,7 @@ class HistoryPredictor(Predictor):
             raise TypeError(f"gamma must be a number in [0, 1), got {type(gamma).__name__} {gamma!r}")
         if not 0.0 <= gamma < 1.0:
             raise ValueError(f"gamma must be in [0, 1), got {gamma!r}")
-        self.gamma = float(gamma)
+        self.gamma: float = float(gamma)
         self._histories: weakref.WeakKeyDictionary[torch.optim.Optimizer, _History] = weakref.WeakKeyDictionary()
 
     def options(self) -> dict[str, Any]:
@@ -84,7 +84,7 @@ class HistoryPredictor(Predictor):
                 return
             diff = torch._foreach_sub(W, h.last)
             if h.delta is None or self.gamma == 0.0:
-                h.delta = diff if self.gamma == 0.0 else torch._foreach_mul(diff, 1.0 - self.gamma)
+                h.delta = list(diff if self.gamma == 0.0 else torch._foreach_mul(diff, 1.0 - self.gamma))
             else:
                 torch._foreach_mul_(h.delta, self.gamma)
                 torch._foreach_add_(h.delta, diff, alpha=1.0 - self.gamma)

@@ -52,7 +52,7 @@ def _last_grads(params: list[Tensor], *, missing_as_zero: bool = False) -> list[
         if not missing_as_zero:
             return None
         return [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
-    return [g.detach() for g in grads]
+    return [g.detach() for g in grads if g is not None]
 
 
 class Stale(Predictor):
@@ -264,7 +264,8 @@ class Rollout(Predictor):
         for b in bs:
             hp = b.hp if self.weight_decay else dict(b.hp, weight_decay=0.0)
             lrs = future_lrs(self.lr_schedule, b.group_index, hp["lr"], s)
-            g = [p.grad.detach() for p in b.params] if last else [torch.zeros_like(p) for p in b.params]
+            g = [p.grad.detach() for p in b.params if p.grad is not None] if last else \
+                [torch.zeros_like(p) for p in b.params]
             Wb = _gather(W, b.positions)
             st = rule.read(hp, b.states)
             for j, lr_j in enumerate(lrs):

@@ -2,8 +2,10 @@
 
 Every weight predictor that follows the optimizer (PipeOptim, ``repeat``, ``zero_grad_rollout``) goes
 through one :class:`UpdateRule` per optimizer family. A rule reads the optimizer's own state and param
-groups *without writing to them* and offers two operations on a bucket of parameters that share a step
-count:
+groups *without writing to them*. In the spirit of optax's pure update functions each family writes its
+maths once: :meth:`UpdateRule.advance` (how the state moves with a gradient) and
+:meth:`UpdateRule.direction` (the update ``U`` a step subtracts, a :class:`Direction`). The base class
+derives the operations the predictors use on a bucket of parameters that share a step count:
 
 - :meth:`UpdateRule.step`: the step ``torch.optim`` would take next for a given gradient,
   ``(W, state) -> (W', state')`` with fresh tensors (the optimizer's state is never touched). The
@@ -13,6 +15,8 @@ count:
   reconstructed from the state and the weights ``W_t`` after it (PipeOptim's Table I, generalised), with
   options for the disputed details (:class:`LastUpdateOptions`). With the default options it is exact,
   weight decay included (see *Weight decay in the last update* below).
+- :meth:`UpdateRule.apply_last`: ``W − scale·last_update`` fused into one pass per term (PipeOptim's
+  prediction).
 
 Weight decay in the last update:
     A step with decay rate ``λ`` that multiplies ``W_{t−1}`` writes ``W_t = (1 − c)·W_{t−1} − R`` where ``R``
@@ -47,14 +51,15 @@ Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOpti
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "UpdateRule", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
+    "UpdateRule", "Direction", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
     "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction", "check_flag",
     "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
@@ -145,14 +150,14 @@ class BucketState:
 def denominator(x: list[Tensor], scale: float, eps: float, placement: str) -> list[Tensor]:
     """``sqrt(x / scale) + eps`` (``placement="outside"``) or ``sqrt(x / scale + eps)`` (``"inside"``)."""
     if placement == "outside":
-        den = torch._foreach_sqrt(x)
+        den = list(torch._foreach_sqrt(x))
         if scale != 1.0:
             torch._foreach_div_(den, scale ** 0.5)
         torch._foreach_add_(den, eps)
         return den
     inner = torch._foreach_div(x, scale) if scale != 1.0 else [t.clone() for t in x]
     torch._foreach_add_(inner, eps)
-    return torch._foreach_sqrt(inner)
+    return list(torch._foreach_sqrt(inner))
 
 
 def fmul(xs: list[Tensor], c: float, own: bool) -> list[Tensor]:
@@ -160,7 +165,7 @@ def fmul(xs: list[Tensor], c: float, own: bool) -> list[Tensor]:
     if own:
         torch._foreach_mul_(xs, c)
         return xs
-    return torch._foreach_mul(xs, c)
+    return list(torch._foreach_mul(xs, c))
 
 
 def flerp(xs: list[Tensor], ys: list[Tensor], w: float, own: bool) -> list[Tensor]:
@@ -168,7 +173,7 @@ def flerp(xs: list[Tensor], ys: list[Tensor], w: float, own: bool) -> list[Tenso
     if own:
         torch._foreach_lerp_(xs, ys, w)
         return xs
-    return torch._foreach_lerp(xs, ys, w)
+    return list(torch._foreach_lerp(xs, ys, w))
 
 
 def fadd(xs: list[Tensor], ys: list[Tensor], alpha: float, own: bool) -> list[Tensor]:
@@ -176,7 +181,7 @@ def fadd(xs: list[Tensor], ys: list[Tensor], alpha: float, own: bool) -> list[Te
     if own:
         torch._foreach_add_(xs, ys, alpha=alpha)
         return xs
-    return torch._foreach_add(xs, ys, alpha=alpha)
+    return list(torch._foreach_add(xs, ys, alpha=alpha))
 
 
 def faddcmul(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, own: bool) -> list[Tensor]:
@@ -184,7 +189,7 @@ def faddcmul(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, o
     if own:
         torch._foreach_addcmul_(xs, a, b, value=value)
         return xs
-    return torch._foreach_addcmul(xs, a, b, value=value)
+    return list(torch._foreach_addcmul(xs, a, b, value=value))
 
 
 def faddcdiv(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, own: bool) -> list[Tensor]:
@@ -192,7 +197,7 @@ def faddcdiv(xs: list[Tensor], a: list[Tensor], b: list[Tensor], value: float, o
     if own:
         torch._foreach_addcdiv_(xs, a, b, value=value)
         return xs
-    return torch._foreach_addcdiv(xs, a, b, value=value)
+    return list(torch._foreach_addcdiv(xs, a, b, value=value))
 
 
 def fmaximum(xs: list[Tensor], ys: list[Tensor], own: bool) -> list[Tensor]:
@@ -200,22 +205,56 @@ def fmaximum(xs: list[Tensor], ys: list[Tensor], own: bool) -> list[Tensor]:
     if own:
         torch._foreach_maximum_(xs, ys)
         return xs
-    return torch._foreach_maximum(xs, ys)
+    return list(torch._foreach_maximum(xs, ys))
+
+
+@dataclass
+class Direction:
+    """What one step subtracts from the weights (after decoupled decay): ``U = (c/k)·(Σ_i w_i·n_i)/den·post``.
+
+    A family's :meth:`UpdateRule.direction` returns it; the base class evaluates it as a step, as the
+    rebuilt last update, or fused into ``W − scale·U``, in ``torch.optim``'s order of operations.
+
+    Attributes:
+        c, k: the scalar ``c/k`` (kept apart: the fused path forms ``(−scale·c)/k``).
+        terms: ``(w_i, n_i)`` pairs, weights and tensor lists; the first weight of a term list without
+            ``den`` is 1 (a step sums them first, as torch's SGD forms ``g + μ·b``).
+        den: the element-wise denominator shared by all terms, or ``None``.
+        post: a factor applied after the division (RAdam's rectification).
+        fuse: ``apply_last`` may fold ``W − scale·U`` into one pass per term; ``False`` subtracts the
+            materialised update instead (several factors, or several terms over a denominator).
+    """
+
+    c: float
+    terms: list[tuple[float, list[Tensor]]]
+    den: list[Tensor] | None = None
+    k: float = 1.0
+    post: float = 1.0
+    fuse: bool = True
 
 
 class UpdateRule:
     """The update rule of one ``torch.optim`` family, read-only with respect to the optimizer.
 
-    Subclasses define :meth:`hyper` (validated hyper-parameters of a param group), :meth:`init_state`
-    (what ``torch.optim`` creates before its first step), :meth:`step` and :meth:`last_update`.
+    A family defines its update once, in the spirit of optax's pure update functions:
+
+    - :meth:`advance`: the state after one step with (effective) gradient ``g``;
+    - :meth:`direction`: the update ``U`` that step subtracts, from the advanced state, as a
+      :class:`Direction`; with ``opts`` (:class:`LastUpdateOptions`) the same update rebuilt after the
+      fact, with the options' bias-correction step, eps and eps placement.
+
+    plus :meth:`hyper` (validated hyper-parameters), :meth:`init_state` (what ``torch.optim`` creates
+    before its first step) and :meth:`state_keys`. The base class derives from them :meth:`step`
+    (weight decay, advance, subtract ``U``), :meth:`last_update` (``U`` rebuilt from the state after the
+    step, solved for ``W_{t−1} − W_t`` under weight decay, see the module docstring) and the fused
+    :meth:`apply_last` (``W − scale·last_update`` in one pass per term).
     """
 
     name: ClassVar[str] = ""
     optimizer_types: ClassVar[tuple[type, ...]] = ()
-    needs_grad_for_last: ClassVar[bool] = False  # does last_update need the last gradient p.grad?
     options: ClassVar[tuple[str, ...]] = ()        # hyper-parameters this rule understands
 
-    # -- hyper-parameters ----------------------------------------------------------------------
+    # -- hyper-parameters and state ------------------------------------------------------------
     def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         """Validated hyper-parameters of a param group; raises ValueError on unsupported options."""
         if group.get("differentiable", False):
@@ -249,16 +288,102 @@ class UpdateRule:
     def read_scalars(self, states: list[dict[str, Any]]) -> dict[str, Tensor]:
         return {}
 
-    # -- the two operations ---------------------------------------------------------------------
+    # -- what a family defines -----------------------------------------------------------------
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
+        """The state after one step with effective gradient ``g`` (in place into ``st`` when ``own``)."""
+        raise NotImplementedError
+
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
+        """The update ``U`` the step that produced ``st`` subtracted (``None``: none, before a first step).
+
+        Args:
+            st: the state after the step.
+            grad: the step's effective gradient ``±g + wd·W`` (called only by rules whose update uses it
+                directly; for a rebuild it raises ValueError when ``p.grad`` is missing).
+            opts: ``None`` for the step itself (``torch.optim``'s operations); otherwise the options of a
+                rebuilt last update (bias-correction step, eps and its placement).
+        """
+        raise NotImplementedError
+
+    def needs_grad_for(self, hp: dict[str, Any]) -> str:
+        """How error messages name this rule when its last update needs the last gradient."""
+        return self.name
+
+    # -- derived: one step, the last update, and W − scale·(last update) ------------------------
     def step(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor], *,
              own_state: bool = False, own_weights: bool = False) -> tuple[list[Tensor], BucketState]:
         """One ``optimizer.step()`` with gradient ``g`` on weights ``W``: the new weights and state.
 
-        By default both are new tensors and ``st``/``W`` are left untouched. A rollout that owns its
-        copies (every step after the first) passes ``own_state``/``own_weights`` to update them in place.
-        ``g`` is never written to.
+        ``W ← (1 − lr·wd)·W`` for decoupled decay (``g ← ±g + wd·W`` for coupled L2 decay), the state
+        advances, and ``W ← W − U``. By default both results are new tensors and ``st``/``W`` are left
+        untouched; a rollout that owns its copies (every step after the first) passes ``own_state``/
+        ``own_weights`` to update them in place. ``g`` is never written to.
         """
-        raise NotImplementedError
+        if hp["weight_decay"] != 0 and hp.get("decoupled_weight_decay", False):
+            W = fmul(W, 1 - lr * hp["weight_decay"], own_weights)
+            g, own_weights = self.effective_grad(hp, W, g, coupled_decay=False), True
+        else:
+            g = self.effective_grad(hp, W, g)
+        st = self.advance(hp, st, g, own_state)
+        d = self.direction(hp, lr, st, lambda: g, None)
+        assert d is not None and d.post == 1.0
+        f = d.c / d.k
+        if d.den is None:
+            (_, n), *rest = d.terms
+            for w, x in rest:  # torch's SGD: d = g + μ·b, then W − lr·d
+                n = list(torch._foreach_add(n, x, alpha=w))
+            return fadd(W, n, -f, own_weights), st
+        for w, n in d.terms:
+            W, own_weights = faddcdiv(W, n, d.den, -(f * w), own_weights), True
+        return W, st
+
+    def _rebuild(self, hp: dict[str, Any], lr: float, st: BucketState, Wt: list[Tensor], g: list[Tensor] | None,
+                 opts: LastUpdateOptions) -> tuple[Direction | None, float]:
+        """The last step's :class:`Direction`, corrected for coupled decay, and the decoupled ``c = lr·wd``.
+
+        Coupled decay in a term that carries the gradient, ``a·(g + wd·W_{t−1})/den``, is solved for
+        ``W_{t−1}``: ``den ← den − a·wd`` (without a denominator, ``k ← k·(1 − a·wd)``).
+        """
+        wd = opts.decay(hp)
+        decoupled = bool(hp.get("decoupled_weight_decay", False))
+        used: list[list[Tensor]] = []
+
+        def grad() -> list[Tensor]:
+            if g is None:
+                raise ValueError(f"the last update of {self.needs_grad_for(hp)} needs the last gradient (p.grad); "
+                                 "predict before optimizer.zero_grad()")
+            used.append(self.effective_grad(dict(hp, weight_decay=wd), Wt, g, coupled_decay=not decoupled))
+            return used[-1]
+
+        d = self.direction(hp, lr, st, grad, opts)
+        if d is None:
+            return None, 0.0
+        if wd != 0 and not decoupled and used:
+            a = (d.c / d.k) * next(w for w, n in d.terms if n is used[0])
+            if d.den is None:
+                d.k = d.k * keep_fraction(a * wd)
+            else:  # a fresh denominator (rules only build these from state, never hand it out)
+                torch._foreach_sub_(d.den, a * wd)
+        return d, lr * wd if decoupled else 0.0
+
+    @staticmethod
+    def _materialise(d: Direction, Wt: list[Tensor], c: float) -> list[Tensor]:
+        """``U`` as new tensors; with decoupled decay ``c``, ``(U + c·W_t)/(1 − c)``."""
+        f = d.c / d.k
+        (w0, n0), *rest = d.terms
+        out = list(torch._foreach_mul(n0, f * w0))
+        for w, n in rest:
+            torch._foreach_add_(out, n, alpha=f * w)
+        if d.den is not None:
+            torch._foreach_div_(out, d.den)
+        if d.post != 1.0:
+            torch._foreach_mul_(out, d.post)
+        if c != 0:
+            keep = keep_fraction(c)
+            torch._foreach_add_(out, Wt, alpha=c)
+            torch._foreach_mul_(out, 1.0 / keep)
+        return out
 
     def last_update(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
                     g: list[Tensor] | None, opts: LastUpdateOptions) -> list[Tensor]:
@@ -269,27 +394,46 @@ class UpdateRule:
                 rebuilt from them.
             g: the last gradient ``p.grad`` (rules that need it raise ValueError when it is ``None``).
         """
-        raise NotImplementedError
+        d, c = self._rebuild(hp, lr, st, W, g, opts)
+        return [torch.zeros_like(w) for w in W] if d is None else self._materialise(d, W, c)
 
     def apply_last(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor] | None,
                    opts: LastUpdateOptions, scale: float, *, current: list[Tensor] | None = None) -> list[Tensor]:
-        """``W − scale·last_update(..., current, ...)`` as new tensors (rules fuse it into fewer passes).
+        """``W − scale·last_update(..., current, ...)`` as new tensors, fused into one pass per term.
+
+        With decoupled decay ``c`` and ``q = scale/(1 − c)``: ``W·(1 − q·c) − q·U`` (``W − q·c·W_t − q·U``
+        when ``current`` is given).
 
         Args:
             W: the starting weights of the prediction.
             current: the weights after the last step, ``W_t``, if they are not ``W`` (``params=``).
         """
         Wt = W if current is None else current
-        return torch._foreach_add(W, self.last_update(hp, lr, st, Wt, g, opts), alpha=-scale)
+        d, c = self._rebuild(hp, lr, st, Wt, g, opts)
+        if d is None:
+            return [w.clone() for w in W]
+        if not d.fuse:
+            return list(torch._foreach_add(W, self._materialise(d, Wt, c), alpha=-scale))
+        q, out, own = scale, W, False
+        if c != 0:
+            q = scale / keep_fraction(c)
+            out = list(torch._foreach_mul(W, 1 - q * c) if current is None
+                       else torch._foreach_add(W, current, alpha=-q * c))
+            own = True
+        v = -q * d.c / d.k
+        for w, n in d.terms:
+            out = fadd(out, n, v * w, own) if d.den is None else faddcdiv(out, n, d.den, v * w, own)
+            own = True
+        return list(out)
 
     # -- shared helpers ------------------------------------------------------------------------
     @staticmethod
     def effective_grad(hp: dict[str, Any], W: list[Tensor], g: list[Tensor], *, coupled_decay: bool = True
                        ) -> list[Tensor]:
         """``±g + wd·W`` as torch.optim forms it (sign from ``maximize``, L2 decay when coupled)."""
-        out = torch._foreach_neg(g) if hp["maximize"] else list(g)
+        out = list(torch._foreach_neg(g)) if hp["maximize"] else list(g)
         if coupled_decay and hp["weight_decay"] != 0:
-            out = torch._foreach_add(out, W, alpha=hp["weight_decay"])
+            out = list(torch._foreach_add(out, W, alpha=hp["weight_decay"]))
         return out
 
 
@@ -324,9 +468,9 @@ def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
 class SGDRule(UpdateRule):
     """SGD with momentum μ, dampening τ, Nesterov, L2 weight decay (``torch.optim.SGD``).
 
-    ``g ← ±g + wd·W``; ``b ← g`` (first step) else ``b ← μ·b + (1−τ)·g``; ``d = g + μ·b`` (Nesterov) or
-    ``b`` (else ``g`` when μ = 0); ``W ← W − lr·d``. The last update is ``lr·b`` (Table I's ``v_t``; the
-    buffer already holds ``wd·W_{t−1}``), or, from the last gradient ``g_t`` (``p.grad``) and ``W_t``,
+    ``g ← ±g + wd·W``; ``b ← g`` (first step) else ``b ← μ·b + (1−τ)·g``; ``U = lr·d`` with
+    ``d = g + μ·b`` (Nesterov), ``b``, or ``g`` when μ = 0. The last update is ``lr·b`` (Table I's ``v_t``;
+    the buffer already holds ``wd·W_{t−1}``), or, from the last gradient ``g_t`` (``p.grad``) and ``W_t``,
     ``lr·(±g_t + wd·W_t + μ·b)/(1 − lr·wd)`` for Nesterov and ``lr·(±g_t + wd·W_t)/(1 − lr·wd)`` without
     momentum (solving ``W_t = (1 − lr·wd)·W_{t−1} − lr·(±g_t + μ·b)`` for ``W_{t−1}``).
     """
@@ -351,62 +495,35 @@ class SGDRule(UpdateRule):
     def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("momentum_buffer",)
 
-    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
-        g = self.effective_grad(hp, W, g)
-        mu = hp["momentum"]
-        bufs = st.tensors["momentum_buffer"]
-        if mu != 0:
-            if any(b is None for b in bufs):
-                new_bufs = [x.detach().clone() for x in g]
-            else:
-                new_bufs = fmul(bufs, mu, own_state)
-                torch._foreach_add_(new_bufs, g, alpha=1 - hp["dampening"])
-            d = torch._foreach_add(g, new_bufs, alpha=mu) if hp["nesterov"] else new_bufs
-            st = BucketState(st.step + 1, {"momentum_buffer": new_bufs})
+    def needs_grad_for(self, hp: dict[str, Any]) -> str:
+        return "SGD with nesterov=True or momentum=0"
+
+    def advance(self, hp, st, g, own):
+        mu, bufs = hp["momentum"], st.tensors["momentum_buffer"]
+        if mu == 0:
+            return BucketState(st.step + 1, st.tensors)
+        if any(b is None for b in bufs):
+            new_bufs = [x.detach().clone() for x in g]
         else:
-            d = g
-            st = BucketState(st.step + 1, st.tensors)
-        return fadd(W, d, -lr, own_weights), st
+            new_bufs = fmul(cast(list[Tensor], bufs), mu, own)
+            torch._foreach_add_(new_bufs, g, alpha=1 - hp["dampening"])
+        return BucketState(st.step + 1, {"momentum_buffer": list(new_bufs)})
 
-    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
-        mu = hp["momentum"]
-        bufs = st.tensors["momentum_buffer"]
-        have_bufs = all(b is not None for b in bufs)
-        if mu != 0 and not hp["nesterov"] and have_bufs:
-            return torch._foreach_add(W, bufs, alpha=-scale * lr)  # one pass: W − scale·lr·b
-        if g is None or (mu != 0 and not have_bufs):
-            return super().apply_last(hp, lr, st, W, g, opts, scale, current=current)
-        wd = opts.decay(hp)
-        k = -scale * lr / keep_fraction(lr * wd)
-        out = torch._foreach_add(W, self.effective_grad(dict(hp, weight_decay=wd), W if current is None else current,
-                                                        g), alpha=k)
-        if mu != 0:  # Nesterov: W − scale·lr·(g + wd·W_t + μ·b)/(1 − lr·wd)
-            torch._foreach_add_(out, bufs, alpha=k * mu)
-        return out
-
-    def last_update(self, hp, lr, st, W, g, opts):
-        mu = hp["momentum"]
-        bufs = st.tensors["momentum_buffer"]
+    def direction(self, hp, lr, st, grad, opts):
+        mu, bufs = hp["momentum"], st.tensors["momentum_buffer"]
+        have = all(b is not None for b in bufs)
         if mu != 0 and not hp["nesterov"]:
-            return [torch.zeros_like(w) if b is None else b * lr for w, b in zip(W, bufs)]
-        if g is None:
-            raise ValueError("the last update of SGD with nesterov=True or momentum=0 needs the last gradient "
-                             "(p.grad); predict before optimizer.zero_grad()")
-        wd = opts.decay(hp)
-        ge = self.effective_grad(dict(hp, weight_decay=wd), W, g)
-        if mu != 0:  # Nesterov: d = g + μ·b
-            d = [x + mu * b if b is not None else x.clone() for x, b in zip(ge, bufs)]
-        else:
-            d = [x.clone() for x in ge]
-        torch._foreach_mul_(d, lr / keep_fraction(lr * wd))
-        return d
+            return Direction(lr, [(1.0, cast(list[Tensor], bufs))]) if have else None  # no step yet: none
+        if mu != 0 and have:
+            return Direction(lr, [(1.0, grad()), (mu, cast(list[Tensor], bufs))])
+        return Direction(lr, [(1.0, grad())], fuse=mu == 0)  # Nesterov before its first step: lr·g
 
 
 class RMSpropRule(UpdateRule):
     """RMSprop with smoothing α, eps, optional centering and momentum (``torch.optim.RMSprop``).
 
     ``v ← α·v + (1−α)·g²``; centered: ``ḡ ← lerp(ḡ, g, 1−α)``, ``a = sqrt(v − ḡ²) + eps`` else
-    ``a = sqrt(v) + eps``; momentum: ``b ← μ·b + g/a``, ``W ← W − lr·b``; else ``W ← W − lr·g/a``.
+    ``a = sqrt(v) + eps``; momentum: ``b ← μ·b + g/a``, ``U = lr·b``; else ``U = lr·g/a``.
     The last update is ``lr·b`` with momentum, else ``lr·(±g_t + wd·W_t)/(a − lr·wd)`` (needs the last
     gradient; exact with coupled decay, see the module docstring).
     """
@@ -438,66 +555,42 @@ class RMSpropRule(UpdateRule):
             st["grad_avg"] = torch.zeros_like(p)
         return st
 
-    def _avg(self, hp, sq, ga, eps, placement="outside"):
+    def needs_grad_for(self, hp):
+        return "RMSprop without momentum"
+
+    def _avg(self, hp, st, opts):
+        """``a = sqrt(v − ḡ²) + eps`` (centered) or ``sqrt(v) + eps``, a new list."""
+        eps = hp["eps"] if opts is None or opts.eps is None else opts.eps
+        placement = "outside" if opts is None else opts.eps_placement
+        sq = st.tensors["square_avg"]
         if hp["centered"]:
-            var = torch._foreach_addcmul(sq, ga, ga, value=-1)
-            return denominator(var, 1.0, eps, placement)
+            ga = st.tensors["grad_avg"]
+            sq = torch._foreach_addcmul(sq, ga, ga, value=-1)
         return denominator(sq, 1.0, eps, placement)
 
-    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
-        g = self.effective_grad(hp, W, g)
+    def advance(self, hp, st, g, own):
         a = hp["alpha"]
-        sq = fmul(st.tensors["square_avg"], a, own_state)
+        sq = fmul(st.tensors["square_avg"], a, own)
         torch._foreach_addcmul_(sq, g, g, value=1 - a)
-        new = {"square_avg": sq}
-        ga = None
+        new = BucketState(st.step + 1, {"square_avg": sq})
         if hp["centered"]:
-            ga = flerp(st.tensors["grad_avg"], g, 1 - a, own_state)
-            new["grad_avg"] = ga
-        avg = self._avg(hp, sq, ga, hp["eps"])
+            new.tensors["grad_avg"] = flerp(st.tensors["grad_avg"], g, 1 - a, own)
         if hp["momentum"] > 0:
-            buf = fmul(st.tensors["momentum_buffer"], hp["momentum"], own_state)
-            torch._foreach_addcdiv_(buf, g, avg)
-            new["momentum_buffer"] = buf
-            W = fadd(W, buf, -lr, own_weights)
-        else:
-            W = faddcdiv(W, g, avg, -lr, own_weights)
-        return W, BucketState(st.step + 1, new)
+            buf = fmul(st.tensors["momentum_buffer"], hp["momentum"], own)
+            torch._foreach_addcdiv_(buf, g, self._avg(hp, new, None))
+            new.tensors["momentum_buffer"] = buf
+        return new
 
-    def _last_avg(self, hp, lr, st, opts, wd):
-        """The denominator of the last update, ``a − lr·wd`` (a new list)."""
-        eps = hp["eps"] if opts.eps is None else opts.eps
-        avg = self._avg(hp, st.tensors["square_avg"], st.tensors.get("grad_avg"), eps, opts.eps_placement)
-        if wd != 0:
-            torch._foreach_sub_(avg, lr * wd)
-        return avg
-
-    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
+    def direction(self, hp, lr, st, grad, opts):
         if hp["momentum"] > 0:
-            return torch._foreach_add(W, st.tensors["momentum_buffer"], alpha=-scale * lr)
-        if g is None:
-            return super().apply_last(hp, lr, st, W, g, opts, scale, current=current)  # raises: needs g
-        wd = opts.decay(hp)
-        ge = self.effective_grad(dict(hp, weight_decay=wd), W if current is None else current, g)
-        return torch._foreach_addcdiv(W, ge, self._last_avg(hp, lr, st, opts, wd), value=-scale * lr)
-
-    def last_update(self, hp, lr, st, W, g, opts):
-        if hp["momentum"] > 0:
-            return torch._foreach_mul(st.tensors["momentum_buffer"], lr)
-        if g is None:
-            raise ValueError("the last update of RMSprop without momentum needs the last gradient (p.grad); "
-                             "predict before optimizer.zero_grad()")
-        wd = opts.decay(hp)
-        ge = self.effective_grad(dict(hp, weight_decay=wd), W, g)
-        d = torch._foreach_div(ge, self._last_avg(hp, lr, st, opts, wd))
-        torch._foreach_mul_(d, lr)
-        return d
+            return Direction(lr, [(1.0, st.tensors["momentum_buffer"])])
+        return Direction(lr, [(1.0, grad())], self._avg(hp, st, opts))
 
 
 class AdagradRule(UpdateRule):
     """Adagrad with lr decay and initial accumulator (``torch.optim.Adagrad``).
 
-    ``t ← t+1``; ``clr = lr / (1 + (t−1)·lr_decay)``; ``S ← S + g²``; ``W ← W − clr·g/(sqrt(S) + eps)``.
+    ``t ← t+1``; ``clr = lr / (1 + (t−1)·lr_decay)``; ``S ← S + g²``; ``U = clr·g/(sqrt(S) + eps)``.
     The last update is ``clr_t·(±g_t + wd·W_t)/(sqrt(S_t) + eps − clr_t·wd)`` (needs the last gradient;
     exact with coupled decay, see the module docstring).
     """
@@ -518,44 +611,17 @@ class AdagradRule(UpdateRule):
     def init_state(self, hp, p):
         return {"step": torch.tensor(0.0), "sum": torch.full_like(p, hp["initial_accumulator_value"])}
 
-    def step(self, hp, lr, st, W, g, *, own_state=False, own_weights=False):
-        g = self.effective_grad(hp, W, g)
-        step = st.step + 1
-        clr = lr / (1 + (step - 1) * hp["lr_decay"])
-        S = faddcmul(st.tensors["sum"], g, g, 1, own_state)
-        std = torch._foreach_sqrt(S)
-        torch._foreach_add_(std, hp["eps"])
-        return faddcdiv(W, g, std, -clr, own_weights), BucketState(step, {"sum": S})
+    def advance(self, hp, st, g, own):
+        return BucketState(st.step + 1, {"sum": faddcmul(st.tensors["sum"], g, g, 1, own)})
 
-    def _last_den(self, hp, lr, st, opts, wd):
-        """``clr`` and the denominator ``sqrt(S) + eps − clr·wd`` of the last update (a new list)."""
-        step = opts.step_for_bias(st.step)
-        clr = lr / (1 + (step - 1) * hp["lr_decay"])
-        eps = hp["eps"] if opts.eps is None else opts.eps
-        den = denominator(st.tensors["sum"], 1.0, eps, opts.eps_placement)
-        if wd != 0:
-            torch._foreach_sub_(den, clr * wd)
-        return clr, den
-
-    def apply_last(self, hp, lr, st, W, g, opts, scale, *, current=None):
-        if st.step == 0 or g is None:
-            return super().apply_last(hp, lr, st, W, g, opts, scale, current=current)
-        wd = opts.decay(hp)
-        clr, den = self._last_den(hp, lr, st, opts, wd)
-        ge = self.effective_grad(dict(hp, weight_decay=wd), W if current is None else current, g)
-        return torch._foreach_addcdiv(W, ge, den, value=-scale * clr)
-
-    def last_update(self, hp, lr, st, W, g, opts):
+    def direction(self, hp, lr, st, grad, opts):
         if st.step == 0:
-            return [torch.zeros_like(w) for w in W]
-        if g is None:
-            raise ValueError("the last update of Adagrad needs the last gradient (p.grad); "
-                             "predict before optimizer.zero_grad()")
-        wd = opts.decay(hp)
-        clr, den = self._last_den(hp, lr, st, opts, wd)
-        d = torch._foreach_div(self.effective_grad(dict(hp, weight_decay=wd), W, g), den)
-        torch._foreach_mul_(d, clr)
-        return d
+            return None
+        step = st.step if opts is None else opts.step_for_bias(st.step)
+        clr = lr / (1 + (step - 1) * hp["lr_decay"])
+        eps = hp["eps"] if opts is None or opts.eps is None else opts.eps
+        den = denominator(st.tensors["sum"], 1.0, eps, "outside" if opts is None else opts.eps_placement)
+        return Direction(clr, [(1.0, grad())], den)
 
 
 register_rule(SGDRule())

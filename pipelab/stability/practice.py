@@ -25,9 +25,12 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from ..optim import optimizer_factory
 
 __all__ = ["LeastSquares", "least_squares_problem", "DelayedRun", "delayed_training", "pipeline_training",
            "max_stable_lr"]
@@ -107,11 +110,11 @@ class DelayedRun:
     rate: float
 
 
-def _make_optimizer(params: list[torch.Tensor], name: str, lr: float, momentum: float, nesterov: bool
-                    ) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov)
-    raise ValueError(f"optimizer must be 'sgd', got {name!r}")
+def _sgd(name: str, lr: float, momentum: float, nesterov: bool) -> Callable[[Any], torch.optim.Optimizer]:
+    """The registry's ``"sgd"`` with these hyper-parameters (the delayed recurrences here are SGD's only)."""
+    if name != "sgd":
+        raise ValueError(f"optimizer must be 'sgd', got {name!r}")
+    return optimizer_factory("sgd", lr=lr, momentum=momentum, nesterov=nesterov)
 
 
 def _check_training(problem: LeastSquares, lr: float, tau: int, steps: int, momentum: float, nesterov: bool,
@@ -167,7 +170,7 @@ def delayed_training(problem: LeastSquares, lr: float, tau: int, *, steps: int =
                                       and math.isfinite(predict_s)):
         raise ValueError(f"predict_s must be a finite real number or None, got {predict_s!r}")
     w = problem.w0.clone().requires_grad_(True)
-    opt = _make_optimizer([w], optimizer, lr, momentum, nesterov)
+    opt = _sgd(optimizer, lr, momentum, nesterov)([w])
     zero = torch.zeros_like(w)
     # ring[0] is (w_{t−τ}, v_{t−τ−1}); the last-update velocity is w_{t−τ−1} − w_{t−τ} = η·v for SGD.
     ring: deque[tuple[torch.Tensor, torch.Tensor]] = deque([(w.detach().clone(), zero)] * (tau + 1), maxlen=tau + 1)
@@ -243,7 +246,7 @@ def pipeline_training(problem: LeastSquares, lr: float, tau: int, *, steps: int 
         first.weight.copy_(problem.w0.unsqueeze(0))
     stages = [first] + [_Delay(dtype).to(problem.X.device) for _ in range(tau)]
     emu = Emulator(stages, schedule=pipedream(tau + 1, 1, steps), policy=policy,
-                   optimizer=lambda ps: torch.optim.SGD(ps, lr=lr, momentum=momentum, nesterov=nesterov),
+                   optimizer=_sgd("sgd", lr, momentum, nesterov),
                    loss_fn=lambda out, y: 0.5 * ((out.squeeze(1) - y) ** 2).sum())
     dist = [float(torch.linalg.vector_norm(problem.w0 - problem.w_star))]
     limit = blowup * dist[0]

@@ -1,0 +1,167 @@
+"""The optimizer registry: one table of named ``torch.optim`` optimizers for experiments, benchmarks and tests.
+
+A name stands for an *update rule* (a ``torch.optim`` class and the settings that make the variant, e.g.
+SGD with momentum 0.9 and Nesterov), not for a tuned recipe. Each entry is an :class:`OptimizerSpec`:
+class, default hyper-parameters, figure label, one-line description and reference.
+
+Defaults: ``torch.optim``'s own defaults (PyTorch 2.x), written out so that a change of torch's defaults
+cannot silently change an experiment, plus what defines the variant: momentum 0.9 for ``sgdm``,
+``nesterov`` and ``rmsprop_momentum`` (the value of SpecTrain's and PipeOptim's experiments and of common
+practice), Nesterov for ``nesterov``, centering for ``rmsprop_momentum``. AdamW keeps torch's decoupled weight
+decay 1e-2. Learning rates are torch's defaults (SGD 1e-3, Adam/AdamW/RAdam 1e-3, RMSprop/Adagrad 1e-2,
+NAdam/Adamax 2e-3). An experiment that tunes them holds *its own* overrides next to its config and passes
+them to :func:`make_optimizer` / :func:`optimizer_factory` (e.g. the learning curves' SGDM is lr 0.01,
+weight decay 5e-4, PipeOptim §V-A).
+
+Rule: ``make_optimizer(name, params, **overrides) = cls(params, **{**defaults, **overrides})``.
+
+Example:
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.zeros(2))
+    >>> opt = make_optimizer("sgdm", [w], lr=0.05)
+    >>> type(opt).__name__, opt.defaults["lr"], opt.defaults["momentum"]
+    ('SGD', 0.05, 0.9)
+    >>> optimizer_label("adamw")
+    'AdamW'
+
+References: PyTorch ``torch.optim`` (2.x) documentation; Polyak (1964) heavy-ball momentum; Nesterov (1983);
+Kingma & Ba, "Adam" (ICLR 2015); Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (ICLR 2019);
+Hinton, "RMSprop" (Coursera lecture 6e, 2012); Duchi et al., "Adagrad" (JMLR 2011); Dozat, "NAdam" (2016);
+Liu et al., "RAdam" (ICLR 2020).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["OptimizerSpec", "OPTIMIZERS", "OptimizerFactory", "available_optimizers", "optimizer_spec",
+           "optimizer_hyperparameters", "make_optimizer", "optimizer_factory", "optimizer_label"]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A registry entry: the ``torch.optim`` class, its default hyper-parameters and how to name it.
+
+    Attributes:
+        cls: the ``torch.optim.Optimizer`` subclass.
+        defaults: keyword arguments the optimizer is built with unless overridden (read-only).
+        label: the name figures and tables print.
+        description: one line on the update rule.
+        reference: where the rule comes from.
+    """
+
+    cls: type[torch.optim.Optimizer]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+    description: str = ""
+    reference: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+
+    def accepted(self) -> list[str]:
+        """Keyword arguments the class's constructor takes (besides ``params``)."""
+        sig = inspect.signature(self.cls.__init__)
+        return [n for n, p in sig.parameters.items() if n not in ("self", "params")
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+_TORCH = "PyTorch torch.optim"
+
+#: name -> :class:`OptimizerSpec`; the one table of named optimizers (see the module docstring for the defaults).
+OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType({
+    "sgd": OptimizerSpec(torch.optim.SGD, {"lr": 1e-3}, "SGD", "plain stochastic gradient descent", _TORCH),
+    "sgdm": OptimizerSpec(torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9}, "SGDM", "SGD with heavy-ball momentum 0.9",
+                          "Polyak (1964); torch.optim.SGD"),
+    "nesterov": OptimizerSpec(torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9, "nesterov": True}, "SGD-Nesterov",
+                              "SGD with Nesterov momentum 0.9", "Nesterov (1983); Sutskever et al. (ICML 2013)"),
+    "adam": OptimizerSpec(torch.optim.Adam, {"lr": 1e-3}, "Adam", "Adam, betas (0.9, 0.999)",
+                          "Kingma & Ba, ICLR 2015"),
+    "adamw": OptimizerSpec(torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 1e-2}, "AdamW",
+                           "Adam with decoupled weight decay 1e-2", "Loshchilov & Hutter, ICLR 2019"),
+    "rmsprop": OptimizerSpec(torch.optim.RMSprop, {"lr": 1e-2}, "RMSprop", "RMSprop, smoothing 0.99",
+                             "Hinton, Coursera lecture 6e (2012)"),
+    "rmsprop_momentum": OptimizerSpec(torch.optim.RMSprop, {"lr": 1e-2, "momentum": 0.9, "centered": True},
+                                      "RMSprop (centered, momentum)", "centered RMSprop with momentum 0.9",
+                                      "Graves, arXiv:1308.0850 (centered); torch.optim.RMSprop"),
+    "adagrad": OptimizerSpec(torch.optim.Adagrad, {"lr": 1e-2}, "Adagrad", "Adagrad (accumulated squared gradients)",
+                             "Duchi et al., JMLR 2011"),
+    "nadam": OptimizerSpec(torch.optim.NAdam, {"lr": 2e-3}, "NAdam", "Adam with Nesterov momentum",
+                           "Dozat, ICLR 2016 workshop"),
+    "radam": OptimizerSpec(torch.optim.RAdam, {"lr": 1e-3}, "RAdam", "Adam with variance rectification",
+                           "Liu et al., ICLR 2020"),
+    "adamax": OptimizerSpec(torch.optim.Adamax, {"lr": 2e-3}, "Adamax", "Adam with the infinity norm",
+                            "Kingma & Ba, ICLR 2015, §7.1"),
+})
+
+
+def available_optimizers() -> list[str]:
+    """Names accepted by :func:`make_optimizer`, in registry order."""
+    return list(OPTIMIZERS)
+
+
+def optimizer_spec(name: str) -> OptimizerSpec:
+    """The :class:`OptimizerSpec` of ``name``; ValueError (listing the known names) if there is none."""
+    if not isinstance(name, str):
+        raise TypeError(f"optimizer name must be a str (one of {', '.join(OPTIMIZERS)}), got {type(name).__name__}")
+    try:
+        return OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}") from None
+
+
+def optimizer_hyperparameters(name: str, **overrides: Any) -> dict[str, Any]:
+    """The keyword arguments ``name`` is built with: its defaults updated by ``overrides``.
+
+    Raises:
+        ValueError: unknown name.
+        TypeError: an override the ``torch.optim`` class does not accept (named in the message).
+    """
+    spec = optimizer_spec(name)
+    accepted = spec.accepted()
+    unknown = sorted(k for k in overrides if k not in accepted)
+    if unknown:
+        raise TypeError(f"optimizer {name!r} ({spec.cls.__name__}) does not accept {', '.join(unknown)}; "
+                        f"it takes {', '.join(accepted)}")
+    return {**spec.defaults, **overrides}
+
+
+def make_optimizer(name: str, params: Iterable[Tensor] | Iterable[dict[str, Any]], **overrides: Any
+                   ) -> torch.optim.Optimizer:
+    """Build the registered optimizer ``name`` over ``params`` (tensors or param groups) with ``overrides``."""
+    hp = optimizer_hyperparameters(name, **overrides)
+    return OPTIMIZERS[name].cls(params, **hp)
+
+
+@dataclass(frozen=True)
+class OptimizerFactory:
+    """``params -> optimizer`` for a registry name and fixed overrides (picklable, unlike a lambda)."""
+
+    name: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> torch.optim.Optimizer:
+        return make_optimizer(self.name, params, **self.overrides)
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The keyword arguments the optimizer is built with."""
+        return optimizer_hyperparameters(self.name, **self.overrides)
+
+
+def optimizer_factory(name: str, **overrides: Any) -> Callable[[Any], torch.optim.Optimizer]:
+    """A factory ``params -> optimizer`` for ``name`` with ``overrides``; names and overrides are checked now."""
+    optimizer_hyperparameters(name, **overrides)
+    return OptimizerFactory(name, dict(overrides))
+
+
+def optimizer_label(name: str) -> str:
+    """The label figures and tables print for ``name`` (e.g. ``"SGDM"``)."""
+    return optimizer_spec(name).label
