@@ -236,7 +236,7 @@ def load_fashion_mnist(
 
     Example:
         >>> ds = load_fashion_mnist(dtype=torch.float64)   # doctest: +SKIP
-        >>> ds.x_train.shape, ds.num_classes
+        >>> ds.x_train.shape, ds.num_classes             # doctest: +SKIP
         (torch.Size([60000, 1, 28, 28]), 10)
     """
     found = find_fashion_mnist(root)
