@@ -16,6 +16,7 @@ On Linux the script re-executes itself with glibc malloc set to keep freed memor
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -81,7 +82,7 @@ def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float
             pred.observe(opt)
             opt.step()
             pred.observe(opt)
-            t_pred = _time(lambda: pred.predict(opt, s), reps, device)
+            t_pred = _time(functools.partial(pred.predict, opt, s), reps, device)
             step_rows.append((oname, pname, t_pred))
         # time the step again after the predictions (same allocator state) and keep the faster of the two
         t_step = min(t_step, _time(opt.step, reps, device))

@@ -254,7 +254,7 @@ def _profile(rank: int, world: int, cfg: BenchConfig, base: nn.Sequential, x: Te
 
     fb_reps = cfg.profile_reps + 3
     f_times, b_times = [], []
-    for i in range(fb_reps):
+    for _ in range(fb_reps):
         f_times.append(_median_time(fwd, device, 1))
         b_times.append(_median_time(bwd, device, 1))
     f, b = statistics.median(f_times[3:]), statistics.median(b_times[3:])
@@ -273,7 +273,7 @@ def _profile(rank: int, world: int, cfg: BenchConfig, base: nn.Sequential, x: Te
             act = torch.zeros_like(out_k if rank == k else h)  # stage k's output = stage k+1's input
             buf = torch.empty_like(act)
             rts = []
-            for i in range(cfg.profile_reps + 3):
+            for _ in range(cfg.profile_reps + 3):
                 _sync(device)
                 t0 = time.perf_counter()
                 if rank == k:
