@@ -10,7 +10,7 @@ PRESET ?= quick
 JOBS ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv figures test data notebooks-strip clean-venv
+.PHONY: venv figures test test-fast lint data notebooks-strip clean-venv
 
 # The stamp depends on pyproject.toml, so a change of dependencies reinstalls.
 $(VENV)/.installed: pyproject.toml
@@ -31,6 +31,15 @@ figures: venv data
 
 test: venv
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+# Every module, without the tests marked slow (multi-process runs, notebooks, figure rendering): under 2 minutes.
+test-fast: venv
+	$(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
+
+# Lint (ruff: style, import order, bug patterns) and types (mypy); configured in pyproject.toml.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy pipelab
 
 notebooks-strip: venv
 	$(PY) -m pipelab strip-notebooks notebooks

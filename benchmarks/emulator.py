@@ -25,7 +25,7 @@ import torch
 
 from pipelab.emulator import Emulator, train_plain
 from pipelab.models import deep_mlp
-from pipelab.schedules import gpipe, pipedream
+from pipelab.schedules import Schedule, gpipe, pipedream
 
 
 def sync(device: torch.device) -> None:
@@ -55,7 +55,7 @@ def main() -> None:
         data = [(torch.randn(args.batch, 784, generator=g).to(device), torch.randint(0, 10, (args.batch,),
                  generator=g).to(device)) for _ in range(args.steps)]
 
-        def plain() -> float:
+        def plain(base: torch.nn.Module, device: torch.device | str, data: list) -> float:
             m = copy.deepcopy(base)
             sync(device)
             t0 = time.perf_counter()
@@ -63,14 +63,15 @@ def main() -> None:
             sync(device)
             return (time.perf_counter() - t0) / args.steps
 
-        plain()  # warm-up
-        t_plain = statistics.median(plain() for _ in range(args.repeats))
+        plain(base, device, data)  # warm-up
+        t_plain = statistics.median(plain(base, device, data) for _ in range(args.repeats))
         print(f"\n[{device}] plain PyTorch: {1e3 * t_plain:.2f} ms/step")
         print(f"  {'policy':<10} {'D':>2} {'ms/step':>9} {'ratio':>7} {'setup ms':>9}  weight copies per stage")
         for D in (4, 8):
             for policy, schedule in (("gpipe", gpipe(D, 1, args.steps)), ("stashing", pipedream(D, 1, args.steps)),
                                      ("pipeoptim", pipedream(D, 1, args.steps))):
-                def emulated() -> tuple[float, float, list[int]]:
+                def emulated(base: torch.nn.Module, device: torch.device | str, data: list, D: int, schedule: Schedule,
+                             policy: str) -> tuple[float, float, list[int]]:
                     m = copy.deepcopy(base)
                     t0 = time.perf_counter()
                     emu = Emulator(m, D=D, schedule=schedule, policy=policy, optimizer=opt)
@@ -81,8 +82,9 @@ def main() -> None:
                     sync(device)
                     return (time.perf_counter() - t2) / args.steps, t1 - t0, emu.weight_copies
 
-                emulated()  # warm-up
-                runs = [emulated() for _ in range(args.repeats)]
+                case = (base, device, data, D, schedule, policy)
+                emulated(*case)  # warm-up
+                runs = [emulated(*case) for _ in range(args.repeats)]
                 t = statistics.median(r[0] for r in runs)
                 setup = statistics.median(r[1] for r in runs)
                 print(f"  {policy:<10} {D:>2} {1e3 * t:>9.2f} {t / t_plain:>6.2f}x {1e3 * setup:>9.1f}  {runs[0][2]}")

@@ -57,7 +57,8 @@ def main() -> None:
         n_diff = int(diff.sum())
         if n_diff:
             rad = spectral_radius(method, z[diff])
-            print(f"{name}: {n_diff} points classified differently, all with |radius − 1| ≤ {np.abs(rad - 1).max():.2e}")
+            worst = np.abs(rad - 1).max()
+            print(f"{name}: {n_diff} points classified differently, all with |radius − 1| ≤ {worst:.2e}")
         else:
             print(f"{name}: identical classification at all {naive.size} points")
 

@@ -115,7 +115,7 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "Dataset":
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Dataset:
         """Move inputs (and float targets) to ``device``/``dtype``; integer labels keep their dtype."""
 
         def move(t: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ class Dataset:
         return Dataset(self.name, move(self.x_train), move(self.y_train), move(self.x_test), move(self.y_test),
                        self.num_classes)
 
-    def subset(self, n_train: int | None = None, n_test: int | None = None) -> "Dataset":
+    def subset(self, n_train: int | None = None, n_test: int | None = None) -> Dataset:
         """The first ``n_train``/``n_test`` examples (the split stays fixed)."""
         return Dataset(self.name, self.x_train[:n_train], self.y_train[:n_train], self.x_test[:n_test],
                        self.y_test[:n_test], self.num_classes)
@@ -236,7 +236,7 @@ def load_fashion_mnist(
 
     Example:
         >>> ds = load_fashion_mnist(dtype=torch.float64)   # doctest: +SKIP
-        >>> ds.x_train.shape, ds.num_classes
+        >>> ds.x_train.shape, ds.num_classes             # doctest: +SKIP
         (torch.Size([60000, 1, 28, 28]), 10)
     """
     found = find_fashion_mnist(root)

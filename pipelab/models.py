@@ -18,6 +18,8 @@ a pipeline that splits a mini-batch into micro-batches would change the model's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -165,7 +167,7 @@ def transformer_classifier(
     return nn.Sequential(Tokens(in_features, seq_len, d_model), *layers, _MeanPoolHead(d_model, num_classes))
 
 
-MODELS = {
+MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "deep_mlp": deep_mlp,
     "small_cnn": small_cnn,
     "small_resnet": small_resnet,

@@ -73,16 +73,18 @@ def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Seq
         raise ValueError(f"balance={balance!r}; use 'layers', 'params', D block counts, or one cost per block")
     values = list(balance)
     counts = [_as_int(v) for v in values]
-    if len(values) == D and all(c is not None for c in counts):
-        if any(c < 1 for c in counts) or sum(counts) != n:
+    blocks = [c for c in counts if c is not None]
+    if len(values) == D and len(blocks) == D:
+        if any(c < 1 for c in blocks) or sum(blocks) != n:
             raise ValueError(f"balance={values} must be D={D} positive block counts summing to {n}")
-        return counts
+        return blocks
     if len(values) == n:
         return balanced_partition([float(v) for v in values], D)
     raise ValueError(f"balance has {len(values)} entries; give D={D} block counts or one cost per block ({n})")
 
 
-def split(model: nn.Sequential, D: int, balance: str | Sequence[int] | Sequence[float] = "layers") -> list[nn.Sequential]:
+def split(model: nn.Sequential, D: int,
+          balance: str | Sequence[int] | Sequence[float] = "layers") -> list[nn.Sequential]:
     """Cut ``model`` into D contiguous stages; the stages share (do not copy) the model's modules.
 
     Args:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib
+from matplotlib import rcsetup
 
 __all__ = ["STYLE_FILE", "PALETTE", "use", "context"]
 
@@ -25,7 +26,7 @@ def _rc() -> dict:
     import seaborn as sns
 
     rc = dict(matplotlib.rc_params_from_file(str(STYLE_FILE), use_default_template=False))
-    rc["axes.prop_cycle"] = matplotlib.cycler(color=sns.color_palette(PALETTE))
+    rc["axes.prop_cycle"] = rcsetup.cycler(color=sns.color_palette(PALETTE))
     return rc
 
 

@@ -36,6 +36,11 @@ def device(request: pytest.FixtureRequest) -> torch.device:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cases of the ``device`` fixture on CUDA are marked ``gpu``; ``gpu`` tests are skipped without a GPU."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and str(callspec.params.get("device")) == "cuda":
+            item.add_marker(pytest.mark.gpu)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -27,12 +27,14 @@ def result():
     return run_benchmark(TOY)
 
 
+@pytest.mark.slow
 def test_flushed_rows_compute_what_torch_computes(result) -> None:
     assert set(result.weight_diff) == {"GPipe", "1F1B"}
     for kind, diff in result.weight_diff.items():
         assert diff <= 1e-6, kind
 
 
+@pytest.mark.slow
 def test_every_row_is_timed_and_simulated(result) -> None:
     names = [r["name"] for r in result.rows]
     assert names == [r.name for r in rows_of(TOY)]

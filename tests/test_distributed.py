@@ -22,6 +22,7 @@ def _ring(rank: int, world: int, n: int) -> torch.Tensor:
     return got
 
 
+@pytest.mark.slow
 def test_spawn_returns_results_by_rank() -> None:
     results = spawn(_ring, 3, (4,))
     for rank, got in enumerate(results):
@@ -42,6 +43,7 @@ def _die_on_rank_1(rank: int, world: int) -> None:
 
 @pytest.mark.parametrize("fn,needle", [(_raise_on_rank_1, "ValueError: boom on purpose"),
                                        (_die_on_rank_1, "exited with code 7")])
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_run_quickly(fn, needle: str) -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
@@ -55,6 +57,7 @@ def _config_check(rank: int, world: int) -> None:
     check_consistent({"D": 2, "lr": 0.1 if rank == 0 else 0.2})
 
 
+@pytest.mark.slow
 def test_mismatched_configs_are_detected() -> None:
     with pytest.raises(RankFailure, match="ranks disagree on the config") as err:
         spawn(_config_check, 2)

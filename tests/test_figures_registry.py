@@ -51,6 +51,7 @@ def test_cli_list_and_unknown_name(capsys: pytest.CaptureFixture[str], tmp_path:
     assert "unknown figure" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_renders_one_figure(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pipelab", "figures", "model_stages", "--preset", "tiny",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)

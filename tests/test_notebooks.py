@@ -21,6 +21,7 @@ def test_committed_notebooks_have_no_outputs() -> None:
     assert not bad, f"strip them with `python -m pipelab strip-notebooks notebooks`: {bad}"
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -168,6 +168,7 @@ def test_model_is_trained_in_place_and_copies_are_independent() -> None:
     assert all(torch.equal(a, b) for a, b in zip(emu.weights()[0], emu.stages[0].params))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["pipelab.policies", "pipelab.emulator", "pipelab.learning_curves"])
 def test_modules_import_first(module) -> None:
     import subprocess

@@ -442,6 +442,7 @@ def test_rule_for_subclass_and_names():
         rule_for(object())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("opt_name", ["sgdm", "adamw", "rmsprop_centered_mom_wd"])
 def test_repeat_on_cuda(opt_name):

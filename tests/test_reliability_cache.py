@@ -198,6 +198,7 @@ def _output() -> figures.FigureOutput:
     return figures.FigureOutput(fig, config={"n": 1}, seed=0)
 
 
+@pytest.mark.slow
 def test_sidecars_stay_clean_while_figures_dir_changes(repo: Path) -> None:
     head = _git(repo, "rev-parse", "HEAD")
     (repo / "figures" / "old.png").write_bytes(b"regenerated")  # what writing the first figure does

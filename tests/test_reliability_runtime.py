@@ -77,6 +77,7 @@ def copy_ranks(tmp: Path, **sources: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------- 1: checksums
 
+@pytest.mark.slow
 def test_a_flipped_byte_in_a_tensor_is_refused(cuts: Path, tmp_path: Path) -> None:
     ckpt = copy_ranks(tmp_path, rank0=cuts / "cut2", rank1=cuts / "cut2")
     path = ckpt / "rank1.pt"
@@ -92,6 +93,7 @@ def test_a_flipped_byte_in_a_tensor_is_refused(cuts: Path, tmp_path: Path) -> No
     load_checkpoint(runtime(0), ckpt)  # the intact file of the other rank still loads
 
 
+@pytest.mark.slow
 def test_a_truncated_or_garbled_file_is_refused(cuts: Path, tmp_path: Path) -> None:
     ckpt = copy_ranks(tmp_path, rank0=cuts / "cut2", rank1=cuts / "cut2")
     path = ckpt / "rank0.pt"
@@ -105,6 +107,7 @@ def test_a_truncated_or_garbled_file_is_refused(cuts: Path, tmp_path: Path) -> N
 
 # ----------------------------------------------------------------------------------------- 2: fingerprint
 
+@pytest.mark.slow
 def test_resume_with_another_learning_rate_is_refused(cuts: Path) -> None:
     with pytest.raises(ValueError, match=r"optimizer\.lr: 0\.05 \(checkpoint\) vs 0\.1 \(now\)"):
         load_checkpoint(runtime(0, lr=0.1), cuts / "cut2")
@@ -152,6 +155,7 @@ def _disagreeing_ranks(rank: int, world: int) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_ranks_with_different_predictors_or_batch_sizes_are_refused() -> None:
     msgs = spawn(_disagreeing_ranks, 2, timeout_s=120, comm_timeout_s=30)
     for m in msgs:  # every rank refuses, with the field and both values
@@ -162,6 +166,7 @@ def test_ranks_with_different_predictors_or_batch_sizes_are_refused() -> None:
 
 # ----------------------------------------------------------------------------------------- 3: cuts
 
+@pytest.mark.slow
 def test_rank_files_from_different_cuts_are_refused_on_every_rank(cuts: Path, tmp_path: Path) -> None:
     ckpt = copy_ranks(tmp_path, rank0=cuts / "cut2", rank1=cuts / "cut4")
     for r in range(2):
@@ -169,6 +174,7 @@ def test_rank_files_from_different_cuts_are_refused_on_every_rank(cuts: Path, tm
             load_checkpoint(runtime(r), ckpt)
 
 
+@pytest.mark.slow
 def test_a_missing_rank_file_is_refused_on_every_rank(cuts: Path, tmp_path: Path) -> None:
     ckpt = copy_ranks(tmp_path, rank0=cuts / "cut4")
     for r in range(2):
@@ -176,6 +182,7 @@ def test_a_missing_rank_file_is_refused_on_every_rank(cuts: Path, tmp_path: Path
             load_checkpoint(runtime(r), ckpt)
 
 
+@pytest.mark.slow
 def test_a_stop_step_before_the_resume_point_is_refused(cuts: Path) -> None:
     for r in range(2):
         rt = runtime(r)
@@ -187,6 +194,7 @@ def test_a_stop_step_before_the_resume_point_is_refused(cuts: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- 4: divergence
 
+@pytest.mark.slow
 def test_divergence_is_reported() -> None:
     from pipelab.run import train_distributed
 
@@ -209,6 +217,7 @@ def _hang_on_rank_1(rank: int, world: int) -> None:
     rt.run(batches())
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_named() -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
@@ -227,6 +236,7 @@ def _init_with_busy_port(rank: int, port: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_a_busy_master_port_fails_in_bounded_time() -> None:
     with socket.socket() as held:  # another program listens on MASTER_PORT and never speaks the store protocol
         held.bind(("127.0.0.1", 0))
@@ -243,6 +253,7 @@ def test_a_busy_master_port_fails_in_bounded_time() -> None:
 
 # ----------------------------------------------------------------------------------------- 8: entry point
 
+@pytest.mark.slow
 def test_the_entry_module_is_not_imported_by_the_package() -> None:
     proc = subprocess.run([sys.executable, "-W", "error", "-m", "pipelab.run", "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

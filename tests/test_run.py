@@ -20,6 +20,7 @@ CFG = RunConfig(task="digits_mlp", policy="pipeoptim", optimizer="adam", D=2, se
                 n_test=128, batch_size=32, dtype="float64")
 
 
+@pytest.mark.slow
 def test_train_distributed_equals_the_emulator_arm() -> None:
     out = train_distributed(CFG)
     prep = prepare(CFG)
@@ -34,6 +35,7 @@ def test_train_distributed_equals_the_emulator_arm() -> None:
     assert set(out["memory"]) == {0, 1} and out["memory"][0]["weight_versions"] > 0
 
 
+@pytest.mark.slow
 def test_torchrun_entry_point(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     if torchrun is None:

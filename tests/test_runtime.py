@@ -110,16 +110,19 @@ def results_4() -> list:
     return spawn(_run_cases, 4, (CASES_4,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(CASES_2)), ids=[f"{c['schedule']}-{c['policy']}" for c in CASES_2])
 def test_two_ranks_equal_the_emulator(results_2: list, i: int) -> None:
     check_equal(CASES_2[i], [results_2[r][i] for r in range(2)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(CASES_4)), ids=[f"{c['schedule']}-{c['policy']}" for c in CASES_4])
 def test_four_ranks_equal_the_emulator(results_4: list, i: int) -> None:
     check_equal(CASES_4[i], [results_4[r][i] for r in range(4)])
 
 
+@pytest.mark.slow
 def test_weight_version_memory_matches_each_policy(results_4: list) -> None:
     stashing = {k: v for r in results_4 for k, v in r[1].memory["versions_peak"].items()}
     assert stashing == {0: 4, 1: 3, 2: 2, 3: 1}  # D − k stashed versions at stage k
@@ -133,6 +136,7 @@ def test_weight_version_memory_matches_each_policy(results_4: list) -> None:
         assert mem["optimizer_state"] > 0 and mem["activations"] > 0
 
 
+@pytest.mark.slow
 def test_nothing_grows_over_a_long_run(results_4: list) -> None:
     for r in results_4:
         trace = r[1].trace  # stashing, 16 steps: (versions, saved inputs, pending grads, unfinished sends)
@@ -164,6 +168,7 @@ def _pipelining_reference(rank: int, world: int, kind: str) -> tuple[torch.Tenso
     return tuple(p.detach().clone() for p in stage_mod.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
 def test_flushed_schedules_equal_torch_pipelining(kind: str, results_2: list) -> None:
     ref = spawn(_pipelining_reference, 2, (kind,))
@@ -199,6 +204,7 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
     return full, spawn(_checkpoint_phase, 2, (root, "resume"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(CKPT_CASES)), ids=["stashing", "pipeoptim", "pipemare-history"])
 def test_checkpoint_resume_continues_identically(resumed: tuple[list, list], i: int) -> None:
     case = CKPT_CASES[i]
@@ -239,6 +245,7 @@ def _mismatched(rank: int, world: int) -> None:
     PipelineRuntime(model, schedule=sched, policy="gpipe", optimizer=opt)
 
 
+@pytest.mark.slow
 def test_start_up_errors() -> None:
     with pytest.raises(RankFailure, match="world size is 2"):
         spawn(_bad_world, 2)
@@ -274,6 +281,7 @@ def _run_weightless(rank: int, world: int) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_stage_without_parameters_runs_on_three_ranks_like_the_emulator() -> None:
     """A parameter-free middle stage on its own rank: no optimizer, no weight copies, same weights and
     versions as the emulator (float64)."""

@@ -263,6 +263,7 @@ def test_bad_arguments_raise():
         stable_mask(gd(), np.array(["a"]))
 
 
+@pytest.mark.slow
 def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     """Every stability figure draws under `tiny`; the recorded numbers agree with the theory."""
     monkeypatch.setenv("PIPELAB_CACHE", "off")

@@ -49,6 +49,7 @@ def test_delayed_training_follows_the_delayed_recurrence(problem, tau, momentum,
     (2, {"momentum": 0.9, "predict_s": 2}, predicted_momentum(0.9, 2)),
     (3, {"momentum": 0.5, "nesterov": True}, None),
 ])
+@pytest.mark.slow
 def test_bisection_matches_theoretical_threshold(problem, tau, kwargs, method):
     """Largest stable lr of the real optimizer = z*/λ_max within 1 % (bisection to 0.2 %, 1500 steps/trial)."""
     from pipelab.stability import nesterov
@@ -80,6 +81,7 @@ def test_pipeline_training_equals_the_delayed_recurrence(tau: int, momentum: flo
     assert got.diverged == ref.diverged
 
 
+@pytest.mark.slow
 def test_bisection_through_the_emulator_finds_the_delayed_threshold() -> None:
     from pipelab.stability.practice import pipeline_training
 

@@ -185,7 +185,7 @@ class BisectionConfig:
     seed: int = 0
 
 
-_BISECT = {"tiny": BisectionConfig(taus=3, dim=8, steps=600, rel_tol=1e-2), "quick": BisectionConfig(),
+_BISECT = {"tiny": BisectionConfig(taus=3, dim=4, steps=300, rel_tol=1e-2), "quick": BisectionConfig(),
            "paper": BisectionConfig(taus=17, dim=50, steps=6000, rel_tol=2e-4)}
 
 

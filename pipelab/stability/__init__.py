@@ -17,12 +17,27 @@ Example:
 
 from __future__ import annotations
 
-from .methods import (LinearMethod, adam_frozen, char_poly, companion, delayed_gd, gd, general, heavy_ball,
-                      nesterov, pipemare, predicted_momentum)
-from .regions import (boundary_locus, complex_grid, region_area, region_mask, schur_stable, spectral_radius,
-                      stable_mask)
-from .thresholds import (boundary_crossings, delayed_gd_threshold, heavy_ball_threshold, max_stable_step,
-                         nesterov_threshold)
+from .methods import (
+                      LinearMethod,
+                      adam_frozen,
+                      char_poly,
+                      companion,
+                      delayed_gd,
+                      gd,
+                      general,
+                      heavy_ball,
+                      nesterov,
+                      pipemare,
+                      predicted_momentum,
+)
+from .regions import boundary_locus, complex_grid, region_area, region_mask, schur_stable, spectral_radius, stable_mask
+from .thresholds import (
+                      boundary_crossings,
+                      delayed_gd_threshold,
+                      heavy_ball_threshold,
+                      max_stable_step,
+                      nesterov_threshold,
+)
 
 __all__ = [
     "LinearMethod", "general", "gd", "delayed_gd", "heavy_ball", "nesterov", "predicted_momentum", "pipemare",

@@ -271,7 +271,7 @@ def pipeline_training(problem: LeastSquares, lr: float, tau: int, *, steps: int 
 
 def max_stable_lr(problem: LeastSquares, tau: int, *, lo: float = 0.0, hi: float | None = None, rel_tol: float = 1e-3,
                   steps: int = 2000, max_iter: int = 40, trainer: Callable[..., DelayedRun] | None = None,
-                  **kwargs) -> float:
+                  **kwargs: Any) -> float:
     """Largest stable learning rate of :func:`delayed_training`, by bisection on ``diverged``.
 
     Args:

@@ -33,6 +33,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import SupportsInt, cast
+
 import numpy as np
 
 from .methods import LinearMethod, char_poly, companion
@@ -183,7 +185,10 @@ def boundary_locus(method: LinearMethod, theta: np.ndarray | int = 2048) -> np.n
     Returns:
         complex array of the shape of ``theta`` (``inf`` where ``B(e^{iθ}) = 0``).
     """
-    th = np.linspace(0.0, 2.0 * np.pi, int(theta)) if np.isscalar(theta) else np.asarray(theta, dtype=float)
+    if np.isscalar(theta):
+        th = np.linspace(0.0, 2.0 * np.pi, int(cast(SupportsInt, theta)))
+    else:
+        th = np.asarray(theta, dtype=float)
     r = np.exp(1j * th)
     A = np.polyval(np.asarray(method.a), r)
     B = np.polyval(np.asarray(method.b), r)
