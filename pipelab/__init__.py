@@ -36,6 +36,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from . import predictors, schedules, stability
 from .cache import ResultCache, cached, run_sweep
 from .config import PRESETS, config_hash, config_to_dict, from_preset, resolve_preset
 from .data import (
@@ -50,9 +51,32 @@ from .data import (
     teacher_student_classification,
     teacher_student_regression,
 )
+from .distributed import RankFailure, spawn
+from .emulator import DeadlockError, Emulator, EmulatorResult, build_pipeline, evaluate, train_plain
+from .learning_curves import RunConfig, prepare
+from .learning_curves import run as run_arm
+from .learning_curves import sweep as sweep_arms
 from .models import build_model, deep_mlp, small_cnn, small_resnet, transformer_classifier
+from .optim import OPTIMIZERS, OptimizerSpec, available_optimizers, make_optimizer, optimizer_factory, optimizer_label
 from .partition import balanced_partition, split, stage_sizes
-from . import schedules, stability
+from .pipeline import PipelineSpec
+from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
+from .prediction_error import (
+    PredictionErrorConfig,
+    PredictionErrorResult,
+    measure_prediction_error,
+    run_prediction_error,
+)
+from .predictors import (
+    PREDICTORS,
+    Predictor,
+    available_predictors,
+    describe_predictors,
+    make_predictor,
+    supported_optimizers,
+)
+from .profiling import StageProfile, profile_stages
+from .runtime import PipelineRuntime, RuntimeResult, consistent_cut, load_checkpoint, save_checkpoint
 from .schedules import (
     Action,
     Schedule,
@@ -64,10 +88,10 @@ from .schedules import (
     folded,
     format_grid,
     fsdp,
+    fslpp,
     gpipe,
     interleaved_1f1b,
     lpp,
-    fslpp,
     naive,
     one_f_one_b,
     pipedream,
@@ -77,31 +101,9 @@ from .schedules import (
     validate,
 )
 from .simulator import SimResult, costs_from_profile, simulate
-from .profiling import StageProfile, profile_stages
-from .threads import torch_threads
-from .optim import OPTIMIZERS, OptimizerSpec, available_optimizers, make_optimizer, optimizer_factory, optimizer_label
-from . import predictors
-from .predictors import (
-    PREDICTORS,
-    Predictor,
-    available_predictors,
-    describe_predictors,
-    make_predictor,
-    supported_optimizers,
-)
-from .prediction_error import PredictionErrorConfig, PredictionErrorResult, measure_prediction_error, run_prediction_error
-from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
-from .emulator import DeadlockError, Emulator, EmulatorResult, build_pipeline, evaluate, train_plain
-from .pipeline import PipelineSpec
-from .learning_curves import RunConfig, prepare
-from .learning_curves import run as run_arm
-from .learning_curves import sweep as sweep_arms
-from .distributed import RankFailure, spawn
-from .runtime import PipelineRuntime, RuntimeResult, consistent_cut, load_checkpoint, save_checkpoint
-from .stability import delayed_gd_threshold, max_stable_step, region_mask, spectral_radius, stable_mask
-from .stability import region_area
+from .stability import delayed_gd_threshold, max_stable_step, region_area, region_mask, spectral_radius, stable_mask
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
-
+from .threads import torch_threads
 
 
 def __getattr__(name: str) -> Any:

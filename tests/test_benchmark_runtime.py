@@ -16,7 +16,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spawned ranks import benchmarks.runtime too
 
 from benchmarks.runtime import BenchConfig, format_report, rows_of, run_benchmark  # noqa: E402
-
 from pipelab.simulator import simulate  # noqa: E402
 
 TOY = BenchConfig(width=16, depth=4, in_features=12, batch=8, steps=3, warmup=1, repeats=2, profile_reps=3)

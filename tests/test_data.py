@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipelab import data
-from pipelab.data import DataError, FASHION_MNIST_FILES, find_fashion_mnist, load_dataset, load_fashion_mnist, read_idx
+from pipelab.data import FASHION_MNIST_FILES, DataError, find_fashion_mnist, load_dataset, load_fashion_mnist, read_idx
 
 
 def write_idx(path: Path, array: np.ndarray, *, compress: bool = True, magic: bytes | None = None) -> Path:

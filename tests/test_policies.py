@@ -12,8 +12,14 @@ from pipelab.emulator import DeadlockError, Emulator
 from pipelab.models import deep_mlp
 from pipelab.optim import optimizer_factory
 from pipelab.policies import PipeMarePolicy, Predicted, Stored, make_policy
-from pipelab.schedules import (gpipe, interleaved_1f1b, pipedream, pipedream_2bw, pipeoptim_staleness,
-                               spectrain_version_difference)
+from pipelab.schedules import (
+    gpipe,
+    interleaved_1f1b,
+    pipedream,
+    pipedream_2bw,
+    pipeoptim_staleness,
+    spectrain_version_difference,
+)
 from pipelab.simulator import simulate
 
 OPTIMIZERS = {

@@ -9,17 +9,29 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import probes
 import pytest
 import torch
+from probes import Probe
 from torch import nn
 
-import probes
-from probes import Probe
 from pipelab.emulator import Emulator, build_pipeline
 from pipelab.pipeline import PipelineSpec
-from pipelab.schedules import (construct, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive,
-                               one_f_one_b, pipedream, pipedream_2bw)
-from pipelab.schedules import actions
+from pipelab.schedules import (
+    actions,
+    construct,
+    ddp,
+    folded,
+    fsdp,
+    fslpp,
+    gpipe,
+    interleaved_1f1b,
+    lpp,
+    naive,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+)
 from pipelab.schedules.rahimi import table_row
 
 BIG = 10**9

@@ -5,14 +5,26 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
-
 import probes
+import pytest
 from probes import Probe
 
 from pipelab.stability import (
-    LinearMethod, complex_grid, delayed_gd, gd, general, heavy_ball, heavy_ball_threshold, max_stable_step,
-    nesterov_threshold, pipemare, predicted_momentum, region_area, region_mask, schur_stable, spectral_radius,
+    LinearMethod,
+    complex_grid,
+    delayed_gd,
+    gd,
+    general,
+    heavy_ball,
+    heavy_ball_threshold,
+    max_stable_step,
+    nesterov_threshold,
+    pipemare,
+    predicted_momentum,
+    region_area,
+    region_mask,
+    schur_stable,
+    spectral_radius,
     stable_mask,
 )
 from pipelab.stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training

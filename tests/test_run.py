@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from pipelab.emulator import Emulator
 from pipelab.learning_curves import RunConfig, prepare

@@ -6,9 +6,26 @@ import dataclasses
 
 import pytest
 
-from pipelab.schedules import (Action, Schedule, ScheduleError, construct, ddp, folded, format_grid, fsdp, fslpp,
-                               gpipe, interleaved_1f1b, lpp, lpp_hash, naive, one_f_one_b, pipedream,
-                               pipedream_2bw, validate)
+from pipelab.schedules import (
+    Action,
+    Schedule,
+    ScheduleError,
+    construct,
+    ddp,
+    folded,
+    format_grid,
+    fsdp,
+    fslpp,
+    gpipe,
+    interleaved_1f1b,
+    lpp,
+    lpp_hash,
+    naive,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    validate,
+)
 
 ALL = [
     lambda: naive(4, 3, steps=2),

@@ -8,9 +8,24 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipelab.schedules import (ScheduleError, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive,
-                               one_f_one_b, pipedream, pipedream_2bw, pipeoptim_staleness,
-                               spectrain_version_difference, async_1f1b_staleness, validate)
+from pipelab.schedules import (
+    ScheduleError,
+    async_1f1b_staleness,
+    ddp,
+    folded,
+    fsdp,
+    fslpp,
+    gpipe,
+    interleaved_1f1b,
+    lpp,
+    naive,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    pipeoptim_staleness,
+    spectrain_version_difference,
+    validate,
+)
 from pipelab.schedules.rahimi import measured_row, table_row, throughput_per_worker
 from pipelab.simulator import costs_from_profile, simulate
 

@@ -9,9 +9,27 @@ import numpy as np
 import pytest
 
 from pipelab.stability import (
-    LinearMethod, adam_frozen, boundary_locus, char_poly, companion, complex_grid, delayed_gd, delayed_gd_threshold,
-    gd, general, heavy_ball, heavy_ball_threshold, max_stable_step, nesterov, nesterov_threshold, pipemare,
-    predicted_momentum, region_area, region_mask, spectral_radius, stable_mask,
+    LinearMethod,
+    adam_frozen,
+    boundary_locus,
+    char_poly,
+    companion,
+    complex_grid,
+    delayed_gd,
+    delayed_gd_threshold,
+    gd,
+    general,
+    heavy_ball,
+    heavy_ball_threshold,
+    max_stable_step,
+    nesterov,
+    nesterov_threshold,
+    pipemare,
+    predicted_momentum,
+    region_area,
+    region_mask,
+    spectral_radius,
+    stable_mask,
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -192,7 +210,7 @@ def test_prediction_restores_delay_free_region_near_origin(beta, tau):
         return r[np.argmin(np.abs(r - 1))]
     errs = {}
     for key, m in {"pred": predicted_momentum(beta, tau), "stale": heavy_ball(beta, tau)}.items():
-        errs[key] = [abs(dominant(m, z) - dominant(heavy_ball(beta, 0), z)) 
+        errs[key] = [abs(dominant(m, z) - dominant(heavy_ball(beta, 0), z))
                         for z in (1e-3 * (1 - beta), 5e-4 * (1 - beta))]
     # halving z divides the error by ~8 (third order) with prediction, ~4 (second order) without
     assert errs["pred"][0] / errs["pred"][1] == pytest.approx(8, rel=0.05)

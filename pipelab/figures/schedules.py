@@ -15,8 +15,22 @@ import seaborn as sns
 from matplotlib.patches import Patch, Rectangle
 
 from ..config import from_preset
-from ..schedules import (Schedule, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, naive, one_f_one_b,
-                         pipedream, pipedream_2bw, pipeoptim_staleness, spectrain_version_difference)
+from ..schedules import (
+    Schedule,
+    ddp,
+    folded,
+    fsdp,
+    fslpp,
+    gpipe,
+    interleaved_1f1b,
+    lpp,
+    naive,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    pipeoptim_staleness,
+    spectrain_version_difference,
+)
 from ..schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_worker
 from ..simulator import SimResult, simulate
 from . import FigureOutput, register
@@ -148,7 +162,7 @@ def schedules_rahimi(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     D = cfg.D if cfg.D % 2 == 0 else cfg.D + 1
     M = 4
-    entries = [(f"DDP: w(s,b,d) = (b, b)", ddp(D, M)), (f"FSDP: w(s,b,d) = (s, b)", fsdp(D, M)),
+    entries = [("DDP: w(s,b,d) = (b, b)", ddp(D, M)), ("FSDP: w(s,b,d) = (s, b)", fsdp(D, M)),
                ("LPP G=2, R=2: w = (h(s,b), h(s,b))", lpp(D, M, 2, 2)),
                ("FSLPP G=2, R=2: w = (h(s,s), h(s,b))", fslpp(D, M, 2, 2))]
     return _gantt_figure(entries, cfg, f"Rahimi's placements, S={D} stages, B={M} micro-batches, "
@@ -260,7 +274,7 @@ def schedules_staleness(preset: str, *, progress: bool = False) -> FigureOutput:
     im = ax.imshow(vt1.staleness("F")[:, :, 0], aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("mini-batch t")
     ax.set_ylabel("stage k")
-    ax.set_title(f"async 1F1B (M=1): forward staleness", fontsize=10)
+    ax.set_title("async 1F1B (M=1): forward staleness", fontsize=10)
     ax.grid(False)
     fig.colorbar(im, ax=ax, label="updates missed")
     ax = axes[1]

@@ -13,8 +13,17 @@ import seaborn as sns
 from ..cache import cached
 from ..config import from_preset
 from ..stability import (
-    LinearMethod, delayed_gd, delayed_gd_threshold, gd, heavy_ball, max_stable_step, nesterov, pipemare,
-    predicted_momentum, region_area, region_mask,
+    LinearMethod,
+    delayed_gd,
+    delayed_gd_threshold,
+    gd,
+    heavy_ball,
+    max_stable_step,
+    nesterov,
+    pipemare,
+    predicted_momentum,
+    region_area,
+    region_mask,
 )
 from ..stability.practice import least_squares_problem, max_stable_lr
 from . import FigureOutput, register

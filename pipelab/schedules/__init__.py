@@ -13,8 +13,21 @@ Example:
 from __future__ import annotations
 
 from .actions import COMPUTE_OPS, OPS, WEIGHT_RULES, Action, Schedule
-from .builders import (BUILDERS, ddp, folded, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, lpp_hash, naive,
-                       one_f_one_b, pipedream, pipedream_2bw)
+from .builders import (
+                       BUILDERS,
+                       ddp,
+                       folded,
+                       fsdp,
+                       fslpp,
+                       gpipe,
+                       interleaved_1f1b,
+                       lpp,
+                       lpp_hash,
+                       naive,
+                       one_f_one_b,
+                       pipedream,
+                       pipedream_2bw,
+)
 from .constructor import PRIORITIES, construct
 from .dependencies import EDGES, Edge, Job, dependencies
 from .transfers import ACT, GRAD, Message, channel, channels, consistent_cut, messages

@@ -183,7 +183,7 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
     for i, a in enumerate(jobs):
         job = (a.op, a.stage, a.step, a.micro)
         for dep in dependencies(job, D, M):
-            add(index[(*dep, -1)], i)
+            add(index[dep + (-1,)], i)
         barrier = update_dependency(job, sync_lag)
         if barrier is not None:
             add(index[("U", barrier[0], barrier[1], -1, src(a.stage, worker[i]))], i)
