@@ -36,7 +36,7 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,7 +48,7 @@ from .data import load_dataset
 from .models import build_model
 from .optim import OPTIMIZERS, optimizer_factory
 from .policies import available_policies, policy_info
-from .schedules.actions import check_int
+from .schedules.actions import Schedule, check_int
 from .threads import torch_threads
 
 __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep",
@@ -157,7 +157,7 @@ def _he_init(model: torch.nn.Module, seed: int) -> None:
                     m.bias.zero_()
 
 
-def _schedule(cfg: RunConfig, steps: int):
+def _schedule(cfg: RunConfig, steps: int) -> Schedule:
     from .schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw
 
     family = ARM_POLICIES[cfg.policy]
@@ -198,7 +198,7 @@ class Prepared:
 
     data: Any
     batch: Any
-    stages: list[torch.nn.Module]
+    stages: Sequence[torch.nn.Module]
     optimizer: Any
     steps: int
     per_epoch: int
@@ -222,7 +222,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     gen = torch.Generator().manual_seed(10_000 + cfg.seed)
     perms = [torch.randperm(n, generator=gen) for _ in range(cfg.epochs)]
 
-    def batch(t: int):
+    def batch(t: int) -> tuple[torch.Tensor, torch.Tensor]:
         e, i = divmod(t, per_epoch)
         idx = perms[e][i * cfg.batch_size:(i + 1) * cfg.batch_size].to(cfg.device)
         return ds.x_train[idx], ds.y_train[idx]
@@ -253,7 +253,7 @@ def _run(cfg: RunConfig) -> dict[str, Any]:
                test_loss=[math.nan] * E, test_acc=[math.nan] * E, diverged=False, diverged_step=None,
                weight_copies=[1] * cfg.D, steps_per_epoch=per_epoch)
 
-    def record(e: int, weights=None) -> None:
+    def record(e: int, weights: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
         tl, _ = evaluate(stages, x_eval, y_eval, weights)
         ql, qa = evaluate(stages, ds.x_test, ds.y_test, weights)
         rec["train_loss"][e], rec["test_loss"][e], rec["test_acc"][e] = tl, ql, qa
@@ -287,7 +287,8 @@ def grid(tasks: Iterable[str], policies: Iterable[str], optimizers: Iterable[str
     buffer; PipeOptim §II-C2 calls it "no longer applicable"), and D deeper than the task's model.
     """
     out = []
-    tasks, policies, optimizers, Ds, seeds = map(list, (tasks, policies, optimizers, Ds, seeds))
+    tasks, policies, optimizers = list(tasks), list(policies), list(optimizers)
+    Ds, seeds = list(Ds), list(seeds)
     for task in tasks:
         n_blocks = _blocks(task)
         for opt in optimizers:

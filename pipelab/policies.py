@@ -10,9 +10,9 @@ forward (F) and its backward (B):
   ``W_k^(base) + s·δ_k`` with ``s < 0`` (δ the EMA of recent weight differences).
 
 The version difference ``s`` always comes from the version table (``cur``: version current when the job
-runs, ``upd``: the update version, the one its update applies its gradient to), never from rank arithmetic; the papers' formulas
-(PipeOptim ``s = D−k−1``; SpecTrain ``⌊k/2⌋+D−k−1`` forward, ``⌊k/2⌋`` backward) are what the table gives
-for asynchronous 1F1B and are compared in the tests.
+runs, ``upd``: the update version, the one its update applies its gradient to), never from rank arithmetic;
+the papers' formulas (PipeOptim ``s = D−k−1``; SpecTrain ``⌊k/2⌋+D−k−1`` forward, ``⌊k/2⌋`` backward) are
+what the table gives for asynchronous 1F1B and are compared in the tests.
 
 | policy          | forward of (k, t, j)          | backward of (k, t, j)             | copies (async 1F1B, M=1)  |
 |-----------------|-------------------------------|-----------------------------------|---------------------------|

@@ -15,7 +15,8 @@ from pipelab.data import FASHION_MNIST_FILES, DataError, find_fashion_mnist, loa
 
 
 def write_idx(path: Path, array: np.ndarray, *, compress: bool = True, magic: bytes | None = None) -> Path:
-    header = (magic if magic is not None else bytes([0, 0, 8, array.ndim])) + struct.pack(">" + "i" * array.ndim, *array.shape)
+    header = ((magic if magic is not None else bytes([0, 0, 8, array.ndim]))
+              + struct.pack(">" + "i" * array.ndim, *array.shape))
     blob = header + array.astype(np.uint8).tobytes()
     if compress:
         path = path.with_name(path.name + ".gz")

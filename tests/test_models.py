@@ -100,7 +100,7 @@ def test_balanced_partition_matches_brute_force() -> None:
         sizes = balanced_partition(costs, D)
         assert len(sizes) == D and sum(sizes) == n and min(sizes) >= 1
 
-        def worst(cuts: tuple[int, ...]) -> float:
+        def worst(cuts: tuple[int, ...], costs: list = costs, n: int = n) -> float:
             b = (0, *cuts, n)
             return max(sum(costs[x:y]) for x, y in zip(b, b[1:]))
 

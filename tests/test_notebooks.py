@@ -34,6 +34,7 @@ def test_notebook_runs_under_tiny(path: Path, monkeypatch: pytest.MonkeyPatch) -
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
     assert not errors
     assert os.environ["PIPELAB_PRESET"] == "tiny"

@@ -59,7 +59,8 @@ def reference_times(s, f, b, u, tc):
                 deps.append(("U", a.stage, a.step - 1 - s.sync_lag, -1, s.weight_source(a.stage, w), 0.0))
             for op, k, t, j, h, lat in deps:
                 dw = where[(op, k, t, j, h)]
-                dpos = next(n for n, x in enumerate(s.programs[dw]) if (x.op, x.stage, x.step, x.micro) == (op, k, t, j))
+                dpos = next(n for n, x in enumerate(s.programs[dw])
+                            if (x.op, x.stage, x.step, x.micro) == (op, k, t, j))
                 e = end.get((dw, dpos), 0.0) + (lat if dw != w else 0.0)
                 t0 = max(t0, e)
             cost = {"F": f[a.stage], "B": b[a.stage], "U": u}[a.op]
@@ -296,8 +297,10 @@ def test_split_backward_into_input_and_weight_gradients_fits() -> None:
     from pipelab.schedules import Action
 
     s = one_f_one_b(3, 4, steps=2)
-    progs = tuple(tuple(x for a in p for x in ((Action("I", a.stage, a.step, a.micro), Action("W", a.stage, a.step, a.micro))
-                                             if a.op == "B" else (a,))) for p in s.programs)
+    def split_b(a: Action) -> tuple[Action, ...]:
+        return (Action("I", a.stage, a.step, a.micro), Action("W", a.stage, a.step, a.micro)) if a.op == "B" else (a,)
+
+    progs = tuple(tuple(x for a in p for x in split_b(a)) for p in s.programs)
     split = dataclasses.replace(s, programs=progs)
     validate(split)
     assert split.split_backward
@@ -312,7 +315,8 @@ def test_split_backward_into_input_and_weight_gradients_fits() -> None:
     p0 = []
     for t in range(2):
         step = [a for a in progs[0] if a.step == t]
-        p0 += [a for a in step if a.op not in "WU"] + [a for a in step if a.op == "W"] + [a for a in step if a.op == "U"]
+        p0 += ([a for a in step if a.op not in "WU"] + [a for a in step if a.op == "W"]
+               + [a for a in step if a.op == "U"])
     late = dataclasses.replace(split, programs=(tuple(p0),) + progs[1:])
     validate(late)
     assert simulate(late, 1.0, 2.0).makespan >= r.makespan

@@ -41,8 +41,8 @@ from pipelab.stability import (
 def _sim_momentum(z, steps, *, beta=0.0, tau=0, form="code", nesterov_=False, s=0.0, kappa=1.0, w0=None):
     """Momentum SGD (torch or EMA buffer) with delay τ and optional SpecTrain-style prediction."""
     rng = np.random.default_rng(1)
-    hist = deque([complex(x) for x in (w0 if w0 is not None else rng.normal(size=tau + 2) + 1j * rng.normal(size=tau + 2))],
-                 maxlen=tau + 2)  # w_{t−τ−1} .. w_t
+    start = w0 if w0 is not None else rng.normal(size=tau + 2) + 1j * rng.normal(size=tau + 2)
+    hist = deque([complex(x) for x in start], maxlen=tau + 2)  # w_{t−τ−1} .. w_t
     v = 0j
     out = []
     for _ in range(steps):
@@ -106,7 +106,8 @@ CASES = [
     ("delayed_gd3", delayed_gd(3), lambda z, T: _sim_momentum(z, T, tau=3)),
     ("hb", heavy_ball(0.6), lambda z, T: _sim_momentum(z, T, beta=0.6)),
     ("hb_delay2", heavy_ball(0.6, 2), lambda z, T: _sim_momentum(z, T, beta=0.6, tau=2)),
-    ("hb_paper_delay2", heavy_ball(0.6, 2, form="paper"), lambda z, T: _sim_momentum(z, T, beta=0.6, tau=2, form="paper")),
+    ("hb_paper_delay2", heavy_ball(0.6, 2, form="paper"),
+     lambda z, T: _sim_momentum(z, T, beta=0.6, tau=2, form="paper")),
     ("nesterov", nesterov(0.6), lambda z, T: _sim_momentum(z, T, beta=0.6, nesterov_=True)),
     ("nesterov_delay3", nesterov(0.6, 3), lambda z, T: _sim_momentum(z, T, beta=0.6, tau=3, nesterov_=True)),
     ("nesterov_paper_delay1", nesterov(0.6, 1, form="paper"),
@@ -298,7 +299,7 @@ def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     assert regions["GD (τ = 0)"]["area"] == pytest.approx(np.pi, rel=1e-9)          # from region_area, not pixels
     assert regions["GD, delay τ = 1"]["area"] == pytest.approx(np.pi - 1.5 * np.sqrt(3.0), rel=1e-9)
     bis = json.loads((tmp_path / "stability_lr_bisection.json").read_text())["notes"]
-    assert max(bis["max_rel_err"].values()) < 0.02   # tiny: 600 steps/trial, 1 % bisection tolerance
+    assert max(bis["max_rel_err"].values()) < 0.02   # tiny: 300 steps/trial, 1 % bisection tolerance
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ def test_delayed_training_follows_the_delayed_recurrence(problem, tau, momentum,
     lr, T = 0.05, 60
     run = delayed_training(problem, lr, tau, steps=T, momentum=momentum, predict_s=s)
     X, y = problem.X.numpy(), problem.y.numpy()
-    grad = lambda w: X.T @ (X @ w - y)
+    def grad(w: np.ndarray) -> np.ndarray:
+        return X.T @ (X @ w - y)
     ws = [problem.w0.numpy().copy()]
     v = np.zeros_like(ws[0])
     for t in range(T):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +42,7 @@ def train_plain(
     steps: int | None = None,
     D: int | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-    lr_scheduler: Callable[[torch.optim.Optimizer], object] | None = None,
+    lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
     record: list[list[tuple[Tensor, ...]]] | None = None,
     stop_on_divergence: bool = True,
     callback: Callable[[int], object] | None = None,

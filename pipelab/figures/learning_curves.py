@@ -15,7 +15,9 @@ from __future__ import annotations
 import io
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -101,7 +103,7 @@ _COLOR_INDEX = {"pipemare": 0, "vanilla": 5, "spectrain": 2, "pipeoptim": 3, "st
                 "2bw": 6, "gpipe": 9, "1f1b": 8}
 
 
-def _colors(policies) -> dict[str, tuple]:
+def _colors(policies: Sequence[str]) -> dict[str, tuple]:
     """One distinct colour-blind-safe colour per policy; sequential in black."""
     import seaborn as sns
 
@@ -140,7 +142,7 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     nrow, ncol = len(cfg.tasks), 2 * len(cfg.optimizers)
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 2.7 * nrow + 0.9), squeeze=False)
     colors = _colors(cfg.policies)
-    handles = {}
+    handles: dict[str, Any] = {}
     for i, task in enumerate(cfg.tasks):
         for o, opt in enumerate(cfg.optimizers):
             ax_l, ax_a = axes[i, 2 * o], axes[i, 2 * o + 1]
@@ -170,8 +172,9 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     fig.suptitle(f"Learning curves, D={cfg.D} stages, mean ± 1 std over {len(cfg.seeds)} seed(s) "
                  "(SpecTrain runs with SGDM only)", y=0.998, fontsize=11)
     top = 1 - 0.75 / fig.get_figheight()
-    fig.legend([handles[p] for p in cfg.policies if p in handles], [LABELS[p] for p in cfg.policies if p in handles],
-               loc="upper center", bbox_to_anchor=(0.5, top + 0.02), ncol=min(len(handles), 7), frameon=False,
+    fig.legend(handles=[handles[p] for p in cfg.policies if p in handles],
+               labels=[LABELS[p] for p in cfg.policies if p in handles], loc="upper center",
+               bbox_to_anchor=(0.5, top + 0.02), ncol=min(len(handles), 7), frameon=False,
                fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, top - 0.01))
     rows = summary_rows(records)
@@ -214,9 +217,11 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
     keys = sorted({(r["task"], r["optimizer"]) for r in rows},
                   key=lambda k: (cfg.tasks.index(k[0]), cfg.optimizers.index(k[1])))
     by = {(r["task"], r["optimizer"], r["policy"]): r for r in rows}
-    cells, bold = [], []
+    cells: list[list[str]] = []
+    bold: list[int | None] = []
     for task, opt in keys:
-        line, best_val, best_j = [], -1.0, None
+        line: list[str] = []
+        best_val, best_j = -1.0, None
         for j, p in enumerate(pols):
             r = by.get((task, opt, p))
             if r is None:
@@ -235,9 +240,9 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
     tab.auto_set_font_size(False)
     tab.set_fontsize(8)
     tab.scale(1, 1.35)
-    for i, j in enumerate(bold):
-        if j is not None:
-            tab[i + 1, j].set_text_props(fontweight="bold")
+    for i, col in enumerate(bold):
+        if col is not None:
+            tab[i + 1, col].set_text_props(fontweight="bold")
     ax.set_title(f"Best test accuracy (%) over {cfg.epochs} epochs, D={cfg.D}, mean ± std over {len(cfg.seeds)} "
                  "seed(s); bold: best pipelined policy; n/a: SpecTrain needs SGDM; ✗: diverged runs", fontsize=9)
     fig.tight_layout()
@@ -254,12 +259,14 @@ def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutpu
     colors = _colors(cfg.policies)
     panels = [(t, o) for t in cfg.gap_tasks for o in cfg.optimizers]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    gaps: dict[str, dict] = {}
+    gaps: dict[str, float] = {}
     for ax, (task, opt) in zip(axes[0], panels):
         for pol in cfg.policies:
             if pol == "sequential":
                 continue
-            xs, ms, ss = [], [], []
+            xs: list[int] = []
+            ms: list[float] = []
+            ss: list[float] = []
             for D in cfg.depths:
                 base, rs = groups.get((task, opt, D, "sequential")), groups.get((task, opt, D, pol))
                 if not base or not rs:
@@ -268,7 +275,9 @@ def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutpu
                 b = {r["seed"]: _best(r) for r in base}
                 g = np.array([100 * (_best(r) - b[r["seed"]]) for r in rs if r["seed"] in b])
                 with _quiet():
-                    xs.append(D), ms.append(np.nanmean(g)), ss.append(np.nanstd(g))
+                    xs.append(D)
+                    ms.append(float(np.nanmean(g)))
+                    ss.append(float(np.nanstd(g)))
                 gaps[f"{task}/{opt}/{pol}/D={D}"] = round(float(ms[-1]), 2)
             if xs:
                 ax.errorbar(xs, ms, yerr=ss, color=colors[pol], marker="o", capsize=3, label=LABELS[pol])
@@ -296,5 +305,5 @@ class _quiet:
         self._w.__enter__()
         warnings.simplefilter("ignore", RuntimeWarning)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._w.__exit__(*exc)

@@ -6,12 +6,15 @@ Rahimi's Table 1 and throughput bound checked by simulation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from ..config import from_preset
@@ -38,7 +41,8 @@ from . import FigureOutput, register
 __all__ = ["draw_gantt", "GanttConfig", "SweepConfig", "StalenessConfig", "RahimiConfig"]
 
 
-def draw_gantt(ax, r: SimResult, *, versions: bool = False, title: str | None = None, label_stage: bool | None = None,
+def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | None = None,
+               label_stage: bool | None = None,
                max_colors: int = 12) -> None:
     """Draw ``r`` as a worker × time Gantt chart on ``ax``.
 
@@ -84,7 +88,7 @@ def draw_gantt(ax, r: SimResult, *, versions: bool = False, title: str | None = 
     ax.set_title(title or f"{s.name}: makespan {r.makespan:g}, bubble {r.bubble:.0%}", fontsize=9, loc="left")
 
 
-def _legend(fig) -> None:
+def _legend(fig: Figure) -> None:
     fig.legend(handles=[Patch(facecolor="0.85", edgecolor="0.5", label="F (forward)"),
                         Patch(facecolor="0.35", hatch="//", edgecolor="white", label="B (backward)"),
                         plt.Line2D([], [], color="black", marker="v", lw=1.2, ms=4, label="U (update)")],
@@ -105,7 +109,8 @@ _GANTT = {"tiny": GanttConfig(D=3, M=3, steps=1, async_steps=5), "quick": GanttC
           "paper": GanttConfig(D=4, M=8, steps=2, async_steps=10)}
 
 
-def _gantt_figure(entries, cfg: GanttConfig, suptitle: str, versions: bool = False) -> FigureOutput:
+def _gantt_figure(entries: Sequence[tuple[Any, ...]], cfg: GanttConfig, suptitle: str, versions: bool = False
+                  ) -> FigureOutput:
     # An entry is (title, schedule) or (title, schedule, scale): scale multiplies the stage costs (a model
     # cut into twice as many chunks has chunks of half the cost).
     results = [(e[0], simulate(e[1], e[2] if len(e) > 2 else 1.0, cfg.b_over_f * (e[2] if len(e) > 2 else 1.0)))
@@ -152,7 +157,8 @@ def schedules_async(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     D = cfg.D
     entries = [("PipeDream async 1F1B, M=1 (version current at the job)", pipedream(D, 1, cfg.async_steps)),
-               (f"PipeDream-2BW, M={D} (version t−1 at every stage)", pipedream_2bw(D, D, max(2, cfg.async_steps // D + 1)))]
+               (f"PipeDream-2BW, M={D} (version t−1 at every stage)",
+                pipedream_2bw(D, D, max(2, cfg.async_steps // D + 1)))]
     return _gantt_figure(entries, cfg, "Asynchronous 1F1B: no flush, U after each mini-batch; vN = the job uses weight "
                          "version $W^{(N)}$", versions=True)
 

@@ -9,6 +9,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
+from matplotlib.axes import Axes
 
 from ..cache import cached
 from ..config import from_preset
@@ -47,11 +48,13 @@ def _extent(methods: list[LinearMethod], pad: float = 0.25) -> tuple[tuple[float
     return (-pad * zs, (1 + pad) * zs), (-(0.5 + pad) * zs, (0.5 + pad) * zs)
 
 
-def _draw_regions(ax, entries: list[tuple[LinearMethod, str]], grid: int, *, extent=None, fill_first: bool = True):
+def _draw_regions(ax: Axes, entries: list[tuple[LinearMethod, str]], grid: int, *,
+                  extent: tuple[tuple[float, float], tuple[float, float]] | None = None, fill_first: bool = True
+                  ) -> dict[str, dict[str, float]]:
     """Overlay the stable regions (filled lightly, outlined) of ``entries = [(method, label), ...]``."""
     re, im = extent if extent is not None else _extent([m for m, _ in entries])
     colors = sns.color_palette("colorblind", len(entries))
-    records = {}
+    records: dict[str, dict[str, float]] = {}
     handles = []
     for i, ((m, label), col) in enumerate(zip(entries, colors)):
         z, mask = region_mask(m, re, im, (grid, grid))
@@ -152,8 +155,9 @@ _THRESH = {"tiny": ThresholdConfig(taus=5), "quick": ThresholdConfig(), "paper":
 def stability_threshold_vs_delay(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_THRESH, preset)
     taus = np.arange(cfg.taus)
-    curves: dict[str, list[float]] = {"GD": [max_stable_step(delayed_gd(int(t))) for t in taus],
-                                      "GD, predicted s=τ": [max_stable_step(predicted_momentum(0.0, int(t))) for t in taus]}
+    curves: dict[str, list[float]] = {
+        "GD": [max_stable_step(delayed_gd(int(t))) for t in taus],
+        "GD, predicted s=τ": [max_stable_step(predicted_momentum(0.0, int(t))) for t in taus]}
     for b in cfg.betas:
         curves[f"heavy-ball β={b:g}"] = [max_stable_step(heavy_ball(b, int(t))) for t in taus]
         curves[f"Nesterov β={b:g}"] = [max_stable_step(nesterov(b, int(t))) for t in taus]
@@ -165,7 +169,8 @@ def stability_threshold_vs_delay(preset: str, *, progress: bool = False) -> Figu
     styles = {"GD": ("o", "-"), "predicted": ("s", "--"), "Nesterov": ("^", "-.")}
     colors = sns.color_palette("colorblind", len(curves))
     for (name, ys), col in zip(curves.items(), colors):
-        mk, ls = styles["predicted"] if "predicted" in name else styles["Nesterov"] if "Nesterov" in name else styles["GD"]
+        kind = "predicted" if "predicted" in name else "Nesterov" if "Nesterov" in name else "GD"
+        mk, ls = styles[kind]
         ax.plot(taus, ys, marker=mk, ls=ls, color=col, ms=4, lw=1.2, label=name)
     ax.set_yscale("log")
     ax.set_xlabel("gradient delay τ (optimizer steps)")

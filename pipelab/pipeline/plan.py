@@ -163,7 +163,7 @@ def build_pipeline(
         f, b = policy.forward(table, key), policy.backward(table, bkey)
         if oracle:
             f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
-        specs[key[1:]] = (f, b)  # type: ignore[index]
+        specs[(key[1], key[2], key[3])] = (f, b)
         uses[key] = [(key[1], _needed(f))]
         uses[bkey] = [(key[1], _needed(b))]
         if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:

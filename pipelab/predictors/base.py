@@ -199,6 +199,7 @@ class Predictor(ABC):
 
     def reset(self) -> None:
         """Forget any recorded history."""
+        return None  # a predictor without history has none to forget
 
     def state_dict(self, optimizer: torch.optim.Optimizer) -> Any:
         """The history recorded for ``optimizer`` (``None`` for predictors without history), for checkpoints."""
@@ -206,6 +207,7 @@ class Predictor(ABC):
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: Any) -> None:
         """Restore :meth:`state_dict` for ``optimizer`` (a new optimizer over the same parameters)."""
+        return None  # a predictor without history has nothing to restore
 
     def options(self) -> dict[str, Any]:
         """The options this predictor was built with (for records and figure sidecars)."""

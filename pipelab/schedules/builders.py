@@ -64,8 +64,8 @@ def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
     Order on worker k: F(k,j), B(k,j) for j = 0..M−1, then U(k,t). Latency per step M·2D in unit costs.
 
     Example:
-        >>> naive(2, 1).programs[1]
-        (Action(op='F', stage=1, step=0, micro=0, chunk=0), Action(op='B', stage=1, step=0, micro=0, chunk=0), Action(op='U', stage=1, step=0, micro=-1, chunk=0))
+        >>> [str(a) for a in naive(2, 1).programs[1]]
+        ['F1.0', 'B1.0', 'U1']
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"naive(D={D}, M={M}, steps={steps})", 2 * D * M * steps)

@@ -34,7 +34,7 @@ from .dependencies import barrier_step, edges_into
 __all__ = ["Compiled", "compile_schedule", "run", "OP_CODE"]
 
 OP_CODE: dict[str, int] = {op: i for i, op in enumerate(OPS)}
-F, B, U, I, Wop = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
+F, B, U, Iop, Wop = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
 
 
 @dataclass
@@ -129,7 +129,7 @@ def compile_schedule(s: Schedule) -> Compiled:
     uniq, first = np.unique(keys, return_index=True)
     table.reshape(-1)[uniq] = ci[first]  # the first occurrence counts; later duplicates are reported
     has = table >= 0
-    split = has[I] | has[Wop]
+    split = has[Iop] | has[Wop]
     # Completeness: F always; B, or I and W.
     miss = []
     if not has[F].all():
@@ -137,8 +137,8 @@ def compile_schedule(s: Schedule) -> Compiled:
     if (split & has[B]).any():
         k, gg = np.argwhere(split & has[B])[0]
         problems.append((f"stage {k} micro-batch g={gg} has both B and I/W", where(int(table[B, k, gg]))))
-    if not (has[B] | (has[I] & has[Wop])).all():
-        miss.append(("B (or I and W)", np.argwhere(~(has[B] | (has[I] & has[Wop])))))
+    if not (has[B] | (has[Iop] & has[Wop])).all():
+        miss.append(("B (or I and W)", np.argwhere(~(has[B] | (has[Iop] & has[Wop])))))
     for name, where_missing in miss:
         k, gg = where_missing[0]
         problems.append((f"{len(where_missing)} {name} job(s) missing, e.g. stage {k} of step {gg // M} "
@@ -182,7 +182,7 @@ def compile_schedule(s: Schedule) -> Compiled:
     dep1 = np.full(n, -1, np.int64)
     dep2 = np.full(n, -1, np.int64)
     dep3 = np.full(n, -1, np.int64)
-    gradjob = np.where(has[B], table[B], table[I])  # the job that sends stage k's input gradient
+    gradjob = np.where(has[B], table[B], table[Iop])  # the job that sends stage k's input gradient
     wjob = np.where(has[B], table[B], table[Wop])  # the job that finishes stage k's weight gradient
     for name in ("F", "B", "I", "W"):
         sel = ids[ok & (op == OP_CODE[name])]
@@ -230,7 +230,11 @@ def _per_stage(name: str, value: float | Sequence[float] | np.ndarray, D: int, *
     return arr
 
 
-def job_costs(c: Compiled, f_cost, b_cost, u_cost, i_cost=None, w_cost=None) -> np.ndarray:
+Cost = float | Sequence[float] | np.ndarray
+
+
+def job_costs(c: Compiled, f_cost: Cost, b_cost: Cost, u_cost: Cost, i_cost: Cost | None = None,
+              w_cost: Cost | None = None) -> np.ndarray:
     """Cost of every action: per-stage F/B (I/W default to half of B each), scalar or per-stage U."""
     D = c.schedule.D
     fc = _per_stage("f_cost", f_cost, D, positive=True)

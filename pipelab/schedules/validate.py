@@ -35,7 +35,8 @@ class ScheduleError(ValueError):
     """A schedule violates an invariant; the message includes the worker × time grid."""
 
 
-def unit_timeline(s: Schedule, c: Compiled | None = None):
+def unit_timeline(s: Schedule, c: Compiled | None = None
+                  ) -> tuple[Compiled, tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]]:
     """Time ``s`` with unit F/B/I/W costs, zero-cost updates and no latency (for grids and checks)."""
     c = compile_schedule(s) if c is None else c
     cost = job_costs(c, 1.0, 1.0, 0.0, 1.0, 1.0)
