@@ -227,7 +227,7 @@ def measure_prediction_error(
         raise ValueError(f"measure_every must be a positive integer, got {measure_every!r}")
     batches = list(batches)
     steps = len(batches)
-    preds = [make_predictor(p) for p in predictors]
+    preds = [p if isinstance(p, Predictor) else make_predictor(p) for p in predictors]
     names = [getattr(p, "preset", p.name) for p in preds]
     for p in preds:
         p.check(optimizer)
@@ -254,7 +254,7 @@ def measure_prediction_error(
     losses = np.full(steps, np.nan)
     ring = WeightRing(params, max_s + 1)
     ring.push(0, params)
-    pending: dict[int, list[tuple[int, int, list[list[Tensor] | None]]]] = {}
+    pending: dict[int, list[tuple[int, int, list[list[Tensor]]]]] = {}
     origin_index = {int(t): i for i, t in enumerate(origins)}
     diverged_at = None
     for p in preds:
@@ -277,13 +277,13 @@ def measure_prediction_error(
             for origin, s, predicted in pending.pop(t, []):
                 ti = origin_index[origin]
                 base = ring.get(origin)
-                true_disp = torch._foreach_sub([q.detach() for q in params], base)
+                true_disp = list(torch._foreach_sub([q.detach() for q in params], base))
                 sq_true = per_layer(_per_param_sq(true_disp))
                 stale[s - 1, ti] = (sq_true / numel).sqrt().numpy()
                 for pi, w_hat in enumerate(predicted):
-                    err = torch._foreach_sub(w_hat, [q.detach() for q in params])
+                    err = list(torch._foreach_sub(w_hat, [q.detach() for q in params]))
                     rmse[pi, s - 1, ti] = (per_layer(_per_param_sq(err)) / numel).sqrt().numpy()
-                    disp = torch._foreach_sub(w_hat, base)
+                    disp = list(torch._foreach_sub(w_hat, base))
                     dot = per_layer([a.mul(b).sum() for a, b in zip(disp, true_disp)])
                     sq_pred = per_layer(_per_param_sq(disp))
                     with np.errstate(divide="ignore", invalid="ignore"):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm
+from matplotlib.image import AxesImage
 
 from ..cache import cached
 from ..config import from_preset
@@ -171,13 +172,13 @@ def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, pr
 @register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)")
 def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(PRESET_CONFIGS, preset)
-    models = list(cfg.models) or [None]
+    models: list[tuple[str, tuple[tuple[str, object], ...]] | None] = list(cfg.models) or [None]
     S = cfg.base.max_s
     fig, axes = plt.subplots(len(models), S, figsize=(3.6 * S + 1.2, 4.2 * len(models)), squeeze=False,
                              layout="constrained")
     norm = LogNorm(vmin=0.25, vmax=4.0)
     notes, rows, data = {}, ["model,predictor,optimizer,s,ratio"], {}
-    im = None
+    im: AxesImage | None = None
     for mi, model in enumerate(models):
         preds, opts, table = summary_table(cfg, model, progress=progress)
         mname = model[0] if model else cfg.base.model
@@ -205,6 +206,8 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
                 for p in preds:
                     for si in range(S):
                         notes[f"{mname}/{o}/{p}/s={si + 1}"] = float(table[preds.index(p), opts.index(o), si])
+    if im is None:
+        raise ValueError(f"preset {preset!r}: max_s={S}; the summary needs max_s >= 1")
     cb = fig.colorbar(im, ax=axes, shrink=0.8, label="RMSE predicted / stale (< 1: better)")
     cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25", "0.5", "1", "2", "4"])
     cb.minorticks_off()

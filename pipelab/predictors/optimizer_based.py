@@ -122,8 +122,8 @@ class SpecTrain(Predictor):
             return _fill(out, W)
         rule = rule_for(optimizer)
         for b in buckets(optimizer, rule, fresh_state=False):
-            bufs = [st.get("momentum_buffer") for st in b.states]
-            if any(v is None for v in bufs):
+            bufs: list[Tensor] = [buf for st in b.states if (buf := st.get("momentum_buffer")) is not None]
+            if len(bufs) != len(b.states):
                 continue  # no step yet: zero velocity, stale
             total_lr = sum(future_lrs(self.lr_schedule, b.group_index, b.hp["lr"], s))
             if self.formula == "code":
@@ -131,7 +131,7 @@ class SpecTrain(Predictor):
                 if g is None:
                     raise ValueError("spectrain_code uses the last gradient (p.grad); predict before "
                                      "optimizer.zero_grad()")
-                v = torch._foreach_add(g, bufs, alpha=b.hp["momentum"])
+                v = list(torch._foreach_add(g, bufs, alpha=b.hp["momentum"]))
             else:
                 v = bufs
             pred = torch._foreach_add(_gather(W, b.positions), v, alpha=-total_lr)
@@ -246,7 +246,8 @@ class Rollout(Predictor):
         with torch.no_grad():
             return self._rollout(optimizer, max_s, W, keep_all=True)
 
-    def _rollout(self, optimizer, s, W, *, keep_all: bool) -> list[list[Tensor]]:
+    def _rollout(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor], *, keep_all: bool
+                 ) -> list[list[Tensor]]:
         """Predictions for steps 1..s (``keep_all``) or only for step s, in one pass.
 
         The first rolled-out step reads the optimizer's state and writes new tensors; later steps update

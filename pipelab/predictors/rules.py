@@ -51,7 +51,7 @@ Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOpti
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
@@ -139,11 +139,12 @@ class BucketState:
 
     ``tensors`` maps a state key (``"exp_avg"``, ...) to one tensor per parameter (``None`` where
     ``torch.optim`` has not created it yet, e.g. SGD's momentum buffer before the first step). The lists
-    may hold the optimizer's own tensors: rules only read them and return new lists.
+    may hold the optimizer's own tensors: rules only read them and return new lists (hence the read-only
+    ``Sequence`` type, which also admits a rule's ``list[Tensor]``).
     """
 
     step: float
-    tensors: dict[str, list[Tensor | None]]
+    tensors: dict[str, Sequence[Tensor | None]]
     scalars: dict[str, Tensor] = field(default_factory=dict)
 
 
@@ -279,7 +280,7 @@ class UpdateRule:
         """Bucket state from the per-parameter state dicts (references, not copies)."""
         keys = self.state_keys(hp)
         step = scalar(states[0]["step"]) if "step" in states[0] else 0.0
-        tensors = {k: [st.get(k) for st in states] for k in keys}
+        tensors: dict[str, Sequence[Tensor | None]] = {k: [st.get(k) for st in states] for k in keys}
         return BucketState(step, tensors, self.read_scalars(states))
 
     def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:

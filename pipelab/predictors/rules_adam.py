@@ -147,7 +147,7 @@ class NAdamRule(_AdamLike):
         mu_next = self._mu(hp, tau + 1)
         bc2 = 1 - hp["beta2"] ** tau
         if opts is None:  # torch.optim's order: sqrt(v/(1−β2^t)) + eps
-            den = torch._foreach_div(st.tensors["exp_avg_sq"], bc2)
+            den = list(torch._foreach_div(st.tensors["exp_avg_sq"], bc2))
             torch._foreach_sqrt_(den)
             torch._foreach_add_(den, hp["eps"])
         else:
@@ -193,7 +193,7 @@ class RAdamRule(_AdamLike):
         rect = self._rho(hp["beta2"], tau, bc2)
         eps, placement = self._eps(hp, opts)
         if opts is None:  # torch.optim's order: (m/(1−β1^t))·lr·(sqrt(1−β2^t)/(sqrt(v) + eps))·r_t
-            upd = torch._foreach_mul(torch._foreach_div(m, bc1), lr)
+            upd = list(torch._foreach_mul(torch._foreach_div(m, bc1), lr))
             if rect is not None:
                 sq = denominator(v, 1.0, eps, "outside")
                 torch._foreach_mul_(upd, [(bc2 ** 0.5) / x for x in sq])
