@@ -238,3 +238,20 @@ def test_transfers_of_a_two_stage_1f1b_worked_by_hand() -> None:
     assert consistent_cut(s, 0) == ([0, 0], set()) and consistent_cut(s, 1) == ([5, 5], set())
     with pytest.raises(ValueError, match="step must be in 0..1"):
         consistent_cut(s, 2)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_hand_overs_are_the_tensor_carrying_dependencies_and_their_inverse(split: bool) -> None:
+    """received_from lists exactly the dependencies that carry a tensor, and handed_to is its inverse."""
+    from pipelab.schedules.dependencies import dependencies, handed_to, received_from
+
+    D, ops = 4, (("F", "I", "W") if split else ("F", "B"))
+    jobs = [(op, k, 1, 2) for op in ops for k in range(D)]
+    for job in jobs:
+        got = received_from(job, D, split)
+        assert set(got) <= set(dependencies(job, D, 3, split)) and len(got) <= 1
+        at_an_end = job[0] == "W" or (job[0] == "F" and job[1] == 0) or (job[0] != "F" and job[1] == D - 1)
+        assert (got == []) == at_an_end, job
+    inverse = {(src, dst) for dst in jobs for src in received_from(dst, D, split)}
+    assert inverse == {(src, dst) for src in jobs for dst in handed_to(src, D, split)}
+    assert len(inverse) == 2 * (D - 1)  # one activation and one gradient per stage boundary

@@ -2,7 +2,9 @@
 
 Both drivers run :func:`run_jobs`: the single-process :class:`~pipelab.emulator.Emulator` on the whole
 execution order with an in-memory transport, every rank of :class:`~pipelab.runtime.PipelineRuntime` on its
-own program with a ``torch.distributed`` one. For each job ``(op, k, t, j)``:
+own program with a ``torch.distributed`` one. Which job receives whose tensor is the dependency rule's
+(:func:`~pipelab.schedules.dependencies.received_from` / :func:`~pipelab.schedules.dependencies.handed_to`).
+For each job ``(op, k, t, j)``:
 
 - ``F``: its input is micro-batch j of mini-batch t (stage 0) or the hand-over from ``F(k−1, t, j)``; the
   stage runs at its policy's forward weights; its output is handed to ``F(k+1, t, j)``, or, on the last stage,
@@ -17,7 +19,7 @@ device, splits it into M micro-batches (:func:`split_micro`) and keeps it only w
 still needs it.
 
 Reference: the F/B/U semantics of GPipe (Huang et al., NeurIPS 2019) and PipeDream (Narayanan et al.,
-SOSP 2019); DESIGN §5–6.
+SOSP 2019).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..schedules.dependencies import handed_to, received_from
 from .stage import StageExecutor
 from .transport import Transport
 
@@ -175,15 +178,17 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
             last_job[job[2]] = pos
     end = len(program) if end is None else end
     for pos in range(state.position, end):
-        op, k, t, j = program[pos][:4]
+        op, k, t, j = job = tuple(program[pos][:4])
         ex = executors[k]
         if op == "F":
-            x_in = data.micro(t)[0][j] if k == 0 else transport.receive(("F", k - 1, t, j), ("F", k, t, j))
+            src = received_from(job, D)
+            x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
             out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
             state.act_bytes += x_in.numel() * x_in.element_size()
             state.act_peak = max(state.act_peak, state.act_bytes)
             if k < last:
-                transport.send(("F", k, t, j), ("F", k + 1, t, j), out)
+                for dst in handed_to(job, D):
+                    transport.send(job, dst, out)
             else:
                 state.partial[t].append(out)
                 if len(state.partial[t]) == M:
@@ -193,13 +198,14 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
                         state.position = pos + 1
                         return t
         elif op == "B":
-            g_out = None if k == last else transport.receive(("B", k + 1, t, j), ("B", k, t, j))
+            src = received_from(job, D)
+            g_out = transport.receive(src[0], job) if src else None
             saved_in = ex.saved[(t, j)][1]
             state.act_bytes -= saved_in.numel() * saved_in.element_size()
             g_in = ex.backward(t, j, g_out)
-            if k > 0:
-                assert g_in is not None
-                transport.send(("B", k, t, j), ("B", k - 1, t, j), g_in)
+            for dst in handed_to(job, D):
+                assert g_in is not None  # only stage 0's backward has no input gradient, and no consumer
+                transport.send(job, dst, g_in)
         elif op == "U":
             W = ex.update(t)
             if on_update is not None:

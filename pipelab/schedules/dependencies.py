@@ -42,7 +42,7 @@ from typing import Literal, TypeVar
 import numpy as np
 
 __all__ = ["Job", "Edge", "EDGES", "ACTIVATION", "GRADIENT", "edges_into", "dependencies", "update_dependency",
-           "barrier_step", "gradient_job", "weight_gradient_job"]
+           "barrier_step", "gradient_job", "weight_gradient_job", "received_from", "handed_to"]
 
 #: A job ``(op, k, t, j)``: op in "F", "B", "U", "I", "W"; ``j = -1`` for "U".
 Job = tuple[str, int, int, int]
@@ -121,6 +121,32 @@ def barrier_step(t: StepT, sync_lag: int) -> StepT:
     """``t - 1 - L``: the step whose update a compute job of step t waits for under a weight barrier
     ``sync_lag = L`` (negative: none yet). Works on ints and on integer arrays."""
     return t - 1 - sync_lag
+
+
+def received_from(job: Job, D: int, split: bool = False) -> list[Job]:
+    """The jobs whose tensor ``job`` consumes (its edges that carry one): F(k-1) for F(k), the next stage's
+    gradient job for B(k) or I(k); empty at the pipeline's ends and for W and U."""
+    op, k, t, j = job
+    return [(gradient_job(split) if e.on == "grad" else e.on, k + e.stage, t, j)
+            for e in edges_into(op) if e.carries is not None and 0 <= k + e.stage < D]
+
+
+def handed_to(job: Job, D: int, split: bool = False) -> list[Job]:
+    """The jobs that consume the tensor ``job`` produces: the inverse of :func:`received_from`.
+
+    Example:
+        >>> handed_to(("F", 0, 0, 1), D=2), handed_to(("B", 1, 0, 1), D=2), handed_to(("B", 0, 0, 1), D=2)
+        ([('F', 1, 0, 1)], [('B', 0, 0, 1)], [])
+    """
+    op, k, t, j = job
+    ops = ("F", "I", "W") if split else ("F", "B")
+    out: list[Job] = []
+    for e in EDGES:
+        producer = gradient_job(split) if e.on == "grad" else e.on
+        if e.carries is None or e.job not in ops or producer != op or not 0 <= k - e.stage < D:
+            continue
+        out.append((e.job, k - e.stage, t, j))
+    return out
 
 
 def update_dependency(job: Job, sync_lag: int | None) -> tuple[int, int] | None:
