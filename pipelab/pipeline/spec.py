@@ -40,7 +40,7 @@ class PipelineSpec:
 
     Args:
         schedule: a ``Schedule`` (built by a builder such as ``pipelab.schedules.gpipe(D, M, steps)``, not its
-            name), a simulation result, or a version table (D, M, steps).
+            name), a simulation result, or a :class:`~pipelab.schedules.VersionTable` with its execution order.
         policy: a :class:`~pipelab.policies.Policy` or its registered name.
         optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage with parameters.
         D: number of stages (required to cut an ``nn.Sequential``; default: the schedule's).
