@@ -9,7 +9,9 @@ cannot silently change an experiment, plus what defines the variant: momentum 0.
 ``nesterov`` and ``rmsprop_momentum`` (the value of SpecTrain's and PipeOptim's experiments and of common
 practice), Nesterov for ``nesterov``, centering for ``rmsprop_momentum``. AdamW keeps torch's decoupled weight
 decay 1e-2. Learning rates are torch's defaults (SGD 1e-3, Adam/AdamW/RAdam 1e-3, RMSprop/Adagrad 1e-2,
-NAdam/Adamax 2e-3). An experiment that tunes them holds *its own* overrides next to its config and passes
+NAdam/Adamax 2e-3, Muon 1e-3). Muon's entry writes out all of torch's defaults (weight decay 0.1,
+Nesterov momentum 0.95, Newton-Schulz coefficients, eps and steps, the "original" lr adjustment); it takes
+only 2-D parameters. An experiment that tunes them holds *its own* overrides next to its config and passes
 them to :func:`make_optimizer` / :func:`optimizer_factory` (e.g. the learning curves' SGDM is lr 0.01,
 weight decay 5e-4, PipeOptim §V-A).
 
@@ -27,7 +29,7 @@ Example:
 References: PyTorch ``torch.optim`` (2.x) documentation; Polyak (1964) heavy-ball momentum; Nesterov (1983);
 Kingma & Ba, "Adam" (ICLR 2015); Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (ICLR 2019);
 Hinton, "RMSprop" (Coursera lecture 6e, 2012); Duchi et al., "Adagrad" (JMLR 2011); Dozat, "NAdam" (2016);
-Liu et al., "RAdam" (ICLR 2020).
+Liu et al., "RAdam" (ICLR 2020); Jordan et al., "Muon" (2024, https://kellerjordan.github.io/posts/muon/).
 """
 
 from __future__ import annotations
@@ -99,6 +101,11 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType({
                            "Liu et al., ICLR 2020"),
     "adamax": OptimizerSpec(torch.optim.Adamax, {"lr": 2e-3}, "Adamax", "Adam with the infinity norm",
                             "Kingma & Ba, ICLR 2015, §7.1"),
+    "muon": OptimizerSpec(torch.optim.Muon, {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
+                                           "ns_coefficients": (3.4445, -4.7750, 2.0315), "eps": 1e-7, "ns_steps": 5,
+                                           "adjust_lr_fn": None},
+                          "Muon", "Nesterov momentum 0.95 orthogonalised by Newton-Schulz (2-D parameters only)",
+                          "Jordan et al., 2024 (kellerjordan.github.io/posts/muon); torch.optim.Muon"),
 })
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -73,6 +74,59 @@ def test_flushed_cnn_with_groupnorm_and_recompute() -> None:
         m = copy.deepcopy(model)
         Emulator(m, D=4, schedule=one_f_one_b(4, 2, 3), policy="1f1b", optimizer=opt, recompute=recompute).run(data)
         assert max_diff(ref, m) <= TOL
+
+
+def make_bias_free_model(seed: int = 0, device: str | torch.device = "cpu") -> nn.Sequential:
+    """``make_model`` without biases: only 2-D parameters, as Muon requires."""
+    model = make_model(seed, device=device)
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            mod.register_parameter("bias", None)
+    return model
+
+
+MUON = optimizer_factory("muon", lr=0.02)  # torch's defaults: Nesterov momentum 0.95, decoupled decay 0.1
+
+
+@pytest.mark.parametrize("builder,policy", [(gpipe, "gpipe"), (one_f_one_b, "1f1b"), (naive, "sequential")])
+def test_flushed_schedules_with_muon_reproduce_plain_training(builder: Any, policy: str, device: torch.device
+                                                              ) -> None:
+    """Muon (bfloat16 Newton-Schulz on each 2-D weight) under a flushed schedule: plain training, float64 1e-10."""
+    D, M, T = 3, 4, 5
+    model, data = make_bias_free_model(device=device), make_data(T, device=device)
+    assert all(p.ndim == 2 for p in model.parameters())
+    sched = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)  # noqa: E731
+    ref, ref_losses = plain(model, MUON, data, lr_scheduler=sched)
+    m = copy.deepcopy(model)
+    res = Emulator(m, D=D, schedule=builder(D, M, T), policy=policy, optimizer=MUON, lr_scheduler=sched).run(data)
+    assert max_diff(ref, m) <= TOL
+    assert max(abs(a - b) for a, b in zip(ref_losses, res.losses)) <= TOL
+    assert max_diff(ref, model) > 1e-3  # training moved the weights: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("policy", [p for p in available_policies()])
+def test_D1_reduces_every_policy_to_plain_training_with_muon(policy: str) -> None:
+    """With one stage there is no staleness: every policy (predictors following Muon included) is plain training."""
+    T = 4
+    model, data = make_bias_free_model(), make_data(T)
+    ref, _ = plain(model, MUON, data)
+    builder = {"sequential": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "2bw": pipedream_2bw}.get(policy, pipedream)
+    m = copy.deepcopy(model)
+    Emulator([m], schedule=builder(1, 1, T), policy=policy, optimizer=MUON).run(data)
+    assert max_diff(ref, m) <= TOL
+
+
+@pytest.mark.parametrize("predictor", ["pipeoptim", "repeat", "zero_grad_rollout"])
+def test_asynchronous_pipeline_predicts_with_muon(predictor: str) -> None:
+    """PipeDream with weight prediction following Muon runs and predicts (differs from stale weights)."""
+    D, T = 3, 6
+    model, data = make_bias_free_model(), make_data(T)
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    res = Emulator(a, D=D, schedule=pipedream(D, 1, T), policy="pipeoptim", optimizer=MUON,
+                   predictor=predictor).run(data)
+    Emulator(b, D=D, schedule=pipedream(D, 1, T), policy="vanilla", optimizer=MUON).run(data)
+    assert all(math.isfinite(x) for x in res.losses)
+    assert max_diff(a, b) > 1e-6
 
 
 @pytest.mark.parametrize("policy", [p for p in available_policies()])

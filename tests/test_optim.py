@@ -64,7 +64,9 @@ BENCH_PREDICTORS_BEFORE = {
 BENCH_RUNTIME_BEFORE = {"adam": (Adam, {"lr": 1e-4}), "sgdm": (SGD, {"lr": 1e-3, "momentum": 0.9})}
 
 
-def _params() -> list[torch.nn.Parameter]:
+def _params(cls: type | None = None) -> list[torch.nn.Parameter]:
+    if cls is torch.optim.Muon:  # Muon takes only 2-D parameters
+        return [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(2, 2))]
     return [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
 
 
@@ -109,14 +111,19 @@ def test_benchmarks_build_todays_optimizers():
 
 def test_registry_defaults_are_torch_defaults_plus_the_variant():
     assert available_optimizers() == ["sgd", "sgdm", "nesterov", "adam", "adamw", "rmsprop", "rmsprop_momentum",
-                                      "adagrad", "nadam", "radam", "adamax"]
+                                      "adagrad", "nadam", "radam", "adamax", "muon"]
     for name, spec in OPTIMIZERS.items():
         assert isinstance(spec, OptimizerSpec) and spec.label and spec.description and spec.reference
         variant = {k: v for k, v in spec.defaults.items() if k not in ("lr", "weight_decay")}
-        torch_default = spec.cls(_params(), **variant)  # torch's own lr and weight decay
-        assert _groups(make_optimizer(name, _params())) == _groups(torch_default), name
+        torch_default = spec.cls(_params(spec.cls), **variant)  # torch's own lr and weight decay
+        assert _groups(make_optimizer(name, _params(spec.cls))) == _groups(torch_default), name
     assert OPTIMIZERS["sgdm"].defaults["momentum"] == 0.9
     assert optimizer_label("rmsprop_momentum") == "RMSprop (centered, momentum)"
+    # Muon's entry writes out every one of torch's defaults (the variant is the optimizer itself)
+    muon = torch.optim.Muon(_params(torch.optim.Muon))
+    assert _groups(make_optimizer("muon", _params(torch.optim.Muon))) == _groups(muon)
+    assert dict(OPTIMIZERS["muon"].defaults).keys() == set(OPTIMIZERS["muon"].accepted())
+    assert optimizer_label("muon") == "Muon"
 
 
 def test_overrides_and_factory():

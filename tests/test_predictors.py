@@ -25,6 +25,13 @@ from pipelab.predictors import (
 DT = torch.float64
 TIGHT = {"rtol": 1e-13, "atol": 1e-14}  # float64 rounding of a few operations
 SHAPES = [(3, 4), (4,), (2, 2, 2)]
+# Muon's: wide, tall (transposed Newton-Schulz, lr ratio sqrt(5/2)) and square
+SHAPES_2D: list[tuple[int, ...]] = [(3, 4), (5, 2), (2, 2)]
+
+
+def shapes(name: str) -> list[tuple[int, ...]]:
+    """Parameter shapes of the problem for optimizer ``name`` (Muon takes only 2-D parameters)."""
+    return SHAPES_2D if name.startswith("muon") else SHAPES
 
 # Every supported optimizer family and option that changes its update rule.
 F = optimizer_factory
@@ -54,14 +61,17 @@ OPTIMIZERS = {
     "radam": F("radam", lr=0.01, weight_decay=0.1),
     "radam_decoupled": F("radam", lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
     "adamax": F("adamax", lr=0.01, weight_decay=0.1),
+    "muon": F("muon", lr=0.02),
+    "muon_heavy_ball": F("muon", lr=0.02, momentum=0.9, nesterov=False, weight_decay=0.0),
+    "muon_rms_adamw": F("muon", lr=0.02, weight_decay=0.05, adjust_lr_fn="match_rms_adamw", ns_steps=3),
 }
 
 
 def make_problem(name: str, seed: int = 0, warmup: int = 3, groups: bool = False):
     """Parameters with a constant gradient (a linear loss) and an optimizer warmed up ``warmup`` steps."""
     gen = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=DT)) for s in SHAPES]
-    grads = [torch.randn(s, generator=gen, dtype=DT) for s in SHAPES]
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=DT)) for s in shapes(name)]
+    grads = [torch.randn(s, generator=gen, dtype=DT) for s in shapes(name)]
     if groups:
         opt = OPTIMIZERS[name]([{"params": params[:2]}, {"params": params[2:]}])
         opt.param_groups[1]["lr"] *= 0.5
@@ -102,12 +112,13 @@ def test_registry_names():
     for name in ["stale", "spectrain", "spectrain_code", "pipeoptim", "pipeoptim_code", "repeat",
                  "zero_grad_rollout", "linear", "pipemare"]:
         assert name in available_predictors()
-    assert set(supported_optimizers()) >= {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax"}
+    assert set(supported_optimizers()) >= {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax",
+                                           "Muon"}
 
 
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
 def test_repeat_equals_real_steps_under_constant_gradient(opt_name):
-    params, grads, opt = make_problem(opt_name, groups=opt_name in ("sgdm_damp_wd", "adamw", "nadam"))
+    params, grads, opt = make_problem(opt_name, groups=opt_name in ("sgdm_damp_wd", "adamw", "nadam", "muon"))
     pred = Repeat()
     predicted = {s: pred.predict(opt, s) for s in range(1, 8)}
     for s in range(1, 8):
@@ -135,7 +146,7 @@ def test_predict_all_equals_predict_per_s(opt_name, name):
     assert_same_tree(before[0], snapshot(opt, params)[0])
 
 
-@pytest.mark.parametrize("opt_name", ["sgdm", "adam", "adagrad_decay", "nadam", "rmsprop"])
+@pytest.mark.parametrize("opt_name", ["sgdm", "adam", "adagrad_decay", "nadam", "rmsprop", "muon", "muon_heavy_ball"])
 def test_repeat_from_fresh_optimizer(opt_name):
     """Before the first step the rollout creates the state torch.optim would (without touching it)."""
     params, grads, opt = make_problem(opt_name, warmup=0)
@@ -151,7 +162,7 @@ def test_repeat_from_fresh_optimizer(opt_name):
 
 
 @pytest.mark.parametrize("name", [n for n in PREDICTORS if n != "pipeoptim_code"])
-@pytest.mark.parametrize("opt_name", ["sgdm_damp_wd", "adamw", "rmsprop", "nadam"])
+@pytest.mark.parametrize("opt_name", ["sgdm_damp_wd", "adamw", "rmsprop", "nadam", "muon"])
 def test_s_zero_is_identity(name, opt_name):
     params, grads, opt = make_problem(opt_name)
     pred = make_predictor(name)
@@ -172,7 +183,7 @@ def test_prediction_leaves_optimizer_bit_identical(name, opt_name):
     if name.startswith("spectrain") and not opt_name.startswith("sgdm"):
         return
     params, grads, opt = make_problem(opt_name)
-    extra = torch.nn.Parameter(torch.ones(2, dtype=DT))  # a parameter that never had a gradient or state
+    extra = torch.nn.Parameter(torch.ones((2, 2) if opt_name.startswith("muon") else 2, dtype=DT))  # no grad/state
     opt.add_param_group({"params": [extra]})
     pred = make_predictor(name)
     pred.observe(opt)
@@ -363,7 +374,7 @@ def test_params_argument_predicts_from_given_weights():
         torch.testing.assert_close(w, p.detach(), **TIGHT)
 
 
-@pytest.mark.parametrize("opt_name", ["sgdm", "adamw", "adagrad_decay"])
+@pytest.mark.parametrize("opt_name", ["sgdm", "adamw", "adagrad_decay", "muon"])
 def test_repeat_with_lr_schedule_matches_scheduled_steps(opt_name):
     params, grads, opt = make_problem(opt_name, groups=True)
     base = [g["lr"] for g in opt.param_groups]
@@ -470,3 +481,58 @@ def test_float32_rollout_close_to_real_steps():
     for w, p in zip(predicted, params):
         torch.testing.assert_close(w, p.detach(), rtol=1e-6, atol=1e-6)
     assert math.isfinite(float(predicted[0].sum()))
+
+
+# -- Muon: its Newton-Schulz orthogonalisation, 2-D parameters only -----------------------------------------
+def test_muon_newton_schulz_is_torchs_bit_for_bit():
+    from pipelab.predictors.rules_muon import lr_ratio, newton_schulz
+
+    muon = pytest.importorskip("torch.optim._muon")  # torch's private helpers, the arithmetic the rule mirrors
+    gen = torch.Generator().manual_seed(3)
+    for shape in SHAPES_2D:
+        m = torch.randn(shape, generator=gen, dtype=DT)
+        for coeffs, steps, eps in (((3.4445, -4.7750, 2.0315), 5, 1e-7), ((2.0, -1.5, 0.5), 2, 1e-3)):
+            ours = newton_schulz(m, coeffs, steps, eps)
+            assert torch.equal(ours, muon._zeropower_via_newtonschulz(m, coeffs, steps, eps))
+        for fn in (None, "original", "match_rms_adamw"):
+            assert lr_ratio(fn, shape) * 0.02 == muon._adjust_lr(0.02, fn, torch.Size(shape))
+    with pytest.raises(ValueError, match="adjust_lr_fn"):
+        lr_ratio("spectral", (2, 2))
+
+
+@pytest.mark.parametrize("name", ["repeat", "zero_grad_rollout", "pipeoptim"])
+def test_muon_refuses_parameters_that_are_not_2d(name):
+    """torch.optim.Muon refuses non-2-D parameters at construction (and at step() for one added later);
+    the predictors refuse them too, with a ValueError that says so."""
+    with pytest.raises(ValueError, match="2D"):
+        torch.optim.Muon([torch.nn.Parameter(torch.zeros(3, dtype=DT))])
+    params, grads, opt = make_problem("muon")
+    vec = torch.nn.Parameter(torch.ones(3, dtype=DT))
+    opt.add_param_group({"params": [vec]})
+    vec.grad = torch.ones(3, dtype=DT)
+    with pytest.raises(ValueError, match="2-D parameters"):
+        make_predictor(name).predict(opt, 2)
+    with pytest.raises(ValueError, match="2-D parameters"):
+        make_predictor(name).check(opt)
+    with pytest.raises(ValueError, match="2D"):
+        opt.step()
+
+
+def test_muon_last_update_with_nesterov_needs_the_last_gradient():
+    params, grads, opt = make_problem("muon")
+    opt.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match="Muon with nesterov=True.*gradient"):
+        PipeOptim().predict(opt, 1)
+    params, grads, opt = make_problem("muon_heavy_ball")  # heavy ball: NS(B_t) from the state alone
+    opt.zero_grad(set_to_none=True)
+    before = [p.detach().clone() for p in params]
+    assert not torch.equal(PipeOptim().predict(opt, 1)[0], before[0])
+
+
+def test_muon_zero_grad_rollout_equals_real_steps_with_zero_gradient():
+    params, grads, opt = make_problem("muon_rms_adamw")
+    predicted = make_predictor("zero_grad_rollout").predict(opt, 4)
+    for _ in range(4):
+        real_step(opt, params, [torch.zeros_like(g) for g in grads])
+    for w, p in zip(predicted, params):
+        torch.testing.assert_close(w, p.detach(), rtol=1e-13, atol=1e-14)

@@ -36,8 +36,9 @@ _COLORS = {"spectrain": "#0072B2", "pipeoptim": "#0072B2", "repeat": "#E69F00", 
            "pipemare": "#CC79A7", "linear": "#56B4E9"}
 # Lines drawn over training (the summary shows every predictor).
 _CURVES = ("pipeoptim", "repeat", "zero_grad_rollout", "pipemare")
-# Every registered optimizer, in registry order, but the centered-momentum RMSprop variant.
-_ALL_OPTIMIZERS = tuple(n for n in available_optimizers() if n != "rmsprop_momentum")
+# Every registered optimizer, in registry order, but the centered-momentum RMSprop variant and Muon (2-D parameters
+# only, the MLP has 1-D biases).
+_ALL_OPTIMIZERS = tuple(n for n in available_optimizers() if n not in ("rmsprop_momentum", "muon"))
 
 
 @dataclass(frozen=True)

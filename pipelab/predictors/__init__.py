@@ -3,7 +3,7 @@
 Every predictor is a pure function of the user's optimizer (params, param groups, state) and ``s``
 (vocabulary: :mod:`pipelab`); it never mutates the optimizer. The optimizer-specific part — "what update would this
 optimizer apply?" — lives in one :class:`~pipelab.predictors.rules.UpdateRule` per optimizer family
-(SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam, Adamax), shared by ``pipeoptim``, ``repeat`` and
+(SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam, Adamax, Muon), shared by ``pipeoptim``, ``repeat`` and
 ``zero_grad_rollout``.
 
 Example:
@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 from . import rules_adam as _rules_adam  # noqa: F401  (registers the Adam-family rules)
+from . import rules_muon as _rules_muon  # noqa: F401  (registers Muon)
 from .base import LRSchedule, Predictor, check_steps
 from .history import HistoryPredictor, LinearExtrapolation, PipeMare
 from .optimizer_based import PipeOptim, Repeat, Rollout, SpecTrain, Stale, ZeroGradRollout
