@@ -156,6 +156,7 @@ def build_pipeline(
     # weight specs of every job, with the oracle predictor resolved to true future versions
     oracle = isinstance(predictor, str) and predictor == "oracle"
     specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
+    stage_specs: list[dict[tuple[int, int], tuple[WeightSpec, WeightSpec]]] = [{} for _ in range(D)]
     uses: dict[Job, list[tuple[int, int]]] = {}
     predicted: set[int] = set()
     for key in table.jobs("F"):
@@ -163,7 +164,7 @@ def build_pipeline(
         f, b = policy.forward(table, key), policy.backward(table, bkey)
         if oracle:
             f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
-        specs[(key[1], key[2], key[3])] = (f, b)
+        specs[(key[1], key[2], key[3])] = stage_specs[key[1]][(key[2], key[3])] = (f, b)
         uses[key] = [(key[1], _needed(f))]
         uses[bkey] = [(key[1], _needed(b))]
         if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
@@ -183,8 +184,7 @@ def build_pipeline(
         if params and not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
         events, local_last_use = plans[k]
-        st = StageExecutor(k, D, table.M, module, opt, capacity[k],
-                           {kk[1:]: v for kk, v in specs.items() if kk[0] == k}, events, local_last_use,
+        st = StageExecutor(k, D, table.M, module, opt, capacity[k], stage_specs[k], events, local_last_use,
                            policy, table, loss_fn, bool(recompute))
         if lr_scheduler is not None and opt is not None:
             st.scheduler = lr_scheduler(opt)
@@ -223,11 +223,8 @@ def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
             pred = make_predictor(predictor)
         elif isinstance(predictor, Predictor) or hasattr(predictor, "predict"):
             pred = predictor
-        elif callable(predictor):
+        else:  # a factory stage -> Predictor (PipelineSpec refused anything else)
             pred = predictor(st.k)
-        else:
-            raise TypeError(f"predictor must be a name, a Predictor or a factory stage -> Predictor, "
-                            f"got {type(predictor).__name__}")
         check = getattr(pred, "check", None)
         if check is not None and st.k in plan.predicted_stages:
             try:
