@@ -339,3 +339,21 @@ def test_state_dict_round_trip_resumes_identically(tmp_path: Path) -> None:
         _single_worker().load_state_dict({k: v for k, v in state.items() if k != "trace"})
     with pytest.raises(ValueError, match="state of rank 1 cannot be loaded into rank 0"):
         _single_worker().load_state_dict({**state, "rank": 1})
+
+
+def test_a_channel_received_in_another_order_than_sent_is_refused() -> None:
+    """Point-to-point matching is FIFO per channel: a receiver whose program takes F1.1 before F1.0 while the
+    sender sends F0.0 first would pair the wrong activations, so the transport refuses the schedule."""
+    import dataclasses
+
+    from pipelab.runtime.p2p import P2PTransport
+    from pipelab.schedules import gpipe
+
+    s = gpipe(2, 2, 1)
+    P2PTransport(s, 1, torch.device("cpu"))  # the builder's schedule is fine
+    swapped = list(s.programs[1])
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    bad = dataclasses.replace(s, programs=(s.programs[0], tuple(swapped)))
+    with pytest.raises(ValueError, match=r"channel \(0, 1, 2\).*sender's order \[\(0, 0\), \(0, 1\)\].*"
+                                         r"receiver's \[\(0, 1\), \(0, 0\)\]"):
+        P2PTransport(bad, 1, torch.device("cpu"))

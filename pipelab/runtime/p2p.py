@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..schedules.dependencies import Job
-from ..schedules.transfers import ACT, GRAD, channel, messages
+from ..schedules.transfers import ACT, GRAD, channel, channels, messages
 
 __all__ = ["P2PTransport"]
 
@@ -42,11 +42,18 @@ class P2PTransport:
         outbox: messages kept at a checkpoint's cut, ``(dst, tag, t, j, tensor)``, sent first on resume.
         retain: ``(dst, tag, t, j)`` of the sends to keep in the outbox (set per run by the runtime).
         shape_of: shape and dtype of a received tensor (set per run by the runtime).
+
+    Raises:
+        ValueError: a channel whose send and receive orders differ (point-to-point matching is FIFO).
     """
 
     def __init__(self, schedule: Any, rank: int, device: torch.device) -> None:
         self.schedule, self.rank, self.device = schedule, rank, device
         msgs = messages(schedule)
+        for key, (sends, recvs) in channels(schedule, msgs).items():
+            if sends != recvs:
+                raise ValueError(f"channel {key} (src, dst, tag): the sender's order {sends[:6]}... differs from "
+                                 f"the receiver's {recvs[:6]}...; point-to-point matching would pair wrong messages")
         # where each of our sends is received, and where each message we receive was sent (for releasing sends)
         self._recv_pos = {(m.dst, m.channel, m.t, m.j): m.recv_pos for m in msgs if m.src == rank}
         self._send_pos = {(m.src, m.channel, m.t, m.j): m.send_pos for m in msgs if m.dst == rank}

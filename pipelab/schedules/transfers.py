@@ -24,6 +24,7 @@ Reference: K. M. Chandy and L. Lamport, "Distributed Snapshots" (ACM TOCS 1985).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .actions import Schedule
@@ -79,13 +80,15 @@ def messages(schedule: Schedule) -> list[Message]:
     return out
 
 
-def channels(schedule: Schedule) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
+def channels(schedule: Schedule, msgs: Sequence[Message] | None = None
+             ) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
     """Cross-worker messages per channel ``(src, dst, channel)``: (send order, receive order) of their ``(t, j)``.
 
     A runtime requires the two orders to be equal on every channel (point-to-point matching is FIFO).
+    ``msgs``: the schedule's :func:`messages`, when the caller has them already.
     """
     grouped: dict[tuple[int, int, int], list[Message]] = defaultdict(list)
-    for m in messages(schedule):
+    for m in messages(schedule) if msgs is None else msgs:
         grouped[(m.src, m.dst, m.channel)].append(m)
     return {key: ([(m.t, m.j) for m in sorted(ms, key=lambda m: m.send_pos)],
                   [(m.t, m.j) for m in sorted(ms, key=lambda m: m.recv_pos)]) for key, ms in grouped.items()}
