@@ -41,10 +41,10 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["OptimizerSpec", "OPTIMIZERS", "OptimizerFactory", "available_optimizers", "optimizer_spec",
-           "optimizer_hyperparameters", "make_optimizer", "optimizer_factory", "optimizer_label"]
+__all__ = ["OptimizerSpec", "OPTIMIZERS", "OptimizerFactory", "RegisteredFactory", "available_optimizers",
+           "optimizer_spec", "optimizer_hyperparameters", "make_optimizer", "optimizer_factory", "optimizer_label"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ class OptimizerSpec:
         return [n for n, p in sig.parameters.items() if n not in ("self", "params")
                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
+
+#: What every driver and profiler takes as its optimizer: ``params -> torch.optim.Optimizer``, called once per
+#: stage (a lambda, a class with its hyper-parameters bound, or :func:`optimizer_factory`'s picklable factory).
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 _TORCH = "PyTorch torch.optim"
 
@@ -148,7 +152,7 @@ def make_optimizer(name: str, params: Iterable[Tensor] | Iterable[dict[str, Any]
 
 
 @dataclass(frozen=True)
-class OptimizerFactory:
+class RegisteredFactory:
     """``params -> optimizer`` for a registry name and fixed overrides (picklable, unlike a lambda)."""
 
     name: str
@@ -166,7 +170,7 @@ class OptimizerFactory:
 def optimizer_factory(name: str, **overrides: Any) -> Callable[[Any], torch.optim.Optimizer]:
     """A factory ``params -> optimizer`` for ``name`` with ``overrides``; names and overrides are checked now."""
     optimizer_hyperparameters(name, **overrides)
-    return OptimizerFactory(name, dict(overrides))
+    return RegisteredFactory(name, dict(overrides))
 
 
 def optimizer_label(name: str) -> str:

@@ -37,7 +37,7 @@ import copy
 import numbers
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,11 +45,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .optim import OptimizerFactory
 from .threads import torch_threads
 
 __all__ = ["StageCosts", "StageProfile", "profile_stage", "profile_stages", "transfer_times"]
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)

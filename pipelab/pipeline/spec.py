@@ -27,11 +27,12 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from ..optim import OptimizerFactory
 
 __all__ = ["PipelineSpec", "make_spec", "OptimizerFactory", "SPEC_FIELDS"]
 
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
