@@ -268,6 +268,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     d1, d2, d3 = c.dep1.tolist(), c.dep2.tolist(), c.dep3.tolist()
     l1, l2, l3 = lat1.tolist(), lat2.tolist(), lat3.tolist()
     cst = cost.tolist()
+    slots = ((d1, l1), (d2, l2), (d3, l3))
     udeps = {int(u): row for u, row in zip(c.u_ids.tolist(), c.udeps.tolist())}
     ucursor: dict[int, tuple[int, float]] = {}
     offs = c.offsets.tolist()
@@ -284,33 +285,20 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
         t_free = free[w]
         while i < e_w:
             t0 = t_free
-            j = d1[i]
-            if j >= 0:
-                e = end[j]
-                if e < 0:
-                    waiting.setdefault(j, []).append(w)
-                    break
-                e += l1[i]
-                if e > t0:
-                    t0 = e
-            j = d2[i]
-            if j >= 0:
-                e = end[j]
-                if e < 0:
-                    waiting.setdefault(j, []).append(w)
-                    break
-                e += l2[i]
-                if e > t0:
-                    t0 = e
-            j = d3[i]
-            if j >= 0:
-                e = end[j]
-                if e < 0:
-                    waiting.setdefault(j, []).append(w)
-                    break
-                e += l3[i]
-                if e > t0:
-                    t0 = e
+            blocked_on = -1
+            for deps, lats in slots:  # dep1..dep3: the data edges and the weight barrier
+                j = deps[i]
+                if j >= 0:
+                    e = end[j]
+                    if e < 0:
+                        blocked_on = j
+                        break
+                    e += lats[i]
+                    if e > t0:
+                        t0 = e
+            if blocked_on >= 0:
+                waiting.setdefault(blocked_on, []).append(w)
+                break
             row = udeps.get(i)
             if row is not None:
                 pos, tmax = ucursor.pop(i, (0, 0.0))
