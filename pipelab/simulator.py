@@ -257,7 +257,7 @@ class SimResult:
     @cached_property
     @gc_paused
     def version_table(self) -> VersionTable:
-        """Weight versions and staleness of every F and B (see :class:`VersionTable`)."""
+        """Weight versions and staleness of every F and B, and I/W when split (see :class:`VersionTable`)."""
         c, s = self.compiled, self.schedule
         D, T, M = s.D, s.steps, s.M
         uids = c.u_ids
@@ -289,9 +289,12 @@ class SimResult:
 
         t = c.table
         fid = t[_F].reshape(D, T, M)
-        bid = np.where(t[_B] >= 0, t[_B], t[_W]).reshape(D, T, M)
+        split = s.split_backward
+        # the backward's weights are decided by its gradient job: B, or I when split (W reuses I's graph)
+        bid = (t[_I] if split else t[_B]).reshape(D, T, M)
         fv = versions(fid.reshape(-1)).reshape(D, T, M)
         bv = versions(bid.reshape(-1)).reshape(D, T, M)
+        wid = t[_W].reshape(D, T, M) if split else None
         uv = np.zeros((D, T), np.int64)
         ue = np.full((D, T), np.inf)
         for k in range(D):
@@ -304,7 +307,11 @@ class SimResult:
             # Updates of one holder run one after another: U(k,t)'s version is its rank among them.
             rank = np.lexsort((c.step[ids], self.end[ids]))
             uv[k, c.step[ids[rank]]] = np.arange(len(ids))
-        return VersionTable(fv, bv, self.start[fid], self.start[bid], uv, ue, s.weight_rule, self.jobs_in_order)
+        if wid is None:
+            return VersionTable(fv, bv, self.start[fid], self.start[bid], uv, ue, s.weight_rule, self.jobs_in_order)
+        wv = versions(wid.reshape(-1)).reshape(D, T, M)
+        return VersionTable(fv, bv, self.start[fid], self.start[bid], uv, ue, s.weight_rule, self.jobs_in_order,
+                            weight_pass=wv, weight_pass_start=self.start[wid])
 
     @gc_paused
     def jobs_in_order(self) -> list[Job]:

@@ -358,6 +358,9 @@ def test_version_table_keyed_accessors_refuse_what_they_do_not_know() -> None:
     vt = simulate(pipedream(3, 1, steps=4)).version_table
     with pytest.raises(ValueError, match="F or B job"):
         vt.version(("U", 0, 1, -1))
-    with pytest.raises(ValueError, match="'F' or 'B'"):
+    with pytest.raises(ValueError, match="'F', 'B', 'I' or 'W'"):
         vt.jobs("U")
+    assert vt.jobs("I") == [] and not vt.split  # a fused backward has no I/W jobs
+    with pytest.raises(ValueError, match="I/W of a split table"):
+        vt.version(("W", 0, 1, 0))
     assert (vt.D, vt.steps, vt.M) == (3, 4, 1) and vt.max_staleness() == [2, 1, 0]

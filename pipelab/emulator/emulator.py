@@ -77,13 +77,15 @@ class EmulatorResult:
     Attributes:
         losses: mean training loss of every mini-batch (the last stage's forward), NaN where not reached.
         diverged_at: first step whose loss was NaN/inf (the run stops there), else ``None``.
-        current: cur(job), the version of its stage current when each F/B job ran (as executed).
+        current: cur(job), the version of its stage current when each F/B (or I/W) job ran (as executed).
         used: the version each F/B job's weights stand for: v for a stored version, base+s for a
             prediction of it (``("F", k, t, j) -> int``).
         waited: whether the execution order differs from the schedule's (oracle-type waiting).
         ring_capacity: versions stage k holds at its peak (weight stashing: D−k).
         weight_copies: weight-sized tensors a real stage holds: ring + predicted copy + extra buffers.
         steps_done: number of mini-batches whose loss was computed.
+        extra: ``ring_peak`` (versions each stage held at its peak) and ``activation_peak`` (bytes of stage
+            inputs saved for a backward at the peak, all stages together; held until W when split).
     """
 
     losses: list[float]
@@ -193,7 +195,8 @@ class Emulator:
         current = {key: v for st in self.stages for key, v in st.current.items()}
         used = {(op,) + kk: _target(spec) for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
         return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
-                              done, extra={"ring_peak": [st.ring.peak for st in self.stages]})
+                              done, extra={"ring_peak": [st.ring.peak for st in self.stages],
+                                           "activation_peak": state.act_peak})
 
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""

@@ -1,4 +1,4 @@
-"""The one driver loop: execute a program of F/B/U jobs on stage executors, handing tensors over a transport.
+"""The one driver loop: execute a program of F/B/I/W/U jobs on stage executors, handing tensors over a transport.
 
 Both drivers run :func:`run_jobs`: the single-process :class:`~pipelab.emulator.Emulator` on the whole
 execution order with an in-memory transport, every rank of :class:`~pipelab.runtime.PipelineRuntime` on its
@@ -12,6 +12,8 @@ For each job ``(op, k, t, j)``:
   Σ_j ℓ_j/M);
 - ``B``: the gradient of its output comes from ``B(k+1, t, j)`` (none on the last stage, which starts from
   its loss); the stage's vector–Jacobian product runs; the gradient of its input goes to ``B(k−1, t, j)``;
+- ``I``/``W`` (a split backward): I is B's input-gradient half, receiving from ``I(k+1, t, j)`` and handing
+  to ``I(k−1, t, j)``; W, later on the same stage, adds the weight gradient (it receives and sends nothing);
 - ``U``: the stage's optimizer steps with the gradient accumulated over step t's micro-batches.
 
 The data side lives here once too: :class:`MiniBatches` checks each mini-batch's form, sizes, dtype and
@@ -169,25 +171,27 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
         The first mini-batch whose loss diverged, when ``stop_on_divergence``; else ``None``.
 
     Raises:
-        ValueError: a job whose op is not F, B or U (a split backward's I/W).
+        ValueError: a job whose op is not F, B, I, W or U.
     """
     last = D - 1
     last_job: dict[int, int] = {}
+    split = False
     for pos, job in enumerate(program):
-        if job[0] in ("F", "B"):
+        if job[0] in ("F", "B", "I"):
             last_job[job[2]] = pos
+        split = split or job[0] in ("I", "W")
     end = len(program) if end is None else end
     for pos in range(state.position, end):
         op, k, t, j = job = tuple(program[pos][:4])
         ex = executors[k]
         if op == "F":
-            src = received_from(job, D)
+            src = received_from(job, D, split)
             x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
             out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
             state.act_bytes += x_in.numel() * x_in.element_size()
             state.act_peak = max(state.act_peak, state.act_bytes)
             if k < last:
-                for dst in handed_to(job, D):
+                for dst in handed_to(job, D, split):
                     transport.send(job, dst, out)
             else:
                 state.partial[t].append(out)
@@ -197,21 +201,29 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
                     if stop_on_divergence and not math.isfinite(total):
                         state.position = pos + 1
                         return t
-        elif op == "B":
-            src = received_from(job, D)
+        elif op in ("B", "I"):
+            src = received_from(job, D, split)
             g_out = transport.receive(src[0], job) if src else None
-            saved_in = ex.saved[(t, j)][1]
-            state.act_bytes -= saved_in.numel() * saved_in.element_size()
-            g_in = ex.backward(t, j, g_out)
-            for dst in handed_to(job, D):
+            if op == "B":
+                saved_in = ex.saved[(t, j)][1]
+                state.act_bytes -= saved_in.numel() * saved_in.element_size()
+                g_in = ex.backward(t, j, g_out)
+            else:
+                g_in = ex.input_grad(t, j, g_out)
+            for dst in handed_to(job, D, split):
                 assert g_in is not None  # only stage 0's backward has no input gradient, and no consumer
                 transport.send(job, dst, g_in)
+        elif op == "W":
+            # the stage input stays saved until the weight gradient is computed from it
+            saved_in = ex.pending[(t, j)][0][1]
+            state.act_bytes -= saved_in.numel() * saved_in.element_size()
+            ex.weight_grad(t, j)
         elif op == "U":
             W = ex.update(t)
             if on_update is not None:
                 on_update(ex, t, W)
         else:
-            raise ValueError(f"the pipeline drivers execute F, B and U jobs, not {op!r} (split backward)")
+            raise ValueError(f"the pipeline drivers execute F, B, I, W and U jobs, not {op!r}")
         if last_job.get(t) == pos:
             data.release(t)
         state.position = pos + 1

@@ -36,12 +36,13 @@ def resolve_order(table: VersionTable, needs: Mapping[Job, Sequence[tuple[int, i
     """Execution order: the schedule's order, except that a job waits for the versions it needs.
 
     An event is *ready* when its data dependencies ran (F after the previous stage's F, B after its F and
-    the next stage's B, U(k, t) after every B(k, t, ·)) and, for every ``(k, v)`` in ``needs[event]``,
-    stage k has reached version v. Among ready events the earliest in the schedule runs first.
+    the next stage's B, U(k, t) after every B(k, t, ·); I and W as B when the backward is split) and, for
+    every ``(k, v)`` in ``needs[event]``, stage k has reached version v. Among ready events the earliest in
+    the schedule runs first.
 
     Args:
         table: version table of the schedule's execution sequence.
-        needs: ``(stage, version)`` requirements per F/B job.
+        needs: ``(stage, version)`` requirements per F/B/I/W job.
 
     Returns:
         The executed order (equal to ``table.order`` when every needed version already exists).
@@ -57,7 +58,7 @@ def resolve_order(table: VersionTable, needs: Mapping[Job, Sequence[tuple[int, i
     waiting: dict[tuple[int, int], list[int]] = defaultdict(list)
     version = [0] * D
     for i, key in enumerate(order):
-        for dep in dependencies(key, D, M):
+        for dep in dependencies(key, D, M, table.split):
             d = index.get(dep)
             if d is None:
                 raise ValueError(f"event {key} depends on {dep}, which the schedule never runs")

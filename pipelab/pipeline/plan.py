@@ -54,8 +54,7 @@ def version_table(schedule: Any) -> VersionTable:
 
     Raises:
         TypeError: any other object.
-        ValueError: a schedule that splits the backward into I/W jobs (the pipeline core runs F/B/U), or a
-            table without an execution order.
+        ValueError: a table without an execution order.
     """
     if isinstance(schedule, VersionTable):
         table = schedule
@@ -70,16 +69,9 @@ def version_table(schedule: Any) -> VersionTable:
         else:
             raise TypeError("schedule must be a pipelab.schedules.Schedule, a simulation result or a VersionTable, "
                             f"got {type(schedule).__name__}")
-        if sim.schedule.split_backward:
-            raise ValueError(f"schedule {sim.schedule.name!r} splits the backward into I/W jobs; the emulator runs "
-                             "F/B/U only")
         table = sim.version_table
     if not table.order:
         raise ValueError("the version table has no execution order; build it with pipelab.simulator.simulate")
-    bad = next((job for job in table.order if job[0] not in ("F", "B", "U")), None)
-    if bad is not None:
-        raise ValueError(f"the emulator runs F/B/U events only, got op {bad[0]!r} ({bad}); "
-                         "use a schedule without a split backward")
     return table
 
 
@@ -166,7 +158,9 @@ def build_pipeline(
             f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
         specs[(key[1], key[2], key[3])] = stage_specs[key[1]][(key[2], key[3])] = (f, b)
         uses[key] = [(key[1], _needed(f))]
-        uses[bkey] = [(key[1], _needed(b))]
+        # a split backward's W finishes the weight gradient from I's graph: it holds I's weights until it ran
+        for op in ("I", "W") if table.split else ("B",):
+            uses[(op,) + key[1:]] = [(key[1], _needed(b))]
         if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
             predicted.add(key[1])
     order = resolve_order(table, uses)

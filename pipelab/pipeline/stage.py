@@ -1,4 +1,4 @@
-"""One pipeline stage's work — forward, backward, update — shared by the emulator and the runtime.
+"""One pipeline stage's work — forward, backward (whole or split), update — shared by the emulator and the runtime.
 
 A :class:`StageExecutor` owns stage k's module, its ``torch.optim`` optimizer, its ring of weight versions
 and the per-job weight specs its policy chose. It knows nothing about transport: the single-process
@@ -16,6 +16,9 @@ Semantics (the rules the emulator's docstring states in full):
   saved input; the forward's graph is reused when forward and backward weights are the same stored
   version, otherwise the stage forward is recomputed at the backward weights (recompute semantics,
   PipeOptim §V-A). Parameter gradients accumulate over the step's micro-batches.
+- ``input_grad(t, j, g)`` / ``weight_grad(t, j)``: the backward split into I and W (zero-bubble schedules):
+  I returns (∂out/∂x)ᵀg and keeps the graph (built as for ``backward``, at the backward's weights) and g;
+  the later W adds (∂out/∂W)ᵀg to the step's gradient. Together they give exactly ``backward``'s result.
 - ``update(t)``: the optimizer step with the accumulated gradient, then the new version is stored.
 
 Versions are dropped from the ring after their last use, counted in the stage's own event sequence, which
@@ -44,7 +47,7 @@ __all__ = ["StageExecutor"]
 
 
 class StageExecutor:
-    """Stage k of a pipeline: weights, optimizer, version ring, and its F/B/U jobs.
+    """Stage k of a pipeline: weights, optimizer, version ring, and its F/B/U (and I/W) jobs.
 
     Args:
         k: stage index; ``D``, ``M``: stages and micro-batches per step.
@@ -94,6 +97,7 @@ class StageExecutor:
         self.scheduler: Any = None
         self.predictor: Any = None
         self.saved: dict[tuple[int, int], tuple] = {}
+        self.pending: dict[tuple[int, int], tuple] = {}  # split backward: I's graph waiting for its W
         self.acc: dict[int, list[Tensor]] = {}
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
@@ -173,32 +177,71 @@ class StageExecutor:
         self._advance()
         return out.detach()
 
-    def backward(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
-        """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
-        self._check_event("B", t, j)
-        self.current[("B", self.k, t, j)] = self.version
+    def _graph(self, t: int, j: int) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        """``(x_in, out, W)`` for micro-batch (t, j)'s backward: the forward's graph when it ran at the backward's
+        weights, else the stage forward recomputed at them (same random state, fresh buffers)."""
         entry = self.saved.pop((t, j))
         if entry[0] == "graph":
             _, x_in, _, _, out, W = entry
-        else:
-            _, x0, rng, target = entry
-            W = self.weights(self.specs[(t, j)][1], grad=True)
-            x_in = x0.detach().requires_grad_(self.k > 0)
-            with torch.enable_grad(), _replay_rng(x0.device, rng):
-                out = self.call(W, x_in, fresh_buffers=True)
-                if self.k == self.D - 1:
-                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
-        inputs = list(W) + ([x_in] if self.k > 0 else [])
-        # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
-        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
+            return x_in, out, W
+        _, x0, rng, target = entry
+        W = self.weights(self.specs[(t, j)][1], grad=True)
+        x_in = x0.detach().requires_grad_(self.k > 0)
+        with torch.enable_grad(), _replay_rng(x0.device, rng):
+            out = self.call(W, x_in, fresh_buffers=True)
+            if self.k == self.D - 1:
+                out = self.loss_fn(out, cast(Tensor, target)) / self.M
+        return x_in, out, W
+
+    def _accumulate(self, t: int, W: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
         pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
         if t in self.acc:
             if pgrads:
                 torch._foreach_add_(self.acc[t], pgrads)
         else:
             self.acc[t] = pgrads
+
+    def backward(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+        """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
+        self._check_event("B", t, j)
+        self.current[("B", self.k, t, j)] = self.version
+        x_in, out, W = self._graph(t, j)
+        inputs = list(W) + ([x_in] if self.k > 0 else [])
+        # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
+        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
+        self._accumulate(t, W, grads[:len(W)])
         self._advance()
         return grads[-1] if self.k > 0 else None
+
+    def input_grad(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+        """I(k, t, j) of a split backward: the input gradient (∂out/∂x)ᵀg alone (``None`` on stage 0).
+
+        The stage's graph (at the backward's weights, decided here) and g are kept for W(k, t, j), which
+        computes the weight gradient from them: between I and W the stage holds its saved activations, the
+        graph's intermediates and g (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2).
+        """
+        self._check_event("I", t, j)
+        self.current[("I", self.k, t, j)] = self.version
+        entry = self.saved[(t, j)][:4]
+        x_in, out, W = self._graph(t, j)
+        g_in = None
+        if self.k > 0:
+            (g_in,) = torch.autograd.grad(out, [x_in], g_out, retain_graph=True)
+        self.pending[(t, j)] = (entry, out, W, g_out)
+        self._advance()
+        return g_in
+
+    def weight_grad(self, t: int, j: int) -> None:
+        """W(k, t, j) of a split backward: (∂out/∂W)ᵀg from I's graph, accumulated into step t's gradient.
+
+        With I it adds up to exactly B's weight gradient: the same graph, the same g, the same operations.
+        """
+        self._check_event("W", t, j)
+        self.current[("W", self.k, t, j)] = self.version
+        _, out, W, g_out = self.pending.pop((t, j))
+        grads = torch.autograd.grad(out, list(W), g_out, allow_unused=True) if W else ()
+        self._accumulate(t, W, grads)
+        self._advance()
 
     def update(self, t: int) -> tuple[Tensor, ...]:
         """U(k, t): step the optimizer with step t's accumulated gradient; store and return the new version."""
@@ -252,6 +295,9 @@ class StageExecutor:
             "module": {n: t.detach().clone() for n, t in self.module.state_dict().items()},
             "ring": {v: self.ring.get(v) for v in self.ring.versions()}, "ring_peak": self.ring.peak,
             "saved": {key: entry[:4] for key, entry in self.saved.items()},  # graphs are rebuilt on load
+            # I ran, W not yet: I's weights and g are kept so that the graph is rebuilt at exactly those weights
+            "pending": {key: (entry, tuple(w.detach() for w in W), g)
+                        for key, (entry, _, W, g) in self.pending.items()},
             "acc": self.acc, "current": self.current,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -294,6 +340,16 @@ class StageExecutor:
                 if self.k == self.D - 1:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = (kind, x_in, rng, target, out, W)
+        self.pending = {}
+        for (t, j), (entry, weights, g) in state.get("pending", {}).items():
+            _, x0, rng, target = entry
+            W = tuple(w.detach().requires_grad_(True) for w in weights)
+            x_in = x0.detach().requires_grad_(self.k > 0)
+            with torch.enable_grad(), _replay_rng(x0.device, rng):
+                out = self.call(W, x_in, fresh_buffers=True)
+                if self.k == self.D - 1:
+                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
+            self.pending[(t, j)] = (entry, out, W, g)
 
 
 def _inverse(perm: list[int]) -> list[int]:

@@ -62,7 +62,7 @@ class RuntimeResult:
         rank: this process's rank; stages: the stages it computes.
         losses: mean training loss of every mini-batch (gathered from the last stage's rank; NaN where
             not reached).
-        current: cur(job), the version of its stage current when each of this rank's F/B jobs ran.
+        current: cur(job), the version of its stage current when each of this rank's F/B (or I/W) jobs ran.
         weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
         memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
             ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —

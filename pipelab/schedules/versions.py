@@ -4,11 +4,22 @@ Let W_k^(v) be stage k's weights after v updates. Stage k's version at time τ (
 of updates U(k,·) at h that *ended* at or before τ. For each job (op, k, t, j) of a simulated schedule:
 
     forward[k, t, j]     = version at the start of F(k, t, j)          (at the job's weight source)
-    backward[k, t, j]    = version at the start of B(k, t, j)          (of W(k, t, j) when B is split)
+    backward[k, t, j]    = version at the start of B(k, t, j)          (of I(k, t, j) when B is split)
+    weight_pass[k, t, j] = version at the start of W(k, t, j)          (= backward when B is not split)
     update_version[k, t] = version at the start of U(k, t)             (= t when updates run in order)
     staleness            = update_version[k, t] − version used by the job
 
-so a gradient computed with the weights it is applied to has staleness 0. Which version a job *uses*
+so a gradient computed with the weights it is applied to has staleness 0.
+
+Split backward (zero-bubble schedules, Qi et al., ICLR 2024): I evaluates the stage's vector–Jacobian
+product and W finishes the weight gradient later *from what I saved* (the stage's graph at I's weights), so
+the weights a micro-batch's backward uses are decided at I; ``backward`` records the version at I and the
+key ``("B", k, t, j)`` names the backward of micro-batch (t, j) whether it is one B job or an I–W pair.
+``weight_pass`` records the version current when the deferred W runs: ``weight_pass − backward`` updates
+of stage k ran between a micro-batch's I and its W (possible only without a flush). U(k, t) waits for every
+W(k, t, ·), so deferring W passes delays the update and raises the staleness of later forwards.
+
+Which version a job *uses*
 depends on the weight rule: ``"current"`` (the version at the job), ``"double_buffer"`` (PipeDream-2BW: all
 of step t's jobs at every stage use the version the input stage had at step t's first forward, t − 1 when
 M ≥ D), ``"stage_step_first"`` (not 2BW: the version at stage k's own first forward of step t) or ``"stash"``
@@ -112,7 +123,7 @@ class VersionTable:
     for one job ``(op, k, t, j)``.
 
     Attributes:
-        forward, backward: int arrays [D, T, M], version at the start of F / B (B = W when split).
+        forward, backward: int arrays [D, T, M], version at the start of F / B (of I when split).
         forward_start, backward_start: float arrays [D, T, M], start times of those jobs.
         update_version: int array [D, T], version at the start of U(k, t) at stage k's first holder (the
             version the update's gradient is applied to).
@@ -121,6 +132,10 @@ class VersionTable:
         order: the execution sequence, every job once (``U(k, t)`` once, however many holders run it), in an
             order where each job sees exactly the updates counted for it: compute jobs at their start,
             updates at their end (see :meth:`pipelab.simulator.SimResult.order`). Computed on first use.
+        weight_pass, weight_pass_start: int / float arrays [D, T, M], version at and start of W(k, t, j) when
+            the backward is split; ``None`` (the default) for a fused backward, then they are ``backward`` and
+            ``backward_start``.
+        split: whether the schedule splits its backward into I and W jobs (set when ``weight_pass`` is given).
 
     Example:
         >>> from pipelab.schedules import gpipe
@@ -138,6 +153,16 @@ class VersionTable:
     update_end: np.ndarray
     weight_rule: str = "current"
     execution: Sequence[Job] | Callable[[], Sequence[Job]] = field(default=(), repr=False, compare=False)
+    weight_pass: np.ndarray = field(default=None, repr=False)  # type: ignore[arg-type]
+    weight_pass_start: np.ndarray = field(default=None, repr=False)  # type: ignore[arg-type]
+    split: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.split = self.weight_pass is not None
+        if self.weight_pass is None:
+            self.weight_pass, self.weight_pass_start = self.backward, self.backward_start
+        elif self.weight_pass_start is None:
+            raise ValueError("weight_pass needs weight_pass_start (the start times of the W jobs)")
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -173,25 +198,35 @@ class VersionTable:
         return {job: i for i, job in enumerate(self.order)}
 
     def jobs(self, op: str = "F") -> list[Job]:
-        """The F (or B) jobs in execution order (in (k, t, j) order for a table without one)."""
-        if op not in ("F", "B"):
-            raise ValueError(f"op must be 'F' or 'B', got {op!r}")
+        """The jobs of ``op`` in execution order (in (k, t, j) order for a table without one).
+
+        ``op`` is "F", "B", "I" or "W". On a split table "B" lists the backward of every micro-batch as the key
+        ``("B", k, t, j)`` in the order of its I job (the key policies decide the backward's weights by).
+        """
+        if op not in ("F", "B", "I", "W"):
+            raise ValueError(f"op must be 'F', 'B', 'I' or 'W', got {op!r}")
+        if op in ("I", "W") and not self.split:
+            return []
+        gradient = "I" if self.split and op == "B" else op
         if self.order:
-            return [job for job in self.order if job[0] == op]
+            return [(op,) + job[1:] for job in self.order if job[0] == gradient]
         D, T, M = self.shape
         return [(op, k, t, j) for k in range(D) for t in range(T) for j in range(M)]
 
     def version(self, job: Job) -> int:
-        """cur(job): the version of stage k current when F or B job ``(op, k, t, j)`` started."""
+        """cur(job): the version of stage k current when job ``(op, k, t, j)`` started (op F, B, I or W;
+        on a split table B and I both read the version at I)."""
         op, k, t, j = job
         if op == "F":
             return int(self.forward[k, t, j])
-        if op == "B":
+        if op == "B" or (op == "I" and self.split):
             return int(self.backward[k, t, j])
-        raise ValueError(f"version() takes an F or B job, got op {op!r} in {job}")
+        if op == "W" and self.split:
+            return int(self.weight_pass[k, t, j])
+        raise ValueError(f"version() takes an F or B job (or I/W of a split table), got op {op!r} in {job}")
 
     def staleness_of(self, job: Job) -> int:
-        """``update_version[k, t] − cur(job)`` for an F or B job (at the version current at the job)."""
+        """``update_version[k, t] − cur(job)`` (at the version current at the job)."""
         return int(self.update_version[job[1], job[2]]) - self.version(job)
 
     def max_staleness(self) -> list[int]:
