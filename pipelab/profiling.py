@@ -4,13 +4,16 @@ For every stage k and one micro-batch x it measures (medians over ``reps`` after
 
     f_cost[k]  = time of F(k): the stage's forward from its input (stage 0..k−1 run beforehand, untimed)
     b_cost[k]  = time of B(k): backward from the stage output (loss at the last stage, ones elsewhere)
+    i_cost[k], w_cost[k] = times of I(k) and W(k), the backward split (Qi et al., "Zero Bubble Pipeline
+                 Parallelism", ICLR 2024): the input gradient alone, keeping the graph, then the weight
+                 gradient from it (I at stage 0 has no input gradient to compute and costs ~0)
     u_cost[k]  = time of U(k): one ``optimizer.step()`` of the stage's parameters
     copy_cost[k] = time to clone the stage's weights (a weight version kept by a stash / version ring)
 
 and the sizes ``activation_bytes[k]`` (what the stage saves for its backward per micro-batch: its saved
 tensors, parameters excluded, each storage once) and ``weight_bytes[k]`` (its parameters). The result is
 what :func:`pipelab.simulator.simulate` takes: ``simulate(schedule, **profile.costs())`` (F, B, U costs and
-sizes), or ``simulate(schedule, profile=profile)`` via :func:`~pipelab.simulator.costs_from_profile`
+sizes; I/W too), or ``simulate(schedule, profile=profile)`` via :func:`~pipelab.simulator.costs_from_profile`
 (F, B and sizes). :func:`transfer_times` measures the one-way time of an activation between neighbouring
 ranks of a ``torch.distributed`` group (ping-pong / 2), the simulator's ``transfer_cost``.
 
@@ -54,7 +57,8 @@ __all__ = ["StageCosts", "StageProfile", "profile_stage", "profile_stages", "tra
 
 @dataclass(frozen=True)
 class StageCosts:
-    """Measured costs of one stage for one micro-batch: seconds (``f``, ``b``, ``u``, ``copy``) and bytes."""
+    """Measured costs of one stage for one micro-batch: seconds (``f``, ``b``, ``u``, ``copy``, ``i``, ``w``)
+    and bytes."""
 
     f: float
     b: float
@@ -62,6 +66,8 @@ class StageCosts:
     copy: float
     activation_bytes: int
     weight_bytes: int
+    i: float
+    w: float
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ class StageProfile:
     copy_cost: list[float]
     activation_bytes: list[int]
     weight_bytes: list[int]
+    i_cost: list[float]
+    w_cost: list[float]
 
     @property
     def D(self) -> int:
@@ -85,8 +93,9 @@ class StageProfile:
         return len(self.f_cost)
 
     def costs(self) -> dict[str, list[float] | list[int]]:
-        """Keyword arguments of :func:`pipelab.simulator.simulate`: F, B and U costs and the byte sizes."""
+        """Keyword arguments of :func:`pipelab.simulator.simulate`: F, B, U, I and W costs and the byte sizes."""
         return {"f_cost": list(self.f_cost), "b_cost": list(self.b_cost), "u_cost": list(self.u_cost),
+                "i_cost": list(self.i_cost), "w_cost": list(self.w_cost),
                 "activation_bytes": list(self.activation_bytes), "weight_bytes": list(self.weight_bytes)}
 
     def as_dict(self) -> dict[str, Any]:
@@ -168,10 +177,10 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
     params = [p for p in mod.parameters() if p.requires_grad]
     make = optimizer if optimizer is not None else (lambda ps: torch.optim.SGD(ps, lr=1e-3))
     opt = make(params)
-    state: dict[str, Tensor] = {}
+    state: dict[str, Any] = {}
 
     def fwd() -> None:
-        inp = x.detach().requires_grad_(input_grad)
+        inp = state["inp"] = x.detach().requires_grad_(input_grad)
         with torch.enable_grad():
             out = mod(inp)
             state["out"] = loss_fn(out, target) if target is not None else out
@@ -180,17 +189,32 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
         out = state.pop("out")
         out.backward(None if target is not None else torch.ones_like(out))
 
+    def i_pass() -> None:  # the input gradient alone, keeping the graph for W (as StageExecutor.input_grad)
+        out = state["out"]
+        state["g"] = None if target is not None else torch.ones_like(out)
+        if input_grad:
+            torch.autograd.grad(out, [state["inp"]], state["g"], retain_graph=True)
+
+    def w_pass() -> None:
+        out, g = state.pop("out"), state.pop("g")
+        if params:
+            torch.autograd.grad(out, params, g, allow_unused=True)
+
     activation_bytes = _saved_bytes(fwd, params)
     state.clear()
-    f_times, b_times = [], []
-    for _ in range(warmup + reps):  # F and B alternate, as in a pipeline
+    f_times, b_times, i_times, w_times = [], [], [], []
+    for _ in range(warmup + reps):  # F and B alternate, as in a pipeline; then F, I, W of a split backward
         f_times.append(_timed(fwd, device))
         b_times.append(_timed(bwd, device))
+        fwd()
+        i_times.append(_timed(i_pass, device))
+        w_times.append(_timed(w_pass, device))
     u = _median_time(opt.step, device, reps, warmup) if params else 0.0
     copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, reps, warmup)
     return StageCosts(f=statistics.median(f_times[warmup:]), b=statistics.median(b_times[warmup:]), u=u,
                       copy=copy_t, activation_bytes=activation_bytes,
-                      weight_bytes=sum(p.numel() * p.element_size() for p in mod.parameters()))
+                      weight_bytes=sum(p.numel() * p.element_size() for p in mod.parameters()),
+                      i=statistics.median(i_times[warmup:]), w=statistics.median(w_times[warmup:]))
 
 
 def profile_stages(stages: Sequence[nn.Module], x: Tensor, target: Tensor, *,
@@ -233,7 +257,8 @@ def profile_stages(stages: Sequence[nn.Module], x: Tensor, target: Tensor, *,
                     h = stage(h)
     return StageProfile(f_cost=[r.f for r in rows], b_cost=[r.b for r in rows], u_cost=[r.u for r in rows],
                         copy_cost=[r.copy for r in rows], activation_bytes=[r.activation_bytes for r in rows],
-                        weight_bytes=[r.weight_bytes for r in rows])
+                        weight_bytes=[r.weight_bytes for r in rows], i_cost=[r.i for r in rows],
+                        w_cost=[r.w for r in rows])
 
 
 def transfer_times(output: Tensor | None, inp: Tensor | None, *, reps: int = 20, warmup: int = 3) -> list[float]:

@@ -14,7 +14,7 @@ import torch
 from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.profiling import StageProfile, profile_stage, profile_stages
-from pipelab.schedules import gpipe, one_f_one_b
+from pipelab.schedules import Schedule, gpipe, one_f_one_b
 from pipelab.simulator import costs_from_profile, simulate
 
 D = 3
@@ -37,7 +37,7 @@ def profile() -> StageProfile:
 
 def test_one_positive_cost_per_stage(profile: StageProfile) -> None:
     assert profile.D == D
-    for name in ("f_cost", "b_cost", "u_cost", "copy_cost"):
+    for name in ("f_cost", "b_cost", "u_cost", "copy_cost", "i_cost", "w_cost"):
         values = getattr(profile, name)
         assert len(values) == D and all(math.isfinite(v) and v > 0 for v in values), name
     assert len(profile.activation_bytes) == len(profile.weight_bytes) == D
@@ -72,6 +72,21 @@ def test_the_simulator_takes_the_profile(profile: StageProfile) -> None:
         full = simulate(schedule, **profile.costs())
         assert full.makespan >= direct.makespan  # the updates' time is added
     assert set(costs_from_profile(profile)) == {"f_cost", "b_cost", "activation_bytes", "weight_bytes"}
+    # a split backward is timed with the measured I and W passes, not with halves of B
+    fused, split = one_f_one_b(D, 4), _split(one_f_one_b(D, 4))
+    costs = profile.costs()
+    r = simulate(split, **costs)
+    assert r.makespan > 0 and r.makespan != simulate(split, **{k: v for k, v in costs.items()
+                                                              if k not in ("i_cost", "w_cost")}).makespan
+    assert simulate(fused, **costs).makespan == simulate(fused, **{k: v for k, v in costs.items()
+                                                                   if k not in ("i_cost", "w_cost")}).makespan
+
+
+def _split(s: Schedule) -> Schedule:
+    """Every B of ``s`` as I immediately followed by W."""
+    progs = [[b for a in p for b in ((a._replace(op="I"), a._replace(op="W")) if a.op == "B" else (a,))]
+             for p in s.programs]
+    return Schedule(s.name + " split", progs, s.D, s.M, s.steps)
 
 
 def test_one_stage_profile_matches_its_pipeline_entry(profile: StageProfile) -> None:
