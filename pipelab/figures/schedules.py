@@ -47,9 +47,10 @@ def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | N
     """Draw ``r`` as a worker × time Gantt chart on ``ax``.
 
     Cells are coloured by micro-batch (g = t·M + j, cycling through ``max_colors`` colours); forwards are
-    light, backwards dark and hatched; the text is F/B and the micro-batch (plus the stage when a worker
+    light, backwards (B, or the input-gradient pass I of a split backward) dark and hatched ``//``, weight-
+    gradient passes W mid-tone and dotted; the text is the op and the micro-batch (plus the stage when a worker
     holds several); a black tick with a triangle marks an update U; with ``versions`` every cell also shows
-    the weight version it uses under the schedule's weight rule (``v2`` = W^(2)).
+    the weight version it uses under the schedule's weight rule (``v2`` = W^(2); a W uses its I's weights).
     """
     s, c = r.schedule, r.compiled
     pal = sns.color_palette("husl", min(max_colors, max(s.M * s.steps, 1)))
@@ -57,6 +58,8 @@ def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | N
         len(set(c.stage[(c.worker == w) & (c.op != 2)].tolist())) > 1 for w in range(s.W))
     vt = r.version_table if versions else None
     used = {op: vt.used(op) for op in ("F", "B")} if vt is not None else None
+    if used is not None:
+        used["I"] = used["W"] = used["B"]
     n_cells = int(np.sum(c.op != 2))
     fs = float(np.clip(260 / max(r.makespan, 1), 4.0, 8.0))
     show_text = n_cells <= 1200
@@ -68,15 +71,15 @@ def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | N
             ax.plot([x1], [w - 0.5], marker="v", color="black", ms=3.5, zorder=4)
             continue
         g = t * s.M + j
-        col = pal[g % len(pal)]
-        dark = op != 0
-        face = tuple(0.55 * np.asarray(col)) if dark else tuple(0.35 + 0.65 * np.asarray(col))
+        col = np.asarray(pal[g % len(pal)])
+        name = "FBUIW"[op]
+        dark = name in ("B", "I")
+        face = tuple(0.55 * col) if dark else tuple(0.8 * col) if name == "W" else tuple(0.35 + 0.65 * col)
         ax.add_patch(Rectangle((x0, w - 0.42), x1 - x0, 0.84, facecolor=face, edgecolor="white", lw=0.5,
-                               hatch="//" if dark else None, zorder=2))
+                               hatch="//" if dark else ".." if name == "W" else None, zorder=2))
         if show_text:
-            name = "FBUIW"[op]
             txt = f"{name}{g}" + (f"\ns{k}" if multi else "")
-            if used is not None and name in ("F", "B"):
+            if used is not None:
                 txt += f"\nv{used[name][k, t, j]}"
             ax.text((x0 + x1) / 2, w, txt, ha="center", va="center", fontsize=fs,
                     color="white" if dark else "black", zorder=3, linespacing=0.9)
@@ -88,11 +91,14 @@ def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | N
     ax.set_title(title or f"{s.name}: makespan {r.makespan:g}, bubble {r.bubble:.0%}", fontsize=9, loc="left")
 
 
-def _legend(fig: Figure) -> None:
-    fig.legend(handles=[Patch(facecolor="0.85", edgecolor="0.5", label="F (forward)"),
-                        Patch(facecolor="0.35", hatch="//", edgecolor="white", label="B (backward)"),
+def _legend(fig: Figure, split: bool = False) -> None:
+    """The op legend; with ``split`` the backward's two halves I and W instead of B."""
+    backward = ([Patch(facecolor="0.35", hatch="//", edgecolor="white", label="I (input gradient)"),
+                 Patch(facecolor="0.6", hatch="..", edgecolor="white", label="W (weight gradient)")] if split else
+                [Patch(facecolor="0.35", hatch="//", edgecolor="white", label="B (backward)")])
+    fig.legend(handles=[Patch(facecolor="0.85", edgecolor="0.5", label="F (forward)"), *backward,
                         plt.Line2D([], [], color="black", marker="v", lw=1.2, ms=4, label="U (update)")],
-               loc="lower right", ncol=3, fontsize=8)
+               loc="lower right", ncol=len(backward) + 2, fontsize=8)
 
 
 # ----------------------------------------------------------------------------- Gantt charts
@@ -130,7 +136,7 @@ def _gantt_figure(entries: Sequence[tuple[Any, ...]], cfg: GanttConfig, suptitle
                        "update_rule": r.schedule.update_rule}
     axes[-1, 0].set_xlabel(f"time (forward = 1, backward = {cfg.b_over_f:g})")
     fig.suptitle(suptitle, x=0.01, ha="left", fontsize=11)
-    _legend(fig)
+    _legend(fig, split=any(r.schedule.split_backward for _, r in results))
     fig.tight_layout(rect=(0, 0.03, 1, 0.98))
     return FigureOutput(fig, cfg, None, notes=notes, data=dict(results))
 
