@@ -38,7 +38,9 @@ def _unit(s: Schedule) -> SimResult:
 
 
 # --------------------------------------------------------------------------- the paper's Figure 3, D=4, M=8
-# Written out by hand from Figure 3 (the paper's B is I here; micro-batches counted from 0, the paper's from 1).
+# Written out by hand (the paper's B is I here; micro-batches counted from 0, the paper's from 1). Workers 0 and 3
+# are read off Figure 3; workers 1 and 2 follow the caption's rule (more warm-up forwards, W passes moved to the
+# tail) and are checked by the timing they must have (ZB-H1: torch's order; ZB-H2: the gap-free parallelogram).
 FIG3_ZB_H1 = [
     "F0 F1 F2 F3 I0 W0 F4 I1 W1 F5 I2 W2 F6 I3 W3 F7 I4 W4 I5 W5 I6 W6 I7 W7 U",
     "F0 F1 F2 I0 F3 I1 W0 F4 I2 W1 F5 I3 W2 F6 I4 W3 F7 I5 W4 I6 W5 I7 W6 W7 U",

@@ -194,7 +194,7 @@ def zb_async(D: int, M: int = 1, steps: int = 8, defer: int | Sequence[int] | No
       are D − 1 versions stale (M = 1) instead of D − 1 − k. The steady-state throughput is the same for
       every d_k (one micro-batch per T_F + T_I + T_W per worker).
 
-    Its first step with T = 1 is :func:`zb_h1`'s order (same rule and lag), without the barrier.
+    With T = 1 and M ≥ D it is :func:`zb_h1`'s order (same rule and lag), without the barrier.
 
     Raises:
         ValueError: bad sizes, or a ``defer`` entry that is negative or not one per worker.
