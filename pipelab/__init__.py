@@ -99,6 +99,10 @@ from .schedules import (
     pipeoptim_staleness,
     spectrain_version_difference,
     validate,
+    zb_async,
+    zb_h1,
+    zb_h2,
+    zero_bubble_table,
 )
 from .simulator import SimResult, costs_from_profile, simulate
 from .stability import delayed_gd_threshold, max_stable_step, region_area, region_mask, spectral_radius, stable_mask
@@ -131,7 +135,8 @@ __all__ = [
     # schedules and the simulator
     "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
-    "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
+    "lpp", "fslpp", "zb_h1", "zb_h2", "zb_async", "zero_bubble_table",
+    "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
     # the optimizer registry

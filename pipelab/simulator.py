@@ -19,7 +19,12 @@ Cost model (all per stage: a scalar, a list of D values, or a profile):
     updated weights from another worker before a job that waits for them (weight barrier).
 
 Memory model: an activation of (k, g) is held by the worker that ran F(k, g) from the start of F(k, g) to
-the end of the gradient job B(k, g) (I(k, g) when split) — Rahimi's "activation storage" counts these.
+the end of the weight-gradient job: B(k, g), or W(k, g) when the backward is split — W needs the stage's
+input activations (and the output gradient I received), so they stay resident until W ends, however long W
+is deferred. Each resident (k, g) counts one unit (``activation_bytes[k]`` bytes); the finer split of Qi et
+al. (M_B resident until I, only the smaller M_W until W) is not modelled. Rahimi's "activation storage"
+counts these units; the zero-bubble paper counts memory the same way (Qi et al., "Zero Bubble Pipeline
+Parallelism", ICLR 2024, §2.1–2.2 and Table 1: 1F1B and ZB-H1 peak at p·M_B, ZB-H2 at (2p−1)·M_B).
 
 Example:
     >>> from pipelab.schedules import gpipe
@@ -138,7 +143,8 @@ class SimResult:
     def _activation_events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         c = self.compiled
         t = c.table
-        grad = np.where(t[_B] >= 0, t[_B], t[_I])
+        # The activation is freed by the job that finishes the weight gradient: B, or W when split.
+        grad = np.where(t[_B] >= 0, t[_B], t[_W])
         fid = t[_F].reshape(-1)
         gid = grad.reshape(-1)
         ok = (fid >= 0) & (gid >= 0)

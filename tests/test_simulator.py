@@ -27,7 +27,7 @@ from pipelab.schedules import (
     validate,
 )
 from pipelab.schedules.rahimi import measured_row, table_row, throughput_per_worker
-from pipelab.simulator import costs_from_profile, simulate
+from pipelab.simulator import SimResult, costs_from_profile, simulate
 
 
 # ----------------------------------------------------------------------------- reference timing
@@ -321,6 +321,53 @@ def test_split_backward_into_input_and_weight_gradients_fits() -> None:
     validate(late)
     assert simulate(late, 1.0, 2.0).makespan >= r.makespan
 
+
+
+def _resident_oracle(r: SimResult, M: int) -> list[int]:
+    """Test oracle: the most micro-batches any instant finds resident on each worker, an activation (k, g)
+    being resident from the start of F(k, g) to the end of its weight-gradient job (B, or W when split),
+    found by scanning every start time (a release at the same instant comes first)."""
+    s = r.schedule
+    spans: dict[int, list[tuple[float, float]]] = {w: [] for w in range(s.W)}
+    for k in range(s.D):
+        for t in range(s.steps):
+            for j in range(M):
+                w = s.worker_of("F", k, t, j)
+                last = "W" if s.split_backward else "B"
+                spans[w].append((r.time_of("F", k, t, j)[0], r.time_of(last, k, t, j)[1]))
+    return [max(sum(a <= x < b for a, b in sp) for x, _ in sp) for _, sp in sorted(spans.items())]
+
+
+def test_split_backward_keeps_activations_until_w() -> None:
+    """Memory model with a split backward: W(k, g) needs stage k's input activations, so they stay resident
+    from F(k, g) to the end of W(k, g), not of I(k, g) (Qi et al., ICLR 2024, §2.1-2.2). I;W in place of B
+    keeps 1F1B's peaks; deferring stage 0's W passes to the end of the step raises its peak to M (each of
+    the M micro-batches waits for its W), which counting to the end of I would miss (it stays 3); the
+    byte metric scales the same counts; both equal an independent sweep over the timeline."""
+    from pipelab.schedules import Action
+
+    D, M = 3, 4
+    s = one_f_one_b(D, M, steps=2)
+    progs = tuple(tuple(x for a in p for x in ((Action("I", *a[1:4]), Action("W", *a[1:4])) if a.op == "B" else (a,)))
+                  for p in s.programs)
+    in_place = dataclasses.replace(s, programs=progs)
+    r = simulate(in_place, 1.0, 2.0, activation_bytes=[10.0, 20.0, 30.0])
+    assert r.peak_activations.tolist() == simulate(s, 1.0, 2.0).peak_activations.tolist() == [3, 2, 1]
+    assert r.peak_activations.tolist() == _resident_oracle(r, M)
+    p0 = []
+    for t in range(2):
+        step = [a for a in progs[0] if a.step == t]
+        p0 += [a for a in step if a.op not in "WU"] + [a for a in step if a.op == "W"]
+        p0 += [a for a in step if a.op == "U"]
+    late = dataclasses.replace(in_place, programs=(tuple(p0),) + progs[1:])
+    rl = simulate(late, 1.0, 2.0, activation_bytes=[10.0, 20.0, 30.0])
+    assert rl.peak_activations.tolist() == [M, 2, 1] == _resident_oracle(rl, M)
+    assert rl.peak_activation_bytes is not None
+    assert rl.peak_activation_bytes.tolist() == [10.0 * M, 40.0, 30.0]
+    # Counting only to the end of I would give stage 0 a peak of 3: the W-end rule is what raises it.
+    held_to_i = [sum(rl.time_of("F", 0, 0, j)[0] <= x < rl.time_of("I", 0, 0, j)[1] for j in range(M))
+                 for x in (rl.time_of("F", 0, 0, j)[0] for j in range(M))]
+    assert max(held_to_i) == 3
 
 def _count_versions(order, D):
     """Test oracle: the version of every job obtained by counting updates along an execution order (each

@@ -1,5 +1,5 @@
-"""Pipeline schedules as data: actions, builders, the general constructor, the dependency rule, validation,
-the version table.
+"""Pipeline schedules as data: actions, builders (zero-bubble ones with a split backward in ``zero_bubble``),
+the general constructor, the dependency rule, validation, the version table.
 
 Example:
     >>> from pipelab.schedules import one_f_one_b, validate
@@ -33,11 +33,13 @@ from .dependencies import EDGES, Edge, Job, dependencies
 from .transfers import ACT, GRAD, Message, channel, channels, consistent_cut, messages
 from .validate import ScheduleError, format_grid, validate
 from .versions import USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness, spectrain_version_difference
+from .zero_bubble import ZB_SCHEDULES, paper_closed_form, split_order, zb_async, zb_h1, zb_h2, zero_bubble_table
 
 __all__ = [
     "Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "lpp_hash", "BUILDERS",
+    "zb_h1", "zb_h2", "zb_async", "split_order", "zero_bubble_table", "paper_closed_form", "ZB_SCHEDULES",
     "construct", "PRIORITIES",
     "Job", "Edge", "EDGES", "dependencies",
     "validate", "ScheduleError", "format_grid",

@@ -27,7 +27,8 @@ builder                   order on worker k                                     
 
 ``gpipe``, ``one_f_one_b``, ``pipedream`` and ``naive`` write their order in closed form (fast for long
 runs); tests check they equal the general constructor with the matching placement, priority and
-admission. The others are thin presets over :func:`~pipelab.schedules.constructor.construct`.
+admission. The others are thin presets over :func:`~pipelab.schedules.constructor.construct`. The
+split-backward (zero-bubble) builders live in :mod:`pipelab.schedules.zero_bubble` and are registered here.
 
 Example:
     >>> from pipelab.schedules import pipedream
@@ -46,6 +47,7 @@ from collections.abc import Callable
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 from .constructor import construct
+from .zero_bubble import zb_async, zb_h1, zb_h2
 
 __all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
            "ddp", "fsdp", "lpp", "fslpp", "lpp_hash", "BUILDERS"]
@@ -357,4 +359,5 @@ def fslpp(D: int, M: int, G: int, R: int, steps: int = 1) -> Schedule:
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "pipedream": pipedream, "2bw": pipedream_2bw,
     "interleaved": interleaved_1f1b, "folded": folded, "ddp": ddp, "fsdp": fsdp, "lpp": lpp, "fslpp": fslpp,
+    "zb_h1": zb_h1, "zb_h2": zb_h2, "zb_async": zb_async,
 }
