@@ -15,6 +15,10 @@ Arms:
   1F1B (PipeDream, one update per mini-batch, M = 1);
 - ``2bw`` runs PipeDream-2BW with M = D micro-batches per update.
 
+``RunConfig.schedule`` runs an arm on another schedule of its policy's kind (:data:`ARM_SCHEDULES`): the
+zero-bubble ZB-H1 (flushed, split backward) for the flushed policies, or the no-flush split-backward
+``zb_async`` for the asynchronous ones, whose deferred W passes change every job's version.
+
 An epoch ends when every stage has applied that epoch's last update (version e·N, N steps per epoch);
 the evaluation uses exactly those weights.
 
@@ -51,8 +55,8 @@ from .policies import available_policies, policy_info
 from .schedules.actions import Schedule, check_int
 from .threads import torch_threads
 
-__all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "run", "sweep",
-           "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
+__all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "ARM_SCHEDULES", "run",
+           "sweep", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,11 @@ OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
 ARM_POLICIES: dict[str, str] = {name: info.schedule for name, info in
                                 ((n, policy_info(n)) for n in available_policies()) if not info.emulation_only}
 
+#: schedule -> the policy families it serves: schedules an arm may run instead of its policy's own family
+#: (``RunConfig.schedule``). ``zb_h1``: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), flushed, M
+#: micro-batches; ``zb_async``: its no-flush variant with PipeDream's one update per mini-batch (M = 1).
+ARM_SCHEDULES: dict[str, tuple[str, ...]] = {"zb_h1": ("gpipe", "1f1b"), "zb_async": ("async_1f1b",)}
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -91,6 +100,7 @@ class RunConfig:
             the epoch-end training loss is measured.
         lr: learning rate (``None``: :data:`OPTIMIZER_SETTINGS`', else the registry's default).
         dtype, device: computation precision and device.
+        schedule: ``None`` (the policy's family) or one of :data:`ARM_SCHEDULES` serving that family.
 
     Raises:
         ValueError: an unknown task/policy/optimizer/dtype; a count (``D``, ``epochs``, ``batch_size``,
@@ -112,11 +122,20 @@ class RunConfig:
     lr: float | None = None
     dtype: str = "float32"
     device: str = "cpu"
+    schedule: str | None = None
 
     def __post_init__(self) -> None:
         for name, table in (("task", TASKS), ("policy", ARM_POLICIES), ("optimizer", OPTIMIZERS)):
             if getattr(self, name) not in table:
                 raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {', '.join(table)}")
+        if self.schedule is not None:
+            if self.schedule not in ARM_SCHEDULES:
+                raise ValueError(f"schedule={self.schedule!r}; choose None or one of {', '.join(ARM_SCHEDULES)}")
+            family = ARM_POLICIES[self.policy]
+            if family not in ARM_SCHEDULES[self.schedule]:
+                fits = [p for p, f in ARM_POLICIES.items() if f in ARM_SCHEDULES[self.schedule]]
+                raise ValueError(f"schedule {self.schedule!r} cannot run policy {self.policy!r} (a {family} policy); "
+                                 f"it runs {', '.join(fits)}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         for name in ("D", "epochs", "batch_size", "M", "n_eval_train"):  # counts: a 0 would fail (or mislead) later
@@ -158,8 +177,12 @@ def _he_init(model: torch.nn.Module, seed: int) -> None:
 
 
 def _schedule(cfg: RunConfig, steps: int) -> Schedule:
-    from .schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw
+    from .schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw, zb_async, zb_h1
 
+    if cfg.schedule == "zb_h1":
+        return zb_h1(cfg.D, cfg.M, steps)
+    if cfg.schedule == "zb_async":
+        return zb_async(cfg.D, 1, steps)
     family = ARM_POLICIES[cfg.policy]
     if family == "gpipe":
         return gpipe(cfg.D, cfg.M, steps)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .distributed import default_backend, init_from_env, spawn
-from .learning_curves import ARM_POLICIES, TASKS, RunConfig, prepare
+from .learning_curves import ARM_POLICIES, ARM_SCHEDULES, TASKS, RunConfig, prepare
 from .optim import available_optimizers
 
 __all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
@@ -138,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n-test", type=int, default=2_000)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--schedule", default=None, choices=sorted(ARM_SCHEDULES),
+                   help="run the policy on this schedule instead of its family's (e.g. zb_async: split backward)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per rank, NCCL)")
     p.add_argument("--checkpoint", default=None, help="directory to save every rank's state at the end")
     p.add_argument("--stop-at-step", type=int, default=None, help="stop at the consistent cut of this step")
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device = f"cuda:{torch.cuda.current_device()}"
     cfg = RunConfig(task=args.task, policy=args.policy, optimizer=args.optimizer, D=args.D or world, seed=args.seed,
                     epochs=args.epochs, batch_size=args.batch_size, M=args.M, n_train=args.n_train,
-                    n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device)
+                    n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device, schedule=args.schedule)
     out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume)
     if out is not None:
         out.pop("weights")

@@ -21,6 +21,10 @@ def test_config_validation() -> None:
         RunConfig(**SMALL, policy="oracle")
     with pytest.raises(ValueError, match="optimizer="):
         RunConfig(**{**SMALL, "optimizer": "lion"}, policy="stashing")
+    with pytest.raises(ValueError, match="schedule="):
+        RunConfig(**SMALL, policy="stashing", schedule="zb_v")
+    with pytest.raises(ValueError, match="cannot run policy 'stashing'.*gpipe, 1f1b"):
+        RunConfig(**SMALL, policy="stashing", schedule="zb_h1")
 
 
 def test_same_config_same_curve_and_shared_start() -> None:
@@ -37,10 +41,20 @@ def test_same_config_same_curve_and_shared_start() -> None:
 def test_flushed_arms_equal_the_sequential_arm_in_float64() -> None:
     cfg = {**SMALL, "dtype": "float64", "M": 4}
     seq = run(RunConfig(**cfg, policy="sequential"))
-    for pol in ("gpipe", "1f1b"):
-        r = run(RunConfig(**cfg, policy=pol))
+    for pol, schedule in (("gpipe", None), ("1f1b", None), ("1f1b", "zb_h1")):
+        r = run(RunConfig(**cfg, policy=pol, schedule=schedule))
         for key in ("train_loss", "test_loss", "running_loss"):
             assert max(abs(x - y) for x, y in zip(seq[key][1:], r[key][1:])) <= 1e-9, (pol, key)
+
+
+def test_asynchronous_arms_run_on_the_split_backward_schedule() -> None:
+    fused = run(RunConfig(**SMALL, policy="stashing"))
+    split = run(RunConfig(**SMALL, policy="stashing", schedule="zb_async"))
+    assert split["schedule"] == "zb_async" and not split["diverged"]
+    assert all(math.isfinite(v) for v in split["test_acc"])
+    assert split["train_loss"][0] == fused["train_loss"][0] and split["train_loss"][-1] != fused["train_loss"][-1]
+    # deferred W passes keep every forward in flight longer: stage k stashes D versions, not D - k
+    assert split["weight_copies"] == [4, 4, 4, 4] and fused["weight_copies"] == [4, 3, 2, 1]
 
 
 def test_divergence_is_recorded() -> None:
