@@ -1,0 +1,124 @@
+"""The zero-bubble family trains exactly: emulator and runtime (gloo, 2 and 4 ranks) equal plain mini-batch
+training in float64, and the asynchronous split variant runs every staleness policy identically in both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipelab.distributed import spawn
+from pipelab.emulator import Emulator, train_plain
+from pipelab.runtime import PipelineRuntime
+from pipelab.schedules import Schedule, zb_async, zb_h1, zb_h2
+
+TOL = 1e-10
+
+#: name -> (builder of (workers W, M, steps), stages per worker)
+SYNC: dict[str, tuple[Callable[[int, int, int], Schedule], int]] = {
+    "zb_h1": (lambda W, M, T: zb_h1(W, M, T), 1),
+    "zb_h2": (lambda W, M, T: zb_h2(W, M, T), 1),
+}
+
+
+def mlp(depth: int, seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i in range(depth):
+        layers += [nn.Linear(6 if i == 0 else 8, 8), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(8, 4)).double()
+
+
+def batches(steps: int, n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (n,), generator=g))
+            for _ in range(steps)]
+
+
+def optimizer(name: str) -> Callable[[Any], torch.optim.Optimizer]:
+    if name == "adam":
+        return lambda ps: torch.optim.Adam(ps, lr=0.01)
+    return lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)
+
+
+def sizes(name: str, W: int) -> tuple[int, int]:
+    """(stages D, micro-batches M) for a schedule on W workers: the smallest M every builder accepts."""
+    per = SYNC[name][1]
+    return W * per, 2 * W * per
+
+
+@pytest.mark.parametrize("name", list(SYNC))
+@pytest.mark.parametrize("W", [2, 3])
+@pytest.mark.parametrize("opt", ["sgdm", "adam"])
+def test_emulator_equals_plain_training(name: str, W: int, opt: str) -> None:
+    D, M = sizes(name, W)
+    s = SYNC[name][0](W, M, 2)
+    data = batches(2, 2 * M)
+    ref = mlp(D)
+    plain = train_plain(ref, optimizer=optimizer(opt), batches=data)
+    model = mlp(D)
+    res = Emulator(model, schedule=s, policy="1f1b", optimizer=optimizer(opt)).run(data)
+    assert max(abs(a - b) for a, b in zip(res.losses, plain)) <= TOL
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert (a - b).abs().max().item() <= TOL
+
+
+def _cases(W: int) -> list[dict]:
+    out: list[dict] = [dict(name=n, kind="sync", opt="adam" if i % 2 else "sgdm") for i, n in enumerate(SYNC)]
+    out += [dict(name="zb_async", kind="async", policy=p, opt="adam") for p in ("vanilla", "stashing", "pipeoptim")]
+    return out
+
+
+def _schedule(case: dict, W: int) -> tuple[Schedule, int, int]:
+    if case["kind"] == "async":
+        return zb_async(W, 2, 6), W, 2
+    D, M = sizes(case["name"], W)
+    return SYNC[case["name"]][0](W, M, 2), D, M
+
+
+def _run(rank: int, world: int) -> list:
+    out = []
+    for case in _cases(world):
+        s, D, M = _schedule(case, world)
+        rt = PipelineRuntime(mlp(D), schedule=s, policy=case.get("policy", "1f1b"), optimizer=optimizer(case["opt"]))
+        out.append(rt.run(batches(s.steps, 2 * M)))
+    return out
+
+
+def _check(world: int, per_rank: list[list]) -> None:
+    for i, case in enumerate(_cases(world)):
+        s, D, M = _schedule(case, world)
+        data = batches(s.steps, 2 * M)
+        model = mlp(D)
+        emu = Emulator(model, schedule=s, policy=case.get("policy", "1f1b"), optimizer=optimizer(case["opt"]))
+        res = emu.run(data)
+        weights = emu.weights()
+        if case["kind"] == "sync":
+            ref = mlp(D)
+            train_plain(ref, optimizer=optimizer(case["opt"]), batches=data)
+            plain = [tuple(p.detach() for p in st.parameters()) for st in _stages(ref, D)]
+        current: dict = {}
+        for r in range(world):
+            got = per_rank[r][i]
+            current.update(got.current)
+            assert got.losses == res.losses, case
+            for k, W in got.weights.items():
+                assert all(torch.equal(a, b) for a, b in zip(W, weights[k])), (case, k)
+                if case["kind"] == "sync":
+                    assert all((a - b).abs().max().item() <= TOL for a, b in zip(W, plain[k])), (case, k)
+        assert current == res.current, case
+
+
+def _stages(model: nn.Sequential, D: int) -> list[nn.Module]:
+    from pipelab.partition import split
+
+    return list(split(model, D))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_runtime_equals_plain_training_and_the_emulator(world: int) -> None:
+    _check(world, spawn(_run, world))
