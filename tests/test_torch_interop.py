@@ -297,6 +297,16 @@ def test_communication_that_disagrees_with_the_transfers_is_refused() -> None:
 
     with pytest.raises(ValueError, match=r"torch matches a rank pair's sends and receives in order"):
         from_torch(edited(1, swap_recvs), n_stages=4, n_microbatches=4)
+    def late_sends(acts: list) -> list:  # rank 0's first sends, in order, after F3.0, which needs their tensors back
+        i = next(i for i, b in enumerate(acts) if str(b) == "3F0")
+        sends = [a for a in acts[:i] if "SEND" in str(a)]
+        rest = [a for a in acts if a not in sends]
+        i = rest.index(acts[i])
+        return rest[:i + 1] + sends + rest[i + 1:]
+
+    with pytest.raises(ValueError, match=r"communication order deadlocks: rank 0's F3\.0 \(step 0\) waits for "
+                                         r"2SEND_F0 \(step 0\) on rank 1, which stands behind rank 1's F1\.0"):
+        from_torch(edited(0, late_sends), n_stages=4, n_microbatches=4)
     with pytest.raises(ValueError, match="matches no transfer"):  # stages 1 and 2 share rank 1 in the V
         from_torch(edited(1, lambda acts: acts + [ts._Action(1, ts.SEND_F, 0)]), n_stages=4, n_microbatches=4)
 

@@ -40,7 +40,9 @@ after the rank's last action of stage k in step t (where torch puts ``REDUCE_GRA
 actions are checked against pipelab's own transfers: every message has its SEND on the producer's rank
 after the producing job and its RECV on the consumer's rank before the consuming job, nothing else, and
 per ordered pair of ranks the RECVs come in the order of the SENDs (torch's point-to-point operations carry
-no tag, so a rank pair is one first-in first-out channel). ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` have no
+no tag, so a rank pair is one first-in first-out channel), and the lists make progress when run as torch's
+runtime runs them (SEND/RECV never block, a job waits for the SEND of what it consumes), so a SEND placed
+behind a job that waits on its own consumer is reported as a deadlock. ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` have no
 pipelab op yet: they are kept in ``Schedule.params["torch_extra"]`` as ``(rank, before, action)``, where
 ``before`` counts the rank's compute jobs ahead of it, and counted in ``update_rule``. The result is
 :func:`~pipelab.schedules.validate` d, so a missing or duplicated job or an order that cannot run raises
@@ -225,7 +227,8 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
         ScheduleError: (from :func:`validate`) missing or duplicated jobs, out-of-range stages or
             micro-batches, an order that deadlocks; with the marked worker × time grid.
         ValueError: ranks not numbered 0..R−1, a stage on two ranks, a compute action without a micro-batch,
-            SEND/RECV actions that do not match pipelab's transfers (missing, extra, misplaced, out of order).
+            SEND/RECV actions that do not match pipelab's transfers (missing, extra, misplaced, out of order,
+            or placed so that the ranks deadlock).
         TypeError: an entry that is not an action, a string or None.
 
     Example:
@@ -363,6 +366,54 @@ def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) 
                 raise ValueError(f"rank {pair[1]}'s action {rec[3]} is its receive #{i} from rank {pair[0]}, but "
                                  f"rank {pair[0]}'s send #{i} to it is another tensor: torch matches a rank pair's "
                                  "sends and receives in order")
+    _check_progress(s, comms, expected)
+
+
+def _check_progress(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]],
+                    expected: dict[tuple[int, _Key], tuple[Message, str]]) -> None:
+    """Run the lists as torch's runtime does (SEND and RECV post without blocking; a compute job waits for the
+    SEND of every tensor it consumes): a SEND placed after a job that itself waits on the consumer deadlocks."""
+    waits: dict[tuple[str, int, int, int], list[tuple[int, _Key]]] = defaultdict(list)
+    for (r, key), (m, side) in expected.items():
+        if side == "send":
+            job = s.programs[m.dst][m.recv_pos]
+            waits[(job.op, job.stage, job.step, job.micro)].append((r, key))
+    events: list[list[tuple[str, Any, str]]] = []  # ("job", job key, label) or ("send", (rank, key), label)
+    for r, prog in enumerate(s.programs):
+        jobs = [a for a in prog if a.op != "U"]
+        by_before: dict[int, list[tuple[_Key, TorchAction]]] = defaultdict(list)
+        for before, key, act in comms[r]:
+            by_before[before].append((key, act))
+        ev: list[tuple[str, Any, str]] = []
+        for n in range(len(jobs) + 1):
+            ev += [("send" if key[0].startswith("SEND") else "recv", (r, key), str(act)) for key, act in by_before[n]]
+            if n < len(jobs):
+                a = jobs[n]
+                ev.append(("job", (a.op, a.stage, a.step, a.micro), f"{a} (step {a.step})"))
+        events.append(ev)
+    sent: set[tuple[int, _Key]] = set()
+    ptr = [0] * len(events)
+    progress = True
+    while progress:
+        progress = False
+        for r, ev in enumerate(events):
+            while ptr[r] < len(ev):
+                kind, ident, _ = ev[ptr[r]]
+                if kind == "job" and any(w not in sent for w in waits.get(ident, ())):
+                    break
+                if kind == "send":
+                    sent.add(ident)
+                ptr[r] += 1
+                progress = True
+    stuck = [r for r, ev in enumerate(events) if ptr[r] < len(ev)]
+    if stuck:
+        r = stuck[0]
+        _, ident, label = events[r][ptr[r]]
+        sr, key = next(w for w in waits[ident] if w not in sent)
+        blocker = events[sr][ptr[sr]][2] if ptr[sr] < len(events[sr]) else "the end of its list"
+        raise ValueError(f"the communication order deadlocks: rank {r}'s {label} waits for {key[1]}{key[0]}{key[3]} "
+                         f"(step {key[2]}) on rank {sr}, which stands behind rank {sr}'s {blocker}, itself blocked "
+                         f"({len(stuck)} rank(s) blocked)")
 
 
 def from_torch_csv(path: str | os.PathLike[str], *, n_stages: int, n_microbatches: int, steps: int = 1,
