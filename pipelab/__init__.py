@@ -87,6 +87,8 @@ from .schedules import (
     ddp,
     folded,
     format_grid,
+    from_torch,
+    from_torch_csv,
     fsdp,
     fslpp,
     gpipe,
@@ -98,6 +100,8 @@ from .schedules import (
     pipedream_2bw,
     pipeoptim_staleness,
     spectrain_version_difference,
+    to_torch,
+    to_torch_csv,
     validate,
     zb_async,
     zb_h1,
@@ -139,6 +143,7 @@ __all__ = [
     "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
+    "from_torch", "from_torch_csv", "to_torch", "to_torch_csv",
     # the optimizer registry
     "OPTIMIZERS", "OptimizerSpec", "available_optimizers", "make_optimizer", "optimizer_factory", "optimizer_label",
     # predictors and prediction error

@@ -6,6 +6,8 @@
 - :class:`~pipelab.runtime.p2p.P2PTransport` (:mod:`.p2p`): the ``torch.distributed`` point-to-point transport;
 - :func:`save_checkpoint`, :func:`load_checkpoint` (:mod:`.checkpoint`): resume a run mid-flight identically,
   through :meth:`PipelineRuntime.state_dict`; the cut is :func:`~pipelab.schedules.consistent_cut`;
+- :func:`run_torch_pipelining` (:mod:`.torch_pipelining`): a flushed schedule exported to, and run by,
+  ``torch.distributed.pipelining``'s own runtime (the torch-equivalence reference);
 - launch with ``torchrun -m pipelab.run`` or :func:`pipelab.distributed.spawn`.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from ..schedules.transfers import channels, consistent_cut
 from .checkpoint import CheckpointError, load_checkpoint, read_header, save_checkpoint
 from .runtime import PipelineRuntime, RuntimeResult
+from .torch_pipelining import TorchPipeliningResult, run_torch_pipelining
 
 __all__ = ["PipelineRuntime", "RuntimeResult", "channels", "consistent_cut", "save_checkpoint", "load_checkpoint",
-           "read_header", "CheckpointError"]
+           "read_header", "CheckpointError", "run_torch_pipelining", "TorchPipeliningResult"]

@@ -30,6 +30,7 @@ from .builders import (
 )
 from .constructor import PRIORITIES, construct
 from .dependencies import EDGES, Edge, Job, dependencies
+from .torch_actions import from_torch, from_torch_csv, to_torch, to_torch_csv
 from .transfers import ACT, GRAD, Message, channel, channels, consistent_cut, messages
 from .validate import ScheduleError, format_grid, validate
 from .versions import USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness, spectrain_version_difference
@@ -45,4 +46,5 @@ __all__ = [
     "validate", "ScheduleError", "format_grid",
     "Message", "messages", "channels", "channel", "consistent_cut", "ACT", "GRAD",
     "VersionTable", "USED_RULES", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
+    "from_torch", "from_torch_csv", "to_torch", "to_torch_csv",
 ]

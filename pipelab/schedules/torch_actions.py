@@ -1,0 +1,506 @@
+"""pipelab ↔ ``torch.distributed.pipelining``: a schedule's per-rank action lists and CSV format.
+
+torch writes a pipeline schedule as one list of ``_Action`` per rank (``schedule.pipeline_order``, compute
+only, ``None`` for an idle slot; ``pipeline_order_with_comms``, with the communication it lowers to) and
+dumps either as CSV, one row per rank, one cell ``str(action)`` per entry (``"2F0"``, ``"1SEND_B3"``,
+``"(0F1;3B0)OVERLAP_F_B"``, ``""`` for ``None``). This module converts both ways; it is pure data (it never
+touches a process group): :func:`from_torch` / :func:`from_torch_csv` import, :func:`to_torch` /
+:func:`to_torch_csv` export. Running an exported schedule on torch's own runtime is
+:mod:`pipelab.runtime.torch_pipelining`.
+
+Vocabulary (pipelab ↔ torch):
+
+==========================================  ===============================================================
+pipelab                                     torch.distributed.pipelining
+==========================================  ===============================================================
+worker w (a process)                        rank (``pp_group`` rank)
+stage k = 0..D−1, ``Action.stage``           ``stage_index`` (a stage lives on one rank)
+chunk: index of stage k among its worker's  the position of the stage in the rank's ``stages`` list (torch
+stages, in increasing k                     keeps them in that order too)
+micro-batch j, ``Action.micro``              ``microbatch_index``
+step t (mini-batch, one update per stage)   one ``schedule.step()`` call; its action lists cover one step
+F / B / I / W                               ``F`` FORWARD / ``B`` FULL_BACKWARD / ``I`` BACKWARD_INPUT /
+                                            ``W`` BACKWARD_WEIGHT
+(F, B) run back to back                     ``OVERLAP_F_B`` with its ``sub_actions`` (expanded in order)
+U(k, t): stage k's optimizer update         not in the lists: the user calls ``optimizer.step()`` after
+                                            ``schedule.step()``; ``REDUCE_GRAD`` (scale the accumulated
+                                            gradient by 1/M, sync data-parallel grads) is the last action
+                                            of a stage's step and stands where U would
+message into stage k (:func:`messages`):    ``SEND_F`` on the producer (``stage_index`` = k−1) and
+activation, channel 2k                      ``RECV_F`` on the consumer (``stage_index`` = k)
+message into stage k: output gradient,      ``SEND_B`` on the producer (``stage_index`` = k+1) and
+channel 2k+1                                ``RECV_B`` on the consumer (``stage_index`` = k)
+weight placement (``weight_holders``)       FSDP ``UNSHARD`` / ``RESHARD`` (no pipelab op yet)
+sync_lag = 0 (flushed), steps = 1           every torch schedule (synchronous, one step per call)
+==========================================  ===============================================================
+
+Import (:func:`from_torch`): F/B/I/W become actions of step t (the list is repeated for ``steps`` steps, as
+calling ``schedule.step()`` that many times would), ``None`` entries are dropped, U(k, t) is placed right
+after the rank's last action of stage k in step t (where torch puts ``REDUCE_GRAD``). Communication
+actions are checked against pipelab's own transfers: every message has its SEND on the producer's rank
+after the producing job and its RECV on the consumer's rank before the consuming job, nothing else, and
+per ordered pair of ranks the RECVs come in the order of the SENDs (torch's point-to-point operations carry
+no tag, so a rank pair is one first-in first-out channel), and the lists make progress when run as torch's
+runtime runs them (SEND/RECV never block, a job waits for the SEND of what it consumes), so a SEND placed
+behind a job that waits on its own consumer is reported as a deadlock. ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` have no
+pipelab op yet: they are kept in ``Schedule.params["torch_extra"]`` as ``(rank, before, action)``, where
+``before`` counts the rank's compute jobs ahead of it, and counted in ``update_rule``. The result is
+:func:`~pipelab.schedules.validate` d, so a missing or duplicated job or an order that cannot run raises
+:class:`~pipelab.schedules.ScheduleError` with the marked worker × time grid.
+
+Export (:func:`to_torch`): one step of a synchronous schedule with one rank per stage. Compute-only lists
+(``comms=False``) are what torch's ``_load_csv(format="compute_only")`` lowers itself; with ``comms=True``
+the SEND/RECV actions come from :func:`~pipelab.schedules.transfers.messages` (each SEND right after its
+producer; each RECV placed, on the consumer's rank, at the moment its SEND is issued in a dependency order
+of the whole schedule, so every rank pair's RECVs follow its SENDs) and U(k) becomes ``REDUCE_GRAD`` (k).
+
+Example:
+    >>> from pipelab.schedules import one_f_one_b
+    >>> order = to_torch(one_f_one_b(D=2, M=2))
+    >>> [str(a) for a in order[1]]
+    ['1F0', '1B0', '1F1', '1B1']
+    >>> from_torch(order, n_stages=2, n_microbatches=2).programs == one_f_one_b(D=2, M=2).programs
+    True
+
+Reference: the schedule IR of ``torch.distributed.pipelining.schedules`` (``_Action``, ``_dump_csv``,
+``_load_csv``, ``_PipelineScheduleRuntime``; PyTorch ≥ 2.5); the split backward of Qi et al., "Zero
+Bubble Pipeline Parallelism" (ICLR 2024).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from .actions import Action, Schedule, check_int
+from .compiled import OP_CODE, compile_schedule
+from .dependencies import ACTIVATION, edges_into
+from .transfers import ACT, GRAD, Message, channel
+from .validate import unit_timeline, validate
+
+__all__ = ["TorchAction", "COMPUTE_KINDS", "COMM_KINDS", "EXTRA_KINDS", "parse_action", "format_action",
+           "from_torch", "from_torch_csv", "to_torch", "to_torch_csv", "transfers"]
+
+#: torch computation types that are pipelab compute ops (same letters).
+COMPUTE_KINDS: tuple[str, ...] = ("F", "B", "I", "W")
+#: torch's point-to-point actions: ``stage_index`` is the sender's stage for SEND, the receiver's for RECV.
+COMM_KINDS: tuple[str, ...] = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+#: torch actions with no pipelab op (kept as metadata on import).
+EXTRA_KINDS: tuple[str, ...] = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+_OVERLAP = "OVERLAP_F_B"
+_KINDS = COMPUTE_KINDS + COMM_KINDS + EXTRA_KINDS
+# Longest names first so that e.g. "RESHARD" is not read as "R..." of another kind.
+_ACTION_RE = re.compile(r"(\d+)(" + "|".join(sorted(_KINDS, key=len, reverse=True)) + r")(\d*)")
+
+
+class TorchAction(NamedTuple):
+    """torch's ``_Action`` as plain data: ``stage`` (``stage_index``), ``kind`` (the computation type's
+    string: "F", "SEND_B", "OVERLAP_F_B", ...), ``micro`` (``microbatch_index``, None for UNSHARD/RESHARD/
+    REDUCE_GRAD), ``subs`` (the sub-actions of an ``OVERLAP_F_B``)."""
+
+    stage: int
+    kind: str
+    micro: int | None = None
+    subs: tuple[TorchAction, ...] | None = None
+
+    def __str__(self) -> str:
+        return format_action(self)
+
+
+def format_action(a: TorchAction) -> str:
+    """torch's text for an action (the CSV cell): ``f"{stage}{kind}{micro}"``, ``"(a;b)OVERLAP_F_B"``."""
+    if a.subs is not None:
+        return "(" + ";".join(format_action(s) for s in a.subs) + f"){a.kind}"
+    return f"{a.stage}{a.kind}" + ("" if a.micro is None else str(a.micro))
+
+
+def parse_action(text: str) -> TorchAction | None:
+    """Read one CSV cell of torch's format (``""`` is an idle slot: None).
+
+    Raises:
+        ValueError: a cell that is not ``[stage][kind][microbatch]`` or ``(sub;sub)OVERLAP_F_B``.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    if text.startswith("("):
+        close = text.find(")")
+        kind = text[close + 1:]
+        if close < 0 or kind != _OVERLAP:
+            raise ValueError(f"torch action {text!r}: a parenthesised action must be '(a;b;...){_OVERLAP}'")
+        subs = tuple(s for s in (parse_action(p) for p in text[1:close].split(";")) if s is not None)
+        return TorchAction(-1, _OVERLAP, None, subs)
+    m = _ACTION_RE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"torch action {text!r} is not [stage][kind][microbatch] with kind one of "
+                         f"{', '.join(_KINDS)} (e.g. '2F0', '1SEND_B3', '0REDUCE_GRAD')")
+    return TorchAction(int(m[1]), m[2], int(m[3]) if m[3] else None)
+
+
+def _normalise(a: Any) -> TorchAction | None:
+    """A torch ``_Action`` (duck-typed), a :class:`TorchAction`, a CSV string or None, as a TorchAction."""
+    if a is None or isinstance(a, TorchAction):
+        return a
+    if isinstance(a, str):
+        return parse_action(a)
+    try:
+        kind = a.computation_type
+        stage, micro, subs = a.stage_index, a.microbatch_index, getattr(a, "sub_actions", None)
+    except AttributeError:
+        raise TypeError(f"pipeline_order entries must be torch _Action objects, strings such as '2F0', or None; "
+                        f"got {type(a).__name__}: {a!r}") from None
+    kind = str(getattr(kind, "value", kind))
+    if kind not in _KINDS + (_OVERLAP,):
+        raise ValueError(f"torch action {a!r}: unknown computation type {kind!r} (allowed: "
+                         f"{', '.join(_KINDS + (_OVERLAP,))})")
+    norm_subs = None if subs is None else tuple(s for s in (_normalise(x) for x in subs) if s is not None)
+    return TorchAction(int(stage), kind, None if micro is None else int(micro), norm_subs)
+
+
+def _flatten(a: TorchAction) -> list[TorchAction]:
+    """An action, or the sub-actions of an ``OVERLAP_F_B`` in order."""
+    if a.kind == _OVERLAP:
+        if not a.subs:
+            raise ValueError(f"torch action {a}: {_OVERLAP} without sub_actions")
+        return [x for s in a.subs for x in _flatten(s)]
+    return [a]
+
+
+# message key: (kind, stage_index as torch writes it, t, j), on a given rank
+_Key = tuple[str, int, int, int]
+
+
+def _message_keys(m: Message) -> tuple[_Key, _Key]:
+    """The SEND (on ``m.src``) and RECV (on ``m.dst``) torch would write for pipelab message ``m``."""
+    k, kind = divmod(m.channel, 2)  # into stage k
+    if kind == ACT:  # activation out of stage k-1 into stage k
+        return ("SEND_F", k - 1, m.t, m.j), ("RECV_F", k, m.t, m.j)
+    return ("SEND_B", k + 1, m.t, m.j), ("RECV_B", k, m.t, m.j)  # gradient out of stage k+1 into stage k
+
+
+def transfers(s: Schedule) -> list[Message]:
+    """Every cross-worker transfer of ``s`` (as :func:`~pipelab.schedules.transfers.messages`), read from the
+    compiled dependency slots, so that a schedule mixing B and I/W per micro-batch (torch's DualPipeV fuses
+    some backwards and splits others) gets each consumer's actual producer (B or I of that micro-batch)."""
+    c = compile_schedule(s)
+    ops = {code: op for op, code in OP_CODE.items()}
+    out: list[Message] = []
+    for i in range(c.n):
+        op = ops[int(c.op[i])]
+        if op == "U":
+            continue
+        for dep, edge in zip((c.dep1, c.dep2), edges_into(op)):
+            d = int(dep[i])
+            if edge.carries is None or d < 0 or int(c.worker[d]) == int(c.worker[i]):
+                continue
+            (src, send_pos), (dst, recv_pos) = c.position(d), c.position(i)
+            kind = ACT if edge.carries == ACTIVATION else GRAD
+            out.append(Message(src, send_pos, dst, recv_pos, channel(kind, int(c.stage[i])), int(c.step[i]),
+                               int(c.micro[i])))
+    out.sort(key=lambda m: (m.src, m.send_pos))
+    return out
+
+
+def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_microbatches: int,
+               steps: int = 1, name: str = "torch schedule", check: bool = True) -> Schedule:
+    """Import torch's per-rank action lists as a pipelab :class:`Schedule` (rules: module docstring).
+
+    Args:
+        pipeline_order: ``{rank: [action or None, ...]}`` for ranks 0..R−1, e.g. a torch schedule's
+            ``pipeline_order`` or ``pipeline_order_with_comms``; an action is a torch ``_Action``, a
+            :class:`TorchAction`, or its CSV text.
+        n_stages: D, torch's ``num_stages``.
+        n_microbatches: M.
+        steps: T, how many times the one-step lists run (one optimizer step after each).
+        name: the schedule's name.
+        check: validate the result (and the communication actions, if any); off only to inspect a broken list.
+
+    Returns:
+        A synchronous (``sync_lag = 0``) schedule; ``params`` records the source, the sizes and the actions
+        pipelab has no op for (``torch_extra``: ``(rank, compute jobs before it, text)``).
+
+    Raises:
+        ScheduleError: (from :func:`validate`) missing or duplicated jobs, out-of-range stages or
+            micro-batches, an order that deadlocks; with the marked worker × time grid.
+        ValueError: ranks not numbered 0..R−1, a stage on two ranks, a compute action without a micro-batch,
+            SEND/RECV actions that do not match pipelab's transfers (missing, extra, misplaced, out of order,
+            or placed so that the ranks deadlock).
+        TypeError: an entry that is not an action, a string or None.
+
+    Example:
+        >>> s = from_torch({0: ["0F0", "0B0", "0REDUCE_GRAD"]}, n_stages=1, n_microbatches=1)
+        >>> [str(a) for a in s.programs[0]], s.params["torch_extra"]
+        (['F0.0', 'B0.0', 'U0'], ((0, 2, '0REDUCE_GRAD'),))
+    """
+    D = check_int("n_stages", n_stages)
+    M = check_int("n_microbatches", n_microbatches)
+    T = check_int("steps", steps)
+    if not isinstance(pipeline_order, Mapping) or not pipeline_order:
+        raise TypeError("pipeline_order must be a non-empty dict {rank: list of actions}, got "
+                        f"{type(pipeline_order).__name__}")
+    ranks = sorted(pipeline_order)
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"pipeline_order must have ranks 0..{len(ranks) - 1}, got {ranks}")
+    lists = [[x for a in pipeline_order[r] if (n := _normalise(a)) is not None for x in _flatten(n)]
+             for r in ranks]
+
+    # Stage placement: torch puts each stage on exactly one rank.
+    rank_of: dict[int, int] = {}
+    for r, acts in enumerate(lists):
+        for a in acts:
+            if a.kind in COMPUTE_KINDS:
+                if a.micro is None:
+                    raise ValueError(f"rank {r}: compute action {a} has no microbatch index")
+                other = rank_of.setdefault(a.stage, r)
+                if other != r:
+                    raise ValueError(f"stage {a.stage} is computed on ranks {other} and {r} ({a}); torch places "
+                                     "each stage on one rank")
+    chunk_of = {k: sorted(s for s, rr in rank_of.items() if rr == r).index(k) for k, r in rank_of.items()}
+
+    programs: list[list[Action]] = []
+    comms: list[list[tuple[int, _Key, TorchAction]]] = []  # per rank: (compute jobs before it, key, action)
+    extra: list[tuple[int, int, str]] = []
+    counts: Counter[str] = Counter()
+    for r, acts in enumerate(lists):
+        prog: list[Action] = []
+        rank_comms: list[tuple[int, _Key, TorchAction]] = []
+        n_compute = 0
+        for t in range(T):
+            for a in acts:
+                if a.kind in COMPUTE_KINDS:
+                    prog.append(Action(a.kind, a.stage, t, int(a.micro or 0), chunk_of[a.stage]))
+                    n_compute += 1
+                elif a.kind in COMM_KINDS:
+                    if a.micro is None:
+                        raise ValueError(f"rank {r}: communication action {a} has no microbatch index")
+                    rank_comms.append((n_compute, (a.kind, a.stage, t, a.micro), a))
+                else:
+                    extra.append((r, n_compute, str(a)))
+                    counts[a.kind] += 1
+            # U(k, t) right after the rank's last action of stage k in step t (torch's REDUCE_GRAD slot).
+            last: dict[int, int] = {}
+            start = len(prog) - sum(a.kind in COMPUTE_KINDS for a in acts)
+            for i in range(start, len(prog)):
+                last[prog[i].stage] = i
+            for k, i in sorted(last.items(), key=lambda kv: -kv[1]):
+                prog.insert(i + 1, Action("U", k, t, -1, chunk_of[k]))
+        programs.append(prog)
+        comms.append(rank_comms)
+
+    ignored = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    n_comm = sum(len(c) for c in comms)
+    rule = ("U(k,t) right after the rank's last action of stage k in step t (torch steps the optimizer outside "
+            "the schedule); flushed" + (f"; torch actions with no pipelab op, kept in params['torch_extra']: "
+                                        f"{ignored}" if ignored else ""))
+    params = {"source": "torch.distributed.pipelining", "n_stages": D, "n_microbatches": M,
+              "ranks": len(ranks), "torch_comms": n_comm, "torch_extra": tuple(extra)}
+    sched = Schedule(name=name, programs=tuple(tuple(p) for p in programs), D=D, M=M, steps=T, sync_lag=0,
+                     update_rule=rule, params=params)
+    if check:
+        validate(sched)
+        if n_comm:
+            _check_comms(sched, comms)
+    return sched
+
+
+def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) -> None:
+    """SEND/RECV actions equal pipelab's messages, each placed after its producer / before its consumer, and
+    every rank pair's RECVs in the order of its SENDs (see the module docstring)."""
+    # compute index (position among the rank's compute jobs) of every job
+    cindex: dict[tuple[str, int, int, int], int] = {}
+    for prog in s.programs:
+        n = 0
+        for a in prog:
+            if a.op != "U":
+                cindex[(a.op, a.stage, a.step, a.micro)] = n
+                n += 1
+    expected: dict[tuple[int, _Key], tuple[Message, str]] = {}
+    for m in transfers(s):
+        send, recv = _message_keys(m)
+        expected[(m.src, send)] = (m, "send")
+        expected[(m.dst, recv)] = (m, "recv")
+    seen: set[tuple[int, _Key]] = set()
+    for r, rank_comms in enumerate(comms):
+        for before, key, act in rank_comms:
+            what = f"rank {r}'s action {act} (step {key[2]})"
+            if (r, key) in seen:
+                raise ValueError(f"{what} appears more than once")
+            seen.add((r, key))
+            if (r, key) not in expected:
+                raise ValueError(f"{what} matches no transfer of pipelab's schedule (a transfer crosses ranks "
+                                 f"between adjacent stages: activations k→k+1, gradients k+1→k)")
+            m, side = expected[(r, key)]
+            prog_src, prog_dst = s.programs[m.src], s.programs[m.dst]
+            if side == "send":
+                job = prog_src[m.send_pos]
+                if cindex[(job.op, job.stage, job.step, job.micro)] >= before:
+                    raise ValueError(f"{what} comes before the job that produces its tensor, {job}")
+            else:
+                job = prog_dst[m.recv_pos]
+                if cindex[(job.op, job.stage, job.step, job.micro)] < before:
+                    raise ValueError(f"{what} comes after the job that consumes its tensor, {job}")
+    missing = [(r, key) for r, key in expected if (r, key) not in seen]
+    if missing:
+        r, (kind, stage, t, j) = missing[0]
+        raise ValueError(f"rank {r} lacks {stage}{kind}{j} (step {t}), a transfer of pipelab's schedule "
+                         f"({len(missing)} missing in all)")
+    # FIFO per ordered rank pair: torch's p2p ops carry no tag.
+    sends: dict[tuple[int, int], list[tuple[str, int, int]]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[tuple[str, int, int, str]]] = defaultdict(list)
+    for r, rank_comms in enumerate(comms):
+        for _, key, act in rank_comms:
+            m, side = expected[(r, key)]
+            ident = (key[0][-1], m.channel, m.t * s.M + m.j)
+            if side == "send":
+                sends[(m.src, m.dst)].append(ident)
+            else:
+                recvs[(m.src, m.dst)].append(ident + (str(act),))
+    for pair, order in sends.items():
+        got = recvs[pair]
+        for i, (sent, rec) in enumerate(zip(order, got)):
+            if sent != rec[:3]:
+                raise ValueError(f"rank {pair[1]}'s action {rec[3]} is its receive #{i} from rank {pair[0]}, but "
+                                 f"rank {pair[0]}'s send #{i} to it is another tensor: torch matches a rank pair's "
+                                 "sends and receives in order")
+    _check_progress(s, comms, expected)
+
+
+def _check_progress(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]],
+                    expected: dict[tuple[int, _Key], tuple[Message, str]]) -> None:
+    """Run the lists as torch's runtime does (SEND and RECV post without blocking; a compute job waits for the
+    SEND of every tensor it consumes): a SEND placed after a job that itself waits on the consumer deadlocks."""
+    waits: dict[tuple[str, int, int, int], list[tuple[int, _Key]]] = defaultdict(list)
+    for (r, key), (m, side) in expected.items():
+        if side == "send":
+            job = s.programs[m.dst][m.recv_pos]
+            waits[(job.op, job.stage, job.step, job.micro)].append((r, key))
+    events: list[list[tuple[str, Any, str]]] = []  # ("job", job key, label) or ("send", (rank, key), label)
+    for r, prog in enumerate(s.programs):
+        jobs = [a for a in prog if a.op != "U"]
+        by_before: dict[int, list[tuple[_Key, TorchAction]]] = defaultdict(list)
+        for before, key, act in comms[r]:
+            by_before[before].append((key, act))
+        ev: list[tuple[str, Any, str]] = []
+        for n in range(len(jobs) + 1):
+            ev += [("send" if key[0].startswith("SEND") else "recv", (r, key), str(act)) for key, act in by_before[n]]
+            if n < len(jobs):
+                a = jobs[n]
+                ev.append(("job", (a.op, a.stage, a.step, a.micro), f"{a} (step {a.step})"))
+        events.append(ev)
+    sent: set[tuple[int, _Key]] = set()
+    ptr = [0] * len(events)
+    progress = True
+    while progress:
+        progress = False
+        for r, ev in enumerate(events):
+            while ptr[r] < len(ev):
+                kind, ident, _ = ev[ptr[r]]
+                if kind == "job" and any(w not in sent for w in waits.get(ident, ())):
+                    break
+                if kind == "send":
+                    sent.add(ident)
+                ptr[r] += 1
+                progress = True
+    stuck = [r for r, ev in enumerate(events) if ptr[r] < len(ev)]
+    if stuck:
+        r = stuck[0]
+        _, ident, label = events[r][ptr[r]]
+        sr, key = next(w for w in waits[ident] if w not in sent)
+        blocker = events[sr][ptr[sr]][2] if ptr[sr] < len(events[sr]) else "the end of its list"
+        raise ValueError(f"the communication order deadlocks: rank {r}'s {label} waits for {key[1]}{key[0]}{key[3]} "
+                         f"(step {key[2]}) on rank {sr}, which stands behind rank {sr}'s {blocker}, itself blocked "
+                         f"({len(stuck)} rank(s) blocked)")
+
+
+def from_torch_csv(path: str | os.PathLike[str], *, n_stages: int, n_microbatches: int, steps: int = 1,
+                   name: str | None = None, check: bool = True) -> Schedule:
+    """Import a CSV written by torch's ``_dump_csv`` (compute only or with comms) or by :func:`to_torch_csv`.
+
+    One row per rank (row r = rank r), one cell per action, ``""`` for an idle slot. Arguments and errors
+    as :func:`from_torch`; a malformed cell raises ValueError naming its row and column.
+    """
+    order: dict[int, list[TorchAction | None]] = {}
+    with open(path, newline="") as f:
+        for r, row in enumerate(csv.reader(f)):
+            acts: list[TorchAction | None] = []
+            for c, cell in enumerate(row):
+                try:
+                    acts.append(parse_action(cell))
+                except ValueError as e:
+                    raise ValueError(f"{os.fspath(path)}, row {r} (rank {r}), column {c}: {e}") from None
+            order[r] = acts
+    if not order:
+        raise ValueError(f"{os.fspath(path)} has no rows (one row per rank expected)")
+    return from_torch(order, n_stages=n_stages, n_microbatches=n_microbatches, steps=steps,
+                      name=name or f"torch CSV {os.path.basename(os.fspath(path))}", check=check)
+
+
+def _export_lists(schedule: Schedule, comms: bool) -> list[list[TorchAction]]:
+    s = schedule
+    if not isinstance(s, Schedule):
+        raise TypeError(f"schedule must be a pipelab Schedule, got {type(s).__name__}")
+    if s.sync_lag is None:
+        raise ValueError(f"schedule {s.name!r} is asynchronous (sync_lag=None); torch's schedules are synchronous "
+                         "(flushed), export a flushed schedule (sync_lag=0)")
+    if s.steps != 1:
+        raise ValueError(f"schedule {s.name!r} has steps={s.steps}; a torch schedule is one step (the optimizer "
+                         "steps between schedule.step() calls): build it with steps=1")
+    for k, hs in enumerate(s.weight_holders):
+        if len(hs) != 1 or s.stage_workers(k) not in ((), hs):
+            raise ValueError(f"schedule {s.name!r}: stage {k} has weight holders {hs} and runs on workers "
+                             f"{s.stage_workers(k)}; torch places each stage on exactly one rank")
+    validate(s)
+    if not comms:
+        return [[TorchAction(a.stage, a.op, a.micro) for a in prog if a.op != "U"] for prog in s.programs]
+    c, (_, _, seq, _) = unit_timeline(s)
+    by_send: dict[tuple[int, int], list[Message]] = defaultdict(list)
+    for m in transfers(s):
+        by_send[(m.src, m.send_pos)].append(m)
+    out: list[list[TorchAction]] = [[] for _ in range(s.W)]
+    for i in sorted(range(c.n), key=lambda i: int(seq[i])):
+        w, pos = c.position(i)
+        a = s.programs[w][pos]
+        out[w].append(TorchAction(a.stage, "REDUCE_GRAD") if a.op == "U" else TorchAction(a.stage, a.op, a.micro))
+        for m in by_send.get((w, pos), ()):
+            (skind, sstage, _, j), (rkind, rstage, _, _) = _message_keys(m)
+            out[m.src].append(TorchAction(sstage, skind, j))
+            out[m.dst].append(TorchAction(rstage, rkind, j))
+    return out
+
+
+def to_torch(schedule: Schedule, *, comms: bool = False) -> dict[int, list[Any]]:
+    """Export one step of a synchronous schedule as torch's per-rank ``_Action`` lists.
+
+    Args:
+        schedule: a validated, flushed (``sync_lag`` not None) schedule with ``steps = 1`` and each stage on
+            one worker (its only weight holder).
+        comms: False: compute actions only (what ``_load_csv(format="compute_only")`` and torch's
+            ``pipeline_order`` hold; torch adds communication and ``REDUCE_GRAD`` itself). True: with
+            SEND/RECV from pipelab's messages and ``REDUCE_GRAD`` in U's place (``format="compute_comms"``).
+
+    Returns:
+        ``{rank: [torch _Action, ...]}`` (rank = worker).
+
+    Raises:
+        ValueError: an asynchronous schedule, ``steps != 1``, a stage on several workers or replicated;
+            ScheduleError for an invalid schedule.
+    """
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    lists = _export_lists(schedule, comms)
+    return {w: [_Action(a.stage, _ComputationType(a.kind), a.micro) for a in acts] for w, acts in enumerate(lists)}
+
+
+def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str], *, comms: bool = False) -> None:
+    """Write one step of ``schedule`` as torch's CSV (one row per rank; rules and errors of :func:`to_torch`),
+    readable by ``_PipelineScheduleRuntime._load_csv(path, format="compute_comms" if comms else
+    "compute_only")`` and by :func:`from_torch_csv`."""
+    lists = _export_lists(schedule, comms)
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        for acts in lists:
+            writer.writerow([format_action(a) for a in acts])
