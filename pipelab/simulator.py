@@ -295,12 +295,12 @@ class SimResult:
 
         t = c.table
         fid = t[_F].reshape(D, T, M)
-        split = s.split_backward
-        # the backward's weights are decided by its gradient job: B, or I when split (W reuses I's graph)
-        bid = (t[_I] if split else t[_B]).reshape(D, T, M)
+        # the backward's weights are decided by its gradient job: B, or I when split (W reuses I's graph);
+        # a schedule may split some backwards and fuse others
+        bid = np.where(t[_I] >= 0, t[_I], t[_B]).reshape(D, T, M)
         fv = versions(fid.reshape(-1)).reshape(D, T, M)
         bv = versions(bid.reshape(-1)).reshape(D, T, M)
-        wid = t[_W].reshape(D, T, M) if split else None
+        wid = np.where(t[_W] >= 0, t[_W], t[_B]).reshape(D, T, M) if s.split_backward else None
         uv = np.zeros((D, T), np.int64)
         ue = np.full((D, T), np.inf)
         for k in range(D):

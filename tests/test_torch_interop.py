@@ -23,7 +23,7 @@ from pipelab.emulator import Emulator, train_plain
 from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.runtime.torch_pipelining import run_torch_pipelining
-from pipelab.schedules import ScheduleError, gpipe, interleaved_1f1b, one_f_one_b, pipedream, validate
+from pipelab.schedules import Schedule, ScheduleError, gpipe, interleaved_1f1b, one_f_one_b, pipedream, validate
 from pipelab.schedules.torch_actions import (
     TorchAction,
     format_action,
@@ -32,7 +32,6 @@ from pipelab.schedules.torch_actions import (
     parse_action,
     to_torch,
     to_torch_csv,
-    transfers,
 )
 from pipelab.schedules.transfers import messages
 from pipelab.simulator import simulate
@@ -88,7 +87,7 @@ def test_torch_multi_stage_schedules_import_validate_and_simulate(cls: type, R: 
         assert all(a.chunk == mine.index(a.stage) for a in prog)
         assert mine == sorted(k for k, r in t.stage_index_to_group_rank.items() if r == w)
     # torch's lowering: one SEND and one RECV per cross-rank transfer; UNSHARD/RESHARD/REDUCE_GRAD kept aside
-    assert comm.params["torch_comms"] == 2 * len(transfers(plain))
+    assert comm.params["torch_comms"] == 2 * len(messages(plain))
     kinds = {text.lstrip("0123456789") for _, _, text in comm.params["torch_extra"]}
     assert kinds == {"UNSHARD", "RESHARD", "REDUCE_GRAD"} and "REDUCE_GRAD" in comm.update_rule
     # U(k) right after the rank's last compute action of stage k, i.e. where torch puts REDUCE_GRAD
@@ -185,9 +184,17 @@ def test_export_with_comms_matches_torchs_own_lowering() -> None:
     assert from_torch(theirs, n_stages=4, n_microbatches=6).programs == s.programs
 
 
-def test_transfers_equal_messages_where_the_backward_is_not_mixed() -> None:
-    for s in (gpipe(4, 3), one_f_one_b(3, 5, steps=2), interleaved_1f1b(2, 2, 4), pipedream(3, 1, 4)):
-        assert transfers(s) == messages(s)
+def test_messages_of_a_schedule_mixing_fused_and_split_backwards() -> None:
+    # as torch's DualPipeV: stage 1 splits micro-batch 0's backward and fuses micro-batch 1's
+    base = one_f_one_b(2, 2)
+    w1 = []
+    for a in base.programs[1]:
+        w1 += [a._replace(op="I"), a._replace(op="W")] if a.op == "B" and a.micro == 0 else [a]
+    s = Schedule("mixed", (base.programs[0], tuple(w1)), 2, 2)
+    grads = [m for m in messages(s) if m.src == 1]
+    sent = [s.programs[1][m.send_pos] for m in grads]
+    assert [(a.op, a.micro) for a in sent] == [("I", 0), ("B", 1)]
+    assert s.split_set == {(1, 0, 0)}
 
 
 def test_export_refuses_what_torch_cannot_run() -> None:

@@ -186,7 +186,7 @@ class Emulator:
 
         state = DriverState()
         diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state, D=D,
-                            M=self.M, stop_on_divergence=True,
+                            M=self.M, stop_on_divergence=True, split=self.table.split_set,
                             on_update=lambda st, t, W: snapshot(st.k, st.version, W))
         losses = [math.nan] * self.steps
         for t, total in state.losses.items():

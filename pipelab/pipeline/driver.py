@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..schedules.dependencies import handed_to, received_from
+from ..schedules.dependencies import Split, handed_to, received_from
 from .stage import StageExecutor
 from .transport import Transport
 
@@ -151,7 +151,7 @@ class DriverState:
 
 def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], transport: Transport,
              data: MiniBatches, state: DriverState, *, D: int, M: int, end: int | None = None,
-             stop_on_divergence: bool = False,
+             stop_on_divergence: bool = False, split: Split = False,
              on_update: Callable[[StageExecutor, int, tuple[Tensor, ...]], None] | None = None,
              after_job: Callable[[int], None] | None = None) -> int | None:
     """Execute ``program[state.position:end]``; jobs are ``(op, k, t, j, ...)`` (tuples or ``Action`` s).
@@ -164,6 +164,8 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
         state: position, losses and activation counters; advanced in place.
         end: stop before this position (default: the program's end).
         stop_on_divergence: return as soon as a mini-batch's loss is NaN or ±inf.
+        split: which backwards are split into I and W (:data:`~pipelab.schedules.dependencies.Split`; a rank's
+            program needs the whole schedule's, as its neighbours' jobs decide what it receives).
         on_update: called after each ``U(k, t)`` with the executor, t and the new weights.
         after_job: called with the new position after each job.
 
@@ -175,11 +177,9 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
     """
     last = D - 1
     last_job: dict[int, int] = {}
-    split = False
     for pos, job in enumerate(program):
         if job[0] in ("F", "B", "I"):
             last_job[job[2]] = pos
-        split = split or job[0] in ("I", "W")
     end = len(program) if end is None else end
     for pos in range(state.position, end):
         op, k, t, j = job = tuple(program[pos][:4])

@@ -58,7 +58,7 @@ def resolve_order(table: VersionTable, needs: Mapping[Job, Sequence[tuple[int, i
     waiting: dict[tuple[int, int], list[int]] = defaultdict(list)
     version = [0] * D
     for i, key in enumerate(order):
-        for dep in dependencies(key, D, M, table.split):
+        for dep in dependencies(key, D, M, table.split_set):
             d = index.get(dep)
             if d is None:
                 raise ValueError(f"event {key} depends on {dep}, which the schedule never runs")

@@ -159,7 +159,7 @@ def build_pipeline(
         specs[(key[1], key[2], key[3])] = stage_specs[key[1]][(key[2], key[3])] = (f, b)
         uses[key] = [(key[1], _needed(f))]
         # a split backward's W finishes the weight gradient from I's graph: it holds I's weights until it ran
-        for op in ("I", "W") if table.split else ("B",):
+        for op in ("I", "W") if key[1:] in table.split_set else ("B",):
             uses[(op,) + key[1:]] = [(key[1], _needed(b))]
         if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
             predicted.add(key[1])

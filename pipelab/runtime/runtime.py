@@ -311,7 +311,7 @@ class PipelineRuntime:
                 self.trace.append(self._held())
 
         run_jobs(self.program, self.executors, self.transport, data, self.state, D=self.D, M=self.M, end=end,
-                 on_update=on_update, after_job=heartbeat)
+                 on_update=on_update, after_job=heartbeat, split=self.plan.table.split_set)
         self.transport.flush()
         self.cut_step = self.steps if stop_at_step is None else stop_at_step
         return self._result()

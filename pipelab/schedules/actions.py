@@ -172,8 +172,13 @@ class Schedule:
 
     @property
     def split_backward(self) -> bool:
-        """True when the backward is split into I and W actions."""
-        return any(a.op == "I" for p in self.programs for a in p)
+        """True when some backward is split into I and W actions."""
+        return bool(self.split_set)
+
+    @cached_property
+    def split_set(self) -> frozenset[tuple[int, int, int]]:
+        """The ``(k, t, j)`` whose backward is split into I and W (a schedule may split some and fuse others)."""
+        return frozenset((a.stage, a.step, a.micro) for p in self.programs for a in p if a.op == "I")
 
     @cached_property
     def _where(self) -> dict[tuple[str, int, int, int], int]:

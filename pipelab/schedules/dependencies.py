@@ -8,8 +8,10 @@ time with (:func:`pipelab.schedules.compiled.compile_schedule`), the constructor
 
 A job is ``(op, k, t, j)``: op, stage k, step t, micro-batch j (``j = -1`` for ``U``). The *gradient job*
 of stage k is the job that produces the gradient of stage k's input, B, or I when the backward is split;
-the *weight-gradient job* is the one that finishes stage k's weight gradient, B, or W when split. For one
-micro-batch (t, j):
+the *weight-gradient job* is the one that finishes stage k's weight gradient, B, or W when split. Whether a
+backward is split is decided per stage and micro-batch (torch's DualPipeV fuses some and splits others):
+the ``split`` argument below is ``True``/``False`` for every backward, or the set of ``(k, t, j)`` whose
+backward is split (:data:`Split`, :func:`is_split`). For one micro-batch (t, j):
 
     F(k)    <- F(k-1)                           carries the activation into stage k
     B(k)    <- F(k),  gradient job(k+1)         the latter carries the gradient of stage k's output
@@ -36,18 +38,22 @@ split backward of Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import numpy as np
 
 __all__ = ["Job", "Edge", "EDGES", "ACTIVATION", "GRADIENT", "edges_into", "dependencies", "update_dependency",
-           "barrier_step", "gradient_job", "weight_gradient_job", "received_from", "handed_to"]
+           "barrier_step", "gradient_job", "weight_gradient_job", "received_from", "handed_to", "Split", "is_split"]
 
 #: A job ``(op, k, t, j)``: op in "F", "B", "U", "I", "W"; ``j = -1`` for "U".
 Job = tuple[str, int, int, int]
 
 StepT = TypeVar("StepT", int, np.ndarray)
+
+#: Which backwards are split into I and W: all (``True``), none (``False``), or those of the ``(k, t, j)`` listed.
+Split = bool | AbstractSet[tuple[int, int, int]]
 
 #: What a cross-stage edge carries between workers.
 ACTIVATION: Literal["activation"] = "activation"
@@ -87,6 +93,11 @@ def edges_into(op: str) -> tuple[Edge, ...]:
     return tuple(e for e in EDGES if e.job == op)
 
 
+def is_split(split: Split, k: int, t: int, j: int) -> bool:
+    """Whether stage k's backward of micro-batch (t, j) is split into I and W under ``split``."""
+    return split if isinstance(split, bool) else (k, t, j) in split
+
+
 def gradient_job(split: bool) -> str:
     """The op that produces a stage's input gradient: "I" when the backward is split, else "B"."""
     return "I" if split else "B"
@@ -97,23 +108,22 @@ def weight_gradient_job(split: bool) -> str:
     return "W" if split else "B"
 
 
-def dependencies(job: Job, D: int, M: int, split: bool = False) -> list[Job]:
+def dependencies(job: Job, D: int, M: int, split: Split = False) -> list[Job]:
     """The jobs that ``job`` waits for (data dependencies; the weight barrier is :func:`update_dependency`).
 
     Args:
         job: ``(op, k, t, j)``.
         D, M: stages and micro-batches per step.
-        split: whether the backward is split into I and W.
+        split: which backwards are split into I and W (:data:`Split`).
     """
     op, k, t, j = job
     if op == "U":
-        wg = weight_gradient_job(split)
-        return [(wg, k, t, jj) for jj in range(M)]
+        return [(weight_gradient_job(is_split(split, k, t, jj)), k, t, jj) for jj in range(M)]
     out: list[Job] = []
     for e in edges_into(op):
         kk = k + e.stage
         if 0 <= kk < D:
-            out.append((gradient_job(split) if e.on == "grad" else e.on, kk, t, j))
+            out.append((gradient_job(is_split(split, kk, t, j)) if e.on == "grad" else e.on, kk, t, j))
     return out
 
 
@@ -123,15 +133,15 @@ def barrier_step(t: StepT, sync_lag: int) -> StepT:
     return t - 1 - sync_lag
 
 
-def received_from(job: Job, D: int, split: bool = False) -> list[Job]:
+def received_from(job: Job, D: int, split: Split = False) -> list[Job]:
     """The jobs whose tensor ``job`` consumes (its edges that carry one): F(k-1) for F(k), the next stage's
     gradient job for B(k) or I(k); empty at the pipeline's ends and for W and U."""
     op, k, t, j = job
-    return [(gradient_job(split) if e.on == "grad" else e.on, k + e.stage, t, j)
+    return [(gradient_job(is_split(split, k + e.stage, t, j)) if e.on == "grad" else e.on, k + e.stage, t, j)
             for e in edges_into(op) if e.carries is not None and 0 <= k + e.stage < D]
 
 
-def handed_to(job: Job, D: int, split: bool = False) -> list[Job]:
+def handed_to(job: Job, D: int, split: Split = False) -> list[Job]:
     """The jobs that consume the tensor ``job`` produces: the inverse of :func:`received_from`.
 
     Example:
@@ -139,13 +149,15 @@ def handed_to(job: Job, D: int, split: bool = False) -> list[Job]:
         ([('F', 1, 0, 1)], [('B', 0, 0, 1)], [])
     """
     op, k, t, j = job
-    ops = ("F", "I", "W") if split else ("F", "B")
     out: list[Job] = []
     for e in EDGES:
-        producer = gradient_job(split) if e.on == "grad" else e.on
-        if e.carries is None or e.job not in ops or producer != op or not 0 <= k - e.stage < D:
+        kk = k - e.stage
+        if e.carries is None or not 0 <= kk < D:
             continue
-        out.append((e.job, k - e.stage, t, j))
+        producer = gradient_job(is_split(split, k, t, j)) if e.on == "grad" else e.on
+        consumer_ok = e.job == "F" or e.job == gradient_job(is_split(split, kk, t, j))
+        if producer == op and consumer_ok:
+            out.append((e.job, kk, t, j))
     return out
 
 

@@ -77,13 +77,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .actions import Action, Schedule, check_int
-from .compiled import OP_CODE, compile_schedule
-from .dependencies import ACTIVATION, edges_into
-from .transfers import ACT, GRAD, Message, channel
+from .transfers import ACT, Message, messages
 from .validate import unit_timeline, validate
 
 __all__ = ["TorchAction", "COMPUTE_KINDS", "COMM_KINDS", "EXTRA_KINDS", "parse_action", "format_action",
-           "from_torch", "from_torch_csv", "to_torch", "to_torch_csv", "transfers"]
+           "from_torch", "from_torch_csv", "to_torch", "to_torch_csv"]
 
 #: torch computation types that are pipelab compute ops (same letters).
 COMPUTE_KINDS: tuple[str, ...] = ("F", "B", "I", "W")
@@ -180,29 +178,6 @@ def _message_keys(m: Message) -> tuple[_Key, _Key]:
     if kind == ACT:  # activation out of stage k-1 into stage k
         return ("SEND_F", k - 1, m.t, m.j), ("RECV_F", k, m.t, m.j)
     return ("SEND_B", k + 1, m.t, m.j), ("RECV_B", k, m.t, m.j)  # gradient out of stage k+1 into stage k
-
-
-def transfers(s: Schedule) -> list[Message]:
-    """Every cross-worker transfer of ``s`` (as :func:`~pipelab.schedules.transfers.messages`), read from the
-    compiled dependency slots, so that a schedule mixing B and I/W per micro-batch (torch's DualPipeV fuses
-    some backwards and splits others) gets each consumer's actual producer (B or I of that micro-batch)."""
-    c = compile_schedule(s)
-    ops = {code: op for op, code in OP_CODE.items()}
-    out: list[Message] = []
-    for i in range(c.n):
-        op = ops[int(c.op[i])]
-        if op == "U":
-            continue
-        for dep, edge in zip((c.dep1, c.dep2), edges_into(op)):
-            d = int(dep[i])
-            if edge.carries is None or d < 0 or int(c.worker[d]) == int(c.worker[i]):
-                continue
-            (src, send_pos), (dst, recv_pos) = c.position(d), c.position(i)
-            kind = ACT if edge.carries == ACTIVATION else GRAD
-            out.append(Message(src, send_pos, dst, recv_pos, channel(kind, int(c.stage[i])), int(c.step[i]),
-                               int(c.micro[i])))
-    out.sort(key=lambda m: (m.src, m.send_pos))
-    return out
 
 
 def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_microbatches: int,
@@ -319,7 +294,7 @@ def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) 
                 cindex[(a.op, a.stage, a.step, a.micro)] = n
                 n += 1
     expected: dict[tuple[int, _Key], tuple[Message, str]] = {}
-    for m in transfers(s):
+    for m in messages(s):
         send, recv = _message_keys(m)
         expected[(m.src, send)] = (m, "send")
         expected[(m.dst, recv)] = (m, "recv")
@@ -458,7 +433,7 @@ def _export_lists(schedule: Schedule, comms: bool) -> list[list[TorchAction]]:
         return [[TorchAction(a.stage, a.op, a.micro) for a in prog if a.op != "U"] for prog in s.programs]
     c, (_, _, seq, _) = unit_timeline(s)
     by_send: dict[tuple[int, int], list[Message]] = defaultdict(list)
-    for m in transfers(s):
+    for m in messages(s):
         by_send[(m.src, m.send_pos)].append(m)
     out: list[list[TorchAction]] = [[] for _ in range(s.W)]
     for i in sorted(range(c.n), key=lambda i: int(seq[i])):

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .actions import Schedule
-from .dependencies import ACTIVATION, Job, edges_into, gradient_job
+from .dependencies import ACTIVATION, Job, edges_into, gradient_job, is_split
 
 __all__ = ["Message", "messages", "channels", "channel", "consistent_cut", "ACT", "GRAD"]
 
@@ -60,7 +60,7 @@ def messages(schedule: Schedule) -> list[Message]:
     For every compute job and every edge into it that carries a tensor, a message exists when the producer
     runs on another worker than the consumer.
     """
-    split = schedule.split_backward
+    split = schedule.split_set
     where: dict[Job, tuple[int, int]] = {}
     for w, prog in enumerate(schedule.programs):
         for pos, a in enumerate(prog):
@@ -72,7 +72,8 @@ def messages(schedule: Schedule) -> list[Message]:
             kk = k + edge.stage
             if edge.carries is None or not 0 <= kk < schedule.D:
                 continue
-            src, send_pos = where[(gradient_job(split) if edge.on == "grad" else edge.on, kk, t, j)]
+            producer = gradient_job(is_split(split, kk, t, j)) if edge.on == "grad" else edge.on
+            src, send_pos = where[(producer, kk, t, j)]
             if src != w:
                 kind = ACT if edge.carries == ACTIVATION else GRAD
                 out.append(Message(src, send_pos, w, pos, channel(kind, k), t, j))

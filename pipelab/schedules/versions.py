@@ -193,6 +193,11 @@ class VersionTable:
         return tuple(ex() if callable(ex) else ex)
 
     @cached_property
+    def split_set(self) -> frozenset[tuple[int, int, int]]:
+        """The ``(k, t, j)`` whose backward is split into I and W (read from :attr:`order`)."""
+        return frozenset(job[1:] for job in self.order if job[0] == "I")
+
+    @cached_property
     def index(self) -> dict[Job, int]:
         """Position of every job in :attr:`order`."""
         return {job: i for i, job in enumerate(self.order)}
@@ -200,16 +205,17 @@ class VersionTable:
     def jobs(self, op: str = "F") -> list[Job]:
         """The jobs of ``op`` in execution order (in (k, t, j) order for a table without one).
 
-        ``op`` is "F", "B", "I" or "W". On a split table "B" lists the backward of every micro-batch as the key
-        ``("B", k, t, j)`` in the order of its I job (the key policies decide the backward's weights by).
+        ``op`` is "F", "B", "I" or "W". "B" lists the backward of every micro-batch as the key
+        ``("B", k, t, j)`` in the order of its gradient job, B or (when split) I: the key policies decide the
+        backward's weights by.
         """
         if op not in ("F", "B", "I", "W"):
             raise ValueError(f"op must be 'F', 'B', 'I' or 'W', got {op!r}")
         if op in ("I", "W") and not self.split:
             return []
-        gradient = "I" if self.split and op == "B" else op
+        ops = ("B", "I") if op == "B" else (op,)
         if self.order:
-            return [(op,) + job[1:] for job in self.order if job[0] == gradient]
+            return [(op,) + job[1:] for job in self.order if job[0] in ops]
         D, T, M = self.shape
         return [(op, k, t, j) for k in range(D) for t in range(T) for j in range(M)]
 
