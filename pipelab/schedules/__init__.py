@@ -31,6 +31,18 @@ from .builders import (
 from .constructor import PRIORITIES, construct
 from .dependencies import EDGES, Edge, Job, dependencies
 from .transfers import ACT, GRAD, Message, channel, channels, consistent_cut, messages
+from .v_shape import (
+                      PAPER_FORMULAS,
+                      dualpipe_v,
+                      interleaved_zero_bubble,
+                      paper_bubble,
+                      paper_memory,
+                      v_half,
+                      v_min,
+                      v_shape_table,
+                      v_stage,
+                      zb_v,
+)
 from .validate import ScheduleError, format_grid, validate
 from .versions import USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness, spectrain_version_difference
 
@@ -38,6 +50,8 @@ __all__ = [
     "Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "lpp_hash", "BUILDERS",
+    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "v_stage", "v_shape_table",
+    "paper_bubble", "paper_memory", "PAPER_FORMULAS",
     "construct", "PRIORITIES",
     "Job", "Edge", "EDGES", "dependencies",
     "validate", "ScheduleError", "format_grid",
