@@ -15,7 +15,8 @@ builder                   order on worker w (one step)                          
                           (F1, F0) pairs, W−w (F1, I1, W1), steady (F0, I0, W0, F1, I1,   torch
                           W1), cool-down I-pairs, then the deferred W
 ``v_half`` / ``v_min``    the V-Half / V-Min building block of the NeurIPS paper          NeurIPS 2024 §4.2,
-                          repeated every 6 unit slots, W filling the free slots (FIFO)    Fig. 3, Table 1
+                          repeated every 6 unit slots, squeezed and reordered under the   Fig. 3, Table 1
+                          block's peak memory, W filling idle slots (FIFO)
 ``interleaved_zero_``     torch's ``ScheduleInterleavedZeroBubble`` (ZB1P over V looped   ZB paper §3, torch
 ``bubble``                chunks, stage s on worker s mod W)
 ``dualpipe_v``            torch's ``ScheduleDualPipeV`` (DeepSeek's cut-in-half DualPipe;  DeepSeek-V3 §3.2.1,
@@ -149,8 +150,9 @@ def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
     of chunk 0, w pairs (F chunk 1, F chunk 0), W − w triples (F, I, W of chunk 1), then the steady
     phase (F0, I0, W0, F1, I1, W1) until every forward ran, then w pairs (I0, I1), W − w pairs (I0, W0)
     and the remaining deferred W passes (chunk 1 first). With T_F = T_I = T_W the steady phase has no
-    bubble: the makespan is 6M − 2(W − 1)... per worker the idle time is only the ramp (see the table
-    in :func:`v_shape_table`); peak activation memory is 2W chunk activations = W full stages, 1F1B's.
+    bubble in the paper's sense: every worker is busy 6M units from its first job to its last (worker w
+    starts w units after worker 0, so the common makespan is 6M + W − 1); peak activation memory (held
+    from F to W) is 2W chunk activations = W micro-batches of a full worker, 1F1B's.
 
     Torch plans n = max(2W − 1, M) micro-batches and deletes the jobs of micro-batches ≥ M, so any
     M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper's ZB-V (ZB paper §6, Fig. 8)
@@ -353,8 +355,8 @@ def _v_block(kind: str, W: int) -> list[tuple[int, int, int, int]]:
 
 
 def _v_block_worker(w: int, W: int, M: int, slots: tuple[int, int, int, int]) -> list[_Job]:
-    """Lay the block of every micro-batch at its slots, put each W (FIFO of the input gradients) into the
-    next free slot after its I, and read the worker's program off the slots in time order."""
+    """The nominal program: lay the block of every micro-batch at its slots, put each W (FIFO of the input
+    gradients) into the next free slot after its I, and read the program off the slots in time order."""
     s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
     at: dict[int, tuple[str, int, int]] = {}
     for j in range(M):
@@ -377,26 +379,85 @@ def _v_block_worker(w: int, W: int, M: int, slots: tuple[int, int, int, int]) ->
     return out
 
 
+def _peak_in_flight(program: Sequence[_Job]) -> int:
+    """Most activations a worker holds along its program: max over prefixes of #F − #W (held F to W)."""
+    held = peak = 0
+    for op, _, _ in program:
+        held += 1 if op == "F" else -1 if op == "W" else 0
+        peak = max(peak, held)
+    return peak
+
+
+def _squeeze_and_reorder(W: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
+    """The paper's "squeeze" and "reorder" (NeurIPS 2024 §3.1, Fig. 2) as list scheduling at unit cost.
+
+    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of
+    time after another, runs on each worker: its next F or I job as soon as its dependencies have ended
+    (an F only while the worker holds fewer activations than the nominal program's peak, so the peak
+    memory is never raised), otherwise its oldest pending W, otherwise nothing. In the steady phase this
+    is the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
+    """
+    D = 2 * W
+    queues = [deque(job for job in prog if job[0] != "W") for prog in nominal]
+    caps = [_peak_in_flight(prog) for prog in nominal]
+    held = [0] * W
+    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(W)]
+    ended: dict[tuple[str, int, int], int] = {}
+    out: list[list[_Job]] = [[] for _ in range(W)]
+    total = sum(len(p) for p in nominal)
+    now = 0
+
+    def ready(op: str, k: int, j: int) -> bool:
+        if op == "F":
+            return k == 0 or ended.get(("F", k - 1, j), now + 1) <= now
+        return (ended.get(("F", k, j), now + 1) <= now
+                and (k == D - 1 or ended.get(("I", k + 1, j), now + 1) <= now))
+
+    while sum(len(p) for p in out) < total:
+        if now > 4 * total:  # the nominal program is itself a feasible order, so this cannot happen
+            raise AssertionError("V-shape list scheduling made no progress")
+        for w in range(W):
+            head = queues[w][0] if queues[w] else None
+            if head is not None and ready(*head) and (head[0] == "I" or held[w] < caps[w]):
+                job = queues[w].popleft()
+                if job[0] == "I":
+                    pending[w].append((job[1], job[2]))
+                else:
+                    held[w] += 1
+            elif pending[w]:
+                job = ("W", *pending[w].popleft())
+                held[w] -= 1
+            else:
+                continue
+            out[w].append(job)
+            ended[job] = now + 1
+        now += 1
+    return out
+
+
 def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Schedule:
     W, M, steps = _v_sizes(f"v_{kind}", W, M, steps)
     blocks = _v_block(kind, W)
-    return _v_schedule(f"v_{kind}", label, [_v_block_worker(w, W, M, blocks[w]) for w in range(W)], W, M, steps)
+    nominal = [_v_block_worker(w, W, M, blocks[w]) for w in range(W)]
+    return _v_schedule(f"v_{kind}", label, _squeeze_and_reorder(W, nominal), W, M, steps)
 
 
 @gc_paused
 def v_half(W: int, M: int, steps: int = 1) -> Schedule:
     """V-Half: the V-shape schedule with about half of 1F1B's activation memory (NeurIPS 2024 §4.2).
 
-    Placement: D = 2W stages in a V (:func:`v_stage`). Every micro-batch repeats the V-Half building
-    block of :func:`_v_block` shifted by 6 slots; the W passes fill the two free slots of each period in
-    FIFO order of their input gradients; the worker's program is the resulting slot order, which the
-    simulator then squeezes (runs every job as early as its order and dependencies allow: the paper's
-    "squeeze" step). Peak activation memory (held from F to W) is about (W+2)//2 micro-batches of a full
-    stage ((W+2)//2·2 chunk activations), bubble ≈ W/(2M) at T_F = T_I = T_W (paper's approximations).
+    Placement: D = 2W stages in a V (:func:`v_stage`). Construction, as in the paper (§3.1, §4.2):
 
-    Not done: the paper's "reorder" of the warm-up and cool-down (moving jobs into the ramps' free slots
-    without raising the peak memory), so the bubble here is the squeezed repetition's, a little above
-    the paper's optimised schedule (measured in :func:`v_shape_table`).
+    1. repeat the V-Half building block (:func:`_v_block`) once per micro-batch, 6 unit slots apart, the
+       W passes in the two free slots of each period (FIFO of their input gradients);
+    2. squeeze and reorder (:func:`_squeeze_and_reorder`): keep each worker's F/I order, run every job as
+       early as its dependencies allow at T_F = T_I = T_W, an F only while the worker holds fewer
+       activations than the repeated block's peak, W passes in the remaining idle slots.
+
+    Measured at T_F = T_I = T_W (tests): peak activation memory (held from F to W) exactly the paper's
+    (W+2)//2 micro-batches of a full worker ((W+2)//2·2 chunk activations; 1F1B holds W); idle time of
+    the longest worker 3W − 3 (even W) or 3W − 4 (odd W) unit jobs, just under the paper's ≈ 3W (bubble
+    rate ≈ W/(2M)). The order is designed at equal costs; with other costs the simulator times it as is.
 
     Example:
         >>> from pipelab.schedules import validate
@@ -415,9 +476,10 @@ def v_half(W: int, M: int, steps: int = 1) -> Schedule:
 def v_min(W: int, M: int, steps: int = 1) -> Schedule:
     """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024 §4.2).
 
-    As :func:`v_half` with the V-Min building block (one-slot hops, see :func:`_v_block`): peak activation
-    memory about (W+4)//3 micro-batches of a full stage, bubble ≈ 2W/(3M) at T_F = T_I = T_W (paper's
-    approximations); the paper's warm-up/cool-down reorder is not done.
+    As :func:`v_half` with the V-Min building block (one-slot hops, see :func:`_v_block`). Measured at
+    T_F = T_I = T_W (tests): peak activation memory exactly the paper's (W+4)//3 micro-batches of a full
+    worker; idle time of the longest worker 4W − 5 (4W − 3 when 3 | W) unit jobs, the paper's ≈ 4W
+    (bubble rate ≈ 2W/(3M)) up to the ramps' O(1) terms.
 
     Example:
         >>> from pipelab.schedules import validate
