@@ -13,7 +13,8 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
   weight gradient in zero-bubble schedules) of stage k on micro-batch (t, j); ``(U, k, t, −1)`` is stage
   k's optimizer update with step t's gradients. :class:`Action` ``(op, stage, step, micro)`` is a job in
   a worker's program. Split-backward builders: :func:`zb_v`, :func:`v_half`, :func:`v_min` (V-shape
-  placement, stage s on worker min(s, 2W−1−s)), :func:`interleaved_zero_bubble`, :func:`dualpipe_v`.
+  placement, stage s on worker min(s, 2W−1−s)), :func:`interleaved_zero_bubble`, :func:`dualpipe_v`,
+  :func:`dualpipe`.
 - **version** W_k^(v): stage k's weights after v updates. A job *uses* one version; its **update
   version** is the version U(k, t) applies its gradient to (t when updates run in order).
 - **staleness** of a job = update version − version used (0: the gradient is applied to the weights it
@@ -86,6 +87,7 @@ from .schedules import (
     async_1f1b_staleness,
     construct,
     ddp,
+    dualpipe,
     dualpipe_v,
     folded,
     format_grid,
@@ -139,7 +141,7 @@ __all__ = [
     "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "simulate", "SimResult", "costs_from_profile", "VersionTable",
-    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "v_shape_table",
+    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_shape_table",
     "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
     # the optimizer registry

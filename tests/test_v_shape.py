@@ -19,6 +19,7 @@ from pipelab.schedules import BUILDERS, Schedule, one_f_one_b, validate
 from pipelab.schedules.compiled import OP_CODE
 from pipelab.schedules.v_shape import (
     PAPER_FORMULAS,
+    dualpipe,
     dualpipe_v,
     interleaved_zero_bubble,
     paper_bubble,
@@ -187,6 +188,32 @@ def test_interleaved_zero_bubble_equals_torch_schedule_interleaved_zero_bubble(W
     assert pipelab_order(interleaved_zero_bubble(W, V, M)) == ref
 
 
+@pytest.mark.parametrize("W", [2, 4, 6])
+def test_dualpipe_is_two_mirrored_dualpipe_v_with_two_holders_per_stage(W):
+    """DualPipe (DeepSeek-V3 §3.2.1): forward-direction micro-batches (j < M/2) run stage k on worker k,
+    reverse-direction ones on worker W−1−k; worker r runs DualPipeV's (torch-pinned) program of worker
+    min(r, W−1−r) on W/2 workers and M/2 micro-batches; both holders of a stage update after all M
+    weight gradients of the step."""
+    for M in (2 * W, 2 * W + 2, 4 * W):
+        half = M // 2
+        for steps in (1, 2, 3):
+            s = dualpipe(W, M, steps)
+            validate(s)
+            r = simulate(s, **UNIT)
+            validate(r)  # includes: every U starts after all its gradient jobs, both workers' (all-reduce)
+        assert s.D == W and s.weight_holders == tuple((k, W - 1 - k) for k in range(W))
+        for w, prog in enumerate(s.programs):
+            for a in prog:
+                if a.op != "U":
+                    assert w == (a.stage if a.micro < half else W - 1 - a.stage), (w, str(a))
+            assert sorted((a.stage, a.step) for a in prog if a.op == "U") == sorted(
+                (k, t) for k in {w, W - 1 - w} for t in range(steps))
+        v = dualpipe_v(W // 2, half)
+        for w, prog in enumerate(s.programs):
+            mine = [(a.op, a.stage, a.micro % half) for a in prog if a.op != "U" and a.step == 0]
+            assert mine == pipelab_order(v)[min(w, W - 1 - w)]
+
+
 # --------------------------------------------------------------------- 3. bubble and memory vs papers
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_peak_memory_held_from_f_to_w_equals_the_papers(W):
@@ -198,6 +225,10 @@ def test_peak_memory_held_from_f_to_w_equals_the_papers(W):
             r = simulate(build(name, W, M), **UNIT)
             peak = peak_f_to_w(r, 0.5)
             assert peak.max() == paper_memory(name, W), (name, W, M, peak.tolist())
+    # DualPipe: PP + 1 stage activations on every worker (PP = W ranks = D stages), for even W
+    if W % 2 == 0:
+        r = simulate(dualpipe(W, 2 * W), **UNIT)
+        assert peak_f_to_w(r, 1.0).tolist() == [paper_memory("dualpipe", W)] * W == [W + 1] * W
     # ZB-H1 (interleaved ZB with one chunk) keeps 1F1B's memory, W micro-batches on worker 0.
     r = simulate(interleaved_zero_bubble(W, 1, 2 * W), **UNIT)
     assert peak_f_to_w(r, 1.0).max() == paper_memory("interleaved_zero_bubble", W, 1) == W
@@ -240,6 +271,11 @@ def test_bubble_against_the_papers_formulas(W, mult):
     dpv = idle("dualpipe_v")
     assert dpv == W - 1
     assert dpv <= (W - 1) * ((1 + 2) + 2 - 3 * 1)
+    # DualPipe, the same bound with PP = W: measured one T_F per half-rank hop, W/2 − 1
+    if W % 2 == 0:
+        r = simulate(dualpipe(W, M), **UNIT)
+        assert r.busy.max() == 3 * M and longest_span_idle(r) == W // 2 - 1 <= (W // 2 - 1) * 2
+        assert paper_bubble("dualpipe", W, M) == pytest.approx((W - 2) / (3 * M + W - 2))
     # the trade-off: less memory costs bubble, and all of them beat 1F1B's 3(W − 1)
     assert 0 == idle("zb_v") < dpv < vhalf <= vmin
 
@@ -247,9 +283,9 @@ def test_bubble_against_the_papers_formulas(W, mult):
 def test_v_shape_table_rows_and_columns():
     rows = v_shape_table([2, 4], [8, 16])
     assert {r["schedule"] for r in rows} == {*PAPER_FORMULAS}
-    assert len(rows) == 2 * 2 * 6
+    assert len(rows) == 2 * 2 * 7
     for r in rows:
-        busy = 3 * r["M"] * (1 if r["schedule"] == "1f1b" else 2)
+        busy = 3 * r["M"] * (1 if r["schedule"] in ("1f1b", "dualpipe") else 2)
         assert r["bubble"] == pytest.approx(r["idle"] / (r["idle"] + busy))
         if r["exact"] and r["schedule"] != "dualpipe_v":
             assert r["bubble"] == pytest.approx(r["paper_bubble"], abs=1e-12), r
@@ -270,9 +306,12 @@ def test_v_shape_table_memory_column_equals_the_papers():
 def test_clear_errors_for_sizes_the_builders_cannot_handle():
     with pytest.raises(ValueError, match=r"dualpipe_v needs M >= D = 2W"):
         dualpipe_v(W=3, M=5)
+    for W, M in ((3, 6), (4, 9), (4, 6)):
+        with pytest.raises(ValueError, match=r"dualpipe needs an even number of workers W, an even M"):
+            dualpipe(W, M)
     with pytest.raises(ValueError, match=r"M divisible by the number of rounds"):
         interleaved_zero_bubble(W=2, V=2, M=5)
-    for b in (zb_v, v_half, v_min, dualpipe_v):
+    for b in (zb_v, v_half, v_min, dualpipe_v, dualpipe):
         with pytest.raises(ValueError, match=r"W must be an int >= 1"):
             b(0, 4)
         with pytest.raises(ValueError, match=r"M must be an int >= 1"):
@@ -293,5 +332,5 @@ def test_clear_errors_for_sizes_the_builders_cannot_handle():
 
 def test_registry_names_the_family():
     for name, fn in {"zb_v": zb_v, "v_half": v_half, "v_min": v_min, "interleaved_zb": interleaved_zero_bubble,
-                     "dualpipe_v": dualpipe_v}.items():
+                     "dualpipe_v": dualpipe_v, "dualpipe": dualpipe}.items():
         assert BUILDERS[name] is fn

@@ -33,6 +33,7 @@ from .dependencies import EDGES, Edge, Job, dependencies
 from .transfers import ACT, GRAD, Message, channel, channels, consistent_cut, messages
 from .v_shape import (
                       PAPER_FORMULAS,
+                      dualpipe,
                       dualpipe_v,
                       interleaved_zero_bubble,
                       paper_bubble,
@@ -50,7 +51,7 @@ __all__ = [
     "Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "lpp_hash", "BUILDERS",
-    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "v_stage", "v_shape_table",
+    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_stage", "v_shape_table",
     "paper_bubble", "paper_memory", "PAPER_FORMULAS",
     "construct", "PRIORITIES",
     "Job", "Edge", "EDGES", "dependencies",

@@ -46,7 +46,7 @@ from collections.abc import Callable
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 from .constructor import construct
-from .v_shape import dualpipe_v, interleaved_zero_bubble, v_half, v_min, zb_v
+from .v_shape import dualpipe, dualpipe_v, interleaved_zero_bubble, v_half, v_min, zb_v
 
 __all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
            "ddp", "fsdp", "lpp", "fslpp", "lpp_hash", "BUILDERS"]
@@ -361,4 +361,4 @@ BUILDERS: dict[str, Callable[..., Schedule]] = {
 }
 #: The V-shape and interleaved zero-bubble family (split backward), :mod:`pipelab.schedules.v_shape`.
 BUILDERS.update({"zb_v": zb_v, "v_half": v_half, "v_min": v_min, "interleaved_zb": interleaved_zero_bubble,
-                 "dualpipe_v": dualpipe_v})
+                 "dualpipe_v": dualpipe_v, "dualpipe": dualpipe})

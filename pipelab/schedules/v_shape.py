@@ -21,10 +21,14 @@ builder                   order on worker w (one step)                          
 ``bubble``                chunks, stage s on worker s mod W)
 ``dualpipe_v``            torch's ``ScheduleDualPipeV`` (DeepSeek's cut-in-half DualPipe;  DeepSeek-V3 §3.2.1,
                           an overlapped F&B is the F, then the B)                         torch
+``dualpipe``              bidirectional DualPipe: W workers = D stages, stage k on workers DeepSeek-V3 §3.2.1,
+                          k and W−1−k; worker r runs DualPipeV's program of min(r, W−1−r) DualPipe repo
+                          with half the workers and M/2 micro-batches per direction
 ========================  ==============================================================  ===================
 
 Every builder is flushed (``sync_lag=0``): U(k, t) follows the worker's last weight-gradient job (W, or B
-where the backward is not split) of stage k in step t, and ``steps`` repeats the one-step program.
+where the backward is not split) of stage k in step t (and, with two holders as in DualPipe, waits for the
+other holder's gradients too), and ``steps`` repeats the one-step program.
 
 Example:
     >>> from pipelab.schedules import validate
@@ -50,7 +54,7 @@ from typing import Any
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 from .compiled import OP_CODE
 
-__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "PAPER_FORMULAS",
+__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "PAPER_FORMULAS",
            "paper_bubble", "paper_memory", "v_shape_table", "V_BUILDERS"]
 
 _FLUSH = ("U(k,t) right after worker w's last weight-gradient job (W, or B) of stage k in step t; step t+1 "
@@ -83,7 +87,7 @@ def _numbered(ops: Iterable[tuple[str, int]]) -> list[_Job]:
 
 
 def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, steps: int,
-              stage_worker: Sequence[int], chunk_of: Sequence[int], params: dict[str, Any]) -> Schedule:
+              holders: Sequence[tuple[int, ...]], chunk_of: Sequence[int], params: dict[str, Any]) -> Schedule:
     """Repeat each worker's one-step program for ``steps`` steps and add U(k, t) after the worker's last
     weight-gradient job of stage k in step t (a flushed schedule)."""
     progs = []
@@ -101,8 +105,7 @@ def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, ste
                 p.append(Action(op, k, t, j, chunk_of[k]))
                 p += [Action("U", kk, t, -1, chunk_of[kk]) for kk in after.get(i, ())]
         progs.append(tuple(p))
-    return Schedule(name, tuple(progs), D, M, steps, tuple((w,) for w in stage_worker), 0, "current", _FLUSH,
-                    params)
+    return Schedule(name, tuple(progs), D, M, steps, tuple(holders), 0, "current", _FLUSH, params)
 
 
 def _v_sizes(name: str, W: int, M: int, steps: int) -> tuple[int, int, int]:
@@ -113,8 +116,8 @@ def _v_sizes(name: str, W: int, M: int, steps: int) -> tuple[int, int, int]:
 
 def _v_schedule(name: str, label: str, programs: Sequence[Sequence[_Job]], W: int, M: int, steps: int) -> Schedule:
     D = 2 * W
-    stage_worker = [s if s < W else D - 1 - s for s in range(D)]
-    return _assemble(f"{label}(W={W}, M={M})", programs, D, M, steps, stage_worker,
+    holders = [(s if s < W else D - 1 - s,) for s in range(D)]
+    return _assemble(f"{label}(W={W}, M={M})", programs, D, M, steps, holders,
                      [int(s >= W) for s in range(D)], {"W": W, "M": M, "builder": name})
 
 
@@ -228,7 +231,7 @@ def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
                          f"{rounds} (M={M}, W={W}); use M <= W or a multiple of {rounds}")
     D = V * W
     programs = [_interleaved_zb_worker(w, W, V, M, M // rounds) for w in range(W)]
-    return _assemble(f"interleaved ZB(W={W}, V={V}, M={M})", programs, D, M, steps, [s % W for s in range(D)],
+    return _assemble(f"interleaved ZB(W={W}, V={V}, M={M})", programs, D, M, steps, [(s % W,) for s in range(D)],
                      [s // W for s in range(D)], {"W": W, "V": V, "M": M, "builder": "interleaved_zero_bubble"})
 
 
@@ -305,12 +308,7 @@ def dualpipe_v(W: int, M: int, steps: int = 1) -> Schedule:
     simulated time of an overlapped pair is T_F + T_B, not the shorter overlapped time F&B. Micro-batches
     mix a fused B (most) and a split I + W (warm-up and cool-down), per (stage, micro-batch), as torch does.
 
-    Full DualPipe (bidirectional: every worker holds two copies of two stages, micro-batches enter at
-    both ends) is not built: its two copies of a stage would be two ``weight_holders`` whose gradients are
-    summed before the update, but the micro-batches of the reverse direction run the stages in the
-    opposite worker order, which the one-placement-per-stage ``Schedule`` (``worker_of`` per job, one
-    chain F(k−1) → F(k) per micro-batch) expresses only as two different stage sequences — i.e. a
-    different model — so it does not fit the formalism without a notion of replicated stages.
+    Full (bidirectional) DualPipe is :func:`dualpipe`.
 
     Args:
         W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
@@ -491,6 +489,57 @@ def v_min(W: int, M: int, steps: int = 1) -> Schedule:
     return _v_block_schedule("min", "V-Min", W, M, steps)
 
 
+# ------------------------------------------------------------------------------------------ DualPipe
+@gc_paused
+def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
+    """DualPipe (DeepSeek-V3 §3.2.1): bidirectional, every stage on two workers, micro-batches fed from both ends.
+
+    W workers (even) and D = W stages; every worker holds two stages, k and W − 1 − k, so every stage has
+    two weight holders (``weight_holders[k] = (k, W−1−k)``, twice 1F1B's parameters). Micro-batches
+    j < M/2 run the *forward direction* (stage k on worker k); j ≥ M/2 the *reverse direction* (stage k
+    on worker W − 1 − k, entering at the last worker). Each holder applies U(k, t) after all M
+    weight-gradient jobs of stage k of the step, both directions' (the all-reduce of the two copies'
+    gradients): synchronous, the same update as plain mini-batch training on M micro-batches.
+
+    Order: worker r and its mirror W − 1 − r run the program of DualPipeV's worker h = min(r, W−1−r) with
+    W/2 workers and M/2 micro-batches (:func:`dualpipe_v`, torch's order; DeepSeek's DualPipe reference
+    implementation has the same eight steps on "half ranks"), DualPipeV's chunk 0 being stage h and its
+    chunk 1 stage W − 1 − h. On a worker of the first half chunk 0 carries forward-direction micro-batches
+    and chunk 1 reverse-direction ones; on the second half the other way round. Overlapped F&B pairs run
+    as F then B, as in :func:`dualpipe_v`.
+
+    Args:
+        W: workers = stages (even); M: micro-batches per step (even, M/2 per direction); steps: steps.
+
+    Raises:
+        ValueError: W odd, M odd, or M < 2W (DeepSeek's requirement: at least W micro-batches per direction).
+
+    Example:
+        >>> s = dualpipe(W=2, M=4)
+        >>> s.weight_holders, [str(a) for a in s.programs[1]][:4]
+        (((0, 1), (1, 0)), ['F0.2', 'F1.0', 'F0.3', 'B1.0'])
+
+    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Fig. 5, Table 2);
+    github.com/deepseek-ai/DualPipe (dualpipe.py: phases 0/1 per half of the ranks).
+    """
+    W, M, steps = _v_sizes("dualpipe", W, M, steps)
+    if W % 2 or M % 2 or M < 2 * W:
+        raise ValueError(f"dualpipe needs an even number of workers W, an even M (half per direction) and "
+                         f"M >= 2W (got W={W}, M={M})")
+    half, per_direction = W // 2, M // 2
+    programs = []
+    for r in range(W):
+        h = min(r, W - 1 - r)
+        forward_chunk = 0 if r < half else 1  # the chunk that carries forward-direction micro-batches
+        prog = []
+        for op, k, j in _dualpipe_v_worker(h, half, per_direction):
+            chunk = int(k >= half)
+            prog.append((op, k, j if chunk == forward_chunk else per_direction + j))
+        programs.append(prog)
+    return _assemble(f"DualPipe(W={W}, M={M})", programs, W, M, steps, [(k, W - 1 - k) for k in range(W)],
+                     [int(k >= half) for k in range(W)], {"W": W, "M": M, "builder": "dualpipe"})
+
+
 # ------------------------------------------------------------------------------ the papers' numbers
 #: Builder name → (bubble formula, activation-memory formula, whether the bubble formula is exact, source).
 #: Bubble rate as the papers define it: 1 − (compute of the busiest worker) / (longest worker span), at
@@ -504,6 +553,7 @@ PAPER_FORMULAS: dict[str, tuple[str, str, bool, str]] = {
     "interleaved_zero_bubble": ("idle (W−1)(T_F+T_I−T_W)", "W (V=1 only)", True,
                                 "ZB paper §3.1 (ZB-H1), per chunk for V>1"),
     "dualpipe_v": ("idle ≤ (D/2−1)(F&B+B−3W)", "(D+1)/2", False, "DeepSeek-V3 Table 2 (DualPipe), D = 2W"),
+    "dualpipe": ("idle ≤ (W/2−1)(F&B+B−3W)", "W+1", False, "DeepSeek-V3 Table 2 (DualPipe), PP = D = W"),
 }
 
 
@@ -513,7 +563,9 @@ def paper_bubble(name: str, W: int, M: int, V: int = 2) -> float:
     Rates are 1 − busy / (busy + idle) with busy = 3·M·(chunks per worker) unit jobs per worker and the
     paper's idle: 1F1B (W−1)·3 (F + B = 3 units per stage), ZB-V 0, V-Half ≈ 3W (rate W/(2M)), V-Min ≈ 4W
     (rate 2W/(3M)), interleaved ZB (ZB-H1) (W−1)(T_F + T_I − T_W) = W − 1, DualPipeV (D/2 − 1)(F&B + B
-    − 3W) = 2(W − 1) with the overlapped F&B taken as F + B (pipelab runs them one after the other).
+    − 3W) = 2(W − 1) with the overlapped F&B taken as F + B (pipelab runs them one after the other);
+    DualPipe (W/2 − 1)(F&B + B − 3W) = 2(W/2 − 1) with busy 3M (M/2 micro-batches per direction, two
+    stages per worker).
 
     Example:
         >>> paper_bubble("1f1b", W=4, M=8), paper_bubble("zb_v", 4, 8), paper_bubble("v_half", 4, 8)
@@ -532,6 +584,9 @@ def paper_bubble(name: str, W: int, M: int, V: int = 2) -> float:
         return (W - 1) / (3 * V * M + W - 1)
     if name == "dualpipe_v":
         return 2 * (W - 1) / (6 * M + 2 * (W - 1))
+    if name == "dualpipe":
+        idle = 2 * (W // 2 - 1)
+        return idle / (3 * M + idle)
     raise ValueError(f"name must be one of {sorted(PAPER_FORMULAS)}, got {name!r}")
 
 
@@ -539,6 +594,7 @@ def paper_memory(name: str, W: int, V: int = 2) -> float | None:
     """The paper's peak activation memory of builder ``name``, in micro-batches of a full worker's layers.
 
     1F1B, ZB-V: W; V-Half: (W+2)//2; V-Min: (W+4)//3; DualPipeV: D + 1 chunk activations = W + 1/2;
+    DualPipe: PP + 1 = W + 1 stage activations (a stage being a 1F1B worker's share);
     interleaved ZB: W for V = 1 (ZB-H1 keeps 1F1B's memory), ``None`` for V > 1 (no published number).
 
     Example:
@@ -547,7 +603,8 @@ def paper_memory(name: str, W: int, V: int = 2) -> float | None:
     """
     W, V = check_int("W", W), check_int("V", V)
     table: dict[str, float | None] = {"1f1b": W, "zb_v": W, "v_half": (W + 2) // 2, "v_min": (W + 4) // 3,
-                                      "dualpipe_v": W + 0.5, "interleaved_zero_bubble": W if V == 1 else None}
+                                      "dualpipe_v": W + 0.5, "dualpipe": W + 1,
+                                      "interleaved_zero_bubble": W if V == 1 else None}
     if name not in table:
         raise ValueError(f"name must be one of {sorted(PAPER_FORMULAS)}, got {name!r}")
     return table[name]
@@ -555,14 +612,16 @@ def paper_memory(name: str, W: int, V: int = 2) -> float | None:
 
 #: The builders of this module by registry name.
 V_BUILDERS: dict[str, Any] = {"zb_v": zb_v, "v_half": v_half, "v_min": v_min,
-                              "interleaved_zero_bubble": interleaved_zero_bubble, "dualpipe_v": dualpipe_v}
+                              "interleaved_zero_bubble": interleaved_zero_bubble, "dualpipe_v": dualpipe_v,
+                              "dualpipe": dualpipe}
 
 
 def v_shape_table(W_values: Iterable[int], M_values: Iterable[int], V: int = 2) -> list[dict[str, Any]]:
     """Simulated bubble and peak activation memory of the V-shape family beside the papers' numbers.
 
     For every W in ``W_values`` and M in ``M_values`` (sizes a builder refuses are skipped) simulates
-    1F1B (W stages, fused B of cost 2), ZB-V, V-Half, V-Min, DualPipeV and interleaved ZB with ``V`` chunks
+    1F1B (W stages, fused B of cost 2), ZB-V, V-Half, V-Min, DualPipeV, interleaved ZB with ``V`` chunks
+    and DualPipe (W stages, each on two workers)
     at f_cost = 1, b_cost = 2, i_cost = w_cost = 1 (T_F = T_I = T_W) and reports
 
     - ``bubble``: the papers' rate 1 − busy/span of the longest worker span (first start to last end);
@@ -591,6 +650,7 @@ def v_shape_table(W_values: Iterable[int], M_values: Iterable[int], V: int = 2) 
             cases += [(n, lambda b=V_BUILDERS[n], W=W, M=M: b(W, M), 0.5, 2)
                       for n in ("zb_v", "v_half", "v_min", "dualpipe_v")]
             cases.append(("interleaved_zero_bubble", lambda W=W, M=M: interleaved_zero_bubble(W, V, M), 1 / V, V))
+            cases.append(("dualpipe", lambda W=W, M=M: dualpipe(W, M), 1.0, 2))
             for name, build, act, chunks in cases:
                 try:
                     s = build()
@@ -619,3 +679,4 @@ def _longest_span(r: Any) -> float:
         if m.any():
             spans.append(float(r.end[m].max() - r.start[m].min()))
     return max(spans)
+
