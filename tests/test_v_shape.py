@@ -1,7 +1,7 @@
 """The V-shape and interleaved zero-bubble family (pipelab.schedules.v_shape).
 
 References checked against: torch.distributed.pipelining's own schedule classes (per-rank compute order),
-the papers' bubble and memory formulas (ZB paper §3.1/§6, NeurIPS 2024 Table 1, DeepSeek-V3 Table 2),
+the papers' bubble and memory formulas (ZB paper §2.1/§6, NeurIPS 2024 summary table, DeepSeek-V3 Table 2),
 and the rule "an activation is held from the start of F(k, g) to the end of W(k, g)" computed here from
 the simulated timeline, independently of the simulator's memory model.
 """
@@ -217,7 +217,7 @@ def test_dualpipe_is_two_mirrored_dualpipe_v_with_two_holders_per_stage(W):
 # --------------------------------------------------------------------- 3. bubble and memory vs papers
 @pytest.mark.parametrize("W", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_peak_memory_held_from_f_to_w_equals_the_papers(W):
-    """NeurIPS 2024 Table 1: V-ZB W, V-Half (W+2)//2, V-Min (W+4)//3 micro-batches of a full worker
+    """NeurIPS 2024 (authors' summary table): V-ZB W, V-Half (W+2)//2, V-Min (W+4)//3 micro-batches of a full worker
     (2 chunks); DeepSeek-V3 Table 2: DualPipe PP+1 chunk activations (D = PP = 2W). Exact, every worker's
     peak at most that and the worst worker exactly that."""
     for M in (2 * W, 4 * W + 1):

@@ -1,6 +1,6 @@
 """V-shape and interleaved zero-bubble schedules with a split backward (F, I, W, U actions).
 
-V-shape placement (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024, §4, Fig. 3):
+V-shape placement (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024, V-Shape blocks):
 W workers hold D = 2W stages; stage s runs on worker
 
     w(s) = s            for s < W      (chunk 0, the way down),
@@ -14,10 +14,10 @@ builder                   order on worker w (one step)                          
 ``zb_v``                  torch's ``ScheduleZBVZeroBubble``: 2(W−w)−1 F of chunk 0, w     ZB paper §6 (ZB-V),
                           (F1, F0) pairs, W−w (F1, I1, W1), steady (F0, I0, W0, F1, I1,   torch
                           W1), cool-down I-pairs, then the deferred W
-``v_half`` / ``v_min``    the V-Half / V-Min building block of the NeurIPS paper          NeurIPS 2024 §4.2,
-                          repeated every 6 unit slots, squeezed and reordered under the   Fig. 3, Table 1
+``v_half`` / ``v_min``    the V-Half / V-Min building block of the NeurIPS paper          NeurIPS 2024,
+                          repeated every 6 unit slots, squeezed and reordered under the   V-Shape blocks
                           block's peak memory, W filling idle slots (FIFO)
-``interleaved_zero_``     torch's ``ScheduleInterleavedZeroBubble`` (ZB1P over V looped   ZB paper §3, torch
+``interleaved_zero_``     torch's ``ScheduleInterleavedZeroBubble`` (ZB1P over V looped   ZB paper §2, torch
 ``bubble``                chunks, stage s on worker s mod W)
 ``dualpipe_v``            torch's ``ScheduleDualPipeV`` (DeepSeek's cut-in-half DualPipe;  DeepSeek-V3 §3.2.1,
                           an overlapped F&B is the F, then the B)                         torch
@@ -38,10 +38,12 @@ Example:
     (4, ['F1.0', 'F2.0', 'F1.1', 'F2.1', 'I2.0', 'W2.0'])
 
 References: P. Qi, X. Wan, G. Huang, M. Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv
-2401.10241, §3 ZB-H1/ZB-H2, §6 ZB-V); P. Qi, X. Wan, N. Amar, M. Lin, "Pipeline Parallelism with
-Controllable Memory", NeurIPS 2024 (arXiv 2405.15362, §3 building blocks and lifespan, §4 V-Shape
-blocks, Table 1); DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1 DualPipe, Table
-2); torch.distributed.pipelining.schedules (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble,
+2401.10241, §2 ZB-H1/ZB-H2, §6 ZB-V); P. Qi, X. Wan, N. Amar, M. Lin, "Pipeline Parallelism with
+Controllable Memory", NeurIPS 2024 (arXiv 2405.15362: building blocks, lifespan and memory; the V-Shape
+blocks V-Min, V-Half, V-ZB; bubble/memory summary on the authors' page
+huggingface.co/spaces/sail/pipeline-parallelism-with-controllable-memory); DeepSeek-AI, "DeepSeek-V3
+Technical Report" (arXiv 2412.19437, §3.2.1 DualPipe, Table 2) and github.com/deepseek-ai/DualPipe;
+torch.distributed.pipelining.schedules (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble,
 ScheduleDualPipeV).
 """
 
@@ -158,8 +160,9 @@ def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
     from F to W) is 2W chunk activations = W micro-batches of a full worker, 1F1B's.
 
     Torch plans n = max(2W − 1, M) micro-batches and deletes the jobs of micro-batches ≥ M, so any
-    M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper's ZB-V (ZB paper §6, Fig. 8)
-    is the same order; torch is the source followed here.
+    M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper builds ZB-V (ZB paper §6) with its
+    own scheduler; torch's hand-written order is the one followed (tests pin it against torch), and its
+    bubble and memory are the paper's (tests).
 
     Args:
         W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
@@ -220,7 +223,7 @@ def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
         >>> [str(a) for a in interleaved_zero_bubble(W=2, V=2, M=2).programs[1]][:6]
         ['F1.0', 'F1.1', 'F3.0', 'I3.0', 'F3.1', 'I3.1']
 
-    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, §3.1 ZB-H1); Narayanan et al.
+    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, §2.1 ZB-H1); Narayanan et al.
     (SC 2021) for the interleaved order; torch.distributed.pipelining.ScheduleInterleavedZeroBubble.
     """
     W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
@@ -320,7 +323,7 @@ def dualpipe_v(W: int, M: int, steps: int = 1) -> Schedule:
         >>> [str(a) for a in dualpipe_v(W=1, M=2).programs[0]]
         ['F0.0', 'F1.0', 'F0.1', 'B1.0', 'F1.1', 'B0.0', 'B1.1', 'U1', 'I0.1', 'W0.1', 'U0']
 
-    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Fig. 5, Table 2);
+    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
     github.com/deepseek-ai/DualPipe (DualPipeV); torch.distributed.pipelining.ScheduleDualPipeV.
     """
     W, M, steps = _v_sizes("dualpipe_v", W, M, steps)
@@ -335,7 +338,7 @@ _PERIOD = 6
 
 
 def _v_block(kind: str, W: int) -> list[tuple[int, int, int, int]]:
-    """The V-shape building block (NeurIPS 2024 §4.2, Fig. 3): per worker w, the unit slots of
+    """The V-shape building block (NeurIPS 2024, V-Min / V-Half blocks): per worker w, the unit slots of
     (F chunk 0, F chunk 1, I chunk 1, I chunk 0) of micro-batch 0; micro-batch j adds 6j.
 
     V-Min: F0 at w, F1 at 2W−1−w, I1 at 2W+g+w, I0 at 4W+g−1−w (g = 2 when 3 | W, else 0): every hop
@@ -387,7 +390,7 @@ def _peak_in_flight(program: Sequence[_Job]) -> int:
 
 
 def _squeeze_and_reorder(W: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
-    """The paper's "squeeze" and "reorder" (NeurIPS 2024 §3.1, Fig. 2) as list scheduling at unit cost.
+    """The paper's "squeeze" and "reorder" steps (NeurIPS 2024, building a pipeline) as list scheduling.
 
     Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of
     time after another, runs on each worker: its next F or I job as soon as its dependencies have ended
@@ -442,9 +445,10 @@ def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Sche
 
 @gc_paused
 def v_half(W: int, M: int, steps: int = 1) -> Schedule:
-    """V-Half: the V-shape schedule with about half of 1F1B's activation memory (NeurIPS 2024 §4.2).
+    """V-Half: the V-shape schedule with about half of 1F1B's activation memory (NeurIPS 2024).
 
-    Placement: D = 2W stages in a V (:func:`v_stage`). Construction, as in the paper (§3.1, §4.2):
+    Placement: D = 2W stages in a V (:func:`v_stage`). Construction, as in the paper (building block,
+    repeating, squeezing, reordering):
 
     1. repeat the V-Half building block (:func:`_v_block`) once per micro-batch, 6 unit slots apart, the
        W passes in the two free slots of each period (FIFO of their input gradients);
@@ -465,14 +469,14 @@ def v_half(W: int, M: int, steps: int = 1) -> Schedule:
         (4, True)
 
     Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
-    2405.15362, §3 building blocks and lifespan, §4.2 V-Half, Fig. 3-4, Table 1).
+    2405.15362: building blocks and lifespan, the V-Half block; summary table on the authors' page).
     """
     return _v_block_schedule("half", "V-Half", W, M, steps)
 
 
 @gc_paused
 def v_min(W: int, M: int, steps: int = 1) -> Schedule:
-    """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024 §4.2).
+    """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024).
 
     As :func:`v_half` with the V-Min building block (one-slot hops, see :func:`_v_block`). Measured at
     T_F = T_I = T_W (tests): peak activation memory exactly the paper's (W+4)//3 micro-batches of a full
@@ -484,7 +488,7 @@ def v_min(W: int, M: int, steps: int = 1) -> Schedule:
         >>> validate(v_min(W=3, M=6))
 
     Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
-    2405.15362, §4.2 V-Min, Fig. 3-4, Table 1).
+    2405.15362: the V-Min block; summary table on the authors' page).
     """
     return _v_block_schedule("min", "V-Min", W, M, steps)
 
@@ -519,7 +523,7 @@ def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
         >>> s.weight_holders, [str(a) for a in s.programs[1]][:4]
         (((0, 1), (1, 0)), ['F0.2', 'F1.0', 'F0.3', 'B1.0'])
 
-    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Fig. 5, Table 2);
+    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
     github.com/deepseek-ai/DualPipe (dualpipe.py: phases 0/1 per half of the ranks).
     """
     W, M, steps = _v_sizes("dualpipe", W, M, steps)
@@ -547,11 +551,11 @@ def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
 #: (2 chunk activations in a V, V in the interleaved order), an activation held from F to its W.
 PAPER_FORMULAS: dict[str, tuple[str, str, bool, str]] = {
     "1f1b": ("(W−1)/(M+W−1)", "W", True, "ZB paper Table/README (1F1B baseline)"),
-    "zb_v": ("0", "W", True, "ZB paper §6 (ZB-V); NeurIPS 2024 Table 1 (V-ZB)"),
-    "v_half": ("≈ W/(2M)", "(W+2)//2", False, "NeurIPS 2024 §4.2, Table 1 (V-Half)"),
-    "v_min": ("≈ 2W/(3M)", "(W+4)//3", False, "NeurIPS 2024 §4.2, Table 1 (V-Min)"),
+    "zb_v": ("0", "W", True, "ZB paper §6 (ZB-V); NeurIPS 2024 summary (V-ZB)"),
+    "v_half": ("≈ W/(2M)", "(W+2)//2", False, "NeurIPS 2024 summary table (V-Half)"),
+    "v_min": ("≈ 2W/(3M)", "(W+4)//3", False, "NeurIPS 2024 summary table (V-Min)"),
     "interleaved_zero_bubble": ("idle (W−1)(T_F+T_I−T_W)", "W (V=1 only)", True,
-                                "ZB paper §3.1 (ZB-H1), per chunk for V>1"),
+                                "ZB paper §2.1 (ZB-H1), per chunk for V>1"),
     "dualpipe_v": ("idle ≤ (D/2−1)(F&B+B−3W)", "(D+1)/2", False, "DeepSeek-V3 Table 2 (DualPipe), D = 2W"),
     "dualpipe": ("idle ≤ (W/2−1)(F&B+B−3W)", "W+1", False, "DeepSeek-V3 Table 2 (DualPipe), PP = D = W"),
 }
