@@ -160,9 +160,11 @@ def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
     from F to W) is 2W chunk activations = W micro-batches of a full worker, 1F1B's.
 
     Torch plans n = max(2W − 1, M) micro-batches and deletes the jobs of micro-batches ≥ M, so any
-    M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper builds ZB-V (ZB paper §6) with its
-    own scheduler; torch's hand-written order is the one followed (tests pin it against torch), and its
-    bubble and memory are the paper's (tests).
+    M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper builds ZB-V (ZB paper §6) with a
+    greedy scheduler; torch's hand-written order is the one followed here (tests pin it against torch).
+    Where they differ: run once at T_F = T_B = T_W (W = 2..6, M = 2W, 4W; sail-sg's zbv.py, not part of
+    the tests), the authors' scheduler gives the same order up to the cool-down and places the last
+    deferred W passes differently there; both have zero bubble and peak memory W.
 
     Args:
         W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
