@@ -103,6 +103,23 @@ def test_every_builder_validates_flushed_with_updates_after_the_last_weight_grad
                 assert [a._replace(step=0) for a in pt if a.step == steps - 1] == list(p1)
 
 
+@pytest.mark.parametrize("name", [*V_SHAPED, "interleaved_zero_bubble", "dualpipe"])
+def test_synchronous_every_f_i_w_job_of_step_t_sees_exactly_t_updates(name):
+    """Flushed: in the simulated timeline every F, I, W (and B) job of stage k in step t starts after
+    exactly t updates of stage k on its worker have ended (no staleness), also at unequal costs."""
+    W, M, steps = 4, 8, 3
+    s = dualpipe(W, M, steps) if name == "dualpipe" else build(name, W, M, steps)
+    for costs in (UNIT, {"f_cost": 1.0, "b_cost": 3.0, "i_cost": 2.0, "w_cost": 0.5, "u_cost": 0.7}):
+        r = simulate(s, **costs)
+        c = r.compiled
+        is_u = c.op == OP_CODE["U"]
+        for i in np.flatnonzero(~is_u):
+            seen = is_u & (c.stage == c.stage[i]) & (c.worker == c.worker[i]) & (r.end <= r.start[i] + 1e-12)
+            assert seen.sum() == c.step[i], (name, s.programs[c.worker[i]][c.position(int(i))[1]])
+        vt = r.version_table
+        assert (vt.used("F") == np.arange(steps)[None, :, None]).all() and vt.max_staleness() == [0] * s.D
+
+
 @pytest.mark.parametrize("W", [1, 2, 3, 5])
 def test_v_placement_puts_stage_s_on_worker_s_then_back_up(W):
     for name in V_SHAPED:
