@@ -12,7 +12,9 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
 - **job** ``(op, k, t, j)``: op ``F`` (forward), ``B`` (backward; split into ``I`` input gradient and ``W``
   weight gradient in zero-bubble schedules) of stage k on micro-batch (t, j); ``(U, k, t, −1)`` is stage
   k's optimizer update with step t's gradients. :class:`Action` ``(op, stage, step, micro)`` is a job in
-  a worker's program.
+  a worker's program. Split-backward builders: :func:`zb_v`, :func:`v_half`, :func:`v_min` (V-shape
+  placement, stage s on worker min(s, 2W−1−s)), :func:`interleaved_zero_bubble`, :func:`dualpipe_v`,
+  :func:`dualpipe`.
 - **version** W_k^(v): stage k's weights after v updates. A job *uses* one version; its **update
   version** is the version U(k, t) applies its gradient to (t when updates run in order).
 - **staleness** of a job = update version − version used (0: the gradient is applied to the weights it
@@ -85,6 +87,8 @@ from .schedules import (
     async_1f1b_staleness,
     construct,
     ddp,
+    dualpipe,
+    dualpipe_v,
     folded,
     format_grid,
     from_torch,
@@ -93,6 +97,7 @@ from .schedules import (
     fslpp,
     gpipe,
     interleaved_1f1b,
+    interleaved_zero_bubble,
     lpp,
     naive,
     one_f_one_b,
@@ -102,10 +107,14 @@ from .schedules import (
     spectrain_version_difference,
     to_torch,
     to_torch_csv,
+    v_half,
+    v_min,
+    v_shape_table,
     validate,
     zb_async,
     zb_h1,
     zb_h2,
+    zb_v,
     zero_bubble_table,
 )
 from .simulator import SimResult, costs_from_profile, simulate
@@ -141,6 +150,7 @@ __all__ = [
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "zb_h1", "zb_h2", "zb_async", "zero_bubble_table",
     "simulate", "SimResult", "costs_from_profile", "VersionTable",
+    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_shape_table",
     "profile_stages", "StageProfile", "torch_threads",
     "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
     "from_torch", "from_torch_csv", "to_torch", "to_torch_csv",

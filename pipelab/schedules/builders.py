@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 from .constructor import construct
+from .v_shape import dualpipe, dualpipe_v, interleaved_zero_bubble, v_half, v_min, zb_v
 from .zero_bubble import zb_async, zb_h1, zb_h2
 
 __all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
@@ -359,5 +360,7 @@ def fslpp(D: int, M: int, G: int, R: int, steps: int = 1) -> Schedule:
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "pipedream": pipedream, "2bw": pipedream_2bw,
     "interleaved": interleaved_1f1b, "folded": folded, "ddp": ddp, "fsdp": fsdp, "lpp": lpp, "fslpp": fslpp,
-    "zb_h1": zb_h1, "zb_h2": zb_h2, "zb_async": zb_async,
+    # the zero-bubble family with a split backward (schedules/zero_bubble.py and schedules/v_shape.py)
+    "zb_h1": zb_h1, "zb_h2": zb_h2, "zb_async": zb_async, "zb_v": zb_v, "v_half": v_half, "v_min": v_min,
+    "interleaved_zb": interleaved_zero_bubble, "dualpipe_v": dualpipe_v, "dualpipe": dualpipe,
 }

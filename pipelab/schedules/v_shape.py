@@ -1,0 +1,688 @@
+"""V-shape and interleaved zero-bubble schedules with a split backward (F, I, W, U actions).
+
+V-shape placement (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024, V-Shape blocks):
+W workers hold D = 2W stages; stage s runs on worker
+
+    w(s) = s            for s < W      (chunk 0, the way down),
+    w(s) = 2W − 1 − s   for s ≥ W      (chunk 1, the way back up),
+
+so worker 0 holds the first and the last stage and the loss is computed where the input came in.
+
+========================  ==============================================================  ===================
+builder                   order on worker w (one step)                                    source
+========================  ==============================================================  ===================
+``zb_v``                  torch's ``ScheduleZBVZeroBubble``: 2(W−w)−1 F of chunk 0, w     ZB paper §6 (ZB-V),
+                          (F1, F0) pairs, W−w (F1, I1, W1), steady (F0, I0, W0, F1, I1,   torch
+                          W1), cool-down I-pairs, then the deferred W
+``v_half`` / ``v_min``    the V-Half / V-Min building block of the NeurIPS paper          NeurIPS 2024,
+                          repeated every 6 unit slots, squeezed and reordered under the   V-Shape blocks
+                          block's peak memory, W filling idle slots (FIFO)
+``interleaved_zero_``     torch's ``ScheduleInterleavedZeroBubble`` (ZB1P over V looped   ZB paper §2, torch
+``bubble``                chunks, stage s on worker s mod W)
+``dualpipe_v``            torch's ``ScheduleDualPipeV`` (DeepSeek's cut-in-half DualPipe;  DeepSeek-V3 §3.2.1,
+                          an overlapped F&B is the F, then the B)                         torch
+``dualpipe``              bidirectional DualPipe: W workers = D stages, stage k on workers DeepSeek-V3 §3.2.1,
+                          k and W−1−k; worker r runs DualPipeV's program of min(r, W−1−r) DualPipe repo
+                          with half the workers and M/2 micro-batches per direction
+========================  ==============================================================  ===================
+
+Every builder is flushed (``sync_lag=0``): U(k, t) follows the worker's last weight-gradient job (W, or B
+where the backward is not split) of stage k in step t (and, with two holders as in DualPipe, waits for the
+other holder's gradients too), and ``steps`` repeats the one-step program.
+
+Example:
+    >>> from pipelab.schedules import validate
+    >>> s = zb_v(W=2, M=4)
+    >>> validate(s)
+    >>> s.D, [str(a) for a in s.programs[1]][:6]
+    (4, ['F1.0', 'F2.0', 'F1.1', 'F2.1', 'I2.0', 'W2.0'])
+
+References: P. Qi, X. Wan, G. Huang, M. Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv
+2401.10241, §2 ZB-H1/ZB-H2, §6 ZB-V); P. Qi, X. Wan, N. Amar, M. Lin, "Pipeline Parallelism with
+Controllable Memory", NeurIPS 2024 (arXiv 2405.15362: building blocks, lifespan and memory; the V-Shape
+blocks V-Min, V-Half, V-ZB; bubble/memory summary on the authors' page
+huggingface.co/spaces/sail/pipeline-parallelism-with-controllable-memory); DeepSeek-AI, "DeepSeek-V3
+Technical Report" (arXiv 2412.19437, §3.2.1 DualPipe, Table 2) and github.com/deepseek-ai/DualPipe;
+torch.distributed.pipelining.schedules (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble,
+ScheduleDualPipeV).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .compiled import OP_CODE
+
+__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "PAPER_FORMULAS",
+           "paper_bubble", "paper_memory", "v_shape_table", "V_BUILDERS"]
+
+_FLUSH = ("U(k,t) right after worker w's last weight-gradient job (W, or B) of stage k in step t; step t+1 "
+          "starts after it (flush)")
+
+#: One worker's one-step program before numbering: (op, stage, micro-batch).
+_Job = tuple[str, int, int]
+
+
+def v_stage(w: int, chunk: int, W: int) -> int:
+    """The stage of ``chunk`` (0 or 1) on worker ``w`` in the V-shape placement: w, or 2W − 1 − w.
+
+    Example:
+        >>> [v_stage(w, c, 3) for c in (0, 1) for w in range(3)]
+        [0, 1, 2, 5, 4, 3]
+    """
+    if chunk not in (0, 1):
+        raise ValueError(f"chunk must be 0 or 1 in a V-shape placement, got {chunk!r}")
+    return w if chunk == 0 else 2 * W - 1 - w
+
+
+def _numbered(ops: Iterable[tuple[str, int]]) -> list[_Job]:
+    """Number a sequence of (op, stage): the n-th (op, stage) gets micro-batch n (torch's per-stage counters)."""
+    seen: Counter[tuple[str, int]] = Counter()
+    out = []
+    for op, k in ops:
+        out.append((op, k, seen[(op, k)]))
+        seen[(op, k)] += 1
+    return out
+
+
+def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, steps: int,
+              holders: Sequence[tuple[int, ...]], chunk_of: Sequence[int], params: dict[str, Any]) -> Schedule:
+    """Repeat each worker's one-step program for ``steps`` steps and add U(k, t) after the worker's last
+    weight-gradient job of stage k in step t (a flushed schedule)."""
+    progs = []
+    for prog in programs:
+        last: dict[int, int] = {}
+        for i, (op, k, _) in enumerate(prog):
+            if op in ("W", "B"):
+                last[k] = i
+        after: dict[int, list[int]] = {}
+        for k, i in last.items():
+            after.setdefault(i, []).append(k)
+        p: list[Action] = []
+        for t in range(steps):
+            for i, (op, k, j) in enumerate(prog):
+                p.append(Action(op, k, t, j, chunk_of[k]))
+                p += [Action("U", kk, t, -1, chunk_of[kk]) for kk in after.get(i, ())]
+        progs.append(tuple(p))
+    return Schedule(name, tuple(progs), D, M, steps, tuple(holders), 0, "current", _FLUSH, params)
+
+
+def _v_sizes(name: str, W: int, M: int, steps: int) -> tuple[int, int, int]:
+    W, M, steps = check_int("W", W), check_int("M", M), check_int("steps", steps)
+    check_jobs(f"{name}(W={W}, M={M}, steps={steps})", 3 * 2 * W * M * steps)
+    return W, M, steps
+
+
+def _v_schedule(name: str, label: str, programs: Sequence[Sequence[_Job]], W: int, M: int, steps: int) -> Schedule:
+    D = 2 * W
+    holders = [(s if s < W else D - 1 - s,) for s in range(D)]
+    return _assemble(f"{label}(W={W}, M={M})", programs, D, M, steps, holders,
+                     [int(s >= W) for s in range(D)], {"W": W, "M": M, "builder": name})
+
+
+# ---------------------------------------------------------------------------------------------- ZB-V
+def _zb_v_worker(w: int, W: int, M: int) -> list[_Job]:
+    s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
+    n = max(2 * W - 1, M)  # torch plans at least 2W − 1 micro-batches and drops the surplus afterwards
+    seq: list[tuple[str, int]] = [("F", s0)] * (2 * W - 2 * w - 1)
+    seq += [("F", s1), ("F", s0)] * w
+    seq += [("F", s1), ("I", s1), ("W", s1)] * (W - w)
+    f0 = 2 * W - w - 1  # forwards of chunk 0 so far
+    f1 = W  # forwards of chunk 1 so far
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            seq.append(("F", s0))
+            f0 += 1
+        seq += [("I", s0), ("W", s0), ("F", s1), ("I", s1), ("W", s1)]
+        f1 += 1
+    # Cool-down: w pairs of input gradients, then W − w (I, W) of chunk 0; the rest of the W last.
+    seq += [("I", s0), ("I", s1)] * w
+    seq += [("I", s0), ("W", s0)] * (W - w)
+    done_w1 = sum(1 for op, k in seq if (op, k) == ("W", s1))
+    done_w0 = sum(1 for op, k in seq if (op, k) == ("W", s0))
+    seq += [("W", s1)] * (n - done_w1) + [("W", s0)] * (n - done_w0)
+    return [job for job in _numbered(seq) if job[2] < M]
+
+
+@gc_paused
+def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
+    """ZB-V: the zero-bubble V schedule, in the order torch's ``ScheduleZBVZeroBubble`` runs it.
+
+    Placement: D = 2W stages, stage s on worker s (s < W) or 2W − 1 − s. Worker w runs 2(W−w)−1 forwards
+    of chunk 0, w pairs (F chunk 1, F chunk 0), W − w triples (F, I, W of chunk 1), then the steady
+    phase (F0, I0, W0, F1, I1, W1) until every forward ran, then w pairs (I0, I1), W − w pairs (I0, W0)
+    and the remaining deferred W passes (chunk 1 first). With T_F = T_I = T_W the steady phase has no
+    bubble in the paper's sense: every worker is busy 6M units from its first job to its last (worker w
+    starts w units after worker 0, so the common makespan is 6M + W − 1); peak activation memory (held
+    from F to W) is 2W chunk activations = W micro-batches of a full worker, 1F1B's.
+
+    Torch plans n = max(2W − 1, M) micro-batches and deletes the jobs of micro-batches ≥ M, so any
+    M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper builds ZB-V (ZB paper §6) with a
+    greedy scheduler; torch's hand-written order is the one followed here (tests pin it against torch).
+    Where they differ: run once at T_F = T_B = T_W (W = 2..6, M = 2W, 4W; sail-sg's zbv.py, not part of
+    the tests), the authors' scheduler gives the same order up to the cool-down and places the last
+    deferred W passes differently there; both have zero bubble and peak memory W.
+
+    Args:
+        W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
+
+    Example:
+        >>> [str(a) for a in zb_v(W=1, M=2).programs[0]]
+        ['F0.0', 'F1.0', 'I1.0', 'W1.0', 'F0.1', 'I0.0', 'W0.0', 'F1.1', 'I1.1', 'W1.1', 'U1', 'I0.1', 'W0.1', 'U0']
+
+    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, arXiv 2401.10241 v2 §6, ZB-V);
+    torch.distributed.pipelining.ScheduleZBVZeroBubble.
+    """
+    W, M, steps = _v_sizes("zb_v", W, M, steps)
+    return _v_schedule("zb_v", "ZB-V", [_zb_v_worker(w, W, M) for w in range(W)], W, M, steps)
+
+
+# ------------------------------------------------------------------------------ interleaved zero bubble
+def _interleaved_zb_worker(w: int, W: int, V: int, M: int, per_round: int) -> list[_Job]:
+    total = V * M  # forwards (and input gradients) on worker w
+    warm = min((V - 1) * per_round + (W - 1 - w), total)
+
+    def f_stage(i: int) -> int:
+        return ((i // per_round) % V) * W + w
+
+    def b_stage(i: int) -> int:  # the i-th input gradient of the worker
+        return (V - 1 - (i // per_round) % V) * W + w
+
+    seq: list[tuple[str, int]] = [("F", f_stage(i)) for i in range(warm)]
+    pending: deque[int] = deque()  # stages of input gradients whose W is still to come, oldest first
+    for i in range(total):  # the i-th input gradient, preceded by a forward while forwards remain
+        if warm + i < total:
+            seq.append(("F", f_stage(warm + i)))
+        seq.append(("I", b_stage(i)))
+        pending.append(b_stage(i))
+        if i >= w:  # worker w defers its first w weight gradients (ZB-H1's w extra W slots)
+            seq.append(("W", pending.popleft()))
+    seq += [("W", k) for k in pending]
+    return _numbered(seq)
+
+
+@gc_paused
+def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
+    """Interleaved zero bubble (ZB1P over V looped chunks), in the order of torch's ``ScheduleInterleavedZeroBubble``.
+
+    Placement: D = V·W stages, stage s = c·W + w on worker w = s mod W (chunk c), as in interleaved 1F1B.
+    With R = max(1, ⌊M/W⌋) rounds of P = M/R micro-batches, worker w runs (V−1)·P + W − 1 − w warm-up
+    forwards (capped at V·M); the i-th forward is of chunk ⌊i/P⌋ mod V, the i-th input gradient of chunk
+    V − 1 − (⌊i/P⌋ mod V). Then every input gradient I is preceded by the next forward (while any remain)
+    and, from the (w+1)-th input gradient on, followed by the oldest pending W; the w deferred W passes
+    run at the end (they fill the cool-down bubble: ZB-H1's idea applied to the interleaved order).
+
+    Args:
+        W: workers; V: chunks (stages) per worker; M: micro-batches per step; steps: optimizer steps.
+
+    Raises:
+        ValueError: if M is not a multiple of the number of rounds max(1, ⌊M/W⌋) (torch's requirement).
+
+    Example:
+        >>> [str(a) for a in interleaved_zero_bubble(W=2, V=2, M=2).programs[1]][:6]
+        ['F1.0', 'F1.1', 'F3.0', 'I3.0', 'F3.1', 'I3.1']
+
+    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, §2.1 ZB-H1); Narayanan et al.
+    (SC 2021) for the interleaved order; torch.distributed.pipelining.ScheduleInterleavedZeroBubble.
+    """
+    W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
+    check_jobs(f"interleaved_zero_bubble(W={W}, V={V}, M={M}, steps={steps})", 3 * V * W * M * steps)
+    rounds = max(1, M // W)
+    if M % rounds:
+        raise ValueError(f"interleaved_zero_bubble needs M divisible by the number of rounds max(1, M // W) = "
+                         f"{rounds} (M={M}, W={W}); use M <= W or a multiple of {rounds}")
+    D = V * W
+    programs = [_interleaved_zb_worker(w, W, V, M, M // rounds) for w in range(W)]
+    return _assemble(f"interleaved ZB(W={W}, V={V}, M={M})", programs, D, M, steps, [(s % W,) for s in range(D)],
+                     [s // W for s in range(D)], {"W": W, "V": V, "M": M, "builder": "interleaved_zero_bubble"})
+
+
+# ----------------------------------------------------------------------------------------- DualPipeV
+def _dualpipe_v_worker(w: int, W: int, M: int) -> list[_Job]:
+    s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
+    out: list[_Job] = []
+    nf: Counter[int] = Counter()  # forwards per stage
+    nb: Counter[int] = Counter()  # backwards (B or I) per stage
+    pending: deque[tuple[int, int]] = deque()  # (stage, micro) of input gradients awaiting their W
+
+    def fwd(k: int) -> None:
+        out.append(("F", k, nf[k]))
+        nf[k] += 1
+
+    def bwd(k: int, split: bool) -> None:
+        out.append(("I" if split else "B", k, nb[k]))
+        if split:
+            pending.append((k, nb[k]))
+        nb[k] += 1
+
+    def weight() -> None:
+        if pending:
+            out.append(("W", *pending.popleft()))
+
+    for _ in range(2 * (W - w - 1)):  # 1: chunk-0 forwards
+        fwd(s0)
+    for _ in range(w + 1):  # 2: F0 F1
+        fwd(s0)
+        fwd(s1)
+    for _ in range(W - w - 1):  # 3: I1 W F1 (zero bubble)
+        bwd(s1, True)
+        weight()
+        fwd(s1)
+    for _ in range(M - 2 * W + w + 1):  # 4: (F0 & B1) (F1 & B0), overlapped pairs run F then B
+        fwd(s0)
+        bwd(s1, False)
+        fwd(s1)
+        bwd(s0, False)
+    for _ in range(W - w - 1):  # 5: B1 (F1 & B0)
+        bwd(s1, False)
+        fwd(s1)
+        bwd(s0, False)
+    split = False
+    for i in range(w + 1):  # 6: B1 B0; the second half splits (I now, W later)
+        if i == (w + 1) // 2 and w % 2 == 1:
+            split = True
+        bwd(s1, split)
+        if i == (w + 1) // 2 and w % 2 == 0:
+            split = True
+        bwd(s0, split)
+    for _ in range(W - w - 1):  # 7: W B0
+        weight()
+        bwd(s0, split)
+    while pending:  # 8: the deferred W passes
+        weight()
+    return out
+
+
+@gc_paused
+def dualpipe_v(W: int, M: int, steps: int = 1) -> Schedule:
+    """DualPipeV (DeepSeek's "cut-in-half" DualPipe), in the order of torch's ``ScheduleDualPipeV``.
+
+    Placement: the V shape, D = 2W stages, stage s on worker s (s < W) or 2W − 1 − s. Worker w runs
+
+    1. 2(W−w−1) forwards of chunk 0;  2. w+1 pairs (F0, F1);  3. W−w−1 triples (I1, W, F1);
+    4. M − 2W + w + 1 rounds of the overlapped pairs (F0 & B1), (F1 & B0);  5. W−w−1 of (B1, F1 & B0);
+    6. w+1 pairs (B1, B0), switching to split backward (I) half-way;  7. W−w−1 of (W, I0);  8. the
+    pending W passes, oldest first.
+
+    Torch's OVERLAP_F_B action runs an F and a full B of two different chunks overlapped (DeepSeek-V3 §3.2.1:
+    the computation of one hides the communication of the other). pipelab has no overlap action: it is
+    represented as the two jobs in the order torch's runtime executes them (the F, then the B), so the
+    simulated time of an overlapped pair is T_F + T_B, not the shorter overlapped time F&B. Micro-batches
+    mix a fused B (most) and a split I + W (warm-up and cool-down), per (stage, micro-batch), as torch does.
+
+    Full (bidirectional) DualPipe is :func:`dualpipe`.
+
+    Args:
+        W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
+
+    Raises:
+        ValueError: if M < 2W = D (torch's requirement: at least as many micro-batches as stages).
+
+    Example:
+        >>> [str(a) for a in dualpipe_v(W=1, M=2).programs[0]]
+        ['F0.0', 'F1.0', 'F0.1', 'B1.0', 'F1.1', 'B0.0', 'B1.1', 'U1', 'I0.1', 'W0.1', 'U0']
+
+    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
+    github.com/deepseek-ai/DualPipe (DualPipeV); torch.distributed.pipelining.ScheduleDualPipeV.
+    """
+    W, M, steps = _v_sizes("dualpipe_v", W, M, steps)
+    if M < 2 * W:
+        raise ValueError(f"dualpipe_v needs M >= D = 2W micro-batches (M={M}, W={W}, D={2 * W})")
+    return _v_schedule("dualpipe_v", "DualPipeV", [_dualpipe_v_worker(w, W, M) for w in range(W)], W, M, steps)
+
+
+# ------------------------------------------------------------------------------------- V-Half, V-Min
+#: Slots of one building block per worker and micro-batch: F, I and W of two chunks at T_F = T_I = T_W.
+_PERIOD = 6
+
+
+def _v_block(kind: str, W: int) -> list[tuple[int, int, int, int]]:
+    """The V-shape building block (NeurIPS 2024, V-Min / V-Half blocks): per worker w, the unit slots of
+    (F chunk 0, F chunk 1, I chunk 1, I chunk 0) of micro-batch 0; micro-batch j adds 6j.
+
+    V-Min: F0 at w, F1 at 2W−1−w, I1 at 2W+g+w, I0 at 4W+g−1−w (g = 2 when 3 | W, else 0): every hop
+    waits one slot, so chunk 0 lives about 4W slots and chunk 1 only g+1, a lifespan of ≈ 4W slots, i.e.
+    ≈ 4W/6 chunk activations ≈ W/3 full micro-batches.
+    V-Half: F0 at 2w, F1 at 3W−2−w, I1 at 3W+g−1+2w, I0 at 6W+g−2−w (g = 3 when W is even, else 0):
+    the way down (F0) and back up (I1) take two slots per hop, the lifespan ≈ 6W slots ≈ W/2 micro-batches.
+    The gaps g make the four slots of every worker distinct modulo 6, so the repeated blocks never collide.
+    """
+    if kind == "min":
+        g = 2 if W % 3 == 0 else 0
+        return [(w, 2 * W - 1 - w, 2 * W + g + w, 4 * W + g - 1 - w) for w in range(W)]
+    g = 3 if W % 2 == 0 else 0
+    return [(2 * w, 3 * W - 2 - w, 3 * W + g - 1 + 2 * w, 6 * W + g - 2 - w) for w in range(W)]
+
+
+def _v_block_worker(w: int, W: int, M: int, slots: tuple[int, int, int, int]) -> list[_Job]:
+    """The nominal program: lay the block of every micro-batch at its slots, put each W (FIFO of the input
+    gradients) into the next free slot after its I, and read the program off the slots in time order."""
+    s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
+    at: dict[int, tuple[str, int, int]] = {}
+    for j in range(M):
+        for slot, (op, k) in zip(slots, (("F", s0), ("F", s1), ("I", s1), ("I", s0))):
+            t = slot + _PERIOD * j
+            if t in at:  # cannot happen for the blocks of _v_block (distinct modulo 6); kept as a guard
+                raise AssertionError(f"V-shape block collision on worker {w} at slot {t}")
+            at[t] = (op, k, j)
+    out: list[_Job] = []
+    pending: deque[tuple[int, int]] = deque()
+    for t in range(max(at) + 1):
+        if t in at:
+            op, k, j = at[t]
+            out.append((op, k, j))
+            if op == "I":
+                pending.append((k, j))
+        elif pending:
+            out.append(("W", *pending.popleft()))
+    out += [("W", k, j) for k, j in pending]
+    return out
+
+
+def _peak_in_flight(program: Sequence[_Job]) -> int:
+    """Most activations a worker holds along its program: max over prefixes of #F − #W (held F to W)."""
+    held = peak = 0
+    for op, _, _ in program:
+        held += 1 if op == "F" else -1 if op == "W" else 0
+        peak = max(peak, held)
+    return peak
+
+
+def _squeeze_and_reorder(W: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
+    """The paper's "squeeze" and "reorder" steps (NeurIPS 2024, building a pipeline) as list scheduling.
+
+    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of
+    time after another, runs on each worker: its next F or I job as soon as its dependencies have ended
+    (an F only while the worker holds fewer activations than the nominal program's peak, so the peak
+    memory is never raised), otherwise its oldest pending W, otherwise nothing. In the steady phase this
+    is the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
+    """
+    D = 2 * W
+    queues = [deque(job for job in prog if job[0] != "W") for prog in nominal]
+    caps = [_peak_in_flight(prog) for prog in nominal]
+    held = [0] * W
+    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(W)]
+    ended: dict[tuple[str, int, int], int] = {}
+    out: list[list[_Job]] = [[] for _ in range(W)]
+    total = sum(len(p) for p in nominal)
+    now = 0
+
+    def ready(op: str, k: int, j: int) -> bool:
+        if op == "F":
+            return k == 0 or ended.get(("F", k - 1, j), now + 1) <= now
+        return (ended.get(("F", k, j), now + 1) <= now
+                and (k == D - 1 or ended.get(("I", k + 1, j), now + 1) <= now))
+
+    while sum(len(p) for p in out) < total:
+        if now > 4 * total:  # the nominal program is itself a feasible order, so this cannot happen
+            raise AssertionError("V-shape list scheduling made no progress")
+        for w in range(W):
+            head = queues[w][0] if queues[w] else None
+            if head is not None and ready(*head) and (head[0] == "I" or held[w] < caps[w]):
+                job = queues[w].popleft()
+                if job[0] == "I":
+                    pending[w].append((job[1], job[2]))
+                else:
+                    held[w] += 1
+            elif pending[w]:
+                job = ("W", *pending[w].popleft())
+                held[w] -= 1
+            else:
+                continue
+            out[w].append(job)
+            ended[job] = now + 1
+        now += 1
+    return out
+
+
+def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Schedule:
+    W, M, steps = _v_sizes(f"v_{kind}", W, M, steps)
+    blocks = _v_block(kind, W)
+    nominal = [_v_block_worker(w, W, M, blocks[w]) for w in range(W)]
+    return _v_schedule(f"v_{kind}", label, _squeeze_and_reorder(W, nominal), W, M, steps)
+
+
+@gc_paused
+def v_half(W: int, M: int, steps: int = 1) -> Schedule:
+    """V-Half: the V-shape schedule with about half of 1F1B's activation memory (NeurIPS 2024).
+
+    Placement: D = 2W stages in a V (:func:`v_stage`). Construction, as in the paper (building block,
+    repeating, squeezing, reordering):
+
+    1. repeat the V-Half building block (:func:`_v_block`) once per micro-batch, 6 unit slots apart, the
+       W passes in the two free slots of each period (FIFO of their input gradients);
+    2. squeeze and reorder (:func:`_squeeze_and_reorder`): keep each worker's F/I order, run every job as
+       early as its dependencies allow at T_F = T_I = T_W, an F only while the worker holds fewer
+       activations than the repeated block's peak, W passes in the remaining idle slots.
+
+    Measured at T_F = T_I = T_W (tests): peak activation memory (held from F to W) exactly the paper's
+    (W+2)//2 micro-batches of a full worker ((W+2)//2·2 chunk activations; 1F1B holds W); idle time of
+    the longest worker 3W − 3 (even W) or 3W − 4 (odd W) unit jobs, just under the paper's ≈ 3W (bubble
+    rate ≈ W/(2M)). The order is designed at equal costs; with other costs the simulator times it as is.
+
+    Example:
+        >>> from pipelab.schedules import validate
+        >>> s = v_half(W=2, M=4)
+        >>> validate(s)
+        >>> s.D, s.split_backward
+        (4, True)
+
+    Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
+    2405.15362: building blocks and lifespan, the V-Half block; summary table on the authors' page).
+    """
+    return _v_block_schedule("half", "V-Half", W, M, steps)
+
+
+@gc_paused
+def v_min(W: int, M: int, steps: int = 1) -> Schedule:
+    """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024).
+
+    As :func:`v_half` with the V-Min building block (one-slot hops, see :func:`_v_block`). Measured at
+    T_F = T_I = T_W (tests): peak activation memory exactly the paper's (W+4)//3 micro-batches of a full
+    worker; idle time of the longest worker 4W − 5 (4W − 3 when 3 | W) unit jobs, the paper's ≈ 4W
+    (bubble rate ≈ 2W/(3M)) up to the ramps' O(1) terms.
+
+    Example:
+        >>> from pipelab.schedules import validate
+        >>> validate(v_min(W=3, M=6))
+
+    Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
+    2405.15362: the V-Min block; summary table on the authors' page).
+    """
+    return _v_block_schedule("min", "V-Min", W, M, steps)
+
+
+# ------------------------------------------------------------------------------------------ DualPipe
+@gc_paused
+def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
+    """DualPipe (DeepSeek-V3 §3.2.1): bidirectional, every stage on two workers, micro-batches fed from both ends.
+
+    W workers (even) and D = W stages; every worker holds two stages, k and W − 1 − k, so every stage has
+    two weight holders (``weight_holders[k] = (k, W−1−k)``, twice 1F1B's parameters). Micro-batches
+    j < M/2 run the *forward direction* (stage k on worker k); j ≥ M/2 the *reverse direction* (stage k
+    on worker W − 1 − k, entering at the last worker). Each holder applies U(k, t) after all M
+    weight-gradient jobs of stage k of the step, both directions' (the all-reduce of the two copies'
+    gradients): synchronous, the same update as plain mini-batch training on M micro-batches.
+
+    Order: worker r and its mirror W − 1 − r run the program of DualPipeV's worker h = min(r, W−1−r) with
+    W/2 workers and M/2 micro-batches (:func:`dualpipe_v`, torch's order; DeepSeek's DualPipe reference
+    implementation has the same eight steps on "half ranks"), DualPipeV's chunk 0 being stage h and its
+    chunk 1 stage W − 1 − h. On a worker of the first half chunk 0 carries forward-direction micro-batches
+    and chunk 1 reverse-direction ones; on the second half the other way round. Overlapped F&B pairs run
+    as F then B, as in :func:`dualpipe_v`.
+
+    Args:
+        W: workers = stages (even); M: micro-batches per step (even, M/2 per direction); steps: steps.
+
+    Raises:
+        ValueError: W odd, M odd, or M < 2W (DeepSeek's requirement: at least W micro-batches per direction).
+
+    Example:
+        >>> s = dualpipe(W=2, M=4)
+        >>> s.weight_holders, [str(a) for a in s.programs[1]][:4]
+        (((0, 1), (1, 0)), ['F0.2', 'F1.0', 'F0.3', 'B1.0'])
+
+    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
+    github.com/deepseek-ai/DualPipe (dualpipe.py: phases 0/1 per half of the ranks).
+    """
+    W, M, steps = _v_sizes("dualpipe", W, M, steps)
+    if W % 2 or M % 2 or M < 2 * W:
+        raise ValueError(f"dualpipe needs an even number of workers W, an even M (half per direction) and "
+                         f"M >= 2W (got W={W}, M={M})")
+    half, per_direction = W // 2, M // 2
+    programs = []
+    for r in range(W):
+        h = min(r, W - 1 - r)
+        forward_chunk = 0 if r < half else 1  # the chunk that carries forward-direction micro-batches
+        prog = []
+        for op, k, j in _dualpipe_v_worker(h, half, per_direction):
+            chunk = int(k >= half)
+            prog.append((op, k, j if chunk == forward_chunk else per_direction + j))
+        programs.append(prog)
+    return _assemble(f"DualPipe(W={W}, M={M})", programs, W, M, steps, [(k, W - 1 - k) for k in range(W)],
+                     [int(k >= half) for k in range(W)], {"W": W, "M": M, "builder": "dualpipe"})
+
+
+# ------------------------------------------------------------------------------ the papers' numbers
+#: Builder name → (bubble formula, activation-memory formula, whether the bubble formula is exact, source).
+#: Bubble rate as the papers define it: 1 − (compute of the busiest worker) / (longest worker span), at
+#: T_F = T_I = T_W = 1 per stage (chunk), B = I + W; memory in micro-batches of a full worker's layers
+#: (2 chunk activations in a V, V in the interleaved order), an activation held from F to its W.
+PAPER_FORMULAS: dict[str, tuple[str, str, bool, str]] = {
+    "1f1b": ("(W−1)/(M+W−1)", "W", True, "ZB paper Table/README (1F1B baseline)"),
+    "zb_v": ("0", "W", True, "ZB paper §6 (ZB-V); NeurIPS 2024 summary (V-ZB)"),
+    "v_half": ("≈ W/(2M)", "(W+2)//2", False, "NeurIPS 2024 summary table (V-Half)"),
+    "v_min": ("≈ 2W/(3M)", "(W+4)//3", False, "NeurIPS 2024 summary table (V-Min)"),
+    "interleaved_zero_bubble": ("idle (W−1)(T_F+T_I−T_W)", "W (V=1 only)", True,
+                                "ZB paper §2.1 (ZB-H1), per chunk for V>1"),
+    "dualpipe_v": ("idle ≤ (D/2−1)(F&B+B−3W)", "(D+1)/2", False, "DeepSeek-V3 Table 2 (DualPipe), D = 2W"),
+    "dualpipe": ("idle ≤ (W/2−1)(F&B+B−3W)", "W+1", False, "DeepSeek-V3 Table 2 (DualPipe), PP = D = W"),
+}
+
+
+def paper_bubble(name: str, W: int, M: int, V: int = 2) -> float:
+    """The paper's bubble rate for builder ``name`` at T_F = T_I = T_W = 1 (see :data:`PAPER_FORMULAS`).
+
+    Rates are 1 − busy / (busy + idle) with busy = 3·M·(chunks per worker) unit jobs per worker and the
+    paper's idle: 1F1B (W−1)·3 (F + B = 3 units per stage), ZB-V 0, V-Half ≈ 3W (rate W/(2M)), V-Min ≈ 4W
+    (rate 2W/(3M)), interleaved ZB (ZB-H1) (W−1)(T_F + T_I − T_W) = W − 1, DualPipeV (D/2 − 1)(F&B + B
+    − 3W) = 2(W − 1) with the overlapped F&B taken as F + B (pipelab runs them one after the other);
+    DualPipe (W/2 − 1)(F&B + B − 3W) = 2(W/2 − 1) with busy 3M (M/2 micro-batches per direction, two
+    stages per worker).
+
+    Example:
+        >>> paper_bubble("1f1b", W=4, M=8), paper_bubble("zb_v", 4, 8), paper_bubble("v_half", 4, 8)
+        (0.2727272727272727, 0.0, 0.25)
+    """
+    W, M, V = check_int("W", W), check_int("M", M), check_int("V", V)
+    if name == "1f1b":
+        return (W - 1) / (M + W - 1)
+    if name == "zb_v":
+        return 0.0
+    if name == "v_half":
+        return W / (2 * M)
+    if name == "v_min":
+        return 2 * W / (3 * M)
+    if name == "interleaved_zero_bubble":
+        return (W - 1) / (3 * V * M + W - 1)
+    if name == "dualpipe_v":
+        return 2 * (W - 1) / (6 * M + 2 * (W - 1))
+    if name == "dualpipe":
+        idle = 2 * (W // 2 - 1)
+        return idle / (3 * M + idle)
+    raise ValueError(f"name must be one of {sorted(PAPER_FORMULAS)}, got {name!r}")
+
+
+def paper_memory(name: str, W: int, V: int = 2) -> float | None:
+    """The paper's peak activation memory of builder ``name``, in micro-batches of a full worker's layers.
+
+    1F1B, ZB-V: W; V-Half: (W+2)//2; V-Min: (W+4)//3; DualPipeV: D + 1 chunk activations = W + 1/2;
+    DualPipe: PP + 1 = W + 1 stage activations (a stage being a 1F1B worker's share);
+    interleaved ZB: W for V = 1 (ZB-H1 keeps 1F1B's memory), ``None`` for V > 1 (no published number).
+
+    Example:
+        >>> [paper_memory(n, 8) for n in ("zb_v", "v_half", "v_min", "dualpipe_v")]
+        [8, 5, 4, 8.5]
+    """
+    W, V = check_int("W", W), check_int("V", V)
+    table: dict[str, float | None] = {"1f1b": W, "zb_v": W, "v_half": (W + 2) // 2, "v_min": (W + 4) // 3,
+                                      "dualpipe_v": W + 0.5, "dualpipe": W + 1,
+                                      "interleaved_zero_bubble": W if V == 1 else None}
+    if name not in table:
+        raise ValueError(f"name must be one of {sorted(PAPER_FORMULAS)}, got {name!r}")
+    return table[name]
+
+
+#: The builders of this module by registry name.
+V_BUILDERS: dict[str, Any] = {"zb_v": zb_v, "v_half": v_half, "v_min": v_min,
+                              "interleaved_zero_bubble": interleaved_zero_bubble, "dualpipe_v": dualpipe_v,
+                              "dualpipe": dualpipe}
+
+
+def v_shape_table(W_values: Iterable[int], M_values: Iterable[int], V: int = 2) -> list[dict[str, Any]]:
+    """Simulated bubble and peak activation memory of the V-shape family beside the papers' numbers.
+
+    For every W in ``W_values`` and M in ``M_values`` (sizes a builder refuses are skipped) simulates
+    1F1B (W stages, fused B of cost 2), ZB-V, V-Half, V-Min, DualPipeV, interleaved ZB with ``V`` chunks
+    and DualPipe (W stages, each on two workers)
+    at f_cost = 1, b_cost = 2, i_cost = w_cost = 1 (T_F = T_I = T_W) and reports
+
+    - ``bubble``: the papers' rate 1 − busy/span of the longest worker span (first start to last end);
+    - ``bubble_makespan``: :attr:`SimResult.bubble` (idle share of the common makespan, mean over workers);
+    - ``idle``: longest worker span − busiest worker's compute, in units of T_F;
+    - ``peak_memory``: the simulator's peak activation memory of the worst worker, in micro-batches of a
+      full worker's layers (``activation_bytes`` = 1/chunks per worker), under the simulator's memory
+      model (the papers hold an activation from F to its W);
+    - ``paper_bubble``, ``paper_memory``, ``exact``, ``source``: :func:`paper_bubble`,
+      :func:`paper_memory` and :data:`PAPER_FORMULAS`.
+
+    Example:
+        >>> rows = v_shape_table([2], [8])
+        >>> [(r["schedule"], round(r["bubble"], 3), r["paper_bubble"]) for r in rows][:2]
+        [('1f1b', 0.111, 0.1111111111111111), ('zb_v', 0.0, 0.0)]
+    """
+    from ..simulator import simulate
+    from .builders import one_f_one_b
+
+    V = check_int("V", V)
+    rows: list[dict[str, Any]] = []
+    for W in W_values:
+        for M in M_values:
+            W, M = check_int("W", W), check_int("M", M)
+            cases: list[tuple[str, Any, float, int]] = [("1f1b", lambda W=W, M=M: one_f_one_b(W, M), 1.0, 1)]
+            cases += [(n, lambda b=V_BUILDERS[n], W=W, M=M: b(W, M), 0.5, 2)
+                      for n in ("zb_v", "v_half", "v_min", "dualpipe_v")]
+            cases.append(("interleaved_zero_bubble", lambda W=W, M=M: interleaved_zero_bubble(W, V, M), 1 / V, V))
+            cases.append(("dualpipe", lambda W=W, M=M: dualpipe(W, M), 1.0, 2))
+            for name, build, act, chunks in cases:
+                try:
+                    s = build()
+                except ValueError:
+                    continue
+                r = simulate(s, 1.0, 2.0, i_cost=1.0, w_cost=1.0, activation_bytes=act)
+                span, busy = _longest_span(r), float(r.busy.max())
+                peak = r.peak_activation_bytes
+                rows.append({
+                    "schedule": name, "W": W, "D": s.D, "M": M, "bubble": 1.0 - busy / span,
+                    "bubble_makespan": r.bubble, "idle": span - busy,
+                    "peak_memory": None if peak is None else float(peak.max()),
+                    "paper_bubble": paper_bubble(name, W, M, chunks),
+                    "paper_memory": paper_memory(name, W, chunks),
+                    "exact": PAPER_FORMULAS[name][2], "source": PAPER_FORMULAS[name][3],
+                })
+    return rows
+
+
+def _longest_span(r: Any) -> float:
+    """Longest worker span of a simulated schedule: a worker's last compute end − its first compute start."""
+    c = r.compiled
+    spans = []
+    for w in range(r.schedule.W):
+        m = (c.worker == w) & (c.op != OP_CODE["U"])
+        if m.any():
+            spans.append(float(r.end[m].max() - r.start[m].min()))
+    return max(spans)
+
