@@ -13,7 +13,17 @@ from torch import nn
 from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
 from pipelab.runtime import PipelineRuntime
-from pipelab.schedules import Schedule, zb_async, zb_h1, zb_h2
+from pipelab.schedules import (
+    Schedule,
+    dualpipe_v,
+    interleaved_zero_bubble,
+    v_half,
+    v_min,
+    zb_async,
+    zb_h1,
+    zb_h2,
+    zb_v,
+)
 
 TOL = 1e-10
 
@@ -21,6 +31,11 @@ TOL = 1e-10
 SYNC: dict[str, tuple[Callable[[int, int, int], Schedule], int]] = {
     "zb_h1": (lambda W, M, T: zb_h1(W, M, T), 1),
     "zb_h2": (lambda W, M, T: zb_h2(W, M, T), 1),
+    "zb_v": (lambda W, M, T: zb_v(W, M, T), 2),
+    "v_half": (lambda W, M, T: v_half(W, M, T), 2),
+    "v_min": (lambda W, M, T: v_min(W, M, T), 2),
+    "interleaved_zb": (lambda W, M, T: interleaved_zero_bubble(W, 2, M, T), 2),
+    "dualpipe_v": (lambda W, M, T: dualpipe_v(W, M, T), 2),
 }
 
 
@@ -122,3 +137,34 @@ def _stages(model: nn.Sequential, D: int) -> list[nn.Module]:
 @pytest.mark.parametrize("world", [2, 4])
 def test_runtime_equals_plain_training_and_the_emulator(world: int) -> None:
     _check(world, spawn(_run, world))
+
+
+def test_dualpipe_two_weight_copies_train_like_one_in_the_emulator() -> None:
+    """Full DualPipe holds every stage on two workers (the two directions); their U waits for all M gradients
+    (the all-reduce), so in the single-process emulator, one copy per stage, it is plain training. The
+    runtime runs one holder per stage and refuses it by name (replicated stages are data parallelism)."""
+    from pipelab.schedules import dualpipe
+
+    s = dualpipe(2, 4, 2)
+    data = batches(2, 8)
+    ref = mlp(4)
+    train_plain(ref, optimizer=optimizer("sgdm"), batches=data)
+    model = mlp(4)
+    Emulator(model, schedule=s, policy="1f1b", optimizer=optimizer("sgdm")).run(data)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert (a - b).abs().max().item() <= TOL
+
+
+def _dualpipe_refused(rank: int, world: int) -> str:
+    from pipelab.schedules import dualpipe
+
+    try:
+        PipelineRuntime(mlp(4), schedule=dualpipe(2, 4, 2), policy="1f1b", optimizer=optimizer("sgdm"))
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.slow
+def test_runtime_refuses_dualpipe_by_name() -> None:
+    assert all("computed by workers [0, 1]" in msg for msg in spawn(_dualpipe_refused, 2))
