@@ -109,18 +109,17 @@ from .schedules import (
     to_torch_csv,
     v_half,
     v_min,
-    v_shape_table,
     validate,
     zb_async,
     zb_h1,
     zb_h2,
     zb_v,
-    zero_bubble_table,
 )
 from .simulator import SimResult, costs_from_profile, simulate
 from .stability import delayed_gd_threshold, max_stable_step, region_area, region_mask, spectral_radius, stable_mask
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
 from .threads import torch_threads
+from .zero_bubble_tables import steady_state, v_shape_table, zero_bubble_table
 
 
 def __getattr__(name: str) -> Any:
@@ -148,7 +147,7 @@ __all__ = [
     # schedules and the simulator
     "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
-    "lpp", "fslpp", "zb_h1", "zb_h2", "zb_async", "zero_bubble_table",
+    "lpp", "fslpp", "zb_h1", "zb_h2", "zb_async", "zero_bubble_table", "steady_state",
     "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_shape_table",
     "profile_stages", "StageProfile", "torch_threads",

@@ -26,11 +26,11 @@ from pipelab.schedules.v_shape import (
     paper_memory,
     v_half,
     v_min,
-    v_shape_table,
     v_stage,
     zb_v,
 )
 from pipelab.simulator import SimResult, simulate
+from pipelab.zero_bubble_tables import v_shape_table
 
 pipelining = pytest.importorskip("torch.distributed.pipelining.schedules")
 

@@ -22,9 +22,9 @@ from pipelab.schedules.zero_bubble import (
     zb_async,
     zb_h1,
     zb_h2,
-    zero_bubble_table,
 )
 from pipelab.simulator import SimResult, simulate
+from pipelab.zero_bubble_tables import zero_bubble_table
 
 
 def _order(s: Schedule, w: int) -> str:

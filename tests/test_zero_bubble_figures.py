@@ -10,7 +10,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from pipelab import figures  # noqa: E402
-from pipelab.figures.zero_bubble import async_split_rows, family, steady_state  # noqa: E402
+from pipelab.figures.zero_bubble import async_split_rows, family  # noqa: E402
+from pipelab.zero_bubble_tables import steady_state  # noqa: E402
 
 NAMES = ["schedules_zero_bubble", "schedules_zero_bubble_bubble", "schedules_zero_bubble_frontier",
          "schedules_async_split", "schedules_async_split_gantt"]
@@ -32,7 +33,7 @@ def test_steady_state_bubble_and_memory_are_the_papers() -> None:
 
     def measured(name: str) -> tuple[float, float, float]:
         build, scale = fam[name]
-        out = steady_state(build, 4, M, scale)
+        out = steady_state(build, 4, M, scale=scale)
         assert out is not None
         return out
 
@@ -41,7 +42,7 @@ def test_steady_state_bubble_and_memory_are_the_papers() -> None:
     for name, peak in (("ZB-H2", 7.0), ("ZB-V", 4.0)):
         b, mem, period = measured(name)
         assert b == 0.0 and period == 3 * M and mem == peak, name
-    assert steady_state(fam["ZB-H2"][0], 4, 4, 1.0) is None  # ZB-H2 needs M >= 2W - 1
+    assert steady_state(fam["ZB-H2"][0], 4, 4) is None  # ZB-H2 needs M >= 2W - 1
 
 
 def test_async_split_rows_tell_the_trade_off() -> None:

@@ -35,10 +35,11 @@ from ..schedules import (
     zb_v,
 )
 from ..simulator import SimResult, simulate
+from ..zero_bubble_tables import steady_state
 from . import FigureOutput, register
 from .schedules import GanttConfig, _gantt_figure
 
-__all__ = ["FamilyConfig", "family", "steady_state", "AsyncSplitConfig", "async_variants", "async_split_rows"]
+__all__ = ["FamilyConfig", "family", "AsyncSplitConfig", "async_variants", "async_split_rows"]
 
 #: name -> (builder of (W workers, M micro-batches, steps), stage-cost scale): the same model on W workers
 Builder = Callable[[int, int, int], Schedule]
@@ -95,27 +96,6 @@ _FAMILY = {"tiny": FamilyConfig(W=2, Ms=(4, 8, 16), M_frontier=8), "quick": Fami
            "paper": FamilyConfig(W=8, Ms=(8, 16, 24, 32, 48, 64, 96, 128), M_frontier=32)}
 
 
-def steady_state(build: Builder, W: int, M: int, scale: float) -> tuple[float, float, float] | None:
-    """``(bubble, peak activations, period)`` of a flushed schedule repeated step after step.
-
-    A step's period is makespan(3 steps) − makespan(2 steps): the next step's fill overlaps the previous
-    step's drain, as in training (one isolated step would also pay the fill skew, which the papers' bubble
-    counts once, not per step). bubble = 1 − (work per worker per step) / period, work averaged over the W
-    workers; peak activations of the busiest worker in full-stage units. ``None`` where the builder refuses
-    the size (e.g. M below its minimum).
-    """
-    try:
-        two, three = build(W, M, 2), build(W, M, 3)
-    except ValueError:
-        return None
-    r2, r3 = _sim(two, scale), _sim(three, scale)
-    period = r3.makespan - r2.makespan
-    c = r3.compiled
-    work = float(r3.cost[(c.step == 0) & (c.op != 2)].sum()) / W  # op 2 = U
-    assert r3.peak_activation_bytes is not None  # activation_bytes given
-    return 1.0 - work / period, float(r3.peak_activation_bytes.max()), period
-
-
 @register("schedules_zero_bubble_bubble", "Bubble fraction vs micro-batches per step for the zero-bubble family "
           "and the 1F1B baselines, F = I = W")
 def schedules_zero_bubble_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
@@ -124,11 +104,11 @@ def schedules_zero_bubble_bubble(preset: str, *, progress: bool = False) -> Figu
     skipped: dict[str, list[int]] = {}
     for name, (build, scale) in family(cfg.W).items():
         for M in cfg.Ms:
-            st = steady_state(build, cfg.W, M, scale)
+            st = steady_state(build, cfg.W, M, scale=scale)
             if st is None:
                 skipped.setdefault(name, []).append(M)
                 continue
-            rows.setdefault(name, []).append((M, st[0]))
+            rows.setdefault(name, []).append((M, st.bubble))
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.0), sharey=True)
     groups = (("1F1B family and ZB-H1/H2 (one stage per worker)", ("GPipe", "1F1B", "ZB-H1", "ZB-H2")),
               ("two chunks or two weight copies per worker", ("interleaved 1F1B (V=2)", "ZB-V", "V-Half", "V-Min",
@@ -160,9 +140,9 @@ def schedules_zero_bubble_frontier(preset: str, *, progress: bool = False) -> Fi
     W, M = cfg.W, cfg.M_frontier
     pts: dict[str, tuple[float, float, float]] = {}
     for name, (build, scale) in family(W).items():
-        st = steady_state(build, W, M, scale)
+        st = steady_state(build, W, M, scale=scale)
         if st is not None:
-            pts[name] = (st[1], st[0], st[2])
+            pts[name] = (st.peak, st.bubble, st.period)
     base = pts["1F1B"][0]
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
     for name, (mem, bubble, _) in pts.items():

@@ -41,20 +41,19 @@ from .v_shape import (
                       paper_memory,
                       v_half,
                       v_min,
-                      v_shape_table,
                       v_stage,
                       zb_v,
 )
 from .validate import ScheduleError, format_grid, validate
 from .versions import USED_RULES, VersionTable, async_1f1b_staleness, pipeoptim_staleness, spectrain_version_difference
-from .zero_bubble import ZB_SCHEDULES, paper_closed_form, split_order, zb_async, zb_h1, zb_h2, zero_bubble_table
+from .zero_bubble import ZB_SCHEDULES, paper_closed_form, split_order, zb_async, zb_h1, zb_h2
 
 __all__ = [
     "Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
     "lpp", "fslpp", "lpp_hash", "BUILDERS",
-    "zb_h1", "zb_h2", "zb_async", "split_order", "zero_bubble_table", "paper_closed_form", "ZB_SCHEDULES",
-    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_stage", "v_shape_table",
+    "zb_h1", "zb_h2", "zb_async", "split_order", "paper_closed_form", "ZB_SCHEDULES",
+    "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_stage",
     "paper_bubble", "paper_memory", "PAPER_FORMULAS",
     "construct", "PRIORITIES",
     "Job", "Edge", "EDGES", "dependencies",

@@ -54,10 +54,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
-from .compiled import OP_CODE
 
 __all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "PAPER_FORMULAS",
-           "paper_bubble", "paper_memory", "v_shape_table", "V_BUILDERS"]
+           "paper_bubble", "paper_memory", "V_BUILDERS"]
 
 _FLUSH = ("U(k,t) right after worker w's last weight-gradient job (W, or B) of stage k in step t; step t+1 "
           "starts after it (flush)")
@@ -620,69 +619,4 @@ def paper_memory(name: str, W: int, V: int = 2) -> float | None:
 V_BUILDERS: dict[str, Any] = {"zb_v": zb_v, "v_half": v_half, "v_min": v_min,
                               "interleaved_zero_bubble": interleaved_zero_bubble, "dualpipe_v": dualpipe_v,
                               "dualpipe": dualpipe}
-
-
-def v_shape_table(W_values: Iterable[int], M_values: Iterable[int], V: int = 2) -> list[dict[str, Any]]:
-    """Simulated bubble and peak activation memory of the V-shape family beside the papers' numbers.
-
-    For every W in ``W_values`` and M in ``M_values`` (sizes a builder refuses are skipped) simulates
-    1F1B (W stages, fused B of cost 2), ZB-V, V-Half, V-Min, DualPipeV, interleaved ZB with ``V`` chunks
-    and DualPipe (W stages, each on two workers)
-    at f_cost = 1, b_cost = 2, i_cost = w_cost = 1 (T_F = T_I = T_W) and reports
-
-    - ``bubble``: the papers' rate 1 − busy/span of the longest worker span (first start to last end);
-    - ``bubble_makespan``: :attr:`SimResult.bubble` (idle share of the common makespan, mean over workers);
-    - ``idle``: longest worker span − busiest worker's compute, in units of T_F;
-    - ``peak_memory``: the simulator's peak activation memory of the worst worker, in micro-batches of a
-      full worker's layers (``activation_bytes`` = 1/chunks per worker), under the simulator's memory
-      model (the papers hold an activation from F to its W);
-    - ``paper_bubble``, ``paper_memory``, ``exact``, ``source``: :func:`paper_bubble`,
-      :func:`paper_memory` and :data:`PAPER_FORMULAS`.
-
-    Example:
-        >>> rows = v_shape_table([2], [8])
-        >>> [(r["schedule"], round(r["bubble"], 3), r["paper_bubble"]) for r in rows][:2]
-        [('1f1b', 0.111, 0.1111111111111111), ('zb_v', 0.0, 0.0)]
-    """
-    from ..simulator import simulate
-    from .builders import one_f_one_b
-
-    V = check_int("V", V)
-    rows: list[dict[str, Any]] = []
-    for W in W_values:
-        for M in M_values:
-            W, M = check_int("W", W), check_int("M", M)
-            cases: list[tuple[str, Any, float, int]] = [("1f1b", lambda W=W, M=M: one_f_one_b(W, M), 1.0, 1)]
-            cases += [(n, lambda b=V_BUILDERS[n], W=W, M=M: b(W, M), 0.5, 2)
-                      for n in ("zb_v", "v_half", "v_min", "dualpipe_v")]
-            cases.append(("interleaved_zero_bubble", lambda W=W, M=M: interleaved_zero_bubble(W, V, M), 1 / V, V))
-            cases.append(("dualpipe", lambda W=W, M=M: dualpipe(W, M), 1.0, 2))
-            for name, build, act, chunks in cases:
-                try:
-                    s = build()
-                except ValueError:
-                    continue
-                r = simulate(s, 1.0, 2.0, i_cost=1.0, w_cost=1.0, activation_bytes=act)
-                span, busy = _longest_span(r), float(r.busy.max())
-                peak = r.peak_activation_bytes
-                rows.append({
-                    "schedule": name, "W": W, "D": s.D, "M": M, "bubble": 1.0 - busy / span,
-                    "bubble_makespan": r.bubble, "idle": span - busy,
-                    "peak_memory": None if peak is None else float(peak.max()),
-                    "paper_bubble": paper_bubble(name, W, M, chunks),
-                    "paper_memory": paper_memory(name, W, chunks),
-                    "exact": PAPER_FORMULAS[name][2], "source": PAPER_FORMULAS[name][3],
-                })
-    return rows
-
-
-def _longest_span(r: Any) -> float:
-    """Longest worker span of a simulated schedule: a worker's last compute end − its first compute start."""
-    c = r.compiled
-    spans = []
-    for w in range(r.schedule.W):
-        m = (c.worker == w) & (c.op != OP_CODE["U"])
-        if m.any():
-            spans.append(float(r.end[m].max() - r.start[m].min()))
-    return max(spans)
 

@@ -29,9 +29,9 @@ post-validation: no global synchronisation before the optimizer step, §4), cons
 no bubble at all.
 
 The paper's bubble is per worker, from its first to its last pass of a step (the period of back-to-back
-steps). :func:`zero_bubble_table` measures it on the simulated timeline the same way and lists the closed
-form beside it: equal (to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as max(0, formula), which covers
-T_F = T_I = T_W.
+steps). :func:`pipelab.zero_bubble_tables.zero_bubble_table` measures it on the simulated timeline the same
+way and lists the closed form beside it: equal (to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as
+max(0, formula), which covers T_F = T_I = T_W.
 
 Example:
     >>> [str(a) for a in zb_h1(D=2, M=2).programs[1]]
@@ -48,10 +48,9 @@ from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 
-__all__ = ["split_order", "zb_h1", "zb_h2", "zb_async", "ZB_SCHEDULES", "paper_closed_form",
-           "zero_bubble_table"]
+__all__ = ["split_order", "zb_h1", "zb_h2", "zb_async", "ZB_SCHEDULES", "paper_closed_form"]
 
-#: Schedules of :func:`zero_bubble_table`, in the order of the paper's Table 1.
+#: Schedules of :func:`pipelab.zero_bubble_tables.zero_bubble_table`, in the order of the paper's Table 1.
 ZB_SCHEDULES: tuple[str, ...] = ("1F1B", "ZB-H1", "ZB-H2")
 
 
@@ -250,68 +249,3 @@ def paper_closed_form(schedule: str, D: int, t_f: float = 1.0, t_i: float = 1.0,
     if schedule == "ZB-H2":
         return (D - 1) * (t_f + t_i - 2 * t_w), 2 * D - 1
     raise ValueError(f"schedule must be one of {ZB_SCHEDULES}, got {schedule!r}")
-
-
-def zero_bubble_table(D_values: Sequence[int], M_values: Sequence[int] | None = None, *, t_f: float = 1.0,
-                      t_i: float = 1.0, t_w: float = 1.0) -> list[dict[str, Any]]:
-    """Table 1 of the zero-bubble paper, pipelab's simulation beside the paper's closed form.
-
-    For every D, M (M ≥ D) and schedule of :data:`ZB_SCHEDULES`, the schedule is simulated with
-    f_cost = T_F, b_cost = T_I + T_W (1F1B's fused B), i_cost = T_I, w_cost = T_W (default all 1):
-
-    - ``bubble``: the paper's bubble per step, measured: the period of back-to-back steps minus one step's
-      work, P − M(T_F+T_I+T_W), with P = makespan(3 steps) − makespan(2 steps) (equal, for these schedules,
-      to the longest span of one worker within a step minus its work);
-    - ``bubble_fraction``: bubble / P (the paper's "bubble rate"); ``paper_bubble_fraction`` likewise from
-      the closed form (``paper_bubble`` / (``paper_bubble`` + M(T_F+T_I+T_W)));
-    - ``one_step_bubble_fraction``: :attr:`SimResult.bubble` of a single flushed step (includes the fill
-      skew of the parallelogram, D−1, that back-to-back steps overlap);
-    - ``peak_activations`` / ``paper_peak``: the most micro-batches resident on any worker.
-
-    A schedule that cannot be built for (D, M) (ZB-H2 with M < 2D − 1) gets ``None`` numbers and a ``note``.
-
-    Args:
-        D_values: pipeline depths; M_values: micro-batches per step (default: D, 2D, 3D for each D).
-
-    Returns:
-        One dict per (schedule, D, M) with keys schedule, D, M, bubble, paper_bubble, bubble_fraction,
-        paper_bubble_fraction, one_step_bubble_fraction, peak_activations, paper_peak, note.
-
-    Example:
-        >>> [(r["schedule"], r["bubble"], r["paper_bubble"]) for r in zero_bubble_table([4], [8])]
-        [('1F1B', 9.0, 9.0), ('ZB-H1', 3.0, 3.0), ('ZB-H2', 0.0, 0.0)]
-
-    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 1 and §2.
-    """
-    from ..simulator import simulate  # measurement on top of the schedules layer: imported on use
-    from .builders import one_f_one_b
-
-    builders = {"1F1B": one_f_one_b, "ZB-H1": zb_h1, "ZB-H2": zb_h2}
-    work = t_f + t_i + t_w
-    rows = []
-    for D in D_values:
-        D = check_int("D", D)
-        for M in (M_values if M_values is not None else (D, 2 * D, 3 * D)):
-            M = check_int("M", M)
-            if M < D:
-                continue
-            for name in ZB_SCHEDULES:
-                paper_bubble, paper_peak = paper_closed_form(name, D, t_f, t_i, t_w)
-                row: dict[str, Any] = {"schedule": name, "D": D, "M": M, "paper_bubble": paper_bubble,
-                                       "paper_bubble_fraction": paper_bubble / (paper_bubble + M * work),
-                                       "paper_peak": paper_peak, "note": ""}
-                try:
-                    builders[name](D, M)
-                except ValueError as e:
-                    row.update(bubble=None, bubble_fraction=None, one_step_bubble_fraction=None,
-                               peak_activations=None, note=str(e).split(":")[0])
-                    rows.append(row)
-                    continue
-                r1, r2, r3 = (simulate(builders[name](D, M, steps), t_f, t_i + t_w, i_cost=t_i, w_cost=t_w)
-                              for steps in (1, 2, 3))
-                period = r3.makespan - r2.makespan
-                bubble = period - M * work
-                row.update(bubble=bubble, bubble_fraction=bubble / period, one_step_bubble_fraction=r1.bubble,
-                           peak_activations=int(r1.peak_activations.max()))
-                rows.append(row)
-    return rows
