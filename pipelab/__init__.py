@@ -12,9 +12,12 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
 - **job** ``(op, k, t, j)``: op ``F`` (forward), ``B`` (backward; split into ``I`` input gradient and ``W``
   weight gradient in zero-bubble schedules) of stage k on micro-batch (t, j); ``(U, k, t, −1)`` is stage
   k's optimizer update with step t's gradients. :class:`Action` ``(op, stage, step, micro)`` is a job in
-  a worker's program. Split-backward builders: :func:`zb_v`, :func:`v_half`, :func:`v_min` (V-shape
-  placement, stage s on worker min(s, 2W−1−s)), :func:`interleaved_zero_bubble`, :func:`dualpipe_v`,
-  :func:`dualpipe`.
+  a worker's program. A split backward's I returns the input gradient and keeps the stage's graph; its
+  W adds the weight gradient from that graph later, so the backward's weights are decided at I.
+  Split-backward builders: :func:`zb_h1`, :func:`zb_h2`, :func:`zb_async` (no flush), :func:`zb_v`,
+  :func:`v_half`, :func:`v_min` (V-shape placement, stage s on worker min(s, 2W−1−s)),
+  :func:`interleaved_zero_bubble`, :func:`dualpipe_v`, :func:`dualpipe`; their papers' numbers:
+  :mod:`pipelab.zero_bubble_tables`.
 - **version** W_k^(v): stage k's weights after v updates. A job *uses* one version; its **update
   version** is the version U(k, t) applies its gradient to (t when updates run in order).
 - **staleness** of a job = update version − version used (0: the gradient is applied to the weights it
