@@ -26,7 +26,7 @@ def test_renders_under_tiny(name: str) -> None:
 
 
 def test_steady_state_bubble_and_memory_are_the_papers() -> None:
-    fam = family(4)
+    fam = family()
     # 1F1B: (W-1)(F+B) idle per step over 3M of work; ZB-H2 and ZB-V: zero bubble (Qi et al. 2024, Table 1
     # and the V-shape paper); memory: ZB-H2 2W-1 = 7 stage activations, ZB-V W = 4 (in full-stage units)
     M = 16

@@ -12,31 +12,23 @@ from torch import nn
 
 from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
+from pipelab.figures.zero_bubble import ZERO_BUBBLE, family
 from pipelab.runtime import PipelineRuntime
 from pipelab.schedules import (
     Schedule,
     dualpipe_v,
     interleaved_zero_bubble,
-    v_half,
-    v_min,
     zb_async,
-    zb_h1,
-    zb_h2,
     zb_v,
 )
 
 TOL = 1e-10
 
-#: name -> (builder of (workers W, M, steps), stages per worker)
+#: name -> (builder of (workers W, M, steps), stages per worker): the figures' zero-bubble family, whose
+#: schedules of 2W half-size chunks have cost scale 1/2; full DualPipe's replicated stages are tested apart
 SYNC: dict[str, tuple[Callable[[int, int, int], Schedule], int]] = {
-    "zb_h1": (lambda W, M, T: zb_h1(W, M, T), 1),
-    "zb_h2": (lambda W, M, T: zb_h2(W, M, T), 1),
-    "zb_v": (lambda W, M, T: zb_v(W, M, T), 2),
-    "v_half": (lambda W, M, T: v_half(W, M, T), 2),
-    "v_min": (lambda W, M, T: v_min(W, M, T), 2),
-    "interleaved_zb": (lambda W, M, T: interleaved_zero_bubble(W, 2, M, T), 2),
-    "dualpipe_v": (lambda W, M, T: dualpipe_v(W, M, T), 2),
-}
+    name: (build, round(1 / scale)) for name, (build, scale) in family().items()
+    if name in ZERO_BUBBLE and not name.startswith("DualPipe (")}
 
 
 def mlp(depth: int, seed: int = 0) -> nn.Sequential:

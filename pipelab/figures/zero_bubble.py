@@ -39,14 +39,19 @@ from ..zero_bubble_tables import steady_state
 from . import FigureOutput, register
 from .schedules import GanttConfig, _gantt_figure
 
-__all__ = ["FamilyConfig", "family", "AsyncSplitConfig", "async_variants", "async_split_rows"]
+__all__ = ["FamilyConfig", "family", "ZERO_BUBBLE", "AsyncSplitConfig", "async_variants", "async_split_rows"]
 
-#: name -> (builder of (W workers, M micro-batches, steps), stage-cost scale): the same model on W workers
+#: a builder of (W workers, M micro-batches, steps)
 Builder = Callable[[int, int, int], Schedule]
 
+#: Names of the zero-bubble family's synchronous schedules in :func:`family` (the rest are baselines).
+ZERO_BUBBLE = ("ZB-H1", "ZB-H2", "ZB-V", "V-Half", "V-Min", "interleaved ZB (V=2)", "DualPipeV",
+               "DualPipe (2 weight copies)")
 
-def family(W: int) -> dict[str, tuple[Builder, float]]:
-    """The schedules compared on W workers: 1F1B-style baselines and the zero-bubble family."""
+
+def family() -> dict[str, tuple[Builder, float]]:
+    """The schedules compared, name -> (builder, stage-cost scale): 1F1B-style baselines and the zero-bubble
+    family; a schedule of 2W half-size chunks on W workers has scale 1/2, so all train the same model."""
     return {
         "GPipe": (lambda w, m, t: gpipe(w, m, t), 1.0),
         "1F1B": (lambda w, m, t: one_f_one_b(w, m, t), 1.0),
@@ -78,7 +83,7 @@ def schedules_zero_bubble(preset: str, *, progress: bool = False) -> FigureOutpu
     cfg = from_preset(_GANTT, preset)
     W, M, T = cfg.D, cfg.M, cfg.steps
     names = ["1F1B", "ZB-H1", "ZB-H2", "ZB-V", "V-Half", "V-Min", "interleaved ZB (V=2)", "DualPipeV"]
-    fam = family(W)
+    fam = family()
     entries = [(n, fam[n][0](W, M, T), fam[n][1]) for n in names]
     return _gantt_figure(entries, GanttConfig(W, M, T, b_over_f=2.0), f"Zero-bubble schedules on {W} workers, "
                          f"M={M}: B split into I and W, F = I = W = 1 per stage (2 chunks per worker: half-size)")
@@ -102,7 +107,7 @@ def schedules_zero_bubble_bubble(preset: str, *, progress: bool = False) -> Figu
     cfg = from_preset(_FAMILY, preset)
     rows: dict[str, list[tuple[int, float]]] = {}
     skipped: dict[str, list[int]] = {}
-    for name, (build, scale) in family(cfg.W).items():
+    for name, (build, scale) in family().items():
         for M in cfg.Ms:
             st = steady_state(build, cfg.W, M, scale=scale)
             if st is None:
@@ -139,7 +144,7 @@ def schedules_zero_bubble_frontier(preset: str, *, progress: bool = False) -> Fi
     cfg = from_preset(_FAMILY, preset)
     W, M = cfg.W, cfg.M_frontier
     pts: dict[str, tuple[float, float, float]] = {}
-    for name, (build, scale) in family(W).items():
+    for name, (build, scale) in family().items():
         st = steady_state(build, W, M, scale=scale)
         if st is not None:
             pts[name] = (st.peak, st.bubble, st.period)
