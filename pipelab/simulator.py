@@ -131,13 +131,11 @@ class SimResult:
 
     @property
     def latency_units(self) -> float:
-        """Rahimi's latency: makespan in units of one stage's F + B (mean over stages)."""
+        """Rahimi's latency: makespan in units of one stage's F + B (mean over stages; B = I + W when split)."""
         c = self.compiled
-        fb = []
-        for code in (_F, _B):
-            m = c.op == code
-            fb.append(self.cost[m].mean() if m.any() else 0.0)
-        return self.makespan / float(sum(fb))
+        n_f = int((c.op == _F).sum())
+        compute = float(self.cost[(c.op == _F) | (c.op == _B) | (c.op == _I) | (c.op == _W)].sum())
+        return self.makespan / (compute / n_f)
 
     # ------------------------------------------------------------ memory and traffic
     def _activation_events(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
