@@ -411,3 +411,12 @@ def test_version_table_keyed_accessors_refuse_what_they_do_not_know() -> None:
     with pytest.raises(ValueError, match="I/W of a split table"):
         vt.version(("W", 0, 1, 0))
     assert (vt.D, vt.steps, vt.M) == (3, 4, 1) and vt.max_staleness() == [2, 1, 0]
+
+
+def test_latency_units_count_a_split_backward_as_i_plus_w() -> None:
+    from pipelab.schedules import one_f_one_b, zb_h1
+    from pipelab.simulator import simulate
+
+    # 1F1B: makespan 3M + 3(D-1) = 33 in units of F + B = 3; ZB-H1: 3M + (D-1) = 27 in units of F + I + W = 3
+    assert simulate(one_f_one_b(4, 8), 1, 2).latency_units == 11.0
+    assert simulate(zb_h1(4, 8), 1, 2).latency_units == 9.0

@@ -59,11 +59,3 @@ def test_async_split_rows_tell_the_trade_off() -> None:
     assert fused["time_per_minibatch"][0] == now["time_per_minibatch"][0] == 3.0
     assert now["time_per_minibatch"][1] < fused["time_per_minibatch"][1]
 
-
-def test_latency_units_count_a_split_backward_as_i_plus_w() -> None:
-    from pipelab.schedules import one_f_one_b, zb_h1
-    from pipelab.simulator import simulate
-
-    # 1F1B: makespan 3M + 3(D-1) = 33 in units of F + B = 3; ZB-H1: 3M + (D-1) = 27 in units of F + I + W = 3
-    assert simulate(one_f_one_b(4, 8), 1, 2).latency_units == 11.0
-    assert simulate(zb_h1(4, 8), 1, 2).latency_units == 9.0
