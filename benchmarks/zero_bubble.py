@@ -64,6 +64,12 @@ snapshot after each update. The column ``left/job`` divides what the forecast le
 by the busiest rank's jobs per step (U included): a per-job overhead shows up there as the same value
 across rows, whatever the schedule's bubble.
 
+Known miss (2-core CPU box, gloo, 2 ranks): the forecast is 20–55% short. At a toy size (width 16, so
+compute ≈ 0) ``left/job`` is 0.45–0.6 ms in every row, torch's and pipelab's alike, and at width 512 it
+is about the same (0.45–0.75 ms): the miss is that per-job overhead, which the split-backward schedules
+pay more of (one more job per micro-batch than a fused B; the two-chunk rows twice the jobs and
+messages per sample). It shrinks relative to compute as jobs grow (wider layers, larger micro-batches).
+
 Correctness of the comparison: the last pipelab run and the last torch run of each schedule start from
 the same weights and see the same data, so their final weights must agree to float32 rounding; the
 report prints the largest difference per schedule (the smoke test asserts ≤ 1e-6).
