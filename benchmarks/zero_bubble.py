@@ -10,19 +10,19 @@ so process start-up is never timed. Every rank builds the same ``deep_mlp`` from
 ``--microbatches`` micro-batches each, default 2W), rows interleaved within a repeat so that load from
 other processes hits all rows alike:
 
-=============================  ===========================================================  ======  ==========
-row                            what                                                         stages  source
-=============================  ===========================================================  ======  ==========
-``torch ZB-V``                 ``ScheduleZBVZeroBubble`` (2 ``PipelineStage`` per rank)      2W      ZB §6
-``pipelab ZB-V``               :func:`~pipelab.schedules.zb_v` (W, M), policy ``"1f1b"``     2W
-``torch interleaved ZB``       ``ScheduleInterleavedZeroBubble``, stages w and w + W          2W      ZB §2, torch
-``pipelab interleaved ZB``     :func:`~pipelab.schedules.interleaved_zero_bubble` (W, 2, M)  2W
-``torch DualPipeV``            ``ScheduleDualPipeV`` (stages w and 2W − 1 − w)               2W      DeepSeek-V3
-``pipelab DualPipeV``          :func:`~pipelab.schedules.dualpipe_v` (W, M)                  2W      §3.2.1
-``torch ZB-H1``                ``ScheduleInterleavedZeroBubble`` with one stage per rank      W       ZB §2.1
-``pipelab ZB-H1``              :func:`~pipelab.schedules.zb_h1` (W, M)                       W
-``pipelab 1F1B``               :func:`~pipelab.schedules.one_f_one_b` (W, M)                 W       baseline
-=============================  ===========================================================  ======  ==========
+==========================  ============================================================  ======  ==================
+row                         what                                                          stages  source
+==========================  ============================================================  ======  ==================
+``torch ZB-V``              ``ScheduleZBVZeroBubble`` (2 ``PipelineStage`` per rank)      2W      ZB §6
+``pipelab ZB-V``            :func:`~pipelab.schedules.zb_v` (W, M), policy ``"1f1b"``     2W
+``torch interleaved ZB``    ``ScheduleInterleavedZeroBubble``, stages w and w + W         2W      ZB §2, torch
+``pipelab interleaved ZB``  :func:`~pipelab.schedules.interleaved_zero_bubble` (W, 2, M)  2W
+``torch DualPipeV``         ``ScheduleDualPipeV`` (stages w and 2W − 1 − w)               2W      DeepSeek-V3 §3.2.1
+``pipelab DualPipeV``       :func:`~pipelab.schedules.dualpipe_v` (W, M)                  2W
+``torch ZB-H1``             ``ScheduleInterleavedZeroBubble`` with one stage per rank     W       ZB §2.1
+``pipelab ZB-H1``           :func:`~pipelab.schedules.zb_h1` (W, M)                       W
+``pipelab 1F1B``            :func:`~pipelab.schedules.one_f_one_b` (W, M)                 W       baseline
+==========================  ============================================================  ======  ==================
 
 The model is cut by :func:`pipelab.partition.split` into D = 2W stages for the two-chunk rows and D = W
 for the others, so every rank does the same work per mini-batch in every row. torch rows: per mini-batch
@@ -73,6 +73,11 @@ messages per sample). It shrinks relative to compute as jobs grow (wider layers,
 Correctness of the comparison: the last pipelab run and the last torch run of each schedule start from
 the same weights and see the same data, so their final weights must agree to float32 rounding; the
 report prints the largest difference per schedule (the smoke test asserts ≤ 1e-6).
+
+References: P. Qi, X. Wan, G. Huang, M. Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv 2401.10241:
+§2 split backward and ZB-H1, §6 ZB-V); DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1
+DualPipe); torch.distributed.pipelining (ScheduleZBVZeroBubble, ScheduleInterleavedZeroBubble,
+ScheduleDualPipeV).
 
 Usage:
     .venv/bin/python benchmarks/zero_bubble.py [--ranks 2] [--width 1024] [--depth 8] [--batch 128]
