@@ -3,9 +3,10 @@
 One run (:class:`RunConfig`) trains one task (dataset + model) with one policy, optimizer, pipeline depth
 D and seed in the exact emulator (:class:`pipelab.emulator.Emulator`), and records per epoch the training
 loss (of the epoch-end weights on a fixed training subset, and the running mean of the pipeline's own
-mini-batch losses), the test loss and the test accuracy. Divergence (a NaN/inf loss) ends the run and is
-recorded, not raised. Every arm with the same seed starts from the same initial weights and sees the same
-mini-batches in the same order.
+mini-batch losses), the test loss and the test accuracy, and, with a validation split (``RunConfig.n_val``),
+the validation loss and accuracy (the metrics for model selection: the test set is never used to select).
+Divergence (a NaN/inf loss) ends the run and is recorded, not raised. Every arm with the same seed starts
+from the same initial weights and sees the same mini-batches in the same order.
 
 Arms:
 - ``sequential`` is plain PyTorch training of the whole model (:func:`~pipelab.emulator.train_plain`; the
@@ -18,6 +19,11 @@ Arms:
 ``RunConfig.schedule`` runs an arm on another schedule of its policy's kind (:data:`ARM_SCHEDULES`): the
 zero-bubble ZB-H1 (flushed, split backward) for the flushed policies, or the no-flush split-backward
 ``zb_async`` for the asynchronous ones, whose deferred W passes change every job's version.
+
+The validation split: ``n_val`` examples of the training subset, drawn by a permutation seeded with the run's
+seed (the same for every arm of that seed), are held out; the remaining training examples keep their order
+and are the only ones trained on (and the ones the epoch-end training loss is measured on). With
+``n_val = 0`` nothing is drawn and every metric is exactly what it was before the split existed.
 
 An epoch ends when every stage has applied that epoch's last update (version e·N, N steps per epoch);
 the evaluation uses exactly those weights.
@@ -48,7 +54,7 @@ import numpy as np
 import torch
 
 from .cache import run_sweep
-from .data import load_dataset
+from .data import Dataset, load_dataset
 from .models import build_model
 from .optim import OPTIMIZERS, optimizer_factory
 from .policies import available_policies, policy_info
@@ -98,14 +104,16 @@ class RunConfig:
         batch_size: mini-batch size (one optimizer step); M: micro-batches for gpipe/1f1b (2BW uses M = D).
         n_train, n_test: training/test subset sizes (``None``: all); n_eval_train: training examples on which
             the epoch-end training loss is measured.
+        n_val: validation examples carved out of the ``n_train`` training subset (0: no validation split); the
+            run trains on the other ``n_train − n_val``.
         lr: learning rate (``None``: :data:`OPTIMIZER_SETTINGS`', else the registry's default).
         dtype, device: computation precision and device.
         schedule: ``None`` (the policy's family) or one of :data:`ARM_SCHEDULES` serving that family.
 
     Raises:
         ValueError: an unknown task/policy/optimizer/dtype; a count (``D``, ``epochs``, ``batch_size``,
-            ``M``, ``n_eval_train``, ``n_train``/``n_test`` unless ``None``) that is not an int >= 1; a
-            non-integer seed; an ``lr`` that is not a finite number > 0.
+            ``M``, ``n_eval_train``, ``n_train``/``n_test`` unless ``None``) that is not an int >= 1; an
+            ``n_val`` that is not an int >= 0; a non-integer seed; an ``lr`` that is not a finite number > 0.
     """
 
     task: str
@@ -123,6 +131,7 @@ class RunConfig:
     dtype: str = "float32"
     device: str = "cpu"
     schedule: str | None = None
+    n_val: int = 0
 
     def __post_init__(self) -> None:
         for name, table in (("task", TASKS), ("policy", ARM_POLICIES), ("optimizer", OPTIMIZERS)):
@@ -147,6 +156,10 @@ class RunConfig:
                     check_int(name, value)
                 except ValueError:
                     raise ValueError(f"{name} must be an int >= 1 or None (all examples), got {value!r}") from None
+        if isinstance(self.n_val, bool) or not isinstance(self.n_val, numbers.Integral) or self.n_val < 0:
+            raise ValueError(f"n_val must be an int >= 0 (0: no validation split), got {self.n_val!r}")
+        if self.n_train is not None and self.n_val >= self.n_train:
+            raise ValueError(f"n_val={self.n_val} must be smaller than n_train={self.n_train} (it is carved out of it)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real)
@@ -200,8 +213,11 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
     Returns:
         dict with the config fields plus ``epoch`` (0..epochs), ``train_loss``, ``running_loss``,
-        ``test_loss``, ``test_acc`` (per epoch, index 0 = initial weights), ``diverged`` (bool),
-        ``diverged_step``, ``weight_copies`` (per stage), ``seconds``.
+        ``test_loss``, ``test_acc``, ``val_loss``, ``val_acc`` (per epoch, index 0 = initial weights; the
+        validation metrics are NaN when ``n_val = 0``), ``diverged`` (bool), ``diverged_step``,
+        ``weight_copies`` (per stage), ``steps_per_epoch``, ``seconds``. ``n_test`` is the size of the test
+        set actually evaluated (the config's ``n_test`` capped by the dataset; an int even when the config
+        says ``None``), so every accuracy can be quoted with its sample size.
     """
     # these models are small: on CPU one intra-op thread is fastest, and immune to oversubscribed cores
     with torch_threads(1 if cfg.device == "cpu" else None):
@@ -216,7 +232,8 @@ class Prepared:
         data: the dataset on ``cfg.device``; batch: mini-batch t (a fixed permutation per epoch).
         stages: the He-initialised model cut into D stages; optimizer: factory params -> optimizer.
         steps, per_epoch: optimizer steps in all and per epoch; schedule, policy: the arm's (``None`` for
-        the sequential arm).
+        the sequential arm); val: the held-out validation examples ``(x, y)`` (``None`` when ``n_val = 0``),
+        already removed from ``data``'s training set.
     """
 
     data: Any
@@ -227,6 +244,7 @@ class Prepared:
     per_epoch: int
     schedule: Any
     policy: Any
+    val: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -237,6 +255,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     dtype = getattr(torch, cfg.dtype)
     dataset, dkw, model_name, mkw = TASKS[cfg.task]
     ds = load_dataset(dataset, dtype=dtype, **dkw).subset(cfg.n_train, cfg.n_test).to(cfg.device)
+    ds, val = _carve_validation(ds, cfg.n_val, cfg.seed)
     n = ds.x_train.shape[0]
     per_epoch = n // cfg.batch_size
     if per_epoch < 1:
@@ -257,9 +276,29 @@ def prepare(cfg: RunConfig) -> Prepared:
     stages = split(model, cfg.D)
     opt = arm_optimizer(cfg.optimizer, cfg.lr)
     if cfg.policy == "sequential":
-        return Prepared(ds, batch, stages, opt, steps, per_epoch, None, None)
+        return Prepared(ds, batch, stages, opt, steps, per_epoch, None, None, val)
     policy = make_policy(cfg.policy, **({"anneal_steps": per_epoch} if cfg.policy == "pipemare" else {}))
-    return Prepared(ds, batch, stages, opt, steps, per_epoch, _schedule(cfg, steps), policy)
+    return Prepared(ds, batch, stages, opt, steps, per_epoch, _schedule(cfg, steps), policy, val)
+
+
+def _carve_validation(ds: Any, n_val: int, seed: int) -> tuple[Any, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Hold out ``n_val`` training examples: a permutation seeded with ``30_000 + seed`` picks them.
+
+    Returns the dataset with the remaining training examples (in their original order) and the held-out
+    ``(x_val, y_val)`` (in index order); ``(ds, None)`` unchanged when ``n_val = 0``.
+    """
+    if n_val == 0:
+        return ds, None
+    n = ds.x_train.shape[0]
+    if n_val >= n:
+        raise ValueError(f"n_val={n_val} must be smaller than the training set ({n} examples)")
+    pick = torch.randperm(n, generator=torch.Generator().manual_seed(30_000 + seed))[:n_val]
+    held = torch.zeros(n, dtype=torch.bool)
+    held[pick] = True
+    val_idx = torch.nonzero(held).squeeze(1).to(ds.x_train.device)
+    keep = torch.nonzero(~held).squeeze(1).to(ds.x_train.device)
+    out = Dataset(ds.name, ds.x_train[keep], ds.y_train[keep], ds.x_test, ds.y_test, ds.num_classes)
+    return out, (ds.x_train[val_idx], ds.y_train[val_idx])
 
 
 def _run(cfg: RunConfig) -> dict[str, Any]:
@@ -274,12 +313,16 @@ def _run(cfg: RunConfig) -> dict[str, Any]:
     rec: dict[str, Any] = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     rec.update(epoch=list(range(E)), train_loss=[math.nan] * E, running_loss=[math.nan] * E,
                test_loss=[math.nan] * E, test_acc=[math.nan] * E, diverged=False, diverged_step=None,
-               weight_copies=[1] * cfg.D, steps_per_epoch=per_epoch)
+               weight_copies=[1] * cfg.D, steps_per_epoch=per_epoch, val_loss=[math.nan] * E,
+               val_acc=[math.nan] * E, n_test=int(ds.x_test.shape[0]))
+    val = prep.val
 
     def record(e: int, weights: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
         tl, _ = evaluate(stages, x_eval, y_eval, weights)
         ql, qa = evaluate(stages, ds.x_test, ds.y_test, weights)
         rec["train_loss"][e], rec["test_loss"][e], rec["test_acc"][e] = tl, ql, qa
+        if val is not None:
+            rec["val_loss"][e], rec["val_acc"][e] = evaluate(stages, val[0], val[1], weights)
 
     if cfg.policy == "sequential":
         record(0)

@@ -6,6 +6,7 @@ import functools
 import math
 
 import pytest
+import torch
 
 from pipelab import learning_curves as lc
 from pipelab.learning_curves import RunConfig, grid, run, sweep
@@ -91,3 +92,89 @@ def test_figures_under_tiny() -> None:
     assert header.startswith("task,optimizer,D,policy,seeds,diverged,best_mean")
     assert len(out.tables["csv"].splitlines()) == 1 + 3  # three policies in the tiny preset
     assert figures.make("learning_curves", "tiny").notes["runs"] == 3
+
+
+# ---------------------------------------------------------------------------------------- validation split
+
+# Records computed by the runner *before* the validation split existed (commit b0b44f5, this machine, float64):
+# with n_val = 0 the runner must take the very same code path. Losses are compared to 1e-12 relative (they
+# matched bit for bit where they were made; the slack only absorbs another CPU's last-bit BLAS differences),
+# accuracies exactly.
+_PRE_SPLIT = {
+    ("sequential", "adam"): dict(
+        train_loss=[3.0097806316179474, 1.8837960260320856, 1.4346627250419968],
+        running_loss=[math.nan, 2.333960897490459, 1.7382188786537422],
+        test_loss=[3.0917683813328862, 2.012246228667709, 1.63457306236738], test_acc=[0.12, 0.29, 0.46]),
+    ("stashing", "sgdm"): dict(
+        train_loss=[3.0097806316179474, 2.2795817188228042, 1.9906615916986237],
+        running_loss=[math.nan, 2.4599088115981305, 2.1437502513351903],
+        test_loss=[3.0917683813328862, 2.1873877999045632, 2.165388850928029], test_acc=[0.12, 0.16, 0.19]),
+    ("pipeoptim", "adam"): dict(
+        train_loss=[3.0097806316179474, 1.965924386574301, 1.5436395090301394],
+        running_loss=[math.nan, 2.451860222663062, 1.846395982298513],
+        test_loss=[3.0917683813328862, 2.0500207777520747, 1.7084472923925231], test_acc=[0.12, 0.28, 0.43]),
+}
+
+
+@pytest.mark.parametrize("policy,optimizer", list(_PRE_SPLIT))
+def test_no_validation_split_reproduces_the_records_from_before_the_split(policy: str, optimizer: str) -> None:
+    r = run(RunConfig(**{**SMALL, "optimizer": optimizer, "dtype": "float64"}, policy=policy))
+    for key, want in _PRE_SPLIT[(policy, optimizer)].items():
+        if key == "test_acc":
+            assert r[key] == want
+        else:
+            assert r[key][1:] == pytest.approx(want[1:], rel=1e-12, abs=0.0), key
+            assert math.isnan(r[key][0]) == math.isnan(want[0])
+    assert r["n_val"] == 0 and all(math.isnan(v) for v in r["val_loss"] + r["val_acc"])
+    assert r["n_test"] == SMALL["n_test"]
+
+
+def test_validation_split_is_carved_from_the_training_subset() -> None:
+    n_train, n_val = SMALL["n_train"], 64
+    base = lc.prepare(RunConfig(**SMALL, policy="sequential"))
+    preps = {(pol, seed): lc.prepare(RunConfig(**{**SMALL, "seed": seed}, policy=pol, n_val=n_val))
+             for pol in ("sequential", "stashing") for seed in (0, 1)}
+    for p in preps.values():
+        assert p.val is not None
+        x_val, x_tr = p.val[0], p.data.x_train
+        assert x_val.shape[0] == n_val and x_tr.shape[0] == n_train - n_val
+        assert p.per_epoch == (n_train - n_val) // SMALL["batch_size"]
+        # a partition of the training subset: the two sets together are exactly its rows (as a multiset)
+        whole = torch.cat([x_tr, x_val])
+        assert torch.equal(_sorted_rows(whole), _sorted_rows(base.data.x_train))
+        assert torch.equal(p.data.x_test, base.data.x_test)  # the test set is untouched
+    # the same held-out examples for every arm of a seed, other ones for another seed
+    a, b = preps[("sequential", 0)].val, preps[("stashing", 0)].val
+    assert a is not None and b is not None and torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    c = preps[("sequential", 1)].val
+    assert c is not None and not torch.equal(a[0], c[0])
+    # every mini-batch comes from the remaining training examples only
+    p = preps[("stashing", 0)]
+    rows = {tuple(r.tolist()) for r in p.data.x_train}
+    assert all(tuple(r.tolist()) in rows for t in range(p.steps) for r in p.batch(t)[0])
+
+
+def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
+    keys = [tuple(r.tolist()) for r in x]
+    return x[sorted(range(len(keys)), key=keys.__getitem__)]
+
+
+def test_validation_metrics_are_recorded_and_n_test_is_the_evaluated_size() -> None:
+    r = run(RunConfig(**{**SMALL, "n_test": None}, policy="stashing", n_val=64))
+    assert len(r["val_acc"]) == len(r["val_loss"]) == SMALL["epochs"] + 1
+    assert all(math.isfinite(v) for v in r["val_loss"]) and all(0.0 <= v <= 1.0 for v in r["val_acc"])
+    assert all(abs(64 * v - round(64 * v)) < 1e-9 for v in r["val_acc"])  # a fraction of the 64 held-out examples
+    assert r["val_loss"][-1] < r["val_loss"][0]  # it learns something the held-out examples show
+    from pipelab.data import load_dataset
+
+    assert r["n_test"] == load_dataset("digits", flatten=True).x_test.shape[0]  # None: all test images, counted
+
+
+def test_validation_split_config_errors() -> None:
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="n_val must be an int >= 0"):
+            RunConfig(**SMALL, policy="stashing", n_val=bad)
+    with pytest.raises(ValueError, match="n_val=256 must be smaller than n_train=256"):
+        RunConfig(**SMALL, policy="stashing", n_val=256)
+    with pytest.raises(ValueError, match="n_train=.*smaller than batch_size"):
+        lc.prepare(RunConfig(**SMALL, policy="stashing", n_val=240))
