@@ -119,7 +119,16 @@ from .schedules import (
     zb_v,
 )
 from .simulator import SimResult, costs_from_profile, simulate
-from .stability import delayed_gd_threshold, max_stable_step, region_area, region_mask, spectral_radius, stable_mask
+from .stability import (
+    delayed_gd_threshold,
+    lr_threshold,
+    max_stable_step,
+    region_area,
+    region_mask,
+    spectral_radius,
+    stable_mask,
+    top_eigenvalue,
+)
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
 from .threads import torch_threads
 from .zero_bubble_tables import steady_state, v_shape_table, zero_bubble_table
@@ -172,5 +181,5 @@ __all__ = [
     # stability of stale-gradient methods
     "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
     "delayed_training", "pipeline_training", "max_stable_lr", "least_squares_problem",
-    "region_area",
+    "region_area", "top_eigenvalue", "lr_threshold",
 ]

@@ -8,6 +8,8 @@
 - :mod:`.thresholds` — largest stable real step by root-finding on the boundary locus; closed forms.
 - :mod:`.practice` — delayed training with ``torch.optim`` on a least-squares problem with a known
   spectrum, and bisection for its largest stable learning rate.
+- :mod:`.hessian` — a real model's top Hessian eigenvalue λ_max (power iteration on Hessian-vector
+  products) and ``lr_threshold(z*, λ_max) = z*/λ_max``: the stability threshold as a learning rate.
 
 Example:
     >>> from pipelab.stability import delayed_gd, max_stable_step
@@ -17,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from .hessian import HessianEigen, hessian_vector_product, lr_threshold, top_eigenvalue
 from .methods import (
                       LinearMethod,
                       adam_frozen,
@@ -44,4 +47,5 @@ __all__ = [
     "adam_frozen", "char_poly", "companion",
     "complex_grid", "stable_mask", "region_mask", "region_area", "schur_stable", "spectral_radius", "boundary_locus",
     "max_stable_step", "boundary_crossings", "delayed_gd_threshold", "heavy_ball_threshold", "nesterov_threshold",
+    "HessianEigen", "top_eigenvalue", "hessian_vector_product", "lr_threshold",
 ]
