@@ -131,6 +131,7 @@ from .stability import (
 )
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
 from .threads import torch_threads
+from .tuning import Halving, halving_schedule, lr_grid, selected_configs, successive_halving
 from .zero_bubble_tables import steady_state, v_shape_table, zero_bubble_table
 
 
@@ -175,6 +176,7 @@ __all__ = [
     "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo",
     "PipelineSpec", "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
     "RunConfig", "prepare", "run_arm", "sweep_arms",
+    "lr_grid", "halving_schedule", "successive_halving", "selected_configs", "Halving",
     # the multi-process runtime
     "PipelineRuntime", "RuntimeResult", "consistent_cut", "save_checkpoint", "load_checkpoint", "train_distributed",
     "spawn", "RankFailure",

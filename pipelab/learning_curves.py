@@ -373,11 +373,16 @@ def _blocks(task: str) -> int:
     return len(build_model(model_name, **mkw))
 
 
-def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "learning curves") -> list[dict]:
-    """Run every config through the result cache (one entry per run; an interrupted sweep resumes)."""
+def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "learning curves",
+          run_fn: Callable[[RunConfig], dict[str, Any]] | None = None) -> list[dict]:
+    """Run every config through the result cache (one entry per run; an interrupted sweep resumes).
+
+    ``run_fn`` replaces :func:`run` (a stub or a wrapper, e.g. in tests); the cache keys its entries on the
+    code of whichever function runs.
+    """
     configs = list(configs)
     log.info("learning-curve sweep: %d runs", len(configs))
-    return run_sweep("learning_curves", configs, run, progress=progress, desc=desc)
+    return run_sweep("learning_curves", configs, run if run_fn is None else run_fn, progress=progress, desc=desc)
 
 
 def with_(cfg: RunConfig, **changes: Any) -> RunConfig:
