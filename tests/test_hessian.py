@@ -53,8 +53,8 @@ def _flat_hessian_top(model: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch
     return float(torch.linalg.eigvalsh(H).max())
 
 
-@pytest.mark.parametrize("as_stages", [False, True])
-def test_tiny_mlp_equals_the_dense_hessian(as_stages: bool) -> None:
+@pytest.mark.parametrize("as_stages", [False, True, "modulelist"])
+def test_tiny_mlp_equals_the_dense_hessian(as_stages: bool | str) -> None:
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4)).double()
     g = torch.Generator().manual_seed(4)
@@ -63,6 +63,8 @@ def test_tiny_mlp_equals_the_dense_hessian(as_stages: bool) -> None:
     ce = torch.nn.functional.cross_entropy
     want = _flat_hessian_top(model, ce, x, y)
     target = [model[:2], model[2:]] if as_stages else model
+    if as_stages == "modulelist":
+        target = torch.nn.ModuleList(target)
     est = top_eigenvalue(target, ce, [(x[:25], y[:25]), (x[25:], y[25:])], iters=5000, tol=1e-14, seed=0)
     assert est.value == pytest.approx(want, rel=1e-7)
 

@@ -68,7 +68,9 @@ class HessianEigen:
 
 
 def _modules(model_or_stages: torch.nn.Module | Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
-    if isinstance(model_or_stages, torch.nn.Module):
+    if isinstance(model_or_stages, torch.nn.ModuleList):  # a container of stages, not a model with a forward
+        model_or_stages = list(model_or_stages)
+    elif isinstance(model_or_stages, torch.nn.Module):
         return [model_or_stages]
     if isinstance(model_or_stages, (str, bytes)) or not isinstance(model_or_stages, Sequence):
         raise TypeError(f"model_or_stages must be a torch.nn.Module or a sequence of stage modules, "
@@ -134,7 +136,8 @@ def top_eigenvalue(
     eigenvalue of an indefinite H), the same iteration on ``H − λ·I`` gives ``λ_max − λ`` and so ``λ_max``.
 
     Args:
-        model_or_stages: a module, or the stages of a pipeline applied in order (``x → stage_{D−1}(…stage_0(x))``);
+        model_or_stages: a module, or the stages of a pipeline (a sequence or ``nn.ModuleList``) applied in order
+            (``x → stage_{D−1}(…stage_0(x))``);
             the Hessian is over all their parameters that require grad, as one vector. The modules are
             copied (cast to ``dtype``): the caller's model, its buffers and its mode are untouched.
         loss_fn: ``(output, target) -> scalar`` loss of one batch.
