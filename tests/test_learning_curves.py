@@ -186,3 +186,17 @@ def test_figure_titles_state_lr_preset_and_test_size() -> None:
         assert "preset tiny" in text and "lr: SGDM 0.01" in text, (name, text)
         assert "n_test=200" in text or "n=200" in text, (name, text)  # tiny: the first 200 of 359 digits
 
+
+
+def test_notebook_04_prose_states_no_hard_coded_results() -> None:
+    """Numbers about results come from code cells built on the result rows, never from typed Markdown."""
+    import json
+    import re
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_learning_curves.ipynb").read_text())
+    result_number = re.compile(r"\d+(\.\d+)?\s*(%|pp\b|percentage point)")
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"]).replace("95%", "")  # the confidence level is not a result
+            assert not result_number.search(src), result_number.search(src)
