@@ -121,6 +121,7 @@ from .schedules import (
 from .simulator import SimResult, costs_from_profile, simulate
 from .stability import delayed_gd_threshold, max_stable_step, region_area, region_mask, spectral_radius, stable_mask
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
+from .statistics import paired_difference, resolved_winner, t_interval, winner_test
 from .threads import torch_threads
 from .zero_bubble_tables import steady_state, v_shape_table, zero_bubble_table
 
@@ -173,4 +174,6 @@ __all__ = [
     "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
     "delayed_training", "pipeline_training", "max_stable_lr", "least_squares_problem",
     "region_area",
+    # statistics across seeds
+    "t_interval", "paired_difference", "winner_test", "resolved_winner",
 ]

@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 __all__ = ["Interval", "PairedDifference", "WinnerTest", "t_interval", "paired_difference", "resolved", "holm",
            "winner_test", "resolved_winner", "CORRECTIONS"]
@@ -109,6 +108,13 @@ class WinnerTest:
     correction: str = "holm"
 
 
+def _t() -> Any:
+    """Student's t distribution (``scipy.stats`` is imported on first use: it adds ~0.5 s to ``import pipelab``)."""
+    from scipy import stats
+
+    return stats.t
+
+
 def _check_confidence(confidence: Any) -> float:
     if isinstance(confidence, bool) or not isinstance(confidence, numbers.Real) or not 0 < float(confidence) < 1:
         raise ValueError(f"confidence must be a number in (0, 1), e.g. 0.95; got {confidence!r}")
@@ -133,7 +139,7 @@ def _interval(x: np.ndarray, confidence: float) -> tuple[float, float]:
     if n < 2:
         return mean, math.nan
     sd = float(x.std(ddof=1))
-    return mean, float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, float(_t().ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
 
 
 def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
@@ -195,7 +201,7 @@ def paired_difference(a: Values, b: Values, confidence: float = 0.95) -> PairedD
         if sd == 0.0:
             p = 1.0 if mean == 0.0 else 0.0
         else:
-            p = float(2 * stats.t.sf(abs(mean) * math.sqrt(n) / sd, n - 1))
+            p = float(2 * _t().sf(abs(mean) * math.sqrt(n) / sd, n - 1))
     return PairedDifference(mean, hw, n, n_nan, c, p_value=p)
 
 
