@@ -130,6 +130,7 @@ from .stability import (
     top_eigenvalue,
 )
 from .stability.practice import delayed_training, least_squares_problem, max_stable_lr, pipeline_training
+from .statistics import paired_difference, resolved_winner, t_interval, winner_test
 from .threads import torch_threads
 from .tuning import Halving, halving_schedule, lr_grid, selected_configs, successive_halving
 from .zero_bubble_tables import steady_state, v_shape_table, zero_bubble_table
@@ -184,4 +185,6 @@ __all__ = [
     "stability", "max_stable_step", "stable_mask", "region_mask", "spectral_radius", "delayed_gd_threshold",
     "delayed_training", "pipeline_training", "max_stable_lr", "least_squares_problem",
     "region_area", "top_eigenvalue", "lr_threshold",
+    # statistics across seeds
+    "t_interval", "paired_difference", "winner_test", "resolved_winner",
 ]

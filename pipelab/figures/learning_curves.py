@@ -1,10 +1,18 @@
 """Figures of the learning-curves notebook: how the staleness policies train, compared with sequential.
 
-- ``learning_curves``: training loss and test accuracy per epoch (mean ± 1 std over seeds) for every
-  task × optimizer, all policies at depth D;
-- ``final_accuracy_table``: best test accuracy (max over epochs, as PipeOptim's Table IV) as mean ± std
-  over seeds, per task × optimizer × policy, drawn as a table and written as CSV;
-- ``accuracy_gap_vs_depth``: best test accuracy minus the sequential baseline's, against D.
+- ``learning_curves``: training loss and test accuracy per epoch (mean and 95% Student-t band over seeds,
+  ddof = 1; for the loss, on its log axis, the geometric mean and the t band of log loss) for every task ×
+  optimizer, all policies at depth D;
+- ``final_accuracy_table``: best test accuracy (max over epochs, as PipeOptim's Table IV) as mean ± 95% t
+  half-width over seeds, per task × optimizer × policy, drawn as a table and written as CSV; a pipelined
+  policy is bold only when it beats every other pipelined policy of its row with a resolved paired
+  difference (:func:`pipelab.statistics.winner_test`, Holm-corrected);
+- ``accuracy_gap_vs_depth``: best test accuracy minus the sequential baseline's against D, paired by seed,
+  with 95% t intervals of the paired difference.
+
+Every figure states the preset, the learning rate(s) and the test-set size. The Markdown helpers
+(:func:`ranking_markdown`, :func:`comparison_markdown`, :func:`gap_markdown`, :func:`claims_markdown`)
+write notebook 04's statements from the same rows, so its prose cannot drift from the CSV.
 
 All runs go through :func:`pipelab.learning_curves.sweep` (cached per run), so the three figures share
 their D=4 runs.
@@ -12,6 +20,7 @@ their D=4 runs.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections import defaultdict
@@ -23,9 +32,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..config import from_preset
-from ..learning_curves import ARM_POLICIES, grid, sweep
+from ..data import load_dataset
+from ..learning_curves import ARM_POLICIES, OPTIMIZER_SETTINGS, OPTIMIZERS, TASKS, grid, sweep
 from ..optim import optimizer_label
 from ..policies import policy_info
+from ..statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
 from . import FigureOutput, register
 
 #: the learning-curve arms in registry order, and their legend labels (:attr:`pipelab.policies.Policy.title`)
@@ -116,25 +127,91 @@ def _best(r: dict) -> float:
     return float(np.nanmax(acc)) if np.isfinite(acc).any() else math.nan
 
 
+def _final(r: dict) -> float:
+    return float(r["test_acc"][-1])
+
+
+@functools.lru_cache(maxsize=32)
+def test_set_size(task: str, n_test: int | None) -> int:
+    """Test examples a run of ``task`` evaluates on: its dataset's test split cut to ``n_test`` (``None``: all).
+
+    A run's ``n_test`` is an upper bound (digits has 359 test images, whatever ``n_test`` asks for), so the
+    figures state this count next to every accuracy; its binomial standard error is sqrt(p(1 − p)/n).
+    """
+    if task not in TASKS:
+        raise ValueError(f"task={task!r}; choose one of {', '.join(TASKS)}")
+    dataset, dkw, _, _ = TASKS[task]
+    return int(load_dataset(dataset, **dkw).y_test[:n_test].shape[0])
+
+
+def _lr(r: dict) -> float:
+    """The learning rate a record ran with (its ``lr``, else the experiment's or the registry's default)."""
+    if r.get("lr") is not None:
+        return float(r["lr"])
+    opt = r["optimizer"]
+    return float(OPTIMIZER_SETTINGS.get(opt, {}).get("lr", OPTIMIZERS[opt].defaults["lr"]))
+
+
+def lr_label(records: Sequence[dict]) -> str:
+    """``"lr: SGDM 0.01, Adam 0.001"``: each optimizer's learning rate, or its range when arms differ."""
+    by: dict[str, set[float]] = defaultdict(set)
+    for r in records:
+        by[r["optimizer"]].add(_lr(r))
+    parts = []
+    order = list(OPTIMIZERS)
+    for opt, lrs in sorted(by.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
+        lo, hi = min(lrs), max(lrs)
+        label = optimizer_label(opt)
+        parts.append(f"{label} {lo:g}" if lo == hi else f"{label} {lo:g}–{hi:g} (per arm)")
+    return "lr: " + ", ".join(parts)
+
+
+def _ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean, 95% t half-width and sample std (ddof = 1) of the finite values (NaN where undefined)."""
+    iv = t_interval(values)
+    fin = np.asarray(values, dtype=float)
+    fin = fin[np.isfinite(fin)]
+    return iv.mean, iv.half_width, float(fin.std(ddof=1)) if fin.size > 1 else math.nan
+
+
 def summary_rows(records: list[dict]) -> list[dict]:
-    """Per (task, optimizer, D, policy): best and final test accuracy, mean and std over seeds, divergences."""
+    """Per (task, optimizer, D, policy): best and final test accuracy over seeds, with 95% t intervals.
+
+    Each row: ``seeds``, ``diverged``, ``best_mean``/``best_ci95``/``best_std`` and the same for ``final``
+    (mean, Student-t 95% half-width and sample std with ddof = 1, over the finite values; a diverged run's
+    final accuracy is NaN and is left out of the final mean, counted in ``diverged``), ``n_test`` (test
+    examples), ``winner`` (this pipelined policy beats every other pipelined policy of its task × optimizer ×
+    D with resolved paired differences, Holm-corrected; :func:`pipelab.statistics.winner_test`),
+    ``best_by_seed`` (seed -> best accuracy, for paired comparisons) and ``weight_copies``.
+    """
     rows = []
     for (task, opt, D, pol), rs in sorted(_group(records).items(), key=lambda kv: (
             kv[0][0], kv[0][1], kv[0][2], POLICY_ORDER.index(kv[0][3]))):
-        best = np.array([_best(r) for r in rs])
-        final = np.array([r["test_acc"][-1] for r in rs], dtype=float)
+        best = [_best(r) for r in rs]
+        final = [_final(r) for r in rs]
+        bm, bh, bs = _ci(best)
+        fm, fh, fs = _ci(final)
         rows.append({"task": task, "optimizer": opt, "D": D, "policy": pol, "seeds": len(rs),
                      "diverged": int(sum(r["diverged"] for r in rs)),
-                     "best_mean": float(np.nanmean(best)) if np.isfinite(best).any() else math.nan,
-                     "best_std": float(np.nanstd(best)) if np.isfinite(best).any() else math.nan,
-                     "final_mean": float(np.nanmean(final)) if np.isfinite(final).any() else math.nan,
-                     "final_std": float(np.nanstd(final)) if np.isfinite(final).any() else math.nan,
+                     "best_mean": bm, "best_ci95": bh, "best_std": bs,
+                     "final_mean": fm, "final_ci95": fh, "final_std": fs,
+                     "n_test": test_set_size(task, rs[0]["n_test"]), "winner": False,
+                     "lr": _lr(rs[0]), "best_by_seed": {r["seed"]: b for r, b in zip(rs, best)},
                      "weight_copies": rs[0]["weight_copies"]})
+    by_row: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row["policy"] != "sequential":
+            by_row[(row["task"], row["optimizer"], row["D"])].append(row)
+    for group in by_row.values():
+        if len(group) >= 2:
+            w = winner_test({g["policy"]: g["best_by_seed"] for g in group}).winner
+            for g in group:
+                g["winner"] = g["policy"] == w
     return rows
 
 
-@register("learning_curves", "Training loss and test accuracy per epoch of every staleness policy (mean ± std "
-                             "over seeds), per task and optimizer")
+@register("learning_curves", "Training loss and test accuracy per epoch of every staleness policy (mean and "
+                             "95% t band over seeds), per task and optimizer")
 def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
@@ -157,19 +234,28 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                              ls="--" if pol == "sequential" else "-")
                 for ax, key in ((ax_l, "train_loss"), (ax_a, "test_acc")):
                     y = np.array([r[key] for r in rs], dtype=float)
-                    if key == "test_acc":
-                        y = 100 * y
-                    with np.errstate(invalid="ignore"), _quiet():
-                        m, s = np.nanmean(y, 0), np.nanstd(y, 0)
-                    (h,) = ax.plot(ep, m, label=label, **style)
-                    ax.fill_between(ep, m - s, m + s, color=colors[pol], alpha=0.15, lw=0)
-                handles.setdefault(pol, h)
+                    # the loss is drawn on a log axis: its band is the t interval of log(loss), i.e. a
+                    # geometric mean times/divided by a factor (an arithmetic band would cross 0)
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        y = np.log(y) if key == "train_loss" else 100 * y
+                    # per epoch: mean and 95% t half-width over the seeds still finite (diverged ones drop out)
+                    ivs = [t_interval(y[:, e]) for e in range(y.shape[1])]
+                    m = np.array([iv.mean for iv in ivs])
+                    lo, hi = m - np.array([iv.half_width for iv in ivs]), m + np.array([iv.half_width for iv in ivs])
+                    if key == "train_loss":
+                        m, lo, hi = np.exp(m), np.exp(lo), np.exp(hi)
+                    (line,) = ax.plot(ep, m, label=label, **style)
+                    ax.fill_between(ep, lo, hi, color=colors[pol], alpha=0.15, lw=0)
+                handles.setdefault(pol, line)
+            n_test = test_set_size(task, cfg.n_test)
             ax_l.set_yscale("log")
-            ax_l.set_title(f"{task} · {optimizer_label(opt)}: train loss", fontsize=9)
-            ax_a.set_title(f"{task} · {optimizer_label(opt)}: test acc. (%)", fontsize=9)
+            ax_l.set_title(f"{task} · {optimizer_label(opt)}: train loss (geom. mean)", fontsize=9)
+            ax_a.set_title(f"{task} · {optimizer_label(opt)}: test acc. (%, n={n_test})", fontsize=9)
             for ax in (ax_l, ax_a):
                 ax.set_xlabel("epoch")
-    fig.suptitle(f"Learning curves, D={cfg.D} stages, mean ± 1 std over {len(cfg.seeds)} seed(s) "
+    band = (f"mean and 95% t band (ddof=1) over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1
+            else "1 seed, no band")
+    fig.suptitle(f"Learning curves, D={cfg.D} stages, {band}; preset {preset}, {lr_label(records)} "
                  "(SpecTrain runs with SGDM only)", y=0.998, fontsize=11)
     top = 1 - 0.75 / fig.get_figheight()
     fig.legend(handles=[handles[p] for p in cfg.policies if p in handles],
@@ -180,35 +266,50 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     rows = summary_rows(records)
     return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
                         notes={"runs": len(records), "seconds": round(sum(r["seconds"] for r in records), 1),
+                               "lr": lr_label(records),
                                "final_test_acc": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
-                                                  round(100 * r["final_mean"], 2) for r in rows}})
+                                                  round(100 * r["final_mean"], 2) for r in rows},
+                               "final_test_acc_ci95": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
+                                                       _round_pp(r["final_ci95"]) for r in rows}})
 
 
-def _fmt(mean: float, std: float) -> str:
-    return "diverged" if not math.isfinite(mean) else f"{100 * mean:.2f} ± {100 * std:.2f}"
+def _round_pp(x: float) -> float | None:
+    """Percentage points, 2 decimals; ``None`` (JSON null) where undefined."""
+    return round(100 * x, 2) if math.isfinite(x) else None
+
+
+def _fmt(mean: float, half: float) -> str:
+    if not math.isfinite(mean):
+        return "diverged"
+    return f"{100 * mean:.2f}" + (f" ± {100 * half:.2f}" if math.isfinite(half) else "")
+
+
+#: the CSV's columns, in order (accuracies and their intervals in percent)
+CSV_COLUMNS = ("task", "optimizer", "D", "policy", "seeds", "diverged", "best_mean", "best_ci95", "best_std",
+               "final_mean", "final_ci95", "final_std", "n_test", "winner", "lr", "weight_copies")
 
 
 def table_csv(rows: list[dict]) -> str:
-    """CSV of :func:`summary_rows` (accuracies in percent)."""
+    """CSV of :func:`summary_rows` (accuracies in percent; ``*_ci95``: 95% t half-widths; empty: undefined)."""
     buf = io.StringIO()
-    cols = ["task", "optimizer", "D", "policy", "seeds", "diverged", "best_mean", "best_std", "final_mean",
-            "final_std", "weight_copies"]
-    buf.write(",".join(cols) + "\n")
+    buf.write(",".join(CSV_COLUMNS) + "\n")
     for r in rows:
         vals = []
-        for c in cols:
+        for c in CSV_COLUMNS:
             v = r[c]
-            if c.endswith(("_mean", "_std")):
+            if c.endswith(("_mean", "_std", "_ci95")):
                 v = "" if not math.isfinite(v) else f"{100 * v:.2f}"
             elif c == "weight_copies":
                 v = " ".join(map(str, v))
+            elif c == "lr":
+                v = f"{v:g}"
             vals.append(str(v))
         buf.write(",".join(vals) + "\n")
     return buf.getvalue()
 
 
-@register("final_accuracy_table", "Best test accuracy (mean ± std over seeds) per task, optimizer and policy, "
-                                  "as PipeOptim's Table IV; also written as CSV")
+@register("final_accuracy_table", "Best test accuracy (mean ± 95% t half-width over seeds) per task, optimizer and "
+                                  "policy, as PipeOptim's Table IV, bold only for a resolved winner; also as CSV")
 def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
@@ -221,21 +322,21 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
     bold: list[int | None] = []
     for task, opt in keys:
         line: list[str] = []
-        best_val, best_j = -1.0, None
+        win = None
         for j, p in enumerate(pols):
             r = by.get((task, opt, p))
             if r is None:
                 line.append("n/a")
                 continue
-            txt = _fmt(r["best_mean"], r["best_std"]) + (f" ({r['diverged']}✗)" if r["diverged"] else "")
-            line.append(txt)
-            if p != "sequential" and math.isfinite(r["best_mean"]) and r["best_mean"] > best_val:
-                best_val, best_j = r["best_mean"], j
+            line.append(_fmt(r["best_mean"], r["best_ci95"]) + (f" ({r['diverged']}✗)" if r["diverged"] else ""))
+            if r["winner"]:
+                win = j
         cells.append(line)
-        bold.append(best_j)
-    fig, ax = plt.subplots(figsize=(1.55 * len(pols) + 2.4, 0.3 * len(keys) + 0.8))
+        bold.append(win)
+    n_tests = {t: by[(t, o, pols[0])]["n_test"] if (t, o, pols[0]) in by else None for t, o in keys}
+    fig, ax = plt.subplots(figsize=(1.75 * len(pols) + 3.0, 0.3 * len(keys) + 1.1))
     ax.axis("off")
-    tab = ax.table(cellText=cells, rowLabels=[f"{t} · {optimizer_label(o)}" for t, o in keys],
+    tab = ax.table(cellText=cells, rowLabels=[f"{t} · {optimizer_label(o)} (n_test={n_tests[t]})" for t, o in keys],
                    colLabels=[LABELS[p] for p in pols], loc="center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(8)
@@ -243,67 +344,232 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
     for i, col in enumerate(bold):
         if col is not None:
             tab[i + 1, col].set_text_props(fontweight="bold")
-    ax.set_title(f"Best test accuracy (%) over {cfg.epochs} epochs, D={cfg.D}, mean ± std over {len(cfg.seeds)} "
-                 "seed(s); bold: best pipelined policy; n/a: SpecTrain needs SGDM; ✗: diverged runs", fontsize=9)
+    seeds = len(cfg.seeds)
+    spread = f"mean ± 95% t half-width (ddof=1) over {seeds} seeds" if seeds > 1 else "1 seed (no interval)"
+    ax.set_title(f"Best test accuracy (%) over {cfg.epochs} epochs, D={cfg.D}, {spread}; preset {preset}, "
+                 f"{lr_label(records)}\nbold: the pipelined policy whose paired difference (by seed) to every other "
+                 "pipelined policy is resolved (t test, Holm, 95%); none bold: no resolved winner; "
+                 "n/a: SpecTrain needs SGDM; ✗: diverged runs", fontsize=8)
     fig.tight_layout()
     return FigureOutput(fig, cfg, cfg.seeds[0], tables={"csv": table_csv(rows)}, data=rows,
-                        notes={"rows": len(rows)})
+                        notes={"rows": len(rows), "lr": lr_label(records),
+                               "n_test": {t: n for t, n in n_tests.items()},
+                               "winners": {f"{t}/{o}": next((p for p in pols if (t, o, p) in by
+                                                             and by[(t, o, p)]["winner"]), None)
+                                           for t, o in keys}})
 
 
-@register("accuracy_gap_vs_depth", "Best test accuracy of each policy minus the sequential baseline's, "
-                                   "against the number of stages D")
+def gap_rows(records: list[dict]) -> list[dict]:
+    """Per (task, optimizer, D, pipelined policy): best accuracy minus sequential's, paired by seed.
+
+    Each row holds ``gap`` (:class:`~pipelab.statistics.PairedDifference` of the per-seed best accuracies,
+    policy − sequential, 95% t) and ``n_test``; seeds where either run has no finite accuracy are left out
+    and counted in ``gap.n_nan``.
+    """
+    groups = _group(records)
+    out = []
+    for (task, opt, D, pol), rs in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], POLICY_ORDER.index(kv[0][3]), kv[0][2])):
+        base = groups.get((task, opt, D, "sequential"))
+        if pol == "sequential" or not base:
+            continue
+        b = {r["seed"]: _best(r) for r in base}
+        a = {r["seed"]: _best(r) for r in rs if r["seed"] in b}
+        gap = paired_difference(a, {s: b[s] for s in a})
+        out.append({"task": task, "optimizer": opt, "D": D, "policy": pol, "gap": gap,
+                    "n_test": test_set_size(task, rs[0]["n_test"])})
+    return out
+
+
+@register("accuracy_gap_vs_depth", "Best test accuracy of each policy minus the sequential baseline's (paired by "
+                                   "seed, 95% t intervals), against the number of stages D")
 def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, cfg.depths, cfg.gap_tasks, progress)
-    groups = _group(records)
     colors = _colors(cfg.policies)
     panels = [(t, o) for t in cfg.gap_tasks for o in cfg.optimizers]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    gaps: dict[str, float] = {}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    gaps = gap_rows(records)
     for ax, (task, opt) in zip(axes[0], panels):
         for pol in cfg.policies:
-            if pol == "sequential":
+            pts = [g for g in gaps if (g["task"], g["optimizer"], g["policy"]) == (task, opt, pol)]
+            if not pts:
                 continue
-            xs: list[int] = []
-            ms: list[float] = []
-            ss: list[float] = []
-            for D in cfg.depths:
-                base, rs = groups.get((task, opt, D, "sequential")), groups.get((task, opt, D, pol))
-                if not base or not rs:
-                    continue
-                # same seed, same data order: the gap is paired by seed
-                b = {r["seed"]: _best(r) for r in base}
-                g = np.array([100 * (_best(r) - b[r["seed"]]) for r in rs if r["seed"] in b])
-                with _quiet():
-                    xs.append(D)
-                    ms.append(float(np.nanmean(g)))
-                    ss.append(float(np.nanstd(g)))
-                gaps[f"{task}/{opt}/{pol}/D={D}"] = round(float(ms[-1]), 2)
-            if xs:
-                ax.errorbar(xs, ms, yerr=ss, color=colors[pol], marker="o", capsize=3, label=LABELS[pol])
+            xs = [g["D"] for g in pts]
+            ms = [100 * g["gap"].mean for g in pts]
+            hs = [100 * g["gap"].half_width if math.isfinite(g["gap"].half_width) else 0.0 for g in pts]
+            ax.errorbar(xs, ms, yerr=hs, color=colors[pol], marker="none", capsize=3, label=LABELS[pol])
+            for g, x, m in zip(pts, xs, ms):  # filled marker: the gap is resolved (its interval excludes 0)
+                ax.plot([x], [m], marker="o", color=colors[pol],
+                        markerfacecolor=colors[pol] if resolved(g["gap"]) else "white")
         ax.axhline(0, color="k", ls="--", lw=1)
         ax.set_xticks(list(cfg.depths))
         ax.set_xlabel("stages D")
-        ax.set_title(f"{task} · {optimizer_label(opt)}", fontsize=9)
+        ax.set_title(f"{task} · {optimizer_label(opt)} (n_test={test_set_size(task, cfg.n_test)})", fontsize=9)
     axes[0, 0].set_ylabel("best test acc. − sequential (pp)")
     # one legend for all panels: a policy may run in some panels only (SpecTrain with SGDM)
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.suptitle(f"Accuracy gap to sequential training vs pipeline depth ({len(cfg.seeds)} seed(s), "
-                 "paired by seed; bars: ±1 std)", fontsize=10)
+    bars = "bars: 95% t interval of the paired difference" if len(cfg.seeds) > 1 else "1 seed, no interval"
+    fig.suptitle(f"Accuracy gap to sequential training vs pipeline depth ({len(cfg.seeds)} seed(s), paired by seed; "
+                 f"{bars}; filled: resolved)\npreset {preset}, {lr_label(records)}", fontsize=10)
     fig.tight_layout()
-    return FigureOutput(fig, cfg, cfg.seeds[0], data=records, notes={"gap_pp": gaps})
+    key = "{task}/{optimizer}/{policy}/D={D}"
+    return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
+                        notes={"lr": lr_label(records),
+                               "gap_pp": {key.format(**g): round(100 * g["gap"].mean, 2) for g in gaps},
+                               "gap_ci95_pp": {key.format(**g): _round_pp(g["gap"].half_width) for g in gaps},
+                               "gap_resolved": {key.format(**g): resolved(g["gap"]) for g in gaps}})
 
 
-class _quiet:
-    """Silence numpy's warnings about all-NaN slices (diverged arms)."""
+# --- notebook 04's statements, written from the rows (so the prose cannot drift from the CSV) ---------------
 
-    def __enter__(self) -> None:
-        import warnings
 
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
+def _pp(iv: Any, signed: bool = False) -> str:
+    """``"82.4 ± 0.9"`` in percent (points), or the mean alone when there is no interval."""
+    m = f"{100 * iv.mean:+.1f}" if signed else f"{100 * iv.mean:.1f}"
+    return m + (f" ± {100 * iv.half_width:.1f}" if math.isfinite(iv.half_width) else "")
 
-    def __exit__(self, *exc: Any) -> None:
-        self._w.__exit__(*exc)
+
+def _row_label(task: str, opt: str, D: int, many_D: bool) -> str:
+    return f"{task} · {optimizer_label(opt)}" + (f" · D={D}" if many_D else "")
+
+
+def ranking_markdown(rows: list[dict]) -> str:
+    """One bullet per task × optimizer (× D): policies by mean best accuracy with 95% t intervals, the winner.
+
+    The winner is named only when resolved (:func:`summary_rows`' ``winner``); otherwise the bullet says that
+    no pipelined policy is resolved best.
+    """
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["task"], r["optimizer"], r["D"])].append(r)
+    many_D = len({k[2] for k in groups}) > 1
+    seq_top = sum(max(rs, key=lambda r: r["best_mean"] if math.isfinite(r["best_mean"]) else -math.inf)["policy"]
+                  == "sequential" for rs in groups.values() if any(r["policy"] == "sequential" for r in rs))
+    n_win = sum(any(r["winner"] for r in rs) for rs in groups.values())
+    lines = [f"Sequential training has the highest mean in {seq_top} of {len(groups)} rows; a pipelined policy is "
+             f"resolved best (paired by seed, Holm, 95%) in {n_win} of {len(groups)} rows. Best test accuracy in %, "
+             "mean ± 95% t half-width:", ""]
+    for (task, opt, D), rs in groups.items():
+        ranked = sorted(rs, key=lambda r: -r["best_mean"] if math.isfinite(r["best_mean"]) else math.inf)
+        parts = [f"{LABELS[r['policy']]} {_pp(t_interval(list(r['best_by_seed'].values())))}"
+                 + (f" ({r['diverged']} diverged)" if r["diverged"] else "") for r in ranked]
+        win = next((r for r in rs if r["winner"]), None)
+        verdict = (f"resolved best pipelined policy: **{LABELS[win['policy']]}**" if win
+                   else "no pipelined policy is resolved best")
+        lines.append(f"- **{_row_label(task, opt, D, many_D)}** (n_test = {rs[0]['n_test']}, {rs[0]['seeds']} "
+                     f"seed(s)): {'; '.join(parts)} — {verdict}.")
+    return "\n".join(lines)
+
+
+def _pairs(rows: list[dict], a: str, b: str) -> list[tuple[tuple, PairedDifference]]:
+    """(task, optimizer, D) -> paired difference a − b of the best accuracies, for the rows holding both."""
+    by = {(r["task"], r["optimizer"], r["D"], r["policy"]): r for r in rows}
+    out = []
+    for (task, opt, D, pol), r in by.items():
+        other = by.get((task, opt, D, b))
+        if pol == a and other is not None:
+            out.append(((task, opt, D), paired_difference(r["best_by_seed"], other["best_by_seed"])))
+    return out
+
+
+#: the papers' claims notebook 04 decides: (claim, source, kind, a, b); kind "beats": a − b > 0 resolved in
+#: every row; kind "matches": a − b >= −MATCH_MARGIN (non-inferiority) in every row
+CLAIMS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("Prediction beats weight stashing", "PipeOptim §V-B, Table IV", "beats", "pipeoptim", "stashing"),
+    ("SpecTrain's prediction beats weight stashing", "SpecTrain §4.4, Table 1", "beats", "spectrain", "stashing"),
+    ("PipeOptim beats PipeDream-2BW", "PipeOptim Tables IV and VI", "beats", "pipeoptim", "2bw"),
+    ("PipeOptim matches (or beats) GPipe", "PipeOptim Table IV", "matches", "pipeoptim", "sequential"),
+    ("SpecTrain reaches the staleness-free accuracy", "SpecTrain Table 1", "matches", "spectrain", "sequential"),
+    ("PipeDream-2BW matches the accuracy of flushed training", "Narayanan et al., PipeDream-2BW (ICML 2021)",
+     "matches", "2bw", "sequential"),
+    ("Weight stashing is worse than vanilla", "SpecTrain Table 1", "beats", "vanilla", "stashing"),
+    ("PipeMare's rescheduling and correction beat vanilla", "PipeMare (Yang et al., MLSys 2021)", "beats",
+     "pipemare", "vanilla"),
+)
+
+#: "matches" claims: the 95% interval of (policy − sequential) must lie above −MATCH_MARGIN (1 percentage point)
+MATCH_MARGIN = 0.01
+
+
+def _verdict(kind: str, diffs: list[PairedDifference]) -> tuple[str, str]:
+    """(verdict, counts) of one claim over its rows: reproduced / refuted / inconclusive."""
+    n = len(diffs)
+    if not n:
+        return "not run", "no row holds both arms"
+    if kind == "beats":
+        good = sum(resolved(d) and d.mean > 0 for d in diffs)
+        bad = sum(resolved(d) and d.mean < 0 for d in diffs)
+        counts = f"ahead on the mean in {sum(d.mean > 0 for d in diffs)}/{n} rows, resolved ahead in {good}, " \
+                 f"resolved behind in {bad}"
+    else:
+        good = sum(math.isfinite(d.half_width) and d.low > -MATCH_MARGIN for d in diffs)
+        bad = sum(math.isfinite(d.half_width) and d.high < -MATCH_MARGIN for d in diffs)
+        counts = f"within {100 * MATCH_MARGIN:g} pp (95% lower bound) in {good}/{n} rows, resolved more than " \
+                 f"{100 * MATCH_MARGIN:g} pp behind in {bad}"
+    if all(not math.isfinite(d.half_width) for d in diffs):
+        return "inconclusive", counts + " (one seed: no interval)"
+    if bad:
+        return "refuted", counts
+    return ("reproduced" if good == n else "inconclusive"), counts
+
+
+def comparison_markdown(rows: list[dict], a: str, b: str) -> str:
+    """A Markdown list of ``a − b`` (best accuracy, pp, 95% t, paired by seed) per row; ``*``: resolved."""
+    pairs = _pairs(rows, a, b)
+    many_D = len({k[2] for k, _ in pairs}) > 1
+    return "; ".join(f"{_row_label(k[0], k[1], k[2], many_D)} {_pp(d, signed=True)}{'*' if resolved(d) else ''}"
+                     for k, d in pairs) or "no row holds both"
+
+
+def claims_markdown(rows: list[dict]) -> str:
+    """The papers' claims (:data:`CLAIMS`) as a Markdown table: verdict at this scale, with the evidence.
+
+    ``beats``: reproduced when a − b is resolved positive (95% paired t) in every row holding both, refuted
+    when it is resolved negative in one; ``matches``: reproduced when the interval's lower bound is above
+    −1 pp in every row, refuted when its upper bound is below −1 pp in one; otherwise inconclusive.
+    """
+    m = f"{100 * MATCH_MARGIN:g}"
+    out = [f"Rule: *beats* is reproduced when a − b is resolved positive (95% paired t) in every row holding both, "
+           f"refuted when resolved negative in one; *matches* is reproduced when the 95% interval of a − b lies above "
+           f"−{m} pp in every row, refuted when it lies below −{m} pp in one; otherwise inconclusive.", "",
+           "| claim | source | verdict here | rows | per row: a − b in pp (95% t, paired by seed; * resolved) |",
+           "|---|---|---|---|---|"]
+    for claim, source, kind, a, b in CLAIMS:
+        pairs = _pairs(rows, a, b)
+        verdict, counts = _verdict(kind, [d for _, d in pairs])
+        out.append(f"| {claim} ({LABELS[a]} vs {LABELS[b]}) | {source} | **{verdict}** | {counts} | "
+                   f"{comparison_markdown(rows, a, b)} |")
+    return "\n".join(out)
+
+
+def gap_markdown(gap_notes: dict) -> str:
+    """The gap to sequential per policy and D, from ``accuracy_gap_vs_depth``'s notes, as a Markdown table."""
+    gaps, cis, res = gap_notes["gap_pp"], gap_notes["gap_ci95_pp"], gap_notes["gap_resolved"]
+    cells: dict[str, dict[int, str]] = defaultdict(dict)
+    depths: set[int] = set()
+    for key, g in gaps.items():
+        head, d = key.rsplit("/D=", 1)
+        depths.add(int(d))
+        ci = cis[key]
+        cells[head][int(d)] = f"{g:+.1f}" + (f" ± {ci:.1f}" if ci is not None else "") + ("*" if res[key] else "")
+    ds = sorted(depths)
+    out = ["| task / optimizer / policy | " + " | ".join(f"D = {d}" for d in ds) + " |",
+           "|---|" + "---|" * len(ds)]
+    for head, row in cells.items():
+        task, opt, pol = head.split("/")
+        out.append(f"| {task} · {optimizer_label(opt)} · {LABELS[pol]} | "
+                   + " | ".join(row.get(d, "n/a") for d in ds) + " |")
+    return "\n".join(out)
+
+
+def scale_caveat(cfg: LearningCurvesConfig, preset: str, lr: str) -> str:
+    """The one-line caveat every conclusion of notebook 04 carries, from the preset's config."""
+    n_train = "all" if cfg.n_train is None else f"{cfg.n_train}"
+    rates = f"learning rates chosen per arm ({lr})" if "per arm" in lr else \
+        f"one fixed {lr} for every policy and depth (no tuning per arm)"
+    return (f"Scale: preset `{preset}`, {len(cfg.seeds)} seed(s), {cfg.epochs} epoch(s) on {n_train} training "
+            f"examples per task, {rates}; intervals are 95% "
+            "Student t over seeds (ddof = 1), winners are named only when resolved. The tuned, converged study "
+            "is still to come, so read every verdict as about this setting only.")
