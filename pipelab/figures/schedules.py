@@ -332,7 +332,7 @@ def schedules_memory(preset: str, *, progress: bool = False) -> FigureOutput:
     ax.set_xlabel("worker w")
     ax.set_ylabel("peak activations held (full-stage units)")
     ax.set_yscale("log", base=2)
-    ax.set_title(f"Peak activation memory per worker: a model in {D} stages, M={M}")
+    ax.set_title(f"Peak activation memory per worker: a model in {D} stages, M={M} ({preset} preset)")
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     csv = "schedule,worker,peak\n" + "".join(f"{n},{w},{v:g}\n" for n, p in data.items() for w, v in enumerate(p))
