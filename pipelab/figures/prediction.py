@@ -6,7 +6,14 @@
   optimizer and s (heatmaps; under ``paper`` one row of panels per model).
 
 All runs go through :func:`pipelab.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
-summary and the per-optimizer figures share them.
+summary and the per-optimizer figures share them. Every figure names its learning rate(s), the weight
+initialisation and the preset.
+
+The models are He-initialised (``PredictionErrorConfig.init = "he"``). With PyTorch's default init the
+8-block ReLU MLP of ``quick`` sits at chance (loss ln 10) for about 100 SGDM steps at lr 0.05, and plain SGD
+never leaves it in 600 steps: the weights barely move on the plateau, so the stale RMSE is tiny and then
+jumps when the loss drops — the unexplained jump near step 110 of the old SGDM figure, an artefact of the
+init rather than of prediction.
 """
 
 from __future__ import annotations
@@ -22,10 +29,15 @@ from matplotlib.image import AxesImage
 from ..cache import cached
 from ..config import from_preset
 from ..optim import available_optimizers, optimizer_label
-from ..prediction_error import PredictionErrorConfig, PredictionErrorResult, run_prediction_error
+from ..prediction_error import (
+    PredictionErrorConfig,
+    PredictionErrorResult,
+    prediction_optimizer,
+    run_prediction_error,
+)
 from . import FigureOutput, register
 
-__all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS"]
+__all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS", "run_lr"]
 
 PREDICTOR_LABELS = {
     "stale": "stale (no prediction)", "spectrain": "SpecTrain (paper)", "spectrain_code": "SpecTrain (code)",
@@ -73,6 +85,17 @@ def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | N
     return cached("prediction_error", run, run_prediction_error)
 
 
+def run_lr(cfg: PredictionFigureConfig, optimizer: str) -> float:
+    """The learning rate ``optimizer`` runs with under ``cfg`` (its settings, then the config's overrides)."""
+    import torch
+
+    opt = prediction_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], **dict(cfg.base.optimizer_options))
+    return float(opt.param_groups[0]["lr"])
+
+
+_INIT_LABEL = {"he": "He init", "torch": "PyTorch default init"}
+
+
 def _smooth(y: np.ndarray, k: int) -> np.ndarray:
     """Centred moving average over ``k`` points, NaN-aware and unbiased at the ends."""
     if k <= 1:
@@ -116,12 +139,21 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8, frameon=False)
     label = optimizer_label(optimizer)
+    lr = run_lr(cfg, optimizer)
     div = f", diverged at step {res.diverged_at}" if res.diverged_at else ""
-    fig.suptitle(f"{label}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
-                 f"{cfg.base.model}{div}; moving average of {cfg.smooth} measurements)", fontsize=10)
-    notes = {f"ratio/{n}/s={s + 1}": float(ratios[i, s])
-             for i, n in enumerate(res.predictors) for s in range(res.max_s)}
+    left = res.left_chance_at()
+    chance = (f"loss below 0.9·ln 10 from step {left}" if left is not None
+              else f"loss never below 0.9·ln 10 in {res.meta['steps']} steps")
+    fig.suptitle(f"{label}, lr {lr:g}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
+                 f"{cfg.base.model}, {_INIT_LABEL[cfg.base.init]}{div}; moving average of {cfg.smooth} "
+                 f"measurements; {preset} preset)\n{chance}. PyTorch's default init would hold this MLP at chance "
+                 "for ~100 SGDM steps, then jump: an init artefact, not prediction", fontsize=9)
+    notes: dict[str, object] = {f"ratio/{n}/s={s + 1}": float(ratios[i, s])
+                                for i, n in enumerate(res.predictors) for s in range(res.max_s)}
     notes["final_loss"] = float(np.nanmean(res.loss[-20:]))
+    notes["lr"] = lr
+    notes["init"] = cfg.base.init
+    notes["left_chance_at"] = left
     return FigureOutput(fig, replace(cfg.base, optimizer=optimizer), cfg.base.seed, tables={"csv": res.to_csv()},
                         notes=notes, data=res)
 
@@ -196,8 +228,8 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
                             fontsize=6.5, color="white" if np.isfinite(v) and abs(np.log(v)) > 0.8 else "black")
                     if np.isfinite(v):
                         rows.append(f"{mname},{preds[pi]},{opts[oi]},{si + 1},{v:.6g}")
-            ax.set_xticks(range(len(opts)), [optimizer_label(o) for o in opts], rotation=60, ha="right",
-                          fontsize=7)
+            ax.set_xticks(range(len(opts)), [f"{optimizer_label(o)}, lr {run_lr(cfg, o):g}" for o in opts],
+                          rotation=60, ha="right", fontsize=7)
             ax.set_yticks(range(len(preds)), [PREDICTOR_LABELS.get(p, p) for p in preds] if si == 0 else [],
                           fontsize=7)
             ax.grid(False)
@@ -213,5 +245,5 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
     cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25", "0.5", "1", "2", "4"])
     cb.minorticks_off()
     fig.suptitle("Weight prediction error relative to stale weights (time-averaged over training; "
-                 "— : predictor needs SGD momentum)", fontsize=10)
+                 f"— : predictor needs SGD momentum; {_INIT_LABEL[cfg.base.init]}; {preset} preset)", fontsize=10)
     return FigureOutput(fig, cfg, cfg.base.seed, tables={"csv": "\n".join(rows) + "\n"}, notes=notes, data=data)

@@ -38,26 +38,28 @@ from ..schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_
 from ..simulator import SimResult, simulate
 from . import FigureOutput, register
 
-__all__ = ["draw_gantt", "GanttConfig", "SweepConfig", "StalenessConfig", "RahimiConfig"]
+__all__ = ["draw_gantt", "GanttConfig", "SweepConfig", "StalenessConfig", "RahimiConfig", "lpp_bubble",
+           "LPP_PRIORITIES"]
 
 
 def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | None = None,
-               label_stage: bool | None = None,
-               max_colors: int = 12) -> None:
+               label_stage: bool | None = None, max_colors: int = 12, rule: str | None = None) -> None:
     """Draw ``r`` as a worker × time Gantt chart on ``ax``.
 
     Cells are coloured by micro-batch (g = t·M + j, cycling through ``max_colors`` colours); forwards are
     light, backwards (B, or the input-gradient pass I of a split backward) dark and hatched ``//``, weight-
     gradient passes W mid-tone and dotted; the text is the op and the micro-batch (plus the stage when a worker
     holds several); a black tick with a triangle marks an update U; with ``versions`` every cell also shows
-    the weight version it uses under the schedule's weight rule (``v2`` = W^(2); a W uses its I's weights).
+    the weight version it uses (``v2`` = W^(2); a W uses its I's weights) under ``rule``, one of
+    :data:`pipelab.schedules.versions.USED_RULES` (default: the schedule's weight rule; ``"stash"``: weight
+    stashing, a backward uses its forward's version, as PipeDream does).
     """
     s, c = r.schedule, r.compiled
     pal = sns.color_palette("husl", min(max_colors, max(s.M * s.steps, 1)))
     multi = label_stage if label_stage is not None else any(
         len(set(c.stage[(c.worker == w) & (c.op != 2)].tolist())) > 1 for w in range(s.W))
     vt = r.version_table if versions else None
-    used = {op: vt.used(op) for op in ("F", "B")} if vt is not None else None
+    used = {op: vt.used(op, rule) for op in ("F", "B")} if vt is not None else None
     if used is not None:
         used["I"] = used["W"] = used["B"]
     n_cells = int(np.sum(c.op != 2))
@@ -98,7 +100,7 @@ def _legend(fig: Figure, split: bool = False) -> None:
                 [Patch(facecolor="0.35", hatch="//", edgecolor="white", label="B (backward)")])
     fig.legend(handles=[Patch(facecolor="0.85", edgecolor="0.5", label="F (forward)"), *backward,
                         plt.Line2D([], [], color="black", marker="v", lw=1.2, ms=4, label="U (update)")],
-               loc="lower right", ncol=len(backward) + 2, fontsize=8)
+               loc="lower left", ncol=len(backward) + 2, fontsize=8)  # the footer sits at the lower right
 
 
 # ----------------------------------------------------------------------------- Gantt charts
@@ -115,10 +117,14 @@ _GANTT = {"tiny": GanttConfig(D=3, M=3, steps=1, async_steps=5), "quick": GanttC
           "paper": GanttConfig(D=4, M=8, steps=2, async_steps=10)}
 
 
-def _gantt_figure(entries: Sequence[tuple[Any, ...]], cfg: GanttConfig, suptitle: str, versions: bool = False
-                  ) -> FigureOutput:
+def _gantt_figure(entries: Sequence[tuple[Any, ...]], cfg: GanttConfig, suptitle: str, versions: bool = False,
+                  rules: Sequence[str | None] | None = None) -> FigureOutput:
     # An entry is (title, schedule) or (title, schedule, scale): scale multiplies the stage costs (a model
-    # cut into twice as many chunks has chunks of half the cost).
+    # cut into twice as many chunks has chunks of half the cost). ``rules``: per entry, the weight rule the
+    # version labels follow (None: the schedule's own; see draw_gantt).
+    rules = list(rules) if rules is not None else [None] * len(entries)
+    if len(rules) != len(entries):
+        raise ValueError(f"rules has {len(rules)} entries, expected one per schedule ({len(entries)})")
     results = [(e[0], simulate(e[1], e[2] if len(e) > 2 else 1.0, cfg.b_over_f * (e[2] if len(e) > 2 else 1.0)))
                for e in entries]
     heights = [r.schedule.W + 1.2 for _, r in results]
@@ -126,14 +132,15 @@ def _gantt_figure(entries: Sequence[tuple[Any, ...]], cfg: GanttConfig, suptitle
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     horizon = max(r.makespan for _, r in results)
     notes = {}
-    for ax, (name, r) in zip(axes[:, 0], results):
+    for ax, (name, r), rule in zip(axes[:, 0], results, rules):
         fetch = int(r.weight_transfers.max())
-        draw_gantt(ax, r, versions=versions, title=f"{name} — {r.schedule.W} workers, makespan {r.makespan:g}, "
+        draw_gantt(ax, r, versions=versions, rule=rule,
+                   title=f"{name} — {r.schedule.W} workers, makespan {r.makespan:g}, "
                    f"bubble {r.bubble:.0%}, peak activations {r.peak_activations.max()}"
                    + (f", weight fetches/worker ≤ {fetch}" if fetch else ""))
         ax.set_xlim(0, horizon)
         notes[name] = {"makespan": r.makespan, "bubble": r.bubble, "peak_activations": r.peak_activations.tolist(),
-                       "update_rule": r.schedule.update_rule}
+                       "update_rule": r.schedule.update_rule, "weight_rule": rule or r.schedule.weight_rule}
     axes[-1, 0].set_xlabel(f"time (forward = 1, backward = {cfg.b_over_f:g})")
     fig.suptitle(suptitle, x=0.01, ha="left", fontsize=11)
     _legend(fig, split=any(r.schedule.split_backward for _, r in results))
@@ -157,16 +164,28 @@ def schedules_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
                          f"{T} step(s). Colour = micro-batch; label = op and micro-batch (and stage s)")
 
 
-@register("schedules_async", "Gantt charts of asynchronous 1F1B (PipeDream, M=1) and PipeDream-2BW with the "
-          "weight version every job uses")
+@register("schedules_async", "Gantt charts of asynchronous 1F1B (M=1) with vanilla versions, PipeDream (the same "
+          "order with weight stashing) and PipeDream-2BW, with the weight version every job uses")
 def schedules_async(preset: str, *, progress: bool = False) -> FigureOutput:
+    """Three panels, each labelled with the rule its version labels follow (``VersionTable.used``):
+
+    - asynchronous 1F1B, M=1, *vanilla* (rule ``current``): F and B use the version current when they run,
+      so a backward uses newer weights than its forward (the gradient is then of no single model);
+    - PipeDream: the same timeline with weight stashing (rule ``stash``): B uses its F's version, and stage
+      k keeps D − k versions (PipeDream, Narayanan et al., SOSP 2019, §3.3);
+    - PipeDream-2BW (rule ``double_buffer``): every job of step t uses version t − 1 (ICML 2021, §3.1).
+    """
     cfg = from_preset(_GANTT, preset)
     D = cfg.D
-    entries = [("PipeDream async 1F1B, M=1 (version current at the job)", pipedream(D, 1, cfg.async_steps)),
-               (f"PipeDream-2BW, M={D} (version t−1 at every stage)",
-                pipedream_2bw(D, D, max(2, cfg.async_steps // D + 1)))]
+    s1 = pipedream(D, 1, cfg.async_steps)
+    entries = [("asynchronous 1F1B, M=1, vanilla versions (F and B use the version current when they run)", s1),
+               (f"PipeDream: asynchronous 1F1B, M=1, weight stashing (B uses its F's version; stage k stashes "
+                f"D−k versions, {D} on w0)", s1),
+               (f"PipeDream-2BW, M={D} (double buffer: version t−1 at every stage)",
+                pipedream_2bw(D, D, max(3, cfg.async_steps // D + 1)))]
     return _gantt_figure(entries, cfg, "Asynchronous 1F1B: no flush, U after each mini-batch; vN = the job uses weight "
-                         "version $W^{(N)}$", versions=True)
+                         f"version $W^{{(N)}}$ under the rule named in each panel ({preset} preset)", versions=True,
+                         rules=["current", "stash", None])
 
 
 @register("schedules_rahimi", "Gantt charts of Rahimi's DDP, FSDP, LPP and FSLPP placements")
@@ -194,42 +213,104 @@ _SWEEP = {"tiny": SweepConfig(D=4, Ms=(1, 2, 4, 8), M_memory=8), "quick": SweepC
           "paper": SweepConfig(D=16, Ms=(1, 2, 4, 8, 16, 32, 64, 128), M_memory=32)}
 
 
-def _sweep_schedules(W: int, M: int) -> dict[str, tuple[Schedule, float]]:
+#: The LPP arms of the sweep: Rahimi's looped pipeline with G = 2 groups of R = W/2 workers.
+LPP_LABEL = "LPP G=2, R=W/2"
+#: Priority rule → its name in the legends: backward-first is the constructor's (and :func:`lpp`'s) default,
+#: forward-first is GPipe's breadth-first order, the one Rahimi's latency S + B/G − 1 assumes.
+LPP_PRIORITIES = {"backward_first": "backward-first (1F1B order)", "forward_first": "forward-first (GPipe order)"}
+
+
+def lpp_bubble(S: int, B: int, G: int, R: int) -> float:
+    """Bubble fraction of LPP under the forward-first priority, from its latency in F+B units of one stage.
+
+    A worker runs V = S/R stages of m = B/G micro-batches, V·m jobs of F+B; the latency is
+
+        L = max(S + m − 1, V·m + R − 1),
+
+    Rahimi's Table 1 value S + B/G − 1 (a micro-batch's round trip through S stages plus the others behind
+    it) unless the worker's own work plus the fill, V·m + R − 1, is longer (looping, R < S). The bubble is
+    1 − V·m / L. It is exact for the constructor's forward-first order when m ≤ R or R divides m (the tests
+    check it against the simulator); it decreases with B towards 0.
+
+    Raises:
+        ValueError: R does not divide S or G does not divide B.
+
+    Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1.
+    """
+    if S % R or B % G:
+        raise ValueError(f"lpp_bubble needs R | S and G | B, got S={S}, B={B}, G={G}, R={R}")
+    V, m = S // R, B // G
+    return 1.0 - V * m / max(S + m - 1, V * m + R - 1)
+
+
+def _sweep_schedules(W: int, M: int, lpp_priorities: Sequence[str] = ("backward_first",)
+                     ) -> dict[str, tuple[Schedule, float]]:
     """Schedules of one model on W workers: name -> (schedule, stage-cost scale). Interleaved and folded
-    cut the model into V·W (2W) chunks of 1/V (1/2) the cost."""
+    cut the model into V·W (2W) chunks of 1/V (1/2) the cost. LPP is built once per priority rule."""
     out = {"GPipe": (gpipe(W, M), 1.0), "1F1B": (one_f_one_b(W, M), 1.0), "folded (2W chunks)": (folded(2 * W, M), 0.5)}
     for V in (2, 4):
         if M % W == 0:
             out[f"interleaved V={V}"] = (interleaved_1f1b(W, V, M), 1.0 / V)
     if M % 2 == 0 and W % 2 == 0:
-        out["LPP G=2, R=W/2"] = (lpp(W, M, 2, W // 2), 1.0)
+        for prio in lpp_priorities:
+            out[f"{LPP_LABEL}, {LPP_PRIORITIES[prio]}"] = (lpp(W, M, 2, W // 2, priority=prio), 1.0)
     return out
 
 
-@register("schedules_bubble", "Bubble fraction vs micro-batches per step for the flushed schedules, "
-          "with GPipe's closed form (D−1)/(M+D−1)")
+@register("schedules_bubble", "Bubble fraction vs micro-batches per step: single pipelines with GPipe's closed "
+          "form (D−1)/(M+D−1), and LPP under both priority rules with its closed form")
 def schedules_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
+    """Left: GPipe, 1F1B, interleaved and folded against (D−1)/(M+D−1). Right: LPP (G = 2, R = W/2) built
+    with the backward-first and the forward-first priority, against :func:`lpp_bubble`. Backward-first
+    keeps fewer micro-batches resident but its greedy order leaves idle slots on the looped workers, so its
+    bubble stops falling with M; forward-first (Rahimi's) follows the closed form."""
     cfg = from_preset(_SWEEP, preset)
     D = cfg.D
     rows: dict[str, list[tuple[int, float]]] = {}
+    peaks: dict[str, list[tuple[int, float]]] = {}
     for M in cfg.Ms:
-        for name, (s, x) in _sweep_schedules(D, M).items():
-            rows.setdefault(name, []).append((M, simulate(s, x, x * cfg.b_over_f).bubble))
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for name, (s, x) in _sweep_schedules(D, M, tuple(LPP_PRIORITIES)).items():
+            r = simulate(s, x, x * cfg.b_over_f)
+            rows.setdefault(name, []).append((M, r.bubble))
+            peaks.setdefault(name, []).append((M, float(r.peak_activations.max())))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.2), sharey=True)
     Ms = np.array(cfg.Ms, float)
     ax.plot(Ms, (D - 1) / (Ms + D - 1), color="0.3", lw=4, alpha=0.35, label="(D−1)/(M+D−1)")
+    single = {n: p for n, p in rows.items() if not n.startswith(LPP_LABEL)}
+    if "GPipe" in single and "1F1B" in single and np.allclose([b for _, b in single["GPipe"]],
+                                                               [b for _, b in single["1F1B"]], atol=1e-12):
+        single = {"GPipe = 1F1B": single.pop("GPipe"), **{n: p for n, p in single.items() if n != "1F1B"}}
     markers = iter("osD^v<>")
-    for name, pts in rows.items():
+    for name, pts in single.items():
         xs, ys = zip(*pts)
         ax.plot(xs, ys, marker=next(markers), ms=4, label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("micro-batches per step M")
+    ax.set_title(f"one pipeline on W={D} workers", fontsize=10)
+    lpp_rows = {n: p for n, p in rows.items() if n.startswith(LPP_LABEL)}
+    closed = {}
+    if lpp_rows:
+        M_lpp = [m for m, _ in next(iter(lpp_rows.values()))]
+        closed = {m: lpp_bubble(D, m, 2, D // 2) for m in M_lpp}
+        ax2.plot(M_lpp, list(closed.values()), color="0.3", lw=4, alpha=0.35,
+                 label="1 − (S/R)(M/G) / max(S+M/G−1, (S/R)(M/G)+R−1)")
+        for (name, pts), mk, col in zip(lpp_rows.items(), "^o", ("#D55E00", "#0072B2")):
+            xs, ys = zip(*pts)
+            peak = dict(peaks[name])[xs[-1]]
+            ax2.plot(xs, ys, marker=mk, ms=4.5, color=col,
+                     label=f"{name.removeprefix(LPP_LABEL + ', ')}: peak {peak:g} activations at M={xs[-1]}")
+    ax2.set_title(f"LPP, S={D} stages, G=2 groups of R={D // 2}: the priority rule decides", fontsize=10)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("micro-batches per step M")
+        a.legend(fontsize=7.5)
     ax.set_ylabel("bubble fraction (mean over workers)")
-    ax.set_title(f"Bubbles of flushed schedules on W={D} workers, b = {cfg.b_over_f:g}·f")
-    ax.legend(fontsize=8)
+    fig.suptitle(f"Bubbles of flushed schedules, b = {cfg.b_over_f:g}·f ({preset} preset)", x=0.01, ha="left",
+                 fontsize=11)
     fig.tight_layout()
     csv = "schedule,M,bubble\n" + "".join(f"{n},{m},{b:.6f}\n" for n, pts in rows.items() for m, b in pts)
-    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes={n: dict(p) for n, p in rows.items()}, data=rows)
+    notes: dict[str, Any] = {n: dict(p) for n, p in rows.items()}
+    notes["LPP closed form (forward-first)"] = closed
+    notes["peak_activations"] = {n: dict(p) for n, p in peaks.items()}
+    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes=notes, data=rows)
 
 
 @register("schedules_memory", "Peak activation memory per worker (in stage activations) for each schedule")
@@ -251,7 +332,7 @@ def schedules_memory(preset: str, *, progress: bool = False) -> FigureOutput:
     ax.set_xlabel("worker w")
     ax.set_ylabel("peak activations held (full-stage units)")
     ax.set_yscale("log", base=2)
-    ax.set_title(f"Peak activation memory per worker: a model in {D} stages, M={M}")
+    ax.set_title(f"Peak activation memory per worker: a model in {D} stages, M={M} ({preset} preset)")
     ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     csv = "schedule,worker,peak\n" + "".join(f"{n},{w},{v:g}\n" for n, p in data.items() for w, v in enumerate(p))

@@ -326,18 +326,26 @@ def _check_lpp(D: int, M: int, G: int, R: int, name: str) -> tuple[int, int, int
     return D, M, G, R
 
 
-def lpp(D: int, M: int, G: int, R: int, steps: int = 1) -> Schedule:
+def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "backward_first") -> Schedule:
     """Looped pipeline parallelism: W = G·R workers in G groups of R, w(s,b,d) = (h(s,b), h(s,b)).
 
     Micro-batch b goes to group b mod G; within it stage s runs on worker s mod R (D/R stages each, looped).
     Each group keeps its own copy of the weights; all copies apply U(s, t) after the step (flush).
     G = 1, R = D is GPipe's placement; G = M, R = 1 is DDP's.
+
+    ``priority`` (a name of :data:`~pipelab.schedules.constructor.PRIORITIES`) orders the jobs ready on a
+    worker: ``"backward_first"`` (1F1B's order, fewer micro-batches resident) or ``"forward_first"``
+    (GPipe's breadth-first order, the one under which G = 1, R = D is GPipe). Under ``"forward_first"`` the
+    latency, in F+B units of one stage, is max(S + B/G − 1, (S/R)(B/G) + R − 1): Rahimi's Table 1 value, or
+    a worker's own (S/R)(B/G) jobs plus the fill when that is longer (exact when B/G ≤ R or R divides B/G;
+    tested).
     """
     D, M, G, R = _check_lpp(D, M, G, R, "lpp")
     W = G * R
     return construct(D, M, W, compute=lambda s, b, d: lpp_hash(s, b, G, R),
-                     weights=lambda s: tuple(g * R + s % R for g in range(G)), priority="backward_first",
-                     steps=steps, chunk=lambda s, w: s // R, name=f"LPP(D={D}, M={M}, G={G}, R={R})",
+                     weights=lambda s: tuple(g * R + s % R for g in range(G)), priority=priority,
+                     steps=steps, chunk=lambda s, w: s // R, name=f"LPP(D={D}, M={M}, G={G}, R={R})"
+                     + ("" if priority == "backward_first" else f", {priority}"),
                      update_rule="every group's copy applies U(s,t) after the all-reduce of step t (flush)",
                      params={"D": D, "M": M, "G": G, "R": R})
 
