@@ -55,7 +55,7 @@ import torch
 
 from .cache import run_sweep
 from .data import Dataset, load_dataset
-from .models import build_model
+from .models import build_model, he_init
 from .optim import OPTIMIZERS, optimizer_factory
 from .policies import available_policies, policy_info
 from .schedules.actions import Schedule, check_int
@@ -172,23 +172,6 @@ def arm_optimizer(name: str, lr: float | None = None) -> Callable[[Any], torch.o
     return optimizer_factory(name, **{**OPTIMIZER_SETTINGS.get(name, {}), **({"lr": lr} if lr is not None else {})})
 
 
-def _he_init(model: torch.nn.Module, seed: int) -> None:
-    """He (Kaiming-normal, fan-in) initialisation of Linear/Conv weights, zero biases, seeded.
-
-    PyTorch's default Linear init (uniform with bound 1/sqrt(fan_in)) shrinks the signal through a deep
-    ReLU MLP so much that an 8-block net barely trains in a few epochs; He init keeps its scale.
-    """
-    gen = torch.Generator(device="cpu").manual_seed(20_000 + seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
-                fan_in = m.weight[0].numel()
-                w = torch.randn(m.weight.shape, generator=gen, dtype=torch.float64) * math.sqrt(2.0 / fan_in)
-                m.weight.copy_(w)
-                if m.bias is not None:
-                    m.bias.zero_()
-
-
 def _schedule(cfg: RunConfig, steps: int) -> Schedule:
     from .schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw, zb_async, zb_h1
 
@@ -270,7 +253,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         return ds.x_train[idx], ds.y_train[idx]
 
     model = build_model(model_name, seed=cfg.seed, dtype=dtype, device=cfg.device, **mkw)
-    _he_init(model, cfg.seed)
+    he_init(model, cfg.seed)
     if len(model) < cfg.D:
         raise ValueError(f"task {cfg.task!r} has {len(model)} blocks; D={cfg.D} is too deep")
     stages = split(model, cfg.D)

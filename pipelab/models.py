@@ -18,13 +18,14 @@ a pipeline that splits a mini-batch into micro-batches would change the model's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 __all__ = ["deep_mlp", "small_cnn", "small_resnet", "transformer_classifier", "ResidualBlock", "Tokens", "MODELS",
-           "build_model"]
+           "build_model", "he_init"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "sigmoid": nn.Sigmoid}
 
@@ -189,3 +190,23 @@ def build_model(name: str, *, seed: int | None = None, dtype: torch.dtype | None
     else:
         model = factory(**kwargs)
     return model.to(device=device, dtype=dtype)
+
+
+def he_init(model: nn.Module, seed: int) -> None:
+    """He (Kaiming-normal, fan-in) initialisation of Linear/Conv weights, zero biases, seeded.
+
+    PyTorch's default Linear init (uniform with bound 1/sqrt(fan_in)) shrinks the signal through a deep
+    ReLU MLP so much that an 8-block net barely trains in a few epochs; He init keeps its scale
+    (He et al., "Delving Deep into Rectifiers", ICCV 2015): W ~ N(0, 2 / fan_in). The draws come from a
+    generator seeded with 20000 + ``seed``, so the learning curves and the prediction-error runs of one seed
+    start from the same weights.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(20_000 + seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                fan_in = m.weight[0].numel()
+                w = torch.randn(m.weight.shape, generator=gen, dtype=torch.float64) * math.sqrt(2.0 / fan_in)
+                m.weight.copy_(w)
+                if m.bias is not None:
+                    m.bias.zero_()

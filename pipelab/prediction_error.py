@@ -363,8 +363,7 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
     listed in ``result.meta["skipped"]``.
     """
     from .data import load_dataset
-    from .learning_curves import _he_init  # here: learning_curves imports this module
-    from .models import build_model
+    from .models import build_model, he_init
 
     dtype = getattr(torch, cfg.dtype)
     device = cfg.device
@@ -376,7 +375,7 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
     model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device,
                         **dict(cfg.model_options))
     if cfg.init == "he":
-        _he_init(model, cfg.seed)
+        he_init(model, cfg.seed)
     opt = prediction_optimizer(cfg.optimizer, model.parameters(), **dict(cfg.optimizer_options))
     gen = torch.Generator().manual_seed(cfg.seed)
     n = len(ds.x_train)
