@@ -97,7 +97,8 @@ from pipelab.runtime import PipelineRuntime
 from pipelab.schedules import gpipe, one_f_one_b, pipedream
 from pipelab.simulator import simulate
 
-__all__ = ["BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main"]
+__all__ = ["BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main", "measured_window",
+           "simulated_window", "paired_ratio"]
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,26 @@ class Result:
     wall_s: float
 
 
+def measured_window(per_rank: list[dict[str, Any]], name: str, w: int, n: int, repeats: int
+                    ) -> tuple[list[float], list[float]]:
+    """Per repeat of row ``name``: the time per mini-batch, (entry(w + n) − entry(w)) / n from stage 0's intake
+    times, and the barrier-to-barrier run time (max over ranks: they differ only by the barrier's exit skew)."""
+    t_mb = [(run["entries"][w + n] - run["entries"][w]) / n for run in per_rank[0]["runs"][name]]
+    t_run = [max(p["runs"][name][i]["seconds"] for p in per_rank) for i in range(repeats)]
+    return t_mb, t_run
+
+
+def simulated_window(sim: Any, w: int, n: int) -> float:
+    """The simulator's time per mini-batch over the same window: spacing of F(0, t, 0) from t = w to w + n."""
+    return (sim.time_of("F", 0, w + n, 0)[0] - sim.time_of("F", 0, w, 0)[0]) / n
+
+
+def paired_ratio(num: list[float], den: list[float], scale: float = 1.0) -> tuple[float, float, float]:
+    """Median, min and max over repeats of scale · num_i / den_i (rows of one repeat ran close in time)."""
+    vals = [scale * x / y for x, y in zip(num, den)]
+    return statistics.median(vals), min(vals), max(vals)
+
+
 def run_benchmark(cfg: BenchConfig) -> Result:
     """Spawn ``cfg.ranks`` processes, time every row, simulate it, and compute the ratios."""
     cfg.check()
@@ -356,12 +377,9 @@ def run_benchmark(cfg: BenchConfig) -> Result:
     records = []
     for row in rows_of(cfg):
         w, n, total = row.window(cfg)
-        runs = per_rank[0]["runs"][row.name]  # stage 0's intake
-        t_mb = [(run["entries"][w + n] - run["entries"][w]) / n for run in runs]
-        # the barrier-to-barrier time differs between ranks only by the barrier's exit skew: take the max
-        t_run = [max(per_rank[r]["runs"][row.name][i]["seconds"] for r in range(D)) for i in range(cfg.repeats)]
+        t_mb, t_run = measured_window(per_rank, row.name, w, n, cfg.repeats)
         sim = simulate(row.schedule(D, total), **costs)
-        sim_mb = (sim.time_of("F", 0, w + n, 0)[0] - sim.time_of("F", 0, w, 0)[0]) / n
+        sim_mb = simulated_window(sim, w, n)
         samples = row.M * cfg.micro
         mb = statistics.median(t_mb)
         records.append({
@@ -375,11 +393,9 @@ def run_benchmark(cfg: BenchConfig) -> Result:
 
     def paired(num: str, den: str, throughput: bool) -> tuple[float, float, float]:
         a, b = by[num], by[den]
-        if throughput:
-            vals = [(a["samples_per_mb"] / x) / (b["samples_per_mb"] / y) for x, y in zip(a["mb_s_all"], b["mb_s_all"])]
-        else:
-            vals = [x / y for x, y in zip(a["mb_s_all"], b["mb_s_all"])]
-        return statistics.median(vals), min(vals), max(vals)
+        if throughput:  # (samples_a / t_a) / (samples_b / t_b)
+            return paired_ratio(b["mb_s_all"], a["mb_s_all"], a["samples_per_mb"] / b["samples_per_mb"])
+        return paired_ratio(a["mb_s_all"], b["mb_s_all"])
 
     M = cfg.M
     ratios = {"pipelab/torch GPipe, time per mini-batch": paired("pipelab GPipe", "torch GPipe", False),

@@ -105,7 +105,14 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/zero_bubble.py` finds its sibling
 
-from benchmarks.runtime import _make_optimizer, _sync, _timed  # noqa: E402
+from benchmarks.runtime import (  # noqa: E402
+    _make_optimizer,
+    _sync,
+    _timed,
+    measured_window,
+    paired_ratio,
+    simulated_window,
+)
 from pipelab.distributed import spawn  # noqa: E402
 from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.partition import split  # noqa: E402
@@ -420,12 +427,10 @@ def run_benchmark(cfg: ZBConfig) -> ZBResult:
     records = []
     for row in rows_of(cfg):
         w, n, total = row.window(cfg)
-        runs = per_rank[0]["runs"][row.name]  # stage 0's intake
-        t_mb = [(run["entries"][w + n] - run["entries"][w]) / n for run in runs]
-        t_run = [max(per_rank[r]["runs"][row.name][i]["seconds"] for r in range(W)) for i in range(cfg.repeats)]
+        t_mb, t_run = measured_window(per_rank, row.name, w, n, cfg.repeats)
         schedule = row.schedule(W, cfg.M, total)
         sim = simulate(schedule, **forecast_costs(schedule, profile))
-        sim_mb = (sim.time_of("F", 0, w + n, 0)[0] - sim.time_of("F", 0, w, 0)[0]) / n
+        sim_mb = simulated_window(sim, w, n)
         mb, run_s = statistics.median(t_mb), statistics.median(t_run)
         jobs = max(len(p) for p in row.schedule(W, cfg.M, 1).programs)  # per step on the busiest rank, U included
         records.append({
@@ -439,8 +444,7 @@ def run_benchmark(cfg: ZBConfig) -> ZBResult:
     by = {r["name"]: r for r in records}
 
     def paired(num: str, den: str) -> tuple[float, float, float]:
-        vals = [x / y for x, y in zip(by[num]["mb_s_all"], by[den]["mb_s_all"])]
-        return statistics.median(vals), min(vals), max(vals)
+        return paired_ratio(by[num]["mb_s_all"], by[den]["mb_s_all"])
 
     ratios = {f"pipelab/torch {kind}, time per mini-batch": paired(f"pipelab {kind}", f"torch {kind}")
               for kind, (_, torch_cls, _, _) in SCHEDULES.items() if torch_cls is not None}
