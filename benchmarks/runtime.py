@@ -98,7 +98,7 @@ from pipelab.schedules import gpipe, one_f_one_b, pipedream
 from pipelab.simulator import simulate
 
 __all__ = ["BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main", "measured_window",
-           "simulated_window", "paired_ratio"]
+           "simulated_window", "paired_ratio", "add_model_and_run_arguments"]
 
 
 @dataclass(frozen=True)
@@ -466,24 +466,30 @@ def format_report(res: Result) -> str:
     return "\n".join(lines)
 
 
+def add_model_and_run_arguments(ap: argparse.ArgumentParser, d: Any) -> None:
+    """The command-line options both runtime benchmarks share, with defaults from config ``d``: the deep_mlp
+    (width, depth, input size), repeats, backend, optimizer, time bound and JSON output."""
+    ap.add_argument("--width", type=int, default=d.width)
+    ap.add_argument("--depth", type=int, default=d.depth)
+    ap.add_argument("--in-features", type=int, default=d.in_features)
+    ap.add_argument("--repeats", type=int, default=d.repeats)
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default=d.backend)
+    ap.add_argument("--optimizer", choices=["sgdm", "adam"], default=d.optimizer)
+    ap.add_argument("--timeout", type=float, default=d.timeout_s, help="bound on the whole run, seconds")
+    ap.add_argument("--json", default=None, help="also write the records to this file")
+
+
 def main(argv: list[str] | None = None) -> Result:
     """Parse the command line, run the benchmark, print the report (and write JSON with ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     d = BenchConfig()
     ap.add_argument("--ranks", type=int, default=d.ranks, help="processes = pipeline stages")
-    ap.add_argument("--width", type=int, default=d.width)
-    ap.add_argument("--depth", type=int, default=d.depth)
-    ap.add_argument("--in-features", type=int, default=d.in_features)
     ap.add_argument("--batch", type=int, default=d.batch, help="samples per flushed mini-batch")
     ap.add_argument("--microbatches", type=int, default=None, help="M per flushed mini-batch (default: ranks)")
     ap.add_argument("--steps", type=int, default=d.steps, help="flushed mini-batches in the timed window")
     ap.add_argument("--warmup", type=int, default=d.warmup, help="flushed mini-batches before the window")
-    ap.add_argument("--repeats", type=int, default=d.repeats)
-    ap.add_argument("--backend", choices=["gloo", "nccl"], default=d.backend)
-    ap.add_argument("--optimizer", choices=["sgdm", "adam"], default=d.optimizer)
     ap.add_argument("--no-pipeoptim", action="store_true", help="skip the PipeOptim row")
-    ap.add_argument("--timeout", type=float, default=d.timeout_s, help="bound on the whole run, seconds")
-    ap.add_argument("--json", default=None, help="also write the records to this file")
+    add_model_and_run_arguments(ap, d)
     args = ap.parse_args(argv)
     cfg = BenchConfig(ranks=args.ranks, width=args.width, depth=args.depth, in_features=args.in_features,
                       batch=args.batch, microbatches=args.microbatches, steps=args.steps, warmup=args.warmup,

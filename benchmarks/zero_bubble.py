@@ -109,6 +109,7 @@ from benchmarks.runtime import (  # noqa: E402
     _make_optimizer,
     _sync,
     _timed,
+    add_model_and_run_arguments,
     measured_window,
     paired_ratio,
     simulated_window,
@@ -512,18 +513,11 @@ def main(argv: list[str] | None = None) -> ZBResult:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     d = ZBConfig()
     ap.add_argument("--ranks", type=int, default=d.ranks, help="processes W (2W stages in the two-chunk rows)")
-    ap.add_argument("--width", type=int, default=d.width)
-    ap.add_argument("--depth", type=int, default=d.depth)
-    ap.add_argument("--in-features", type=int, default=d.in_features)
     ap.add_argument("--batch", type=int, default=d.batch, help="samples per mini-batch")
     ap.add_argument("--microbatches", type=int, default=None, help="M per mini-batch (default: 2 × ranks)")
     ap.add_argument("--steps", type=int, default=d.steps, help="mini-batches in the timed window")
     ap.add_argument("--warmup", type=int, default=d.warmup, help="mini-batches before the window")
-    ap.add_argument("--repeats", type=int, default=d.repeats)
-    ap.add_argument("--backend", choices=["gloo", "nccl"], default=d.backend)
-    ap.add_argument("--optimizer", choices=["sgdm", "adam"], default=d.optimizer)
-    ap.add_argument("--timeout", type=float, default=d.timeout_s, help="bound on the whole run, seconds")
-    ap.add_argument("--json", default=None, help="also write the records to this file")
+    add_model_and_run_arguments(ap, d)
     args = ap.parse_args(argv)
     cfg = ZBConfig(ranks=args.ranks, width=args.width, depth=args.depth, in_features=args.in_features,
                    batch=args.batch, microbatches=args.microbatches, steps=args.steps, warmup=args.warmup,
