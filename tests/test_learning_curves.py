@@ -92,6 +92,14 @@ def test_figures_under_tiny() -> None:
     assert header.startswith("task,optimizer,D,policy,seeds,diverged,best_mean")
     assert len(out.tables["csv"].splitlines()) == 1 + 3  # three policies in the tiny preset
     assert figures.make("learning_curves", "tiny").notes["runs"] == 3
+    # small multiples: one panel per task and pipelined policy, each drawing its own policy in colour
+    by = figures.make("learning_curves_by_policy", "tiny")
+    assert by.notes["policies"] == ["stashing", "pipeoptim"]
+    axes = by.figure.axes
+    assert len(axes) == 2 and [ax.get_title() for ax in axes] == ["PipeDream (stashing)", "PipeOptim"]
+    for ax in axes:  # the highlighted line is the thickest; the sequential baseline is dashed black
+        widths = sorted(line.get_linewidth() for line in ax.get_lines())
+        assert widths[-1] == 2.0 and any(line.get_linestyle() == "--" for line in ax.get_lines())
 
 
 # ---------------------------------------------------------------------------------------- validation split

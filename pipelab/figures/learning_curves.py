@@ -8,7 +8,9 @@
   policy is bold only when it beats every other pipelined policy of its row with a resolved paired
   difference (:func:`pipelab.statistics.winner_test`, Holm-corrected);
 - ``accuracy_gap_vs_depth``: best test accuracy minus the sequential baseline's against D, paired by seed,
-  with 95% t intervals of the paired difference.
+  with 95% t intervals of the paired difference;
+- ``learning_curves_by_policy``: the same runs as small multiples, one panel per task and pipelined policy,
+  the policy highlighted against sequential and the others in grey (the preset's first optimizer).
 
 Every figure states the preset, the learning rate(s) and the test-set size. The Markdown helpers
 (:func:`ranking_markdown`, :func:`comparison_markdown`, :func:`gap_markdown`, :func:`claims_markdown`)
@@ -271,6 +273,72 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                                                   round(100 * r["final_mean"], 2) for r in rows},
                                "final_test_acc_ci95": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
                                                        _round_pp(r["final_ci95"]) for r in rows}})
+
+
+def _acc_band(rs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Epochs, mean test accuracy (%) and its 95% t band over the seeds still finite at each epoch."""
+    y = 100 * np.array([r["test_acc"] for r in rs], dtype=float)
+    ivs = [t_interval(y[:, e]) for e in range(y.shape[1])]
+    m = np.array([iv.mean for iv in ivs])
+    h = np.array([iv.half_width for iv in ivs])
+    return np.asarray(rs[0]["epoch"]), m, m - h, m + h
+
+
+@register("learning_curves_by_policy", "Test accuracy per epoch as small multiples: one panel per pipelined "
+          "policy and task, the policy highlighted against sequential, the other policies in grey")
+def learning_curves_by_policy(preset: str, *, progress: bool = False) -> FigureOutput:
+    """The ``learning_curves`` runs of the preset's first optimizer, one panel per (task, pipelined policy).
+
+    Each panel draws its policy (colour, 95% t band over seeds), the sequential baseline (black dashed, band)
+    and the other pipelined policies' means (thin grey) for context: no panel overlays seven banded series.
+    """
+    cfg = _config(preset)
+    records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
+    groups = _group(records)
+    opt = cfg.optimizers[0]
+    policies = [p for p in cfg.policies if p != "sequential" and any(groups.get((t, opt, cfg.D, p))
+                                                                     for t in cfg.tasks)]
+    colors = _colors(cfg.policies)
+    nrow, ncol = len(cfg.tasks), max(len(policies), 1)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(2.6 * ncol + 0.6, 2.3 * nrow + 1.0), squeeze=False,
+                             sharey="row")
+    for i, task in enumerate(cfg.tasks):
+        seq = groups.get((task, opt, cfg.D, "sequential"))
+        for j, pol in enumerate(policies):
+            ax = axes[i, j]
+            for other in policies:
+                rs = groups.get((task, opt, cfg.D, other))
+                if rs and other != pol:
+                    ep, m, _, _ = _acc_band(rs)
+                    ax.plot(ep, m, color="0.75", lw=0.8, zorder=1)
+            if seq:
+                ep, m, lo, hi = _acc_band(seq)
+                ax.plot(ep, m, color="black", ls="--", lw=1.5, zorder=3)
+                ax.fill_between(ep, lo, hi, color="black", alpha=0.1, lw=0, zorder=2)
+            rs = groups.get((task, opt, cfg.D, pol))
+            if rs:
+                ep, m, lo, hi = _acc_band(rs)
+                div = sum(r["diverged"] for r in rs)
+                ax.plot(ep, m, color=colors[pol], lw=2.0, zorder=4)
+                ax.fill_between(ep, lo, hi, color=colors[pol], alpha=0.25, lw=0, zorder=2)
+                if div:
+                    ax.text(0.97, 0.05, f"{div}/{len(rs)} diverged", transform=ax.transAxes, ha="right",
+                            fontsize=7, color="C3")
+            else:
+                ax.text(0.5, 0.5, f"n/a with {optimizer_label(opt)}", transform=ax.transAxes, ha="center",
+                        fontsize=8, color="0.4")
+            if i == 0:
+                ax.set_title(LABELS[pol], fontsize=9, color=colors[pol])
+            if i == nrow - 1:
+                ax.set_xlabel("epoch")
+        axes[i, 0].set_ylabel(f"{task}\ntest acc. (%, n={test_set_size(task, cfg.n_test)})", fontsize=8)
+    band = f"95% t band (ddof=1) over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1 else "1 seed, no band"
+    fig.suptitle(f"Each pipelined policy (colour) against sequential training (black dashed) and the other policies "
+                 f"(grey): {optimizer_label(opt)}, D={cfg.D}, {band}; preset {preset}, {lr_label(records)}",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
+                        notes={"optimizer": opt, "policies": policies, "lr": lr_label(records)})
 
 
 def _round_pp(x: float) -> float | None:
