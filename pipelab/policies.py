@@ -131,6 +131,11 @@ class Policy:
         """Weight-sized buffers besides weight versions a real stage keeps (PipeMare's δ)."""
         return 0
 
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """Weight-sized copies the policy's paper says stage k holds (PipeOptim's Table II "weights memory" in
+        units of one stage's weights), to set beside the copies the emulator measures; ``None``: not stated."""
+        return None
+
     def describe(self) -> str:
         return f"{self.name}: {self.summary}"
 
@@ -169,6 +174,10 @@ class Sync(Policy):
     def backward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key))
 
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """One: the live weights (no version is kept besides them)."""
+        return 1
+
     def options(self) -> dict:
         return {"name": self.name}
 
@@ -197,6 +206,11 @@ class Stashing(Policy):
         return Stored(_cur(table, key, "F"))
 
     backward = forward
+
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """D − k: stage k stashes the versions of its D − k micro-batches in flight (PipeOptim Table II:
+        PipeDream's weights memory ranges from M_θ to D·M_θ)."""
+        return D - stage
 
 
 class VerticalSync(Policy):
@@ -251,6 +265,10 @@ class TwoBW(Policy):
                 raise ValueError(f"policy '2bw' on this schedule makes job {key} use version {v} of stage {key[1]} "
                                  f"before it exists (current {cur}); use pipedream_2bw(D, M) with M >= D")
 
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """Two: the double buffer (PipeOptim Table II: 2·M_θ for PipeDream-2BW)."""
+        return 2
+
     def options(self) -> dict:
         return {"rule": self.rule}
 
@@ -295,6 +313,10 @@ class SpecTrainPolicy(_PredictingPolicy):
 
     forward = backward = _spec
 
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """Two: the weights and their prediction (PipeOptim Table II: 2·M_θ for SpecTrain)."""
+        return 2
+
 
 
 class PipeOptimPolicy(_PredictingPolicy):
@@ -321,6 +343,10 @@ class PipeOptimPolicy(_PredictingPolicy):
     def backward(self, table: VersionTable, key: Job) -> WeightSpec:
         return Stored(_cur(table, key))
 
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """Two below the last stage (the cached weights and the predicted ones), one on the last stage, which
+        predicts nothing (PipeOptim Table II: [M_θ, 2·M_θ]; Algorithm 1, line 4)."""
+        return 2 if stage < D - 1 else 1
 
 
 class PipeMarePolicy(Policy):
@@ -372,6 +398,13 @@ class PipeMarePolicy(Policy):
 
     def extra_buffers(self, stage: int, D: int) -> int:
         return 1 if self.correction else 0
+
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """The weights plus the velocity δ with the correction (two), the weights alone without or on the last
+        stage, which has no delay to correct (PipeMare, Yang et al. 2021: the correction needs one extra
+        weight-sized buffer and no stashed versions). The corrected backward weights themselves are a further
+        temporary copy the paper does not count, and the emulator does."""
+        return 2 if self.correction and stage < D - 1 else 1
 
     def options(self) -> dict:
         return {"anneal_steps": self.anneal_steps, "correction": self.correction}

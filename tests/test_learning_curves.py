@@ -295,3 +295,21 @@ def test_notebook_04_prose_states_no_hard_coded_results() -> None:
         if cell["cell_type"] == "markdown":
             src = "".join(cell["source"]).replace("95%", "")  # the confidence level is not a result
             assert not result_number.search(src), result_number.search(src)
+
+
+def test_policy_memory_measured_against_the_papers_stated_copies() -> None:
+    from pipelab.figures.learning_curves import memory_rows
+
+    rows = memory_rows("digits_mlp", "sgdm", 4, ["vanilla", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare"],
+                       batch_size=16)
+    by = {(r["policy"], r["stage"]): r for r in rows}
+    for pol in ("vanilla", "stashing", "2bw", "spectrain", "pipeoptim"):  # PipeOptim Table II, measured exactly
+        assert [by[(pol, k)]["weight_copies"] for k in range(4)] == [by[(pol, k)]["stated_copies"] for k in range(4)]
+    assert [by[("stashing", k)]["versions"] for k in range(4)] == [4, 3, 2, 1]
+    # PipeMare: the paper counts the weights and δ; the emulator also holds the corrected backward weights
+    extra = [by[("pipemare", k)]["weight_copies"] - by[("pipemare", k)]["stated_copies"] for k in range(4)]
+    assert extra == [1, 1, 1, 0]
+    # activations: stage 0 saves its input for D micro-batches in flight, the last stage for one (16 × 64 floats)
+    assert by[("stashing", 0)]["activation_bytes"] == 4 * 16 * 64 * 4
+    assert by[("stashing", 3)]["activation_bytes"] < by[("stashing", 0)]["activation_bytes"]
+    assert all(r["optimizer_state_bytes"] == r["weight_bytes"] for r in rows)  # SGDM: one momentum buffer

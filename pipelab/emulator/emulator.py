@@ -84,8 +84,9 @@ class EmulatorResult:
         ring_capacity: versions stage k holds at its peak (weight stashing: D−k).
         weight_copies: weight-sized tensors a real stage holds: ring + predicted copy + extra buffers.
         steps_done: number of mini-batches whose loss was computed.
-        extra: ``ring_peak`` (versions each stage held at its peak) and ``activation_peak`` (bytes of stage
-            inputs saved for a backward at the peak, all stages together; held until W when split).
+        extra: ``ring_peak`` (versions each stage held at its peak), ``activation_peak`` (bytes of stage
+            inputs saved for a backward at the peak, all stages together; held until W when split) and
+            ``stage_activation_peak`` (the same per stage).
     """
 
     losses: list[float]
@@ -196,7 +197,8 @@ class Emulator:
         used = {(op,) + kk: _target(spec) for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
         return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
                               done, extra={"ring_peak": [st.ring.peak for st in self.stages],
-                                           "activation_peak": state.act_peak})
+                                           "activation_peak": state.act_peak,
+                                           "stage_activation_peak": [state.stage_act_peak[k] for k in range(D)]})
 
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""

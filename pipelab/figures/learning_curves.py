@@ -9,6 +9,8 @@
   difference (:func:`pipelab.statistics.winner_test`, Holm-corrected);
 - ``accuracy_gap_vs_depth``: best test accuracy minus the sequential baseline's against D, paired by seed,
   with 95% t intervals of the paired difference;
+- ``policy_memory``: bytes per stage per policy measured by the emulator (weight versions, predicted copies,
+  optimizer state, activations) beside the weight copies each paper states (PipeOptim's Table II);
 - ``learning_curves_by_policy``: the same runs as small multiples, one panel per task and pipelined policy,
   the policy highlighted against sequential and the others in grey (the preset's first optimizer).
 
@@ -339,6 +341,91 @@ def learning_curves_by_policy(preset: str, *, progress: bool = False) -> FigureO
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
                         notes={"optimizer": opt, "policies": policies, "lr": lr_label(records)})
+
+
+def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batch_size: int = 64,
+                device: str = "cpu") -> list[dict]:
+    """Bytes each stage holds at its peak under each policy, measured by the emulator on ``task``'s model.
+
+    Per stage k: the weight versions it stores (``ring_peak`` × its weight bytes), its predicted copies and
+    extra buffers (PipeMare's δ), its optimizer state, and the peak of the stage inputs it saves for the
+    backward (activations) — over 3D mini-batches of ``batch_size``, enough for every stage to reach its
+    steady state — beside the copies the policy's paper states (:meth:`~pipelab.policies.Policy.
+    stated_weight_copies`, PipeOptim's Table II).
+    """
+    from ..emulator import Emulator
+    from ..learning_curves import RunConfig, prepare
+
+    rows = []
+    for pol in policies:
+        if pol == "spectrain" and optimizer != "sgdm":
+            continue
+        cfg = RunConfig(task=task, policy=pol, optimizer=optimizer, D=D, seed=0, epochs=1, batch_size=batch_size,
+                        n_train=3 * D * batch_size, n_test=10, device=device)
+        prep = prepare(cfg)
+        emu = Emulator(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer)
+        res = emu.run(prep.batch)
+        for k, st in enumerate(emu.stages):
+            wbytes = sum(p.numel() * p.element_size() for p in st.params)
+            opt_bytes = 0 if st.optimizer is None else sum(
+                v.numel() * v.element_size() for state in st.optimizer.state.values() for v in state.values()
+                if hasattr(v, "numel"))
+            versions = res.extra["ring_peak"][k]
+            copies = res.weight_copies[k]
+            rows.append({"task": task, "optimizer": optimizer, "D": D, "policy": pol, "stage": k,
+                         "weight_bytes": wbytes, "versions": versions, "extra_copies": copies - versions,
+                         "weight_copies": copies, "stated_copies": prep.policy.stated_weight_copies(k, D),
+                         "optimizer_state_bytes": opt_bytes,
+                         "activation_bytes": res.extra["stage_activation_peak"][k]})
+    return rows
+
+
+@register("policy_memory", "Bytes per stage per policy, measured by the emulator (weight versions, predicted "
+          "copies, optimizer state, activations), beside the weight copies each paper states (PipeOptim Table II)")
+def policy_memory(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = _config(preset)
+    task, opt = cfg.tasks[0], cfg.optimizers[0]
+    policies = [p for p in cfg.policies if p != "sequential"]
+    rows = memory_rows(task, opt, cfg.D, policies, cfg.batch_size, cfg.device)
+    shown = [p for p in policies if any(r["policy"] == p for r in rows)]
+    fig, axes = plt.subplots(1, len(shown), figsize=(2.4 * len(shown) + 0.8, 3.6), sharey=True, squeeze=False)
+    parts = (("stored versions", lambda r: r["versions"] * r["weight_bytes"], "C0"),
+             ("predicted copies / buffers", lambda r: r["extra_copies"] * r["weight_bytes"], "C1"),
+             ("optimizer state", lambda r: r["optimizer_state_bytes"], "C2"),
+             ("activations (peak)", lambda r: r["activation_bytes"], "C7"))
+    mib = 2.0 ** 20
+    for ax, pol in zip(axes[0], shown):
+        rs = [r for r in rows if r["policy"] == pol]
+        k = np.array([r["stage"] for r in rs])
+        bottom = np.zeros(len(rs))
+        for label, value, color in parts:
+            v = np.array([value(r) for r in rs], dtype=float) / mib
+            ax.bar(k, v, bottom=bottom, color=color, label=label, width=0.7)
+            bottom += v
+        stated = [(r["stage"], r["stated_copies"] * r["weight_bytes"] / mib) for r in rs
+                  if r["stated_copies"] is not None]
+        if stated:
+            ax.plot(*zip(*stated), "kx", ms=8, mew=2, label="weights the paper states")
+        ax.set_title(LABELS[pol], fontsize=9)
+        ax.set_xlabel("stage k")
+        ax.set_xticks(k)
+    axes[0, 0].set_ylabel("MiB held at the peak")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.93))
+    fig.suptitle(f"Memory per stage per policy, measured by the emulator: {task}, {optimizer_label(opt)}, D={cfg.D}, "
+                 f"mini-batch {cfg.batch_size}; × = the paper's weight copies (PipeOptim Table II); preset {preset}",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.86))
+    cols = ["policy", "stage", "weight_bytes", "versions", "extra_copies", "weight_copies", "stated_copies",
+            "optimizer_state_bytes", "activation_bytes"]
+    csv = ",".join(cols) + "\n" + "".join(",".join("" if r[c] is None else str(r[c]) for c in cols) + "\n"
+                                          for r in rows)
+    return FigureOutput(fig, cfg, 0, tables={"csv": csv}, data=rows,
+                        notes={"task": task, "optimizer": opt, "D": cfg.D,
+                               "weight_copies": {p: [r["weight_copies"] for r in rows if r["policy"] == p]
+                                                 for p in shown},
+                               "stated_copies": {p: [r["stated_copies"] for r in rows if r["policy"] == p]
+                                                 for p in shown}})
 
 
 def _round_pp(x: float) -> float | None:

@@ -140,6 +140,7 @@ class DriverState:
         partial: ``t -> [ℓ_j/M, ...]`` losses of mini-batch t's micro-batches computed so far.
         losses: ``t -> Σ_j ℓ_j/M``, the mean loss of every completed mini-batch.
         act_bytes, act_peak: bytes of stage inputs saved for a backward, now and at the peak.
+        stage_act_bytes, stage_act_peak: the same per stage (``k -> bytes``).
     """
 
     position: int = 0
@@ -147,6 +148,15 @@ class DriverState:
     losses: dict[int, float] = field(default_factory=dict)
     act_bytes: int = 0
     act_peak: int = 0
+    stage_act_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    stage_act_peak: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def hold(self, k: int, nbytes: int) -> None:
+        """Stage k saves (``nbytes`` > 0) or releases (< 0) a stage input for its backward."""
+        self.act_bytes += nbytes
+        self.act_peak = max(self.act_peak, self.act_bytes)
+        self.stage_act_bytes[k] += nbytes
+        self.stage_act_peak[k] = max(self.stage_act_peak[k], self.stage_act_bytes[k])
 
 
 def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], transport: Transport,
@@ -188,8 +198,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
             src = received_from(job, D, split)
             x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
             out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
-            state.act_bytes += x_in.numel() * x_in.element_size()
-            state.act_peak = max(state.act_peak, state.act_bytes)
+            state.hold(k, x_in.numel() * x_in.element_size())
             if k < last:
                 for dst in handed_to(job, D, split):
                     transport.send(job, dst, out)
@@ -206,7 +215,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
             g_out = transport.receive(src[0], job) if src else None
             if op == "B":
                 saved_in = ex.saved[(t, j)][1]
-                state.act_bytes -= saved_in.numel() * saved_in.element_size()
+                state.hold(k, -saved_in.numel() * saved_in.element_size())
                 g_in = ex.backward(t, j, g_out)
             else:
                 g_in = ex.input_grad(t, j, g_out)
@@ -216,7 +225,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
         elif op == "W":
             # the stage input stays saved until the weight gradient is computed from it
             saved_in = ex.pending[(t, j)][0][1]
-            state.act_bytes -= saved_in.numel() * saved_in.element_size()
+            state.hold(k, -saved_in.numel() * saved_in.element_size())
             ex.weight_grad(t, j)
         elif op == "U":
             W = ex.update(t)

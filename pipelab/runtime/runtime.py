@@ -198,6 +198,7 @@ class PipelineRuntime:
             "losses": self.state.losses,
             "trace": self.trace,
             "activations": (self.state.act_bytes, self.state.act_peak),
+            "stage_activations": (dict(self.state.stage_act_bytes), dict(self.state.stage_act_peak)),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -219,8 +220,9 @@ class PipelineRuntime:
         for k, ex in self.executors.items():
             ex.load_state_dict(state["stages"][k])
         act_bytes, act_peak = state["activations"]
+        stage_bytes, stage_peak = state.get("stage_activations", ({}, {}))
         self.state = DriverState(state["position"], defaultdict(list, state["step_loss"]), dict(state["losses"]),
-                                 act_bytes, act_peak)
+                                 act_bytes, act_peak, defaultdict(int, stage_bytes), defaultdict(int, stage_peak))
         self.cut_step = state["cut_step"]
         self.transport.local = dict(state["local"])
         self.transport.outbox = list(state["outbox"])
