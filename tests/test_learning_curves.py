@@ -313,3 +313,16 @@ def test_policy_memory_measured_against_the_papers_stated_copies() -> None:
     assert by[("stashing", 0)]["activation_bytes"] == 4 * 16 * 64 * 4
     assert by[("stashing", 3)]["activation_bytes"] < by[("stashing", 0)]["activation_bytes"]
     assert all(r["optimizer_state_bytes"] == r["weight_bytes"] for r in rows)  # SGDM: one momentum buffer
+
+
+def test_step_times_count_each_policys_extra_work() -> None:
+    from pipelab.figures.learning_curves import step_times
+
+    out = step_times("digits_mlp", "sgdm", 4, ["sequential", "vanilla", "stashing", "pipeoptim"], 32, reps=1)
+    assert all(v["period"] > 0 for v in out.values())
+    # vanilla and PipeOptim recompute the forward where its weights differ from the backward's (not on the last
+    # stage, which is never stale); stashing never does but stores a copy per update where it stashes
+    assert out["vanilla"]["recompute"] == [1.0, 1.0, 1.0, 0.0] and out["vanilla"]["copies"] == [0, 0, 0, 0]
+    assert out["stashing"]["recompute"] == [0.0] * 4 and out["stashing"]["copies"] == [1, 1, 1, 0]
+    assert out["pipeoptim"]["predictions"] == [1.0, 1.0, 1.0, 0.0]
+    assert out["sequential"]["recompute"] == [0.0] * 4

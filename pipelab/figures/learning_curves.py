@@ -9,6 +9,8 @@
   difference (:func:`pipelab.statistics.winner_test`, Holm-corrected);
 - ``accuracy_gap_vs_depth``: best test accuracy minus the sequential baseline's against D, paired by seed,
   with 95% t intervals of the paired difference;
+- ``time_to_accuracy``: test accuracy against the simulator's forecast wall-clock (profiled stage costs, each
+  policy's recompute, predictions and weight copies; :func:`step_times`);
 - ``policy_memory``: bytes per stage per policy measured by the emulator (weight versions, predicted copies,
   optimizer state, activations) beside the weight copies each paper states (PipeOptim's Table II);
 - ``learning_curves_by_policy``: the same runs as small multiples, one panel per task and pipelined policy,
@@ -426,6 +428,105 @@ def policy_memory(preset: str, *, progress: bool = False) -> FigureOutput:
                                                  for p in shown},
                                "stated_copies": {p: [r["stated_copies"] for r in rows if r["policy"] == p]
                                                  for p in shown}})
+
+
+def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch_size: int = 64, *,
+               reps: int = 10, device: str = "cpu") -> dict[str, dict[str, Any]]:
+    """Forecast seconds per optimizer step of each arm: the simulator on profiled stage costs, each policy's
+    extra work included.
+
+    Stage k of the task's model is profiled (:func:`pipelab.profiling.profile_stages`, one thread) for the arm's
+    micro-batch (the mini-batch for M = 1, mini-batch / D for 2BW). The policy's plan on its schedule says, per
+    stage in the steady state, the share r_k of backwards that recompute the forward (forward and backward
+    weights differ), the predictions per job p_k, and whether each update stores a copy (ring > 1). The costs
+
+        F'_k = F_k + p_k·U_k,   B'_k = B_k + r_k·F_k,   U'_k = U_k + copy_k·[ring_k > 1]
+
+    (a prediction costs about one optimizer step's arithmetic) go to :func:`pipelab.simulator.simulate`; the
+    period is the steady spacing of F(0, t, 0). The sequential arm runs the whole model on one worker: Σ_k
+    (F_k + B_k + U_k). Wall-clock profiles vary from run to run by a few percent; the ranking they give is the
+    figure's point.
+    """
+    from ..learning_curves import RunConfig, _schedule, prepare
+    from ..pipeline import build_pipeline
+    from ..policies import Predicted, Stored
+    from ..profiling import profile_stages
+    from ..simulator import simulate
+
+    out: dict[str, dict[str, Any]] = {}
+    profiles: dict[int, Any] = {}
+    for pol in policies:
+        if pol == "spectrain" and optimizer != "sgdm":
+            continue
+        cfg = RunConfig(task=task, policy=pol, optimizer=optimizer, D=D, seed=0, epochs=1, batch_size=batch_size,
+                        n_train=6 * D * batch_size, n_test=10, device=device)
+        prep = prepare(cfg)
+        M = 1 if prep.schedule is None else prep.schedule.M
+        if M not in profiles:
+            x, y = prep.batch(0)
+            profiles[M] = profile_stages(prep.stages, x[: batch_size // M], y[: batch_size // M],
+                                         optimizer=prep.optimizer, reps=reps, warmup=2, threads=1)
+        prof = profiles[M]
+        f, b, u, c = (np.array(v, dtype=float) for v in (prof.f_cost, prof.b_cost, prof.u_cost, prof.copy_cost))
+        if prep.schedule is None:
+            out[pol] = {"period": float((f + b + u).sum()), "recompute": [0.0] * D, "predictions": [0.0] * D,
+                        "copies": [0] * D}
+            continue
+        sched = _schedule(cfg, 6 * D)
+        plan = build_pipeline(prep.stages, schedule=sched, policy=prep.policy, optimizer=prep.optimizer)
+        steady = [(k, t, j) for (k, t, j) in plan.specs if D <= t < 5 * D]
+        r, p = np.zeros(D), np.zeros(D)
+        n = np.zeros(D)
+        for k, t, j in steady:
+            fs, bs = plan.specs[(k, t, j)]
+            n[k] += 1
+            r[k] += not (fs == bs and isinstance(fs, Stored))
+            p[k] += isinstance(fs, Predicted) + isinstance(bs, Predicted)
+        r, p = r / n, p / n
+        copies = np.array([cap > 1 for cap in plan.capacity], dtype=float)
+        sim = simulate(sched, f + p * u, b + r * f, u_cost=u + copies * c)
+        t0 = sim.version_table.forward_start[0, :, 0]
+        out[pol] = {"period": float(np.diff(t0[D:5 * D]).mean()), "recompute": r.tolist(), "predictions": p.tolist(),
+                    "copies": copies.astype(int).tolist()}
+    return out
+
+
+@register("time_to_accuracy", "Test accuracy against forecast wall-clock time: each arm's epochs placed at the "
+          "simulator's time per step from profiled stage costs, with each policy's extra work")
+def time_to_accuracy(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = _config(preset)
+    opt = cfg.optimizers[0]
+    records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
+    groups = _group(records)
+    colors = _colors(cfg.policies)
+    fig, axes = plt.subplots(1, len(cfg.tasks), figsize=(4.4 * len(cfg.tasks), 3.8), squeeze=False)
+    periods: dict[str, dict[str, Any]] = {}
+    for ax, task in zip(axes[0], cfg.tasks):
+        times = step_times(task, opt, cfg.D, cfg.policies, cfg.batch_size, device=cfg.device)
+        periods[task] = times
+        for pol in cfg.policies:
+            rs = groups.get((task, opt, cfg.D, pol))
+            if not rs or pol not in times:
+                continue
+            ep, m, lo, hi = _acc_band(rs)
+            seconds = ep * rs[0]["steps_per_epoch"] * times[pol]["period"]
+            ax.plot(seconds, m, marker="o", ms=3, color=colors[pol], lw=2.0 if pol == "sequential" else 1.3,
+                    ls="--" if pol == "sequential" else "-", label=f"{LABELS[pol]} ({1e3 * times[pol]['period']:.1f} "
+                    "ms/step)")
+        ax.set_xlabel("forecast wall-clock (s)")
+        ax.set_title(f"{task} (n_test={test_set_size(task, cfg.n_test)})", fontsize=9)
+        ax.legend(fontsize=6.5)
+    axes[0, 0].set_ylabel("test accuracy (%, mean over seeds)")
+    fig.suptitle(f"Time to accuracy: epochs at the simulator's time per step (profiled stage costs on this CPU, "
+                 f"recompute, predictions and weight copies included), {optimizer_label(opt)}, D={cfg.D}; "
+                 f"preset {preset}, {lr_label(records)}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    csv = "task,policy,period_s,recompute_share,predictions_per_job,stores_copies\n" + "".join(
+        f"{task},{pol},{v['period']:.6g},{' '.join(f'{x:.2f}' for x in v['recompute'])},"
+        f"{' '.join(f'{x:.2f}' for x in v['predictions'])},{' '.join(map(str, v['copies']))}\n"
+        for task, tp in periods.items() for pol, v in tp.items())
+    return FigureOutput(fig, cfg, cfg.seeds[0], tables={"csv": csv}, data=periods,
+                        notes={task: {pol: v["period"] for pol, v in tp.items()} for task, tp in periods.items()})
 
 
 def _round_pp(x: float) -> float | None:
