@@ -345,6 +345,13 @@ def learning_curves_by_policy(preset: str, *, progress: bool = False) -> FigureO
                         notes={"optimizer": opt, "policies": policies, "lr": lr_label(records)})
 
 
+def _short_arms(task: str, optimizer: str, D: int, policies: Sequence[str], batch_size: int, steps: int,
+                device: str) -> list[Any]:
+    """One short run config per arm that can run (the learning-curve grid's rule): seed 0, ``steps`` mini-batches."""
+    return grid([task], policies, [optimizer], [D], [0], epochs=1, batch_size=batch_size, n_train=steps * batch_size,
+                n_test=10, device=device)
+
+
 def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batch_size: int = 64,
                 device: str = "cpu") -> list[dict]:
     """Bytes each stage holds at its peak under each policy, measured by the emulator on ``task``'s model.
@@ -356,14 +363,11 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
     stated_weight_copies`, PipeOptim's Table II).
     """
     from ..emulator import Emulator
-    from ..learning_curves import RunConfig, prepare
+    from ..learning_curves import prepare
 
     rows = []
-    for pol in policies:
-        if pol == "spectrain" and optimizer != "sgdm":
-            continue
-        cfg = RunConfig(task=task, policy=pol, optimizer=optimizer, D=D, seed=0, epochs=1, batch_size=batch_size,
-                        n_train=3 * D * batch_size, n_test=10, device=device)
+    for cfg in _short_arms(task, optimizer, D, policies, batch_size, 3 * D, device):
+        pol = cfg.policy
         prep = prepare(cfg)
         emu = Emulator(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer)
         res = emu.run(prep.batch)
@@ -447,7 +451,7 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
     (F_k + B_k + U_k). Wall-clock profiles vary from run to run by a few percent; the ranking they give is the
     figure's point.
     """
-    from ..learning_curves import RunConfig, _schedule, prepare
+    from ..learning_curves import _schedule, prepare
     from ..pipeline import build_pipeline
     from ..policies import Predicted, Stored
     from ..profiling import profile_stages
@@ -455,11 +459,8 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
 
     out: dict[str, dict[str, Any]] = {}
     profiles: dict[int, Any] = {}
-    for pol in policies:
-        if pol == "spectrain" and optimizer != "sgdm":
-            continue
-        cfg = RunConfig(task=task, policy=pol, optimizer=optimizer, D=D, seed=0, epochs=1, batch_size=batch_size,
-                        n_train=6 * D * batch_size, n_test=10, device=device)
+    for cfg in _short_arms(task, optimizer, D, policies, batch_size, 6 * D, device):
+        pol = cfg.policy
         prep = prepare(cfg)
         M = 1 if prep.schedule is None else prep.schedule.M
         if M not in profiles:
