@@ -186,12 +186,19 @@ class StageExecutor:
             return x_in, out, W
         _, x0, rng, target = entry
         W = self.weights(self.specs[(t, j)][1], grad=True)
+        x_in, out = self._replay_forward(W, x0, rng, target)
+        return x_in, out, W
+
+    def _replay_forward(self, W: Sequence[Tensor], x0: Tensor, rng: tuple[Tensor, Tensor | None],
+                        target: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The stage forward at weights ``W`` from the saved input ``x0`` and random state ``rng``, with a graph
+        (fresh buffers; the loss ℓ/M on the last stage): a recompute, or a graph rebuilt after a checkpoint."""
         x_in = x0.detach().requires_grad_(self.k > 0)
         with torch.enable_grad(), _replay_rng(x0.device, rng):
             out = self.call(W, x_in, fresh_buffers=True)
             if self.k == self.D - 1:
                 out = self.loss_fn(out, cast(Tensor, target)) / self.M
-        return x_in, out, W
+        return x_in, out
 
     def _accumulate(self, t: int, W: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
         pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
@@ -333,22 +340,13 @@ class StageExecutor:
                 continue
             # rebuild the forward's graph at the same stored weights and random state: bitwise the same
             W = self.weights(self.specs[(t, j)][0], grad=False)
-            if self.k > 0:
-                x_in.requires_grad_(True)
-            with torch.enable_grad(), _replay_rng(x_in.device, rng):
-                out = self.call(W, x_in, fresh_buffers=True)
-                if self.k == self.D - 1:
-                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
-            self.saved[(t, j)] = (kind, x_in, rng, target, out, W)
+            x_graph, out = self._replay_forward(W, x_in, rng, target)
+            self.saved[(t, j)] = (kind, x_graph, rng, target, out, W)
         self.pending = {}
         for (t, j), (entry, weights, g) in state.get("pending", {}).items():
-            _, x0, rng, target = entry
+            # I ran before the checkpoint: its graph is rebuilt at exactly I's weights
             W = tuple(w.detach().requires_grad_(True) for w in weights)
-            x_in = x0.detach().requires_grad_(self.k > 0)
-            with torch.enable_grad(), _replay_rng(x0.device, rng):
-                out = self.call(W, x_in, fresh_buffers=True)
-                if self.k == self.D - 1:
-                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
+            _, out = self._replay_forward(W, entry[1], entry[2], entry[3])
             self.pending[(t, j)] = (entry, out, W, g)
 
 
