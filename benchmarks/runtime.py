@@ -82,7 +82,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -97,22 +97,24 @@ from pipelab.runtime import PipelineRuntime
 from pipelab.schedules import gpipe, one_f_one_b, pipedream
 from pipelab.simulator import simulate
 
-__all__ = ["BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main", "measured_window",
-           "simulated_window", "paired_ratio", "add_model_and_run_arguments"]
+__all__ = ["RunSetting", "BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main",
+           "measured_window", "simulated_window", "paired_ratio", "add_model_and_run_arguments", "timed_pipelab_run"]
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """Everything one benchmark run depends on.
+class RunSetting:
+    """What both runtime benchmarks depend on (:class:`BenchConfig` here, ``ZBConfig`` in zero_bubble.py).
 
     Attributes:
-        ranks: processes = pipeline stages D; width, depth, in_features: the ``deep_mlp``;
-        batch: samples per flushed mini-batch (M micro-batches of batch / M); microbatches: M (None: D);
-        steps: n, flushed mini-batches in the timed window; warmup: w, mini-batches before it;
-        repeats: runs per row; backend: ``gloo`` (CPU) or ``nccl`` (GPU r for rank r);
-        optimizer: ``sgdm`` or ``adam``; pipeoptim: include the PipeOptim row; profile_reps: repeats of
-        each profiled job; seed: model and data seed; timeout_s: bound on the whole spawn.
+        ranks: processes; width, depth, in_features: the ``deep_mlp`` (at least one block per stage); batch:
+        samples per flushed mini-batch (M micro-batches of batch / M); microbatches: M (None: ``chunks`` ×
+        ranks); steps: n, mini-batches in the timed window; warmup: w, mini-batches before it; repeats: runs per
+        row; backend: ``gloo`` (CPU) or ``nccl`` (GPU r for rank r); optimizer: ``sgdm`` or ``adam``;
+        profile_reps: repeats of each profiled job; seed: model and data seed; timeout_s: bound on the spawn.
     """
+
+    #: stages a rank computes in the benchmark's deepest schedule (its depth needs a block per stage)
+    chunks: ClassVar[int] = 1
 
     ranks: int = 2
     width: int = 1024
@@ -125,15 +127,14 @@ class BenchConfig:
     repeats: int = 5
     backend: str = "gloo"
     optimizer: str = "sgdm"
-    pipeoptim: bool = True
     profile_reps: int = 20
     seed: int = 0
     timeout_s: float = 900.0
 
     @property
     def M(self) -> int:
-        """Micro-batches per flushed mini-batch."""
-        return self.ranks if self.microbatches is None else self.microbatches
+        """Micro-batches per flushed mini-batch (default: one per stage, ``chunks`` × ranks)."""
+        return self.chunks * self.ranks if self.microbatches is None else self.microbatches
 
     @property
     def micro(self) -> int:
@@ -143,11 +144,12 @@ class BenchConfig:
     def check(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
         if self.ranks < 2:
-            raise ValueError(f"ranks must be >= 2 (a pipeline of one stage has nothing to compare), got {self.ranks}")
+            raise ValueError(f"ranks must be >= 2 (a pipeline of one rank has nothing to compare), got {self.ranks}")
         if self.M < 1 or self.batch % self.M:
             raise ValueError(f"batch ({self.batch}) must be a positive multiple of microbatches ({self.M})")
-        if self.depth < self.ranks:
-            raise ValueError(f"depth ({self.depth}) must be at least ranks ({self.ranks}): one block per stage")
+        if self.depth < self.chunks * self.ranks:
+            raise ValueError(f"depth ({self.depth}) must be at least {self.chunks} × ranks "
+                             f"({self.chunks * self.ranks}): one block per stage")
         if self.steps < 1 or self.warmup < 1 or self.repeats < 1:
             raise ValueError(f"steps, warmup and repeats must be >= 1, got {self.steps}, {self.warmup}, "
                              f"{self.repeats}")
@@ -155,6 +157,14 @@ class BenchConfig:
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if self.optimizer not in ("sgdm", "adam"):
             raise ValueError(f"optimizer must be 'sgdm' or 'adam', got {self.optimizer!r}")
+
+
+@dataclass(frozen=True)
+class BenchConfig(RunSetting):
+    """Everything one benchmark run depends on: :class:`RunSetting` (ranks = pipeline stages D, M = D by
+    default) and pipeoptim: include the PipeOptim row."""
+
+    pipeoptim: bool = True
 
 
 @dataclass(frozen=True)
@@ -271,10 +281,13 @@ def _torch_run(row: Row, rank: int, world: int, base: nn.Sequential, data: list[
     return seconds, entries, tuple(p.detach().cpu().clone() for p in stage_mod.parameters())
 
 
-def _pipelab_run(row: Row, rank: int, world: int, base: nn.Sequential, data: list[tuple[Tensor, Tensor]],
-                 steps: int, cfg: BenchConfig, device: torch.device) -> tuple[float, list[float], tuple[Tensor, ...]]:
-    rt = PipelineRuntime(copy.deepcopy(base), schedule=row.schedule(world, steps), policy=row.policy,
-                         optimizer=_make_optimizer(cfg.optimizer), device=device)
+def timed_pipelab_run(base: nn.Sequential, schedule: Any, policy: str, optimizer: str,
+                      data: list[tuple[Tensor, Tensor]], steps: int, device: torch.device
+                      ) -> tuple[float, list[float], Any]:
+    """One timed :class:`PipelineRuntime` run on this rank: (barrier-to-barrier seconds, the moment each
+    mini-batch t entered this rank's first stage, the run's result)."""
+    rt = PipelineRuntime(copy.deepcopy(base), schedule=schedule, policy=policy, optimizer=_make_optimizer(optimizer),
+                         device=device)
     entries: dict[int, float] = {}
 
     def get(t: int) -> tuple[Tensor, Tensor]:
@@ -284,7 +297,15 @@ def _pipelab_run(row: Row, rank: int, world: int, base: nn.Sequential, data: lis
         return data[t % len(data)]
 
     seconds, res = _timed(lambda: rt.run(get), device)
-    return seconds, [entries.get(t, float("nan")) for t in range(steps)], res.weights[rank]
+    return seconds, [entries.get(t, float("nan")) for t in range(steps)], res
+
+
+def _pipelab_run(row: Row, rank: int, world: int, base: nn.Sequential, data: list[tuple[Tensor, Tensor]],
+                 steps: int, cfg: BenchConfig, device: torch.device) -> tuple[float, list[float], tuple[Tensor, ...]]:
+    assert row.policy is not None  # pipelab rows name their policy
+    seconds, entries, res = timed_pipelab_run(base, row.schedule(world, steps), row.policy, cfg.optimizer, data,
+                                              steps, device)
+    return seconds, entries, res.weights[rank]
 
 
 def _rank_main(rank: int, world: int, cfg: BenchConfig) -> dict[str, Any]:

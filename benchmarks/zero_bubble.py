@@ -98,7 +98,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -106,6 +106,7 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/zero_bubble.py` finds its sibling
 
 from benchmarks.runtime import (  # noqa: E402
+    RunSetting,
     _make_optimizer,
     _sync,
     _timed,
@@ -113,12 +114,12 @@ from benchmarks.runtime import (  # noqa: E402
     measured_window,
     paired_ratio,
     simulated_window,
+    timed_pipelab_run,
 )
 from pipelab.distributed import spawn  # noqa: E402
 from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.partition import split  # noqa: E402
 from pipelab.profiling import profile_stage, transfer_times  # noqa: E402
-from pipelab.runtime import PipelineRuntime  # noqa: E402
 from pipelab.schedules import Schedule, dualpipe_v, interleaved_zero_bubble, one_f_one_b, zb_h1, zb_v  # noqa: E402
 from pipelab.schedules.torch_actions import from_torch  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
@@ -128,59 +129,15 @@ __all__ = ["ZBConfig", "Row", "ZBResult", "SCHEDULES", "rows_of", "forecast_cost
 
 
 @dataclass(frozen=True)
-class ZBConfig:
-    """Everything one benchmark run depends on.
+class ZBConfig(RunSetting):
+    """Everything one benchmark run depends on (:class:`benchmarks.runtime.RunSetting`): ranks W, the two-chunk
+    rows have 2W stages (so depth ≥ 2W) and M defaults to 2W (DualPipeV needs M ≥ 2W)."""
 
-    Attributes:
-        ranks: processes W (the two-chunk rows have 2W stages, the others W); width, depth, in_features:
-        the ``deep_mlp`` (depth ≥ 2W: one block per stage); batch: samples per mini-batch; microbatches: M
-        (None: 2W); steps: n, mini-batches in the timed window; warmup: w, mini-batches before it; repeats:
-        runs per row; backend: ``gloo`` (CPU) or ``nccl`` (GPU r for rank r); optimizer: ``sgdm`` or
-        ``adam``; profile_reps: repeats of each profiled job; seed: model and data seed; timeout_s: bound
-        on the whole spawn.
-    """
-
-    ranks: int = 2
-    width: int = 1024
-    depth: int = 8
-    in_features: int = 784
-    batch: int = 128
-    microbatches: int | None = None
-    steps: int = 20
-    warmup: int = 4
-    repeats: int = 5
-    backend: str = "gloo"
-    optimizer: str = "sgdm"
-    profile_reps: int = 20
-    seed: int = 0
-    timeout_s: float = 900.0
-
-    @property
-    def M(self) -> int:
-        """Micro-batches per mini-batch (default 2W: DualPipeV needs M ≥ 2W stages)."""
-        return 2 * self.ranks if self.microbatches is None else self.microbatches
-
-    @property
-    def micro(self) -> int:
-        """Samples per micro-batch."""
-        return self.batch // self.M
+    chunks: ClassVar[int] = 2
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
-        if self.ranks < 2:
-            raise ValueError(f"ranks must be >= 2 (a pipeline of one rank has nothing to compare), got {self.ranks}")
-        if self.M < 1 or self.batch % self.M:
-            raise ValueError(f"batch ({self.batch}) must be a positive multiple of microbatches ({self.M})")
-        if self.depth < 2 * self.ranks:
-            raise ValueError(f"depth ({self.depth}) must be at least 2 × ranks ({2 * self.ranks}): one block per "
-                             "stage of the two-chunk schedules")
-        if self.steps < 1 or self.warmup < 1 or self.repeats < 1:
-            raise ValueError(f"steps, warmup and repeats must be >= 1, got {self.steps}, {self.warmup}, "
-                             f"{self.repeats}")
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
-        if self.optimizer not in ("sgdm", "adam"):
-            raise ValueError(f"optimizer must be 'sgdm' or 'adam', got {self.optimizer!r}")
+        """Raise ``ValueError`` naming the first bad field (also: an M that a compared schedule refuses)."""
+        super().check()
         for kind in SCHEDULES:
             try:
                 SCHEDULES[kind][0](self.ranks, self.M, 1)
@@ -312,18 +269,9 @@ def _torch_run(row: Row, rank: int, world: int, base: nn.Sequential, data: list[
 
 def _pipelab_run(row: Row, rank: int, world: int, base: nn.Sequential, data: list[tuple[Tensor, Tensor]],
                  steps: int, cfg: ZBConfig, device: torch.device) -> tuple[float, list[float], dict[int, tuple], bool]:
-    rt = PipelineRuntime(copy.deepcopy(base), schedule=row.schedule(world, cfg.M, steps), policy="1f1b",
-                         optimizer=_make_optimizer(cfg.optimizer), device=device)
-    entries: dict[int, float] = {}
-
-    def get(t: int) -> tuple[Tensor, Tensor]:
-        if t not in entries:  # the runtime asks for mini-batch t at its first forward on this rank
-            _sync(device)
-            entries[t] = time.perf_counter()
-        return data[t % len(data)]
-
-    seconds, res = _timed(lambda: rt.run(get), device)
-    return seconds, [entries.get(t, float("nan")) for t in range(steps)], dict(res.weights), True
+    seconds, entries, res = timed_pipelab_run(base, row.schedule(world, cfg.M, steps), "1f1b", cfg.optimizer, data,
+                                              steps, device)
+    return seconds, entries, dict(res.weights), True
 
 
 def _rank_main(rank: int, world: int, cfg: ZBConfig) -> dict[str, Any]:
