@@ -39,7 +39,7 @@ import pickle
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -332,17 +332,83 @@ def run_sweep(
     cache: ResultCache | None = None,
     progress: bool = False,
     desc: str | None = None,
+    batch_fn: Callable[[list[Any]], list[R]] | None = None,
+    group: Callable[[Any], Any] | None = None,
+    max_batch: int = 8,
+    workers: int = 1,
 ) -> list[R]:
     """Run ``fn`` over ``configs`` through the cache, in order; an interrupted sweep resumes.
 
     Args:
         progress: show a tqdm progress bar (the CLI and notebooks turn it on; library code leaves it off).
+        batch_fn: computes several configs' results at once, ``batch_fn(cs)[i] == fn(cs[i])`` (up to floating-point
+            rounding); the missing configs with equal ``group(config)`` are handed to it together, at most
+            ``max_batch`` at a time (a group of one goes to ``fn``). Every result is stored under ``fn``'s key, so a
+            result computed in a batch and one computed alone are the same entry.
+        workers: processes that compute the missing results in parallel (``1``: in this process). Workers are
+            spawned, so ``fn`` and ``batch_fn`` must be module-level functions; each result is stored as soon as
+            its batch ends, so an interrupted parallel sweep resumes too.
     """
     configs = list(configs)
     cache = cache if cache is not None else ResultCache()
-    items: Sequence[Any] = configs
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    results: list[Any] = [None] * len(configs)
+    missing: list[int] = []
+    for i, c in enumerate(configs):
+        hit, result = cache.load(name, c, fn)
+        if hit:
+            results[i] = result
+        else:
+            missing.append(i)
+    jobs: list[list[int]] = []
+    if batch_fn is not None and group is not None:
+        groups: dict[Any, list[int]] = {}
+        for i in missing:
+            groups.setdefault(group(configs[i]), []).append(i)
+        for members in groups.values():
+            jobs += [members[a:a + max_batch] for a in range(0, len(members), max_batch)]
+    else:
+        jobs = [[i] for i in missing]
+    bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        items = tqdm(configs, desc=desc or name, unit="run")
-    return [cached(name, c, fn, cache=cache) for c in items]
+        bar = tqdm(total=len(configs), initial=len(configs) - len(missing), desc=desc or name, unit="run")
+
+    def done(job: list[int], out: list[Any]) -> None:
+        for i, result in zip(job, out):
+            cache.store(name, configs[i], result, fn)
+            results[i] = result
+        if bar is not None:
+            bar.update(len(job))
+
+    try:
+        if workers == 1 or len(jobs) <= 1:
+            for job in jobs:
+                done(job, _run_job(fn, batch_fn, [configs[i] for i in job]))
+        else:
+            import concurrent.futures
+            import multiprocessing
+
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                                        mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(_run_job, fn, batch_fn, [configs[i] for i in job]): job for job in jobs}
+                for future in concurrent.futures.as_completed(futures):
+                    done(futures[future], future.result())
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
+
+
+def _run_job(fn: Callable[[Any], R], batch_fn: Callable[[list[Any]], list[R]] | None, configs: list[Any]) -> list[R]:
+    """One job of :func:`run_sweep`: a batch through ``batch_fn``, a single config through ``fn``."""
+    if batch_fn is not None and len(configs) > 1:
+        out = batch_fn(configs)
+        if len(out) != len(configs):
+            raise RuntimeError(f"batch_fn returned {len(out)} results for {len(configs)} configs")
+        return out
+    return [fn(c) for c in configs]

@@ -45,10 +45,11 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -62,7 +63,7 @@ from .schedules.actions import Schedule, check_int
 from .threads import torch_threads
 
 __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "ARM_SCHEDULES", "run",
-           "sweep", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
+           "run_stacked", "sweep", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     """
     # these models are small: on CPU one intra-op thread is fastest, and immune to oversubscribed cores
     with torch_threads(1 if cfg.device == "cpu" else None):
-        return _run(cfg)
+        return _run([cfg])
 
 
 @dataclass
@@ -284,48 +285,125 @@ def _carve_validation(ds: Any, n_val: int, seed: int) -> tuple[Any, tuple[torch.
     return out, (ds.x_train[val_idx], ds.y_train[val_idx])
 
 
-def _run(cfg: RunConfig) -> dict[str, Any]:
+def run_stacked(configs: Sequence[RunConfig]) -> list[dict[str, Any]]:
+    """Train several seeds of one arm as one stacked model (:mod:`pipelab.stacking`); one record per config.
+
+    The configs must be equal except for ``seed``. Each record is what :func:`run` returns for that config, up to
+    floating-point rounding (the tests check 1e-10 in float64 for every policy), plus ``stacked_arms`` = K; its
+    ``seconds`` is the group's wall time divided by K. An arm that diverges stops alone (its later epochs are NaN);
+    the others go on.
+
+    Raises:
+        ValueError: configs that differ in more than the seed, or an arm that cannot be stacked
+            (:func:`pipelab.stacking.check_stackable`: Muon, buffers, dropout).
+    """
+    configs = list(configs)
+    if not configs:
+        return []
+    keys = {replace(c, seed=0) for c in configs}
+    if len(keys) > 1:
+        raise ValueError("run_stacked() stacks seeds of one arm: the configs must differ only in their seed")
+    with torch_threads(1 if configs[0].device == "cpu" else None):
+        return _run(configs)
+
+
+def _run(cfgs: Sequence[RunConfig]) -> Any:
+    """The K arms ``cfgs`` (K = 1: one plain run; K > 1: seeds of one arm, stacked). Returns one record, or a list."""
     from .emulator import Emulator, evaluate, train_plain
+    from .stacking import check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss
 
     t0 = time.perf_counter()
-    prep = prepare(cfg)
-    ds, batch, stages, opt, steps, per_epoch = (prep.data, prep.batch, prep.stages, prep.optimizer, prep.steps,
-                                                prep.per_epoch)
-    x_eval, y_eval = ds.x_train[: cfg.n_eval_train], ds.y_train[: cfg.n_eval_train]
+    preps = [prepare(c) for c in cfgs]
+    K, cfg, p0 = len(cfgs), cfgs[0], preps[0]
+    steps, per_epoch, opt = p0.steps, p0.per_epoch, p0.optimizer
     E = cfg.epochs + 1
-    rec: dict[str, Any] = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
-    rec.update(epoch=list(range(E)), train_loss=[math.nan] * E, running_loss=[math.nan] * E,
-               test_loss=[math.nan] * E, test_acc=[math.nan] * E, diverged=False, diverged_step=None,
-               weight_copies=[1] * cfg.D, steps_per_epoch=per_epoch, val_loss=[math.nan] * E,
-               val_acc=[math.nan] * E, n_test=int(ds.x_test.shape[0]))
-    val = prep.val
+    recs: list[dict[str, Any]] = []
+    for c, p in zip(cfgs, preps):
+        rec = {f: getattr(c, f) for f in c.__dataclass_fields__}
+        rec.update(epoch=list(range(E)), train_loss=[math.nan] * E, running_loss=[math.nan] * E,
+                   test_loss=[math.nan] * E, test_acc=[math.nan] * E, diverged=False, diverged_step=None,
+                   weight_copies=[1] * cfg.D, steps_per_epoch=per_epoch, val_loss=[math.nan] * E,
+                   val_acc=[math.nan] * E, n_test=int(p.data.x_test.shape[0]))
+        recs.append(rec)
+    n_eval = cfg.n_eval_train
+    stages: Sequence[torch.nn.Module]
+    if K == 1:
+        stages, batch, loss_fn = p0.stages, p0.batch, None
+        sets = {"train": (p0.data.x_train[:n_eval], p0.data.y_train[:n_eval]), "test": (p0.data.x_test, p0.data.y_test)}
+        if p0.val is not None:
+            sets["val"] = p0.val
+
+        def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
+            loss, acc = evaluate(stages, x, y, W)
+            return [loss], [acc]
+    else:
+        check_stackable(torch.nn.Sequential(*p0.stages), cfg.optimizer)
+        stages = [stack_models([cast(torch.nn.Sequential, p.stages[k]) for p in preps]) for k in range(cfg.D)]
+        loss_fn = stacked_loss()
+
+        def batch(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return stacked_batch([p.batch(t) for p in preps])
+
+        sets = {"train": (torch.stack([p.data.x_train[:n_eval] for p in preps], 1),
+                          torch.stack([p.data.y_train[:n_eval] for p in preps], 1)),
+                "test": (p0.data.x_test, p0.data.y_test)}
+        if p0.val is not None:
+            sets["val"] = (torch.stack([p.val[0] for p in preps if p.val is not None], 1),
+                           torch.stack([p.val[1] for p in preps if p.val is not None], 1))
+
+        def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
+            return evaluate_arms(stages, x, y, K, W)
 
     def record(e: int, weights: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
-        tl, _ = evaluate(stages, x_eval, y_eval, weights)
-        ql, qa = evaluate(stages, ds.x_test, ds.y_test, weights)
-        rec["train_loss"][e], rec["test_loss"][e], rec["test_acc"][e] = tl, ql, qa
-        if val is not None:
-            rec["val_loss"][e], rec["val_acc"][e] = evaluate(stages, val[0], val[1], weights)
+        for name, (x, y) in sets.items():
+            losses_e, accs = measure(x, y, weights)
+            for rec, loss_e, acc in zip(recs, losses_e, accs):
+                if name == "train":
+                    rec["train_loss"][e] = loss_e
+                else:
+                    rec[f"{name}_loss"][e], rec[f"{name}_acc"][e] = loss_e, acc
 
+    arm_losses: list[Any] = []
     if cfg.policy == "sequential":
         record(0)
-        losses = train_plain(stages, optimizer=opt, batches=batch, steps=steps,
-                             callback=lambda v: record(v // per_epoch) if v % per_epoch == 0 else None)
+        losses = train_plain(stages, optimizer=opt, batches=batch, steps=steps, loss_fn=loss_fn,
+                             callback=lambda v: record(v // per_epoch) if v % per_epoch == 0 else None,
+                             arm_losses=arm_losses)
     else:
-        emu = Emulator(stages, schedule=prep.schedule, policy=prep.policy, optimizer=opt)
-        rec["weight_copies"] = emu.weight_copies
-        res = emu.run(batch, snapshot_every=per_epoch,
-                      on_snapshot=lambda v, W: record(v // per_epoch, W))
-        losses = res.losses
-    losses_arr = np.asarray(losses + [math.nan] * (steps - len(losses)), dtype=float)
-    bad = np.flatnonzero(~np.isfinite(losses_arr[: len(losses)]))
+        extra: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
+        emu = Emulator(stages, schedule=p0.schedule, policy=p0.policy, optimizer=opt, **extra)
+        for rec in recs:
+            rec["weight_copies"] = emu.weight_copies
+        res = emu.run(batch, snapshot_every=per_epoch, on_snapshot=lambda v, W: record(v // per_epoch, W))
+        losses, arm_losses = res.losses, [a for a in res.extra["arm_losses"] if a is not None]
+    seconds = (time.perf_counter() - t0) / K
+    for a, rec in enumerate(recs):
+        mine = losses if K == 1 else [row[a] for row in arm_losses]
+        _finish(rec, mine, steps, per_epoch, cfg.epochs)
+        rec["seconds"] = seconds
+        if K > 1:
+            rec["stacked_arms"] = K
+    return recs[0] if K == 1 else recs
+
+
+def _finish(rec: dict[str, Any], losses: Sequence[float], steps: int, per_epoch: int, epochs: int) -> None:
+    """Divergence and running losses of one arm from its mini-batch losses (NaN past the last one computed).
+
+    An arm diverges at its first non-finite loss, step t; its epoch-end metrics are kept only for the epochs whose
+    weights (version e·N) it reached before, e·N ≤ t: later ones are NaN, as when a run stops there.
+    """
+    arr = np.full(steps, math.nan)
+    arr[: len(losses)] = np.asarray(losses, dtype=float)
+    bad = np.flatnonzero(~np.isfinite(arr[: len(losses)]))
     if bad.size:
         rec["diverged"], rec["diverged_step"] = True, int(bad[0])
-    for e in range(cfg.epochs):
-        chunk = losses_arr[e * per_epoch:(e + 1) * per_epoch]
+        for e in range(len(rec["epoch"])):
+            if e * per_epoch > bad[0]:
+                for key in ("train_loss", "test_loss", "test_acc", "val_loss", "val_acc"):
+                    rec[key][e] = math.nan
+    for e in range(epochs):
+        chunk = arr[e * per_epoch:(e + 1) * per_epoch]
         rec["running_loss"][e + 1] = float(chunk.mean()) if np.isfinite(chunk).all() else math.nan
-    rec["seconds"] = time.perf_counter() - t0
-    return rec
 
 
 def grid(tasks: Iterable[str], policies: Iterable[str], optimizers: Iterable[str], Ds: Iterable[int],
@@ -357,15 +435,43 @@ def _blocks(task: str) -> int:
 
 
 def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "learning curves",
-          run_fn: Callable[[RunConfig], dict[str, Any]] | None = None) -> list[dict]:
+          run_fn: Callable[[RunConfig], dict[str, Any]] | None = None, stack: int = 8,
+          workers: int | None = None) -> list[dict]:
     """Run every config through the result cache (one entry per run; an interrupted sweep resumes).
 
-    ``run_fn`` replaces :func:`run` (a stub or a wrapper, e.g. in tests); the cache keys its entries on the
-    code of whichever function runs.
+    Args:
+        run_fn: replaces :func:`run` (a stub or a wrapper, e.g. in tests; it then runs every config alone, in this
+            process); the cache keys its entries on the code of whichever function runs.
+        stack: seeds of one arm trained together as one stacked model (:func:`run_stacked`), at most this many
+            (1: every run alone). Arms that cannot be stacked (Muon) run alone.
+        workers: processes running arms in parallel (default ``$PIPELAB_WORKERS``, else 1).
     """
     configs = list(configs)
-    log.info("learning-curve sweep: %d runs", len(configs))
-    return run_sweep("learning_curves", configs, run if run_fn is None else run_fn, progress=progress, desc=desc)
+    if workers is None:
+        workers = _env_workers()
+    log.info("learning-curve sweep: %d runs (stacking up to %d seeds, %d worker(s))", len(configs), stack, workers)
+    if run_fn is not None:
+        return run_sweep("learning_curves", configs, run_fn, progress=progress, desc=desc)
+    return run_sweep("learning_curves", configs, run, progress=progress, desc=desc, batch_fn=run_stacked,
+                     group=_stack_group, max_batch=stack, workers=workers)
+
+
+def _stack_group(cfg: RunConfig) -> RunConfig:
+    """Configs that may share a stacked run: equal up to the seed (an unstackable arm is its own group)."""
+    from .stacking import UNSTACKABLE_OPTIMIZERS
+
+    return cfg if cfg.optimizer in UNSTACKABLE_OPTIMIZERS else replace(cfg, seed=0)
+
+
+def _env_workers() -> int:
+    raw = os.environ.get("PIPELAB_WORKERS", "1")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"$PIPELAB_WORKERS must be an int >= 1, got {raw!r}")
+    return value
 
 
 def with_(cfg: RunConfig, **changes: Any) -> RunConfig:

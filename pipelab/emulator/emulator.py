@@ -86,7 +86,8 @@ class EmulatorResult:
         steps_done: number of mini-batches whose loss was computed.
         extra: ``ring_peak`` (versions each stage held at its peak), ``activation_peak`` (bytes of stage
             inputs saved for a backward at the peak, all stages together; held until W when split) and
-            ``stage_activation_peak`` (the same per stage).
+            ``stage_activation_peak`` (the same per stage); ``arm_losses`` (per step, the per-arm losses when the
+            loss is a vector of stacked arms' losses, :mod:`pipelab.stacking`; ``None`` entries otherwise).
     """
 
     losses: list[float]
@@ -198,7 +199,8 @@ class Emulator:
         return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
                               done, extra={"ring_peak": [st.ring.peak for st in self.stages],
                                            "activation_peak": state.act_peak,
-                                           "stage_activation_peak": [state.stage_act_peak[k] for k in range(D)]})
+                                           "stage_activation_peak": [state.stage_act_peak[k] for k in range(D)],
+                                           "arm_losses": [state.arm_losses.get(t) for t in range(self.steps)]})
 
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""

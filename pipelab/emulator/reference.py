@@ -46,6 +46,7 @@ def train_plain(
     record: list[list[tuple[Tensor, ...]]] | None = None,
     stop_on_divergence: bool = True,
     callback: Callable[[int], object] | None = None,
+    arm_losses: list[list[float]] | None = None,
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` mini-batches; return the loss of every mini-batch.
 
@@ -57,6 +58,8 @@ def train_plain(
         record: if given a list, ``record[k][v]`` receives stage k's weights after v updates.
         stop_on_divergence: stop at the first non-finite loss (later losses are NaN).
         callback: called with v = t + 1 after the update of step t (e.g. to evaluate at epoch ends).
+        arm_losses: if given a list and the loss is a vector of stacked arms' losses (:mod:`pipelab.stacking`),
+            receives each step's per-arm losses; the returned loss is then their sum.
     """
     stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
     loss_fn = loss_fn or nn.functional.cross_entropy
@@ -81,10 +84,14 @@ def train_plain(
         for s in stages:
             h = s(h)
         loss = loss_fn(h, y)
-        losses[t] = float(loss.detach())
-        if stop_on_divergence and not math.isfinite(losses[t]):
+        per_arm = loss.detach()
+        losses[t] = float(per_arm.sum())
+        if per_arm.ndim and arm_losses is not None:
+            arm_losses.append(per_arm.tolist())
+        # stacked arms (a loss vector, :mod:`pipelab.stacking`) diverge one by one: stop once all of them have
+        if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
             break
-        loss.backward()
+        loss.backward(torch.ones_like(loss) if loss.ndim else None)
         for o in opts:
             o.step()
         for sc in scheds:

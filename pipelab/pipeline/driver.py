@@ -26,7 +26,6 @@ SOSP 2019).
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +137,9 @@ class DriverState:
     Attributes:
         position: index of the next job of the program.
         partial: ``t -> [ℓ_j/M, ...]`` losses of mini-batch t's micro-batches computed so far.
-        losses: ``t -> Σ_j ℓ_j/M``, the mean loss of every completed mini-batch.
+        losses: ``t -> Σ_j ℓ_j/M``, the mean loss of every completed mini-batch (summed over arms when the loss
+            is a vector of stacked arms' losses, :mod:`pipelab.stacking`).
+        arm_losses: ``t -> [Σ_j ℓ_{j,a}/M for each arm a]`` when the loss is such a vector (else empty).
         act_bytes, act_peak: bytes of stage inputs saved for a backward, now and at the peak.
         stage_act_bytes, stage_act_peak: the same per stage (``k -> bytes``).
     """
@@ -150,6 +151,7 @@ class DriverState:
     act_peak: int = 0
     stage_act_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     stage_act_peak: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    arm_losses: dict[int, list[float]] = field(default_factory=dict)
 
     def hold(self, k: int, nbytes: int) -> None:
         """Stage k saves (``nbytes`` > 0) or releases (< 0) a stage input for its backward."""
@@ -173,7 +175,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
         data: the mini-batches; a mini-batch is released after the program's last F/B job of it.
         state: position, losses and activation counters; advanced in place.
         end: stop before this position (default: the program's end).
-        stop_on_divergence: return as soon as a mini-batch's loss is NaN or ±inf.
+        stop_on_divergence: return as soon as a mini-batch's loss is NaN or ±inf (for stacked arms: every arm's).
         split: which backwards are split into I and W (:data:`~pipelab.schedules.dependencies.Split`; a rank's
             program needs the whole schedule's, as its neighbours' jobs decide what it receives).
         on_update: called after each ``U(k, t)`` with the executor, t and the new weights.
@@ -205,9 +207,12 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
             else:
                 state.partial[t].append(out)
                 if len(state.partial[t]) == M:
-                    total = float(torch.stack(state.partial.pop(t)).sum())
-                    state.losses[t] = total
-                    if stop_on_divergence and not math.isfinite(total):
+                    per_arm = torch.stack(state.partial.pop(t)).sum(0)
+                    state.losses[t] = float(per_arm.sum())
+                    if per_arm.ndim:
+                        state.arm_losses[t] = per_arm.tolist()
+                    # stacked arms (a loss vector) diverge one by one; the run stops once all of them have
+                    if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
                         state.position = pos + 1
                         return t
         elif op in ("B", "I"):

@@ -213,6 +213,7 @@ class StageExecutor:
         self._check_event("B", t, j)
         self.current[("B", self.k, t, j)] = self.version
         x_in, out, W = self._graph(t, j)
+        g_out = _seed(out, g_out)
         inputs = list(W) + ([x_in] if self.k > 0 else [])
         # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
         grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
@@ -231,6 +232,7 @@ class StageExecutor:
         self.current[("I", self.k, t, j)] = self.version
         entry = self.saved[(t, j)][:4]
         x_in, out, W = self._graph(t, j)
+        g_out = _seed(out, g_out)
         g_in = None
         if self.k > 0:
             (g_in,) = torch.autograd.grad(out, [x_in], g_out, retain_graph=True)
@@ -378,3 +380,12 @@ class _replay_rng:
         torch.set_rng_state(self.saved[0])
         if self.saved[1] is not None:
             torch.cuda.set_rng_state(self.saved[1], self.device)
+
+
+def _seed(out: Tensor, g_out: Tensor | None) -> Tensor | None:
+    """The gradient the backward starts from: the received one, or on the last stage (``None``) the implicit 1 of a
+    scalar loss; a vector of independent arms' losses (:mod:`pipelab.stacking`) is seeded with ones, i.e. the
+    backward of their sum, whose gradient with respect to each arm's weights is that arm's own."""
+    if g_out is None and out.ndim:
+        return torch.ones_like(out)
+    return g_out
