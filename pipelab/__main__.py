@@ -21,7 +21,21 @@ def _figures(args: argparse.Namespace) -> int:
         for spec in figures.available():
             print(f"{spec.name:32s} {spec.module.rsplit('.', 1)[-1]:20s} {spec.description}")
         return 0
-    names = args.names or [s.name for s in figures.available()]
+    if args.workers is not None:
+        if args.workers < 1:
+            print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+            return 2
+        os.environ["PIPELAB_WORKERS"] = str(args.workers)  # read by the learning-curve sweeps
+    if args.out is None:
+        args.out = "figures/study" if args.preset == "study" else "figures"
+    if args.names:
+        names = args.names
+    elif args.preset == "study":
+        from .figures.study import STUDY_FIGURES
+
+        names = list(STUDY_FIGURES)
+    else:
+        names = [s.name for s in figures.available() if s.runs_under(args.preset)]
     try:
         specs = [figures.get(n) for n in names]
     except ValueError as exc:
@@ -123,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("figures", help="regenerate figures (all registered ones by default)")
     p.add_argument("names", nargs="*", metavar="NAME", help="figure names (see --list)")
     p.add_argument("--preset", default="quick", choices=PRESETS, help="experiment size (default: quick)")
-    p.add_argument("--out", default="figures", help="output directory (default: figures/)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: figures/, and figures/study/ for the study preset)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes running learning-curve arms in parallel (default: $PIPELAB_WORKERS, else 1)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into the repository's figures/ although code outside it has uncommitted changes "

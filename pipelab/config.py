@@ -4,6 +4,9 @@ Every experiment in pipelab is described by one frozen dataclass. Three named pr
 
 - ``tiny``: seconds on a 2-core CPU; used by the tests and when notebooks run in CI;
 - ``quick``: the default for regenerating figures on a CPU (minutes);
+- ``study``: the learning-curve study (issue "a comparison researchers can trust"): full datasets, learning rates
+  tuned per arm, 5 seeds; run once on a 2-core CPU (≈ 90 min with ``--workers 2``) and committed under
+  ``figures/study/``; only the learning-curve figures define it (``pipelab figures --preset study`` runs those);
 - ``paper``: GPU scale, closer to the published experiments.
 
 The active preset comes from an explicit argument, else the ``PIPELAB_PRESET`` environment variable,
@@ -37,7 +40,7 @@ import numpy as np
 
 __all__ = ["PRESETS", "resolve_preset", "from_preset", "config_to_dict", "config_hash"]
 
-PRESETS: tuple[str, ...] = ("tiny", "quick", "paper")
+PRESETS: tuple[str, ...] = ("tiny", "quick", "study", "paper")
 ENV_PRESET = "PIPELAB_PRESET"
 
 T = TypeVar("T")

@@ -34,7 +34,7 @@ def test_resolve_preset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPELAB_PRESET", "tiny")
     assert resolve_preset() == "tiny" and resolve_preset("paper") == "paper"
     monkeypatch.setenv("PIPELAB_PRESET", "huge")
-    with pytest.raises(ValueError, match=r"\$PIPELAB_PRESET='huge'.*tiny, quick, paper"):
+    with pytest.raises(ValueError, match=r"\$PIPELAB_PRESET='huge'.*tiny, quick, study, paper"):
         resolve_preset()
     with pytest.raises(ValueError, match="no config for preset 'paper'"):
         from_preset({"tiny": 1, "quick": 2}, "paper")

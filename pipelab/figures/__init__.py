@@ -78,14 +78,24 @@ class FigureSpec:
     fn: FigureFn
     description: str
     module: str
+    presets: tuple[str, ...] | None = None
+
+    def runs_under(self, preset: str) -> bool:
+        """Whether ``pipelab figures --preset PRESET`` (without names) draws this figure."""
+        return self.presets is None or preset in self.presets
 
 
 _REGISTRY: dict[str, FigureSpec] = {}
 _discovered = False
 
 
-def register(name: str, description: str) -> Callable[[FigureFn], FigureFn]:
-    """Decorator registering a figure function under ``name`` (letters, digits, ``_`` and ``-``)."""
+def register(name: str, description: str, *, presets: tuple[str, ...] | None = None
+             ) -> Callable[[FigureFn], FigureFn]:
+    """Decorator registering a figure function under ``name`` (letters, digits, ``_`` and ``-``).
+
+    ``presets``: the presets the figure is drawn for when the CLI is given no names (``None``: all but ``study``,
+    whose figures are :data:`pipelab.figures.study.STUDY_FIGURES`).
+    """
     if not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"figure name {name!r} must use only letters, digits, '_' and '-'")
 
@@ -93,7 +103,7 @@ def register(name: str, description: str) -> Callable[[FigureFn], FigureFn]:
         existing = _REGISTRY.get(name)
         if existing is not None and existing.module != fn.__module__:
             raise ValueError(f"figure {name!r} registered twice ({existing.module} and {fn.__module__})")
-        _REGISTRY[name] = FigureSpec(name, fn, description, fn.__module__)
+        _REGISTRY[name] = FigureSpec(name, fn, description, fn.__module__, presets)
         return fn
 
     return deco

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..config import from_preset
 from ..data import load_dataset
-from ..learning_curves import ARM_POLICIES, OPTIMIZER_SETTINGS, OPTIMIZERS, TASKS, grid, sweep
+from ..learning_curves import ARM_POLICIES, OPTIMIZER_SETTINGS, OPTIMIZERS, TASKS, grid, sweep, with_
 from ..optim import optimizer_label
 from ..policies import policy_info
 from ..statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
@@ -57,8 +57,40 @@ def _device() -> str:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Per-arm learning-rate selection of a preset (:mod:`pipelab.tuning`): successive halving on the validation split.
+
+    Attributes:
+        grids: ``(optimizer, low, high)``: each optimizer's log-spaced grid of ``n_lrs`` rates (:func:`lr_grid`).
+        n_lrs: rates per grid (>= 5); seeds: the tuning seeds; eta, min_epochs, max_epochs: the halving's rounds.
+    """
+
+    grids: tuple[tuple[str, float, float], ...]
+    n_lrs: int = 5
+    seeds: tuple[int, ...] = (0,)
+    eta: int = 3
+    min_epochs: int = 1
+    max_epochs: int = 3
+
+    def lrs(self, optimizer: str) -> list[float]:
+        from ..tuning import lr_grid
+
+        for name, low, high in self.grids:
+            if name == optimizer:
+                return lr_grid(low, high, self.n_lrs)
+        raise ValueError(f"no learning-rate grid for optimizer {optimizer!r}; the grids cover "
+                         f"{', '.join(g[0] for g in self.grids)}")
+
+
+@dataclass(frozen=True)
 class LearningCurvesConfig:
-    """The learning-curve grid (see :class:`pipelab.learning_curves.RunConfig` for the run fields)."""
+    """The learning-curve grid (see :class:`pipelab.learning_curves.RunConfig` for the run fields).
+
+    ``task_optimizers`` restricts a task to some of ``optimizers``, and ``task_epochs`` gives a task its own
+    epoch budget (``(task, value)`` pairs; tasks not listed use all optimizers and ``epochs``). With ``tuning``,
+    every arm runs at its own learning rate, selected on an ``n_val`` validation split (:class:`Tuning`); the
+    common-rate runs (:data:`OPTIMIZER_SETTINGS`' rates, same splits and seeds) stay available for comparison.
+    """
 
     tasks: tuple[str, ...]
     optimizers: tuple[str, ...]
@@ -73,30 +105,54 @@ class LearningCurvesConfig:
     depths: tuple[int, ...]
     gap_tasks: tuple[str, ...]
     device: str = "cpu"
+    n_val: int = 0
+    tuning: Tuning | None = None
+    task_optimizers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    task_epochs: tuple[tuple[str, int], ...] = ()
 
     def common(self) -> dict:
         return dict(epochs=self.epochs, batch_size=self.batch_size, n_train=self.n_train, n_test=self.n_test,
-                    n_eval_train=self.n_eval_train, device=self.device)
+                    n_eval_train=self.n_eval_train, device=self.device, n_val=self.n_val)
+
+    def optimizers_of(self, task: str) -> tuple[str, ...]:
+        return dict(self.task_optimizers).get(task, self.optimizers)
+
+    def epochs_of(self, task: str) -> int:
+        return dict(self.task_epochs).get(task, self.epochs)
 
 
 _QUICK_POLICIES = ("sequential", "vanilla", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare")
+
+#: The study's learning-rate grids: 5 log-spaced rates over two decades around each optimizer's usual rate. For
+#: SGDM the range straddles the heavy-ball stability threshold 2(1 + β)/λ_max of the MLP's top Hessian
+#: eigenvalue at initialisation (figure ``study_lr_map`` draws it; notebook 03 derives it).
+STUDY_TUNING = Tuning(grids=(("sgdm", 1e-3, 1e-1), ("adam", 1e-4, 1e-2)), n_lrs=5, seeds=(100,), eta=3,
+                      min_epochs=1, max_epochs=3)
 
 
 def _presets() -> dict[str, LearningCurvesConfig]:
     return {
         "tiny": LearningCurvesConfig(("digits_mlp",), ("sgdm",), ("sequential", "stashing", "pipeoptim"), 4, (0,),
                                      epochs=1, batch_size=32, n_train=512, n_test=200, n_eval_train=200,
-                                     depths=(4,), gap_tasks=("digits_mlp",)),
+                                     depths=(4,), gap_tasks=("digits_mlp",), n_val=64,
+                                     tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1),), n_lrs=5, seeds=(100,),
+                                                   max_epochs=1)),
         "quick": LearningCurvesConfig(("fashion_mnist_mlp", "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"),
                                       _QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
                                       n_test=2000, n_eval_train=2000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp",)),
+        "study": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn"), ("adam", "sgdm"), _QUICK_POLICIES,
+                                      4, (0, 1, 2, 3, 4), epochs=6, batch_size=128, n_train=None, n_test=None,
+                                      n_eval_train=5000, depths=(4, 8), gap_tasks=("fashion_mnist_mlp",),
+                                      n_val=5000, tuning=STUDY_TUNING,
+                                      task_optimizers=(("fashion_mnist_cnn", ("adam",)),),
+                                      task_epochs=(("fashion_mnist_cnn", 3),)),
         "paper": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "fashion_mnist_resnet",
                                        "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"), POLICY_ORDER, 4,
                                       (0, 1, 2, 3, 4), epochs=20, batch_size=64, n_train=None, n_test=None,
                                       n_eval_train=10_000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp", "fashion_mnist_resnet", "mnist1d_mlp"),
-                                      device=_device()),
+                                      device=_device(), n_val=5000, tuning=STUDY_TUNING),
     }
 
 
@@ -104,8 +160,43 @@ def _config(preset: str) -> LearningCurvesConfig:
     return from_preset(_presets(), preset)
 
 
-def _runs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...], progress: bool) -> list[dict]:
-    configs = grid(tasks, cfg.policies, cfg.optimizers, Ds, cfg.seeds, **cfg.common())
+def arm_configs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Any]:
+    """The preset's runs at the common learning rates: the grid, each task with its optimizers and epochs."""
+    out = []
+    for task in tasks:
+        common = {**cfg.common(), "epochs": cfg.epochs_of(task)}
+        out += grid([task], cfg.policies, cfg.optimizers_of(task), Ds, cfg.seeds, **common)
+    return out
+
+
+def tuned_arms(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...],
+               progress: bool = False) -> list[Any]:
+    """Successive halving (:func:`pipelab.tuning.successive_halving`) of every arm of the grid over its optimizer's
+    grid (:class:`Tuning`), on the validation split; one :class:`~pipelab.tuning.Halving` per arm."""
+    from ..tuning import successive_halving
+
+    if cfg.tuning is None:
+        raise ValueError("this preset has no tuning")
+    tn = cfg.tuning
+    arms = {with_(c, seed=tn.seeds[0], lr=None) for c in arm_configs(cfg, Ds, tasks)}
+    candidates = [with_(a, lr=lr, seed=s) for a in sorted(arms, key=_arm_order) for lr in tn.lrs(a.optimizer)
+                  for s in tn.seeds]
+    return successive_halving(candidates, eta=tn.eta, min_epochs=tn.min_epochs, max_epochs=tn.max_epochs,
+                              progress=progress)
+
+
+def _arm_order(c: Any) -> tuple:
+    return (c.task, c.optimizer, c.D, POLICY_ORDER.index(c.policy))
+
+
+def _runs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...], progress: bool,
+          lr: str = "tuned") -> list[dict]:
+    """The preset's runs: with tuning (``lr="tuned"``) every arm at its selected rate, else the common rates."""
+    configs = arm_configs(cfg, Ds, tasks)
+    if cfg.tuning is not None and lr == "tuned":
+        chosen = {(h.base.task, h.base.optimizer, h.base.D, h.base.policy): h.lr
+                  for h in tuned_arms(cfg, Ds, tasks, progress)}
+        configs = [with_(c, lr=chosen[(c.task, c.optimizer, c.D, c.policy)]) for c in configs]
     return sweep(configs, progress=progress)
 
 

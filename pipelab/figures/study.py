@@ -1,0 +1,262 @@
+"""Figures of the learning-curve study: the learning-rate map with the stability threshold, and tuned vs common rates.
+
+- ``study_lr_map``: for every task × optimizer (rows) and depth D (columns), the validation accuracy of each policy
+  (y) at each rate of its grid (x) after the first round of successive halving (every rate, ``min_epochs`` epochs);
+  × marks a diverged run and a box the rate the halving selected. On the SGDM panels two vertical lines place the
+  linear stability analysis on the same axis: the heavy-ball threshold η* = z*(β, τ)/λ_max for delay τ = 0
+  (sequential) and τ = D − 1 (the first stage of asynchronous 1F1B), with z* =
+  :func:`~pipelab.stability.max_stable_step` of :func:`~pipelab.stability.heavy_ball` (β = 0.9, torch's form) and
+  λ_max the top Hessian eigenvalue of the task's training loss at initialisation (:func:`curvature`). Adam has no
+  such line: its threshold is in preconditioned units (notebook 03).
+- ``study_tuned_table``: each arm's best test accuracy at its tuned rate beside the common rate's
+  (:data:`pipelab.learning_curves.OPTIMIZER_SETTINGS`), mean ± 95% t over the seeds, and the paired difference.
+
+:data:`STUDY_FIGURES` lists what ``pipelab figures --preset study`` draws (into ``figures/study/``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..cache import cached
+from ..optim import optimizer_label
+from ..statistics import paired_difference, resolved, t_interval
+from . import FigureOutput, register
+from .learning_curves import LABELS, POLICY_ORDER, _best, _config, _lr, _runs, test_set_size, tuned_arms
+
+__all__ = ["STUDY_FIGURES", "CurvatureConfig", "curvature", "threshold_lrs", "lr_map_rows", "tuned_rows"]
+
+#: the figures of the ``study`` preset, in the order the CLI draws them
+STUDY_FIGURES: tuple[str, ...] = ("study_lr_map", "study_tuned_table", "learning_curves", "learning_curves_by_policy",
+                                  "final_accuracy_table", "accuracy_gap_vs_depth", "time_to_accuracy")
+
+_TUNED_PRESETS = ("tiny", "study", "paper")
+
+
+@dataclass(frozen=True)
+class CurvatureConfig:
+    """Where the top Hessian eigenvalue is measured: ``task``'s model at its He initialisation for ``seed``, on its
+    first ``n_examples`` training examples, in float64."""
+
+    task: str
+    seed: int = 0
+    n_examples: int = 1024
+    iters: int = 100
+
+
+def _curvature(cfg: CurvatureConfig) -> float:
+    import torch
+
+    from ..learning_curves import RunConfig, prepare
+    from ..stability import top_eigenvalue
+
+    prep = prepare(RunConfig(task=cfg.task, policy="sequential", optimizer="sgd", D=1, seed=cfg.seed, epochs=1,
+                             batch_size=1, n_train=cfg.n_examples, n_test=1, dtype="float64"))
+    x, y = prep.data.x_train[: cfg.n_examples], prep.data.y_train[: cfg.n_examples]
+    return top_eigenvalue(prep.stages, torch.nn.functional.cross_entropy, [(x, y)], iters=cfg.iters,
+                          dtype=torch.float64).value
+
+
+def curvature(task: str, seed: int = 0, n_examples: int = 1024) -> float:
+    """λ_max: the top Hessian eigenvalue of ``task``'s mean training loss at initialisation (cached)."""
+    return float(cached("hessian_top", CurvatureConfig(task, seed, n_examples), _curvature))
+
+
+def threshold_lrs(eigenvalue: float, D: int, beta: float = 0.9) -> dict[int, float]:
+    """``τ -> η*``: the heavy-ball learning rate at which the quadratic with curvature ``eigenvalue`` turns unstable
+    under gradient delay τ, for τ = 0 and τ = D − 1 (:func:`~pipelab.stability.max_stable_step`)."""
+    from ..stability import heavy_ball, lr_threshold, max_stable_step
+
+    return {tau: lr_threshold(max_stable_step(heavy_ball(beta, tau)), eigenvalue) for tau in sorted({0, D - 1})}
+
+
+def _grid_position(lr: float, lrs: list[float]) -> float:
+    """Where ``lr`` falls on a heat map whose columns are the log-spaced ``lrs`` (clipped to the map's edges)."""
+    return float(np.interp(math.log(lr), np.log(np.asarray(lrs)), np.arange(len(lrs)), left=-0.5,
+                           right=len(lrs) - 0.5))
+
+
+def lr_map_rows(halvings: list[Any]) -> list[dict]:
+    """One row per (arm, rate): the first round's validation accuracy (NaN when diverged), the later rounds' scores
+    where the rate ran, and whether the halving selected it."""
+    rows = []
+    for h in halvings:
+        b = h.base
+        for r, rnd in enumerate(h.rounds):
+            for lr, score in zip(rnd.lrs, rnd.scores):
+                rows.append({"task": b.task, "optimizer": b.optimizer, "D": b.D, "policy": b.policy, "round": r,
+                             "epochs": rnd.epochs, "lr": lr, "val_acc": score if math.isfinite(score) else math.nan,
+                             "diverged": score == -math.inf, "selected": lr == h.lr})
+    return rows
+
+
+def _csv(rows: list[dict], cols: tuple[str, ...]) -> str:
+    buf = io.StringIO()
+    buf.write(",".join(cols) + "\n")
+    for r in rows:
+        buf.write(",".join("" if (isinstance(r[c], float) and not math.isfinite(r[c])) else
+                           (f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c])) for c in cols) + "\n")
+    return buf.getvalue()
+
+
+@register("study_lr_map", "Validation accuracy per policy and learning rate (first halving round) per task, optimizer "
+          "and D, divergence marked, the selected rate boxed, with the heavy-ball stability threshold from the "
+          "measured top Hessian eigenvalue", presets=_TUNED_PRESETS)
+def study_lr_map(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = _config(preset)
+    if cfg.tuning is None:
+        raise ValueError(f"preset {preset!r} tunes no learning rates; study_lr_map needs one of {_TUNED_PRESETS}")
+    halvings = tuned_arms(cfg, cfg.depths, cfg.tasks, progress)
+    rows = lr_map_rows(halvings)
+    panels = sorted({(r["task"], r["optimizer"], r["D"]) for r in rows},
+                    key=lambda p: (cfg.tasks.index(p[0]), cfg.optimizers.index(p[1]), p[2]))
+    lams = {task: curvature(task) for task in cfg.tasks}
+    ncol = min(len(panels), 4)
+    nrow = math.ceil(len(panels) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.9 * ncol, 2.9 * nrow + 0.9), squeeze=False)
+    thresholds: dict[str, dict[int, float]] = {}
+    for ax, (task, opt, D) in zip(axes.flat, panels):
+        first = [r for r in rows if (r["task"], r["optimizer"], r["D"], r["round"]) == (task, opt, D, 0)]
+        pols = [p for p in POLICY_ORDER if any(r["policy"] == p for r in first)]
+        lrs = sorted({r["lr"] for r in first})
+        img = np.full((len(pols), len(lrs)), np.nan)
+        for r in first:
+            img[pols.index(r["policy"]), lrs.index(r["lr"])] = 100 * r["val_acc"]
+        im = ax.imshow(img, aspect="auto", cmap="viridis", vmin=np.nanmin(img) if np.isfinite(img).any() else 0,
+                       vmax=np.nanmax(img) if np.isfinite(img).any() else 100)
+        for r in first:
+            i, j = pols.index(r["policy"]), lrs.index(r["lr"])
+            if r["diverged"]:
+                ax.text(j, i, "×", ha="center", va="center", color="red", fontsize=11, fontweight="bold")
+            else:
+                ax.text(j, i, f"{100 * r['val_acc']:.0f}", ha="center", va="center", color="white", fontsize=6.5)
+        for h in halvings:
+            b = h.base
+            if (b.task, b.optimizer, b.D) == (task, opt, D) and b.policy in pols:
+                ax.add_patch(plt.Rectangle((lrs.index(h.lr) - 0.5, pols.index(b.policy) - 0.5), 1, 1, fill=False,
+                                           ec="orange", lw=2))
+        if opt == "sgdm" and len(lrs) > 1:
+            thr = threshold_lrs(lams[task], D)
+            thresholds[f"{task}/D={D}"] = thr
+            for tau, lr in thr.items():
+                x = _grid_position(lr, lrs)
+                ax.axvline(x, color="white" if tau == 0 else "red", ls="-" if tau == 0 else "--", lw=1.5)
+                ax.text(x, -0.6, f"τ={tau}", color="red" if tau else "k", fontsize=6.5, ha="center", va="bottom")
+        ax.set_xticks(range(len(lrs)), [f"{lr:.0e}" for lr in lrs], fontsize=7)
+        ax.set_yticks(range(len(pols)), [LABELS[p] for p in pols], fontsize=7)
+        ax.set_xlabel("learning rate", fontsize=8)
+        ax.set_title(f"{task} · {optimizer_label(opt)} · D={D}", fontsize=8.5)
+        fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_axis_off()
+    tn = cfg.tuning
+    lam_text = ", ".join(f"{t}: λ_max={v:.3g}" for t, v in lams.items())
+    fig.suptitle(f"Validation accuracy (%) after {tn.min_epochs} epoch(s), every rate of the grid (n_val={cfg.n_val}, "
+                 f"tuning seed(s) {list(tn.seeds)}); × diverged; orange box: rate selected by successive halving "
+                 f"(η={tn.eta}, up to {tn.max_epochs} epochs)\nSGDM panels: heavy-ball threshold z*(β=0.9, τ)/λ_max, "
+                 f"white τ=0, red dashed τ=D−1 ({lam_text}, at initialisation); preset {preset}", fontsize=8.5)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    cols = ("task", "optimizer", "D", "policy", "round", "epochs", "lr", "val_acc", "diverged", "selected")
+    return FigureOutput(fig, cfg, tn.seeds[0], tables={"csv": _csv(rows, cols)}, data=rows,
+                        notes={"eigenvalue": lams, "threshold_lr": {k: {str(t): v for t, v in thr.items()}
+                                                                    for k, thr in thresholds.items()},
+                               "selected_lr": {f"{h.base.task}/{h.base.optimizer}/{h.base.policy}/D={h.base.D}": h.lr
+                                               for h in halvings}})
+
+
+def tuned_rows(tuned: list[dict], common: list[dict]) -> list[dict]:
+    """Per arm: best test accuracy at the tuned and at the common rate (mean and 95% t over seeds) and their paired
+    difference tuned − common (by seed)."""
+    def by_arm(records: list[dict]) -> dict[tuple, list[dict]]:
+        out: dict[tuple, list[dict]] = {}
+        for r in records:
+            out.setdefault((r["task"], r["optimizer"], r["D"], r["policy"]), []).append(r)
+        return out
+
+    t_arms, c_arms = by_arm(tuned), by_arm(common)
+    rows = []
+    for key in sorted(t_arms, key=lambda k: (k[0], k[1], k[2], POLICY_ORDER.index(k[3]))):
+        task, opt, D, pol = key
+        ts, cs = t_arms[key], c_arms.get(key, [])
+        tb = {r["seed"]: _best(r) for r in ts}
+        cb = {r["seed"]: _best(r) for r in cs}
+        ti, ci = t_interval(list(tb.values())), t_interval(list(cb.values()))
+        shared = sorted(set(tb) & set(cb))
+        diff = paired_difference({s: tb[s] for s in shared}, {s: cb[s] for s in shared}) if shared else None
+        rows.append({"task": task, "optimizer": opt, "D": D, "policy": pol, "seeds": len(ts),
+                     "tuned_lr": _lr(ts[0]), "tuned_mean": ti.mean, "tuned_ci95": ti.half_width,
+                     "tuned_diverged": sum(r["diverged"] for r in ts),
+                     "common_lr": _lr(cs[0]) if cs else math.nan, "common_mean": ci.mean, "common_ci95": ci.half_width,
+                     "common_diverged": sum(r["diverged"] for r in cs),
+                     "diff_mean": diff.mean if diff else math.nan, "diff_ci95": diff.half_width if diff else math.nan,
+                     "diff_resolved": bool(diff and resolved(diff)), "n_test": test_set_size(task, ts[0]["n_test"])})
+    return rows
+
+
+def _cell(mean: float, half: float, div: int) -> str:
+    if not math.isfinite(mean):
+        return "diverged"
+    return f"{100 * mean:.1f}" + (f"±{100 * half:.1f}" if math.isfinite(half) else "") + (f" {div}✗" if div else "")
+
+
+@register("study_tuned_table", "Best test accuracy per arm at its tuned learning rate vs the common rate (mean ± 95% "
+          "t over seeds, paired difference), per task, optimizer, D and policy", presets=_TUNED_PRESETS)
+def study_tuned_table(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = _config(preset)
+    if cfg.tuning is None:
+        raise ValueError(f"preset {preset!r} tunes no learning rates; study_tuned_table needs one of {_TUNED_PRESETS}")
+    tuned = _runs(cfg, cfg.depths, cfg.tasks, progress, lr="tuned")
+    common = _runs(cfg, cfg.depths, cfg.tasks, progress, lr="common")
+    rows = tuned_rows(tuned, common)
+    keys = sorted({(r["task"], r["optimizer"], r["D"]) for r in rows},
+                  key=lambda k: (cfg.tasks.index(k[0]), cfg.optimizers.index(k[1]), k[2]))
+    pols = [p for p in POLICY_ORDER if any(r["policy"] == p for r in rows)]
+    by = {(r["task"], r["optimizer"], r["D"], r["policy"]): r for r in rows}
+    cells, labels = [], []
+    for task, opt, D in keys:
+        n_test = next(r["n_test"] for k, r in by.items() if k[:3] == (task, opt, D))
+        labels.append(f"{task} · {optimizer_label(opt)} · D={D} (n_test={n_test})")
+        line = []
+        for p in pols:
+            r = by.get((task, opt, D, p))
+            if r is None:
+                line.append("n/a")
+                continue
+            d = (f"{100 * r['diff_mean']:+.1f}" + ("*" if r["diff_resolved"] else "")) if math.isfinite(
+                r["diff_mean"]) else "–"
+            line.append(f"{_cell(r['tuned_mean'], r['tuned_ci95'], r['tuned_diverged'])} @{r['tuned_lr']:.0e}\n"
+                        f"{_cell(r['common_mean'], r['common_ci95'], r['common_diverged'])} (Δ {d})")
+        cells.append(line)
+    fig, ax = plt.subplots(figsize=(1.9 * len(pols) + 3.4, 0.62 * len(keys) + 1.3))
+    ax.axis("off")
+    tab = ax.table(cellText=cells, rowLabels=labels, colLabels=[LABELS[p] for p in pols], loc="center",
+                   cellLoc="center")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(7)
+    tab.scale(1, 2.6)
+    seeds = len(cfg.seeds)
+    ax.set_title(f"Best test accuracy (%), mean ± 95% t half-width over {seeds} seeds: first line at the arm's tuned "
+                 f"rate (@lr, selected on the validation split), second at the common rate ({_common_text(common)});"
+                 f"\nΔ = tuned − common, paired by seed (*: resolved at 95%); ✗: diverged runs; preset {preset}",
+                 fontsize=8)
+    fig.tight_layout()
+    cols = ("task", "optimizer", "D", "policy", "seeds", "tuned_lr", "tuned_mean", "tuned_ci95", "tuned_diverged",
+            "common_lr", "common_mean", "common_ci95", "common_diverged", "diff_mean", "diff_ci95", "diff_resolved",
+            "n_test")
+    pct = ("tuned_mean", "tuned_ci95", "common_mean", "common_ci95", "diff_mean", "diff_ci95")
+    shown = [{c: (100 * r[c] if c in pct else r[c]) for c in cols} for r in rows]
+    return FigureOutput(fig, cfg, cfg.seeds[0], tables={"csv": _csv(shown, cols)}, data=rows,
+                        notes={"arms": len(rows), "tuned_better_resolved": sum(r["diff_resolved"] and r["diff_mean"] > 0
+                                                                              for r in rows),
+                               "common_better_resolved": sum(r["diff_resolved"] and r["diff_mean"] < 0 for r in rows)})
+
+
+def _common_text(records: list[dict]) -> str:
+    rates = sorted({(r["optimizer"], _lr(r)) for r in records})
+    return ", ".join(f"{optimizer_label(o)} {lr:g}" for o, lr in rates)
