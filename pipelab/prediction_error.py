@@ -53,8 +53,8 @@ from .threads import torch_threads
 
 __all__ = ["OPTIMIZER_SETTINGS", "INITS", "prediction_optimizer", "WeightRing", "PredictionErrorResult",
            "measure_prediction_error", "PredictionErrorConfig", "run_prediction_error", "layer_names",
-           "IN_PIPELINE_POLICIES", "InPipelineResult", "measure_in_pipeline", "rows_to_csv", "InPipelineConfig",
-           "run_in_pipeline"]
+           "IN_PIPELINE_POLICIES", "InPipelineResult", "measure_in_pipeline", "rows_to_csv", "read_rows_csv",
+           "InPipelineConfig", "run_in_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -535,6 +535,22 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
         return str(v)
 
     return "\n".join([",".join(_ROW_FIELDS)] + [",".join(cell(r[f]) for f in _ROW_FIELDS) for r in rows]) + "\n"
+
+
+def read_rows_csv(text: str) -> list[dict[str, Any]]:
+    """The rows of a :func:`rows_to_csv` text, typed again (integers, floats; an empty cell is NaN)."""
+    import csv
+    import io
+
+    ints = {"D", "stage", "s", "step_from", "step_to", "jobs"}
+    floats = {"rmse_predicted", "rmse_stale", "ratio"}
+    out = []
+    for r in csv.DictReader(io.StringIO(text)):
+        if set(r) != set(_ROW_FIELDS):
+            raise ValueError(f"text is not an in-pipeline CSV: columns {sorted(r)}, expected {list(_ROW_FIELDS)}")
+        out.append({f: int(v) if f in ints else (float(v) if v else math.nan) if f in floats else v
+                    for f, v in r.items()})
+    return out
 
 
 def measure_in_pipeline(

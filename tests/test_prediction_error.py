@@ -344,3 +344,60 @@ def test_in_pipeline_bad_arguments():
         InPipelineConfig(policy="vanilla")
     with pytest.raises(ValueError, match="D must be"):
         InPipelineConfig(D=0)
+
+
+def test_prediction_in_pipeline_figure_csv_and_markdown():
+    """The figure names preset, D and each panel's lr; its CSV is its rows; the notebook's per-layer sentences
+    quote exactly the CSV's whole-run ratios."""
+    import csv
+    import io
+    import re
+
+    from pipelab import figures
+    from pipelab.figures.prediction import in_pipeline_markdown
+    from pipelab.prediction_error import read_rows_csv
+
+    try:
+        out = figures.make("prediction_in_pipeline", "tiny")
+    except DataError:
+        pytest.skip("Fashion-MNIST not installed")
+    title = out.figure.get_suptitle()
+    assert "tiny preset" in title and "D = 4" in title and "He init" in title
+    panel_titles = [ax.get_title() for ax in out.figure.axes if ax.get_title()]
+    assert any("SGDM, lr 0.01" in t for t in panel_titles) and any("Adam, lr 0.001" in t for t in panel_titles)
+    parsed = list(csv.DictReader(io.StringIO(out.tables["csv"])))
+    assert len(parsed) == len(out.data) > 0
+    assert {(r["policy"], r["optimizer"]) for r in parsed} == {("pipeoptim", "sgdm"), ("spectrain", "sgdm"),
+                                                                ("pipemare", "sgdm"), ("pipeoptim", "adam"),
+                                                                ("pipemare", "adam")}
+    whole = [r for r in out.data if r["phase"] == "all"]
+    # PipeOptim's last stage (s = 0) predicts nothing: empty ratio cells, not zeros
+    assert all(r["ratio"] != r["ratio"] for r in whole if r["policy"] == "pipeoptim" and r["s"] == 0)
+    text = in_pipeline_markdown(out.data)
+    bullets = "\n".join(line for line in text.splitlines() if line.startswith("- **"))
+    quoted = set(re.findall(r"\b\d\.\d\d\b", bullets))
+    allowed = {f"{r['ratio']:.2f}" for r in whole if r["ratio"] == r["ratio"]}
+    for pol, opt in {(r["policy"], r["optimizer"]) for r in out.data}:  # first- and last-window means
+        for phase in ("0", "1"):
+            vals = [r["ratio"] for r in out.data if (r["policy"], r["optimizer"], r["phase"]) == (pol, opt, phase)
+                    and r["ratio"] == r["ratio"]]
+            allowed.add(f"{np.mean(vals):.2f}")
+    assert quoted and quoted <= allowed, quoted - allowed
+    spread = max(max(v) - min(v) for v in _by_panel_stage(whole).values())
+    assert f"differ by at most {spread:.2f}" in text
+    for back, row in zip(read_rows_csv(out.tables["csv"]), out.data):  # the CSV reads back to the rows
+        for f, v in row.items():
+            assert back[f] == (v if isinstance(v, str | int) else pytest.approx(v, rel=1e-5, nan_ok=True)), f
+    pipeoptim_sgdm = next(line for line in text.splitlines() if "PipeOptim · SGDM" in line)
+    best = min((r for r in whole if r["policy"] == "pipeoptim" and r["optimizer"] == "sgdm"
+                and r["ratio"] == r["ratio"]), key=lambda r: r["ratio"])
+    assert f"`L{best['layer']}` ({best['ratio']:.2f})" in pipeoptim_sgdm
+
+
+def _by_panel_stage(rows):
+    out = {}
+    for r in rows:
+        if r["ratio"] == r["ratio"]:
+            out.setdefault((r["policy"], r["optimizer"], r["stage"]), []).append(r["ratio"])
+    return out
+
