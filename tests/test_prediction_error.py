@@ -383,8 +383,11 @@ def test_prediction_in_pipeline_figure_csv_and_markdown():
                     and r["ratio"] == r["ratio"]]
             allowed.add(f"{np.mean(vals):.2f}")
     assert quoted and quoted <= allowed, quoted - allowed
-    spread = max(max(v) - min(v) for v in _by_panel_stage(whole).values())
-    assert f"differ by at most {spread:.2f}" in text
+    groups = _by_panel_stage(whole).values()
+    if any(len(v) > 1 for v in groups):
+        assert f"differ by at most {max(max(v) - min(v) for v in groups):.2f}" in text
+    else:  # tiny: one block per stage
+        assert "Each stage holds one layer" in text
     for back, row in zip(read_rows_csv(out.tables["csv"]), out.data):  # the CSV reads back to the rows
         for f, v in row.items():
             assert back[f] == (v if isinstance(v, str | int) else pytest.approx(v, rel=1e-5, nan_ok=True)), f
@@ -401,3 +404,20 @@ def _by_panel_stage(rows):
             out.setdefault((r["policy"], r["optimizer"], r["stage"]), []).append(r["ratio"])
     return out
 
+
+
+def test_notebook_02_per_layer_prose_is_generated_or_marked_plain():
+    """No typed per-layer number in notebook 02's Markdown: per-layer statements come from code cells built on
+    the in-pipeline CSV rows (``in_pipeline_markdown``), and the notebook uses that helper."""
+    import json
+    import re
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "02_prediction_error.ipynb").read_text())
+    layer_number = re.compile(r"(\bL\d\b|\blayers?\b|classifier head)[^.\n]{0,60}?\b\d\.\d\d", re.IGNORECASE)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"])
+            assert not layer_number.search(src), layer_number.search(src)
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "in_pipeline_markdown" in code and "prediction_in_pipeline" in code

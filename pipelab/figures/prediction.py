@@ -318,19 +318,22 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
     for r in rows:
         panels.setdefault((r["policy"], r["optimizer"]), []).append(r)
     lines = []
-    spreads, rising = [], 0
+    spreads, rising, multi = [], 0, False
     for rs in panels.values():
         whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
         by_stage: dict[int, list[float]] = {}
         for r in whole:
             by_stage.setdefault(r["stage"], []).append(r["ratio"])
         spreads += [max(v) - min(v) for v in by_stage.values()]
+        multi |= any(len(v) > 1 for v in by_stage.values())
         s_of = {r["stage"]: abs(r["s"]) for r in whole}
         means = [float(np.mean(by_stage[k])) for k in sorted(by_stage, key=lambda k: s_of[k])]
         rising += len(means) > 1 and all(b >= a for a, b in zip(means, means[1:]))
     if spreads:
-        lines += [f"Within one stage the layers' whole-run ratios differ by at most {max(spreads):.2f}; the stage "
-                  f"mean grows with the stage's |s| in {rising} of {len(panels)} panels.", ""]
+        within = (f"Within one stage the layers' whole-run ratios differ by at most {max(spreads):.2f}" if multi
+                  else "Each stage holds one layer here, so layers differ only as their stages do")
+        lines += [f"{within}; the stage mean does not fall as the stage's |s| grows in {rising} of {len(panels)} "
+                  "panels.", ""]
     for (pol, opt), rs in panels.items():
         whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
         if not whole:
