@@ -730,6 +730,7 @@ class InPipelineConfig:
     steps: int = 300
     anneal_steps: int = 100
     dtype: str = "float32"
+    device: str = "cpu"  # or "auto": CUDA when available
     seed: int = 0
     threads: int | None = 1
     init: str = "he"
@@ -751,17 +752,20 @@ class InPipelineConfig:
 
 
 def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
-    """Build data, model, optimizer factory and policy from ``cfg`` and run :func:`measure_in_pipeline` (CPU)."""
+    """Build data, model, optimizer factory and policy from ``cfg`` and run :func:`measure_in_pipeline`."""
     from .data import load_dataset
     from .models import build_model, he_init
     from .optim import optimizer_factory
     from .policies import make_policy
 
     dtype = getattr(torch, cfg.dtype)
-    ds = load_dataset(cfg.dataset).to("cpu", dtype)
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    ds = load_dataset(cfg.dataset).to(device, dtype)
     if cfg.train_subset is not None:
         ds = ds.subset(cfg.train_subset)
-    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, **dict(cfg.model_options))
+    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device, **dict(cfg.model_options))
     if cfg.init == "he":
         he_init(model, cfg.seed)
     factory = optimizer_factory(cfg.optimizer, **{**OPTIMIZER_SETTINGS.get(cfg.optimizer, {}),
@@ -769,10 +773,10 @@ def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
     policy = make_policy(cfg.policy, **({"anneal_steps": cfg.anneal_steps} if cfg.policy == "pipemare" else {}))
     gen = torch.Generator().manual_seed(cfg.seed)
     n = len(ds.x_train)
-    idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen) for _ in range(cfg.steps)]
+    idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen).to(device) for _ in range(cfg.steps)]
     batches = [(ds.x_train[i], ds.y_train[i]) for i in idx]
     with torch_threads(cfg.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         res = measure_in_pipeline(model, batches, policy=policy, optimizer=factory, D=cfg.D)
-    res.meta.update({"lr": cfg.lr, "init": cfg.init, "model": cfg.model, "dataset": cfg.dataset})
+    res.meta.update({"lr": cfg.lr, "init": cfg.init, "model": cfg.model, "dataset": cfg.dataset, "device": device})
     return res

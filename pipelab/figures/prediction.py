@@ -289,7 +289,7 @@ _IN_TINY = InPipelineConfig(steps=40, batch_size=32, train_subset=2000, D=4, ann
                             model_options=(("depth", 4), ("width", 32)))
 _IN_QUICK = InPipelineConfig(steps=250, batch_size=128, D=4, anneal_steps=50,
                              model_options=(("depth", 8), ("width", 128)))
-_IN_PAPER = InPipelineConfig(steps=2000, batch_size=128, D=8, anneal_steps=250, threads=None,
+_IN_PAPER = InPipelineConfig(steps=2000, batch_size=128, D=8, anneal_steps=250, threads=None, device="auto",
                              model_options=(("depth", 16), ("width", 512)))
 
 IN_PIPELINE_CONFIGS = {
