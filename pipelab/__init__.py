@@ -67,9 +67,13 @@ from .partition import balanced_partition, split, stage_sizes
 from .pipeline import PipelineSpec
 from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
 from .prediction_error import (
+    InPipelineConfig,
+    InPipelineResult,
     PredictionErrorConfig,
     PredictionErrorResult,
+    measure_in_pipeline,
     measure_prediction_error,
+    run_in_pipeline,
     run_prediction_error,
 )
 from .predictors import (
@@ -172,7 +176,7 @@ __all__ = [
     # predictors and prediction error
     "predictors", "Predictor", "make_predictor", "available_predictors", "describe_predictors", "PREDICTORS",
     "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",
-    "PredictionErrorResult",
+    "PredictionErrorResult", "measure_in_pipeline", "run_in_pipeline", "InPipelineConfig", "InPipelineResult",
     # policies, the emulator and learning curves
     "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo",
     "PipelineSpec", "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",

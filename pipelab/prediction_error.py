@@ -9,6 +9,12 @@ true weights ``W_{t+s}``:
   prediction, SpecTrain Fig. 8's reference curve); ``ratio = rmse / stale`` (< 1: prediction helps);
 - ``cosine[p, s, t] = cos(Ŵ_{t+s} − W_t, W_{t+s} − W_t)`` between predicted and true displacement.
 
+*Inside the pipeline* (:func:`measure_in_pipeline`, :class:`InPipelineConfig`, :func:`run_in_pipeline`):
+the same errors measured during real pipelined training in the exact emulator (asynchronous 1F1B), for the
+weights a predicting policy (PipeOptim, SpecTrain, PipeMare) hands to each job of stage k, against the version
+``base + s`` they stand for — s from the version table, i.e. each stage's real staleness — per layer, with the
+stale version ``W^(base)`` as baseline (:class:`InPipelineResult`, its ``rows()``/``to_csv()``).
+
 Memory stays bounded: the last S+1 weight versions live in a ring buffer (:class:`WeightRing`), and the
 pending predictions are at most ``P·S·⌈S/measure_every⌉`` weight copies (``P`` predictors).
 
@@ -40,12 +46,15 @@ import torch
 from torch import Tensor, nn
 
 from .optim import make_optimizer
+from .policies import Predicted, Stored, WeightSpec
 from .predictors import Predictor, make_predictor
 from .predictors.base import flat_params
 from .threads import torch_threads
 
 __all__ = ["OPTIMIZER_SETTINGS", "INITS", "prediction_optimizer", "WeightRing", "PredictionErrorResult",
-           "measure_prediction_error", "PredictionErrorConfig", "run_prediction_error", "layer_names"]
+           "measure_prediction_error", "PredictionErrorConfig", "run_prediction_error", "layer_names",
+           "IN_PIPELINE_POLICIES", "InPipelineResult", "measure_in_pipeline", "rows_to_csv", "read_rows_csv",
+           "InPipelineConfig", "run_in_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -395,4 +404,379 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
                                        measure_every=cfg.measure_every)
     res.meta.update({"config_optimizer": cfg.optimizer, "skipped": skipped, "device": device, "init": cfg.init,
                      "lr": float(opt.param_groups[0]["lr"])})
+    return res
+
+
+# --------------------------------------------------------------------------------- inside the pipeline
+
+#: Policies whose weights :func:`measure_in_pipeline` measures (those that predict weights).
+IN_PIPELINE_POLICIES = ("pipeoptim", "spectrain", "pipemare")
+
+
+@dataclass
+class InPipelineResult:
+    """Errors of the weights a predicting policy used inside a pipelined run, per job and layer.
+
+    One *event* per job whose weights were measured: every forward F(k, t, j), and every backward whose weights
+    are a prediction (SpecTrain, PipeMare). Event i used ``Ŵ`` standing for version ``base + s`` of its stage
+    (``s = 0``: a stored version, no prediction); its errors per layer l of the stage are
+
+    - ``pred[i, l] = sqrt(mean((Ŵ − W^(base+s))²))`` over the layer's parameters (the policy's weights);
+    - ``stale[i, l] = sqrt(mean((W^(base) − W^(base+s))²))`` (the version the prediction started from, which a
+      non-predicting policy would use); NaN for layers outside the event's stage.
+
+    Attributes:
+        policy, optimizer: names; ``D``: stages; ``steps``: mini-batches of the run (asynchronous 1F1B, M = 1).
+        layers: the model's top-level blocks with parameters (``nn.Sequential`` positions), in order;
+        layer_stage: the stage of each layer.
+        op, stage, step, s: per event: ``"F"``/``"B"``, stage k, step t of the job, version difference s.
+        pred, stale: ``[events, layers]`` RMSEs (above).
+        losses: training loss per step; ``diverged_at``: first non-finite step, or None.
+    """
+
+    policy: str
+    optimizer: str
+    D: int
+    steps: int
+    layers: list[str]
+    layer_stage: list[int]
+    op: np.ndarray
+    stage: np.ndarray
+    step: np.ndarray
+    s: np.ndarray
+    pred: np.ndarray
+    stale: np.ndarray
+    losses: np.ndarray
+    diverged_at: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def predicted_op(self) -> str:
+        """The job type whose weights the policy predicts: ``"F"`` (PipeOptim, SpecTrain), ``"B"`` (PipeMare's
+        corrected backward); ``"F"`` when nothing is predicted (D = 1)."""
+        return "F" if np.any((self.op == "F") & (self.s != 0)) or not np.any(self.s != 0) else "B"
+
+    def stage_s(self, op: str | None = None) -> list[int]:
+        """Per stage, the most frequent version difference s of its ``op`` jobs (default :attr:`predicted_op`);
+        0 when the stage predicts nothing (PipeOptim's last stage)."""
+        op = op or self.predicted_op
+        out = []
+        for k in range(self.D):
+            vals, counts = np.unique(self.s[(self.stage == k) & (self.op == op)], return_counts=True)
+            out.append(int(vals[np.argmax(counts)]) if vals.size else 0)
+        return out
+
+    def phase_edges(self, phases: int) -> np.ndarray:
+        """``phases + 1`` step boundaries cutting the run into equal windows ``[edges[i], edges[i+1])``."""
+        if not isinstance(phases, int) or phases < 1:
+            raise ValueError(f"phases must be a positive integer, got {phases!r}")
+        return np.linspace(0, self.steps, phases + 1).round().astype(int)
+
+    def window_means(self, phases: int = 5, op: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(pred, stale, count)``, each ``[layers, phases + 1]``: mean RMSEs over the predicted jobs (s ≠ 0) of
+        ``op`` in each window of steps; the last column is the whole run. The ratio of the means is the
+        time-averaged RMSE over the time-averaged stale RMSE, as :meth:`PredictionErrorResult.summary_ratio`."""
+        op = op or self.predicted_op
+        edges = self.phase_edges(phases)
+        L = len(self.layers)
+        pred, stale, count = (np.full((L, phases + 1), np.nan) for _ in range(3))
+        sel = (self.op == op) & (self.s != 0)
+        for w in range(phases + 1):
+            inw = sel if w == phases else sel & (self.step >= edges[w]) & (self.step < edges[w + 1])
+            for li in range(L):
+                v = inw & np.isfinite(self.pred[:, li])
+                count[li, w] = v.sum()
+                if v.any():
+                    pred[li, w] = self.pred[v, li].mean()
+                    stale[li, w] = self.stale[v, li].mean()
+        return pred, stale, count
+
+    def window_ratio(self, phases: int = 5, op: str | None = None) -> np.ndarray:
+        """``[layers, phases + 1]``: RMSE predicted / stale per window (< 1: prediction helps); NaN where nothing
+        was predicted (or the stale weights were exact)."""
+        pred, stale, _ = self.window_means(phases, op)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(stale > 0, pred / stale, np.nan)
+
+    def rows(self, phases: int = 5) -> list[dict[str, Any]]:
+        """One row per stage × layer × window (and ``"all"``) of the predicted op: the CSV's records."""
+        op = self.predicted_op
+        pred, stale, count = self.window_means(phases, op)
+        edges, ss = self.phase_edges(phases), self.stage_s(op)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(stale > 0, pred / stale, np.nan)
+        out = []
+        for li, name in enumerate(self.layers):
+            k = self.layer_stage[li]
+            for w in range(phases + 1):
+                first, last = (0, self.steps) if w == phases else (int(edges[w]), int(edges[w + 1]))
+                out.append({"policy": self.policy, "optimizer": self.optimizer, "D": self.D, "stage": k,
+                            "s": ss[k], "op": op, "layer": name, "phase": "all" if w == phases else str(w),
+                            "step_from": first, "step_to": last, "jobs": int(count[li, w]),
+                            "rmse_predicted": float(pred[li, w]), "rmse_stale": float(stale[li, w]),
+                            "ratio": float(ratio[li, w])})
+        return out
+
+    def to_csv(self, phases: int = 5) -> str:
+        """:meth:`rows` as CSV (empty cells where nothing was predicted)."""
+        return rows_to_csv(self.rows(phases))
+
+
+_ROW_FIELDS = ("policy", "optimizer", "D", "stage", "s", "op", "layer", "phase", "step_from", "step_to", "jobs",
+               "rmse_predicted", "rmse_stale", "ratio")
+
+
+def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """CSV of :meth:`InPipelineResult.rows` (several results' rows may be concatenated); NaN as an empty cell."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.6g}" if math.isfinite(v) else ""
+        return str(v)
+
+    return "\n".join([",".join(_ROW_FIELDS)] + [",".join(cell(r[f]) for f in _ROW_FIELDS) for r in rows]) + "\n"
+
+
+def read_rows_csv(text: str) -> list[dict[str, Any]]:
+    """The rows of a :func:`rows_to_csv` text, typed again (integers, floats; an empty cell is NaN)."""
+    import csv
+    import io
+
+    ints = {"D", "stage", "s", "step_from", "step_to", "jobs"}
+    floats = {"rmse_predicted", "rmse_stale", "ratio"}
+    out = []
+    for r in csv.DictReader(io.StringIO(text)):
+        if set(r) != set(_ROW_FIELDS):
+            raise ValueError(f"text is not an in-pipeline CSV: columns {sorted(r)}, expected {list(_ROW_FIELDS)}")
+        out.append({f: int(v) if f in ints else (float(v) if v else math.nan) if f in floats else v
+                    for f, v in r.items()})
+    return out
+
+
+def measure_in_pipeline(
+    model: nn.Sequential,
+    batches: Sequence[tuple[Tensor, Tensor]],
+    *,
+    policy: Any,
+    optimizer: Callable[[Any], torch.optim.Optimizer],
+    D: int,
+    predictor: Any = None,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+) -> InPipelineResult:
+    """Train ``model`` pipelined (exact emulator, asynchronous 1F1B with M = 1) and measure the policy's weights.
+
+    The run is :class:`pipelab.emulator.Emulator` with ``pipedream(D, 1, len(batches))``. Each job's weights are
+    observed through the stage's ``on_weights`` hook (the spec says which version ``base + s`` they stand for,
+    from the version table), and each stage's true versions ``W^(v)`` through a post-step hook on its
+    optimizer (version v: the weights after its v-th step). When stage k reaches version base + s, the errors of
+    the job's weights and of ``W^(base)`` against it are computed per layer (:class:`InPipelineResult`). Only
+    the versions still needed are kept.
+
+    Args:
+        model: an ``nn.Sequential`` (trained in place); its top-level positions are the layers.
+        batches: one ``(x, y)`` mini-batch per step.
+        policy: a predicting policy (name in :data:`IN_PIPELINE_POLICIES`, or a ``Policy`` that predicts).
+        optimizer: factory ``params -> torch.optim.Optimizer`` (one optimizer per stage).
+        D: number of stages; ``predictor``: the policy's predictor (default: its own);
+        loss_fn: ``(output, target) -> mean loss`` (default: the emulator's cross-entropy).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Sequential``.
+        ValueError: a policy that predicts no weights, or fewer than one batch.
+    """
+    from .emulator import Emulator
+    from .policies import make_policy
+    from .schedules import pipedream
+
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential (its positions are the layers), got {type(model).__name__}")
+    pol = make_policy(policy)
+    if not pol.uses_predictor:
+        raise ValueError(f"policy must predict weights (e.g. one of {IN_PIPELINE_POLICIES}), got {pol.name!r}")
+    batches = list(batches)
+    steps = len(batches)
+    if steps < 1:
+        raise ValueError("batches must hold at least one mini-batch")
+    fields: dict[str, Any] = {"D": D, "schedule": pipedream(D, 1, steps), "policy": pol, "optimizer": optimizer}
+    if predictor is not None:
+        fields["predictor"] = predictor
+    if loss_fn is not None:
+        fields["loss_fn"] = loss_fn
+    emu = Emulator(model, **fields)
+
+    owner = {id(p): name.split(".")[0] for name, p in model.named_parameters()}
+    layers = list(dict.fromkeys(owner[id(p)] for st in emu.stages for p in st.params))
+    layer_stage = [next(st.k for st in emu.stages if any(owner[id(p)] == n for p in st.params)) for n in layers]
+    L = len(layers)
+
+    def watched(op: str, spec: WeightSpec) -> bool:
+        return op == "F" or isinstance(spec, Predicted)
+
+    def span(spec: WeightSpec) -> tuple[int, int]:
+        return (spec.version, spec.version) if isinstance(spec, Stored) else (spec.base, spec.base + spec.s)
+
+    # versions of each stage still needed (as a base or a target), counted over the jobs that will be observed
+    need: list[dict[int, int]] = [{} for _ in range(D)]
+    for (k, _t, _j), pair in emu.specs.items():
+        for op, spec in zip("FB", pair):
+            if watched(op, spec) and emu.stages[k].params:
+                for v in span(spec):
+                    need[k][v] = need[k].get(v, 0) + 1
+    truth: list[dict[int, list[Tensor]]] = [{} for _ in range(D)]
+    version = [0] * D
+    pending: list[dict[int, list[tuple]]] = [{} for _ in range(D)]
+    events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
+
+    def layer_index(st: Any) -> tuple[Tensor, Tensor]:
+        idx = torch.tensor([layers.index(owner[id(p)]) for p in st.params])
+        numel = torch.zeros(L, dtype=torch.float64)
+        numel.index_add_(0, idx, torch.tensor([float(p.numel()) for p in st.params], dtype=torch.float64))
+        return idx, numel
+
+    index = {st.k: layer_index(st) for st in emu.stages if st.params}
+
+    def rmse(k: int, a: Sequence[Tensor], b: Sequence[Tensor]) -> np.ndarray:
+        idx, numel = index[k]
+        sq = torch.stack([n.to(torch.float64).square() for n in torch._foreach_norm(torch._foreach_sub(list(a),
+                                                                                                     list(b)))])
+        out = torch.zeros(L, dtype=torch.float64).index_add_(0, idx, sq)
+        return torch.where(numel > 0, (out / numel.clamp(min=1)).sqrt(),
+                           torch.full_like(out, math.nan)).cpu().numpy()
+
+    def release(k: int, v: int) -> None:
+        need[k][v] -= 1
+        if need[k][v] <= 0:
+            truth[k].pop(v, None)
+
+    def settle(k: int, item: tuple) -> None:
+        op, t, base, target, W_hat = item
+        true = truth[k][target]
+        events.append((op, k, t, target - base, rmse(k, W_hat, true), rmse(k, truth[k][base], true)))
+        release(k, base)
+        release(k, target)
+
+    def keep(k: int, v: int, params: Sequence[Tensor]) -> None:
+        if need[k].get(v, 0) > 0:
+            truth[k][v] = [p.detach().clone() for p in params]
+
+    def observer(k: int) -> Callable[[tuple[str, int, int], WeightSpec, tuple[Tensor, ...]], None]:
+        def on_weights(event: tuple[str, int, int], spec: WeightSpec, W: tuple[Tensor, ...]) -> None:
+            op, t, _ = event
+            op = "B" if op == "I" else op
+            if not watched(op, spec):
+                return
+            base, target = span(spec)
+            item = (op, t, base, target, [w.detach().clone() for w in W])
+            if target <= version[k]:
+                settle(k, item)
+            else:
+                pending[k].setdefault(target, []).append(item)
+        return on_weights
+
+    def stepped(k: int) -> Callable[..., None]:
+        def hook(opt: torch.optim.Optimizer, *args: Any) -> None:
+            version[k] += 1
+            keep(k, version[k], emu.stages[k].params)
+            for item in pending[k].pop(version[k], []):
+                settle(k, item)
+        return hook
+
+    handles = []
+    for st in emu.stages:
+        if not st.params:
+            continue
+        keep(st.k, 0, st.params)
+        st.on_weights = observer(st.k)
+        assert st.optimizer is not None
+        handles.append(st.optimizer.register_step_post_hook(stepped(st.k)))
+    try:
+        res = emu.run(batches)
+    finally:
+        for h in handles:
+            h.remove()
+        for st in emu.stages:
+            st.on_weights = None
+    n = len(events)
+    pred = np.array([e[4] for e in events]).reshape(n, L)
+    stale = np.array([e[5] for e in events]).reshape(n, L)
+    opt_name = getattr(optimizer, "name", None) or type(emu.stages[0].optimizer).__name__
+    return InPipelineResult(
+        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
+        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
+        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
+        pred=pred, stale=stale, losses=np.asarray(res.losses, float), diverged_at=res.diverged_at,
+        meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity})
+
+
+@dataclass(frozen=True)
+class InPipelineConfig:
+    """One in-pipeline prediction-error run: model × data × optimizer × predicting policy × D.
+
+    The fields mean what they mean in :class:`PredictionErrorConfig` (the optimizer is built with
+    :data:`OPTIMIZER_SETTINGS`, then ``optimizer_options``; ``init="he"`` re-initialises He-normal); ``policy``
+    is one of :data:`IN_PIPELINE_POLICIES` (SpecTrain needs SGD with momentum), run on asynchronous 1F1B with
+    ``D`` stages and M = 1 for ``steps`` mini-batches; ``anneal_steps`` is PipeMare's K.
+    """
+
+    policy: str = "pipeoptim"
+    optimizer: str = "sgdm"
+    D: int = 4
+    optimizer_options: tuple[tuple[str, Any], ...] = ()
+    model: str = "deep_mlp"
+    model_options: tuple[tuple[str, Any], ...] = (("depth", 8), ("width", 128))
+    dataset: str = "fashion_mnist"
+    train_subset: int | None = None
+    batch_size: int = 128
+    steps: int = 300
+    anneal_steps: int = 100
+    dtype: str = "float32"
+    device: str = "cpu"  # or "auto": CUDA when available
+    seed: int = 0
+    threads: int | None = 1
+    init: str = "he"
+
+    def __post_init__(self) -> None:
+        if self.policy not in IN_PIPELINE_POLICIES:
+            raise ValueError(f"policy must be one of {IN_PIPELINE_POLICIES}, got {self.policy!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if not isinstance(self.D, int) or self.D < 1:
+            raise ValueError(f"D must be a positive integer, got {self.D!r}")
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the run's optimizer uses."""
+        opt = prediction_optimizer(self.optimizer, [torch.zeros(1, requires_grad=True)],
+                                   **dict(self.optimizer_options))
+        return float(opt.param_groups[0]["lr"])
+
+
+def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
+    """Build data, model, optimizer factory and policy from ``cfg`` and run :func:`measure_in_pipeline`."""
+    from .data import load_dataset
+    from .models import build_model, he_init
+    from .optim import optimizer_factory
+    from .policies import make_policy
+
+    dtype = getattr(torch, cfg.dtype)
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    ds = load_dataset(cfg.dataset).to(device, dtype)
+    if cfg.train_subset is not None:
+        ds = ds.subset(cfg.train_subset)
+    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device, **dict(cfg.model_options))
+    if cfg.init == "he":
+        he_init(model, cfg.seed)
+    factory = optimizer_factory(cfg.optimizer, **{**OPTIMIZER_SETTINGS.get(cfg.optimizer, {}),
+                                                  **dict(cfg.optimizer_options)})
+    policy = make_policy(cfg.policy, **({"anneal_steps": cfg.anneal_steps} if cfg.policy == "pipemare" else {}))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n = len(ds.x_train)
+    idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen).to(device) for _ in range(cfg.steps)]
+    batches = [(ds.x_train[i], ds.y_train[i]) for i in idx]
+    with torch_threads(cfg.threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        res = measure_in_pipeline(model, batches, policy=policy, optimizer=factory, D=cfg.D)
+    res.meta.update({"lr": cfg.lr, "init": cfg.init, "model": cfg.model, "dataset": cfg.dataset, "device": device})
     return res

@@ -196,3 +196,228 @@ def test_prediction_figures_name_lr_init_and_preset():
     assert "tiny preset" in summary.figure.get_suptitle()
     ticks = [t.get_text() for t in summary.figure.axes[0].get_xticklabels()]
     assert any("lr 0.05" in t for t in ticks) and any("lr 0.001" in t for t in ticks)  # SGDM and Adam
+
+
+# --- inside the pipeline: each stage's weights at its real staleness during pipelined training ------------------
+
+def _linear_stages(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 4), nn.Linear(4, 3)).to(DT)
+
+
+def _recorded_run(model, batches, policy, D, lr):
+    """An independent record of the same pipelined run: every stage's version W^(v), read after each optimizer
+    step by the test's own optimizer (no pipelab measurement code), and the jobs' weight specs."""
+    from pipelab.emulator import Emulator
+    from pipelab.schedules import pipedream
+
+    traj: dict[int, list[list[torch.Tensor]]] = {}
+
+    def factory(params):
+        params = list(params)
+        opt = torch.optim.SGD(params, lr=lr)
+        k = len(traj)
+        traj[k] = [[p.detach().clone() for p in params]]
+        opt.register_step_post_hook(lambda o, a, kw: traj[k].append([p.detach().clone() for p in params]))
+        return opt
+
+    emu = Emulator(model, D=D, schedule=pipedream(D, 1, len(batches)), policy=policy, optimizer=factory)
+    emu.run(batches)
+    return traj, emu.specs
+
+
+def _rmse(a, b):
+    return float(torch.sqrt(torch.cat([(x - y).flatten() for x, y in zip(a, b)]).square().mean()))
+
+
+def test_in_pipeline_error_pins_on_hand_computed_pipeoptim_sgd():
+    """PipeOptim with plain SGD predicts Ŵ = W^(b) − s·η·g_b = W^(b) + s·(W^(b) − W^(b−1)) (the last update
+    repeated s times, g_0 = 0); the errors of Ŵ and of W^(b) against W^(b+s) are recomputed from an
+    independent record of the same pipelined run, layer by layer (one Linear per stage)."""
+    from pipelab.optim import optimizer_factory
+    from pipelab.policies import Predicted
+    from pipelab.prediction_error import measure_in_pipeline
+
+    D, lr, batches = 3, 0.2, _batches(10)
+    model = _linear_stages()
+    ref_model = copy.deepcopy(model)
+    res = measure_in_pipeline(model, batches, policy="pipeoptim", optimizer=optimizer_factory("sgd", lr=lr), D=D)
+    traj, specs = _recorded_run(ref_model, batches, "pipeoptim", D, lr)
+    assert res.layers == ["0", "1", "2"] and res.layer_stage == [0, 1, 2]
+    assert res.stage_s() == [2, 1, 0]  # PipeOptim's s = D − k − 1 in steady state
+    checked = 0
+    for i in range(len(res.op)):
+        k, t, s = int(res.stage[i]), int(res.step[i]), int(res.s[i])
+        assert res.op[i] == "F"
+        spec = specs[(k, t, 0)][0]
+        base = spec.base if isinstance(spec, Predicted) else spec.version
+        assert s == (spec.s if isinstance(spec, Predicted) else 0)
+        W = traj[k]
+        if base + s >= len(W):
+            continue
+        prev = W[max(base - 1, 0)]
+        w_hat = [w + s * (w - w0) for w, w0 in zip(W[base], prev)]
+        assert res.pred[i, k] == pytest.approx(_rmse(w_hat, W[base + s]), rel=1e-9, abs=1e-13)
+        assert res.stale[i, k] == pytest.approx(_rmse(W[base], W[base + s]), rel=1e-9, abs=1e-13)
+        assert np.isnan(np.delete(res.pred[i], k)).all()
+        checked += s > 0 and res.stale[i, k] > 0
+    assert checked >= 10  # the steady state, where the stale weights are really off
+    ratio = res.window_ratio(2)
+    assert np.isnan(ratio[2]).all() and np.isfinite(ratio[:2]).all()  # the last stage predicts nothing
+
+
+def test_in_pipeline_stale_baseline_of_pipemare_backward_matches_record():
+    """PipeMare predicts in the backward, back to the forward's version (s < 0); its stale baseline is
+    ‖W^(cur(B)) − W^(cur(F))‖, read from the independent record."""
+    from pipelab.optim import optimizer_factory
+    from pipelab.policies import PipeMarePolicy, Predicted
+    from pipelab.prediction_error import measure_in_pipeline
+
+    D, lr, batches = 3, 0.2, _batches(10)
+    model = _linear_stages(1)
+    ref_model = copy.deepcopy(model)
+    res = measure_in_pipeline(model, batches, policy=PipeMarePolicy(anneal_steps=0),
+                              optimizer=optimizer_factory("sgd", lr=lr), D=D)
+    traj, specs = _recorded_run(ref_model, batches, PipeMarePolicy(anneal_steps=0), D, lr)
+    assert res.predicted_op == "B" and res.stage_s() == [-2, -1, 0]
+    back = np.flatnonzero(res.op == "B")
+    assert back.size > 10
+    for i in back:
+        k, t = int(res.stage[i]), int(res.step[i])
+        spec = specs[(k, t, 0)][1]
+        assert isinstance(spec, Predicted) and spec.s == res.s[i] < 0
+        W = traj[k]
+        assert res.stale[i, k] == pytest.approx(_rmse(W[spec.base], W[spec.base + spec.s]), rel=1e-9, abs=1e-13)
+        assert np.isfinite(res.pred[i, k])
+
+
+def test_in_pipeline_without_staleness_has_zero_stale_error():
+    """D = 1: every forward runs at the current version, so stale and used weights are the true ones."""
+    from pipelab.optim import optimizer_factory
+    from pipelab.prediction_error import measure_in_pipeline
+
+    res = measure_in_pipeline(_linear_stages(), _batches(6), policy="spectrain",
+                              optimizer=optimizer_factory("sgdm", lr=0.1), D=1)
+    assert len(res.op) == 6 and (res.s == 0).all() and res.stage_s() == [0]
+    assert np.array_equal(res.stale, np.zeros((6, 3))) and np.array_equal(res.pred, np.zeros((6, 3)))
+    assert np.isnan(res.window_ratio(3)).all()  # nothing predicted: no ratio
+    rows = res.rows(3)
+    assert len(rows) == 3 * 4 and all(r["jobs"] == 0 and r["s"] == 0 for r in rows)
+
+
+def test_in_pipeline_rows_and_csv_agree_with_the_events():
+    """Window means in the rows are plain means of the events' RMSEs; the CSV carries the same numbers."""
+    import csv
+    import io
+
+    from pipelab.optim import optimizer_factory
+    from pipelab.prediction_error import measure_in_pipeline
+
+    res = measure_in_pipeline(_linear_stages(), _batches(12), policy="pipeoptim",
+                              optimizer=optimizer_factory("adam", lr=1e-2), D=3)
+    rows = res.rows(phases=3)
+    parsed = list(csv.DictReader(io.StringIO(res.to_csv(phases=3))))
+    assert len(parsed) == len(rows) == 3 * 4
+    for r, p in zip(rows, parsed):
+        li = res.layers.index(r["layer"])
+        sel = (res.op == "F") & (res.s != 0) & (res.step >= r["step_from"]) & (res.step < r["step_to"])
+        sel &= np.isfinite(res.pred[:, li])
+        assert r["jobs"] == sel.sum()
+        if sel.any():
+            want = res.pred[sel, li].mean() / res.stale[sel, li].mean()
+            assert r["ratio"] == pytest.approx(want, rel=1e-12)
+            assert float(p["ratio"]) == pytest.approx(want, rel=1e-5)
+        else:
+            assert p["ratio"] == ""
+
+
+def test_in_pipeline_bad_arguments():
+    from pipelab.optim import optimizer_factory
+    from pipelab.prediction_error import InPipelineConfig, measure_in_pipeline
+
+    with pytest.raises(ValueError, match="policy must predict"):
+        measure_in_pipeline(_linear_stages(), _batches(3), policy="stashing", optimizer=optimizer_factory("sgd"), D=2)
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        measure_in_pipeline([nn.Linear(4, 3)], _batches(3), policy="pipeoptim", optimizer=optimizer_factory("sgd"),
+                            D=1)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        InPipelineConfig(policy="vanilla")
+    with pytest.raises(ValueError, match="D must be"):
+        InPipelineConfig(D=0)
+
+
+def test_prediction_in_pipeline_figure_csv_and_markdown():
+    """The figure names preset, D and each panel's lr; its CSV is its rows; the notebook's per-layer sentences
+    quote exactly the CSV's whole-run ratios."""
+    import csv
+    import io
+    import re
+
+    from pipelab import figures
+    from pipelab.figures.prediction import in_pipeline_markdown
+    from pipelab.prediction_error import read_rows_csv
+
+    try:
+        out = figures.make("prediction_in_pipeline", "tiny")
+    except DataError:
+        pytest.skip("Fashion-MNIST not installed")
+    title = out.figure.get_suptitle()
+    assert "tiny preset" in title and "D = 4" in title and "He init" in title
+    panel_titles = [ax.get_title() for ax in out.figure.axes if ax.get_title()]
+    assert any("SGDM, lr 0.01" in t for t in panel_titles) and any("Adam, lr 0.001" in t for t in panel_titles)
+    parsed = list(csv.DictReader(io.StringIO(out.tables["csv"])))
+    assert len(parsed) == len(out.data) > 0
+    assert {(r["policy"], r["optimizer"]) for r in parsed} == {("pipeoptim", "sgdm"), ("spectrain", "sgdm"),
+                                                                ("pipemare", "sgdm"), ("pipeoptim", "adam"),
+                                                                ("pipemare", "adam")}
+    whole = [r for r in out.data if r["phase"] == "all"]
+    # PipeOptim's last stage (s = 0) predicts nothing: empty ratio cells, not zeros
+    assert all(r["ratio"] != r["ratio"] for r in whole if r["policy"] == "pipeoptim" and r["s"] == 0)
+    text = in_pipeline_markdown(out.data)
+    bullets = "\n".join(line for line in text.splitlines() if line.startswith("- **"))
+    quoted = set(re.findall(r"\b\d\.\d\d\b", bullets))
+    allowed = {f"{r['ratio']:.2f}" for r in whole if r["ratio"] == r["ratio"]}
+    for pol, opt in {(r["policy"], r["optimizer"]) for r in out.data}:  # first- and last-window means
+        for phase in ("0", "1"):
+            vals = [r["ratio"] for r in out.data if (r["policy"], r["optimizer"], r["phase"]) == (pol, opt, phase)
+                    and r["ratio"] == r["ratio"]]
+            allowed.add(f"{np.mean(vals):.2f}")
+    assert quoted and quoted <= allowed, quoted - allowed
+    groups = _by_panel_stage(whole).values()
+    if any(len(v) > 1 for v in groups):
+        assert f"differ by at most {max(max(v) - min(v) for v in groups):.2f}" in text
+    else:  # tiny: one block per stage
+        assert "Each stage holds one layer" in text
+    for back, row in zip(read_rows_csv(out.tables["csv"]), out.data):  # the CSV reads back to the rows
+        for f, v in row.items():
+            assert back[f] == (v if isinstance(v, str | int) else pytest.approx(v, rel=1e-5, nan_ok=True)), f
+    pipeoptim_sgdm = next(line for line in text.splitlines() if "PipeOptim · SGDM" in line)
+    best = min((r for r in whole if r["policy"] == "pipeoptim" and r["optimizer"] == "sgdm"
+                and r["ratio"] == r["ratio"]), key=lambda r: r["ratio"])
+    assert f"`L{best['layer']}` ({best['ratio']:.2f})" in pipeoptim_sgdm
+
+
+def _by_panel_stage(rows):
+    out = {}
+    for r in rows:
+        if r["ratio"] == r["ratio"]:
+            out.setdefault((r["policy"], r["optimizer"], r["stage"]), []).append(r["ratio"])
+    return out
+
+
+
+def test_notebook_02_per_layer_prose_is_generated_or_marked_plain():
+    """No typed per-layer number in notebook 02's Markdown: per-layer statements come from code cells built on
+    the in-pipeline CSV rows (``in_pipeline_markdown``), and the notebook uses that helper."""
+    import json
+    import re
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "02_prediction_error.ipynb").read_text())
+    layer_number = re.compile(r"(\bL\d\b|\blayers?\b|classifier head)[^.\n]{0,60}?\b\d\.\d\d", re.IGNORECASE)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"])
+            assert not layer_number.search(src), layer_number.search(src)
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "in_pipeline_markdown" in code and "prediction_in_pipeline" in code

@@ -4,6 +4,10 @@
   predicted and of stale weights against the true future weights over training, s = 1, 2, 3.
 - ``prediction_ratio_summary``: RMSE ratio predicted/stale (time-averaged) for every predictor ×
   optimizer and s (heatmaps; under ``paper`` one row of panels per model).
+- ``prediction_in_pipeline``: the same ratio *inside the pipeline*
+  (:func:`pipelab.prediction_error.measure_in_pipeline`): per stage at its real staleness and per layer, over
+  windows of the run, one panel per policy × optimizer, with the CSV the notebook's per-layer statements are
+  written from (:func:`in_pipeline_markdown`).
 
 All runs go through :func:`pipelab.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
 summary and the per-optimizer figures share them. Every figure names its learning rate(s), the weight
@@ -18,7 +22,9 @@ init rather than of prediction.
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
@@ -30,14 +36,20 @@ from ..cache import cached
 from ..config import from_preset
 from ..optim import available_optimizers, optimizer_label
 from ..prediction_error import (
+    InPipelineConfig,
+    InPipelineResult,
     PredictionErrorConfig,
     PredictionErrorResult,
     prediction_optimizer,
+    rows_to_csv,
+    run_in_pipeline,
     run_prediction_error,
 )
 from . import FigureOutput, register
 
-__all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS", "run_lr"]
+__all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS", "run_lr",
+           "InPipelineFigureConfig", "IN_PIPELINE_CONFIGS", "in_pipeline_run", "in_pipeline_markdown",
+           "plain_layer_markdown"]
 
 PREDICTOR_LABELS = {
     "stale": "stale (no prediction)", "spectrain": "SpecTrain (paper)", "spectrain_code": "SpecTrain (code)",
@@ -247,3 +259,207 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
     fig.suptitle("Weight prediction error relative to stale weights (time-averaged over training; "
                  f"— : predictor needs SGD momentum; {_INIT_LABEL[cfg.base.init]}; {preset} preset)", fontsize=10)
     return FigureOutput(fig, cfg, cfg.base.seed, tables={"csv": "\n".join(rows) + "\n"}, notes=notes, data=data)
+
+
+# --------------------------------------------------------------------------------- inside the pipeline
+
+@dataclass(frozen=True)
+class InPipelineFigureConfig:
+    """Runs behind ``prediction_in_pipeline``: a base run, the (policy, optimizer) panels, the lr per optimizer.
+
+    ``lrs`` overrides :data:`~pipelab.prediction_error.OPTIMIZER_SETTINGS`' learning rate per optimizer (SGDM
+    0.01: at 0.05, this experiment's plain-training rate, PipeOptim and SpecTrain diverge at D = 4); ``phases``
+    windows of the run are the heatmap's columns, plus one for the whole run.
+    """
+
+    base: InPipelineConfig
+    arms: tuple[tuple[str, str], ...] = (("pipeoptim", "sgdm"), ("spectrain", "sgdm"), ("pipemare", "sgdm"),
+                                         ("pipeoptim", "adam"), ("pipemare", "adam"))
+    lrs: tuple[tuple[str, float], ...] = (("sgdm", 0.01),)
+    phases: int = 5
+
+    def run_config(self, policy: str, optimizer: str) -> InPipelineConfig:
+        """The run of one panel."""
+        lr = dict(self.lrs).get(optimizer)
+        opts = tuple(o for o in self.base.optimizer_options if o[0] != "lr") + ((("lr", lr),) if lr else ())
+        return replace(self.base, policy=policy, optimizer=optimizer, optimizer_options=opts)
+
+
+_IN_TINY = InPipelineConfig(steps=40, batch_size=32, train_subset=2000, D=4, anneal_steps=10,
+                            model_options=(("depth", 4), ("width", 32)))
+_IN_QUICK = InPipelineConfig(steps=250, batch_size=128, D=4, anneal_steps=50,
+                             model_options=(("depth", 8), ("width", 128)))
+_IN_PAPER = InPipelineConfig(steps=2000, batch_size=128, D=8, anneal_steps=250, threads=None, device="auto",
+                             model_options=(("depth", 16), ("width", 512)))
+
+IN_PIPELINE_CONFIGS = {
+    "tiny": InPipelineFigureConfig(_IN_TINY, phases=2),
+    "quick": InPipelineFigureConfig(_IN_QUICK),
+    "paper": InPipelineFigureConfig(_IN_PAPER),
+}
+IN_PIPELINE_CONFIGS["study"] = IN_PIPELINE_CONFIGS["quick"]
+
+
+def in_pipeline_run(cfg: InPipelineFigureConfig, policy: str, optimizer: str) -> InPipelineResult:
+    """The (cached) in-pipeline run of one panel."""
+    return cached("prediction_in_pipeline", cfg.run_config(policy, optimizer), run_in_pipeline)
+
+
+def in_pipeline_markdown(rows: list[dict]) -> str:
+    """Per-layer statements for notebook 02, written from the CSV rows of ``prediction_in_pipeline``.
+
+    One bullet per panel (policy × optimizer): the whole-run RMSE ratio predicted/stale of each stage (its range
+    over the stage's layers, at the stage's s), the layer where prediction helps most and least, and whether
+    the ratio rises or falls from the first to the last window.
+    """
+    from ..policies import policy_info
+
+    panels: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        panels.setdefault((r["policy"], r["optimizer"]), []).append(r)
+    lines = []
+    spreads, rising, multi = [], 0, False
+    for rs in panels.values():
+        whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
+        by_stage: dict[int, list[float]] = {}
+        for r in whole:
+            by_stage.setdefault(r["stage"], []).append(r["ratio"])
+        spreads += [max(v) - min(v) for v in by_stage.values()]
+        multi |= any(len(v) > 1 for v in by_stage.values())
+        s_of = {r["stage"]: abs(r["s"]) for r in whole}
+        means = [float(np.mean(by_stage[k])) for k in sorted(by_stage, key=lambda k: s_of[k])]
+        rising += len(means) > 1 and all(b >= a for a, b in zip(means, means[1:]))
+    if spreads:
+        within = (f"Within one stage the layers' whole-run ratios differ by at most {max(spreads):.2f}" if multi
+                  else "Each stage holds one layer here, so layers differ only as their stages do")
+        lines += [f"{within}; the stage mean does not fall as the stage's |s| grows in {rising} of {len(panels)} "
+                  "panels.", ""]
+    for (pol, opt), rs in panels.items():
+        whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
+        if not whole:
+            lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}**: no stage predicted anything.")
+            continue
+        parts = []
+        for k in sorted({r["stage"] for r in rs}):
+            ks = [r for r in whole if r["stage"] == k]
+            s = next(r["s"] for r in rs if r["stage"] == k)
+            if not ks:
+                parts.append(f"stage {k} (s = {s}) predicts nothing")
+                continue
+            lo, hi = min(r["ratio"] for r in ks), max(r["ratio"] for r in ks)
+            span = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+            parts.append(f"stage {k} (s = {s}) {span}")
+        best, worst = min(whole, key=lambda r: r["ratio"]), max(whole, key=lambda r: r["ratio"])
+        phased = [r for r in rs if r["phase"] not in ("all",) and np.isfinite(r["ratio"])]
+        first = [r["ratio"] for r in phased if r["phase"] == "0"]
+        last_phase = max((int(r["phase"]) for r in phased), default=0)
+        last = [r["ratio"] for r in phased if int(r["phase"]) == last_phase]
+        trend = ""
+        if first and last and last_phase > 0:
+            trend = (f"; mean over layers {np.mean(first):.2f} in the first window of steps, "
+                     f"{np.mean(last):.2f} in the last")
+        lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}** ({whole[0]['op']} jobs; "
+                     f"ratio predicted/stale per stage, range over its layers): {'; '.join(parts)}. Most help at "
+                     f"layer `L{best['layer']}` ({best['ratio']:.2f}), least at `L{worst['layer']}` "
+                     f"({worst['ratio']:.2f}){trend}.")
+    return "\n".join(lines)
+
+
+@register("prediction_in_pipeline",
+          "Prediction error inside the pipeline: per stage (its real staleness) and layer, predicted/stale RMSE")
+def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
+    from ..policies import policy_info
+
+    cfg = from_preset(IN_PIPELINE_CONFIGS, preset)
+    policies = list(dict.fromkeys(p for p, _ in cfg.arms))
+    optimizers = list(dict.fromkeys(o for _, o in cfg.arms))
+    arms: Iterable[tuple[str, str]] = cfg.arms
+    if progress:
+        from tqdm.auto import tqdm
+
+        arms = tqdm(cfg.arms, desc="in-pipeline runs", unit="run")
+    results = {arm: in_pipeline_run(cfg, *arm) for arm in arms}
+    first = next(iter(results.values()))
+    L, P = len(first.layers), cfg.phases
+    fig, axes = plt.subplots(len(optimizers), len(policies), figsize=(3.3 * len(policies) + 1.4,
+                                                                      0.36 * L * len(optimizers) + 2.4),
+                             squeeze=False, layout="constrained")
+    norm = LogNorm(vmin=0.25, vmax=4.0)
+    im: AxesImage | None = None
+    rows: list[dict] = []
+    notes: dict[str, object] = {}
+    cols = [f"{i + 1}" for i in range(P)] + ["all"]
+    for oi, opt in enumerate(optimizers):
+        for pi, pol in enumerate(policies):
+            ax = axes[oi, pi]
+            ax.grid(False)
+            res = results.get((pol, opt))
+            if res is None:
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"{policy_info(pol).title} · {optimizer_label(opt)}:\nnot run"
+                        + ("\n(SpecTrain needs SGD momentum)" if pol == "spectrain" else ""),
+                        ha="center", va="center", transform=ax.transAxes, fontsize=8)
+                continue
+            rows += res.rows(P)
+            ratio = res.window_ratio(P)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                im = ax.imshow(ratio, cmap="RdBu_r", norm=norm, aspect="auto")
+            for li in range(L):
+                for w in range(P + 1):
+                    v = ratio[li, w]
+                    ax.text(w, li, "—" if not np.isfinite(v) else f"{v:.2f}", ha="center", va="center",
+                            fontsize=6, color="white" if np.isfinite(v) and abs(np.log(v)) > 0.8 else "black")
+            ax.axvline(P - 0.5, color="black", lw=1.2)
+            ss = res.stage_s()
+            for li in range(1, L):
+                if res.layer_stage[li] != res.layer_stage[li - 1]:
+                    ax.axhline(li - 0.5, color="black", lw=1.0)
+            for k in range(res.D):
+                lis = [li for li in range(L) if res.layer_stage[li] == k]
+                if lis:
+                    ax.text(P + 0.6, (lis[0] + lis[-1]) / 2, f"k={k}\ns={ss[k]}", fontsize=6, va="center",
+                            ha="left", transform=ax.transData, clip_on=False)
+            ax.set_xticks(range(P + 1), cols, fontsize=7)
+            ax.set_yticks(range(L), [f"L{n}" for n in res.layers] if pi == 0 else [], fontsize=7)
+            ax.set_xlabel(f"window of {res.steps // P} steps · all", fontsize=7)
+            div = f", diverged at {res.diverged_at}" if res.diverged_at is not None else ""
+            lr = float(res.meta.get("lr", math.nan))
+            ax.set_title(f"{policy_info(pol).title} · {optimizer_label(opt)}, lr {lr:g}\n({res.predicted_op} jobs"
+                         f"{div})", fontsize=8)
+            whole = ratio[:, -1]
+            for k in range(res.D):
+                vals = whole[[li for li in range(L) if res.layer_stage[li] == k]]
+                vals = vals[np.isfinite(vals)]
+                notes[f"{pol}/{opt}/stage{k}/s"] = ss[k]
+                notes[f"{pol}/{opt}/stage{k}/ratio"] = float(vals.mean()) if vals.size else None
+    if im is None:
+        raise ValueError(f"preset {preset!r}: no panel was run")
+    cb = fig.colorbar(im, ax=axes, shrink=0.8, label="RMSE predicted / stale (< 1: prediction helps)")
+    cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25", "0.5", "1", "2", "4"])
+    cb.minorticks_off()
+    b = cfg.base
+    fig.suptitle(f"Prediction error inside the pipeline: async 1F1B, D = {b.D}, M = 1, {b.steps} steps, {b.model} "
+                 f"({dict(b.model_options).get('depth', '?')} blocks) on {b.dataset}, {_INIT_LABEL[b.init]}; "
+                 f"{preset} preset\nrows: layers by stage k at its staleness s (version difference from the "
+                 "table; PipeMare predicts back, s < 0); each job's weights vs the version they stand for; "
+                 "— : no prediction", fontsize=9)
+    return FigureOutput(fig, cfg, b.seed, tables={"csv": rows_to_csv(rows)}, notes=notes, data=rows)
+
+
+def plain_layer_markdown(res: PredictionErrorResult, predictors: tuple[str, ...] = ("spectrain", "pipeoptim",
+                                                                                     "zero_grad_rollout"),
+                         s: int = 3) -> str:
+    """Per-layer statement of a *plain-training* run (:class:`PredictionErrorResult`) at staleness ``s``: each
+    predictor's range of time-averaged ratio predicted/stale over the layers, and the layer where it is largest."""
+    s = min(s, res.max_s)
+    r = res.summary_ratio(per_layer=True)[:, s - 1]
+    parts = []
+    for name in predictors:
+        if name not in res.predictors:
+            continue
+        v = r[res.predictors.index(name), :-1]
+        worst = int(np.nanargmax(v))
+        parts.append(f"{PREDICTOR_LABELS.get(name, name)} {np.nanmin(v):.2f}–{np.nanmax(v):.2f} over the layers "
+                     f"(largest at `L{res.layers[worst]}`), {r[res.predictors.index(name), -1]:.2f} overall")
+    return (f"Plain training (no pipeline), s = {s}, ratio predicted/stale per layer: " + "; ".join(parts) + ".")

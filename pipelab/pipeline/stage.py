@@ -96,6 +96,9 @@ class StageExecutor:
             self.drops.setdefault(i, []).append(v)
         self.scheduler: Any = None
         self.predictor: Any = None
+        #: optional observer ``on_weights(event, spec, W)``: called with the weights :meth:`weights` hands to each
+        #: job (``event``: the running ``(op, t, j)``); it must not modify ``W`` (pipelab.prediction_error reads it)
+        self.on_weights: Callable[[tuple[str, int, int], WeightSpec, tuple[Tensor, ...]], None] | None = None
         self.saved: dict[tuple[int, int], tuple] = {}
         self.pending: dict[tuple[int, int], tuple] = {}  # split backward: I's graph waiting for its W
         self.acc: dict[int, list[Tensor]] = {}
@@ -123,7 +126,10 @@ class StageExecutor:
         if not self.params:
             return ()
         if isinstance(spec, Stored):
-            return self.ring.get(spec.version)
+            W = self.ring.get(spec.version)
+            if self.on_weights is not None:
+                self.on_weights(self.events[self.position], spec, W)
+            return W
         base = self.ring.get(spec.base)
         opt_base = [base[i] for i in self.inv_order]
         if spec.kind == "correction":
@@ -133,6 +139,8 @@ class StageExecutor:
         else:
             out = self.predictor.predict(self.optimizer, spec.s, params=opt_base)
         W = tuple(out[i] for i in self.opt_order)
+        if self.on_weights is not None:
+            self.on_weights(self.events[self.position], spec, W)
         return tuple(w.detach().requires_grad_(True) for w in W) if grad else W
 
     # ------------------------------------------------------------------------------------- jobs
