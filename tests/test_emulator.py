@@ -344,3 +344,32 @@ def test_stage_without_parameters_under_asynchronous_policies(policy) -> None:
         assert max((p - q).abs().max().item() for p, q in zip(base[k].parameters(), twin[k].parameters())) <= TOL
     assert res.current == res_twin.current == {key: emu.table.version(key) for key in res.current}
     assert res.weight_copies[1] == 0 and emu.stages[1].predictor is None and 1 not in emu.predicted_stages
+
+
+def test_snapshots_hold_each_stages_version_v_even_when_it_keeps_one_copy() -> None:
+    """A stage whose ring holds one version shares its live weights; a later update of that stage must not leak into
+    the snapshot of version v taken once every stage has reached v (asynchronous 1F1B, PipeOptim: capacity 1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 4), nn.Linear(4, 3)).double()
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 4, generator=gen, dtype=torch.float64), torch.randint(0, 3, (8,), generator=gen))
+               for _ in range(8)]
+    trajectory: dict[int, list[list[torch.Tensor]]] = {}
+
+    def factory(params):
+        params = list(params)
+        opt = torch.optim.SGD(params, lr=0.2)
+        k = len(trajectory)
+        trajectory[k] = [[p.detach().clone() for p in params]]
+        opt.register_step_post_hook(lambda o, a, kw: trajectory[k].append([p.detach().clone() for p in params]))
+        return opt
+
+    snaps: dict[int, list[list[torch.Tensor]]] = {}
+    emu = Emulator(model, D=3, schedule=pipedream(3, 1, 8), policy="pipeoptim", optimizer=factory)
+    assert emu.capacity == [1, 1, 1]
+    emu.run(batches, snapshot_every=1, on_snapshot=lambda v, W: snaps.__setitem__(v, [[w.clone() for w in Wk]
+                                                                                      for Wk in W]))
+    assert sorted(snaps) == list(range(9))
+    for v, W in snaps.items():
+        for k in range(3):
+            assert all(torch.equal(a, b) for a, b in zip(W[k], trajectory[k][v])), (v, k)

@@ -177,7 +177,9 @@ class Emulator:
         def snapshot(k: int, v: int, W: tuple[Tensor, ...]) -> None:
             if on_snapshot is None or not snapshot_every or (v % snapshot_every and v != self.steps):
                 return
-            snaps[v][k] = W
+            # a stage whose ring holds one version hands out views of its live weights, which a later update of
+            # this stage changes before the other stages reach v: keep a copy until the snapshot is complete
+            snaps[v][k] = tuple(w.detach().clone() for w in W) if self.stages[k].share_live else W
             if len(snaps[v]) == D:
                 on_snapshot(v, [snaps[v][kk] for kk in range(D)])
                 del snaps[v]
