@@ -61,12 +61,11 @@ class Tuning:
     """Per-arm learning-rate selection of a preset (:mod:`pipelab.tuning`): successive halving on the validation split.
 
     Attributes:
-        grids: ``(optimizer, low, high)``: each optimizer's log-spaced grid of ``n_lrs`` rates (:func:`lr_grid`).
-        n_lrs: rates per grid (>= 5); seeds: the tuning seeds; eta, min_epochs, max_epochs: the halving's rounds.
+        grids: ``(optimizer, low, high, n)``: each optimizer's log-spaced grid of n >= 5 rates (:func:`lr_grid`).
+        seeds: the tuning seeds; eta, min_epochs, max_epochs: the halving's rounds.
     """
 
-    grids: tuple[tuple[str, float, float], ...]
-    n_lrs: int = 5
+    grids: tuple[tuple[str, float, float, int], ...]
     seeds: tuple[int, ...] = (0,)
     eta: int = 3
     min_epochs: int = 1
@@ -75,9 +74,9 @@ class Tuning:
     def lrs(self, optimizer: str) -> list[float]:
         from ..tuning import lr_grid
 
-        for name, low, high in self.grids:
+        for name, low, high, n in self.grids:
             if name == optimizer:
-                return lr_grid(low, high, self.n_lrs)
+                return lr_grid(low, high, n)
         raise ValueError(f"no learning-rate grid for optimizer {optimizer!r}; the grids cover "
                          f"{', '.join(g[0] for g in self.grids)}")
 
@@ -123,11 +122,12 @@ class LearningCurvesConfig:
 
 _QUICK_POLICIES = ("sequential", "vanilla", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare")
 
-#: The study's learning-rate grids: 5 log-spaced rates over two decades around each optimizer's usual rate. For
-#: SGDM the range straddles the heavy-ball stability threshold 2(1 + β)/λ_max of the MLP's top Hessian
-#: eigenvalue at initialisation (figure ``study_lr_map`` draws it; notebook 03 derives it).
-STUDY_TUNING = Tuning(grids=(("sgdm", 1e-3, 1e-1), ("adam", 1e-4, 1e-2)), n_lrs=5, seeds=(100,), eta=3,
-                      min_epochs=1, max_epochs=3)
+#: The study's learning-rate grids. SGDM: 6 rates from 1e-4 to 1e-1, which straddle the heavy-ball thresholds
+#: z*(β = 0.9, τ)/λ_max of the Fashion-MNIST MLP (λ_max ≈ 90 at initialisation): ≈ 4e-2 without delay, ≈ 4e-4 for
+#: τ = 3 and ≈ 2e-4 for τ = 7 (figure ``study_lr_map`` draws them; notebook 03 derives z*). Adam: 5 rates over two
+#: decades around its usual 1e-3 (its threshold is in preconditioned units, which the study does not measure).
+STUDY_TUNING = Tuning(grids=(("sgdm", 1e-4, 1e-1, 6), ("adam", 1e-4, 1e-2, 5)), seeds=(100,), eta=3, min_epochs=1,
+                      max_epochs=3)
 
 
 def _presets() -> dict[str, LearningCurvesConfig]:
@@ -135,8 +135,7 @@ def _presets() -> dict[str, LearningCurvesConfig]:
         "tiny": LearningCurvesConfig(("digits_mlp",), ("sgdm",), ("sequential", "stashing", "pipeoptim"), 4, (0,),
                                      epochs=1, batch_size=32, n_train=512, n_test=200, n_eval_train=200,
                                      depths=(4,), gap_tasks=("digits_mlp",), n_val=64,
-                                     tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1),), n_lrs=5, seeds=(100,),
-                                                   max_epochs=1)),
+                                     tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1, 5),), seeds=(100,), max_epochs=1)),
         "quick": LearningCurvesConfig(("fashion_mnist_mlp", "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"),
                                       _QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
                                       n_test=2000, n_eval_train=2000, depths=(4, 8),

@@ -147,7 +147,8 @@ def study_lr_map(preset: str, *, progress: bool = False) -> FigureOutput:
             for tau, lr in thr.items():
                 x = _grid_position(lr, lrs)
                 ax.axvline(x, color="white" if tau == 0 else "red", ls="-" if tau == 0 else "--", lw=1.5)
-                ax.text(x, -0.6, f"τ={tau}", color="red" if tau else "k", fontsize=6.5, ha="center", va="bottom")
+                ax.text(x, len(pols) - 0.55, f"τ={tau}", color="red" if tau else "white", fontsize=6.5, ha="center",
+                        va="bottom", fontweight="bold")
         ax.set_xticks(range(len(lrs)), [f"{lr:.0e}" for lr in lrs], fontsize=7)
         ax.set_yticks(range(len(pols)), [LABELS[p] for p in pols], fontsize=7)
         ax.set_xlabel("learning rate", fontsize=8)
