@@ -515,9 +515,8 @@ def _wordlang_install_line(packages: Iterable[str]) -> str:
     return f"sudo apt-get install -y {' '.join(packages)}"
 
 
-@lru_cache(maxsize=16)
-def _wordlist(path: str, mtime: float, size: int, min_len: int, max_len: int) -> frozenset[str]:
-    """The valid words of one list (lowercased, within the alphabet and length bounds); cached per file state."""
+def _wordlist(path: str, min_len: int, max_len: int) -> frozenset[str]:
+    """The valid words of one list (lowercased, within the alphabet and length bounds)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -527,15 +526,31 @@ def _wordlist(path: str, mtime: float, size: int, min_len: int, max_len: int) ->
 
 
 @lru_cache(maxsize=8)
-def _unique_words(state: tuple[tuple[str, str, float, int], ...], min_len: int,
-                  max_len: int) -> tuple[tuple[str, ...], ...]:
-    """Per language of ``state`` ((language, path, mtime, size), ...), its sorted words found in no other list."""
-    sets = [_wordlist(path, mtime, size, min_len, max_len) for _, path, mtime, size in state]
+def _select(state: tuple[tuple[str, str, float, int], ...], min_len: int, max_len: int, n_train: int, n_test: int,
+            seed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Rules 1-5 of :func:`load_wordlang` on the lists of ``state`` ((language, path, mtime, size), ...).
+
+    Cached per file state and arguments: only the ~50 000 chosen words stay in memory, not the ~1M read.
+    """
+    sets = [_wordlist(path, min_len, max_len) for _, path, _, _ in state]
     counts: dict[str, int] = {}
     for words in sets:
         for w in words:
             counts[w] = counts.get(w, 0) + 1
-    return tuple(tuple(sorted(w for w in words if counts[w] == 1)) for words in sets)
+    rng = np.random.default_rng(seed)
+    need = n_train + n_test
+    chosen = []
+    for (lang, _, _, _), words in zip(state, sets):
+        unique = sorted(w for w in words if counts[w] == 1)
+        if len(unique) < need:
+            raise ValueError(f"language {lang!r} has {len(unique)} usable words of length {min_len}..{max_len} "
+                             f"(unique to it among {', '.join(s[0] for s in state)}); n_train + n_test = {need} "
+                             "is too many")
+        perm = rng.permutation(len(unique))[:need]
+        chosen.append([unique[i] for i in perm])
+    K = len(state)
+    return (tuple(chosen[k][j] for j in range(n_train) for k in range(K)),
+            tuple(chosen[k][n_train + j] for j in range(n_test) for k in range(K)))
 
 
 def _check_wordlang_args(languages: Sequence[str], min_len: int, max_len: int, n_train: int, n_test: int) -> None:
@@ -591,8 +606,7 @@ def verify_wordlists(root: str | os.PathLike[str] | None = None) -> Path:
     """
     paths = find_wordlists(root)
     for path in paths.values():
-        st = path.stat()
-        _wordlist(str(path), st.st_mtime, st.st_size, 3, 16)
+        _wordlist(str(path), 3, 16)
     return next(iter(paths.values())).parent
 
 
@@ -602,7 +616,7 @@ def wordlang_words(
 ) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
     """The words behind :func:`load_wordlang`: ``(train_words, train_labels, test_words, test_labels)``.
 
-    Rules (the module docstring of :func:`load_wordlang` states them with the counts). The ``K`` languages
+    The rules, with the counts they give, are in :func:`load_wordlang`'s docstring. The ``K`` languages
     interleave: example ``i`` of either split has label ``i mod K``, so every prefix of ``K·m`` examples is
     exactly balanced (a ``Dataset.subset`` keeps the classes balanced).
 
@@ -614,21 +628,10 @@ def wordlang_words(
     _check_wordlang_args(languages, min_len, max_len, n_train, n_test)
     paths = find_wordlists(root, languages)
     state = tuple((lang, str(path), path.stat().st_mtime, path.stat().st_size) for lang, path in paths.items())
-    candidates = _unique_words(state, min_len, max_len)
-    rng = np.random.default_rng(seed)
-    need = n_train + n_test
-    chosen = []
-    for lang, unique in zip(languages, candidates):
-        if len(unique) < need:
-            raise ValueError(f"language {lang!r} has {len(unique)} usable words of length {min_len}..{max_len} "
-                             f"(unique to it among {', '.join(languages)}); n_train + n_test = {need} is too many")
-        perm = rng.permutation(len(unique))[:need]
-        chosen.append([unique[i] for i in perm])
+    train, test = _select(state, min_len, max_len, n_train, n_test, seed)
     K = len(languages)
-    train = [chosen[k][j] for j in range(n_train) for k in range(K)]
-    test = [chosen[k][n_train + j] for j in range(n_test) for k in range(K)]
-    return (train, np.tile(np.arange(K, dtype=np.int64), n_train),
-            test, np.tile(np.arange(K, dtype=np.int64), n_test))
+    return (list(train), np.tile(np.arange(K, dtype=np.int64), n_train),
+            list(test), np.tile(np.arange(K, dtype=np.int64), n_test))
 
 
 def encode_words(words: Sequence[str], max_len: int = 16, *, dtype: torch.dtype = torch.float32,

@@ -32,8 +32,7 @@ V = len(WORDLANG_ALPHABET)
 
 
 def _clear_caches() -> None:
-    data._wordlist.cache_clear()
-    data._unique_words.cache_clear()
+    data._select.cache_clear()
 
 
 def write_lists(root: Path, words: dict[str, list[str]]) -> Path:
@@ -117,6 +116,15 @@ def test_seeded_and_deterministic(tmp_path: Path) -> None:
     c = wordlang_words(root, n_train=10, n_test=5, seed=2)
     assert a[0] == b[0] and a[2] == b[2]
     assert a[0] != c[0]
+
+
+def test_replaced_list_is_reread(tmp_path: Path) -> None:
+    """The selection is cached per file state (path, mtime, size): a reinstalled list is read again."""
+    root = fake_lists(tmp_path / "dict")
+    before = wordlang_words(root, languages=("en", "de"), n_train=3, n_test=0)
+    write_lists(root, {"en": ["zzzz", "yyyy", "xxxxx", "wwwwww"]})
+    after = wordlang_words(root, languages=("en", "de"), n_train=3, n_test=0)
+    assert set(after[0][0::2]) <= {"zzzz", "yyyy", "xxxxx", "wwwwww"} and after[0] != before[0]
 
 
 def test_language_subset_relabels_and_dedups_among_the_chosen(tmp_path: Path) -> None:
