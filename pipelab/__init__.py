@@ -53,6 +53,7 @@ from .data import (
     load_digits,
     load_fashion_mnist,
     load_mnist1d,
+    load_wordlang,
     teacher_student_classification,
     teacher_student_regression,
 )
@@ -159,6 +160,7 @@ __all__ = [
     # data
     "Dataset", "DataError", "load_dataset", "load_fashion_mnist", "load_digits", "load_mnist1d",
     "teacher_student_regression", "teacher_student_classification", "find_fashion_mnist", "fetch_fashion_mnist",
+    "load_wordlang",
     # models and stages
     "build_model", "deep_mlp", "small_cnn", "small_resnet", "transformer_classifier",
     "split", "stage_sizes", "balanced_partition",

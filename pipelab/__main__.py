@@ -66,13 +66,14 @@ def _figures(args: argparse.Namespace) -> int:
     return 0
 
 
-def _apt_install(deadline: float) -> str | None:
-    """Install Debian's ``dataset-fashion-mnist`` with apt-get as root, before ``deadline``; the problem or None."""
+def _apt_install(deadline: float, packages: tuple[str, ...] = ("dataset-fashion-mnist",)) -> str | None:
+    """Install Debian ``packages`` with apt-get as root, before ``deadline``; the problem or None."""
     apt = shutil.which("apt-get")
+    names = " ".join(packages)
     if not apt or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "apt-get unavailable or not running as root: skipped Debian's dataset-fashion-mnist"
-    logging.getLogger("pipelab").info("installing Debian package dataset-fashion-mnist")
-    for cmd in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "dataset-fashion-mnist"]):
+        return f"apt-get unavailable or not running as root: skipped Debian's {names}"
+    logging.getLogger("pipelab").info("installing Debian packages %s", names)
+    for cmd in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", *packages]):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return f"`{' '.join(cmd)}` not started: the --timeout deadline had passed"
@@ -89,12 +90,18 @@ def _apt_install(deadline: float) -> str | None:
 
 
 def _data(args: argparse.Namespace) -> int:
-    """Verify Fashion-MNIST (every file read in full); with --fetch obtain it first when missing or damaged."""
-    from .data import DataError, fetch_fashion_mnist, verify_fashion_mnist
+    """Verify Fashion-MNIST (every file read in full); with --fetch obtain it first when missing or damaged.
+
+    The word lists of the ``wordlang`` task are checked too (and, with --fetch, installed in the same apt-get
+    call); missing ones only warn, since that task alone needs them.
+    """
+    from .data import DataError, fetch_fashion_mnist, missing_wordlist_packages, verify_fashion_mnist
 
     if not args.timeout > 0:
         print(f"error: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
         return 2
+    words_missing = tuple(missing_wordlist_packages())
+    apt_tried = False
     try:
         where = verify_fashion_mnist(args.root)
     except DataError as exc:
@@ -102,7 +109,8 @@ def _data(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         deadline = time.monotonic() + args.timeout
-        problem = _apt_install(deadline)
+        problem = _apt_install(deadline, ("dataset-fashion-mnist", *words_missing))
+        apt_tried = True
         try:
             if problem is None:
                 where = verify_fashion_mnist(args.root)
@@ -115,7 +123,22 @@ def _data(args: argparse.Namespace) -> int:
                 print(f"error: {apt_exc}\n{fetch_exc}", file=sys.stderr)
                 return 1
     print(f"Fashion-MNIST: {where} (verified)")
+    if args.fetch and words_missing and not apt_tried:
+        problem = _apt_install(time.monotonic() + args.timeout, words_missing)
+        if problem is not None:
+            print(f"warning: {problem}", file=sys.stderr)
+    _report_wordlists()
     return 0
+
+
+def _report_wordlists() -> None:
+    """Print where the word lists are (read in full), or warn how to install the missing ones."""
+    from .data import DataError, verify_wordlists
+
+    try:
+        print(f"word lists: {verify_wordlists()} (verified)")
+    except DataError as exc:
+        print(f"warning: only the wordlang task needs them: {exc}", file=sys.stderr)
 
 
 def _strip(args: argparse.Namespace) -> int:
@@ -147,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(warns; the sidecars record code_clean=false and a hash of the diff)")
     p.set_defaults(func=_figures)
 
-    p = sub.add_parser("data", help="locate and verify (with --fetch: obtain) Fashion-MNIST")
+    p = sub.add_parser("data", help="locate and verify (with --fetch: obtain) Fashion-MNIST and the word lists")
     p.add_argument("--fetch", action="store_true", help="install/download it when missing or damaged")
     p.add_argument("--root", default=None, help="directory to look in / download to")
     p.add_argument("--timeout", type=float, default=300.0,

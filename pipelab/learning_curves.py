@@ -75,6 +75,8 @@ TASKS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
     "fashion_mnist_resnet": ("fashion_mnist", {}, "small_resnet", {"width": 8, "blocks_per_stage": 2}),
     "mnist1d_mlp": ("mnist1d", {}, "deep_mlp", {"in_features": 40, "width": 128, "depth": 8}),
     "digits_mlp": ("digits", {"flatten": True}, "deep_mlp", {"in_features": 64, "width": 64, "depth": 8}),
+    "wordlang_transformer": ("wordlang", {}, "transformer", {"in_features": 16 * 49, "seq_len": 8, "num_classes": 5,
+                             "d_model": 16, "nhead": 1, "num_layers": 6, "dim_feedforward": 32}),
 }
 
 #: This experiment's optimizer settings where they differ from the registry's defaults (:data:`OPTIMIZERS`,
