@@ -108,19 +108,22 @@ def test_figures_under_tiny() -> None:
 # with n_val = 0 the runner must take the very same code path. Losses are compared to 1e-12 relative (they
 # matched bit for bit where they were made; the slack only absorbs another CPU's last-bit BLAS differences),
 # accuracies exactly.
+# The pipelined arms' epoch-1 values were re-pinned when the emulator's snapshots stopped sharing the last stage's
+# live weights (before, its "version v" was already one update newer at an asynchronous run's epoch ends); the
+# final-epoch values and the running losses did not move.
 _PRE_SPLIT = {
     ("sequential", "adam"): dict(
         train_loss=[3.0097806316179474, 1.8837960260320856, 1.4346627250419968],
         running_loss=[math.nan, 2.333960897490459, 1.7382188786537422],
         test_loss=[3.0917683813328862, 2.012246228667709, 1.63457306236738], test_acc=[0.12, 0.29, 0.46]),
     ("stashing", "sgdm"): dict(
-        train_loss=[3.0097806316179474, 2.2795817188228042, 1.9906615916986237],
+        train_loss=[3.0097806316179474, 2.2911302009043526, 1.9906615916986237],
         running_loss=[math.nan, 2.4599088115981305, 2.1437502513351903],
-        test_loss=[3.0917683813328862, 2.1873877999045632, 2.165388850928029], test_acc=[0.12, 0.16, 0.19]),
+        test_loss=[3.0917683813328862, 2.199049054570632, 2.165388850928029], test_acc=[0.12, 0.17, 0.19]),
     ("pipeoptim", "adam"): dict(
-        train_loss=[3.0097806316179474, 1.965924386574301, 1.5436395090301394],
+        train_loss=[3.0097806316179474, 1.9746289990597075, 1.5436395090301394],
         running_loss=[math.nan, 2.451860222663062, 1.846395982298513],
-        test_loss=[3.0917683813328862, 2.0500207777520747, 1.7084472923925231], test_acc=[0.12, 0.28, 0.43]),
+        test_loss=[3.0917683813328862, 2.062323196442296, 1.7084472923925231], test_acc=[0.12, 0.28, 0.43]),
 }
 
 
@@ -278,7 +281,8 @@ def test_figure_titles_state_lr_preset_and_test_size() -> None:
                         + [t.get_text() for ax in fig.axes for t in (ax.title,)]
                         + [t.get_text() for ax in fig.axes for tab in ax.tables for t in
                            (c.get_text() for c in tab.get_celld().values())])
-        assert "preset tiny" in text and "lr: SGDM 0.01" in text, (name, text)
+        # tiny tunes each arm's rate, so the title states the range the arms chose
+        assert "preset tiny" in text and "lr: SGDM" in text and "(per arm)" in text, (name, text)
         assert "n_test=200" in text or "n=200" in text, (name, text)  # tiny: the first 200 of 359 digits
 
 
