@@ -39,7 +39,16 @@ def test_the_study_preset_is_full_scale_with_tuning_and_five_seeds() -> None:
     assert len(cfg.seeds) >= 5 and {4, 8} <= set(cfg.depths)
     assert set(cfg.tuning.seeds).isdisjoint(cfg.seeds)          # rates are not chosen on the reported seeds
     assert "fashion_mnist_cnn" in cfg.tasks and cfg.optimizers_of("fashion_mnist_cnn") == ("adam",)
-    assert cfg.epochs_of("fashion_mnist_mlp") == cfg.epochs
+    assert "wordlang_transformer" in cfg.tasks
+    assert cfg.epochs_of("fashion_mnist_mlp") == cfg.epochs and cfg.plan("fashion_mnist_mlp").n_train is None
+    from pipelab.figures.learning_curves import arm_configs
+
+    arms = arm_configs(cfg, cfg.depths, cfg.tasks)
+    mlp = [c for c in arms if c.task == "fashion_mnist_mlp"]
+    assert {c.D for c in mlp} == {4, 8} and {c.optimizer for c in mlp} == {"sgdm", "adam"}
+    assert all(c.n_train is None for c in mlp)                  # the full 60k (minus the validation split)
+    assert {(c.D, c.optimizer, c.epochs, c.n_train) for c in arms if c.task == "fashion_mnist_cnn"} == {
+        (4, "adam", 3, 20_000)}
 
 
 def _halving(policy: str, lrs: list[float], scores: list[float], kept: list[float], selected: float) -> Halving:

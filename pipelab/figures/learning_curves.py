@@ -82,13 +82,24 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class TaskPlan:
+    """How one task departs from its preset (``None``: the preset's value): its optimizers, the depths it runs at
+    (within the preset's), its epochs and its training-subset size (``n_train``; 0 means the whole set)."""
+
+    optimizers: tuple[str, ...] | None = None
+    depths: tuple[int, ...] | None = None
+    epochs: int | None = None
+    n_train: int | None = None
+
+
+@dataclass(frozen=True)
 class LearningCurvesConfig:
     """The learning-curve grid (see :class:`pipelab.learning_curves.RunConfig` for the run fields).
 
-    ``task_optimizers`` restricts a task to some of ``optimizers``, and ``task_epochs`` gives a task its own
-    epoch budget (``(task, value)`` pairs; tasks not listed use all optimizers and ``epochs``). With ``tuning``,
-    every arm runs at its own learning rate, selected on an ``n_val`` validation split (:class:`Tuning`); the
-    common-rate runs (:data:`OPTIMIZER_SETTINGS`' rates, same splits and seeds) stay available for comparison.
+    ``tasks_apart`` gives some tasks their own plan (:class:`TaskPlan`: optimizers, depths, epochs, training-set
+    size); the others use the fields above. With ``tuning``, every arm runs at its own learning rate, selected on an
+    ``n_val`` validation split (:class:`Tuning`); the common-rate runs (:data:`OPTIMIZER_SETTINGS`' rates, same
+    splits and seeds) are made for ``common_tasks`` (``None``: every task) for comparison.
     """
 
     tasks: tuple[str, ...]
@@ -106,18 +117,21 @@ class LearningCurvesConfig:
     device: str = "cpu"
     n_val: int = 0
     tuning: Tuning | None = None
-    task_optimizers: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    task_epochs: tuple[tuple[str, int], ...] = ()
+    tasks_apart: tuple[tuple[str, TaskPlan], ...] = ()
+    common_tasks: tuple[str, ...] | None = None
 
     def common(self) -> dict:
         return dict(epochs=self.epochs, batch_size=self.batch_size, n_train=self.n_train, n_test=self.n_test,
                     n_eval_train=self.n_eval_train, device=self.device, n_val=self.n_val)
 
+    def plan(self, task: str) -> TaskPlan:
+        return dict(self.tasks_apart).get(task, TaskPlan())
+
     def optimizers_of(self, task: str) -> tuple[str, ...]:
-        return dict(self.task_optimizers).get(task, self.optimizers)
+        return self.plan(task).optimizers or self.optimizers
 
     def epochs_of(self, task: str) -> int:
-        return dict(self.task_epochs).get(task, self.epochs)
+        return self.plan(task).epochs or self.epochs
 
 
 _QUICK_POLICIES = ("sequential", "vanilla", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare")
@@ -140,12 +154,13 @@ def _presets() -> dict[str, LearningCurvesConfig]:
                                       _QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
                                       n_test=2000, n_eval_train=2000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp",)),
-        "study": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn"), ("adam", "sgdm"), _QUICK_POLICIES,
-                                      4, (0, 1, 2, 3, 4), epochs=6, batch_size=128, n_train=None, n_test=None,
-                                      n_eval_train=5000, depths=(4, 8), gap_tasks=("fashion_mnist_mlp",),
-                                      n_val=5000, tuning=STUDY_TUNING,
-                                      task_optimizers=(("fashion_mnist_cnn", ("adam",)),),
-                                      task_epochs=(("fashion_mnist_cnn", 3),)),
+        "study": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "wordlang_transformer"),
+                                      ("adam", "sgdm"), _QUICK_POLICIES, 4, (0, 1, 2, 3, 4), epochs=6, batch_size=128,
+                                      n_train=None, n_test=None, n_eval_train=5000, depths=(4, 8),
+                                      gap_tasks=("fashion_mnist_mlp",), n_val=5000, tuning=STUDY_TUNING,
+                                      tasks_apart=(("fashion_mnist_cnn", TaskPlan(("adam",), (4,), 3, 20_000)),
+                                                   ("wordlang_transformer", TaskPlan(("adam",), (4,), 4))),
+                                      common_tasks=("fashion_mnist_mlp",)),
         "paper": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "fashion_mnist_resnet",
                                        "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"), POLICY_ORDER, 4,
                                       (0, 1, 2, 3, 4), epochs=20, batch_size=64, n_train=None, n_test=None,
@@ -160,11 +175,15 @@ def _config(preset: str) -> LearningCurvesConfig:
 
 
 def arm_configs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...]) -> list[Any]:
-    """The preset's runs at the common learning rates: the grid, each task with its optimizers and epochs."""
+    """The preset's runs at the common learning rates: the grid, each task with its own plan (:class:`TaskPlan`)."""
     out = []
     for task in tasks:
+        plan = cfg.plan(task)
         common = {**cfg.common(), "epochs": cfg.epochs_of(task)}
-        out += grid([task], cfg.policies, cfg.optimizers_of(task), Ds, cfg.seeds, **common)
+        if plan.n_train is not None:
+            common["n_train"] = plan.n_train or None
+        depths = tuple(d for d in Ds if plan.depths is None or d in plan.depths)
+        out += grid([task], cfg.policies, cfg.optimizers_of(task), depths, cfg.seeds, **common)
     return out
 
 
@@ -191,6 +210,8 @@ def _arm_order(c: Any) -> tuple:
 def _runs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...], progress: bool,
           lr: str = "tuned") -> list[dict]:
     """The preset's runs: with tuning (``lr="tuned"``) every arm at its selected rate, else the common rates."""
+    if lr == "common" and cfg.common_tasks is not None:
+        tasks = tuple(t for t in tasks if t in cfg.common_tasks)
     configs = arm_configs(cfg, Ds, tasks)
     if cfg.tuning is not None and lr == "tuned":
         chosen = {(h.base.task, h.base.optimizer, h.base.D, h.base.policy): h.lr
@@ -344,6 +365,12 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                     ax.fill_between(ep, lo, hi, color=colors[pol], alpha=0.15, lw=0)
                 handles.setdefault(pol, line)
             n_test = test_set_size(task, cfg.n_test)
+            if not any(groups.get((task, opt, cfg.D, p)) for p in cfg.policies):
+                for ax in (ax_l, ax_a):
+                    ax.set_axis_off()
+                    ax.text(0.5, 0.5, f"{task} · {optimizer_label(opt)}:\nnot run in this preset", ha="center",
+                            va="center", fontsize=8, color="0.4", transform=ax.transAxes)
+                continue
             ax_l.set_yscale("log")
             ax_l.set_title(f"{task} · {optimizer_label(opt)}: train loss (geom. mean)", fontsize=9)
             ax_a.set_title(f"{task} · {optimizer_label(opt)}: test acc. (%, n={n_test})", fontsize=9)
