@@ -99,7 +99,7 @@ class LearningCurvesConfig:
     ``tasks_apart`` gives some tasks their own plan (:class:`TaskPlan`: optimizers, depths, epochs, training-set
     size); the others use the fields above. With ``tuning``, every arm runs at its own learning rate, selected on an
     ``n_val`` validation split (:class:`Tuning`); the common-rate runs (:data:`OPTIMIZER_SETTINGS`' rates, same
-    splits and seeds) are made for ``common_tasks`` (``None``: every task) for comparison.
+    splits and seeds) are made for ``common_tasks`` and ``common_optimizers`` (``None``: all) for comparison.
     """
 
     tasks: tuple[str, ...]
@@ -119,6 +119,7 @@ class LearningCurvesConfig:
     tuning: Tuning | None = None
     tasks_apart: tuple[tuple[str, TaskPlan], ...] = ()
     common_tasks: tuple[str, ...] | None = None
+    common_optimizers: tuple[str, ...] | None = None
 
     def common(self) -> dict:
         return dict(epochs=self.epochs, batch_size=self.batch_size, n_train=self.n_train, n_test=self.n_test,
@@ -160,7 +161,7 @@ def _presets() -> dict[str, LearningCurvesConfig]:
                                       gap_tasks=("fashion_mnist_mlp",), n_val=5000, tuning=STUDY_TUNING,
                                       tasks_apart=(("fashion_mnist_cnn", TaskPlan(("adam",), (4,), 3, 20_000)),
                                                    ("wordlang_transformer", TaskPlan(("adam",), (4,), 4))),
-                                      common_tasks=("fashion_mnist_mlp",)),
+                                      common_tasks=("fashion_mnist_mlp",), common_optimizers=("sgdm",)),
         "paper": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "fashion_mnist_resnet",
                                        "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"), POLICY_ORDER, 4,
                                       (0, 1, 2, 3, 4), epochs=20, batch_size=64, n_train=None, n_test=None,
@@ -213,6 +214,8 @@ def _runs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...]
     if lr == "common" and cfg.common_tasks is not None:
         tasks = tuple(t for t in tasks if t in cfg.common_tasks)
     configs = arm_configs(cfg, Ds, tasks)
+    if lr == "common" and cfg.common_optimizers is not None:
+        configs = [c for c in configs if c.optimizer in cfg.common_optimizers]
     if cfg.tuning is not None and lr == "tuned":
         chosen = {(h.base.task, h.base.optimizer, h.base.D, h.base.policy): h.lr
                   for h in tuned_arms(cfg, Ds, tasks, progress)}
@@ -663,6 +666,54 @@ CSV_COLUMNS = ("task", "optimizer", "D", "policy", "seeds", "diverged", "best_me
                "final_mean", "final_ci95", "final_std", "n_test", "winner", "lr", "weight_copies")
 
 
+#: the per-run CSV's columns (``NAME.runs.csv``): the epoch-by-epoch metrics as space-separated lists
+RUN_COLUMNS = ("task", "optimizer", "D", "policy", "seed", "lr", "epochs", "steps_per_epoch", "n_test", "diverged",
+               "diverged_step", "weight_copies", "test_acc", "val_acc", "train_loss", "seconds")
+
+
+def runs_csv(records: list[dict]) -> str:
+    """One line per run (:data:`RUN_COLUMNS`): what the paired comparisons, the claims and the time-to-accuracy
+    ranking need, so that notebook 04 reads them from the committed files rather than from a cache."""
+    buf = io.StringIO()
+    buf.write(",".join(RUN_COLUMNS) + "\n")
+    for r in records:
+        vals = []
+        for c in RUN_COLUMNS:
+            v = r.get(c)
+            if c == "lr":
+                v = f"{_lr(r):.6g}"
+            elif c in ("test_acc", "val_acc", "train_loss", "weight_copies"):
+                v = " ".join(f"{x:.6g}" if isinstance(x, float) else str(x) for x in (v or ()))
+            elif c == "seconds":
+                v = f"{v:.3f}"
+            vals.append("" if v is None else str(v))
+        buf.write(",".join(vals) + "\n")
+    return buf.getvalue()
+
+
+def read_runs(path: Any) -> list[dict]:
+    """The records of a ``runs.csv`` (:func:`runs_csv`), with the fields :func:`summary_rows` and the notebook's
+    statements read (lists of floats per epoch, NaN where undefined)."""
+    import csv
+
+    out = []
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            rec: dict[str, Any] = dict(row)
+            for c in ("D", "seed", "epochs", "steps_per_epoch", "n_test"):
+                rec[c] = int(row[c])
+            rec["lr"] = float(row["lr"])
+            rec["seconds"] = float(row["seconds"])
+            rec["diverged"] = row["diverged"] == "True"
+            rec["diverged_step"] = int(row["diverged_step"]) if row["diverged_step"] else None
+            rec["weight_copies"] = [int(x) for x in row["weight_copies"].split()]
+            for c in ("test_acc", "val_acc", "train_loss"):
+                rec[c] = [float(x) for x in row[c].split()]
+            rec["epoch"] = list(range(len(rec["test_acc"])))
+            out.append(rec)
+    return out
+
+
 def table_csv(rows: list[dict]) -> str:
     """CSV of :func:`summary_rows` (accuracies in percent; ``*_ci95``: 95% t half-widths; empty: undefined)."""
     buf = io.StringIO()
@@ -725,7 +776,8 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
                  "pipelined policy is resolved (t test, Holm, 95%); none bold: no resolved winner; "
                  "n/a: SpecTrain needs SGDM; ✗: diverged runs", fontsize=8)
     fig.tight_layout()
-    return FigureOutput(fig, cfg, cfg.seeds[0], tables={"csv": table_csv(rows)}, data=rows,
+    return FigureOutput(fig, cfg, cfg.seeds[0], tables={"csv": table_csv(rows), "runs.csv": runs_csv(records)},
+                        data=rows,
                         notes={"rows": len(rows), "lr": lr_label(records),
                                "n_test": {t: n for t, n in n_tests.items()},
                                "winners": {f"{t}/{o}": next((p for p in pols if (t, o, p) in by

@@ -263,3 +263,109 @@ def study_tuned_table(preset: str, *, progress: bool = False) -> FigureOutput:
 def _common_text(records: list[dict]) -> str:
     rates = sorted({(r["optimizer"], _lr(r)) for r in records})
     return ", ".join(f"{optimizer_label(o)} {lr:g}" for o, lr in rates)
+
+
+# --- notebook 04's statements about the study, written from the committed files -------------------------------
+
+
+def convergence_markdown(records: list[dict], tol: float = 0.005) -> str:
+    """Whether each sequential baseline converged, by the stated criterion: its mean validation accuracy over the
+    seeds changed by less than ``tol`` (0.5 pp) over its last epoch."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r["policy"] == "sequential":
+            groups.setdefault((r["task"], r["optimizer"], r["D"]), []).append(r)
+    lines = [f"Criterion: the sequential baseline's validation accuracy (mean over seeds) changes by less than "
+             f"{100 * tol:g} pp over its last epoch.", ""]
+    for (task, opt, D), rs in sorted(groups.items()):
+        val = np.nanmean(np.array([r["val_acc"] for r in rs], dtype=float), axis=0)
+        if val.size < 3 or not np.isfinite(val[-2:]).all():
+            lines.append(f"- {task} · {optimizer_label(opt)} · D={D}: no validation curve")
+            continue
+        step = float(val[-1] - val[-2])
+        verdict = "converged" if abs(step) < tol else "**not converged**"
+        lines.append(f"- {task} · {optimizer_label(opt)} (lr {_lr(rs[0]):.2g}): {verdict} — validation accuracy "
+                     f"{100 * val[-2]:.2f}% → {100 * val[-1]:.2f}% over epoch {len(val) - 1} "
+                     f"({100 * step:+.2f} pp, {len(rs)} seeds).")
+    return "\n".join(lines)
+
+
+def read_periods(path: Any) -> dict[str, dict[str, float]]:
+    """``task -> policy -> seconds per step`` from ``time_to_accuracy.csv``."""
+    import csv
+
+    out: dict[str, dict[str, float]] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            out.setdefault(row["task"], {})[row["policy"]] = float(row["period_s"])
+    return out
+
+
+def time_to_target_rows(records: list[dict], periods: dict[str, dict[str, float]], optimizer: str, D: int,
+                        margin: float = 0.01) -> list[dict]:
+    """Per task and policy: forecast seconds to reach the target test accuracy (the sequential arm's best mean
+    minus ``margin``), with the mean curve over seeds; ``None`` when the policy never reaches it."""
+    rows = []
+    for task, per in periods.items():
+        arms: dict[str, list[dict]] = {}
+        for r in records:
+            if (r["task"], r["optimizer"], r["D"]) == (task, optimizer, D):
+                arms.setdefault(r["policy"], []).append(r)
+        if "sequential" not in arms:
+            continue
+        seq = np.nanmean(np.array([r["test_acc"] for r in arms["sequential"]], dtype=float), axis=0)
+        target = float(np.nanmax(seq)) - margin
+        for pol, rs in arms.items():
+            if pol not in per:
+                continue
+            acc = np.nanmean(np.array([r["test_acc"] for r in rs], dtype=float), axis=0)
+            hit = np.flatnonzero(acc >= target)
+            epoch = int(hit[0]) if hit.size else None
+            seconds = None if epoch is None else epoch * rs[0]["steps_per_epoch"] * per[pol]
+            rows.append({"task": task, "policy": pol, "target": target, "epoch": epoch, "seconds": seconds,
+                         "period": per[pol]})
+    return rows
+
+
+def time_to_target_markdown(rows: list[dict]) -> str:
+    """The time-to-accuracy ranking per task, fastest first."""
+    out = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        rs = [r for r in rows if r["task"] == task]
+        reached = sorted((r for r in rs if r["seconds"] is not None), key=lambda r: r["seconds"])
+        missed = [LABELS[r["policy"]] for r in rs if r["seconds"] is None]
+        parts = [f"{LABELS[r['policy']]} {r['seconds']:.0f} s (epoch {r['epoch']}, {1e3 * r['period']:.1f} ms/step)"
+                 for r in reached]
+        out.append(f"- **{task}** (target {100 * rs[0]['target']:.1f}% = sequential's best − 1 pp): "
+                   + ("; ".join(parts) or "no arm reaches it")
+                   + (f"; never reached: {', '.join(missed)}" if missed else "") + ".")
+    return "\n".join(out)
+
+
+def read_table(path: Any) -> list[dict]:
+    """A figure's CSV as a list of dicts (values as strings)."""
+    import csv
+
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def tuned_markdown(rows: list[dict]) -> str:
+    """What tuning changed, from ``study_tuned_table.csv`` (values in percent): per optimizer × D, the arms where
+    the tuned rate is resolved better or worse than the common rate, and the largest differences."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["common_mean"] == "":
+            continue
+        groups.setdefault((r["task"], r["optimizer"], r["D"]), []).append(r)
+    lines = []
+    for (task, opt, D), rs in sorted(groups.items()):
+        better = [r for r in rs if r["diff_resolved"] == "True" and float(r["diff_mean"]) > 0]
+        worse = [r for r in rs if r["diff_resolved"] == "True" and float(r["diff_mean"]) < 0]
+        top = max(rs, key=lambda r: float(r["diff_mean"]) if r["diff_mean"] else -math.inf)
+        lines.append(f"- **{task} · {optimizer_label(opt)} · D={D}**: tuned resolved better in {len(better)} of "
+                     f"{len(rs)} arms, resolved worse in {len(worse)}; largest gain {LABELS[top['policy']]} "
+                     f"{float(top['diff_mean']):+.1f} pp (± {float(top['diff_ci95'] or 'nan'):.1f}; tuned lr "
+                     f"{float(top['tuned_lr']):.2g} vs common {float(top['common_lr']):.2g}; common-rate runs that "
+                     f"diverged: {sum(int(r['common_diverged']) for r in rs)}).")
+    return "\n".join(lines)
