@@ -144,3 +144,51 @@ def test_study_figures_render_under_tiny(tmp_path: Path, monkeypatch) -> None:
     assert {"tuned_lr", "common_lr", "diff_mean", "diff_resolved", "n_test"} <= set(header)
     with pytest.raises(ValueError, match="tunes no learning rates"):
         figures.make("study_lr_map", preset="quick")
+
+
+def _run(policy: str, seed: int, acc: list[float], val: list[float], D: int = 4) -> dict:
+    return {"task": "digits_mlp", "optimizer": "adam", "D": D, "policy": policy, "seed": seed, "lr": 1e-3,
+            "epochs": len(acc) - 1, "steps_per_epoch": 10, "n_test": 359, "diverged": False, "diverged_step": None,
+            "weight_copies": [1, 1], "test_acc": acc, "val_acc": val, "train_loss": [2.0] * len(acc),
+            "seconds": 1.5, "epoch": list(range(len(acc)))}
+
+
+def test_runs_csv_round_trips_what_the_notebook_reads(tmp_path: Path) -> None:
+    from pipelab.figures.learning_curves import read_runs, runs_csv, summary_rows
+
+    recs = [_run("sequential", 0, [0.1, 0.5, 0.7], [0.1, 0.52, 0.69]), _run("stashing", 0, [0.1, 0.4, 0.6],
+                                                                            [0.1, 0.41, 0.62])]
+    path = tmp_path / "x.runs.csv"
+    path.write_text(runs_csv(recs))
+    back = read_runs(path)
+    for a, b in zip(recs, back):
+        for key in ("task", "policy", "seed", "D", "steps_per_epoch", "weight_copies", "diverged"):
+            assert a[key] == b[key], key
+        assert b["test_acc"] == pytest.approx(a["test_acc"], rel=1e-6) and b["lr"] == pytest.approx(1e-3)
+    assert [r["best_mean"] for r in summary_rows(back)] == pytest.approx([0.7, 0.6], rel=1e-6)
+
+
+def test_convergence_reads_the_last_epoch_of_the_sequential_validation_curve() -> None:
+    from pipelab.figures.study import convergence_markdown
+
+    flat = [_run("sequential", s, [0.1, 0.8, 0.85], [0.1, 0.800, 0.803]) for s in (0, 1)]
+    rising = [_run("sequential", s, [0.1, 0.8, 0.85], [0.1, 0.80, 0.83]) for s in (0, 1)]
+    assert "digits_mlp · Adam (lr 0.001): converged" in convergence_markdown(flat)
+    assert "+0.30 pp" in convergence_markdown(flat)
+    assert "**not converged**" in convergence_markdown(rising) and "+3.00 pp" in convergence_markdown(rising)
+
+
+def test_time_to_target_uses_the_first_epoch_at_the_target_and_the_forecast_period() -> None:
+    from pipelab.figures.study import time_to_target_markdown, time_to_target_rows
+
+    recs = [_run("sequential", s, [0.1, 0.6, 0.8], [0] * 3) for s in (0, 1)]
+    recs += [_run("stashing", s, [0.1, 0.795, 0.79], [0] * 3) for s in (0, 1)]
+    recs += [_run("vanilla", s, [0.1, 0.5, 0.6], [0] * 3) for s in (0, 1)]
+    periods = {"digits_mlp": {"sequential": 0.4, "stashing": 0.1, "vanilla": 0.05}}
+    rows = {r["policy"]: r for r in time_to_target_rows(recs, periods, "adam", 4)}
+    assert rows["sequential"]["target"] == pytest.approx(0.79)
+    assert rows["sequential"]["epoch"] == 2 and rows["sequential"]["seconds"] == pytest.approx(2 * 10 * 0.4)
+    assert rows["stashing"]["epoch"] == 1 and rows["stashing"]["seconds"] == pytest.approx(10 * 0.1)
+    assert rows["vanilla"]["seconds"] is None
+    text = time_to_target_markdown(list(rows.values()))
+    assert text.index("PipeDream (stashing) 1 s") < text.index("sequential 8 s") and "never reached: vanilla" in text

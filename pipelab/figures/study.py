@@ -369,3 +369,68 @@ def tuned_markdown(rows: list[dict]) -> str:
                      f"{float(top['tuned_lr']):.2g} vs common {float(top['common_lr']):.2g}; common-rate runs that "
                      f"diverged: {sum(int(r['common_diverged']) for r in rs)}).")
     return "\n".join(lines)
+
+
+def _plan_of(config: dict, task: str) -> dict:
+    for name, plan in config.get("tasks_apart", []):
+        if name == task:
+            return plan
+    return {}
+
+
+def study_setup_markdown(sidecar: dict) -> str:
+    """The study's settings, from a study figure's sidecar (its ``config``): one bullet per task, then the tuning."""
+    cfg = sidecar["config"]
+    lines = []
+    for task in cfg["tasks"]:
+        plan = _plan_of(cfg, task)
+        n_train = plan.get("n_train") or cfg["n_train"]
+        size = "the whole training set" if not n_train else f"{n_train} training examples"
+        opts = ", ".join(optimizer_label(o) for o in (plan.get("optimizers") or cfg["optimizers"]))
+        depths = ", ".join(str(d) for d in (plan.get("depths") or cfg["depths"]))
+        epochs = plan.get("epochs") or cfg["epochs"]
+        lines.append(f"- **{task}**: {size} minus {cfg['n_val']} held out for validation, the whole test set, "
+                     f"{epochs} epoch(s) at batch {cfg['batch_size']}; {opts}; D = {depths}.")
+    tn = cfg["tuning"]
+    grids = "; ".join(f"{optimizer_label(o)} {n} rates from {lo:g} to {hi:g}" for o, lo, hi, n in tn["grids"])
+    lines.append(f"- **Rates**: {grids}, log-spaced; successive halving (η = {tn['eta']}, {tn['min_epochs']} epoch "
+                 f"first, at most {tn['max_epochs']}) on the validation accuracy of tuning seed(s) "
+                 f"{', '.join(map(str, tn['seeds']))}; then seeds {', '.join(map(str, cfg['seeds']))} at the selected "
+                 f"rate. Common-rate runs: {', '.join(cfg.get('common_tasks') or cfg['tasks'])}, "
+                 f"{', '.join(optimizer_label(o) for o in (cfg.get('common_optimizers') or cfg['optimizers']))}.")
+    lines.append(f"- **Made at** commit `{sidecar['commit'][:12]}` (clean: {sidecar['code_clean']}), torch "
+                 f"{sidecar['torch_version']}.")
+    return "\n".join(lines)
+
+
+def lr_map_markdown(notes: dict, rows: list[dict]) -> str:
+    """The measured curvature, the thresholds it implies and where the selected SGDM rates fall, from
+    ``study_lr_map``'s sidecar notes and CSV."""
+    lines = []
+    for task, lam in notes["eigenvalue"].items():
+        lines.append(f"- **{task}**: λ_max = {lam:.3g} at initialisation.")
+    for key, thr in notes["threshold_lr"].items():
+        task, d = key.rsplit("/D=", 1)
+        D = int(d)
+        chosen = {k.split("/")[2]: v for k, v in notes["selected_lr"].items()
+                  if k.startswith(f"{task}/sgdm/") and k.endswith(f"/D={D}")}
+        delayed = thr[str(D - 1)] if str(D - 1) in thr else thr["0"]
+        above = sum(v > delayed for v in chosen.values())
+        first = [r for r in rows if (r["task"], r["optimizer"], r["D"], r["round"]) == (task, "sgdm", str(D), "0")]
+        div = sum(r["diverged"] == "True" for r in first)
+        lines.append(f"- **{task} · SGDM · D={D}**: threshold {thr['0']:.2g} without delay and {delayed:.2g} for "
+                     f"τ = {D - 1}; the selected rates "
+                     f"({', '.join(f'{LABELS[p]} {v:.2g}' for p, v in chosen.items())}) lie above the delayed "
+                     f"threshold in {above} of {len(chosen)} arms; {div} of {len(first)} first-round runs diverged.")
+    return "\n".join(lines)
+
+
+def study_caveat(sidecar: dict) -> str:
+    """The caveat every verdict of the study carries, from its sidecar."""
+    cfg = sidecar["config"]
+    return (f"Caveat: small models on a CPU (float32, one core per arm), {len(cfg['seeds'])} seeds, budgets of a "
+            "few epochs chosen to fit the study's time budget, rates tuned on one tuning seed; the verdicts hold "
+            "for these tasks and this scale, not for the papers' ImageNet-size runs. Float32 rounding alone (the "
+            "same arm run stacked with other seeds or alone, or on another CPU) moves a single run by amounts "
+            "comparable to the seed spread, which is why every comparison is paired by seed and read through its "
+            "interval.")
