@@ -292,7 +292,7 @@ def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     from pipelab import figures
 
     names = [s.name for s in figures.available() if s.module.endswith(".stability")]
-    assert len(names) == 6
+    assert len(names) == 8
     written = figures.render(names, "tiny", tmp_path)
     assert all(p.exists() for paths in written.values() for p in paths)
     import json

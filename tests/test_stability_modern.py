@@ -249,3 +249,59 @@ def test_bad_arguments_raise():
         error_feedback(1, float("inf"))
     with pytest.raises(ValueError, match="form"):
         error_feedback(1, form="torch")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two figures: their CSVs agree with the builders and with closed forms
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_momentum_delay_figure_tables(monkeypatch):
+    import io
+
+    import pandas as pd
+
+    from pipelab import figures
+
+    monkeypatch.setenv("PIPELAB_CACHE", "off")
+    out = figures.make("stability_momentum_delay", "tiny")
+    df = pd.read_csv(io.StringIO(out.tables["csv"]))
+    assert set(df["beta"]) == {0.0, 0.5, 0.9, 0.99} and set(df["tau"]) == set(range(9))
+    # torch's lr and the effective step differ by exactly (1−β) (the paper form is the code form at (1−β)·z)
+    np.testing.assert_allclose(df["z_star_torch"], (1 - df["beta"]) * df["z_star_eff"], rtol=1e-8)
+    gd_rows = df[df["beta"] == 0.0]
+    np.testing.assert_allclose(gd_rows["z_star_eff"], [delayed_gd_threshold(t) for t in gd_rows["tau"]], rtol=1e-8)
+    np.testing.assert_allclose(df["z_star_gd_extra_delay"],
+                               2 * np.sin(np.pi / (2 * (2 * (df["tau"] + df["beta"] / (1 - df["beta"])) + 1))),
+                               rtol=1e-8)
+    no_delay = df[df["tau"] == 0]
+    np.testing.assert_allclose(no_delay["z_star_eff"], 2 * (1 + no_delay["beta"]) / (1 - no_delay["beta"]), rtol=1e-8)
+    assert float(df[(df["beta"] == 0) & (df["tau"] == 0)]["noise_ratio"].iloc[0]) == pytest.approx(1.0, abs=1e-12)
+    # the stable-delay table is the z* table read at fixed effective steps
+    sd = pd.read_csv(io.StringIO(out.tables["stable_delay.csv"]))
+    for b in (0.0, 0.5, 0.9, 0.99):
+        zs = df[df["beta"] == b].sort_values("tau")["z_star_eff"].to_numpy()
+        for e, tmax in zip(sd["z_eff"], sd[f"beta={b:g}"]):
+            ok = e < zs
+            assert tmax == (len(zs) - 1 if ok.all() else int(np.argmin(ok)) - 1)
+
+
+@pytest.mark.slow
+def test_modern_vs_delay_figure_table(monkeypatch):
+    import io
+
+    import pandas as pd
+
+    from pipelab import figures
+
+    monkeypatch.setenv("PIPELAB_CACHE", "off")
+    out = figures.make("stability_modern_vs_delay", "tiny")
+    df = pd.read_csv(io.StringIO(out.tables["csv"]))
+    assert list(df["tau"]) == list(range(9))
+    np.testing.assert_allclose(df["GD (stale)"], [delayed_gd_threshold(t) for t in range(9)], rtol=1e-8)
+    np.testing.assert_allclose(df["NAdam β1=0.99"], [max_stable_step(nesterov(0.99, t, form="paper"))
+                                                     for t in range(9)], rtol=1e-8)
+    np.testing.assert_allclose(df["EF α=τ (= prediction s=τ)"][1:],
+                               [max_stable_step(predicted_momentum(0.0, t)) for t in range(1, 9)], rtol=1e-8)
+    assert df["DC λc=0.9"][1] == pytest.approx(2.5, rel=1e-9)   # τ = 1 closed form min(1/(1−λc), 2/(2λc−1))

@@ -15,21 +15,26 @@ from ..cache import cached
 from ..config import from_preset
 from ..stability import (
     LinearMethod,
+    delay_compensated,
     delayed_gd,
     delayed_gd_threshold,
+    error_feedback,
     gd,
     heavy_ball,
     max_stable_step,
     nesterov,
+    nesterov_async,
     pipemare,
     predicted_momentum,
     region_area,
     region_mask,
+    stationary_variance,
 )
 from ..stability.practice import least_squares_problem, max_stable_lr
 from . import FigureOutput, register
 
-__all__ = ["RegionsConfig", "ThresholdConfig", "BisectionConfig", "MomentumMapConfig"]
+__all__ = ["RegionsConfig", "ThresholdConfig", "BisectionConfig", "MomentumMapConfig", "MomentumDelayConfig",
+           "ModernConfig"]
 
 
 @dataclass(frozen=True)
@@ -307,3 +312,155 @@ def stability_momentum_map(preset: str, *, progress: bool = False) -> FigureOutp
     notes = {"tau_rows": taus.tolist(), "beta_cols": [round(float(b), 4) for b in betas],
              "z_star_beta0.9_index": int(np.argmin(np.abs(betas - 0.9)))}
     return FigureOutput(fig, cfg, None, data=res, notes=notes)
+
+
+@dataclass(frozen=True)
+class MomentumDelayConfig:
+    betas: tuple[float, ...] = (0.0, 0.5, 0.9, 0.99)
+    taus: int = 9                          # τ = 0..taus−1
+    z_noise: float = 0.1                   # effective step of the noise-floor panel
+    n_eff: int = 120                       # effective steps of the stable-delay panel (log-spaced)
+    eff_range: tuple[float, float] = (0.05, 3.0)
+
+
+_MDELAY = {"tiny": MomentumDelayConfig(n_eff=30), "quick": MomentumDelayConfig(),
+           "paper": MomentumDelayConfig(n_eff=400)}
+
+
+def _extra_delay_threshold(x: np.ndarray | float) -> np.ndarray:
+    """Levin–May's ``2·sin(π/(2(2x+1)))`` at a real delay x (the "momentum = extra delay β/(1−β)" reading)."""
+    x = np.asarray(x, dtype=float)
+    return 2.0 * np.sin(np.pi / (2.0 * (2.0 * x + 1.0)))
+
+
+def _momentum_delay(cfg: MomentumDelayConfig) -> dict[str, Any]:
+    taus = list(range(cfg.taus))
+    rows: list[dict[str, float]] = []
+    sync = stationary_variance(gd(), cfg.z_noise)          # synchronous SGD at the same effective step
+    for b in cfg.betas:
+        for t in taus:
+            z_torch = max_stable_step(heavy_ball(b, t))
+            z_eff = max_stable_step(heavy_ball(b, t, form="paper"))
+            z_nadam = max_stable_step(nesterov_async(b, t))
+            var = stationary_variance(heavy_ball(b, t, form="paper"), cfg.z_noise, noise=(1.0 - b,))
+            var_n = stationary_variance(nesterov_async(b, t), cfg.z_noise, noise=(1.0 - b * b, -(1.0 - b) * b))
+            rows.append({"beta": b, "tau": t, "z_star_torch": z_torch, "z_star_eff": z_eff,
+                         "z_star_eff_nadam": z_nadam,
+                         "z_star_gd_extra_delay": float(_extra_delay_threshold(t + b / (1.0 - b))),
+                         "noise_ratio": var / sync, "noise_ratio_nadam": var_n / sync})
+    eff = np.geomspace(cfg.eff_range[0], cfg.eff_range[1], cfg.n_eff)
+    stable_delay: dict[str, list[int]] = {}
+    for b in cfg.betas:
+        zs = np.array([r["z_star_eff"] for r in rows if r["beta"] == b])
+        # the largest τ such that every delay up to τ is stable at this effective step (−1: not even τ = 0)
+        stable_delay[f"{b:g}"] = [int(np.argmin(np.append(e < zs, False))) - 1 for e in eff]
+    return {"rows": rows, "eff": eff.tolist(), "stable_delay": stable_delay}
+
+
+@register("stability_momentum_delay",
+          "Momentum as extra delay vs momentum absorbing staleness: heavy-ball and NAdam in torch and effective units")
+def stability_momentum_delay(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_MDELAY, preset)
+    res = cached("stability_momentum_delay", cfg, _momentum_delay)
+    rows, eff, sdel = res["rows"], np.array(res["eff"]), res["stable_delay"]
+    taus = np.arange(cfg.taus)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    colors = sns.color_palette("colorblind", len(cfg.betas))
+
+    def col(b: float, key: str) -> np.ndarray:
+        return np.array([r[key] for r in rows if r["beta"] == b])
+
+    fine = np.linspace(0, taus[-1], 300)
+    for b, c in zip(cfg.betas, colors):
+        axes[0, 0].plot(taus, col(b, "z_star_torch"), "o-", color=c, ms=4, label=f"heavy-ball β={b:g}")
+        axes[0, 0].plot(fine, _extra_delay_threshold(fine + b / (1 - b)), ":", color=c, lw=1.2)
+        axes[0, 1].plot(taus, col(b, "z_star_eff"), "o-", color=c, ms=4, label=f"heavy-ball β={b:g}")
+        axes[0, 1].plot(taus, col(b, "z_star_eff_nadam"), "^--", color=c, ms=4, lw=1, label=f"NAdam β1={b:g}")
+        axes[1, 0].step(eff, sdel[f"{b:g}"], where="post", color=c, lw=1.6, label=f"β={b:g}")
+        axes[1, 1].plot(taus, col(b, "noise_ratio"), "o-", color=c, ms=4, label=f"heavy-ball β={b:g}")
+        axes[1, 1].plot(taus, col(b, "noise_ratio_nadam"), "^--", color=c, ms=4, lw=1, label=f"NAdam β1={b:g}")
+    axes[0, 0].set_yscale("log")
+    axes[0, 0].set_ylabel("largest stable η·λ  (torch lr: v ← βv + g)")
+    axes[0, 0].set_title("Torch units: momentum ≈ extra delay β/(1−β)\n"
+                         "(dotted: delayed GD at delay τ + β/(1−β), Levin–May)", fontsize=9)
+    axes[0, 1].set_yscale("log")
+    axes[0, 1].set_ylabel("largest stable effective step η·λ/(1−β)")
+    axes[0, 1].set_title("Effective-step units: v ← βv + (1−β)g (NAdam: preconditioned step)", fontsize=9)
+    axes[1, 0].set_xscale("log")
+    axes[1, 0].set_xlabel("effective step η·λ/(1−β)")
+    axes[1, 0].set_ylabel(f"largest stable delay τ (capped at {cfg.taus - 1}; −1: unstable at τ = 0)")
+    axes[1, 0].set_title("At a fixed effective step: how much delay each β tolerates (heavy-ball)", fontsize=9)
+    axes[1, 1].set_yscale("log")
+    axes[1, 1].set_ylabel("stationary Var w / that of synchronous SGD")
+    axes[1, 1].set_title(f"Noise floor at effective step {cfg.z_noise:g} (gradient noise, linear model)",
+                         fontsize=9)
+    for ax in (axes[0, 0], axes[0, 1], axes[1, 1]):
+        ax.set_xlabel("gradient delay τ (optimizer steps)")
+    for ax in axes.ravel():
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    keys = ["beta", "tau", "z_star_torch", "z_star_eff", "z_star_eff_nadam", "z_star_gd_extra_delay", "noise_ratio",
+            "noise_ratio_nadam"]
+    lines = [",".join(keys)] + [",".join(f"{r[k]:.10g}" for k in keys) for r in rows]
+    sd_lines = ["z_eff," + ",".join(f"beta={b:g}" for b in cfg.betas)]
+    sd_lines += [f"{e:.6g}," + ",".join(str(sdel[f'{b:g}'][i]) for b in cfg.betas) for i, e in enumerate(eff)]
+    notes = {"z_noise": cfg.z_noise, "rows": rows}
+    return FigureOutput(fig, cfg, None, tables={"csv": "\n".join(lines) + "\n",
+                                                "stable_delay.csv": "\n".join(sd_lines) + "\n"},
+                        data=res, notes=notes)
+
+
+@dataclass(frozen=True)
+class ModernConfig:
+    taus: int = 9                 # τ = 0..taus−1
+    grid: int = 500               # region grid points per axis
+    tau_region: int = 1           # delay of the region panel (PipeDream-2BW's one-step delay)
+
+
+_MODERN = {"tiny": ModernConfig(grid=120), "quick": ModernConfig(), "paper": ModernConfig(grid=1000)}
+
+
+def _modern_methods() -> dict[str, Any]:
+    """Label → builder of τ, every method in effective-step units (smoothed-gradient form; NAdam preconditioned)."""
+    return {
+        "GD (stale)": lambda t: delayed_gd(t),
+        "heavy-ball β=0.9": lambda t: heavy_ball(0.9, t, form="paper"),
+        "NAdam β1=0.9": lambda t: nesterov_async(0.9, t),
+        "NAdam β1=0.99": lambda t: nesterov_async(0.99, t),
+        "DC λc=0.5": lambda t: delay_compensated(t, 0.5),
+        "DC λc=0.9": lambda t: delay_compensated(t, 0.9),
+        "DC λc=0.5, heavy-ball β=0.9": lambda t: delay_compensated(t, 0.5, beta=0.9, form="paper"),
+        "EF α=1": lambda t: error_feedback(t, 1.0),
+        "EF α=τ (= prediction s=τ)": lambda t: error_feedback(t, float(max(t, 1))),
+        "EF α=1, heavy-ball β=0.9": lambda t: error_feedback(t, 1.0, beta=0.9, form="paper"),
+    }
+
+
+@register("stability_modern_vs_delay",
+          "Stable regions at one-step delay and max stable step vs τ for NAdam look-ahead, delay compensation and "
+          "error feedback")
+def stability_modern_vs_delay(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_MODERN, preset)
+    taus = np.arange(cfg.taus)
+    builders = _modern_methods()
+    curves = {name: [max_stable_step(f(int(t))) for t in taus] for name, f in builders.items()}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.4))
+    t1 = cfg.tau_region
+    entries = [(delayed_gd(t1), f"GD τ={t1}, stale"), (delay_compensated(t1, 0.5), f"DC λc=0.5, τ={t1}"),
+               (error_feedback(t1, 1.0), f"EF α=1, τ={t1}"), (gd(), "GD, no delay")]
+    rec = _draw_regions(axes[0], entries, cfg.grid, extent=((-0.6, 2.6), (-1.6, 1.6)))
+    axes[0].set_title(f"Plain SGD with delay τ={t1}: ideal delay compensation and error feedback", fontsize=9)
+    colors = sns.color_palette("colorblind", len(curves))
+    for (name, ys), c in zip(curves.items(), colors):
+        ls = "--" if "NAdam" in name else "-." if "EF" in name else ":" if "DC" in name else "-"
+        axes[1].plot(taus, ys, marker="o", ls=ls, color=c, ms=4, lw=1.3, label=name)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("gradient delay τ (optimizer steps)")
+    axes[1].set_ylabel("largest stable effective step  η·λ/(1−β)  (NAdam: η·λ/√v̂)")
+    axes[1].set_title("Max stable step vs staleness (boundary-locus root-finding)", fontsize=9)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    lines = ["tau," + ",".join(f'"{k}"' for k in curves)]
+    lines += [f"{t}," + ",".join(f"{curves[k][i]:.10g}" for k in curves) for i, t in enumerate(taus)]
+    notes = {"regions_tau": t1, "regions": rec, **curves}
+    return FigureOutput(fig, cfg, None, tables={"csv": "\n".join(lines) + "\n"}, data=curves, notes=notes)
