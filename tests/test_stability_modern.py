@@ -285,6 +285,14 @@ def test_momentum_delay_figure_tables(monkeypatch):
         for e, tmax in zip(sd["z_eff"], sd[f"beta={b:g}"]):
             ok = e < zs
             assert tmax == (len(zs) - 1 if ok.all() else int(np.argmin(ok)) - 1)
+    # the notebook's sentences carry the CSV's numbers
+    from pipelab.figures.stability import momentum_claims_markdown
+
+    md = momentum_claims_markdown(out.tables["csv"], out.tables["stable_delay.csv"], 0.1)
+    row = df[(df["beta"] == 0.9)].set_index("tau")
+    assert f"{row.loc[0, 'z_star_torch'] / row.loc[1, 'z_star_torch']:.3g}× at β=0.9" in md
+    assert f"{df[(df['beta'] == 0.99) & (df['tau'] == 1)]['z_star_eff_nadam'].iloc[0]:.3g} (β1=0.99)" in md
+    assert "effective step 0.1**" in md
 
 
 @pytest.mark.slow
@@ -305,3 +313,9 @@ def test_modern_vs_delay_figure_table(monkeypatch):
     np.testing.assert_allclose(df["EF α=τ (= prediction s=τ)"][1:],
                                [max_stable_step(predicted_momentum(0.0, t)) for t in range(1, 9)], rtol=1e-8)
     assert df["DC λc=0.9"][1] == pytest.approx(2.5, rel=1e-9)   # τ = 1 closed form min(1/(1−λc), 2/(2λc−1))
+    from pipelab.figures.stability import modern_thresholds_markdown
+
+    md = modern_thresholds_markdown(out.tables["csv"]).splitlines()
+    assert len(md) == 2 + len(df.columns) - 1
+    assert md[2].startswith("| GD (stale) | 2 | 1 | 1.00× |")
+    assert "| DC λc=0.9 | 2 | 2.5 | 2.50× |" in md[7]

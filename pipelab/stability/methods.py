@@ -378,9 +378,11 @@ def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None
     """Nesterov look-ahead for asynchronous pipelines (Ajanthan et al., arXiv:2505.01099), as NAdam computes it.
 
     The recursion analysed here is the one the paper's public code runs: ``torch.optim.NAdam`` with a high
-    β1 (0.99 in its scripts), no weight stashing, and the gradient of step t taken at weights τ updates old,
-    ``g_t = λ·w_{t−τ}``. With the second moment frozen (as in :func:`adam_frozen`, ``z = η·λ/(√v̂ + ε)``) and
-    the bias corrections at their late-training limit 1, NAdam's step is
+    β1 (0.99 in its scripts) and the gradient of step t taken at the weights its micro-batch's forward used,
+    τ updates old: ``g_t = λ·w_{t−τ}`` (the code stashes and recomputes the backward at that version; the
+    policy ``nesterov_async`` of :mod:`pipelab.policies` with ``backward="current"`` mixes in the current
+    weights, the PipeMare model of :func:`pipemare`). With the second moment frozen (as in :func:`adam_frozen`,
+    ``z = η·λ/(√v̂ + ε)``) and the bias corrections at their late-training limit 1, NAdam's step is
 
         m_t = β1·m_{t−1} + (1−β1)·g_t,        w_{t+1} = w_t − η·(μ·m_t + (1−μ)·g_t),
 
@@ -392,9 +394,9 @@ def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None
 
     the general form with ``c = (1 − μβ1, −(1−μ)β1)``. For μ = β1 it is :func:`nesterov` in ``"paper"`` form
     (``c = (1−β1)·(1+β1, −β1)``): the look-ahead ``β1·m_t + (1−β1)·g_t`` is the smoothed gradient one step
-    ahead. The paper's text (its modified look-ahead and the option that raises β1 with the delay) was not
-    available to us; the search found only its abstract ("we modify the look-ahead step in NAG") and its code,
-    so this builder pins the code's rule; raising β1 with τ is a sweep over ``beta1``.
+    ahead. The paper's text (its modified look-ahead) was not available to us; the search found only its
+    abstract ("we modify the look-ahead step in NAG") and its code, so this builder pins the code's rule. The
+    code's option that raises β1 with the stage's delay is, here, a choice of ``beta1`` per τ.
 
     Args:
         beta1: NAdam's β1 in [0, 1) (the paper's code: 0.99).
@@ -478,7 +480,8 @@ def error_feedback(tau: int = 1, alpha: float = 1.0, *, beta: float = 0.0,
     On the quadratic this is exactly :func:`predicted_momentum` with ``s = α`` (a linear, time-invariant
     correction commutes with the optimizer's linear filter: correcting the gradient, the update, or the weights
     the gradient is taken at are the same linear method) — the tests check the identity. α = 1 extrapolates one
-    step (the one-step delay); α = τ extrapolates the whole delay. With τ = 0 there is no staleness error and
+    step (the one-step delay); α = τ extrapolates the whole delay — the policy ``error_feedback`` of
+    :mod:`pipelab.policies` uses ``α = γ·τ`` (its γ = 1 by default). With τ = 0 there is no staleness error and
     the method is the undelayed optimizer for every α.
 
     Args:
