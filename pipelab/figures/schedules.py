@@ -498,7 +498,7 @@ def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutp
             cl.append("#f4c7c3" if abs(a - b) > 1e-9 else "#d9ead3")
         cell_text.append(line)
         colours.append(cl)
-    fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 1.0))
+    fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 0.6))
     ax.axis("off")
     tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["case"] for r in rows],
                    colLabels=[_HEAD[c] for c in COLUMNS], loc="upper center", cellLoc="center")
