@@ -27,7 +27,8 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
 - **schedule** (:class:`Schedule`): for every **worker** w (a process / device), its **program**, the
   ordered list of actions it executes, plus which workers hold each stage's weights.
 - **policy** (:mod:`pipelab.policies`): which version (stored or predicted) each F and B job uses, given
-  the version table: stashing, vertical sync, 2BW, SpecTrain, PipeOptim, PipeMare, ...
+  the version table: stashing, vertical sync, 2BW, SpecTrain, PipeOptim, PipeMare, Nesterov for asynchronous
+  PP, error feedback and DC-ASGD (the last two correct the gradient before the optimizer step), ...
 - **predictor** (:mod:`pipelab.predictors`): a pure function of (weights, optimizer state, learning rate,
   s) estimating W^(v+s) from W^(v) with the user's ``torch.optim`` rule, never mutating the optimizer.
 
@@ -66,7 +67,7 @@ from .models import build_model, deep_mlp, small_cnn, small_resnet, transformer_
 from .optim import OPTIMIZERS, OptimizerSpec, available_optimizers, make_optimizer, optimizer_factory, optimizer_label
 from .partition import balanced_partition, split, stage_sizes
 from .pipeline import PipelineSpec
-from .policies import POLICIES, Policy, PolicyInfo, available_policies, make_policy, policy_info
+from .policies import POLICIES, GradientContext, Policy, PolicyInfo, available_policies, make_policy, policy_info
 from .prediction_error import (
     InPipelineConfig,
     InPipelineResult,
@@ -180,7 +181,7 @@ __all__ = [
     "supported_optimizers", "measure_prediction_error", "run_prediction_error", "PredictionErrorConfig",
     "PredictionErrorResult", "measure_in_pipeline", "run_in_pipeline", "InPipelineConfig", "InPipelineResult",
     # policies, the emulator and learning curves
-    "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo",
+    "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo", "GradientContext",
     "PipelineSpec", "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
     "RunConfig", "prepare", "run_arm", "sweep_arms",
     "lr_grid", "halving_schedule", "successive_halving", "selected_configs", "Halving",

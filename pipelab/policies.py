@@ -26,6 +26,9 @@ what the table gives for asynchronous 1F1B and are compared in the tests.
 | pipeoptim       | Ŵ(cur(F) → upd)               | cur(B)                            | 1 + 1 predicted (k<D−1)   |
 | pipemare        | cur(F)                        | cur(B) − (cur(B)−cur(F))·δ        | 1 + δ + 1 corrected (k<D−1)|
 | oracle          | W^(upd) (true future; waits)  | W^(upd)                           | (sequential training)     |
+| nesterov_async  | cur(F)                        | cur(F) (stashed; or cur(B))       | D−k (1 with cur(B))       |
+| error_feedback  | as its base (default 2bw)     | as its base; gradient corrected   | base's                    |
+| dc_asgd         | as its base (default stashing)| as its base; gradient corrected   | base's + 1                |
 
 R(k, t, j) is the version of stage k current when the micro-batch's round trip ends (its backward at
 stage 0 starts): SpecTrain predicts "the weights at the end of the round trip" at every stage. PipeMare
@@ -39,13 +42,22 @@ Example:
 References: PipeDream (Narayanan et al., SOSP 2019: weight stashing, vertical sync); PipeDream-2BW
 (Narayanan et al., ICML 2021); SpecTrain (Chen et al., arXiv:1809.02839, eqs. 4–6); PipeOptim (Guan et
 al., arXiv:2312.00839, eqs. 4–5, Alg. 1); PipeMare (Yang et al., MLSys 2021, learning-rate rescheduling
-and discrepancy correction).
+and discrepancy correction); Nesterov for asynchronous PP (Ajanthan et al., ICML 2025, arXiv:2505.01099);
+error feedback for delayed gradients (Zmushko et al., arXiv:2606.30634; see :class:`ErrorFeedbackPolicy` for the
+rule implemented); DC-ASGD (Zheng et al., ICML 2017).
+
+Gradient corrections (error feedback, DC-ASGD) act through :meth:`Policy.correct_gradient`, which the stage
+executor calls with the step's accumulated gradient just before ``optimizer.step()``; optimizers a policy
+cannot serve are refused by :meth:`Policy.check_optimizer` (called by :func:`pipelab.pipeline.build_pipeline`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
 
 from .schedules.versions import pipeoptim_staleness, spectrain_version_difference
 
@@ -57,6 +69,7 @@ __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",
     "Sync", "Vanilla", "Stashing", "VerticalSync", "TwoBW", "SpecTrainPolicy", "PipeOptimPolicy",
     "PipeMarePolicy", "Oracle", "PolicyInfo", "policy_info", "SCHEDULE_FAMILIES",
+    "GradientContext", "NesterovAsyncPolicy", "ErrorFeedbackPolicy", "DelayCompensationPolicy",
 ]
 
 
@@ -78,6 +91,35 @@ class Predicted:
 
 WeightSpec = Stored | Predicted
 
+
+@dataclass
+class GradientContext:
+    """What :meth:`Policy.correct_gradient` knows about the update U(k, t) it corrects the gradient of.
+
+    Attributes:
+        stage, step: k and t.
+        version: the version current at the update, so ``weights_now`` is ``W_k^(version)``.
+        used_versions: per micro-batch j, the version its backward's weights stood for (a stored version, or the
+            target ``base + s`` of a prediction); ``version − used_versions[j]`` is the job's gradient staleness.
+        weights_now: the stage's weights at the update (before the step), in ``named_parameters`` order.
+        weights_used: the mean over the step's micro-batches of the weights their backwards used (only for a
+            policy with ``keeps_backward_weights``; ``None`` otherwise).
+        state: the policy's per-stage state, kept by the executor across steps (and in its checkpoints).
+    """
+
+    stage: int
+    step: int
+    version: int
+    used_versions: tuple[int, ...]
+    weights_now: tuple[Tensor, ...]
+    weights_used: tuple[Tensor, ...] | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def staleness(self) -> float:
+        """Mean staleness of the step's gradient: ``version − mean_j used_versions[j]`` (0 when not delayed)."""
+        return self.version - sum(self.used_versions) / max(1, len(self.used_versions))
+
 #: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms.
 SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "async_1f1b", "2bw")
 
@@ -96,6 +138,11 @@ class Policy:
         emulation_only: the policy needs weights no real pipeline has yet (the oracle): it runs in the
             emulator only and is no learning-curve arm.
         summary: one line for :meth:`describe`.
+        optimizers: names of the ``torch.optim`` classes the policy serves (``None``: any); others are refused
+            by :meth:`check_optimizer` with this list.
+        corrects_gradient: the executor calls :meth:`correct_gradient` before each optimizer step.
+        keeps_backward_weights: the executor keeps the mean backward weights of each step in flight (one
+            weight-sized buffer per step) for :attr:`GradientContext.weights_used`.
     """
 
     name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
@@ -106,6 +153,9 @@ class Policy:
     default_predictor: ClassVar[str | None] = None
     emulation_only: ClassVar[bool] = False
     summary: ClassVar[str] = ""
+    optimizers: ClassVar[tuple[str, ...] | None] = None
+    corrects_gradient: ClassVar[bool] = False
+    keeps_backward_weights: ClassVar[bool] = False
 
     def check(self, table: VersionTable) -> None:
         """Raise ValueError when the schedule does not suit the policy."""
@@ -126,6 +176,23 @@ class Policy:
     def lr_factor(self, table: VersionTable, stage: int, step: int) -> float:
         """Multiplier of stage k's learning rate for the update of step t (1 unless PipeMare)."""
         return 1.0
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, stage: int) -> None:
+        """Refuse an optimizer the policy cannot serve (ValueError listing :attr:`optimizers`)."""
+        if self.optimizers is not None and type(optimizer).__name__ not in self.optimizers:
+            raise ValueError(f"policy {self.name!r} cannot serve stage {stage}'s optimizer "
+                             f"{type(optimizer).__name__}; supported optimizers: {', '.join(self.optimizers)}")
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, stage: int, table: VersionTable) -> None:
+        """Adjust stage k's freshly built optimizer before training (nothing unless the policy says so)."""
+
+    def correct_gradient(self, ctx: GradientContext, grads: list[Tensor]) -> list[Tensor]:
+        """The gradient handed to the optimizer for U(k, t), from the step's accumulated gradient (identity).
+
+        Called by the stage executor only for a policy with ``corrects_gradient``; ``grads`` is in
+        ``named_parameters`` order and may be modified in place.
+        """
+        return grads
 
     def extra_buffers(self, stage: int, D: int) -> int:
         """Weight-sized buffers besides weight versions a real stage keeps (PipeMare's δ)."""
@@ -426,6 +493,235 @@ class Oracle(Policy):
     backward = forward
 
 
+class NesterovAsyncPolicy(Policy):
+    """Nesterov method for asynchronous pipelines (Ajanthan et al., ICML 2025): NAdam with a large β1, no flush.
+
+    The paper replaces the gradient at Nesterov's look-ahead point by the delayed gradient of the asynchronous
+    pipeline and runs the stage optimizer ``torch.optim.NAdam`` (Dozat 2016), whose update already contains the
+    look-ahead: with ``μ_t`` NAdam's momentum schedule,
+
+        m_t = β1·m_{t−1} + (1 − β1)·g̃_t,
+        W^(t+1) = W^(t) − lr·[μ_{t+1}·m_t/(1−Πμ_{≤t+1}) + (1−μ_t)·g̃_t/(1−Πμ_{≤t})]/(√v̂_t + ε)
+
+    with ``g̃_t`` the step's delayed gradient. The look-ahead is therefore no weight extrapolation: the
+    forward runs at the current weights ``cur(F)`` and nothing is predicted (``Predicted`` specs are unused).
+
+    Where the sources differ (read for this policy: the public code, github.com/PluralisResearch/AsyncPP,
+    mirrored as sukrucildirr/AsyncPP; the paper's full text could not be read here, only its abstract):
+
+    - backward weights: the code keeps PipeDream's ring of ``warmup + 1`` versions and calls
+      ``load_old_params()`` before every backward, which is recomputed (``--recompute``) at the version the
+      micro-batch's forward used: **weight stashing**, ``backward="stashed"`` (default). The issue describes
+      "no weight stashing, backward recomputed at the current weights": ``backward="current"`` (vanilla's
+      backward at ``cur(B)``, one weight copy).
+    - β1: the code's run script uses NAdam with ``betas=(0.99, 0.999)`` (pass that optimizer); its
+      ``--adaptive_momentum`` option raises β1 with the stage's delay, ``β1_k = β1 + τ_k·(β_max − β1)/D`` with
+      ``τ_k`` the stage's number of versions minus one (D − k − 1 on asynchronous 1F1B), here read from the
+      version table as the stage's largest forward staleness: ``adaptive_momentum=True``.
+
+    Optimizers: ``NAdam`` (the paper's), or ``SGD`` with ``nesterov=True`` (Nesterov's accelerated gradient
+    itself, the method the paper adapts); anything else is refused.
+
+    Args:
+        backward: ``"stashed"`` (default, the public code) or ``"current"`` (the issue's description).
+        adaptive_momentum: raise β1 (NAdam) or the momentum (SGD) of stage k with its delay as above.
+        beta_max: β_max of the adaptive rule (the code's 0.99).
+    """
+
+    name, title = "nesterov_async", "Nesterov (async PP)"
+    summary = "NAdam (Nesterov look-ahead in the update) at cur(F); backward at the stashed cur(F) or at cur(B)"
+    optimizers = ("NAdam", "SGD")
+    BACKWARDS: ClassVar[tuple[str, ...]] = ("stashed", "current")
+
+    def __init__(self, backward: str = "stashed", adaptive_momentum: bool = False, beta_max: float = 0.99) -> None:
+        if backward not in self.BACKWARDS:
+            raise ValueError(f"backward must be one of {self.BACKWARDS}, got {backward!r}")
+        if not isinstance(beta_max, (int, float)) or not 0.0 <= beta_max < 1.0:
+            raise ValueError(f"beta_max must be a float in [0, 1), got {beta_max!r}")
+        self.backward_rule, self.adaptive_momentum, self.beta_max = backward, bool(adaptive_momentum), float(beta_max)
+
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
+        return Stored(_cur(table, key))
+
+    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
+        return Stored(_cur(table, key, "F" if self.backward_rule == "stashed" else None))
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer, stage: int) -> None:
+        """NAdam, or SGD with Nesterov momentum (``nesterov=True``); the message lists them."""
+        super().check_optimizer(optimizer, stage)
+        if isinstance(optimizer, torch.optim.SGD) and not all(g.get("nesterov") for g in optimizer.param_groups):
+            raise ValueError(f"policy {self.name!r} needs Nesterov momentum: stage {stage}'s SGD has nesterov=False; "
+                             "supported optimizers: NAdam, SGD with nesterov=True and momentum > 0")
+
+    def momentum_for(self, beta: float, stage: int, table: VersionTable) -> float:
+        """The adaptive rule: ``β + τ_k·(β_max − β)/D`` (β unchanged without ``adaptive_momentum``)."""
+        if not self.adaptive_momentum:
+            return beta
+        tau = int(table.staleness("F", "current")[stage].max())
+        return beta + tau * (self.beta_max - beta) / table.D
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, stage: int, table: VersionTable) -> None:
+        if not self.adaptive_momentum:
+            return
+        for group in optimizer.param_groups:
+            if "betas" in group:
+                b1, b2 = group["betas"]
+                group["betas"] = (self.momentum_for(float(b1), stage, table), b2)
+            else:
+                group["momentum"] = self.momentum_for(float(group["momentum"]), stage, table)
+
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """D − k with the stashed backward (the code's PipeDream ring), one with ``backward="current"``."""
+        return D - stage if self.backward_rule == "stashed" else 1
+
+    def options(self) -> dict:
+        return {"backward": self.backward_rule, "adaptive_momentum": self.adaptive_momentum,
+                "beta_max": self.beta_max}
+
+
+_BASES = ("2bw", "stashing", "vanilla")
+
+
+class _CorrectingPolicy(Policy):
+    """A gradient correction on top of a base policy, which chooses every job's weights and the schedule."""
+
+    corrects_gradient = True
+    default_base: ClassVar[str] = "stashing"
+
+    def __init__(self, base: str) -> None:
+        if base not in _BASES:
+            raise ValueError(f"base must be one of {_BASES}, got {base!r}")
+        self.base_name = base
+        self.base = make_policy(base)
+        self.schedule = self.base.schedule
+
+    def check(self, table: VersionTable) -> None:
+        self.base.check(table)
+
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
+        return self.base.forward(table, key)
+
+    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
+        return self.base.backward(table, key)
+
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        return self.base.stated_weight_copies(stage, D)
+
+
+class ErrorFeedbackPolicy(_CorrectingPolicy):
+    """Feedback of the delayed gradient's drift: ``g̃_t = g_t + γ·s_t·(g_t − g_{t−1})`` (a substitute, see below).
+
+    **Not the rule of arXiv:2606.30634.** That paper (Zmushko et al., "One-Step Gradient Delay is Not a Barrier
+    for Large-Scale Asynchronous Pipeline Parallel LLM Pretraining", ICML 2026) introduces an "Error
+    Feedback-inspired", optimizer-agnostic correction for PipeDream-2BW's one-step delay; only its abstract and
+    summaries could be found here (they say it "mixes recent delayed updates"), not its formula or code. This
+    policy implements a standard, citable correction of that kind instead, to be replaced by the paper's once
+    its text is at hand:
+
+    g_t, the step's accumulated gradient, was computed at weights ``s_t`` versions old
+    (``s_t = version − mean_j used_j``, from the version table through the backward specs), so to first order
+    ``∇f(W^(t)) ≈ g_t + H·(W^(t) − W^(t−s))`` and ``g_t − g_{t−1} ≈ H·(W^(t−s) − W^(t−s−1))``; feeding the last
+    change of the delivered gradient back ``s_t`` times extrapolates the gradient sequence to the current
+    weights. With ``s = 1, γ = 1`` this is the optimistic gradient ``2g_t − g_{t−1}`` of optimistic mirror
+    descent with the last gradient as the hint (Rakhlin & Sridharan, COLT 2013; Daskalakis et al., "Training
+    GANs with Optimism", ICLR 2018); that a delayed gradient is an error-feedback residual is Stich &
+    Karimireddy, "The Error-Feedback Framework: Better Rates for SGD with Delayed Gradients and Compressed
+    Updates", JMLR 2020. The corrected gradient goes to the user's optimizer unchanged (any ``torch.optim``
+    optimizer: the correction is optimizer-agnostic). ``g_{t−1}`` is the previous step's *uncorrected*
+    gradient (one weight-sized buffer); the first step and steps with ``s_t = 0`` are not corrected, so a
+    run without delay is plain training.
+
+    Args:
+        base: the weight rule corrected: ``"2bw"`` (default, the paper's PipeDream-2BW), ``"stashing"``,
+            ``"vanilla"``.
+        gamma: γ, the feedback strength (1: the full first-order extrapolation).
+    """
+
+    name, title = "error_feedback", "error feedback (gradient extrapolation)"
+    summary = "base policy's weights; gradient g + γ·s·(g − g_prev) fed to the optimizer (s: its staleness)"
+
+    def __init__(self, base: str = "2bw", gamma: float = 1.0) -> None:
+        super().__init__(base)
+        if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or gamma < 0:
+            raise ValueError(f"gamma must be a non-negative float, got {gamma!r}")
+        self.gamma = float(gamma)
+
+    def correct_gradient(self, ctx: GradientContext, grads: list[Tensor]) -> list[Tensor]:
+        prev = ctx.state.get("previous")
+        ctx.state["previous"] = [g.detach().clone() for g in grads]
+        scale = self.gamma * ctx.staleness
+        if prev is None or scale == 0.0:
+            return grads
+        return [g + scale * (g - p) for g, p in zip(grads, prev)]
+
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """The base policy's copies plus the previous gradient."""
+        base = self.base.stated_weight_copies(stage, D)
+        return None if base is None else base + 1
+
+    def options(self) -> dict:
+        return {"base": self.base_name, "gamma": self.gamma}
+
+
+class DelayCompensationPolicy(_CorrectingPolicy):
+    """DC-ASGD: ``g̃ = g + λ·g⊙g⊙(W_now − W_used)`` (Zheng et al., ICML 2017, Eq. 10 and Algorithm 1).
+
+    The delayed gradient g computed at ``W_used`` is moved to the weights ``W_now`` it is applied to by a
+    first-order Taylor step whose Hessian is approximated by the outer product's diagonal ``λ·g⊙g``.
+    ``W_now`` is the stage's version current at its update U(k, t) and ``W_used`` the weights the backward of
+    the step's micro-batches used (the base policy's backward specs, from the version table). With M
+    micro-batches per step, ``g = Σ_j g_j`` is the mini-batch gradient and ``W_used`` the mean of the
+    micro-batches' backward weights, ``(1/M)·Σ_j W^(used_j)`` (each micro-batch carries 1/M of the loss); when
+    they all used one version (every flushed or stashed step with M = 1, and PipeDream-2BW) this is the
+    paper's rule exactly, and without delay the correction vanishes.
+
+    Args:
+        base: the weight rule corrected: ``"stashing"`` (default: every gradient is exact at one version, as a
+            parameter-server worker's), ``"vanilla"``, ``"2bw"``.
+        lam: λ of DC-ASGD-c (the paper's constant variant; 0.04 as in its experiments and MXNet's ``DCASGD``).
+        adaptive: DC-ASGD-a: ``λ_t = λ0/√(MS_t + ε)`` elementwise with ``MS_t = m·MS_{t−1} + (1−m)·g⊙g``
+            (``MS_0 = 0``), ``λ0 = lam0``, ``m = ms_decay``, ε = 1e-7.
+        lam0: λ0 of DC-ASGD-a (the paper's 2). ms_decay: m (the paper's 0.95).
+    """
+
+    name, title = "dc_asgd", "DC-ASGD (delay compensation)"
+    summary = "base policy's weights; gradient g + λ·g⊙g⊙(W_now − W_used) fed to the optimizer"
+    keeps_backward_weights = True
+    EPS: ClassVar[float] = 1e-7
+
+    def __init__(self, base: str = "stashing", lam: float = 0.04, adaptive: bool = False, lam0: float = 2.0,
+                 ms_decay: float = 0.95) -> None:
+        super().__init__(base)
+        for arg, value in (("lam", lam), ("lam0", lam0)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{arg} must be a non-negative float, got {value!r}")
+        if not isinstance(ms_decay, (int, float)) or not 0.0 <= ms_decay < 1.0:
+            raise ValueError(f"ms_decay must be a float in [0, 1), got {ms_decay!r}")
+        self.lam, self.adaptive, self.lam0, self.ms_decay = float(lam), bool(adaptive), float(lam0), float(ms_decay)
+
+    def correct_gradient(self, ctx: GradientContext, grads: list[Tensor]) -> list[Tensor]:
+        assert ctx.weights_used is not None
+        if self.adaptive:
+            ms = ctx.state.get("mean_square") or [torch.zeros_like(g) for g in grads]
+            ms = [self.ms_decay * m + (1.0 - self.ms_decay) * g * g for m, g in zip(ms, grads)]
+            ctx.state["mean_square"] = ms
+            lams: list[Tensor | float] = [self.lam0 / torch.sqrt(m + self.EPS) for m in ms]
+        else:
+            lams = [self.lam] * len(grads)
+        return [g + lam * g * g * (now.detach() - used)
+                for g, lam, now, used in zip(grads, lams, ctx.weights_now, ctx.weights_used)]
+
+    def stated_weight_copies(self, stage: int, D: int) -> int | None:
+        """The base policy's copies plus ``W_used`` (the paper's server keeps a backup of the weights each worker
+        pulled); DC-ASGD-a adds its mean square."""
+        base = self.base.stated_weight_copies(stage, D)
+        return None if base is None else base + 1 + int(self.adaptive)
+
+    def options(self) -> dict:
+        return {"base": self.base_name, "lam": self.lam, "adaptive": self.adaptive, "lam0": self.lam0,
+                "ms_decay": self.ms_decay}
+
+
 POLICIES: dict[str, type[Policy] | tuple[type[Policy], dict]] = {
     "sequential": (Sync, {"name": "sequential"}),
     "gpipe": (Sync, {"name": "gpipe"}),
@@ -438,6 +734,9 @@ POLICIES: dict[str, type[Policy] | tuple[type[Policy], dict]] = {
     "pipeoptim": PipeOptimPolicy,
     "pipemare": PipeMarePolicy,
     "oracle": Oracle,
+    "nesterov_async": NesterovAsyncPolicy,
+    "error_feedback": ErrorFeedbackPolicy,
+    "dc_asgd": DelayCompensationPolicy,
 }
 
 

@@ -14,7 +14,7 @@ from pipelab.emulator import Emulator, train_plain
 from pipelab.models import deep_mlp, small_cnn
 from pipelab.optim import optimizer_factory
 from pipelab.partition import split
-from pipelab.policies import PipeMarePolicy, available_policies
+from pipelab.policies import PipeMarePolicy, available_policies, make_policy
 from pipelab.schedules import gpipe, naive, one_f_one_b, pipedream, pipedream_2bw
 
 TOL = 1e-10
@@ -99,6 +99,11 @@ def test_D1_reduces_every_policy_to_plain_training_with_muon(policy: str) -> Non
     ref, _ = plain(model, MUON, data)
     builder = {"sequential": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "2bw": pipedream_2bw}.get(policy, pipedream)
     m = copy.deepcopy(model)
+    serves = make_policy(policy).optimizers
+    if serves is not None and "Muon" not in serves:  # a policy defined for other optimizers refuses Muon
+        with pytest.raises(ValueError, match="supported optimizers"):
+            Emulator([m], schedule=builder(1, 1, T), policy=policy, optimizer=MUON)
+        return
     Emulator([m], schedule=builder(1, 1, T), policy=policy, optimizer=MUON).run(data)
     assert max_diff(ref, m) <= TOL
 

@@ -1,5 +1,7 @@
 """The schedule figures draw what their titles say: version labels follow the weight rule a panel names
-(PipeDream = weight stashing), and LPP's bubble follows Rahimi's latency under the priority he assumes."""
+(PipeDream = weight stashing), LPP's bubble follows Rahimi's latency under the priority he assumes, and the
+Table 1 and throughput-bound figures build LPP under both priority rules, name them, and pin the LPP rows
+to the note's values (or to the closed form where the note's latency is below a worker's own work)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import csv as csv_module  # noqa: E402
+import io  # noqa: E402
 import re  # noqa: E402
 
 import matplotlib.figure  # noqa: E402
@@ -15,8 +19,19 @@ import pytest  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
 from pipelab import figures  # noqa: E402
-from pipelab.figures.schedules import LPP_PRIORITIES, draw_gantt, lpp_bubble  # noqa: E402
-from pipelab.schedules import gpipe, lpp, pipedream  # noqa: E402
+from pipelab.figures.schedules import (  # noqa: E402
+    _RAHIMI,
+    LPP_PRIORITIES,
+    RAHIMI_PRIORITIES,
+    RahimiConfig,
+    draw_gantt,
+    lpp_bubble,
+    lpp_latency,
+    rahimi_rows,
+    rahimi_table_markdown,
+    throughput_bound_markdown,
+)
+from pipelab.schedules import Schedule, fslpp, gpipe, lpp, pipedream  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
 
 _CELL = re.compile(r"^([FBIW])(\d+)\n(?:s\d+\n)?v(\d+)$")
@@ -117,3 +132,139 @@ def test_bubble_figure_draws_lpp_under_both_rules() -> None:
     assert any("forward-first" in t for t in legend) and any("backward-first" in t for t in legend)
     assert "(tiny preset)" in out.figure.texts[0].get_text()
     assert "forward-first (GPipe order)" in out.tables["csv"]
+
+
+# ----------------------------------------------------------------------------- Rahimi's Table 1, LPP rows
+def _peak_from_programs(s: Schedule) -> int:
+    """Brute force: walk each worker's program; an F makes an activation resident, its B frees it."""
+    peak = 0
+    for prog in s.programs:
+        held = 0
+        for a in prog:
+            held += {"F": 1, "B": -1}.get(a.op, 0)
+            peak = max(peak, held)
+    return peak
+
+
+def _weight_fetches_from_programs(s: Schedule) -> int:
+    """Brute force: the most forwards a worker runs on a stage whose weights it does not hold."""
+    return max(sum(a.op == "F" and w not in s.weight_holders[a.stage] for a in prog)
+               for w, prog in enumerate(s.programs))
+
+
+def _note(S: int, B: int, G: int, R: int) -> dict[str, float]:
+    """Rahimi's Table 1 LPP row, written out here (not read from pipelab.schedules.rahimi)."""
+    return {"latency": S + B / G - 1, "activation_storage": S / R * min(S, B / G), "weight_xmit": 0.0}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "quick", "paper"])
+def test_rahimi_lpp_rows_pinned_to_the_note(preset: str) -> None:
+    cfg = _RAHIMI[preset]
+    rows = {r["case"]: r for r in rahimi_rows(cfg)}
+    S, B, G = cfg.S, cfg.B, cfg.G
+    looped = [r for r in rows.values() if r["priority"] is not None]
+    assert len(looped) == 6 and {r["priority"] for r in looped} == set(RAHIMI_PRIORITIES)
+    for r in looped:
+        R = r["params"]["R"]
+        note, sim = _note(S, B, G, R), r["simulated"]
+        build = lpp if r["scheme"] == "LPP" else fslpp
+        s = build(S, B, G, R, priority=r["priority"])
+        assert sim["activation_storage"] == _peak_from_programs(s), r["case"]
+        assert sim["weight_xmit"] == _weight_fetches_from_programs(s), r["case"]
+        if r["scheme"] == "LPP":
+            assert sim["weight_xmit"] == note["weight_xmit"] == r["note"]["weight_xmit"]
+        if r["priority"] == "forward_first":
+            # the note's rule: latency S + B/G − 1 whenever a worker's own work fits in it, else the closed form
+            fits = (S // R) * (B // G) + R - 1 <= note["latency"]
+            assert sim["latency"] == pytest.approx(note["latency"] if fits else lpp_latency(S, B, G, R)), r["case"]
+            assert (R == S) <= fits
+            # forward-first holds all of a worker's (S/R)(B/G) micro-batch stages: the note's (S/R)·min(S, B/G)
+            # while B/G ≤ S (every preset)
+            assert B // G <= S
+            assert sim["activation_storage"] == note["activation_storage"] == (S // R) * (B // G), r["case"]
+        else:
+            # backward-first: never faster, never more activations than forward-first
+            fwd = rows[r["case"].replace("backward-first", "forward-first")]["simulated"]
+            assert sim["latency"] >= fwd["latency"] and sim["activation_storage"] <= fwd["activation_storage"]
+    # the quick preset's numbers, as the notebook states them: S = 4, B = 8, G = 2
+    if preset == "quick":
+        got = {c: (r["simulated"]["latency"], r["simulated"]["activation_storage"]) for c, r in rows.items()
+               if r["priority"]}
+        assert got == {"LPP G=2, R=S, forward-first": (7, 4), "LPP G=2, R=S, backward-first": (7, 4),
+                       "LPP G=2, R=S/2, forward-first": (9, 8), "LPP G=2, R=S/2, backward-first": (9.5, 5),
+                       "FSLPP G=2, R=S/2, forward-first": (9, 8), "FSLPP G=2, R=S/2, backward-first": (9.5, 5)}
+
+
+def test_lpp_latency_closed_form_and_errors() -> None:
+    for S, B, G, R in [(4, 8, 2, 4), (4, 8, 2, 2), (8, 16, 4, 4), (8, 16, 4, 8), (8, 8, 1, 2), (6, 12, 2, 3)]:
+        r = simulate(lpp(S, B, G, R, priority="forward_first"))
+        assert r.latency_units == pytest.approx(lpp_latency(S, B, G, R)), (S, B, G, R)
+    assert lpp_latency(4, 8, 2, 2) == 9.0 > _note(4, 8, 2, 2)["latency"]
+    with pytest.raises(ValueError, match="R | S"):
+        lpp_latency(8, 4, 2, 3)
+    with pytest.raises(ValueError, match="priority must be"):
+        fslpp(4, 4, 2, 2, priority="fifo")
+
+
+def test_fslpp_priority_gives_lpp_timeline() -> None:
+    for prio in RAHIMI_PRIORITIES:
+        a, b = lpp(4, 8, 2, 2, priority=prio), fslpp(4, 8, 2, 2, priority=prio)
+        compute = [[x for x in prog if x.op != "U"] for prog in a.programs]
+        assert compute == [[x for x in prog if x.op != "U"] for prog in b.programs], prio  # same compute order
+        assert simulate(a).latency_units == simulate(b).latency_units, prio
+    assert fslpp(4, 8, 2, 2).programs == fslpp(4, 8, 2, 2, priority="backward_first").programs  # default unchanged
+
+
+def test_rahimi_table_figure_names_the_priority() -> None:
+    out = figures.make("schedules_rahimi_table", "tiny")
+    ax = out.figure.axes[0]
+    title = ax.get_title()
+    assert "(tiny preset)" in title and all(name in title for name in LPP_PRIORITIES.values())
+    labels = [c.get_text().get_text() for (i, j), c in ax.tables[0].get_celld().items() if j == -1]
+    lpp_labels = [t for t in labels if "LPP" in t]
+    assert len(lpp_labels) == 6
+    assert all(t.endswith(("forward-first", "backward-first")) for t in lpp_labels)
+    csv = list(csv_module.reader(io.StringIO(out.tables["csv"])))
+    assert csv[0] == ["case", "priority", "column", "note", "simulated"]
+    assert all(len(line) == 5 for line in csv)  # labels with commas are quoted
+    by_prio = {line[1] for line in csv[1:] if "LPP" in line[0]}
+    assert by_prio == set(RAHIMI_PRIORITIES)
+    assert out.notes["note_priority"] == "forward_first"
+    # the notebook's generated Markdown states the CSV's numbers
+    md = rahimi_table_markdown(out.data, "tiny")
+    cells = {(line[0], line[2]): (line[3], line[4]) for line in csv[1:]}
+    for case in {c for c, _ in cells if "LPP" in c}:
+        head, rule = case.rsplit(", ", 1)
+        bullet = next(b for b in md.splitlines() if b.startswith(f"- **{head}**, {rule}"))
+        for col, short in [("latency", "latency"), ("activation_storage", "act. storage")]:
+            note, sim = cells[(case, col)]
+            if note != sim:
+                assert f"{short} {note} vs {sim}" in bullet, (case, col)
+            else:
+                assert short in bullet.split("differs")[0], (case, col)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "quick"])
+def test_throughput_bound_draws_lpp_under_both_rules(preset: str) -> None:
+    out = figures.make("schedules_throughput_bound", preset)
+    ax = out.figure.axes[0]
+    assert f"({preset} preset)" in ax.get_title() and "both priority rules" in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    names = [f"LPP, {LPP_PRIORITIES[p]}" for p in RAHIMI_PRIORITIES]
+    assert all(n in legend for n in names)
+    fwd, bwd = (np.array(out.data[n]) for n in names)
+    assert len(fwd) == len(bwd) > 0 and not np.allclose(fwd, bwd)  # the rules give different points
+    assert np.all(fwd[:, 1] <= fwd[:, 0] + 1e-12) and np.all(bwd[:, 1] <= bwd[:, 0] + 1e-12)  # ρ ≤ M/S
+    # the notes (and the notebook's generated sentence) count what the data holds
+    assert out.notes["n"] == sum(len(p) for p in out.data.values())
+    for n in names:
+        pts = np.array(out.data[n])
+        assert out.notes["series"][n]["attained"] == int(np.sum(np.abs(pts[:, 1] - pts[:, 0]) <= 1e-12))
+    # notebook 01: "backward-first ... sits on the bound more often"
+    assert out.notes["series"][names[1]]["attained"] > out.notes["series"][names[0]]["attained"]
+    md = throughput_bound_markdown(out.notes, preset)
+    assert f"({out.notes['n']} configurations under `{preset}`)" in md
+    for n in names:
+        v = out.notes["series"][n]
+        assert f"{n.removeprefix('LPP, ')}, {v['attained']} of {v['n']} configurations" in md
+    assert isinstance(_RAHIMI["tiny"], RahimiConfig)

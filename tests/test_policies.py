@@ -216,7 +216,9 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
     assert LABELS == {"sequential": "sequential", "gpipe": "GPipe", "1f1b": "1F1B (flushed)",
                       "vanilla": "vanilla async", "stashing": "PipeDream (stashing)", "vertical_sync": "vertical sync",
                       "2bw": "PipeDream-2BW", "spectrain": "SpecTrain", "pipeoptim": "PipeOptim",
-                      "pipemare": "PipeMare"}
+                      "pipemare": "PipeMare", "nesterov_async": "Nesterov (async PP)",
+                      "error_feedback": "error feedback (gradient extrapolation)",
+                      "dc_asgd": "DC-ASGD (delay compensation)"}
     assert PIPELINE_POLICIES == [n for n in POLICY_ORDER if n != "sequential"]
     with pytest.raises(ValueError, match="unknown policy"):
         policy_info("nope")

@@ -38,6 +38,8 @@ def build(case: dict) -> tuple[torch.nn.Sequential, Any, Any]:
     sched = schedule_of(case["schedule"], case["D"], case["M"], case["steps"], case["W"])
     if case.get("optimizer", "sgdm") == "adam":
         opt = lambda ps: torch.optim.Adam(ps, lr=0.01)  # noqa: E731
+    elif case.get("optimizer") == "nadam":
+        opt = lambda ps: torch.optim.NAdam(ps, lr=0.01, betas=(0.99, 0.999))  # noqa: E731
     else:
         opt = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
     return model, sched, opt
@@ -89,6 +91,10 @@ CASES_2 = [dict(schedule="gpipe", policy="gpipe", D=2, M=4, steps=3),
 CASES_2 += [dict(schedule="pipedream", policy=p, D=2, M=1, steps=10, optimizer=o)
             for p, o in [("vanilla", "sgdm"), ("stashing", "adam"), ("vertical_sync", "sgdm"), ("spectrain", "sgdm"),
                          ("pipeoptim", "adam"), ("pipemare", "sgdm")]]
+# the gradient-correcting and Nesterov policies (pipelab.policies): the executor's correction hook in the runtime
+CASES_2 += [dict(schedule="pipedream", policy="nesterov_async", D=2, M=1, steps=10, optimizer="nadam"),
+            dict(schedule="pipedream", policy="dc_asgd", D=2, M=2, steps=8),
+            dict(schedule="2bw", policy="error_feedback", D=2, M=2, steps=6)]
 CASES_4 = [dict(schedule="gpipe", policy="gpipe", D=4, M=4, steps=2),
            dict(schedule="pipedream", policy="stashing", D=4, M=1, steps=16),
            dict(schedule="pipedream", policy="pipeoptim", D=4, M=2, steps=8, optimizer="adam"),
@@ -187,7 +193,9 @@ def test_flushed_schedules_equal_torch_pipelining(kind: str, results_2: list) ->
 CKPT_CASES = [dict(schedule="pipedream", policy="stashing", D=2, M=1, steps=10, W=2, stop=5),
               dict(schedule="pipedream", policy="pipeoptim", D=2, M=2, steps=8, W=2, stop=3, optimizer="adam"),
               # two blocks per stage: PipeMare's corrected backward weights change the gradient
-              dict(schedule="pipedream", policy="pipemare", D=2, M=1, steps=10, W=2, stop=6, depth=4)]
+              dict(schedule="pipedream", policy="pipemare", D=2, M=1, steps=10, W=2, stop=6, depth=4),
+              # error feedback's previous gradient is policy state the checkpoint carries
+              dict(schedule="2bw", policy="error_feedback", D=2, M=2, steps=6, W=2, stop=3)]
 
 
 def _checkpoint_phase(rank: int, world: int, root: str, mode: str) -> list:
@@ -205,7 +213,8 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, list]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("i", range(len(CKPT_CASES)), ids=["stashing", "pipeoptim", "pipemare-history"])
+@pytest.mark.parametrize("i", range(len(CKPT_CASES)), ids=["stashing", "pipeoptim", "pipemare-history",
+                                                                 "error-feedback-state"])
 def test_checkpoint_resume_continues_identically(resumed: tuple[list, list], i: int) -> None:
     case = CKPT_CASES[i]
     cut, in_flight = consistent_cut(build(case)[1], case["stop"])

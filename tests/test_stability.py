@@ -15,14 +15,17 @@ from pipelab.stability import (
     char_poly,
     companion,
     complex_grid,
+    delay_compensated,
     delayed_gd,
     delayed_gd_threshold,
+    error_feedback,
     gd,
     general,
     heavy_ball,
     heavy_ball_threshold,
     max_stable_step,
     nesterov,
+    nesterov_async,
     nesterov_threshold,
     pipemare,
     predicted_momentum,
@@ -289,7 +292,7 @@ def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     from pipelab import figures
 
     names = [s.name for s in figures.available() if s.module.endswith(".stability")]
-    assert len(names) == 6
+    assert len(names) == 8
     written = figures.render(names, "tiny", tmp_path)
     assert all(p.exists() for paths in written.values() for p in paths)
     import json
@@ -384,7 +387,8 @@ def test_region_mask_real_axis_row_on_locus_vertex(method, re, im, wrong_before)
 _DEFAULTS = {"general": lambda: general(0.5, (1.0,)), "gd": gd, "delayed_gd": lambda: delayed_gd(1),
              "heavy_ball": lambda: heavy_ball(0.5), "nesterov": lambda: nesterov(0.5),
              "predicted_momentum": lambda: predicted_momentum(0.5, 2), "pipemare": lambda: pipemare(3, 1),
-             "adam_frozen": adam_frozen}
+             "adam_frozen": adam_frozen, "nesterov_async": nesterov_async,
+             "delay_compensated": lambda: delay_compensated(2), "error_feedback": error_feedback}
 
 
 def test_defaults_cover_every_builder():

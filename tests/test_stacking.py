@@ -67,6 +67,8 @@ def test_stacked_gradients_are_each_arms_own() -> None:
 @pytest.mark.parametrize("policy", list(ARM_POLICIES))
 def test_stacked_seeds_equal_separate_runs_for_every_policy(policy: str) -> None:
     opt = "sgdm" if policy in ("spectrain", "sequential", "vanilla") else "adam"
+    if policy == "nesterov_async":  # NAdam or SGD-Nesterov only (it refuses Adam)
+        opt = "nadam"
     base = RunConfig(task="digits_mlp", policy=policy, optimizer=opt, D=4, seed=0, epochs=2, batch_size=16,
                      n_train=256, n_test=100, n_eval_train=64, n_val=32, dtype="float64")
     cfgs = [with_(base, seed=s) for s in (0, 3, 7)]

@@ -6,6 +6,8 @@ Rahimi's Table 1 and throughput bound checked by simulation.
 
 from __future__ import annotations
 
+import csv as csv_module
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +41,8 @@ from ..simulator import SimResult, simulate
 from . import FigureOutput, register
 
 __all__ = ["draw_gantt", "GanttConfig", "SweepConfig", "StalenessConfig", "RahimiConfig", "lpp_bubble",
-           "LPP_PRIORITIES"]
+           "lpp_latency", "LPP_PRIORITIES", "RAHIMI_PRIORITIES", "rahimi_rows", "rahimi_table_markdown",
+           "throughput_bound_markdown"]
 
 
 def draw_gantt(ax: Axes, r: SimResult, *, versions: bool = False, title: str | None = None,
@@ -239,8 +242,32 @@ def lpp_bubble(S: int, B: int, G: int, R: int) -> float:
     """
     if S % R or B % G:
         raise ValueError(f"lpp_bubble needs R | S and G | B, got S={S}, B={B}, G={G}, R={R}")
+    return 1.0 - (S // R) * (B // G) / lpp_latency(S, B, G, R)
+
+
+def lpp_latency(S: int, B: int, G: int, R: int) -> float:
+    """LPP's latency under the forward-first priority, in F+B units of one stage:
+
+        L = max(S + B/G − 1, (S/R)(B/G) + R − 1),
+
+    Rahimi's Table 1 value unless a worker's own (S/R)(B/G) jobs plus the fill R − 1 take longer (no order can
+    finish a worker's work in less than (S/R)(B/G)). :func:`lpp_bubble` is 1 − (S/R)(B/G)/L. Exact for the
+    simulated forward-first order when B/G ≤ R or R divides B/G (tested); the backward-first order is slower
+    when 1 < R < S.
+
+    Example:
+        >>> lpp_latency(S=4, B=8, G=2, R=4), lpp_latency(S=4, B=8, G=2, R=2)   # note: 7 in both cases
+        (7.0, 9.0)
+
+    Raises:
+        ValueError: R does not divide S or G does not divide B.
+
+    Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1.
+    """
+    if S % R or B % G:
+        raise ValueError(f"lpp_latency needs R | S and G | B, got S={S}, B={B}, G={G}, R={R}")
     V, m = S // R, B // G
-    return 1.0 - V * m / max(S + m - 1, V * m + R - 1)
+    return float(max(S + m - 1, V * m + R - 1))
 
 
 def _sweep_schedules(W: int, M: int, lpp_priorities: Sequence[str] = ("backward_first",)
@@ -415,28 +442,53 @@ _RAHIMI = {"tiny": RahimiConfig(Ds=(2, 4), Ms=(1, 2, 4)), "quick": RahimiConfig(
            "paper": RahimiConfig(S=8, B=16, G=4, Ds=(2, 3, 4, 6, 8, 12, 16), Ms=(1, 2, 4, 8, 16, 32))}
 
 
+#: The priority rules the Rahimi figures build LPP and FSLPP with, the note's first. The note's latency
+#: S + B/G − 1 and its identity "LPP with G = 1, R = S is GPipe" hold under GPipe's forward-first order;
+#: backward-first (1F1B order, the constructors' default) is drawn beside it because it holds fewer activations.
+RAHIMI_PRIORITIES = ("forward_first", "backward_first")
+
+
+def _short_rule(priority: str) -> str:
+    """'forward_first' -> 'forward-first'."""
+    return priority.replace("_", "-")
+
+
 def rahimi_rows(cfg: RahimiConfig) -> list[dict]:
-    """Note vs simulation for each Table 1 row (and the PP and LPP variants where the note differs)."""
+    """Note vs simulation for each Table 1 row (and the PP and LPP variants where the note differs).
+
+    PP is shown in its two orders (1F1B, GPipe); LPP and FSLPP once per rule of :data:`RAHIMI_PRIORITIES`,
+    forward-first (the note's) first. Each row: ``case`` (the label, naming the rule), ``scheme``,
+    ``priority`` (the rule's name, None for DDP/FSDP/PP), ``params`` (S, B, G, R), ``note`` and ``simulated``
+    (dicts over :data:`~pipelab.schedules.rahimi.COLUMNS`).
+    """
     S, B, G = cfg.S, cfg.B, cfg.G
-    cases = [("DDP", "DDP", ddp(S, B), {}), ("FSDP (W=B=S)", "FSDP", fsdp(S, S), {"B": S}),
-             ("FSDP (W=B>S)", "FSDP", fsdp(S, B), {}),
-             ("PP, 1F1B order", "PP", one_f_one_b(S, B), {}), ("PP, GPipe order", "PP", gpipe(S, B), {}),
-             (f"LPP G={G}, R=S", "LPP", lpp(S, B, G, S), {"G": G, "R": S}),
-             (f"LPP G={G}, R=S/2", "LPP", lpp(S, B, G, S // 2), {"G": G, "R": S // 2}),
-             (f"FSLPP G={G}, R=S/2", "FSLPP", fslpp(S, B, G, S // 2), {"G": G, "R": S // 2})]
+    cases: list[tuple[str, str, Schedule, dict[str, int], str | None]] = [
+        ("DDP", "DDP", ddp(S, B), {}, None), ("FSDP (W=B=S)", "FSDP", fsdp(S, S), {"B": S}, None),
+        ("FSDP (W=B>S)", "FSDP", fsdp(S, B), {}, None),
+        ("PP, 1F1B order", "PP", one_f_one_b(S, B), {}, None), ("PP, GPipe order", "PP", gpipe(S, B), {}, None)]
+    looped = [("LPP", lpp, S, "S"), ("LPP", lpp, S // 2, "S/2"), ("FSLPP", fslpp, S // 2, "S/2")]
+    for scheme, build, R, r_name in looped:
+        for rule in RAHIMI_PRIORITIES:
+            cases.append((f"{scheme} G={G}, R={r_name}, {_short_rule(rule)}", scheme,
+                          build(S, B, G, R, priority=rule), {"G": G, "R": R}, rule))
     rows = []
-    for label, scheme, s, kw in cases:
-        args = {"B": B, "G": 1, "R": 1} | kw
-        rows.append({"case": label, "note": table_row(scheme, S, args["B"], args["G"], args["R"]),
+    for label, scheme, s, kw, prio in cases:
+        args = {"S": S, "B": B, "G": 1, "R": 1} | kw
+        rows.append({"case": label, "scheme": scheme, "priority": prio, "params": args,
+                     "note": table_row(scheme, S, args["B"], args["G"], args["R"]),
                      "simulated": measured_row(simulate(s))})
     return rows
 
 
-@register("schedules_rahimi_table", "Rahimi's Table 1 next to the simulated values (cells that differ in red)")
+_HEAD = {"W": "W", "latency": "latency", "activation_xmit": "act. xmit", "weight_xmit": "weight xmit",
+         "activation_storage": "act. storage", "weight_storage": "weight storage"}
+
+
+@register("schedules_rahimi_table", "Rahimi's Table 1 next to the simulated values (cells that differ in red); "
+          "LPP and FSLPP under the forward-first priority the note assumes and the backward-first one")
 def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_RAHIMI, preset)
     rows = rahimi_rows(cfg)
-    head = ["W", "latency", "act. xmit", "weight xmit", "act. storage", "weight storage"]
     cell_text, colours = [], []
     for r in rows:
         line, cl = [], []
@@ -446,24 +498,66 @@ def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutp
             cl.append("#f4c7c3" if abs(a - b) > 1e-9 else "#d9ead3")
         cell_text.append(line)
         colours.append(cl)
-    fig, ax = plt.subplots(figsize=(11, 0.3 * len(rows) + 0.6))
+    fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 0.6))
     ax.axis("off")
-    tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["case"] for r in rows], colLabels=head,
-                   loc="upper center", cellLoc="center")
+    tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["case"] for r in rows],
+                   colLabels=[_HEAD[c] for c in COLUMNS], loc="upper center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(8.5)
     tab.scale(1, 1.35)
-    ax.set_title(f"Rahimi's Table 1 (note | simulated), S={cfg.S}, B={cfg.B}; max over workers; latency in F+B units. "
-                 "Green: agrees; red: differs", fontsize=9.5)
+    ax.set_title(f"Rahimi's Table 1 (note | simulated), S={cfg.S}, B={cfg.B}; max over workers; latency in F+B "
+                 f"units. Green: agrees; red: differs ({preset} preset)\nLPP and FSLPP under two priority rules: "
+                 f"{LPP_PRIORITIES['forward_first']} = the note's (LPP with G=1, R=S is GPipe), "
+                 f"{LPP_PRIORITIES['backward_first']} = the constructors' default", fontsize=9.5)
     fig.tight_layout()
-    csv = "case,column,note,simulated\n" + "".join(
-        f"{r['case']},{c},{r['note'][c]:g},{r['simulated'][c]:g}\n" for r in rows for c in COLUMNS)
-    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes={r["case"]: r for r in rows}, data=rows)
+    buf = io.StringIO()  # case labels hold commas: the csv module quotes them
+    writer = csv_module.writer(buf, lineterminator="\n")
+    writer.writerow(["case", "priority", "column", "note", "simulated"])
+    writer.writerows([r["case"], r["priority"] or "", c, f"{r['note'][c]:g}", f"{r['simulated'][c]:g}"]
+                     for r in rows for c in COLUMNS)
+    csv = buf.getvalue()
+    notes: dict[str, Any] = {r["case"]: r for r in rows}
+    notes["priorities"] = {p: LPP_PRIORITIES[p] for p in RAHIMI_PRIORITIES}
+    notes["note_priority"] = "forward_first"
+    return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes=notes, data=rows)
+
+
+def rahimi_table_markdown(rows: Sequence[dict], preset: str) -> str:
+    """Markdown bullets for the LPP and FSLPP rows of :func:`rahimi_rows`: under each priority rule, the
+    cells that agree with the note and the ones that differ (note vs simulated), and the latency against
+    :func:`lpp_latency` — so the notebook's numbers come from the figure's data."""
+    lines = []
+    for r in rows:
+        if r["priority"] is None:
+            continue
+        p = r["params"]
+        same = [_HEAD[c] for c in COLUMNS if abs(r["note"][c] - r["simulated"][c]) <= 1e-9]
+        diff = [f"{_HEAD[c]} {r['note'][c]:g} vs {r['simulated'][c]:g}" for c in COLUMNS
+                if abs(r["note"][c] - r["simulated"][c]) > 1e-9]
+        work = (p["S"] // p["R"]) * (p["B"] // p["G"])
+        lat = r["simulated"]["latency"]
+        if r["priority"] == "forward_first":
+            bound = lpp_latency(p["S"], p["B"], p["G"], p["R"])
+            why = (f"latency {lat:g} {'=' if abs(lat - bound) < 1e-9 else '≠'} max(S+B/G−1, (S/R)(B/G)+R−1) = "
+                   f"{bound:g}" + (f" (a worker's own {work} jobs plus the fill exceed the note's "
+                                   f"{r['note']['latency']:g})" if bound > r["note"]["latency"] else ""))
+        else:
+            why = f"latency {lat:g} (forward-first: {lpp_latency(p['S'], p['B'], p['G'], p['R']):g})"
+        lines.append(f"- **{r['case'].rsplit(', ', 1)[0]}**, {LPP_PRIORITIES[r['priority']]}: agrees with the note on "
+                     f"{', '.join(same) or 'nothing'}; differs (note vs simulated) on {'; '.join(diff) or 'nothing'}; "
+                     f"{why}.")
+    p0 = rows[0]["params"]
+    return (f"LPP and FSLPP rows (S = {p0['S']}, B = {p0['B']}, `{preset}` preset), generated from the figure's "
+            "data:\n\n" + "\n".join(lines) + "\n")
 
 
 @register("schedules_throughput_bound", "Rahimi's bound: throughput per worker ρ vs peak activations / S over "
-          "a grid of schedules")
+          "a grid of schedules, LPP under both priority rules")
 def schedules_throughput_bound(preset: str, *, progress: bool = False) -> FigureOutput:
+    """ρ = S·B/(L·W) against M_peak/S for every schedule of a (D, M) grid; LPP (G ∈ {1, 2}, R ∈ {1, 2, D}) is
+    built under each rule of :data:`RAHIMI_PRIORITIES` and drawn as its own series, so the legend names
+    the rule. Notes: ``n`` points, ``max_violation`` = max(ρ − M/S), and per series the point count, the
+    best and median ρ/(M/S) and how many points attain the bound."""
     cfg = from_preset(_RAHIMI, preset)
     pts: dict[str, list[tuple[float, float]]] = {}
     for D in cfg.Ds:
@@ -474,30 +568,51 @@ def schedules_throughput_bound(preset: str, *, progress: bool = False) -> Figure
                 cands["folded"] = folded(D, M)
                 if M % 2 == 0:
                     cands["interleaved"] = interleaved_1f1b(2, D // 2, M)
-            for G in (1, 2):
-                for R in sorted({1, 2, D}):
-                    if D % R == 0 and M % G == 0:
-                        rho, bound = throughput_per_worker(simulate(lpp(D, M, G, R)))
-                        pts.setdefault("LPP", []).append((bound, rho))
+            for prio in RAHIMI_PRIORITIES:
+                for G in (1, 2):
+                    for R in sorted({1, 2, D}):
+                        if D % R == 0 and M % G == 0:
+                            rho, bound = throughput_per_worker(simulate(lpp(D, M, G, R, priority=prio)))
+                            pts.setdefault(f"LPP, {LPP_PRIORITIES[prio]}", []).append((bound, rho))
             for name, s in cands.items():
                 rho, bound = throughput_per_worker(simulate(s))
                 pts.setdefault(name, []).append((bound, rho))
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(6.8, 4.6))
     allb = np.array([b for p in pts.values() for b, _ in p])
     x = np.linspace(0, max(1.0, allb.max()), 50)
     ax.plot(x, np.minimum(x, 1.0), color="0.3", lw=3, alpha=0.4, label="ρ = min(M/S, 1)")
-    markers = iter("osD^v<>ph")
+    markers = iter("osD^v<>ph*")
     worst = 0.0
+    series: dict[str, dict[str, float]] = {}
     for name, p in pts.items():
         b, r = np.array(p).T
         worst = max(worst, float((r - b).max()))
+        series[name] = {"n": len(p), "best_ratio": float((r / b).max()), "median_ratio": float(np.median(r / b)),
+                        "attained": int(np.sum(np.abs(r - b) <= 1e-12))}
         ax.plot(b, r, linestyle="none", marker=next(markers), ms=5, mfc="none", label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("peak activations per worker / S  (M/S)")
     ax.set_ylabel("throughput per worker ρ = S·B/(L·W)")
     n = sum(len(p) for p in pts.values())
-    ax.set_title(f"ρ ≤ M/S holds in all {n} configurations (max ρ − M/S = {worst:.2g})", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"ρ ≤ M/S holds in all {n} configurations (max ρ − M/S = {worst:.2g}); LPP under both priority "
+                 f"rules ({preset} preset)", fontsize=9)
+    ax.legend(fontsize=6.5, ncol=2)
     fig.tight_layout()
-    return FigureOutput(fig, cfg, None, notes={"n": n, "max_violation": worst}, data=pts)
+    return FigureOutput(fig, cfg, None, notes={"n": n, "max_violation": worst, "series": series,
+                                               "priorities": {p: LPP_PRIORITIES[p] for p in RAHIMI_PRIORITIES}},
+                        data=pts)
+
+
+def throughput_bound_markdown(notes: dict[str, Any], preset: str) -> str:
+    """One paragraph stating the bound check from :func:`schedules_throughput_bound`'s notes: how many
+    configurations, the largest ρ − M/S, and for each LPP priority rule how many of its configurations
+    attain ρ = M/S and its median ρ/(M/S)."""
+    series = notes["series"]
+    tight = [n for n, v in series.items() if v["attained"] and not n.startswith("LPP, ")]
+    lpp_txt = "; ".join(f"{name.removeprefix('LPP, ')}, {v['attained']} of {v['n']} configurations (median "
+                        f"ρ/(M/S) {v['median_ratio']:.2f})" for name, v in series.items() if name.startswith("LPP, "))
+    return (f"Over the grid of schedules and sizes ({notes['n']} configurations under `{preset}`), no configuration "
+            f"exceeds the bound (largest ρ − M/S = {notes['max_violation']:.2g}). Among the others, "
+            f"{', '.join(tight) if tight else 'none'} attain it in some configurations. LPP attains it under "
+            f"{lpp_txt}.\n")

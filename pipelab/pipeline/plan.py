@@ -177,6 +177,9 @@ def build_pipeline(
         opt = optimizer(params) if params else None
         if params and not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
+        if opt is not None:  # the one place a policy meets its optimizer: refused (listing the supported), or set up
+            policy.check_optimizer(opt, k)
+            policy.setup_optimizer(opt, k, table)
         events, local_last_use = plans[k]
         st = StageExecutor(k, D, table.M, module, opt, capacity[k], stage_specs[k], events, local_last_use,
                            policy, table, loss_fn, bool(recompute))
@@ -224,8 +227,11 @@ def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
             try:
                 check(st.optimizer)
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"predictor {getattr(pred, 'name', pred)!r} cannot follow stage {st.k}'s "
-                                 f"optimizer {type(st.optimizer).__name__}: {exc}") from exc
+                supported = getattr(pred, "supported_optimizers", None)
+                listed = f"; supported optimizers: {', '.join(supported())}" if callable(supported) else ""
+                raise ValueError(f"policy {plan.policy.name!r} with predictor {getattr(pred, 'name', pred)!r} cannot "
+                                 f"follow stage {st.k}'s optimizer {type(st.optimizer).__name__}: {exc}{listed}"
+                                 ) from exc
         st.predictor = pred
         observe = getattr(pred, "observe", None)
         if observe is not None and getattr(pred, "needs_history", False):

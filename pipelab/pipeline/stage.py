@@ -19,7 +19,11 @@ Semantics (the rules the emulator's docstring states in full):
 - ``input_grad(t, j, g)`` / ``weight_grad(t, j)``: the backward split into I and W (zero-bubble schedules):
   I returns (∂out/∂x)ᵀg and keeps the graph (built as for ``backward``, at the backward's weights) and g;
   the later W adds (∂out/∂W)ᵀg to the step's gradient. Together they give exactly ``backward``'s result.
-- ``update(t)``: the optimizer step with the accumulated gradient, then the new version is stored.
+- ``update(t)``: the optimizer step with the accumulated gradient, then the new version is stored. A policy
+  with ``corrects_gradient`` (error feedback, DC-ASGD) first maps the accumulated gradient through
+  :meth:`~pipelab.policies.Policy.correct_gradient`, told the versions the step's backwards used and, for a
+  policy with ``keeps_backward_weights``, the mean of their weights (summed as each micro-batch's weight gradient
+  is accumulated: one weight-sized buffer per step in flight, as the versions themselves may be dropped by then).
 
 Versions are dropped from the ring after their last use, counted in the stage's own event sequence, which
 is the same in the simulator's global order and in the worker's program.
@@ -39,7 +43,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ..policies import Policy, Stored, WeightSpec
+from ..policies import GradientContext, Policy, Stored, WeightSpec
 from ..schedules.dependencies import Job
 from .rings import VersionRing
 
@@ -102,6 +106,8 @@ class StageExecutor:
         self.saved: dict[tuple[int, int], tuple] = {}
         self.pending: dict[tuple[int, int], tuple] = {}  # split backward: I's graph waiting for its W
         self.acc: dict[int, list[Tensor]] = {}
+        self.used_sum: dict[int, list[Tensor]] = {}  # Σ_j backward weights of step t (keeps_backward_weights)
+        self.policy_state: dict[str, Any] = {}  # the policy's per-stage state (correct_gradient)
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
@@ -210,6 +216,11 @@ class StageExecutor:
 
     def _accumulate(self, t: int, W: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
         pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
+        if self.policy.keeps_backward_weights and W:
+            if t in self.used_sum:
+                torch._foreach_add_(self.used_sum[t], [w.detach() for w in W])
+            else:
+                self.used_sum[t] = [w.detach().clone() for w in W]
         if t in self.acc:
             if pgrads:
                 torch._foreach_add_(self.acc[t], pgrads)
@@ -286,6 +297,8 @@ class StageExecutor:
     def _step(self, t: int, grads: list[Tensor]) -> None:
         """The optimizer step of U(k, t) with the accumulated gradient, PipeMare's learning-rate factor applied."""
         assert self.optimizer is not None
+        if self.policy.corrects_gradient:
+            grads = self._corrected(t, grads)
         for p, g in zip(self.params, grads):
             p.grad = g
         factor = self.policy.lr_factor(self.table, self.k, t)
@@ -298,6 +311,16 @@ class StageExecutor:
         if factor != 1.0:
             for group, lr in zip(groups, saved_lr):
                 group["lr"] = lr
+
+    def _corrected(self, t: int, grads: list[Tensor]) -> list[Tensor]:
+        """The policy's correction of step t's accumulated gradient (error feedback, DC-ASGD)."""
+        used = tuple(spec.version if isinstance(spec, Stored) else spec.base + spec.s
+                     for spec in (self.specs[(t, j)][1] for j in range(self.M)))
+        total = self.used_sum.pop(t, None)
+        mean = None if total is None else tuple(w / self.M for w in total)
+        ctx = GradientContext(self.k, t, self.version, used, tuple(p.detach() for p in self.params), mean,
+                              self.policy_state)
+        return list(self.policy.correct_gradient(ctx, list(grads)))
 
     # ------------------------------------------------------------------------------------- checkpoint
 
@@ -315,7 +338,7 @@ class StageExecutor:
             # I ran, W not yet: I's weights and g are kept so that the graph is rebuilt at exactly those weights
             "pending": {key: (entry, tuple(w.detach() for w in W), g)
                         for key, (entry, _, W, g) in self.pending.items()},
-            "acc": self.acc, "current": self.current,
+            "acc": self.acc, "current": self.current, "used_sum": self.used_sum, "policy_state": self.policy_state,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "predictor": predictor_state,
@@ -335,6 +358,7 @@ class StageExecutor:
             self.ring.put(v, W)
         self.ring.peak = max(self.ring.peak, state["ring_peak"])
         self.acc, self.current = state["acc"], state["current"]
+        self.used_sum, self.policy_state = state.get("used_sum", {}), state.get("policy_state", {})
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:

@@ -168,6 +168,12 @@ class Predictor(ABC):
         for group in optimizer.param_groups:
             rule.hyper(group)
 
+    def supported_optimizers(self) -> list[str]:
+        """The optimizers :meth:`check` accepts, as named in refusals (the update rules' ``torch.optim`` classes)."""
+        from .rules import supported_optimizers
+
+        return supported_optimizers()
+
     def predict(self, optimizer: torch.optim.Optimizer, s: int, params: Sequence[Tensor] | None = None
                 ) -> list[Tensor]:
         """Predicted weights ``Ŵ_{t+s}``, one new tensor per parameter in ``param_groups`` order.

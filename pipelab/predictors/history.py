@@ -71,6 +71,9 @@ class HistoryPredictor(Predictor):
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         check_optimizer(optimizer)
 
+    def supported_optimizers(self) -> list[str]:
+        return ["any torch.optim optimizer"]
+
     def reset(self) -> None:
         self._histories = weakref.WeakKeyDictionary()
 

@@ -104,6 +104,9 @@ class SpecTrain(Predictor):
     def options(self) -> dict[str, Any]:
         return {"formula": self.formula, **super().options()}
 
+    def supported_optimizers(self) -> list[str]:
+        return ["SGD with momentum > 0"]
+
     def check(self, optimizer):
         rule = rule_for(optimizer)
         if not isinstance(rule, SGDRule):

@@ -350,16 +350,18 @@ def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "back
                      params={"D": D, "M": M, "G": G, "R": R})
 
 
-def fslpp(D: int, M: int, G: int, R: int, steps: int = 1) -> Schedule:
+def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "backward_first") -> Schedule:
     """Fully sharded LPP: compute as :func:`lpp`, stage s's weights only on worker h(s, s).
 
     w(s,b,d) = (h(s,s), h(s,b)); the owner applies U(s, t), the others fetch stage s's weights.
+    ``priority`` orders ready jobs as in :func:`lpp` (same compute placement, so the same timeline).
     """
     D, M, G, R = _check_lpp(D, M, G, R, "fslpp")
     W = G * R
     return construct(D, M, W, compute=lambda s, b, d: lpp_hash(s, b, G, R),
-                     weights=lambda s: lpp_hash(s, s, G, R), priority="backward_first", steps=steps,
-                     chunk=lambda s, w: s // R, name=f"FSLPP(D={D}, M={M}, G={G}, R={R})",
+                     weights=lambda s: lpp_hash(s, s, G, R), priority=priority, steps=steps,
+                     chunk=lambda s, w: s // R, name=f"FSLPP(D={D}, M={M}, G={G}, R={R})"
+                     + ("" if priority == "backward_first" else f", {priority}"),
                      update_rule="the owner h(s,s) applies U(s,t) after the reduce of step t (flush)",
                      params={"D": D, "M": M, "G": G, "R": R})
 

@@ -38,7 +38,10 @@ References:
     Multi-GPU Platform", arXiv:1809.02839, eqs. (1)–(4). PipeOptim: Guan et al., arXiv:2312.00839,
     eq. (5) and Table I. PipeMare: Yang et al., "PipeMare: Asynchronous Pipeline Parallel DNN Training",
     MLSys 2021, §3 (discrepancy correction). "Idle Speculations on Pipeline Parallelism" (2024) for the
-    complex-plane stability picture of stale gradient descent.
+    complex-plane stability picture of stale gradient descent. Nesterov look-ahead for asynchronous pipelines:
+    Ajanthan et al., arXiv:2505.01099 (ICML 2025). Delay compensation: Zheng et al., "Asynchronous Stochastic
+    Gradient Descent with Delay Compensation", ICML 2017. Error feedback for a one-step delay: Zmushko et al.,
+    arXiv:2606.30634 (ICML 2026); Stich & Karimireddy, "The Error-Feedback Framework", arXiv:1909.05350.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ import numpy as np
 
 __all__ = [
     "LinearMethod", "general", "gd", "delayed_gd", "heavy_ball", "nesterov", "predicted_momentum",
-    "pipemare", "adam_frozen", "char_poly", "companion", "MomentumForm",
+    "pipemare", "adam_frozen", "nesterov_async", "delay_compensated", "error_feedback", "char_poly", "companion",
+    "MomentumForm",
 ]
 
 MomentumForm = Literal["code", "paper"]
@@ -368,6 +372,137 @@ def adam_frozen(beta1: float = 0.9, tau: int = 0) -> LinearMethod:
     m = general(beta1, (1.0,), tau, scale=1.0 - beta1, name=f"Adam (frozen) β1={beta1:g} τ={tau}",
                 params=(("beta1", beta1), ("tau", tau)))
     return m
+
+
+def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None) -> LinearMethod:
+    """Nesterov look-ahead for asynchronous pipelines (Ajanthan et al., arXiv:2505.01099), as NAdam computes it.
+
+    The recursion analysed here is the one the paper's public code runs: ``torch.optim.NAdam`` with a high
+    β1 (0.99 in its scripts) and the gradient of step t taken at the weights its micro-batch's forward used,
+    τ updates old: ``g_t = λ·w_{t−τ}`` (the code stashes and recomputes the backward at that version; the
+    policy ``nesterov_async`` of :mod:`pipelab.policies` with ``backward="current"`` mixes in the current
+    weights, the PipeMare model of :func:`pipemare`). With the second moment frozen (as in :func:`adam_frozen`,
+    ``z = η·λ/(√v̂ + ε)``) and the bias corrections at their late-training limit 1, NAdam's step is
+
+        m_t = β1·m_{t−1} + (1−β1)·g_t,        w_{t+1} = w_t − η·(μ·m_t + (1−μ)·g_t),
+
+    where μ is NAdam's momentum weight ``μ_t = β1·(1 − ½·0.96^(t·ψ))`` (ψ = ``momentum_decay`` = 0.004), which
+    tends to β1. Applying ``(1 − β1·q⁻¹)`` to the update ``d_t = w_{t+1} − w_t`` eliminates m:
+    ``d_t − β1·d_{t−1} = −η·((1 − μβ1)·g_t − (1−μ)·β1·g_{t−1})``, i.e.
+
+        w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − z·((1 − μβ1)·w_{t−τ} − (1−μ)·β1·w_{t−τ−1}),
+
+    the general form with ``c = (1 − μβ1, −(1−μ)β1)``. For μ = β1 it is :func:`nesterov` in ``"paper"`` form
+    (``c = (1−β1)·(1+β1, −β1)``): the look-ahead ``β1·m_t + (1−β1)·g_t`` is the smoothed gradient one step
+    ahead. The paper's text (its modified look-ahead) was not available to us; the search found only its
+    abstract ("we modify the look-ahead step in NAG") and its code, so this builder pins the code's rule. The
+    code's option that raises β1 with the stage's delay is, here, a choice of ``beta1`` per τ.
+
+    Args:
+        beta1: NAdam's β1 in [0, 1) (the paper's code: 0.99).
+        tau: gradient delay τ ≥ 0 (τ = 0: NAdam without delay).
+        mu: NAdam's momentum weight μ in [0, 1); default β1 (the limit of NAdam's schedule).
+
+    Example:
+        >>> m = nesterov_async(0.5, 0)
+        >>> [round(x, 6) for x in m.b]
+        [0.0, 0.75, -0.25]
+    """
+    beta1 = _check_beta(beta1, "beta1")
+    tau = _check_tau(tau)
+    mu_ = beta1 if mu is None else _check_beta(mu, "mu")
+    return general(beta1, (1.0 - mu_ * beta1, -(1.0 - mu_) * beta1), tau, name=f"NAdam β1={beta1:g} τ={tau}",
+                   params=(("beta1", beta1), ("tau", tau), ("mu", mu_)))
+
+
+def delay_compensated(tau: int, strength: float = 1.0, *, beta: float = 0.0,
+                      form: MomentumForm = "code") -> LinearMethod:
+    """Delay-compensated SGD (DC-ASGD, Zheng et al., ICML 2017), ideal compensation of strength λ_c.
+
+    DC-ASGD corrects the stale gradient with a cheap Hessian approximation,
+    ``g̃ = g(w_used) + λ_dc·g⊙g⊙(w_now − w_used)``, where ``λ_dc·g⊙g`` stands for the diagonal of the Hessian
+    (the outer-product approximation ``E[g gᵀ] ≈ H`` of the Fisher information). Taken literally on the
+    quadratic ``½λw²`` the correction ``λ_dc·λ²w²·(w_now − w_used)`` is cubic in w: it vanishes to first order
+    and the linear analysis of the literal rule is that of the uncompensated method. We analyse the view the
+    paper motivates, the compensation as a first-order Taylor step with the Hessian ``H = λ``, scaled by a
+    strength ``λ_c ∈ [0, 1]`` (how much of the true curvature the proxy captures):
+
+        g̃_t = λ·w_{t−τ} + λ_c·λ·(w_t − w_{t−τ}) = λ·((1−λ_c)·w_{t−τ} + λ_c·w_t),
+
+    applied by momentum SGD (``v ← β·v + g̃``, or the smoothed ``"paper"`` form):
+
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·(λ_c·w_t + (1−λ_c)·w_{t−τ}).
+
+    λ_c = 0 is :func:`heavy_ball` with delay τ; λ_c = 1 is the undelayed method (the gradient is exact on a
+    quadratic); τ = 0 is the undelayed method for every λ_c.
+
+    Args:
+        tau: gradient delay τ ≥ 0.
+        strength: λ_c, any finite real (λ_c ∈ [0, 1] interpolates; > 1 over-compensates).
+        beta: momentum β in [0, 1) (0: DC-ASGD as published, on plain SGD).
+        form: ``"code"`` or ``"paper"`` momentum (see :func:`heavy_ball`).
+
+    Example:
+        >>> delay_compensated(2, 0.25).b
+        (0.0, 0.25, 0.0, 0.75)
+    """
+    tau = _check_tau(tau)
+    beta = _check_beta(beta)
+    if isinstance(strength, bool) or not isinstance(strength, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(strength):
+        raise ValueError(f"strength must be a finite real number, got {strength!r}")
+    lc = float(strength)
+    g = _gradient_scale(beta, form)
+    b = np.zeros(tau + 2)
+    b[1] += g * lc
+    b[tau + 1] += g * (1.0 - lc)
+    return LinearMethod(f"DC β={beta:g} τ={tau} λc={lc:g}", (1.0, -(1.0 + beta), beta), tuple(b),
+                        (("beta", beta), ("tau", tau), ("strength", lc), ("form", form)))
+
+
+def error_feedback(tau: int = 1, alpha: float = 1.0, *, beta: float = 0.0,
+                   form: MomentumForm = "code") -> LinearMethod:
+    """Error feedback for a delayed gradient: the previous step's staleness error is fed back.
+
+    Zmushko et al. (arXiv:2606.30634) propose "an Error Feedback-inspired correction" for the one-step delay of
+    PipeDream-2BW; their exact rule was not available to us (only the abstract and summaries were found), so
+    this is the closest citable form: error feedback (Seide et al. 2014; Stich & Karimireddy, arXiv:1909.05350,
+    where delayed SGD is itself an error-feedback method) with the *staleness error* as the error. At step t
+    the optimizer receives ``g_t = λ·w_{t−τ}``; the step before it applied ``g_{t−1}`` when the fresher ``g_t``
+    was the better estimate, so its error ``e_t = g_t − g_{t−1}`` is known now and is fed back with weight α:
+
+        g̃_t = g_t + α·(g_t − g_{t−1}) = λ·((1+α)·w_{t−τ} − α·w_{t−τ−1}),
+
+    which the optimizer (momentum SGD here, any optimizer in practice: the rule acts on its input) applies:
+
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+α)·w_{t−τ} − α·w_{t−τ−1}).
+
+    On the quadratic this is exactly :func:`predicted_momentum` with ``s = α`` (a linear, time-invariant
+    correction commutes with the optimizer's linear filter: correcting the gradient, the update, or the weights
+    the gradient is taken at are the same linear method) — the tests check the identity. α = 1 extrapolates one
+    step (the one-step delay); α = τ extrapolates the whole delay — the policy ``error_feedback`` of
+    :mod:`pipelab.policies` uses ``α = γ·τ`` (its γ = 1 by default). With τ = 0 there is no staleness error and
+    the method is the undelayed optimizer for every α.
+
+    Args:
+        tau: gradient delay τ ≥ 0 (the paper's setting: 1).
+        alpha: feedback weight α, finite real (1: the full one-step error).
+        beta: momentum β in [0, 1).
+        form: ``"code"`` or ``"paper"`` momentum (see :func:`heavy_ball`).
+
+    Example:
+        >>> error_feedback(1).b
+        (0.0, 0.0, 2.0, -1.0)
+    """
+    tau = _check_tau(tau)
+    beta = _check_beta(beta)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite real number, got {alpha!r}")
+    a_ = float(alpha) if tau > 0 else 0.0
+    return general(beta, (1.0 + a_, -a_), tau, scale=_gradient_scale(beta, form),
+                   name=f"EF β={beta:g} τ={tau} α={float(alpha):g}",
+                   params=(("beta", beta), ("tau", tau), ("alpha", float(alpha)), ("form", form)))
 
 
 def _as_z(z: complex | np.ndarray) -> np.ndarray:
