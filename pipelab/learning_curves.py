@@ -63,7 +63,7 @@ from .schedules.actions import Schedule, check_int
 from .threads import torch_threads
 
 __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "ARM_SCHEDULES", "run",
-           "run_stacked", "sweep", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
+           "run_stacked", "sweep", "serves", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
 
 log = logging.getLogger(__name__)
 
@@ -412,8 +412,7 @@ def grid(tasks: Iterable[str], policies: Iterable[str], optimizers: Iterable[str
          seeds: Iterable[int], **common: Any) -> list[RunConfig]:
     """Every combination as :class:`RunConfig` s, skipping arms that cannot run.
 
-    Skipped: SpecTrain with an optimizer other than SGDM (its predictor extrapolates SGD's momentum
-    buffer; PipeOptim §II-C2 calls it "no longer applicable"), and D deeper than the task's model.
+    Skipped: a policy with an optimizer it cannot serve (:func:`serves`), and D deeper than the task's model.
     """
     out = []
     tasks, policies, optimizers = list(tasks), list(policies), list(optimizers)
@@ -425,10 +424,29 @@ def grid(tasks: Iterable[str], policies: Iterable[str], optimizers: Iterable[str
                 if D > n_blocks:
                     continue
                 for pol in policies:
-                    if pol == "spectrain" and opt != "sgdm":
+                    if not serves(pol, opt):
                         continue
                     out += [RunConfig(task=task, policy=pol, optimizer=opt, D=D, seed=s, **common) for s in seeds]
     return out
+
+
+def serves(policy: str, optimizer: str) -> bool:
+    """Whether ``policy`` can run with the registry's ``optimizer``: SpecTrain needs SGDM (its predictor extrapolates
+    SGD's momentum buffer; PipeOptim §II-C2 calls it "no longer applicable" otherwise), and a policy that lists the
+    optimizers it serves (:meth:`pipelab.policies.Policy.check_optimizer`, e.g. the Nesterov policy's NAdam) refuses
+    the others."""
+    from .policies import make_policy
+
+    if policy == "spectrain":
+        return optimizer == "sgdm"
+    if policy == "sequential":
+        return True
+    probe = OPTIMIZERS[optimizer].cls([torch.zeros(2, 2, requires_grad=True)], **OPTIMIZERS[optimizer].defaults)
+    try:
+        make_policy(policy).check_optimizer(probe, 0)
+    except ValueError:
+        return False
+    return True
 
 
 def _blocks(task: str) -> int:

@@ -330,3 +330,15 @@ def test_step_times_count_each_policys_extra_work() -> None:
     assert out["stashing"]["recompute"] == [0.0] * 4 and out["stashing"]["copies"] == [1, 1, 1, 0]
     assert out["pipeoptim"]["predictions"] == [1.0, 1.0, 1.0, 0.0]
     assert out["sequential"]["recompute"] == [0.0] * 4
+
+
+def test_the_grid_skips_arms_a_policy_cannot_serve() -> None:
+    from pipelab.learning_curves import grid, serves
+
+    assert serves("spectrain", "sgdm") and not serves("spectrain", "adam")
+    assert serves("nesterov_async", "nadam") and not serves("nesterov_async", "adam")
+    assert serves("dc_asgd", "adam") and serves("sequential", "muon")
+    arms = {(c.policy, c.optimizer) for c in grid(["digits_mlp"], ["spectrain", "nesterov_async", "stashing"],
+                                                   ["sgdm", "adam", "nadam"], [4], [0])}
+    assert arms == {("spectrain", "sgdm"), ("nesterov_async", "nadam"), ("stashing", "sgdm"), ("stashing", "adam"),
+                    ("stashing", "nadam")}

@@ -231,15 +231,25 @@ def _group(records: list[dict]) -> dict[tuple, list[dict]]:
 
 
 _COLOR_INDEX = {"pipemare": 0, "vanilla": 5, "spectrain": 2, "pipeoptim": 3, "stashing": 4, "vertical_sync": 7,
-                "2bw": 6, "gpipe": 9, "1f1b": 8}
+                "2bw": 6, "gpipe": 9, "1f1b": 8, "nesterov_async": 1}
+#: policies beyond the colour-blind palette's ten colours take the "dark" palette's, in this order
+_EXTRA_COLORS = ("error_feedback", "dc_asgd")
 
 
 def _colors(policies: Sequence[str]) -> dict[str, tuple]:
     """One distinct colour-blind-safe colour per policy; sequential in black."""
     import seaborn as sns
 
-    pal = sns.color_palette("colorblind", 10)
-    return {p: ((0, 0, 0) if p == "sequential" else pal[_COLOR_INDEX[p]]) for p in policies}
+    pal, dark = sns.color_palette("colorblind", 10), sns.color_palette("dark", 10)
+
+    def color(p: str) -> tuple:
+        if p == "sequential":
+            return (0, 0, 0)
+        if p in _COLOR_INDEX:
+            return pal[_COLOR_INDEX[p]]
+        return dark[(_EXTRA_COLORS.index(p) if p in _EXTRA_COLORS else len(_EXTRA_COLORS)) % 10]
+
+    return {p: color(p) for p in policies}
 
 
 def _best(r: dict) -> float:
