@@ -206,27 +206,15 @@ def evaluate_arms(stages: Sequence[nn.Module], x: Tensor, y: Tensor, K: int,
     if not per_arm:
         x = x.unsqueeze(1).expand(x.shape[0], K, *x.shape[1:])
         y = y.unsqueeze(1).expand(y.shape[0], K, *y.shape[1:])
+    from .emulator.reference import forward_batches
+
     base = loss_fn or nn.functional.cross_entropy
-    modes = [s.training for s in stages]
-    for s in stages:
-        s.eval()
     n = x.shape[0]
     total = torch.zeros(K, dtype=torch.float64)
     correct = torch.zeros(K, dtype=torch.float64)
-    try:
-        for a in range(0, n, batch_size):
-            h, yy = x[a:a + batch_size], y[a:a + batch_size]
-            for k, s in enumerate(stages):
-                if weights is None:
-                    h = s(h)
-                else:
-                    names = [name for name, _ in s.named_parameters()]
-                    h = functional_call(s, dict(zip(names, weights[k])), (h,))
-            losses = vmap(base, in_dims=(1, 1))(h, yy)
-            total += losses.detach().to(torch.float64).cpu() * yy.shape[0]
-            if h.ndim == 3 and not yy.is_floating_point():
-                correct += (h.argmax(2) == yy).sum(0).to(torch.float64).cpu()
-    finally:
-        for s, m in zip(stages, modes):
-            s.train(m)
+    for h, yy in forward_batches(stages, x, y, weights, batch_size):
+        losses = vmap(base, in_dims=(1, 1))(h, yy)
+        total += losses.detach().to(torch.float64).cpu() * yy.shape[0]
+        if h.ndim == 3 and not yy.is_floating_point():
+            correct += (h.argmax(2) == yy).sum(0).to(torch.float64).cpu()
     return (total / n).tolist(), (correct / n).tolist()

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from torch.func import functional_call
 
 from ..pipeline.plan import OptimizerFactory, as_stages
 
-__all__ = ["train_plain", "evaluate"]
+__all__ = ["train_plain", "evaluate", "forward_batches"]
 
 
 def train_plain(
@@ -127,23 +127,33 @@ def evaluate(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"evaluate(): x has {x.shape[0]} examples but y has {y.shape[0]}")
     loss_fn = loss_fn or nn.functional.cross_entropy
+    total, correct, n = 0.0, 0, x.shape[0]
+    for h, yy in forward_batches(stages, x, y, weights, batch_size):
+        total += float(loss_fn(h, yy)) * yy.shape[0]
+        if h.ndim == 2 and not yy.is_floating_point():
+            correct += int((h.argmax(1) == yy).sum())
+    return total / n, correct / n
+
+
+def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
+                    weights: Sequence[Sequence[Tensor]] | None = None,
+                    batch_size: int = 2048) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(output, target)`` of the stages on ``x`` in chunks of ``batch_size`` (with ``weights[k]`` in
+    ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends)."""
     modes = [s.training for s in stages]
     for s in stages:
         s.eval()
-    total, correct, n = 0.0, 0, x.shape[0]
     try:
-        for a in range(0, n, batch_size):
-            h, yy = x[a:a + batch_size], y[a:a + batch_size]
-            for k, s in enumerate(stages):
-                if weights is None:
-                    h = s(h)
-                else:
-                    names = [name for name, _ in s.named_parameters()]
-                    h = functional_call(s, dict(zip(names, weights[k])), (h,))
-            total += float(loss_fn(h, yy)) * yy.shape[0]
-            if h.ndim == 2 and not yy.is_floating_point():
-                correct += int((h.argmax(1) == yy).sum())
+        with torch.no_grad():
+            for a in range(0, x.shape[0], batch_size):
+                h, yy = x[a:a + batch_size], y[a:a + batch_size]
+                for k, s in enumerate(stages):
+                    if weights is None:
+                        h = s(h)
+                    else:
+                        names = [name for name, _ in s.named_parameters()]
+                        h = functional_call(s, dict(zip(names, weights[k])), (h,))
+                yield h, yy
     finally:
         for s, m in zip(stages, modes):
             s.train(m)
-    return total / n, correct / n
