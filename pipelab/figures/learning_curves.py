@@ -1007,5 +1007,5 @@ def scale_caveat(cfg: LearningCurvesConfig, preset: str, lr: str) -> str:
         f"one fixed {lr} for every policy and depth (no tuning per arm)"
     return (f"Scale: preset `{preset}`, {len(cfg.seeds)} seed(s), {cfg.epochs} epoch(s) on {n_train} training "
             f"examples per task, {rates}; intervals are 95% "
-            "Student t over seeds (ddof = 1), winners are named only when resolved. The tuned, converged study "
-            "is still to come, so read every verdict as about this setting only.")
+            "Student t over seeds (ddof = 1), winners are named only when resolved. Read every verdict as about "
+            "this setting only; the tuned five-seed study at full scale is section 6 (`figures/study/`).")
