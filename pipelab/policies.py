@@ -79,6 +79,11 @@ class Stored:
 
     version: int
 
+    @property
+    def target(self) -> int:
+        """The version these weights are: ``version``."""
+        return self.version
+
 
 @dataclass(frozen=True)
 class Predicted:
@@ -87,6 +92,11 @@ class Predicted:
     base: int
     s: int
     kind: str = "predictor"
+
+    @property
+    def target(self) -> int:
+        """The version these weights stand for: ``base + s``."""
+        return self.base + self.s
 
 
 WeightSpec = Stored | Predicted

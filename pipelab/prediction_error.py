@@ -613,7 +613,7 @@ def measure_in_pipeline(
         return op == "F" or isinstance(spec, Predicted)
 
     def span(spec: WeightSpec) -> tuple[int, int]:
-        return (spec.version, spec.version) if isinstance(spec, Stored) else (spec.base, spec.base + spec.s)
+        return (spec.version, spec.target) if isinstance(spec, Stored) else (spec.base, spec.target)
 
     # versions of each stage still needed (as a base or a target), counted over the jobs that will be observed
     need: list[dict[int, int]] = [{} for _ in range(D)]

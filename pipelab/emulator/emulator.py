@@ -62,7 +62,6 @@ from ..pipeline.plan import build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
 from ..pipeline.transport import InMemoryTransport
-from ..policies import Stored, WeightSpec
 from ..schedules.dependencies import Job
 
 __all__ = ["Emulator", "EmulatorResult"]
@@ -197,7 +196,7 @@ class Emulator:
             losses[t] = total
         done = len(state.losses)
         current = {key: v for st in self.stages for key, v in st.current.items()}
-        used = {(op,) + kk: _target(spec) for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
+        used = {(op,) + kk: spec.target for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
         return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
                               done, extra={"ring_peak": [st.ring.peak for st in self.stages],
                                            "activation_peak": state.act_peak,
@@ -207,8 +206,4 @@ class Emulator:
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage."""
         return [tuple(p.detach() for p in st.params) for st in self.stages]
-
-
-def _target(spec: WeightSpec) -> int:
-    return spec.version if isinstance(spec, Stored) else spec.base + spec.s
 

@@ -155,7 +155,7 @@ def build_pipeline(
         bkey = ("B",) + key[1:]
         f, b = policy.forward(table, key), policy.backward(table, bkey)
         if oracle:
-            f, b = (Stored(w.base + w.s) if isinstance(w, Predicted) else w for w in (f, b))
+            f, b = (Stored(w.target) if isinstance(w, Predicted) else w for w in (f, b))
         specs[(key[1], key[2], key[3])] = stage_specs[key[1]][(key[2], key[3])] = (f, b)
         uses[key] = [(key[1], _needed(f))]
         # a split backward's W finishes the weight gradient from I's graph: it holds I's weights until it ran

@@ -314,8 +314,7 @@ class StageExecutor:
 
     def _corrected(self, t: int, grads: list[Tensor]) -> list[Tensor]:
         """The policy's correction of step t's accumulated gradient (error feedback, DC-ASGD)."""
-        used = tuple(spec.version if isinstance(spec, Stored) else spec.base + spec.s
-                     for spec in (self.specs[(t, j)][1] for j in range(self.M)))
+        used = tuple(self.specs[(t, j)][1].target for j in range(self.M))
         total = self.used_sum.pop(t, None)
         mean = None if total is None else tuple(w / self.M for w in total)
         ctx = GradientContext(self.k, t, self.version, used, tuple(p.detach() for p in self.params), mean,
