@@ -42,6 +42,7 @@ arXiv:1809.02839, §4.4).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
@@ -430,20 +431,20 @@ def grid(tasks: Iterable[str], policies: Iterable[str], optimizers: Iterable[str
     return out
 
 
+@functools.cache
 def serves(policy: str, optimizer: str) -> bool:
-    """Whether ``policy`` can run with the registry's ``optimizer``: SpecTrain needs SGDM (its predictor extrapolates
-    SGD's momentum buffer; PipeOptim §II-C2 calls it "no longer applicable" otherwise), and a policy that lists the
-    optimizers it serves (:meth:`pipelab.policies.Policy.check_optimizer`, e.g. the Nesterov policy's NAdam) refuses
-    the others."""
-    from .policies import make_policy
+    """Whether ``policy`` can run with the registry's ``optimizer``, asked of the one place that refuses a pair
+    (:func:`pipelab.pipeline.build_pipeline`: the policy's :meth:`~pipelab.policies.Policy.check_optimizer`, e.g. the
+    Nesterov policy's NAdam, and its predictor's, e.g. SpecTrain's SGD momentum, which PipeOptim §II-C2 calls "no
+    longer applicable" otherwise), on a two-stage bias-free linear model and the policy's own schedule."""
+    from .pipeline import build_pipeline
 
-    if policy == "spectrain":
-        return optimizer == "sgdm"
-    if policy == "sequential":
+    if ARM_POLICIES[policy] == "sequential":  # plain training: no pipeline, any optimizer
         return True
-    probe = OPTIMIZERS[optimizer].cls([torch.zeros(2, 2, requires_grad=True)], **OPTIMIZERS[optimizer].defaults)
+    probe = RunConfig(task="digits_mlp", policy=policy, optimizer=optimizer, D=2, seed=0, M=1)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2, bias=False))
     try:
-        make_policy(policy).check_optimizer(probe, 0)
+        build_pipeline(model, schedule=_schedule(probe, 2), policy=policy, optimizer=arm_optimizer(optimizer))
     except ValueError:
         return False
     return True
