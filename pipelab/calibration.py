@@ -40,18 +40,25 @@ activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
+from .schedules import ddp, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, one_f_one_b, pipedream, pipedream_2bw, zb_h1
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
 from .simulator import SimResult, simulate
 
-__all__ = ["boundary_bytes", "simulated_traffic", "optimizer_state_slots", "compare_memory", "EXACT_VERSION_POLICIES"]
+__all__ = ["boundary_bytes", "simulated_traffic", "optimizer_state_slots", "compare_memory", "EXACT_VERSION_POLICIES",
+           "KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
+           "forecast_costs", "measured_costs", "format_rows", "rows_csv"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -204,3 +211,342 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
 
 
 # ---------------------------------------------------------------------------------------------------- makespan
+
+#: the schedules :func:`calibrate` knows, by kind: (builder of (W ranks, M, steps), stages per rank, policy);
+#: LPP and FSLPP use R = 2 workers per group and G = W / 2 groups (on 2 ranks: one group, a looped pipeline)
+KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
+    "gpipe": (lambda W, M, s: gpipe(W, M, s), 1, "gpipe"),
+    "1f1b": (lambda W, M, s: one_f_one_b(W, M, s), 1, "1f1b"),
+    "pipedream": (lambda W, M, s: pipedream(W, M, s), 1, "stashing"),
+    "2bw": (lambda W, M, s: pipedream_2bw(W, M, s), 1, "2bw"),
+    "interleaved": (lambda W, M, s: interleaved_1f1b(W, 2, M, s), 2, "1f1b"),
+    "zb_h1": (lambda W, M, s: zb_h1(W, M, s), 1, "1f1b"),
+    "ddp": (lambda W, M, s: ddp(2 * W, M, W, s), 2, "1f1b"),
+    "fsdp": (lambda W, M, s: fsdp(2 * W, M, W, s), 2, "1f1b"),
+    "lpp": (lambda W, M, s: lpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
+    "fslpp": (lambda W, M, s: fslpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
+}
+
+
+def _kinds() -> dict[str, tuple[Callable[[int, int, int], Schedule], int, str]]:
+    return KINDS
+
+
+def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
+    """The schedule of ``kind`` (a key of :data:`KINDS`: gpipe, 1f1b, pipedream, 2bw, interleaved, zb_h1, ddp,
+    fsdp, lpp, fslpp) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is cut
+    into ``ranks`` stages, or 2·``ranks`` for interleaved and the data-parallel placements.
+
+    Raises:
+        ValueError: an unknown kind (the message lists the known ones).
+    """
+    kinds = _kinds()
+    if kind not in kinds:
+        raise ValueError(f"kind must be one of {', '.join(kinds)}; got {kind!r}")
+    return kinds[kind][0](ranks, M, steps)
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    """One schedule to calibrate: ``kind`` (see :func:`schedule_for`), its ``policy`` (default: the kind's),
+    a row ``label`` (default: the schedule's name)."""
+
+    kind: str
+    policy: str | None = None
+    label: str | None = None
+
+    def resolved_policy(self) -> str:
+        return self.policy if self.policy is not None else _kinds()[self.kind][2]
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """What one calibration depends on.
+
+    Attributes:
+        ranks: processes (workers W); cases: the schedules; width, depth, in_features: the ``deep_mlp``
+        (float32; depth ≥ the most stages a case cuts it into); micro: samples per micro-batch; M: micro-batches
+        per step (default 2·ranks); steps: steps per run; repeats: timed runs per case (median); profile_reps:
+        repeats of each profiled job (median, after 2 discarded); optimizer: a :mod:`pipelab.optim` name;
+        seed: model and data seed; timeout_s: bound on the spawn.
+    """
+
+    ranks: int = 2
+    cases: tuple[CalibrationCase, ...] = tuple(CalibrationCase(k) for k in ("gpipe", "1f1b", "pipedream", "2bw",
+                                                                           "interleaved", "zb_h1"))
+    width: int = 512
+    depth: int = 8
+    in_features: int = 64
+    micro: int = 32
+    microbatches: int | None = None
+    steps: int = 4
+    repeats: int = 3
+    profile_reps: int = 10
+    optimizer: str = "sgdm"
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    @property
+    def M(self) -> int:
+        return 2 * self.ranks if self.microbatches is None else self.microbatches
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {self.ranks}")
+        for c in self.cases:
+            if c.kind not in _kinds():
+                raise ValueError(f"case kind must be one of {', '.join(_kinds())}; got {c.kind!r}")
+        if self.depth < 2 * self.ranks:
+            raise ValueError(f"depth ({self.depth}) must be >= 2 × ranks ({2 * self.ranks}): a block per stage")
+        for name in ("micro", "M", "steps", "repeats", "profile_reps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class CalibrationRow:
+    """One schedule's forecast against its measurement.
+
+    Attributes:
+        label, kind, policy, ranks, schedule (its name); runnable: whether the runtime ran it (``note`` says why
+        not); measured_s: median over repeats of the measured makespan (t0 after a barrier to the last job's
+        end on any rank), measured_all: every repeat's; forecast_s: the simulator's makespan with the profiled
+        costs; error: forecast / measured − 1; busy_error: the same for the busiest rank's compute time (sum of
+        job durations), which separates profiling error from waiting and transfer; samples: per run;
+        timelines: every rank's :class:`~pipelab.runtime.trace.Timeline` of the median repeat; costs: the
+        keyword arguments given to :func:`~pipelab.simulator.simulate`.
+        measured_costs, replay_s, replay_error: the same forecast with each stage's F/B/I/W/U cost taken as
+        the median duration of its jobs in the median run's timeline (:func:`measured_costs`): what is left
+        of the error is the simulator's dependency and transfer model, not the profile.
+    """
+
+    label: str
+    kind: str
+    policy: str
+    ranks: int
+    schedule: str = ""
+    runnable: bool = True
+    note: str = ""
+    measured_s: float = math.nan
+    measured_all: list[float] = field(default_factory=list)
+    forecast_s: float = math.nan
+    error: float = math.nan
+    busy_error: float = math.nan
+    samples: int = 0
+    timelines: list[Any] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+    measured_costs: dict[str, Any] = field(default_factory=dict)
+    replay_s: float = math.nan
+    replay_error: float = math.nan
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second of the median run (NaN when not runnable)."""
+        return self.samples / self.measured_s if self.runnable else math.nan
+
+    sim_schedule: Any = field(default=None, repr=False)
+
+    def simulate(self) -> SimResult:
+        """The forecast's simulation (for the timeline figure)."""
+        if self.sim_schedule is None or not self.runnable:
+            raise ValueError(f"row {self.label!r} has no forecast (not runnable: {self.note})")
+        return simulate(self.sim_schedule, **self.costs)
+
+
+def _micro_data(cfg: CalibrationConfig, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    n = cfg.M * cfg.micro
+    return [(torch.randn(n, cfg.in_features, generator=g).to(device),
+             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(2)]
+
+
+def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: CalibrationConfig, x: Tensor,
+                   y: Tensor) -> dict[str, list[float]]:
+    """Every stage's F, B, I, W, U and weight-copy times when ``base`` is cut into D stages; stage k is profiled
+    by rank k mod world, all ranks at once (sharing the cores as in the run), then gathered."""
+    from .optim import optimizer_factory
+    from .partition import split
+    from .profiling import profile_stage
+
+    stages = split(copy.deepcopy(base), D)
+    mine: dict[int, Any] = {}
+    h = x
+    with torch.no_grad():
+        for k, s in enumerate(stages):
+            if k % world == rank:
+                mine[k] = profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
+                                        reps=cfg.profile_reps, warmup=2, input_grad=k > 0)
+            h = s(h)
+    parts: list[Any] = [mine]
+    if dist.is_initialized():
+        parts = [None] * world
+        dist.all_gather_object(parts, mine)
+    every = {k: c for p in parts for k, c in p.items()}
+    keys = {"f_cost": "f", "b_cost": "b", "i_cost": "i", "w_cost": "w", "u_cost": "u", "copy_cost": "copy"}
+    return {name: [float(getattr(every[k], a)) for k in range(D)] for name, a in keys.items()}
+
+
+def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
+    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks (median)."""
+    from .profiling import transfer_times
+
+    if world < 2:
+        return 0.0
+    act = torch.zeros(cfg.micro, cfg.width)
+    times = transfer_times(act if rank < world - 1 else None, act if rank > 0 else None, reps=cfg.profile_reps,
+                           warmup=2)
+    return float(statistics.median(times))
+
+
+def _calibrate_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict[str, Any]:
+    """On each rank: profile, then run every case ``repeats`` times with the trace (cases interleaved)."""
+    from .models import deep_mlp
+    from .optim import optimizer_factory
+    from .runtime import PipelineRuntime
+
+    device = torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    data = _micro_data(cfg, device)
+    x0, y0 = data[0][0][:cfg.micro], data[0][1][:cfg.micro]
+    transfer = _transfer(cfg, rank, world)
+    profiles: dict[int, dict[str, list[float]]] = {}
+    cases: list[dict[str, Any]] = []
+    runtimes: list[Any] = []
+    for case in cfg.cases:
+        sched = schedule_for(case.kind, world, cfg.M, cfg.steps)
+        info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": []}
+        try:
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
+                                 optimizer=optimizer_factory(cfg.optimizer), record=True)
+        except ValueError as exc:  # e.g. a placement the runtime does not execute yet
+            info.update(runnable=False, note=str(exc).splitlines()[0])
+            rt = None
+        if rt is not None:
+            info["capacity"] = list(rt.plan.capacity)
+            if sched.D not in profiles:
+                profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
+        cases.append(info)
+        runtimes.append(rt)
+    for rep in range(cfg.repeats):
+        for case, info, rt in zip(cfg.cases, cases, runtimes):
+            if rt is None:
+                continue
+            if rep > 0:  # a fresh run from the same weights
+                rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
+                                     optimizer=optimizer_factory(cfg.optimizer), record=True)
+            res = rt.run(lambda t: data[t % len(data)])
+            info["timelines"].append(res.timeline)
+    return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases}
+
+
+def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
+                   split_backward: bool) -> dict[str, Any]:
+    """The simulator's costs for a run: profiled F, B (I, W when the schedule splits) and U per stage, U plus
+    a weight copy on stages that keep more than one version (the runtime snapshots the new version), and the
+    one-way transfer time between ranks."""
+    u = [u + (c if cap > 1 else 0.0) for u, c, cap in zip(profile["u_cost"], profile["copy_cost"], capacity)]
+    costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u,
+                             "transfer_cost": transfer}
+    if split_backward:
+        costs.update(i_cost=profile["i_cost"], w_cost=profile["w_cost"])
+    return costs
+
+
+def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[str, Any]:
+    """Per-stage costs read off a measured run: the median duration of each stage's F, B, I, W and U jobs over
+    every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), plus ``transfer``."""
+    durations: dict[tuple[str, int], list[float]] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            durations.setdefault((r.op, r.stage), []).append(r.duration)
+
+    def med(op: str) -> list[float] | None:
+        if not any((op, k) in durations for k in range(D)):
+            return None
+        return [max(float(statistics.median(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
+
+    f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+    if f is None:
+        raise ValueError("the timelines hold no forward job")
+    if b is None:  # every backward split: B is only used for the default I/W split, which is given
+        b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
+    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0, "transfer_cost": transfer}
+    if i is not None:
+        costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
+    return costs
+
+
+def calibrate(cfg: CalibrationConfig | None = None, *, backend: str = "gloo") -> list[CalibrationRow]:
+    """Profile, forecast and measure every case of ``cfg`` on ``cfg.ranks`` spawned processes (see the module
+    docstring); one :class:`CalibrationRow` per case, in order, the not-runnable ones included.
+
+    Raises:
+        ValueError: a bad configuration (:meth:`CalibrationConfig.check`).
+    """
+    from .distributed import spawn
+
+    cfg = cfg or CalibrationConfig()
+    cfg.check()
+    per_rank = spawn(_calibrate_rank, cfg.ranks, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+                     comm_timeout_s=120.0)
+    rows = []
+    transfer = float(statistics.median(p["transfer"] for p in per_rank))
+    for i, case in enumerate(cfg.cases):
+        info = per_rank[0]["cases"][i]
+        sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
+        row = CalibrationRow(case.label or sched.name, case.kind, case.resolved_policy(), cfg.ranks, sched.name,
+                             info["runnable"], info["note"], samples=cfg.steps * cfg.M * cfg.micro)
+        row.sim_schedule = sched
+        rows.append(row)
+        if not info["runnable"]:
+            continue
+        reps = [[p["cases"][i]["timelines"][r] for p in per_rank] for r in range(cfg.repeats)]
+        spans = [max(tl.makespan for tl in tls) for tls in reps]
+        order = sorted(range(len(spans)), key=spans.__getitem__)
+        mid = order[len(order) // 2]
+        row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
+        row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
+                                   bool(sched.split_set))
+        sim = simulate(sched, **row.costs)
+        row.forecast_s = sim.makespan
+        row.error = row.forecast_s / row.measured_s - 1.0
+        busy = max(tl.busy for tl in row.timelines)
+        row.busy_error = float(sim.busy.max()) / busy - 1.0
+        row.measured_costs = measured_costs(row.timelines, sched.D, transfer)
+        row.replay_s = simulate(sched, **row.measured_costs).makespan
+        row.replay_error = row.replay_s / row.measured_s - 1.0
+    return rows
+
+
+def format_rows(rows: Sequence[CalibrationRow], target: float = 0.10) -> str:
+    """A table of the forecast against the measurement, one line per schedule (misses and not-runnable rows
+    included)."""
+    lines = [f"{'schedule':<34} {'policy':<9} {'ranks':>5} {'measured ms':>11} {'forecast ms':>11} {'error':>7} "
+             f"{'busy err':>8} {'replay':>7}  within ±{100 * target:.0f}%"]
+    for r in rows:
+        if not r.runnable:
+            lines.append(f"{r.label:<34} {r.policy:<9} {r.ranks:>5} not runnable: {r.note}")
+            continue
+        ok = "yes" if abs(r.error) <= target else "MISSED"
+        lines.append(f"{r.label:<34} {r.policy:<9} {r.ranks:>5} {1e3 * r.measured_s:>11.1f} "
+                     f"{1e3 * r.forecast_s:>11.1f} {100 * r.error:>+6.1f}% {100 * r.busy_error:>+7.1f}% "
+                     f"{100 * r.replay_error:>+6.1f}%  {ok}")
+    return "\n".join(lines)
+
+
+def rows_csv(rows: Sequence[CalibrationRow]) -> str:
+    """The rows as CSV: label, kind, policy, ranks, runnable, measured_s (median), measured_min, measured_max,
+    forecast_s, error, busy_error, samples_per_s, note."""
+    head = ("label,kind,policy,ranks,runnable,measured_s,measured_min_s,measured_max_s,forecast_s,error,busy_error,"
+            "replay_s,replay_error,samples_per_s,note")
+    out = [head]
+    for r in rows:
+        lo = min(r.measured_all) if r.measured_all else math.nan
+        hi = max(r.measured_all) if r.measured_all else math.nan
+        note = r.note.replace('"', "'")
+        out.append(f'"{r.label}",{r.kind},{r.policy},{r.ranks},{r.runnable},{r.measured_s:.6g},{lo:.6g},{hi:.6g},'
+                   f'{r.forecast_s:.6g},{r.error:.4f},{r.busy_error:.4f},{r.replay_s:.6g},{r.replay_error:.4f},'
+                   f'{r.throughput:.6g},"{note}"')
+    return "\n".join(out) + "\n"
