@@ -58,7 +58,7 @@ from .simulator import SimResult, simulate
 
 __all__ = ["boundary_bytes", "simulated_traffic", "optimizer_state_slots", "compare_memory", "EXACT_VERSION_POLICIES",
            "KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "forecast_costs", "measured_costs", "format_rows", "rows_csv"]
+           "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -317,8 +317,9 @@ class CalibrationRow:
         timelines: every rank's :class:`~pipelab.runtime.trace.Timeline` of the median repeat; costs: the
         keyword arguments given to :func:`~pipelab.simulator.simulate`.
         measured_costs, replay_s, replay_error: the same forecast with each stage's F/B/I/W/U cost taken as
-        the median duration of its jobs in the median run's timeline (:func:`measured_costs`): what is left
-        of the error is the simulator's dependency and transfer model, not the profile.
+        the median duration of its jobs in the median run's timeline, and the run's own median transfer
+        latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
+        one fixed latency per transfer, no time between jobs), not the profile.
     """
 
     label: str
@@ -399,8 +400,15 @@ def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
     return float(statistics.median(times))
 
 
-def _calibrate_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict[str, Any]:
-    """On each rank: profile, then run every case ``repeats`` times with the trace (cases interleaved)."""
+def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
+                   extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
+
+    Cases are interleaved within a repeat, so that load from other processes hits them alike; ``extra(rep)``
+    (e.g. a benchmark's reference runs) is called at the end of every repeat, its results returned under
+    ``"extra"``. Collective: every rank of the default process group calls it with the same arguments.
+    Combine the ranks' returns with :func:`calibration_rows`.
+    """
     from .models import deep_mlp
     from .optim import optimizer_factory
     from .runtime import PipelineRuntime
@@ -429,6 +437,7 @@ def _calibrate_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict[str, 
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
         cases.append(info)
         runtimes.append(rt)
+    extras: list[Any] = []
     for rep in range(cfg.repeats):
         for case, info, rt in zip(cfg.cases, cases, runtimes):
             if rt is None:
@@ -438,7 +447,9 @@ def _calibrate_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict[str, 
                                      optimizer=optimizer_factory(cfg.optimizer), record=True)
             res = rt.run(lambda t: data[t % len(data)])
             info["timelines"].append(res.timeline)
-    return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases}
+        if extra is not None:
+            extras.append(extra(rep))
+    return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases, "extra": extras}
 
 
 def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
@@ -456,11 +467,28 @@ def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: S
 
 def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[str, Any]:
     """Per-stage costs read off a measured run: the median duration of each stage's F, B, I, W and U jobs over
-    every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), plus ``transfer``."""
+    every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), and the run's own
+    transfer latency: the median, over received tensors whose consumer was already idle when the producer
+    ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none."""
     durations: dict[tuple[str, int], list[float]] = {}
+    ends: dict[tuple[str, int, int, int], float] = {}
     for tl in timelines:
         for r in tl.jobs:
             durations.setdefault((r.op, r.stage), []).append(r.duration)
+            ends[r.job] = r.end
+    waits = []
+    for tl in timelines:
+        prev_end = 0.0
+        for r in tl.jobs:
+            if r.received:
+                producers = ([("F", r.stage - 1, r.step, r.micro)] if r.op == "F" else
+                             [(op, r.stage + 1, r.step, r.micro) for op in ("B", "I")])
+                end = next((ends[p] for p in producers if p in ends), None)
+                if end is not None and prev_end <= end <= r.start:
+                    waits.append(r.start - end)
+            prev_end = r.end
+    if waits:
+        transfer = float(statistics.median(waits))
 
     def med(op: str) -> list[float] | None:
         if not any((op, k) in durations for k in range(D)):
@@ -489,8 +517,13 @@ def calibrate(cfg: CalibrationConfig | None = None, *, backend: str = "gloo") ->
 
     cfg = cfg or CalibrationConfig()
     cfg.check()
-    per_rank = spawn(_calibrate_rank, cfg.ranks, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+    per_rank = spawn(calibrate_rank, cfg.ranks, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
                      comm_timeout_s=120.0)
+    return calibration_rows(per_rank, cfg)
+
+
+def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig) -> list[CalibrationRow]:
+    """The rows of a calibration from every rank's :func:`calibrate_rank` result (index = rank)."""
     rows = []
     transfer = float(statistics.median(p["transfer"] for p in per_rank))
     for i, case in enumerate(cfg.cases):
