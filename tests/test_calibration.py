@@ -141,3 +141,51 @@ def test_calibration_on_two_ranks_reports_every_row() -> None:
     assert "not runnable" in table and table.count("\n") == 3
     csv = rows_csv(rows).splitlines()
     assert len(csv) == 4 and csv[0].startswith("label,kind,policy")
+
+
+# ---------------------------------------------------------------------------------- benchmarks/placements.py
+
+
+def _placements():  # noqa: ANN202
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spawned ranks import benchmarks.placements too
+    import benchmarks.placements as bp
+
+    return bp
+
+
+def test_torch_rows_hand_out_the_step_micro_batches_as_pipelab_ddp_does() -> None:
+    bp = _placements()
+    cfg = CalibrationConfig(ranks=4, micro=3, in_features=5)
+    parts = [bp._micro_batches(cfg, r, 4) for r in range(4)]
+    assert [len(p) for p in parts] == [cfg.M // 4] * 4  # M/W micro-batches per rank
+    sched = schedule_for("ddp", 4, cfg.M, 1)
+    for r in range(4):  # the same micro-batch indices as the DDP schedule's worker r computes
+        mine = sorted({a.micro for a in sched.programs[r] if a.op == "F"})
+        assert mine == [j for j in range(cfg.M) if j % 4 == r]
+    xs = torch.cat([x for p in parts for x, _ in p])
+    assert xs.shape == (cfg.M * cfg.micro, 5) and torch.unique(xs, dim=0).shape[0] == xs.shape[0]
+
+
+@pytest.mark.slow
+def test_placements_benchmark_runs_and_reports_every_row() -> None:
+    bp = _placements()
+    cfg = bp.PlacementConfig(ranks=(2,), width=16, depth=4, in_features=8, micro=4, steps=2, repeats=1, profile_reps=2)
+    res = bp.run_benchmark(cfg)
+    rows = res.rows[2]
+    assert [r.label for r in rows] == [n for n, _ in bp.PIPELAB_ROWS]
+    assert {"GPipe", "1F1B"} <= {r.label for r in rows if r.runnable}
+    for r in rows:
+        assert r.runnable or r.note  # a row that did not run says why
+    ref = res.torch[2]["torch DDP"]
+    assert isinstance(ref, float) and ref > 0
+    by = {r.label: r for r in rows}
+    ratio = res.ratios[2]["pipelab DDP / torch DDP, samples/s"]
+    if by["DDP"].runnable:
+        assert ratio == pytest.approx(ref / by["DDP"].measured_s)
+    else:
+        assert isinstance(ratio, str) and "not runnable" in ratio
+    report = bp.format_report(res)
+    assert "torch DDP" in report and "forecast |error|" in report and report.count("\n") >= 10
