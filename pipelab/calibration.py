@@ -317,7 +317,7 @@ class CalibrationRow:
         timelines: every rank's :class:`~pipelab.runtime.trace.Timeline` of the median repeat; costs: the
         keyword arguments given to :func:`~pipelab.simulator.simulate`.
         measured_costs, replay_s, replay_error: the same forecast with each stage's F/B/I/W/U cost taken as
-        the median duration of its jobs in the median run's timeline, and the run's own median transfer
+        the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
         latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
         one fixed latency per transfer, no time between jobs), not the profile.
     """
@@ -389,15 +389,18 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
 
 
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
-    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks (median)."""
+    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks: the *mean*
+    of single ping-pongs / 2 over boundaries and repeats (a makespan sums latencies along its critical path, so
+    their mean, heavy tail of descheduled wake-ups included, is what it sees, not their median)."""
     from .profiling import transfer_times
 
     if world < 2:
         return 0.0
     act = torch.zeros(cfg.micro, cfg.width)
-    times = transfer_times(act if rank < world - 1 else None, act if rank > 0 else None, reps=cfg.profile_reps,
-                           warmup=2)
-    return float(statistics.median(times))
+    out, inp = (act if rank < world - 1 else None), (act if rank > 0 else None)
+    transfer_times(out, inp, reps=2, warmup=1)  # connections set up, buffers touched
+    samples = [t for _ in range(cfg.profile_reps) for t in transfer_times(out, inp, reps=1, warmup=0)]
+    return float(statistics.fmean(samples))
 
 
 def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
@@ -468,8 +471,10 @@ def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: S
 def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[str, Any]:
     """Per-stage costs read off a measured run: the median duration of each stage's F, B, I, W and U jobs over
     every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), and the run's own
-    transfer latency: the median, over received tensors whose consumer was already idle when the producer
-    ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none."""
+    transfer latency: the mean, over received tensors whose consumer was already idle when the producer
+    ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none. Means,
+    not medians: the makespan is a sum of job times and latencies, so a heavy tail (a descheduled process)
+    counts with its weight."""
     durations: dict[tuple[str, int], list[float]] = {}
     ends: dict[tuple[str, int, int, int], float] = {}
     for tl in timelines:
@@ -488,12 +493,12 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
                     waits.append(r.start - end)
             prev_end = r.end
     if waits:
-        transfer = float(statistics.median(waits))
+        transfer = float(statistics.fmean(waits))
 
     def med(op: str) -> list[float] | None:
         if not any((op, k) in durations for k in range(D)):
             return None
-        return [max(float(statistics.median(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
+        return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
 
     f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
     if f is None:
@@ -525,7 +530,7 @@ def calibrate(cfg: CalibrationConfig | None = None, *, backend: str = "gloo") ->
 def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig) -> list[CalibrationRow]:
     """The rows of a calibration from every rank's :func:`calibrate_rank` result (index = rank)."""
     rows = []
-    transfer = float(statistics.median(p["transfer"] for p in per_rank))
+    transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
     for i, case in enumerate(cfg.cases):
         info = per_rank[0]["cases"][i]
         sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)

@@ -81,18 +81,21 @@ def test_unknown_optimizer_has_no_slots() -> None:
     assert optimizer_state_slots(torch.optim.LBFGS([torch.zeros(2, requires_grad=True)])) is None
 
 
-def test_measured_costs_are_per_stage_medians() -> None:
-    tl0 = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("F", 0, 0, 1, 1.0, 4.0),
-                       JobRecord("F", 0, 1, 0, 4.0, 6.0), JobRecord("B", 0, 0, 0, 6.0, 11.0),
-                       JobRecord("U", 0, 0, -1, 11.0, 11.5)])
-    tl1 = Timeline(1, [JobRecord("F", 1, 0, 0, 2.0, 2.5), JobRecord("B", 1, 0, 0, 2.5, 3.5)])
+def test_measured_costs_are_per_stage_means_and_the_runs_own_latency() -> None:
+    tl0 = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("F", 0, 0, 1, 1.0, 3.0),
+                       JobRecord("F", 0, 1, 0, 3.0, 9.0), JobRecord("B", 0, 0, 0, 9.5, 14.0, received=True),
+                       JobRecord("U", 0, 0, -1, 14.0, 14.5)])
+    tl1 = Timeline(1, [JobRecord("F", 1, 0, 0, 1.25, 2.0, received=True), JobRecord("B", 1, 0, 0, 2.0, 3.5),
+                       JobRecord("F", 1, 0, 1, 3.5, 5.0, received=True)])  # busy when F(0, 0, 1) ended: no sample
     c = measured_costs([tl0, tl1], 2, 0.25)
-    assert c["f_cost"] == [2.0, 0.5] and c["b_cost"] == [5.0, 1.0] and c["transfer_cost"] == 0.25
+    assert c["f_cost"] == [3.0, 1.125] and c["b_cost"] == [4.5, 1.5]  # means (durations 1, 2, 6: median 2)
     assert c["u_cost"] == [0.5, 1e-9] and "i_cost" not in c  # a stage without updates costs (almost) nothing
+    # waits of idle consumers only: F(1,0,0) 1.25 − 1.0; B(0,0,0) got B(1,0,0)'s gradient (end 3.5) while busy
+    assert c["transfer_cost"] == pytest.approx(0.25)
     split_tl = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("I", 0, 0, 0, 1.0, 1.5),
                             JobRecord("W", 0, 0, 0, 1.5, 3.5)])
-    c = measured_costs([split_tl], 1, 0.0)
-    assert c["i_cost"] == [0.5] and c["w_cost"] == [2.0] and c["b_cost"] == [2.5]
+    c = measured_costs([split_tl], 1, 0.125)
+    assert c["i_cost"] == [0.5] and c["w_cost"] == [2.0] and c["b_cost"] == [2.5] and c["transfer_cost"] == 0.125
 
 
 def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:
