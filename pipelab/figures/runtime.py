@@ -103,7 +103,7 @@ def _errors(ax: Any, rows: list[CalibrationRow], target: float = 0.10) -> None:
     ax.bar(x + 0.2, np.nan_to_num(rep), 0.4, color="#C7C7C7", label="replay of measured job times")
     for i, r in enumerate(rows):
         if not r.runnable:
-            ax.text(i, 0, "not runnable", rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
+            ax.text(i, -1, "not runnable yet", rotation=90, ha="center", va="top", fontsize=7, color="0.4")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(x, labels, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("forecast / measured − 1 (%)")
