@@ -365,27 +365,34 @@ def _micro_data(cfg: CalibrationConfig, device: torch.device) -> list[tuple[Tens
 def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: CalibrationConfig, x: Tensor,
                    y: Tensor) -> dict[str, list[float]]:
     """Every stage's F, B, I, W, U and weight-copy times when ``base`` is cut into D stages; stage k is profiled
-    by rank k mod world, all ranks at once (sharing the cores as in the run), then gathered."""
+    by rank k mod world, all ranks at once (sharing the cores as in the run), then gathered. Each time is the
+    *mean* of ``profile_reps`` single measurements (:func:`~pipelab.profiling.profile_stage` with one
+    repetition, after a warm-up call), as the makespan sums job times (see :func:`measured_costs`)."""
     from .optim import optimizer_factory
     from .partition import split
     from .profiling import profile_stage
 
     stages = split(copy.deepcopy(base), D)
-    mine: dict[int, Any] = {}
+    keys = {"f_cost": "f", "b_cost": "b", "i_cost": "i", "w_cost": "w", "u_cost": "u", "copy_cost": "copy"}
+    mine: dict[int, dict[str, float]] = {}
     h = x
-    with torch.no_grad():
-        for k, s in enumerate(stages):
-            if k % world == rank:
-                mine[k] = profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
-                                        reps=cfg.profile_reps, warmup=2, input_grad=k > 0)
+    for k, s in enumerate(stages):
+        if k % world == rank:
+            def once(warmup: int, s: nn.Module = s, h: Tensor = h, k: int = k) -> Any:
+                return profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
+                                     reps=1, warmup=warmup, input_grad=k > 0)
+
+            once(2)
+            samples = [once(0) for _ in range(cfg.profile_reps)]
+            mine[k] = {name: float(statistics.fmean(getattr(c, a) for c in samples)) for name, a in keys.items()}
+        with torch.no_grad():
             h = s(h)
     parts: list[Any] = [mine]
     if dist.is_initialized():
         parts = [None] * world
         dist.all_gather_object(parts, mine)
     every = {k: c for p in parts for k, c in p.items()}
-    keys = {"f_cost": "f", "b_cost": "b", "i_cost": "i", "w_cost": "w", "u_cost": "u", "copy_cost": "copy"}
-    return {name: [float(getattr(every[k], a)) for k in range(D)] for name, a in keys.items()}
+    return {name: [every[k][name] for k in range(D)] for name in keys}
 
 
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
