@@ -147,7 +147,22 @@ def test_timeline_is_ordered_and_complete(measured: tuple[int, list]) -> None:
                     assert r.start >= ends[("F", r.stage - 1, r.step, r.micro)], (name, r)
 
 
-def test_record_off_returns_no_timeline_and_the_wrapper_forwards() -> None:
+def test_recording_changes_nothing_but_the_timeline() -> None:
+    sched = gpipe(1, 2, 3)  # one rank holding the whole (2-block) model, no process group: hand-overs in memory
+    out = []
+    for record in (False, True):
+        rt = PipelineRuntime(model_of(2), schedule=sched, policy="gpipe", optimizer=optimizer_of("adam"), rank=0,
+                             world_size=1, record=record)
+        out.append(rt.run(data(3)))
+    off, on = out
+    assert off.timeline is None and on.timeline is not None
+    assert on.losses == off.losses and all(torch.equal(a, b) for a, b in zip(on.weights[0], off.weights[0]))
+    assert [r.job for r in on.timeline.jobs] == [(a.op, a.stage, a.step, a.micro) for a in sched.programs[0]]
+    assert on.timeline.bytes_sent == on.timeline.bytes_received == 0  # same-rank hand-overs are not counted
+    assert not on.timeline.shared_clock  # no process group: nothing to re-base on
+
+
+def test_the_wrapper_counts_cross_rank_bytes_and_forwards_the_rest() -> None:
     class Inner:
         def __init__(self) -> None:
             self.schedule, self.rank, self.local, self.sent = gpipe(2, 2), 0, {}, []
