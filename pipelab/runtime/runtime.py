@@ -49,6 +49,7 @@ from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
 from ..schedules.transfers import consistent_cut
 from .p2p import P2PTransport
+from .trace import JobClock, MeasuredTransport, Timeline
 
 __all__ = ["PipelineRuntime", "RuntimeResult"]
 
@@ -73,6 +74,8 @@ class RuntimeResult:
         steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
         diverged: some computed loss is NaN or ±inf (:mod:`pipelab`: divergence is a result, not a crash);
             diverged_step: the first such mini-batch (``None`` if none).
+        timeline: with ``record=True``, this rank's measured job times and point-to-point bytes of the last
+            run (:class:`~pipelab.runtime.trace.Timeline`); else ``None``.
     """
 
     rank: int
@@ -87,6 +90,7 @@ class RuntimeResult:
     steps_done: int = 0
     diverged: bool = False
     diverged_step: int | None = None
+    timeline: Timeline | None = None
 
 
 class PipelineRuntime:
@@ -104,6 +108,8 @@ class PipelineRuntime:
             :meth:`fingerprint` is compared at construction).
         config: the caller's settings every rank must share and a resumed run must keep (JSON-able; e.g.
             :mod:`pipelab.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
+        record: measure each run (:mod:`pipelab.runtime.trace`): every job's start and end after a barrier,
+            and the bytes sent and received per rank, returned as ``RuntimeResult.timeline``.
 
     Raises:
         TypeError: a schedule that is not a ``Schedule``; an unknown keyword; a field of the wrong type.
@@ -114,7 +120,8 @@ class PipelineRuntime:
 
     def __init__(self, model: nn.Module | Sequence[nn.Module], spec: PipelineSpec | None = None, *,
                  device: torch.device | str | None = None, rank: int | None = None,
-                 world_size: int | None = None, config: Mapping[str, Any] | None = None, **fields: Any) -> None:
+                 world_size: int | None = None, config: Mapping[str, Any] | None = None, record: bool = False,
+                 **fields: Any) -> None:
         spec = make_spec(spec, fields, "PipelineRuntime")
         schedule, predictor = spec.schedule, spec.predictor
         if not hasattr(schedule, "programs"):
@@ -152,6 +159,9 @@ class PipelineRuntime:
         self.executors: dict[int, StageExecutor] = self.plan.stages
         self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
         self.transport = P2PTransport(schedule, self.rank, self.device)
+        self.record = bool(record)
+        if self.record:
+            self.transport = MeasuredTransport(self.transport)  # type: ignore[assignment]
         self.state = DriverState()
         self.trace: list[tuple[int, int, int, int]] = []
         self.cut_step = 0  # the mini-batch whose consistent cut this rank stands at (steps: the end)
@@ -307,16 +317,30 @@ class PipelineRuntime:
         self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j])[boundary]
         self.transport.resend_outbox()  # messages in flight when the checkpoint was taken, in order
         last_stage = self.my_stages[-1]
+        after_job: Callable[[int], None] = heartbeat
+        clock = None
+        if self.record:  # a fresh timeline per run, t0 after a barrier
+            assert isinstance(self.transport, MeasuredTransport)
+            self.transport.timeline = Timeline(self.rank)
+            clock = JobClock(self.transport, self.program)
+            clock.begin()
+
+            def after_job(position: int) -> None:
+                heartbeat(position)
+                clock.job_done(position)
 
         def on_update(ex: StageExecutor, t: int, W: tuple[Tensor, ...]) -> None:
             if ex.k == last_stage:
                 self.trace.append(self._held())
 
         run_jobs(self.program, self.executors, self.transport, data, self.state, D=self.D, M=self.M, end=end,
-                 on_update=on_update, after_job=heartbeat, split=self.plan.table.split_set)
+                 on_update=on_update, after_job=after_job, split=self.plan.table.split_set)
         self.transport.flush()
         self.cut_step = self.steps if stop_at_step is None else stop_at_step
-        return self._result()
+        result = self._result()
+        if clock is not None:
+            result.timeline = clock.finish()
+        return result
 
     def _held(self) -> tuple[int, int, int, int]:
         ex = self.executors.values()

@@ -1,0 +1,597 @@
+"""Measured vs simulated: what a real run holds and sends, and how long it takes, against the simulator's forecast.
+
+Two comparisons of the multi-process runtime (:class:`~pipelab.runtime.PipelineRuntime`, ``record=True``)
+with :func:`pipelab.simulator.simulate` on the same schedule:
+
+**Memory and transfers** (:func:`compare_memory`), per rank w, in bytes:
+
+==================  ===================================================  =====================================
+quantity            measured (``RuntimeResult``)                         simulated
+==================  ===================================================  =====================================
+weight versions     ``memory["weight_versions"]``: peak versions held     Σ_k stash_depth(k) · weight_bytes[k]
+                    × one copy of the stage's weights                    (:meth:`VersionTable.stash_depth`),
+                                                                         exact for the policies that keep
+                                                                         exactly the versions their jobs use
+activations         ``memory["activations"]``: peak bytes of stage        ``peak_activation_bytes[w]`` with
+                    inputs saved for a backward                          ``activation_bytes`` = stage inputs
+optimizer state     ``memory["optimizer_state"]`` at the end             slots · weight_bytes (SGD momentum 1,
+                                                                         Adam family 2, ...): an estimate,
+                                                                         within 8 bytes per parameter tensor
+                                                                         (scalar step counters)
+sent / received     ``timeline.sent`` / ``timeline.received`` by kind     transfers (:func:`simulated_traffic`)
+                                                                         × the boundary tensor's bytes, exact
+==================  ===================================================  =====================================
+
+The simulator's activation *count* holds (k, g) from the start of F(k, g) to the end of its backward, and
+the runtime holds the stage input from the end of F to the start of B; within one worker the program order
+fixes which activations are resident at each job, so the peaks agree exactly. The simulator's
+``activation_bytes`` must then be the stage *input* bytes (:func:`boundary_bytes`), what the runtime
+counts, not :func:`pipelab.profiling.profile_stages`' saved-tensor bytes.
+
+**Makespan** (:func:`calibrate`): profile every stage's F, B (I, W when the schedule splits the backward) and
+U on the machine at hand, inside the ranks that will run the schedule (so that they share the cores as they
+will during the run), and the one-way transfer of a boundary tensor between ranks; simulate the schedule
+with those costs; run it with the trace; report ``forecast / measured − 1`` for the makespan, per schedule.
+
+References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 (latency,
+activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §3.1: profile, then plan).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .schedules import ddp, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, one_f_one_b, pipedream, pipedream_2bw, zb_h1
+from .schedules.actions import Schedule
+from .schedules.compiled import OP_CODE
+from .simulator import SimResult, simulate
+
+__all__ = ["boundary_bytes", "simulated_traffic", "optimizer_state_slots", "compare_memory", "EXACT_VERSION_POLICIES",
+           "KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
+           "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows"]
+
+_F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
+
+#: policies whose stages keep exactly the weight versions their jobs use, as the version table counts them
+#: (flushed: one; weight stashing: the forward's version until its backward; 2BW: double buffering)
+EXACT_VERSION_POLICIES = ("sequential", "gpipe", "1f1b", "stashing", "2bw")
+
+
+def boundary_bytes(stages: Sequence[nn.Module], x: Tensor) -> list[int]:
+    """Bytes of each stage's input for the micro-batch ``x`` (index k: input of stage k; index 0 is ``x``).
+
+    The tensor crossing from stage k−1 to k (an activation forward, its gradient backward, same size).
+    Shapes come from running copies of the stages on the ``meta`` device, so nothing is computed.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a micro-batch tensor, got {type(x).__name__}")
+    h = torch.empty(x.shape, dtype=x.dtype, device="meta")
+    out = [x.numel() * x.element_size()]
+    with torch.no_grad():
+        for stage in list(stages)[:-1]:
+            h = copy.deepcopy(stage).to("meta")(h)
+            out.append(h.numel() * h.element_size())
+    return out
+
+
+def simulated_traffic(sim: SimResult, sizes: Sequence[int]) -> list[dict[str, dict[str, int]]]:
+    """Bytes each worker sends and receives over point-to-point, by kind, as the simulator counts transfers.
+
+    An activation crosses into F(k, g) from F(k−1, g) when they run on different workers (``sizes[k]``
+    bytes); a gradient into B(k, g) or I(k, g) from stage k+1's gradient job (``sizes[k+1]`` bytes). The
+    counts are :attr:`SimResult.activation_transfers` and :attr:`SimResult.gradient_transfers`, here
+    split by stage (for the sizes) and credited to the sender as well.
+
+    Returns:
+        per worker, ``{"sent": {"activation": n, "gradient": m}, "received": {...}}``.
+    """
+    c, W, D = sim.compiled, sim.schedule.W, sim.schedule.D
+    if len(sizes) != D:
+        raise ValueError(f"sizes must have one entry per stage (D={D}), got {len(sizes)}")
+    out = [{"sent": {"activation": 0, "gradient": 0}, "received": {"activation": 0, "gradient": 0}}
+           for _ in range(W)]
+    dep = {"activation": (c.op == _F, c.dep1, 0), "gradient": ((c.op == _B) | (c.op == _I), c.dep2, 1)}
+    for kind, (is_op, src, shift) in dep.items():
+        m = is_op & (src >= 0)
+        ids = np.flatnonzero(m)
+        ids = ids[c.worker[src[ids]] != c.worker[ids]]
+        for i in ids.tolist():
+            n = int(sizes[int(c.stage[i]) + shift])
+            out[int(c.worker[i])]["received"][kind] += n
+            out[int(c.worker[src[i]])]["sent"][kind] += n
+    return out
+
+
+def optimizer_state_slots(optimizer: torch.optim.Optimizer) -> int | None:
+    """Weight-sized state tensors ``optimizer`` keeps per parameter once it has stepped (``None``: unknown).
+
+    SGD: 1 with momentum, else 0; Adam, AdamW, NAdam, RAdam, Adamax: 2 (3 with AMSGrad); RMSprop: 1, +1
+    with momentum, +1 centered; Adagrad, Muon: 1. Scalar step counters are not counted.
+    """
+    name = type(optimizer).__name__
+    g = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if name == "SGD":
+        return 1 if g.get("momentum", 0) else 0
+    if name in ("Adam", "AdamW", "NAdam", "RAdam", "Adamax"):
+        return 3 if g.get("amsgrad", False) else 2
+    if name == "RMSprop":
+        return 1 + bool(g.get("momentum", 0)) + bool(g.get("centered", False))
+    if name in ("Adagrad", "Muon"):
+        return 1
+    return None
+
+
+def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[nn.Module], x: Tensor, *,
+                   policy: str, optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
+                   ) -> list[dict[str, Any]]:
+    """Each rank's measured bytes against the simulator's figures for the same schedule and sizes.
+
+    Args:
+        results: every rank's :class:`~pipelab.runtime.RuntimeResult` (index = rank), from a run with
+            ``record=True`` (for the bytes sent and received).
+        schedule: the schedule that ran; stages: the D stage modules (for their sizes); x: one micro-batch
+            input of stage 0 (for the boundary sizes).
+        policy: the policy's name (the weight-version row is exact for :data:`EXACT_VERSION_POLICIES`).
+        optimizer: the optimizer factory of the run (for the optimizer-state estimate; ``None``: not compared).
+
+    Returns:
+        rows ``{"rank", "quantity", "measured", "simulated", "exact", "tolerance", "ok", "note"}`` — five per
+        rank: weight versions, activations, optimizer state, sent, received (bytes; see the module docstring).
+        ``exact`` rows require equality; the others ``|measured − simulated| ≤ tolerance`` (``None``: the
+        simulator has no figure, reported only).
+
+    Raises:
+        ValueError: results for a different number of ranks than the schedule's workers, or without a timeline.
+    """
+    if len(results) != schedule.W:
+        raise ValueError(f"results must hold one RuntimeResult per rank ({schedule.W}), got {len(results)}")
+    if any(getattr(r, "timeline", None) is None for r in results):
+        raise ValueError("results have no timeline: run the PipelineRuntime with record=True")
+    sizes = boundary_bytes(stages, x)
+    weight_bytes = [sum(p.numel() * p.element_size() for p in s.parameters()) for s in stages]
+    n_tensors = [sum(1 for _ in s.parameters()) for s in stages]
+    sim = simulate(schedule, activation_bytes=sizes, weight_bytes=weight_bytes)
+    table = sim.version_table
+    depth = [table.stash_depth(k) for k in range(schedule.D)]
+    traffic = simulated_traffic(sim, sizes)
+    act_peak = sim.peak_activation_bytes
+    assert act_peak is not None  # activation_bytes were given
+    slots: list[int | None] = []
+    for s in stages:
+        params = [p for p in s.parameters() if p.requires_grad]
+        slots.append(optimizer_state_slots(optimizer(params)) if optimizer is not None and params else
+                     (0 if optimizer is not None else None))
+    rows: list[dict[str, Any]] = []
+
+    def row(rank: int, quantity: str, measured: int, simulated: int | None, exact: bool, tol: float | None,
+            note: str) -> None:
+        if simulated is None:
+            ok = True
+        elif exact:
+            ok = measured == simulated
+        else:
+            ok = tol is not None and abs(measured - simulated) <= tol
+        rows.append({"rank": rank, "quantity": quantity, "measured": int(measured),
+                     "simulated": None if simulated is None else int(simulated), "exact": exact,
+                     "tolerance": tol, "ok": ok, "note": note})
+
+    for w, res in enumerate(results):
+        mine = sorted(res.stages)
+        exact_versions = policy in EXACT_VERSION_POLICIES
+        row(w, "weight versions", res.memory["weight_versions"], sum(depth[k] * weight_bytes[k] for k in mine),
+            exact_versions, None if exact_versions else 0.0,
+            "stash depth × stage weights" if exact_versions else
+            f"policy {policy!r} keeps other versions than its jobs use (predictions, buffers): not counted")
+        if not exact_versions:
+            rows[-1]["simulated"] = None
+            rows[-1]["ok"] = True
+        row(w, "activations", res.memory["activations"], int(act_peak[w]), True, None,
+            "peak saved stage inputs")
+        if all(slots[k] is not None for k in mine):
+            est = sum(int(slots[k] or 0) * weight_bytes[k] for k in mine)
+            row(w, "optimizer state", res.memory["optimizer_state"], est, False, 8.0 * sum(n_tensors[k] for k in mine),
+                "estimate: state slots × stage weights (± 8 bytes per parameter tensor: step counters)")
+        else:
+            row(w, "optimizer state", res.memory["optimizer_state"], None, False, None,
+                "optimizer state of this type is not estimated")
+        for q in ("sent", "received"):
+            row(w, q, getattr(res.timeline, f"bytes_{q}"), sum(traffic[w][q].values()), True, None,
+                "transfers × boundary bytes")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- makespan
+
+#: the schedules :func:`calibrate` knows, by kind: (builder of (W ranks, M, steps), stages per rank, policy);
+#: LPP and FSLPP use R = 2 workers per group and G = W / 2 groups (on 2 ranks: one group, a looped pipeline)
+KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
+    "gpipe": (lambda W, M, s: gpipe(W, M, s), 1, "gpipe"),
+    "1f1b": (lambda W, M, s: one_f_one_b(W, M, s), 1, "1f1b"),
+    "pipedream": (lambda W, M, s: pipedream(W, M, s), 1, "stashing"),
+    "2bw": (lambda W, M, s: pipedream_2bw(W, M, s), 1, "2bw"),
+    "interleaved": (lambda W, M, s: interleaved_1f1b(W, 2, M, s), 2, "1f1b"),
+    "zb_h1": (lambda W, M, s: zb_h1(W, M, s), 1, "1f1b"),
+    "ddp": (lambda W, M, s: ddp(2 * W, M, W, s), 2, "1f1b"),
+    "fsdp": (lambda W, M, s: fsdp(2 * W, M, W, s), 2, "1f1b"),
+    "lpp": (lambda W, M, s: lpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
+    "fslpp": (lambda W, M, s: fslpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
+}
+
+
+def _kinds() -> dict[str, tuple[Callable[[int, int, int], Schedule], int, str]]:
+    return KINDS
+
+
+def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
+    """The schedule of ``kind`` (a key of :data:`KINDS`: gpipe, 1f1b, pipedream, 2bw, interleaved, zb_h1, ddp,
+    fsdp, lpp, fslpp) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is cut
+    into ``ranks`` stages, or 2·``ranks`` for interleaved and the data-parallel placements.
+
+    Raises:
+        ValueError: an unknown kind (the message lists the known ones).
+    """
+    kinds = _kinds()
+    if kind not in kinds:
+        raise ValueError(f"kind must be one of {', '.join(kinds)}; got {kind!r}")
+    return kinds[kind][0](ranks, M, steps)
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    """One schedule to calibrate: ``kind`` (see :func:`schedule_for`), its ``policy`` (default: the kind's),
+    a row ``label`` (default: the schedule's name)."""
+
+    kind: str
+    policy: str | None = None
+    label: str | None = None
+
+    def resolved_policy(self) -> str:
+        return self.policy if self.policy is not None else _kinds()[self.kind][2]
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """What one calibration depends on.
+
+    Attributes:
+        ranks: processes (workers W); cases: the schedules; width, depth, in_features: the ``deep_mlp``
+        (float32; depth ≥ the most stages a case cuts it into); micro: samples per micro-batch; M: micro-batches
+        per step (default 2·ranks); steps: steps per run; repeats: timed runs per case (median); profile_reps:
+        repeats of each profiled job (median, after 2 discarded); optimizer: a :mod:`pipelab.optim` name;
+        seed: model and data seed; timeout_s: bound on the spawn.
+    """
+
+    ranks: int = 2
+    cases: tuple[CalibrationCase, ...] = tuple(CalibrationCase(k) for k in ("gpipe", "1f1b", "pipedream", "2bw",
+                                                                           "interleaved", "zb_h1"))
+    width: int = 512
+    depth: int = 8
+    in_features: int = 64
+    micro: int = 32
+    microbatches: int | None = None
+    steps: int = 4
+    repeats: int = 3
+    profile_reps: int = 10
+    optimizer: str = "sgdm"
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    @property
+    def M(self) -> int:
+        return 2 * self.ranks if self.microbatches is None else self.microbatches
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {self.ranks}")
+        for c in self.cases:
+            if c.kind not in _kinds():
+                raise ValueError(f"case kind must be one of {', '.join(_kinds())}; got {c.kind!r}")
+        if self.depth < 2 * self.ranks:
+            raise ValueError(f"depth ({self.depth}) must be >= 2 × ranks ({2 * self.ranks}): a block per stage")
+        for name in ("micro", "M", "steps", "repeats", "profile_reps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class CalibrationRow:
+    """One schedule's forecast against its measurement.
+
+    Attributes:
+        label, kind, policy, ranks, schedule (its name); runnable: whether the runtime ran it (``note`` says why
+        not); measured_s: median over repeats of the measured makespan (t0 after a barrier to the last job's
+        end on any rank), measured_all: every repeat's; forecast_s: the simulator's makespan with the profiled
+        costs; error: forecast / measured − 1; busy_error: the same for the busiest rank's compute time (sum of
+        job durations), which separates profiling error from waiting and transfer; samples: per run;
+        timelines: every rank's :class:`~pipelab.runtime.trace.Timeline` of the median repeat; costs: the
+        keyword arguments given to :func:`~pipelab.simulator.simulate`.
+        measured_costs, replay_s, replay_error: the same forecast with each stage's F/B/I/W/U cost taken as
+        the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
+        latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
+        one fixed latency per transfer, no time between jobs), not the profile.
+    """
+
+    label: str
+    kind: str
+    policy: str
+    ranks: int
+    schedule: str = ""
+    runnable: bool = True
+    note: str = ""
+    measured_s: float = math.nan
+    measured_all: list[float] = field(default_factory=list)
+    forecast_s: float = math.nan
+    error: float = math.nan
+    busy_error: float = math.nan
+    samples: int = 0
+    timelines: list[Any] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+    measured_costs: dict[str, Any] = field(default_factory=dict)
+    replay_s: float = math.nan
+    replay_error: float = math.nan
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second of the median run (NaN when not runnable)."""
+        return self.samples / self.measured_s if self.runnable else math.nan
+
+    sim_schedule: Any = field(default=None, repr=False)
+
+    def simulate(self) -> SimResult:
+        """The forecast's simulation (for the timeline figure)."""
+        if self.sim_schedule is None or not self.runnable:
+            raise ValueError(f"row {self.label!r} has no forecast (not runnable: {self.note})")
+        return simulate(self.sim_schedule, **self.costs)
+
+
+def _micro_data(cfg: CalibrationConfig, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    n = cfg.M * cfg.micro
+    return [(torch.randn(n, cfg.in_features, generator=g).to(device),
+             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(2)]
+
+
+def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: CalibrationConfig, x: Tensor,
+                   y: Tensor) -> dict[str, list[float]]:
+    """Every stage's F, B, I, W, U and weight-copy times when ``base`` is cut into D stages; stage k is profiled
+    by rank k mod world, all ranks at once (sharing the cores as in the run), then gathered. Each time is the
+    *mean* of ``profile_reps`` single measurements (:func:`~pipelab.profiling.profile_stage` with one
+    repetition, after a warm-up call), as the makespan sums job times (see :func:`measured_costs`)."""
+    from .optim import optimizer_factory
+    from .partition import split
+    from .profiling import profile_stage
+
+    stages = split(copy.deepcopy(base), D)
+    keys = {"f_cost": "f", "b_cost": "b", "i_cost": "i", "w_cost": "w", "u_cost": "u", "copy_cost": "copy"}
+    mine: dict[int, dict[str, float]] = {}
+    h = x
+    for k, s in enumerate(stages):
+        if k % world == rank:
+            def once(warmup: int, s: nn.Module = s, h: Tensor = h, k: int = k) -> Any:
+                return profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
+                                     reps=1, warmup=warmup, input_grad=k > 0)
+
+            once(2)
+            samples = [once(0) for _ in range(cfg.profile_reps)]
+            mine[k] = {name: float(statistics.fmean(getattr(c, a) for c in samples)) for name, a in keys.items()}
+        with torch.no_grad():
+            h = s(h)
+    parts: list[Any] = [mine]
+    if dist.is_initialized():
+        parts = [None] * world
+        dist.all_gather_object(parts, mine)
+    every = {k: c for p in parts for k, c in p.items()}
+    return {name: [every[k][name] for k in range(D)] for name in keys}
+
+
+def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
+    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks: the *mean*
+    of single ping-pongs / 2 over boundaries and repeats (a makespan sums latencies along its critical path, so
+    their mean, heavy tail of descheduled wake-ups included, is what it sees, not their median)."""
+    from .profiling import transfer_times
+
+    if world < 2:
+        return 0.0
+    act = torch.zeros(cfg.micro, cfg.width)
+    out, inp = (act if rank < world - 1 else None), (act if rank > 0 else None)
+    transfer_times(out, inp, reps=2, warmup=1)  # connections set up, buffers touched
+    samples = [t for _ in range(cfg.profile_reps) for t in transfer_times(out, inp, reps=1, warmup=0)]
+    return float(statistics.fmean(samples))
+
+
+def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
+                   extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
+
+    Cases are interleaved within a repeat, so that load from other processes hits them alike; ``extra(rep)``
+    (e.g. a benchmark's reference runs) is called at the end of every repeat, its results returned under
+    ``"extra"``. Collective: every rank of the default process group calls it with the same arguments.
+    Combine the ranks' returns with :func:`calibration_rows`.
+    """
+    from .models import deep_mlp
+    from .optim import optimizer_factory
+    from .runtime import PipelineRuntime
+
+    device = torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    data = _micro_data(cfg, device)
+    x0, y0 = data[0][0][:cfg.micro], data[0][1][:cfg.micro]
+    transfer = _transfer(cfg, rank, world)
+    profiles: dict[int, dict[str, list[float]]] = {}
+    cases: list[dict[str, Any]] = []
+    runtimes: list[Any] = []
+    for case in cfg.cases:
+        sched = schedule_for(case.kind, world, cfg.M, cfg.steps)
+        info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": []}
+        try:
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
+                                 optimizer=optimizer_factory(cfg.optimizer), record=True)
+        except ValueError as exc:  # e.g. a placement the runtime does not execute yet
+            info.update(runnable=False, note=str(exc).splitlines()[0])
+            rt = None
+        if rt is not None:
+            info["capacity"] = list(rt.plan.capacity)
+            if sched.D not in profiles:
+                profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
+        cases.append(info)
+        runtimes.append(rt)
+    extras: list[Any] = []
+    for rep in range(cfg.repeats):
+        for case, info, rt in zip(cfg.cases, cases, runtimes):
+            if rt is None:
+                continue
+            if rep > 0:  # a fresh run from the same weights
+                rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
+                                     optimizer=optimizer_factory(cfg.optimizer), record=True)
+            res = rt.run(lambda t: data[t % len(data)])
+            info["timelines"].append(res.timeline)
+        if extra is not None:
+            extras.append(extra(rep))
+    return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases, "extra": extras}
+
+
+def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
+                   split_backward: bool) -> dict[str, Any]:
+    """The simulator's costs for a run: profiled F, B (I, W when the schedule splits) and U per stage, U plus
+    a weight copy on stages that keep more than one version (the runtime snapshots the new version), and the
+    one-way transfer time between ranks."""
+    u = [u + (c if cap > 1 else 0.0) for u, c, cap in zip(profile["u_cost"], profile["copy_cost"], capacity)]
+    costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u,
+                             "transfer_cost": transfer}
+    if split_backward:
+        costs.update(i_cost=profile["i_cost"], w_cost=profile["w_cost"])
+    return costs
+
+
+def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[str, Any]:
+    """Per-stage costs read off a measured run: the median duration of each stage's F, B, I, W and U jobs over
+    every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), and the run's own
+    transfer latency: the mean, over received tensors whose consumer was already idle when the producer
+    ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none. Means,
+    not medians: the makespan is a sum of job times and latencies, so a heavy tail (a descheduled process)
+    counts with its weight."""
+    durations: dict[tuple[str, int], list[float]] = {}
+    ends: dict[tuple[str, int, int, int], float] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            durations.setdefault((r.op, r.stage), []).append(r.duration)
+            ends[r.job] = r.end
+    waits = []
+    for tl in timelines:
+        prev_end = 0.0
+        for r in tl.jobs:
+            if r.received:
+                producers = ([("F", r.stage - 1, r.step, r.micro)] if r.op == "F" else
+                             [(op, r.stage + 1, r.step, r.micro) for op in ("B", "I")])
+                end = next((ends[p] for p in producers if p in ends), None)
+                if end is not None and prev_end <= end <= r.start:
+                    waits.append(r.start - end)
+            prev_end = r.end
+    if waits:
+        transfer = float(statistics.fmean(waits))
+
+    def med(op: str) -> list[float] | None:
+        if not any((op, k) in durations for k in range(D)):
+            return None
+        return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
+
+    f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+    if f is None:
+        raise ValueError("the timelines hold no forward job")
+    if b is None:  # every backward split: B is only used for the default I/W split, which is given
+        b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
+    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0, "transfer_cost": transfer}
+    if i is not None:
+        costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
+    return costs
+
+
+def calibrate(cfg: CalibrationConfig | None = None, *, backend: str = "gloo") -> list[CalibrationRow]:
+    """Profile, forecast and measure every case of ``cfg`` on ``cfg.ranks`` spawned processes (see the module
+    docstring); one :class:`CalibrationRow` per case, in order, the not-runnable ones included.
+
+    Raises:
+        ValueError: a bad configuration (:meth:`CalibrationConfig.check`).
+    """
+    from .distributed import spawn
+
+    cfg = cfg or CalibrationConfig()
+    cfg.check()
+    per_rank = spawn(calibrate_rank, cfg.ranks, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+                     comm_timeout_s=120.0)
+    return calibration_rows(per_rank, cfg)
+
+
+def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig) -> list[CalibrationRow]:
+    """The rows of a calibration from every rank's :func:`calibrate_rank` result (index = rank)."""
+    rows = []
+    transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
+    for i, case in enumerate(cfg.cases):
+        info = per_rank[0]["cases"][i]
+        sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
+        row = CalibrationRow(case.label or sched.name, case.kind, case.resolved_policy(), cfg.ranks, sched.name,
+                             info["runnable"], info["note"], samples=cfg.steps * cfg.M * cfg.micro)
+        row.sim_schedule = sched
+        rows.append(row)
+        if not info["runnable"]:
+            continue
+        reps = [[p["cases"][i]["timelines"][r] for p in per_rank] for r in range(cfg.repeats)]
+        spans = [max(tl.makespan for tl in tls) for tls in reps]
+        order = sorted(range(len(spans)), key=spans.__getitem__)
+        mid = order[len(order) // 2]
+        row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
+        row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
+                                   bool(sched.split_set))
+        sim = simulate(sched, **row.costs)
+        row.forecast_s = sim.makespan
+        row.error = row.forecast_s / row.measured_s - 1.0
+        busy = max(tl.busy for tl in row.timelines)
+        row.busy_error = float(sim.busy.max()) / busy - 1.0
+        row.measured_costs = measured_costs(row.timelines, sched.D, transfer)
+        row.replay_s = simulate(sched, **row.measured_costs).makespan
+        row.replay_error = row.replay_s / row.measured_s - 1.0
+    return rows
+
+
+def format_rows(rows: Sequence[CalibrationRow], target: float = 0.10) -> str:
+    """A table of the forecast against the measurement, one line per schedule (misses and not-runnable rows
+    included)."""
+    lines = [f"{'schedule':<34} {'policy':<9} {'ranks':>5} {'measured ms':>11} {'forecast ms':>11} {'error':>7} "
+             f"{'busy err':>8} {'replay':>7}  within ±{100 * target:.0f}%"]
+    for r in rows:
+        if not r.runnable:
+            lines.append(f"{r.label:<34} {r.policy:<9} {r.ranks:>5} not runnable: {r.note}")
+            continue
+        ok = "yes" if abs(r.error) <= target else "MISSED"
+        lines.append(f"{r.label:<34} {r.policy:<9} {r.ranks:>5} {1e3 * r.measured_s:>11.1f} "
+                     f"{1e3 * r.forecast_s:>11.1f} {100 * r.error:>+6.1f}% {100 * r.busy_error:>+7.1f}% "
+                     f"{100 * r.replay_error:>+6.1f}%  {ok}")
+    return "\n".join(lines)
+
+
+def rows_csv(rows: Sequence[CalibrationRow]) -> str:
+    """The rows as CSV: label, kind, policy, ranks, runnable, measured_s (median), measured_min, measured_max,
+    forecast_s, error, busy_error, samples_per_s, note."""
+    head = ("label,kind,policy,ranks,runnable,measured_s,measured_min_s,measured_max_s,forecast_s,error,busy_error,"
+            "replay_s,replay_error,samples_per_s,note")
+    out = [head]
+    for r in rows:
+        lo = min(r.measured_all) if r.measured_all else math.nan
+        hi = max(r.measured_all) if r.measured_all else math.nan
+        note = r.note.replace('"', "'")
+        out.append(f'"{r.label}",{r.kind},{r.policy},{r.ranks},{r.runnable},{r.measured_s:.6g},{lo:.6g},{hi:.6g},'
+                   f'{r.forecast_s:.6g},{r.error:.4f},{r.busy_error:.4f},{r.replay_s:.6g},{r.replay_error:.4f},'
+                   f'{r.throughput:.6g},"{note}"')
+    return "\n".join(out) + "\n"

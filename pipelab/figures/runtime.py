@@ -1,0 +1,147 @@
+"""Measured vs simulated runs of the multi-process runtime: per-rank timelines and the makespan forecast error.
+
+One figure, ``runtime_timeline``: :func:`pipelab.calibration.calibrate` profiles each stage (F, B, I/W, U)
+and the transfer between ranks on the machine at hand, forecasts every schedule's makespan with
+:func:`pipelab.simulator.simulate`, and runs it for real (gloo, one process per rank, 1 thread each) with
+the runtime's trace (:mod:`pipelab.runtime.trace`). Top row: for one schedule per rank count, the measured
+timeline of every rank (solid bars, the median of the repeats) over the simulated one (outlined bars,
+above); bottom row: forecast error per schedule (forecast / measured − 1; the ±10% target shaded), with
+the *replay* error beside it — the simulation re-run with each stage's median measured job durations, which
+isolates the simulator's dependency and transfer model from the profile's error. The CSV has every row,
+the schedules the runtime does not run yet included (marked not runnable).
+
+Measurements are wall-clock times on whatever machine draws the figure; on a small shared CPU box (several
+ranks per core, other processes running) the errors are dominated by the operating system's scheduling,
+which the simulator does not model: the sidecar records the machine's core count and load.
+
+Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025); PipeDream (Narayanan
+et al., SOSP 2019, §3.1: profile, then forecast).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import Patch, Rectangle
+
+from ..calibration import CalibrationCase, CalibrationConfig, CalibrationRow, calibrate, rows_csv
+from ..config import from_preset
+from . import FigureOutput, register
+
+__all__ = ["RuntimeFigureConfig", "OP_COLORS", "draw_timelines"]
+
+#: colour of each job kind in the timeline panels
+OP_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "U": "#55A868"}
+
+
+@dataclass(frozen=True)
+class RuntimeFigureConfig:
+    """ranks: the rank counts (one column each); kinds: the schedules (:data:`pipelab.calibration.KINDS`);
+    gantt: the schedule whose timeline is drawn; the rest as :class:`~pipelab.calibration.CalibrationConfig`."""
+
+    ranks: tuple[int, ...] = (2, 4)
+    kinds: tuple[str, ...] = ("gpipe", "1f1b", "pipedream", "2bw", "interleaved", "zb_h1", "ddp", "fsdp", "lpp",
+                              "fslpp")
+    gantt: str = "1f1b"
+    width: int = 512
+    depth: int = 8
+    in_features: int = 64
+    micro: int = 32
+    steps: int = 4
+    repeats: int = 3
+    profile_reps: int = 10
+    seed: int = 0
+
+    def calibration(self, ranks: int) -> CalibrationConfig:
+        return CalibrationConfig(ranks=ranks, cases=tuple(CalibrationCase(k) for k in self.kinds), width=self.width,
+                                 depth=self.depth, in_features=self.in_features, micro=self.micro, steps=self.steps,
+                                 repeats=self.repeats, profile_reps=self.profile_reps, seed=self.seed)
+
+
+_CONFIGS = {
+    "tiny": RuntimeFigureConfig(ranks=(2,), kinds=("gpipe", "1f1b", "ddp"), width=64, depth=4, micro=8, steps=2,
+                                repeats=1, profile_reps=3),
+    "quick": RuntimeFigureConfig(),
+    "paper": RuntimeFigureConfig(width=1024, steps=8, repeats=5, profile_reps=20),
+    "study": RuntimeFigureConfig(width=1024, steps=8, repeats=5, profile_reps=20),
+}
+
+
+def draw_timelines(ax: Any, row: CalibrationRow) -> None:
+    """Measured (solid, lower) and simulated (outlined, upper) job bars of every rank of ``row``, in ms."""
+    sim = row.simulate()
+    jobs = sim.jobs()
+    for w in range(row.ranks):
+        m = jobs["worker"] == w
+        for op, s0, s1 in zip(jobs["op"][m], jobs["start"][m], jobs["end"][m]):
+            ax.add_patch(Rectangle((1e3 * s0, w - 0.38), 1e3 * (s1 - s0), 0.36, facecolor="none",
+                                   edgecolor=OP_COLORS[str(op)], lw=0.8))
+    for tl in row.timelines:
+        for r in tl.jobs:
+            ax.add_patch(Rectangle((1e3 * r.start, tl.rank + 0.02), 1e3 * max(r.duration, 1e-6), 0.36,
+                                   facecolor=OP_COLORS[r.op], edgecolor="none"))
+    end = max(row.measured_s, row.forecast_s)
+    ax.set_xlim(0, 1e3 * end * 1.02)
+    ax.set_ylim(row.ranks - 0.5, -0.5)
+    ax.set_yticks(range(row.ranks), [f"rank {w}" for w in range(row.ranks)])
+    ax.set_xlabel("time since t0 (ms)")
+    ax.set_title(f"{row.label}: measured (solid) vs simulated (outlined)\nmakespan {1e3 * row.measured_s:.0f} ms "
+                 f"measured, {1e3 * row.forecast_s:.0f} ms forecast ({100 * row.error:+.0f}%)", fontsize=9)
+
+
+def _errors(ax: Any, rows: list[CalibrationRow], target: float = 0.10) -> None:
+    labels = [r.label.split("(")[0].strip() for r in rows]
+    x = np.arange(len(rows))
+    err = np.array([100 * r.error if r.runnable else np.nan for r in rows])
+    rep = np.array([100 * r.replay_error if r.runnable else np.nan for r in rows])
+    ax.axhspan(-100 * target, 100 * target, color="0.9", zorder=0)
+    ax.bar(x - 0.2, np.nan_to_num(err), 0.4, color="#4C72B0", label="forecast from the profile")
+    ax.bar(x + 0.2, np.nan_to_num(rep), 0.4, color="#C7C7C7", label="replay of measured job times")
+    for i, r in enumerate(rows):
+        if not r.runnable:
+            ax.text(i, -1, "not runnable yet", rotation=90, ha="center", va="top", fontsize=7, color="0.4")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(x, labels, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("forecast / measured − 1 (%)")
+    ax.set_title(f"makespan forecast error, {rows[0].ranks} ranks (±{100 * target:.0f}% shaded)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+
+
+@register("runtime_timeline", "Measured per-rank timelines of the multi-process runtime over the simulated ones, "
+          "and the simulator's makespan forecast error per schedule (profiled costs)")
+def runtime_timeline(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_CONFIGS, preset)
+    results: dict[int, list[CalibrationRow]] = {}
+    for ranks in cfg.ranks:
+        if progress:
+            print(f"runtime_timeline: calibrating {len(cfg.kinds)} schedules on {ranks} ranks")
+        results[ranks] = calibrate(cfg.calibration(ranks))
+    n = len(cfg.ranks)
+    fig, axes = plt.subplots(2, n, figsize=(6.5 * n, 7.5), squeeze=False, gridspec_kw={"height_ratios": [1, 1.1]})
+    for c, ranks in enumerate(cfg.ranks):
+        rows = results[ranks]
+        shown = next((r for r in rows if r.kind == cfg.gantt and r.runnable), next(r for r in rows if r.runnable))
+        draw_timelines(axes[0, c], shown)
+        _errors(axes[1, c], rows)
+    handles = [Patch(facecolor=col, label=op) for op, col in OP_COLORS.items()]
+    fig.legend(handles=handles, loc="upper right", ncol=len(handles), fontsize=8)
+    fig.suptitle("pipelab runtime (gloo, 1 thread per rank) measured against the simulator's forecast", fontsize=11)
+    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
+    every = [r for ranks in cfg.ranks for r in results[ranks]]
+    csv = rows_csv(every)
+    runnable = [r for r in every if r.runnable]
+    notes = {
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "forecast_error": {f"{r.label} [{r.ranks} ranks]": round(r.error, 4) for r in runnable},
+        "replay_error": {f"{r.label} [{r.ranks} ranks]": round(r.replay_error, 4) for r in runnable},
+        "within_10_percent": sum(abs(r.error) <= 0.10 for r in runnable),
+        "runnable": len(runnable),
+        "not_runnable": [f"{r.label} [{r.ranks} ranks]" for r in every if not r.runnable],
+        "statistic": f"median makespan over {cfg.repeats} repeats; profile medians over {cfg.profile_reps} repeats",
+    }
+    return FigureOutput(fig, cfg, seed=cfg.seed, tables={"csv": csv}, notes=notes, data=results)

@@ -1,0 +1,194 @@
+"""pipelab.calibration: the simulator's traffic per worker, optimizer-state slots, costs from a timeline, and a
+calibration run end to end (profile, forecast, measure) on 2 spawned ranks."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from pipelab.calibration import (
+    KINDS,
+    CalibrationCase,
+    CalibrationConfig,
+    boundary_bytes,
+    calibrate,
+    forecast_costs,
+    format_rows,
+    measured_costs,
+    optimizer_state_slots,
+    rows_csv,
+    schedule_for,
+    simulated_traffic,
+)
+from pipelab.models import deep_mlp
+from pipelab.partition import split
+from pipelab.runtime.trace import JobRecord, Timeline
+from pipelab.schedules import interleaved_1f1b, messages, one_f_one_b, pipedream_2bw, zb_h1
+from pipelab.simulator import simulate
+
+
+@pytest.mark.parametrize("sched", [one_f_one_b(3, 4, 2), interleaved_1f1b(2, 2, 4, 2), zb_h1(3, 4),
+                                   pipedream_2bw(3, 3, 3), schedule_for("lpp", 4, 8, 1), schedule_for("fsdp", 2, 4, 1)],
+                         ids=["1f1b", "interleaved", "zb_h1", "2bw", "lpp", "fsdp"])
+def test_simulated_traffic_equals_a_count_over_the_schedules_messages(sched) -> None:  # noqa: ANN001
+    sizes = [11 * (k + 1) for k in range(sched.D)]  # distinct per boundary, to catch an off-by-one stage
+    got = simulated_traffic(simulate(sched), sizes)
+    want = [{"sent": {"activation": 0, "gradient": 0}, "received": {"activation": 0, "gradient": 0}}
+            for _ in range(sched.W)]
+    for m in messages(sched):  # brute force: every cross-worker message, its channel = 2·(receiving stage) + kind
+        stage, kind = divmod(m.channel, 2)
+        name, n = ("activation", sizes[stage]) if kind == 0 else ("gradient", sizes[stage + 1])
+        want[m.src]["sent"][name] += n
+        want[m.dst]["received"][name] += n
+    assert got == want
+
+
+def test_simulated_traffic_checks_sizes() -> None:
+    with pytest.raises(ValueError, match="one entry per stage"):
+        simulated_traffic(simulate(one_f_one_b(2, 2)), [1, 2, 3])
+
+
+def test_boundary_bytes_are_the_stage_inputs() -> None:
+    stages = split(deep_mlp(in_features=5, width=7, depth=3, num_classes=2), 3)
+    x = torch.zeros(4, 5)
+    want, h = [], x
+    for s in stages:
+        want.append(h.numel() * h.element_size())
+        h = s(h)
+    assert boundary_bytes(stages, x) == want == [80, 112, 112]
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1),
+                                  lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.Adam(p),
+                                  lambda p: torch.optim.AdamW(p, amsgrad=True), lambda p: torch.optim.NAdam(p),
+                                  lambda p: torch.optim.RMSprop(p, momentum=0.5, centered=True),
+                                  lambda p: torch.optim.Adagrad(p)],
+                         ids=["sgd", "sgdm", "adam", "adamw-amsgrad", "nadam", "rmsprop-centered", "adagrad"])
+def test_optimizer_state_slots_match_the_state_torch_keeps(make) -> None:  # noqa: ANN001
+    model = torch.nn.Linear(3, 4)
+    opt = make(list(model.parameters()))
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    weight = sum(p.numel() for p in model.parameters())
+    tensors = sum(v.numel() for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim > 0)
+    assert optimizer_state_slots(opt) * weight == tensors
+
+
+def test_unknown_optimizer_has_no_slots() -> None:
+    assert optimizer_state_slots(torch.optim.LBFGS([torch.zeros(2, requires_grad=True)])) is None
+
+
+def test_measured_costs_are_per_stage_means_and_the_runs_own_latency() -> None:
+    tl0 = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("F", 0, 0, 1, 1.0, 3.0),
+                       JobRecord("F", 0, 1, 0, 3.0, 9.0), JobRecord("B", 0, 0, 0, 9.5, 14.0, received=True),
+                       JobRecord("U", 0, 0, -1, 14.0, 14.5)])
+    tl1 = Timeline(1, [JobRecord("F", 1, 0, 0, 1.25, 2.0, received=True), JobRecord("B", 1, 0, 0, 2.0, 3.5),
+                       JobRecord("F", 1, 0, 1, 3.5, 5.0, received=True)])  # busy when F(0, 0, 1) ended: no sample
+    c = measured_costs([tl0, tl1], 2, 0.25)
+    assert c["f_cost"] == [3.0, 1.125] and c["b_cost"] == [4.5, 1.5]  # means (durations 1, 2, 6: median 2)
+    assert c["u_cost"] == [0.5, 1e-9] and "i_cost" not in c  # a stage without updates costs (almost) nothing
+    # waits of idle consumers only: F(1,0,0) 1.25 − 1.0; B(0,0,0) got B(1,0,0)'s gradient (end 3.5) while busy
+    assert c["transfer_cost"] == pytest.approx(0.25)
+    split_tl = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("I", 0, 0, 0, 1.0, 1.5),
+                            JobRecord("W", 0, 0, 0, 1.5, 3.5)])
+    c = measured_costs([split_tl], 1, 0.125)
+    assert c["i_cost"] == [0.5] and c["w_cost"] == [2.0] and c["b_cost"] == [2.5] and c["transfer_cost"] == 0.125
+
+
+def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:
+    prof = {"f_cost": [1.0, 2.0], "b_cost": [2.0, 4.0], "u_cost": [0.5, 0.25], "copy_cost": [0.125, 0.0625],
+            "i_cost": [1.0, 2.0], "w_cost": [1.0, 2.0]}
+    c = forecast_costs(prof, 0.1, [2, 1], split_backward=False)
+    assert c == {"f_cost": [1.0, 2.0], "b_cost": [2.0, 4.0], "u_cost": [0.625, 0.25], "transfer_cost": 0.1}
+    assert forecast_costs(prof, 0.1, [1, 1], split_backward=True)["w_cost"] == [1.0, 2.0]
+
+
+def test_schedule_for_and_config_errors() -> None:
+    for kind in KINDS:
+        s = schedule_for(kind, 2, 4, 2)
+        assert s.W == 2 and s.M == 4 and s.steps == 2
+    with pytest.raises(ValueError, match="kind must be one of"):
+        schedule_for("nope", 2, 4, 1)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        CalibrationConfig(cases=(CalibrationCase("nope"),)).check()
+    with pytest.raises(ValueError, match="depth"):
+        CalibrationConfig(ranks=4, depth=6).check()
+    with pytest.raises(ValueError, match="steps"):
+        CalibrationConfig(steps=0).check()
+
+
+@pytest.mark.slow
+def test_calibration_on_two_ranks_reports_every_row() -> None:
+    cfg = CalibrationConfig(ranks=2, cases=(CalibrationCase("1f1b"), CalibrationCase("zb_h1"), CalibrationCase("ddp")),
+                            width=64, depth=4, micro=8, steps=2, repeats=3, profile_reps=3)
+    rows = calibrate(cfg)
+    assert [r.kind for r in rows] == ["1f1b", "zb_h1", "ddp"]
+    for r in rows[:2]:
+        assert r.runnable and len(r.measured_all) == 3 and r.measured_s == statistics.median(r.measured_all)
+        # the forecast is the simulation with the profiled costs; the error is relative to the median run
+        assert r.simulate().makespan == r.forecast_s > 0
+        assert r.error == pytest.approx(r.forecast_s / r.measured_s - 1, rel=1e-12)
+        # the median run's timelines: every rank, every job of its program; the makespan is the last end
+        assert [tl.rank for tl in r.timelines] == [0, 1]
+        assert max(tl.makespan for tl in r.timelines) == r.measured_s  # 3 repeats: the median is one of them
+        assert all(0 < tl.busy <= tl.makespan for tl in r.timelines)  # a rank's jobs never overlap
+        assert r.samples == cfg.steps * cfg.M * cfg.micro and r.throughput == pytest.approx(r.samples / r.measured_s)
+    assert "i_cost" in rows[1].costs and "i_cost" not in rows[0].costs  # ZB-H1 splits its backward
+    ddp = rows[2]
+    assert not ddp.runnable and "not runnable" not in ddp.note and ddp.note  # the runtime's own reason
+    assert math.isnan(ddp.error)
+    table = format_rows(rows)
+    assert "not runnable" in table and table.count("\n") == 3
+    csv = rows_csv(rows).splitlines()
+    assert len(csv) == 4 and csv[0].startswith("label,kind,policy")
+
+
+# ---------------------------------------------------------------------------------- benchmarks/placements.py
+
+
+def _placements():  # noqa: ANN202
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spawned ranks import benchmarks.placements too
+    import benchmarks.placements as bp
+
+    return bp
+
+
+def test_torch_rows_hand_out_the_step_micro_batches_as_pipelab_ddp_does() -> None:
+    bp = _placements()
+    cfg = CalibrationConfig(ranks=4, micro=3, in_features=5)
+    parts = [bp._micro_batches(cfg, r, 4) for r in range(4)]
+    assert [len(p) for p in parts] == [cfg.M // 4] * 4  # M/W micro-batches per rank
+    sched = schedule_for("ddp", 4, cfg.M, 1)
+    for r in range(4):  # the same micro-batch indices as the DDP schedule's worker r computes
+        mine = sorted({a.micro for a in sched.programs[r] if a.op == "F"})
+        assert mine == [j for j in range(cfg.M) if j % 4 == r]
+    xs = torch.cat([x for p in parts for x, _ in p])
+    assert xs.shape == (cfg.M * cfg.micro, 5) and torch.unique(xs, dim=0).shape[0] == xs.shape[0]
+
+
+@pytest.mark.slow
+def test_placements_benchmark_runs_and_reports_every_row() -> None:
+    bp = _placements()
+    cfg = bp.PlacementConfig(ranks=(2,), width=16, depth=4, in_features=8, micro=4, steps=2, repeats=1, profile_reps=2)
+    res = bp.run_benchmark(cfg)
+    rows = res.rows[2]
+    assert [r.label for r in rows] == [n for n, _ in bp.PIPELAB_ROWS]
+    assert {"GPipe", "1F1B"} <= {r.label for r in rows if r.runnable}
+    for r in rows:
+        assert r.runnable or r.note  # a row that did not run says why
+    ref = res.torch[2]["torch DDP"]
+    assert isinstance(ref, float) and ref > 0
+    by = {r.label: r for r in rows}
+    ratio = res.ratios[2]["pipelab DDP / torch DDP, samples/s"]
+    if by["DDP"].runnable:
+        assert ratio == pytest.approx(ref / by["DDP"].measured_s)
+    else:
+        assert isinstance(ratio, str) and "not runnable" in ratio
+    report = bp.format_report(res)
+    assert "torch DDP" in report and "forecast |error|" in report and report.count("\n") >= 10
