@@ -210,17 +210,22 @@ def as_precision(precision: Precision | str | torch.dtype | None) -> Precision:
                     f"got {type(precision).__name__}")
 
 
-def check_precision(precision: Precision | str | torch.dtype | None, device: torch.device | str) -> Precision:
-    """``precision`` as a :class:`Precision`, checked to run on ``device``.
+def check_precision(precision: Precision | str | torch.dtype | None, device: torch.device | str,
+                    master_dtype: torch.dtype | None = None) -> Precision:
+    """``precision`` as a :class:`Precision`, checked to run on ``device`` with masters of ``master_dtype``.
 
     Raises:
         ValueError: an unknown precision name; bf16 on a CUDA device without bf16 support
             (``torch.cuda.is_bf16_supported()``); bf16/fp16 where autocast cannot run that dtype on the
-            device's type (e.g. ``cuda`` without CUDA, or a CPU build whose autocast lacks fp16).
+            device's type (e.g. ``cuda`` without CUDA, or a CPU build whose autocast lacks fp16); bf16/fp16 with
+            master weights that are not float32 (autocast leaves float64 alone: that run would not be mixed).
     """
     p = as_precision(precision)
     if p.dtype is None:
         return p
+    if master_dtype is not None and master_dtype != torch.float32:
+        raise ValueError(f"precision {p.compute!r} keeps fp32 master weights, but the model's are {master_dtype}; "
+                         "convert the model with model.float() (or use precision='fp32')")
     dev = torch.device(device)
     if dev.type == "cuda" and p.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError(f"precision 'bf16' needs a GPU with bfloat16 support; {dev} has none "
@@ -293,7 +298,8 @@ class LossScaler:
 
     Attributes:
         scale: the current S (a float32 value); members: the executors whose gradients this process checks;
-        history: ``(t, S used, skipped)`` of every decided step.
+        history: ``(t, S used, skipped)`` of every decided step; local: ``t -> whether this process's stages
+            found a non-finite gradient`` (before the agreement with the other ranks).
     """
 
     def __init__(self, scaling: LossScaling, D: int) -> None:
@@ -304,6 +310,7 @@ class LossScaler:
         self.decisions: dict[int, tuple[bool, float]] = {}
         self.seeded: dict[int, float] = {}
         self.history: list[tuple[int, float, bool]] = []
+        self.local: dict[int, bool] = {}
         #: combines this process's overflow flag with the other ranks' (default: all_reduce MAX when needed)
         self.agree: Callable[[bool], bool] = self._all_reduce
 
@@ -324,6 +331,7 @@ class LossScaler:
                                        "ran; the skip decision needs every backward of the step (a flushed schedule "
                                        "whose updates follow the flush on every worker)")
             local = any(not bool(torch.isfinite(g).all()) for ex in self.members for g in ex.acc.get(t, ()))
+            self.local[t] = local
             skipped = self.agree(local)
             used = self.seeded.pop(t, self.scale)
             self.decisions[t] = (skipped, used)
@@ -362,11 +370,12 @@ class LossScaler:
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "growth_tracker": self.growth_tracker, "decisions": dict(self.decisions),
-                "history": list(self.history)}
+                "history": list(self.history), "local": dict(self.local)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale, self.growth_tracker = state["scale"], state["growth_tracker"]
         self.decisions, self.history = dict(state["decisions"]), list(state["history"])
+        self.local = dict(state.get("local", {}))
 
 
 def _f32(x: float) -> float:

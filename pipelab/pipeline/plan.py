@@ -191,7 +191,9 @@ def build_pipeline(
     for k in wanted:
         module = stages[k]
         params = list(module.parameters())
-        check_precision(precision, next((p.device for p in module.parameters()), torch.device("cpu")))
+        first = next((p for p in params if p.is_floating_point()), None)
+        check_precision(precision, torch.device("cpu") if first is None else first.device,
+                        None if first is None else first.dtype)
         opt = optimizer(params) if params else None
         if params and not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
