@@ -370,12 +370,12 @@ class LossScaler:
 
     def state_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "growth_tracker": self.growth_tracker, "decisions": dict(self.decisions),
-                "history": list(self.history), "local": dict(self.local)}
+                "history": list(self.history), "local": dict(self.local), "seeded": dict(self.seeded)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale, self.growth_tracker = state["scale"], state["growth_tracker"]
         self.decisions, self.history = dict(state["decisions"]), list(state["history"])
-        self.local = dict(state.get("local", {}))
+        self.local, self.seeded = dict(state.get("local", {})), dict(state.get("seeded", {}))
 
 
 def _f32(x: float) -> float:

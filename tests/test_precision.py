@@ -21,7 +21,7 @@ from pipelab.models import deep_mlp
 from pipelab.pipeline import build_pipeline
 from pipelab.policies import POLICIES, policy_info
 from pipelab.precision import LossScaler, as_precision, check_precision, defer_updates, weight_memory
-from pipelab.runtime import PipelineRuntime
+from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import gpipe, interleaved_1f1b, one_f_one_b, pipedream, pipedream_2bw, zb_h1
 from pipelab.simulator import simulate
 
@@ -323,6 +323,30 @@ def test_runtime_two_ranks_equal_the_emulator_in_half_precision() -> None:
                 assert history == emu.plan.scaler.history  # type: ignore[union-attr]
                 assert [h[2] for h in history] == [False, False, True, False, False]
                 assert local[2] == (r == 0)  # only rank 0 overflowed; the all-reduce made rank 1 skip too
+
+
+def _ckpt_phase(rank: int, world: int, path: str, mode: str) -> tuple:
+    rt = PipelineRuntime(_rt_model(), schedule=gpipe(2, M, 6), policy="gpipe", optimizer=SGDM, precision="fp16")
+    if mode == "resume":
+        load_checkpoint(rt, path)
+    res = rt.run(data(6, scale={2: 1e2}), stop_at_step=4 if mode == "stop" else None)
+    if mode == "stop":
+        save_checkpoint(rt, path)
+    assert rt.plan.scaler is not None
+    return res.weights, rt.plan.scaler.scale, rt.plan.scaler.history
+
+
+@pytest.mark.slow
+def test_runtime_checkpoint_keeps_the_loss_scale(tmp_path: Any) -> None:
+    """Stop after step 4 (the scale backed off at step 2), save, resume in fresh processes: the same weights, scale
+    and decisions as the uninterrupted fp16 run."""
+    path = str(tmp_path / "ckpt")
+    full = spawn(_ckpt_phase, 2, (path, "full"))
+    spawn(_ckpt_phase, 2, (path, "stop"))
+    again = spawn(_ckpt_phase, 2, (path, "resume"))
+    for r in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(full[r][0][r], again[r][0][r]))
+        assert full[r][1] == again[r][1] == 2.0 ** 15 and full[r][2] == again[r][2]
 
 
 # ----------------------------------------------------------------------------------- (e) fp32 default unchanged

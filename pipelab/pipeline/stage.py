@@ -370,6 +370,7 @@ class StageExecutor:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "predictor": predictor_state,
             "grads": [p.grad for p in self.params],
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,  # fp16's loss scale
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -394,6 +395,8 @@ class StageExecutor:
             self.predictor.load_state_dict(self.optimizer, state["predictor"])
         for p, g in zip(self.params, state["grads"]):
             p.grad = g
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.saved = {}
         for (t, j), (kind, x_in, rng, target) in state["saved"].items():
             if kind == "recompute":
