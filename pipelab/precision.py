@@ -121,7 +121,7 @@ class Precision:
 
     Args:
         compute: ``"fp32"`` (no autocast; the default, today's arithmetic bit for bit), ``"bf16"`` or ``"fp16"``
-            (aliases: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"half"``).
+            (aliases: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"half"``, or the dtype).
         versions: ``"master"`` (stored and predicted copies in the master dtype; default) or ``"compute"`` (in
             the compute dtype, PipeDream-2BW's half-precision working copy). See the module docstring.
         loss_scaling: fp16's dynamic loss scale (default ``LossScaling()`` for fp16, GradScaler's defaults);
@@ -137,7 +137,12 @@ class Precision:
     loss_scaling: LossScaling | None = field(default=None)
 
     def __post_init__(self) -> None:
-        name = _ALIASES.get(self.compute, self.compute) if isinstance(self.compute, str) else self.compute
+        name = self.compute
+        if isinstance(name, torch.dtype):
+            name = {v: k for k, v in PRECISIONS.items() if v is not None}.get(name, "fp32" if name == torch.float32
+                                                                              else name)
+        elif isinstance(name, str):
+            name = _ALIASES.get(name, name)
         if name not in PRECISIONS:
             raise ValueError(f"unknown precision {self.compute!r}; choose one of {', '.join(PRECISIONS)} "
                              f"(or {', '.join(_ALIASES)})")
@@ -325,7 +330,12 @@ class LossScaler:
         """``(skipped, S)`` of step t: taken at the first update of step t, then read by the others."""
         if t not in self.decisions:
             for ex in self.members:
-                left = [e for e in ex.events[ex.position:] if e[0] in ("F", "B", "I", "W") and e[1] == t]
+                left = []
+                for e in ex.events[ex.position:]:  # a flushed stage's jobs of step t come before those of t + 1
+                    if e[1] > t:
+                        break
+                    if e[0] != "U" and e[1] == t:
+                        left.append(e)
                 if left:
                     raise RuntimeError(f"fp16 loss scaling: stage {ex.k} updates step {t} before its jobs {left[:3]} "
                                        "ran; the skip decision needs every backward of the step (a flushed schedule "

@@ -84,11 +84,12 @@ def test_flushed_schedule_equals_plain_autocast_training_exactly(kind: str, opt:
     assert not torch.equal(flat(m), flat(ref32))
 
 
-def test_interleaved_bf16_equals_plain() -> None:
-    """Interleaved 1F1B (two stages per worker) in bf16: still plain bf16 training exactly."""
-    m, _, _ = emulate("bf16", interleaved_1f1b(1, D, M, 4), "1f1b", SGDM, 4)
+@pytest.mark.parametrize("prec", ["bf16", "fp16"])
+def test_interleaved_equals_plain(prec: str) -> None:
+    """Interleaved 1F1B (all stages on one worker) in bf16/fp16: still plain autocast training exactly."""
+    m, _, _ = emulate(prec, interleaved_1f1b(1, D, M, 4), "1f1b", SGDM, 4)
     ref = model()
-    train_plain(ref, D=D, optimizer=SGDM, batches=data(4), micro_batches=M, precision="bf16")
+    train_plain(ref, D=D, optimizer=SGDM, batches=data(4), micro_batches=M, precision=prec)
     assert torch.equal(flat(m), flat(ref))
 
 
@@ -376,6 +377,7 @@ def test_errors() -> None:
         as_precision(16)
     with pytest.raises(ValueError, match="unknown precision"):
         as_precision(torch.float64)
+    assert Precision(torch.bfloat16) == Precision("bf16") and Precision(torch.float32) == Precision()
     with pytest.raises(ValueError, match="versions must be one of"):
         Precision("bf16", versions="fp8")
     with pytest.raises(ValueError, match="loss scaling is for fp16"):

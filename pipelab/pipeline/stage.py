@@ -233,7 +233,8 @@ class StageExecutor:
         pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
         if self.store_dtype is not None:  # gradients of half-precision copies accumulate in the master dtype
             pgrads = [g.to(p.dtype) for g, p in zip(pgrads, self.params)]
-            W = [w.to(p.dtype) for w, p in zip(W, self.params)]
+            if self.policy.keeps_backward_weights:
+                W = [w.to(p.dtype) for w, p in zip(W, self.params)]
         if self.policy.keeps_backward_weights and W:
             if t in self.used_sum:
                 torch._foreach_add_(self.used_sum[t], [w.detach() for w in W])
