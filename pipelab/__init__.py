@@ -68,6 +68,7 @@ from .optim import OPTIMIZERS, OptimizerSpec, available_optimizers, make_optimiz
 from .partition import balanced_partition, split, stage_sizes
 from .pipeline import PipelineSpec
 from .policies import POLICIES, GradientContext, Policy, PolicyInfo, available_policies, make_policy, policy_info
+from .precision import LossScaling, Precision, check_precision
 from .prediction_error import (
     InPipelineConfig,
     InPipelineResult,
@@ -182,6 +183,7 @@ __all__ = [
     "PredictionErrorResult", "measure_in_pipeline", "run_in_pipeline", "InPipelineConfig", "InPipelineResult",
     # policies, the emulator and learning curves
     "Policy", "POLICIES", "make_policy", "available_policies", "policy_info", "PolicyInfo", "GradientContext",
+    "Precision", "LossScaling", "check_precision",
     "PipelineSpec", "Emulator", "EmulatorResult", "DeadlockError", "build_pipeline", "train_plain", "evaluate",
     "RunConfig", "prepare", "run_arm", "sweep_arms",
     "lr_grid", "halving_schedule", "successive_halving", "selected_configs", "Halving",

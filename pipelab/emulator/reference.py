@@ -7,6 +7,13 @@ pipeline schedule must reproduce it exactly:
 
     W^(t+1) = opt_step(W^(t), ∇ (1/|B_t|) Σ_{i∈B_t} ℓ(f(x_i; W^(t)), y_i)).
 
+With ``micro_batches=M`` each mini-batch is split into M micro-batches as the pipeline splits it, and their
+gradients of ℓ_j/M accumulate before the step (the pipeline's arithmetic, micro-batch by micro-batch). With a
+``precision`` (:mod:`pipelab.precision`) the forward and the loss run under ``torch.autocast`` with the fp32
+parameters as masters, a stage's output is handed on in the compute dtype, and fp16's dynamic loss scale is
+``torch.amp.GradScaler``'s, with one skip decision for all stages' optimizers: a flushed schedule in bf16/fp16
+must reproduce this exactly.
+
 :func:`evaluate` computes loss and accuracy of given stage weights (eval mode, no gradient).
 
 Example:
@@ -30,6 +37,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..pipeline.plan import OptimizerFactory, as_stages
+from ..precision import Precision, as_precision
 
 __all__ = ["train_plain", "evaluate", "forward_batches"]
 
@@ -47,6 +55,8 @@ def train_plain(
     stop_on_divergence: bool = True,
     callback: Callable[[int], object] | None = None,
     arm_losses: list[list[float]] | None = None,
+    micro_batches: int | None = None,
+    precision: Precision | str | torch.dtype | None = None,
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` mini-batches; return the loss of every mini-batch.
 
@@ -60,6 +70,13 @@ def train_plain(
         callback: called with v = t + 1 after the update of step t (e.g. to evaluate at epoch ends).
         arm_losses: if given a list and the loss is a vector of stacked arms' losses (:mod:`pipelab.stacking`),
             receives each step's per-arm losses; the returned loss is then their sum.
+        micro_batches: M: split each mini-batch into M equal micro-batches and accumulate the gradients of
+            their losses ℓ_j/M (the returned loss is Σ_j ℓ_j/M); default: one backward of the whole mini-batch.
+        precision: ``"bf16"``/``"fp16"`` (or a :class:`~pipelab.precision.Precision`): autocast compute with the
+            parameters as fp32 masters; fp16 scales the loss with ``torch.amp.GradScaler`` (the precision's
+            :class:`~pipelab.precision.LossScaling`, growth_factor > 1 and backoff_factor < 1 as GradScaler
+            requires), unscales every stage's optimizer, and skips the step on all of them when any gradient
+            is non-finite. Default fp32: plain arithmetic.
     """
     stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
     loss_fn = loss_fn or nn.functional.cross_entropy
@@ -68,7 +85,16 @@ def train_plain(
         if callable(batches):
             raise ValueError("steps is required when batches is a callable")
         steps = len(batches)
+    prec = as_precision(precision)
+    M = 1 if micro_batches is None else micro_batches
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ValueError(f"micro_batches must be a positive int or None, got {micro_batches!r}")
     opts = [optimizer(list(s.parameters())) for s in stages]
+    device = next((p.device for s in stages for p in s.parameters()), torch.device("cpu"))
+    ls = prec.loss_scaling
+    scaler = None if ls is None else torch.amp.GradScaler(
+        device.type, init_scale=ls.init_scale, growth_factor=ls.growth_factor, backoff_factor=ls.backoff_factor,
+        growth_interval=ls.growth_interval)
     scheds = [lr_scheduler(o) for o in opts] if lr_scheduler is not None else []
     if record is not None:
         record.clear()
@@ -80,6 +106,22 @@ def train_plain(
         x, y = get(t)
         for o in opts:
             o.zero_grad(set_to_none=True)
+        if micro_batches is not None or prec.enabled:
+            per_arm = _micro_steps(stages, x, y, M, loss_fn, prec, scaler)
+            losses[t] = float(per_arm.sum())
+            if per_arm.ndim and arm_losses is not None:
+                arm_losses.append(per_arm.tolist())
+            if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
+                break
+            _step_all(opts, scaler)
+            for sc in scheds:
+                sc.step()
+            if record is not None:
+                for k, s in enumerate(stages):
+                    record[k].append(tuple(p.detach().clone() for p in s.parameters()))
+            if callback is not None:
+                callback(t + 1)
+            continue
         h = x
         for s in stages:
             h = s(h)
@@ -102,6 +144,43 @@ def train_plain(
         if callback is not None:
             callback(t + 1)
     return losses
+
+
+def _micro_steps(stages: Sequence[nn.Module], x: Tensor, y: Tensor, M: int, loss_fn: Callable[[Tensor, Tensor], Tensor],
+                 prec: Precision, scaler: torch.amp.GradScaler | None) -> Tensor:
+    """Accumulate the gradients of ℓ_j/M over M micro-batches (autocast, hand-over casts, scaled loss);
+    return Σ_j ℓ_j/M (summed as the pipeline's driver sums it)."""
+    if x.shape[0] % M:
+        raise ValueError(f"batch size {x.shape[0]} is not divisible by micro_batches={M}")
+    parts = []
+    for xj, yj in zip(torch.split(x, x.shape[0] // M), torch.split(y, y.shape[0] // M)):
+        h = xj
+        with prec.autocast(xj.device):
+            for k, s in enumerate(stages):
+                h = s(h)
+                if k < len(stages) - 1:
+                    h = prec.handover(h)
+            loss = loss_fn(h, yj) / M
+        parts.append(loss.detach())
+        seeded = loss if scaler is None else scaler.scale(loss)
+        seeded.backward(torch.ones_like(seeded) if seeded.ndim else None)
+    return torch.stack(parts).sum(0)
+
+
+def _step_all(opts: Sequence[torch.optim.Optimizer], scaler: torch.amp.GradScaler | None) -> None:
+    """Step every stage's optimizer; with a GradScaler, unscale all, then step all or (any non-finite) none."""
+    if scaler is None:
+        for o in opts:
+            o.step()
+        return
+    for o in opts:
+        scaler.unscale_(o)
+    finite = all(bool(torch.isfinite(p.grad).all()) for o in opts for g in o.param_groups for p in g["params"]
+                 if p.grad is not None)
+    if finite:
+        for o in opts:
+            scaler.step(o)
+    scaler.update()
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
+from ..precision import FP32, LossScaler, Precision, check_precision, defer_updates, weight_memory
 from ..schedules import VersionTable
 from ..schedules.dependencies import Job
 from .order import resolve_order
@@ -86,6 +87,7 @@ class PipelinePlan:
         capacity: ring size of every stage (peak versions alive at once).
         stages: the built executors, by stage index.
         weightless: stages without parameters (no optimizer, no predictor, no weight copies).
+        precision: the run's :class:`~pipelab.precision.Precision`; scaler: fp16's shared loss scale (else None).
     """
 
     D: int
@@ -101,6 +103,8 @@ class PipelinePlan:
     predicted_stages: set[int]
     stages: dict[int, StageExecutor]
     weightless: frozenset[int] = frozenset()
+    precision: Precision = FP32
+    scaler: LossScaler | None = None
 
     @property
     def weight_copies(self) -> list[int]:
@@ -109,6 +113,15 @@ class PipelinePlan:
         return [0 if k in self.weightless else
                 self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
                 for k in range(self.D)]
+
+    @property
+    def weight_bytes(self) -> dict[int, dict[str, int]]:
+        """Bytes each built stage holds for its weights in the run's precision: masters, stored versions,
+        predicted copies, optimizer state (now), total (:func:`pipelab.precision.weight_memory`)."""
+        copies = self.weight_copies
+        return {k: weight_memory(self.precision, st.params, 0 if k in self.weightless else self.capacity[k],
+                                 copies[k] - self.capacity[k] if k not in self.weightless else 0, st.optimizer)
+                for k, st in self.stages.items()}
 
 
 def build_pipeline(
@@ -164,6 +177,10 @@ def build_pipeline(
         if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
             predicted.add(key[1])
     order = resolve_order(table, uses)
+    waited = tuple(order) != table.order
+    precision = spec.precision
+    if precision.loss_scaling is not None:  # fp16: every stage's update of step t waits for the step's flush
+        order = defer_updates(order)
     capacity, last_use = ring_capacities(order, uses, D)
     plans = stage_plans(order, last_use, D)
 
@@ -174,6 +191,9 @@ def build_pipeline(
     for k in wanted:
         module = stages[k]
         params = list(module.parameters())
+        first = next((p for p in params if p.is_floating_point()), None)
+        check_precision(precision, torch.device("cpu") if first is None else first.device,
+                        None if first is None else first.dtype)
         opt = optimizer(params) if params else None
         if params and not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
@@ -182,12 +202,17 @@ def build_pipeline(
             policy.setup_optimizer(opt, k, table)
         events, local_last_use = plans[k]
         st = StageExecutor(k, D, table.M, module, opt, capacity[k], stage_specs[k], events, local_last_use,
-                           policy, table, loss_fn, bool(recompute))
+                           policy, table, loss_fn, bool(recompute), precision=precision)
         if lr_scheduler is not None and opt is not None:
             st.scheduler = lr_scheduler(opt)
         built[k] = st
-    plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, tuple(order) != table.order,
-                        capacity, predicted, built, weightless)
+    plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, waited,
+                        capacity, predicted, built, weightless, precision)
+    if precision.loss_scaling is not None:  # one loss scale for the stages built here (all ranks agree per step)
+        plan.scaler = LossScaler(precision.loss_scaling, D)
+        plan.scaler.members = [built[k] for k in sorted(built)]
+        for st in built.values():
+            st.scaler = plan.scaler
     # stages without parameters have no optimizer to follow and nothing to predict: no predictor for them
     _attach_predictors(replace(plan, stages={k: st for k, st in built.items() if k not in weightless}), predictor)
     return plan

@@ -1,7 +1,8 @@
 """What a pipeline run is made of: the one declaration of the arguments every driver takes.
 
 :class:`PipelineSpec` holds the schedule, the staleness policy, the optimizer factory, the number of stages,
-the loss, the predictor, the learning-rate scheduler, the stage balance and the recompute switch. It is the
+the loss, the predictor, the learning-rate scheduler, the stage balance, the recompute switch and the
+precision (:mod:`pipelab.precision`: fp32, or bf16/fp16 autocast with fp32 masters). It is the
 one place these arguments are declared, documented and checked: :func:`~pipelab.pipeline.plan.build_pipeline`,
 the single-process :class:`~pipelab.emulator.Emulator` and the multi-process
 :class:`~pipelab.runtime.PipelineRuntime` take a spec, or the same keywords (:func:`make_spec`).
@@ -54,12 +55,16 @@ class PipelineSpec:
         recompute: always recompute the stage forward in the backward (activation recomputation, as in
             PipeOptim's experiments, Guan et al., arXiv:2312.00839, §V-A), even when the forward and backward
             weights agree.
+        precision: a :class:`~pipelab.precision.Precision`, its name (``"fp32"``, ``"bf16"``, ``"fp16"``) or a
+            dtype; stored as a ``Precision``. Default fp32: no autocast, today's arithmetic bit for bit. bf16/fp16
+            run every stage forward under ``torch.autocast`` with fp32 master weights and optimizer state
+            (fp16 with a dynamic loss scale, flushed schedules only); see :mod:`pipelab.precision`.
 
     Raises:
         TypeError: a schedule given by name, a policy that is neither a name nor a ``Policy``, an optimizer
             that is not a factory, a loss function, scheduler factory or predictor of the wrong type, a D
-            that is not an int, a recompute that is not a bool.
-        ValueError: an unknown policy or predictor name.
+            that is not an int, a recompute that is not a bool, a precision of another type.
+        ValueError: an unknown policy, predictor or precision name.
     """
 
     schedule: Any
@@ -71,6 +76,7 @@ class PipelineSpec:
     lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     balance: Any = "layers"
     recompute: bool = False
+    precision: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, str):
@@ -97,6 +103,9 @@ class PipelineSpec:
         _check_predictor(self.predictor)
         if self.recompute not in (True, False):
             raise TypeError(f"recompute must be a bool, got {self.recompute!r}")
+        from ..precision import as_precision
+
+        object.__setattr__(self, "precision", as_precision(self.precision))
 
     def fields(self) -> dict[str, Any]:
         """The spec as keywords (``PipelineSpec(**spec.fields()) == spec``)."""

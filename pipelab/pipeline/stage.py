@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..policies import GradientContext, Policy, Stored, WeightSpec
+from ..precision import FP32, LossScaler, Precision
 from ..schedules.dependencies import Job
 from .rings import VersionRing
 
@@ -65,13 +66,16 @@ class StageExecutor:
         policy, table: for the learning-rate factor (PipeMare) of ``U(k, t)``.
         loss_fn: ``(output, target) -> mean loss`` (last stage only).
         recompute: always recompute the forward in the backward.
+        precision: compute under autocast, hand-over dtype, stored-version dtype (:mod:`pipelab.precision`;
+            default fp32: none of it). ``scaler`` (set by the plan for fp16): the run's shared loss scale.
     """
 
     def __init__(self, k: int, D: int, M: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
                  capacity: int,
                  specs: Mapping[tuple[int, int], tuple[WeightSpec, WeightSpec]], events: Sequence[tuple[str, int, int]],
                  last_use: Mapping[int, int], policy: Policy, table: Any,
-                 loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False) -> None:
+                 loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False,
+                 precision: Precision = FP32) -> None:
         self.k, self.D, self.M = k, D, M
         self.module = module
         named = list(module.named_parameters())
@@ -90,6 +94,9 @@ class StageExecutor:
         self.specs, self.events, self.last_use = specs, list(events), dict(last_use)
         self.policy, self.table, self.loss_fn, self.recompute = policy, table, loss_fn, recompute
         self.ring = VersionRing(capacity, k)
+        self.precision = precision
+        self.scaler: LossScaler | None = None
+        self.store_dtype = precision.version_dtype()  # None: stored/predicted copies in the master dtype
         # A stage that never holds two versions at once (flushed schedules) stores its one version as views
         # of the live parameters: the optimizer step that overwrites them comes after the version's last use.
         self.share_live = capacity == 1
@@ -119,13 +126,17 @@ class StageExecutor:
         """The current weights as a stored version: a copy, or views of the live weights (``share_live``)."""
         if self.share_live:
             return tuple(p.detach().requires_grad_(p.requires_grad) for p in self.params)
+        if self.store_dtype is not None:  # a half-precision working copy (Precision.versions="compute")
+            return tuple(p.detach().to(self.store_dtype, copy=True).requires_grad_(p.requires_grad)
+                         for p in self.params)
         return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
 
     def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:
         mapping: dict[str, Tensor] = dict(zip(self.names, weights))
         if fresh_buffers and self.buffer_names:
             mapping.update({n: b.clone() for n, b in self.module.named_buffers()})
-        return functional_call(self.module, mapping, (x,))
+        out = functional_call(self.module, mapping, (x,))
+        return out if self.k == self.D - 1 else self.precision.handover(out)  # activations in the compute dtype
 
     def weights(self, spec: WeightSpec, grad: bool) -> tuple[Tensor, ...]:
         """The weights a job's spec names: a stored version, or a prediction from one (none without parameters)."""
@@ -138,6 +149,8 @@ class StageExecutor:
             return W
         base = self.ring.get(spec.base)
         opt_base = [base[i] for i in self.inv_order]
+        if self.store_dtype is not None:  # predictors run on the masters' dtype
+            opt_base = [w.to(self.params[self.inv_order[i]].dtype) for i, w in enumerate(opt_base)]
         if spec.kind == "correction":
             # PipeMare: W^(base) + s·δ, with δ read from the predictor as Ŵ_{+1} − W (s < 0)
             ahead = self.predictor.predict(self.optimizer, 1, params=opt_base)
@@ -145,6 +158,8 @@ class StageExecutor:
         else:
             out = self.predictor.predict(self.optimizer, spec.s, params=opt_base)
         W = tuple(out[i] for i in self.opt_order)
+        if self.store_dtype is not None:
+            W = tuple(w.detach().to(self.store_dtype) for w in W)
         if self.on_weights is not None:
             self.on_weights(self.events[self.position], spec, W)
         return tuple(w.detach().requires_grad_(True) for w in W) if grad else W
@@ -177,13 +192,13 @@ class StageExecutor:
         if keep:
             if self.k > 0:
                 x_in.requires_grad_(True)
-            with torch.enable_grad():
+            with torch.enable_grad(), self.precision.autocast(x_in.device):
                 out = self.call(W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
         else:
-            with torch.no_grad():
+            with torch.no_grad(), self.precision.autocast(x_in.device):
                 out = self.call(W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
@@ -208,7 +223,7 @@ class StageExecutor:
         """The stage forward at weights ``W`` from the saved input ``x0`` and random state ``rng``, with a graph
         (fresh buffers; the loss ℓ/M on the last stage): a recompute, or a graph rebuilt after a checkpoint."""
         x_in = x0.detach().requires_grad_(self.k > 0)
-        with torch.enable_grad(), _replay_rng(x0.device, rng):
+        with torch.enable_grad(), _replay_rng(x0.device, rng), self.precision.autocast(x0.device):
             out = self.call(W, x_in, fresh_buffers=True)
             if self.k == self.D - 1:
                 out = self.loss_fn(out, cast(Tensor, target)) / self.M
@@ -216,6 +231,10 @@ class StageExecutor:
 
     def _accumulate(self, t: int, W: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
         pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
+        if self.store_dtype is not None:  # gradients of half-precision copies accumulate in the master dtype
+            pgrads = [g.to(p.dtype) for g, p in zip(pgrads, self.params)]
+            if self.policy.keeps_backward_weights:
+                W = [w.to(p.dtype) for w, p in zip(W, self.params)]
         if self.policy.keeps_backward_weights and W:
             if t in self.used_sum:
                 torch._foreach_add_(self.used_sum[t], [w.detach() for w in W])
@@ -232,7 +251,7 @@ class StageExecutor:
         self._check_event("B", t, j)
         self.current[("B", self.k, t, j)] = self.version
         x_in, out, W = self._graph(t, j)
-        g_out = _seed(out, g_out)
+        g_out = self._seed(t, out, g_out)
         inputs = list(W) + ([x_in] if self.k > 0 else [])
         # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
         grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
@@ -251,7 +270,7 @@ class StageExecutor:
         self.current[("I", self.k, t, j)] = self.version
         entry = self.saved[(t, j)][:4]
         x_in, out, W = self._graph(t, j)
-        g_out = _seed(out, g_out)
+        g_out = self._seed(t, out, g_out)
         g_in = None
         if self.k > 0:
             (g_in,) = torch.autograd.grad(out, [x_in], g_out, retain_graph=True)
@@ -274,10 +293,14 @@ class StageExecutor:
     def update(self, t: int) -> tuple[Tensor, ...]:
         """U(k, t): step the optimizer with step t's accumulated gradient; store and return the new version."""
         self._check_event("U", t, -1)
+        # fp16: an overflow in any stage's gradient of step t skips step t on every stage (read before the pop)
+        skipped = self.scaler.decide(t)[0] if self.scaler is not None and t in self.acc else False
         grads = self.acc.pop(t, None)
         if grads is None:
             raise RuntimeError(f"update of stage {self.k} for step {t} has no gradient")
-        if self.optimizer is not None:  # a stage without parameters only counts the version
+        if self.scaler is not None:
+            grads = self.scaler.unscale(t, grads)
+        if self.optimizer is not None and not skipped:  # a stage without parameters only counts the version
             self._step(t, grads)
         # p.grad keeps the last gradient (as after a plain optimizer.step()); some predictors read it
         if self.scheduler is not None:
@@ -293,6 +316,12 @@ class StageExecutor:
         self._advance()
         return W
 
+
+    def _seed(self, t: int, out: Tensor, g_out: Tensor | None) -> Tensor | None:
+        """The backward's seed: :func:`_seed`'s, or on the last stage under fp16 loss scaling, S instead of 1."""
+        if self.scaler is not None and g_out is None:
+            return torch.full_like(out, self.scaler.seed(t))
+        return _seed(out, g_out)
 
     def _step(self, t: int, grads: list[Tensor]) -> None:
         """The optimizer step of U(k, t) with the accumulated gradient, PipeMare's learning-rate factor applied."""
@@ -342,6 +371,7 @@ class StageExecutor:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "predictor": predictor_state,
             "grads": [p.grad for p in self.params],
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,  # fp16's loss scale
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -366,6 +396,8 @@ class StageExecutor:
             self.predictor.load_state_dict(self.optimizer, state["predictor"])
         for p, g in zip(self.params, state["grads"]):
             p.grad = g
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.saved = {}
         for (t, j), (kind, x_in, rng, target) in state["saved"].items():
             if kind == "recompute":

@@ -13,7 +13,8 @@ computes exactly the same weights; only the transport of tensors differs (:mod:`
   and blocking ``irecv().wait()``. Each (receiving stage, direction) is its own tag, and the runtime checks
   at start-up that, on every channel, the sender's program and the receiver's program list the messages
   in the same order — the FIFO matching point-to-point transports provide.
-- Receive buffers are sized once per input shape by running the model on the ``meta`` device.
+- Receive buffers are sized once per input shape by running the model on the ``meta`` device (in the compute
+  dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`).
 
 Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to
 choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
@@ -287,7 +288,8 @@ class PipelineRuntime:
             with torch.no_grad():
                 for m in self.modules[:-1]:
                     h = copy.deepcopy(m).to("meta")(h)
-                    metas.append((h.shape, h.dtype))
+                    # under bf16/fp16 activations (and their gradients) cross in the compute dtype
+                    metas.append((h.shape, self.plan.precision.boundary_dtype(h.dtype)))
             self._meta[key] = metas
         return self._meta[key]
 

@@ -1,0 +1,430 @@
+"""Mixed precision of a pipeline run: compute dtype, autocast, fp32 masters, stored-version precision, loss scaling.
+
+A :class:`Precision` says how a pipeline computes (the one owner of the concept; :class:`~pipelab.pipeline.PipelineSpec`
+carries it to the emulator and the runtime alike):
+
+- **compute**: ``"fp32"`` (off: today's arithmetic, bit for bit, whatever the model's dtype), ``"bf16"`` or ``"fp16"``.
+  With bf16/fp16 every stage forward (and its recompute) runs under ``torch.autocast(device_type, dtype)`` on the
+  stage's device, the loss included (autocast keeps losses such as cross-entropy in fp32), so each op runs in the
+  dtype autocast's rules give it. A non-last stage's floating output is handed to the next stage in the compute
+  dtype (cast inside the graph when an op, e.g. a final ``softmax``, produced fp32): activations and their
+  gradients travel in half precision.
+- **master weights and optimizer state** are always the model's own dtype (fp32): autocast casts a weight per op;
+  its gradient comes back in the master dtype and is accumulated there over the step's micro-batches; the
+  ``torch.optim`` optimizer steps the masters. Predictors (:mod:`pipelab.predictors`) run on the masters' dtype
+  too: a base version stored in half precision is upcast before predicting.
+- **versions** (stored and predicted weight copies): ``"master"`` (default) keeps them in the master dtype, so that
+  a stashed or predicted copy is the exact weight the fp32 run would use and a policy's weights differ from its
+  fp32 run only by the compute's rounding. ``"compute"`` keeps them in the compute dtype, as PipeDream-2BW's
+  half-precision working copy (Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021,
+  §3): half the bytes per copy; for ops autocast runs in the compute dtype (linear, conv) the forward is
+  bit-identical (autocast would have cast the fp32 copy to the same values), ops autocast keeps in fp32
+  (normalisations) see rounded weights, and a prediction is rounded once more after the fp32 predictor. A stage
+  that holds one version at a time (flushed schedules) stores none: it computes from its masters in both modes.
+- **loss scaling** (fp16 only; bf16 has fp32's exponent range and needs none): a dynamic loss scale as
+  ``torch.amp.GradScaler`` defines it (:class:`LossScaling`). The last stage seeds each backward with S instead
+  of 1, so every stage's gradient is S·∇ (fp16 activation gradients then do not underflow); at U(k, t) the
+  accumulated gradient is multiplied by 1/S (S read as float32, its reciprocal taken in float64, as GradScaler
+  does); if any stage's step-t gradient holds an inf/NaN, step t is skipped on *every* stage (weights, optimizer
+  state and ``p.grad`` untouched; the version counter advances, so version t+1 equals version t, and a
+  learning-rate scheduler still steps, as in a GradScaler training loop), S ← S·backoff and the growth count
+  restarts; after ``growth_interval`` steps in a row without overflow, S ← S·growth.
+
+Same skip decision on every stage. The decision of step t needs every stage's gradient of step t.
+
+- *Flushed schedules* (GPipe, 1F1B, interleaved, zero bubble with a flush): every job that uses version t+1 of a
+  stage runs after the last backward (B, I, W) of step t on all stages, so each U(·, t) can wait for the flush
+  without changing any job's version. pipelab moves every U(·, t) to the flush (:func:`defer_updates`, in the
+  emulator's execution order); the first U of step t then reads the non-finite flags of all stages (emulator) or
+  of the rank's stages, combined over ranks by one ``all_reduce(MAX)`` per step (runtime), as Megatron-LM and
+  DeepSpeed all-reduce ``found_inf`` over the pipeline group before their optimizer step.
+- *Asynchronous schedules* (PipeDream, 2BW, zb_async): U(k, t) of a later stage runs before stage 0 has finished
+  step t's backward, and its new version is used at once; no decision there can know an earlier stage's overflow
+  without waiting for it, which would be a flush. pipelab therefore refuses fp16 loss scaling on them
+  (:func:`defer_updates` raises, naming the first job that would use a version before the flush); run them in bf16,
+  which needs no scaler. (A per-stage scaler would let one stage skip a step the others took: a model no schedule
+  describes.)
+
+Example:
+    >>> p = Precision("bf16")
+    >>> p.dtype, p.enabled, p.loss_scaling is None
+    (torch.bfloat16, True, True)
+    >>> Precision("fp16").loss_scaling
+    LossScaling(init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
+    >>> as_precision("float32") == Precision()
+    True
+
+References: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (fp32 masters, loss scaling);
+``torch.amp.GradScaler`` (dynamic loss scale); Narayanan et al., ICML 2021 (PipeDream-2BW).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from .pipeline.stage import StageExecutor
+
+__all__ = ["Precision", "LossScaling", "LossScaler", "as_precision", "check_precision", "defer_updates",
+           "weight_memory", "PRECISIONS", "FP32"]
+
+#: compute names and their dtypes (``None``: no autocast)
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+_VERSIONS = ("master", "compute")
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """A dynamic loss scale's settings, as ``torch.amp.GradScaler(init_scale, growth_factor, backoff_factor,
+    growth_interval)``; ``growth_factor=1`` gives a static scale (GradScaler requires > 1).
+
+    Rule, per step t with scaled gradients g_k of every stage k (S read as float32)::
+
+        overflow_t = any_k any(!isfinite(g_k))
+        overflow_t:  skip step t on every stage;  S <- S * backoff_factor;  n <- 0
+        otherwise:   W_k <- opt_step(W_k, g_k / S);  n <- n + 1
+                     if n == growth_interval: S <- S * growth_factor;  n <- 0
+
+    Raises:
+        ValueError: ``init_scale`` not > 0, ``growth_factor`` < 1, ``backoff_factor`` not in (0, 1],
+            ``growth_interval`` not a positive int.
+    """
+
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def __post_init__(self) -> None:
+        if not float(self.init_scale) > 0:
+            raise ValueError(f"init_scale must be > 0, got {self.init_scale!r}")
+        if not float(self.growth_factor) >= 1:
+            raise ValueError(f"growth_factor must be >= 1 (1: a static scale), got {self.growth_factor!r}")
+        if not 0 < float(self.backoff_factor) <= 1:
+            raise ValueError(f"backoff_factor must be in (0, 1], got {self.backoff_factor!r}")
+        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
+                or self.growth_interval < 1:
+            raise ValueError(f"growth_interval must be a positive int, got {self.growth_interval!r}")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a pipeline computes: compute dtype, the precision of stored/predicted versions, fp16 loss scaling.
+
+    Args:
+        compute: ``"fp32"`` (no autocast; the default, today's arithmetic bit for bit), ``"bf16"`` or ``"fp16"``
+            (aliases: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"half"``, or the dtype).
+        versions: ``"master"`` (stored and predicted copies in the master dtype; default) or ``"compute"`` (in
+            the compute dtype, PipeDream-2BW's half-precision working copy). See the module docstring.
+        loss_scaling: fp16's dynamic loss scale (default ``LossScaling()`` for fp16, GradScaler's defaults);
+            refused for fp32 and bf16.
+
+    Raises:
+        ValueError: an unknown compute or versions name; loss scaling with fp32/bf16.
+        TypeError: ``loss_scaling`` not a :class:`LossScaling`.
+    """
+
+    compute: str = "fp32"
+    versions: str = "master"
+    loss_scaling: LossScaling | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        name = self.compute
+        if isinstance(name, torch.dtype):
+            name = {v: k for k, v in PRECISIONS.items() if v is not None}.get(name, "fp32" if name == torch.float32
+                                                                              else name)
+        elif isinstance(name, str):
+            name = _ALIASES.get(name, name)
+        if name not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.compute!r}; choose one of {', '.join(PRECISIONS)} "
+                             f"(or {', '.join(_ALIASES)})")
+        object.__setattr__(self, "compute", name)
+        if self.versions not in _VERSIONS:
+            raise ValueError(f"versions must be one of {', '.join(map(repr, _VERSIONS))}, got {self.versions!r}")
+        if self.loss_scaling is not None and not isinstance(self.loss_scaling, LossScaling):
+            raise TypeError(f"loss_scaling must be a pipelab.precision.LossScaling, "
+                            f"got {type(self.loss_scaling).__name__}")
+        if name == "fp16" and self.loss_scaling is None:
+            object.__setattr__(self, "loss_scaling", LossScaling())
+        elif name != "fp16" and self.loss_scaling is not None:
+            raise ValueError(f"loss scaling is for fp16 (its gradients underflow); {name} has fp32's exponent "
+                             "range and needs none: pass loss_scaling=None")
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The compute dtype, ``None`` for fp32 (no autocast)."""
+        return PRECISIONS[self.compute]
+
+    @property
+    def enabled(self) -> bool:
+        """Whether stages compute under autocast."""
+        return self.dtype is not None
+
+    def version_dtype(self) -> torch.dtype | None:
+        """The dtype stored and predicted copies are kept in: ``None`` = the master dtype."""
+        return self.dtype if self.versions == "compute" else None
+
+    def autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast(device.type, dtype)`` for bf16/fp16; a no-op context for fp32."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=self.dtype)
+
+    def handover(self, out: Tensor) -> Tensor:
+        """A stage output as handed to the next stage: floating tensors in the compute dtype (fp32: unchanged)."""
+        if self.dtype is None or not out.is_floating_point() or out.dtype == self.dtype:
+            return out
+        return out.to(self.dtype)
+
+    def boundary_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype of a tensor crossing a stage boundary whose fp32 run would have ``dtype`` (receive buffers)."""
+        return self.dtype if self.dtype is not None and dtype.is_floating_point else dtype
+
+
+#: the default: no autocast, today's arithmetic
+FP32 = Precision()
+
+
+def as_precision(precision: Precision | str | torch.dtype | None) -> Precision:
+    """A :class:`Precision` from itself, a name (``"bf16"``), a dtype (``torch.bfloat16``) or ``None`` (fp32).
+
+    Raises:
+        ValueError: an unknown name or dtype. TypeError: any other type.
+    """
+    if precision is None:
+        return FP32
+    if isinstance(precision, Precision):
+        return precision
+    if isinstance(precision, torch.dtype):
+        names = {v: k for k, v in PRECISIONS.items() if v is not None} | {torch.float32: "fp32"}
+        if precision not in names:
+            raise ValueError(f"unknown precision {precision}; choose one of torch.float32, torch.bfloat16, "
+                             "torch.float16")
+        return Precision(names[precision])
+    if isinstance(precision, str):
+        return Precision(precision)
+    raise TypeError(f"precision must be a pipelab.Precision, a name ({', '.join(PRECISIONS)}) or None, "
+                    f"got {type(precision).__name__}")
+
+
+def check_precision(precision: Precision | str | torch.dtype | None, device: torch.device | str,
+                    master_dtype: torch.dtype | None = None) -> Precision:
+    """``precision`` as a :class:`Precision`, checked to run on ``device`` with masters of ``master_dtype``.
+
+    Raises:
+        ValueError: an unknown precision name; bf16 on a CUDA device without bf16 support
+            (``torch.cuda.is_bf16_supported()``); bf16/fp16 where autocast cannot run that dtype on the
+            device's type (e.g. ``cuda`` without CUDA, or a CPU build whose autocast lacks fp16); bf16/fp16 with
+            master weights that are not float32 (autocast leaves float64 alone: that run would not be mixed).
+    """
+    p = as_precision(precision)
+    if p.dtype is None:
+        return p
+    if master_dtype is not None and master_dtype != torch.float32:
+        raise ValueError(f"precision {p.compute!r} keeps fp32 master weights, but the model's are {master_dtype}; "
+                         "convert the model with model.float() (or use precision='fp32')")
+    dev = torch.device(device)
+    if dev.type == "cuda" and p.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"precision 'bf16' needs a GPU with bfloat16 support; {dev} has none "
+                         "(torch.cuda.is_bf16_supported() is False): use 'fp16' (with loss scaling) or 'fp32'")
+    if not _autocast_runs(dev.type, p.dtype):
+        raise ValueError(f"precision {p.compute!r}: torch.autocast cannot run {p.dtype} on device type "
+                         f"{dev.type!r} here; use another precision or device")
+    return p
+
+
+def _autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``torch.autocast(device_type, dtype)`` really enables that dtype (it warns and disables otherwise)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(device_type, dtype=dtype):
+                return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype
+    except (RuntimeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------- loss scaling
+
+Job = tuple[str, int, int, int]
+
+
+def defer_updates(order: Sequence[Job]) -> list[Job]:
+    """The execution order with every ``U(k, t)`` moved to step t's flush (after the last B/I/W of step t).
+
+    This keeps every job's version when the schedule is flushed: no job of stage k may lie between ``U(k, t)``
+    and the flush (then the stage's own event sequence, and so a runtime rank's program, is unchanged too).
+
+    Raises:
+        ValueError: the schedule is not flushed (an asynchronous one): the message names the first job that
+            runs between an update and its step's flush.
+    """
+    flush: dict[int, int] = {}
+    for i, (op, _, t, _) in enumerate(order):
+        if op in ("B", "I", "W"):
+            flush[t] = i
+    out: list[Job] = []
+    held: dict[int, list[Job]] = {}
+    waiting: dict[int, Job] = {}  # stage -> its update still waiting for the flush
+    for i, job in enumerate(order):
+        op, k, t, _ = job
+        if op == "U" and flush.get(t, -1) > i:
+            held.setdefault(t, []).append(job)
+            waiting[k] = job
+            continue
+        if k in waiting and op != "U":
+            raise ValueError(f"fp16 loss scaling needs a flushed schedule: {job} of stage {k} runs after "
+                             f"{waiting[k]} and before the last backward of step {waiting[k][2]}, so no skip "
+                             "decision taken by every stage can precede it; use precision='bf16' (no loss scaling) "
+                             "for asynchronous schedules")
+        out.append(job)
+        for u in held.pop(t, []) if flush.get(t) == i else []:
+            out.append(u)
+            waiting.pop(u[1], None)
+    return out
+
+
+class LossScaler:
+    """The run's dynamic loss scale and its per-step skip decisions, shared by the stage executors of a process.
+
+    Args:
+        scaling: the settings. ``D``: the pipeline's stage count (when this process's :attr:`members` cover fewer
+            stages, the decision is combined over ranks with ``torch.distributed.all_reduce(MAX)``).
+
+    Attributes:
+        scale: the current S (a float32 value); members: the executors whose gradients this process checks;
+        history: ``(t, S used, skipped)`` of every decided step; local: ``t -> whether this process's stages
+            found a non-finite gradient`` (before the agreement with the other ranks).
+    """
+
+    def __init__(self, scaling: LossScaling, D: int) -> None:
+        self.scaling, self.D = scaling, D
+        self.scale = _f32(scaling.init_scale)
+        self.growth_tracker = 0
+        self.members: list[StageExecutor] = []
+        self.decisions: dict[int, tuple[bool, float]] = {}
+        self.seeded: dict[int, float] = {}
+        self.history: list[tuple[int, float, bool]] = []
+        self.local: dict[int, bool] = {}
+        #: combines this process's overflow flag with the other ranks' (default: all_reduce MAX when needed)
+        self.agree: Callable[[bool], bool] = self._all_reduce
+
+    def seed(self, t: int) -> float:
+        """S for a backward of step t (the last stage's seed); the same for all of step t's micro-batches."""
+        s = self.seeded.setdefault(t, self.scale)
+        if s != self.scale:
+            raise RuntimeError(f"loss scale changed within step {t} ({s} -> {self.scale}): the schedule is not flushed")
+        return s
+
+    def decide(self, t: int) -> tuple[bool, float]:
+        """``(skipped, S)`` of step t: taken at the first update of step t, then read by the others."""
+        if t not in self.decisions:
+            for ex in self.members:
+                left = []
+                for e in ex.events[ex.position:]:  # a flushed stage's jobs of step t come before those of t + 1
+                    if e[1] > t:
+                        break
+                    if e[0] != "U" and e[1] == t:
+                        left.append(e)
+                if left:
+                    raise RuntimeError(f"fp16 loss scaling: stage {ex.k} updates step {t} before its jobs {left[:3]} "
+                                       "ran; the skip decision needs every backward of the step (a flushed schedule "
+                                       "whose updates follow the flush on every worker)")
+            local = any(not bool(torch.isfinite(g).all()) for ex in self.members for g in ex.acc.get(t, ()))
+            self.local[t] = local
+            skipped = self.agree(local)
+            used = self.seeded.pop(t, self.scale)
+            self.decisions[t] = (skipped, used)
+            self.history.append((t, used, skipped))
+            self._update(skipped)
+        return self.decisions[t]
+
+    def unscale(self, t: int, grads: Sequence[Tensor]) -> list[Tensor]:
+        """``g · (1/S)`` with GradScaler's reciprocal (float64 1/S rounded to float32), in each gradient's dtype."""
+        inv = torch.tensor(self.decisions[t][1], dtype=torch.float64).reciprocal().float()
+        return [g * inv.to(g.device) for g in grads]
+
+    def _update(self, skipped: bool) -> None:
+        """GradScaler's update: back off on overflow, grow after ``growth_interval`` clean steps."""
+        sc = self.scaling
+        if skipped:
+            self.scale, self.growth_tracker = _f32(self.scale * sc.backoff_factor), 0
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == sc.growth_interval:
+            self.scale, self.growth_tracker = _f32(self.scale * sc.growth_factor), 0
+
+    def _all_reduce(self, local: bool) -> bool:
+        covered = {ex.k for ex in self.members}
+        if len(covered) >= self.D:
+            return local
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError(f"fp16 loss scaling over stages {sorted(covered)} of {self.D} needs the other stages' "
+                               "overflow flags: initialise torch.distributed (the runtime) or build every stage")
+        device = next((p.device for ex in self.members for p in ex.params), torch.device("cpu"))
+        flag = torch.tensor([1.0 if local else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "decisions": dict(self.decisions),
+                "history": list(self.history), "local": dict(self.local), "seeded": dict(self.seeded)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale, self.growth_tracker = state["scale"], state["growth_tracker"]
+        self.decisions, self.history = dict(state["decisions"]), list(state["history"])
+        self.local, self.seeded = dict(state.get("local", {})), dict(state.get("seeded", {}))
+
+
+def _f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, predicted: int,
+                  optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes stage k holds for its weights in ``precision`` (the model :attr:`PipelinePlan.weight_copies` counts).
+
+    With P the stage's parameter bytes in the master dtype and c the same in the versions' dtype
+    (``versions="compute"``: the compute dtype; else the master's), for ``copies`` = ring capacity V and
+    ``predicted`` = prediction buffers p (a predicted copy plus the policy's extra buffers; 0 if none):
+
+        masters = P;  versions = (V − 1)·P ("master": the newest version is the masters) or V·c ("compute": every
+        version is a working copy), and 0 when V = 1 (a flushed stage computes from its masters);
+        predicted = p·c;  optimizer_state = bytes of the optimizer's state tensors now (fp32, as the masters);
+        total = their sum.
+
+    Autocast's per-op casts of a weight are transient and not counted.
+    """
+    master = sum(w.numel() * w.element_size() for w in params)
+    vdtype = precision.version_dtype()
+    copy = master if vdtype is None else sum(w.numel() * _itemsize(vdtype) for w in params)
+    if copies <= 1:
+        versions = 0
+    else:
+        versions = (copies - 1) * master if vdtype is None else copies * copy
+    opt = 0
+    if optimizer is not None:
+        opt = sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
+                  if torch.is_tensor(v))
+    out = {"masters": master, "versions": versions, "predicted": predicted * copy, "optimizer_state": opt}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
