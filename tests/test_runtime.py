@@ -269,6 +269,18 @@ def test_start_up_errors() -> None:
                         rank=0, world_size=ddp(2, 2).W)
 
 
+def _precision_mismatch(rank: int, world: int) -> None:
+    model, sched, opt = build(dict(schedule="gpipe", D=2, M=2, steps=1, W=2))
+    PipelineRuntime(model.float(), schedule=sched, policy="gpipe", optimizer=opt,
+                    precision="bf16" if rank == 1 else "fp32")
+
+
+@pytest.mark.slow
+def test_ranks_disagreeing_on_precision_are_refused() -> None:
+    with pytest.raises(RankFailure, match=r"(?s)ranks disagree on the pipeline configuration.*precision"):
+        spawn(_precision_mismatch, 2)
+
+
 WEIGHTLESS_CASES = [dict(schedule="gpipe", policy="gpipe", M=2, steps=3),
                     dict(schedule="pipedream", policy="stashing", M=1, steps=5),
                     dict(schedule="pipedream", policy="pipeoptim", M=1, steps=5)]

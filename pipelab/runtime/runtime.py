@@ -275,6 +275,7 @@ class PipelineRuntime:
             "lr_scheduler": None if lr_scheduler is None else _name(lr_scheduler),
             "loss_fn": _name(self.plan.loss_fn),
             "recompute": bool(recompute),
+            "precision": repr(self.plan.precision),
             "stages": [[(n, tuple(p.shape), str(p.dtype)) for n, p in m.named_parameters()] for m in self.modules],
             "config": dict(config) if config is not None else None,
         })
