@@ -172,7 +172,8 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
              stop_on_divergence: bool = False, split: Split = False,
              on_update: Callable[[StageExecutor, int, tuple[Tensor, ...]], None] | None = None,
              after_job: Callable[[int], None] | None = None, placed: bool = False,
-             collective: Callable[[Collective], None] | None = None) -> int | None:
+             collective: Callable[[Collective], None] | None = None,
+             loss_parts: Callable[[int], int] | None = None) -> int | None:
     """Execute ``program[state.position:end]``; jobs are ``(op, k, t, j, ...)`` (tuples or ``Action`` s).
 
     Args:
@@ -189,6 +190,8 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
         after_job: called with the new position after each job.
         placed: the program is a placed sequence: jobs ``(op, k, t, j, w)`` run on ``executors[(w, k)]``.
         collective: runs each :class:`~pipelab.pipeline.placement.Collective` entry of a placed sequence.
+        loss_parts: how many of step t's micro-batch losses the program computes (default M; a runtime rank of
+            a data-parallel placement computes only its own micro-batches', summed across ranks afterwards).
 
     Returns:
         The first mini-batch whose loss diverged, when ``stop_on_divergence``; else ``None``.
@@ -223,7 +226,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
                     transport.send(job, dst, out)
             else:
                 state.partial[t].append(out)
-                if len(state.partial[t]) == M:
+                if len(state.partial[t]) == (M if loss_parts is None else loss_parts(t)):
                     per_arm = torch.stack(state.partial.pop(t)).sum(0)
                     state.losses[t] = float(per_arm.sum())
                     if per_arm.ndim:

@@ -69,7 +69,7 @@ from .stage import StageExecutor
 
 __all__ = ["KINDS", "COLLECTIVE_KINDS", "StagePlacement", "Collective", "PlacedJob", "stage_placements",
            "is_placed", "placed_sequence", "worker_sequence", "collective_bytes", "FetchedStage",
-           "emulate_collective", "CollectiveCounter"]
+           "emulate_collective", "CollectiveCounter", "step_gradient"]
 
 #: Placement kinds of a stage.
 KINDS: tuple[str, ...] = ("single", "replicated", "sharded")
