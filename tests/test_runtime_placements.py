@@ -19,7 +19,7 @@ from pipelab.distributed import RankFailure, spawn
 from pipelab.emulator import Emulator, train_plain
 from pipelab.models import deep_mlp
 from pipelab.runtime import PipelineRuntime
-from pipelab.schedules import ddp, fsdp, fslpp, hybrid, lpp
+from pipelab.schedules import ddp, dualpipe, fsdp, fslpp, hybrid, lpp
 
 TOL = 1e-10
 BATCH = 8
@@ -35,6 +35,8 @@ def make_schedule(case: dict) -> Any:
         return lpp(D=case["D"], M=case["M"], G=case["G"], R=case["R"], steps=steps)
     if name == "fslpp":
         return fslpp(D=case["D"], M=case["M"], G=case["G"], R=case["R"], steps=steps)
+    if name == "dualpipe":
+        return dualpipe(W=case["W"], M=case["M"], steps=steps)
     if name == "hybrid":
         return hybrid(D=case["D"], M=case["M"], R=case["R"], steps=steps, asynchronous=case.get("async", False))
     raise ValueError(name)
@@ -78,7 +80,8 @@ CASES_2 = [dict(schedule="ddp", D=2, M=4, W=2, steps=3),
            dict(schedule="fsdp", D=2, M=4, W=2, steps=3),
            dict(schedule="fsdp", D=3, M=2, W=2, steps=2, optimizer="adam"),
            dict(schedule="lpp", D=2, M=4, G=2, R=1, steps=3),
-           dict(schedule="fslpp", D=2, M=4, G=2, R=1, steps=3, optimizer="adam")]
+           dict(schedule="fslpp", D=2, M=4, G=2, R=1, steps=3, optimizer="adam"),
+           dict(schedule="dualpipe", D=2, M=4, W=2, steps=2, optimizer="adam")]
 CASES_4 = [dict(schedule="lpp", D=4, M=4, G=2, R=2, steps=2),
            dict(schedule="fslpp", D=4, M=4, G=2, R=2, steps=2, optimizer="adam"),
            dict(schedule="ddp", D=2, M=4, W=4, steps=2),
