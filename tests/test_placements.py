@@ -217,3 +217,33 @@ def _async_fsdp():
     # asynchronous 1F1B placement with both stages' weights on worker 1: worker 0 computes stage 0 stale
     return construct(2, 1, 2, compute=lambda s, b, d: s, weights=lambda s: 1, sync_lag=None, steps=4,
                      max_in_flight=[2, 1], name="async sharded")
+
+
+@pytest.mark.parametrize("D,M,R", [(2, 4, 2), (3, 6, 2), (3, 6, 3)])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_hybrid_is_the_general_constructor(D, M, R, asynchronous):
+    """The closed form equals construct() with w_compute = (b mod R)·D + s, every replica holding its stages,
+    1F1B's priority and admission D − k: the closed form is only the faster way to write it."""
+    from pipelab.schedules import construct
+
+    h = hybrid(D, M, R, steps=3, asynchronous=asynchronous)
+    c = construct(D, M, D * R, compute=lambda s, b, d: (b % R) * D + s,
+                  weights=lambda s: tuple(r * D + s for r in range(R)), priority="backward_first",
+                  max_in_flight=[D - k for _ in range(R) for k in range(D)], steps=3,
+                  sync_lag=None if asynchronous else 0)
+    assert h.programs == c.programs and h.weight_holders == c.weight_holders
+
+
+def test_sharded_stage_with_two_holders_and_a_non_holder():
+    """Stage weights on workers 0 and 1, computed by 0, 1 and 2: worker 2 fetches, gradients are all-reduced
+    among all three and both holders apply the same update."""
+    from pipelab.schedules import construct
+
+    s = construct(2, 3, 3, compute=lambda st, b, d: b % 3, weights=lambda st: (0, 1), steps=3, name="2-holder")
+    assert {p.kind for p in stage_placements(s)} == {"sharded"}
+    model, ref, res, ref_losses, _ = run_case(s, 2, "adam")
+    assert max_diff(model, ref) <= TOL
+    kinds = res.extra["collectives"][2]["calls"]
+    assert kinds == {"broadcast": 2 * 3, "all_reduce": 2 * 3}
+    for k in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(res.extra["copies"][(0, k)], res.extra["copies"][(1, k)]))
