@@ -213,6 +213,8 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
                                  "collective runner was given")
             collective(item)
             state.position = pos + 1
+            if after_job is not None:
+                after_job(state.position)
             continue
         op, k, t, j = job = tuple(item[:4])
         ex = executors[(item[4], k)] if placed else executors[k]

@@ -236,7 +236,7 @@ def _check_sequence(seq: Sequence[PlacedJob | Collective], places: Sequence[Stag
 
 def worker_sequence(seq: Sequence[PlacedJob | Collective], w: int) -> list[PlacedJob | Collective]:
     """Worker w's part of the global sequence: its jobs and the collectives it is a member of."""
-    return [e for e in seq if (e.members if isinstance(e, Collective) else (e.worker,)).__contains__(w)]
+    return [e for e in seq if (w in e.members if isinstance(e, Collective) else e.worker == w)]
 
 
 def collective_bytes(kind: str, nbytes: int, members: int, rank_is_root: bool) -> tuple[int, int]:
