@@ -6,7 +6,10 @@ multi-process :class:`~pipelab.runtime.PipelineRuntime` share, from one
 and the version table (never from rank arithmetic), resolves the execution order (the oracle's waiting),
 sizes each stage's ring of weight versions, and builds a :class:`~pipelab.pipeline.stage.StageExecutor` for
 the requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
-learning-rate schedulers and predictors.
+learning-rate schedulers and predictors. For a placed schedule (a stage computed or held by several workers:
+DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) it builds one copy per (worker, stage) — a holder's with its own
+optimizer, a computing non-holder's (:class:`~pipelab.pipeline.placement.FetchedStage`) without — and the
+global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`).
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ def build_pipeline(
             modules.
         spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords
             (``schedule=..., policy=..., optimizer=..., ...``; with a spec, keywords replace its fields).
-        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own.
+        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own
+            (ignored for a placed schedule: ``worker`` chooses the copies).
         worker: for a placed schedule (a stage computed or held by several workers), build only this
             worker's stage copies (a runtime rank); ``None``: every worker's (the emulator).
 
