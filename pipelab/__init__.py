@@ -26,6 +26,9 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
   update version, derived from a (simulated) schedule, never from rank arithmetic.
 - **schedule** (:class:`Schedule`): for every **worker** w (a process / device), its **program**, the
   ordered list of actions it executes, plus which workers hold each stage's weights.
+- **placement** (:mod:`pipelab.pipeline.placement`): per stage, its compute workers C_k, holders H_k and
+  kind (single, replicated: DDP/LPP/DualPipe/:func:`hybrid`, sharded: FSDP/FSLPP) and the collectives of a
+  step (all-reduce, broadcast, reduce), executed by the emulator and the runtime.
 - **policy** (:mod:`pipelab.policies`): which version (stored or predicted) each F and B job uses, given
   the version table: stashing, vertical sync, 2BW, SpecTrain, PipeOptim, PipeMare, Nesterov for asynchronous
   PP, error feedback and DC-ASGD (the last two correct the gradient before the optimizer step), ...
@@ -106,6 +109,7 @@ from .schedules import (
     fsdp,
     fslpp,
     gpipe,
+    hybrid,
     interleaved_1f1b,
     interleaved_zero_bubble,
     lpp,
@@ -169,7 +173,7 @@ __all__ = [
     # schedules and the simulator
     "schedules", "Action", "Schedule", "ScheduleError", "construct", "validate", "format_grid",
     "naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded", "ddp", "fsdp",
-    "lpp", "fslpp", "zb_h1", "zb_h2", "zb_async", "zero_bubble_table", "steady_state",
+    "lpp", "fslpp", "hybrid", "zb_h1", "zb_h2", "zb_async", "zero_bubble_table", "steady_state",
     "simulate", "SimResult", "costs_from_profile", "VersionTable",
     "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "v_shape_table",
     "profile_stages", "StageProfile", "torch_threads",

@@ -261,12 +261,14 @@ def test_start_up_errors() -> None:
         spawn(_bad_world, 2)
     with pytest.raises(RankFailure, match="ranks disagree on the pipeline configuration"):
         spawn(_mismatched, 2)
-    from pipelab.schedules import ddp
+    from pipelab.schedules import hybrid
 
     model = deep_mlp(in_features=6, width=8, depth=2).double()
-    with pytest.raises(ValueError, match="one worker computes and holds each stage"):
-        PipelineRuntime(model, schedule=ddp(2, 2), policy="gpipe", optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
-                        rank=0, world_size=ddp(2, 2).W)
+    # placed schedules run (tests/test_runtime_placements.py), but not with a per-copy gradient correction
+    placed = hybrid(2, 2, 2, steps=2, asynchronous=True)
+    with pytest.raises(ValueError, match="placed schedules"):
+        PipelineRuntime(model, schedule=placed, policy="error_feedback",
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.1), rank=0, world_size=placed.W)
 
 
 def _precision_mismatch(rank: int, world: int) -> None:

@@ -147,19 +147,23 @@ def test_dualpipe_two_weight_copies_train_like_one_in_the_emulator() -> None:
         assert (a - b).abs().max().item() <= TOL
 
 
-def _dualpipe_refused(rank: int, world: int) -> str:
+def _dualpipe_runs(rank: int, world: int) -> Any:
     from pipelab.schedules import dualpipe
 
-    try:
-        PipelineRuntime(mlp(4), schedule=dualpipe(2, 4, 2), policy="1f1b", optimizer=optimizer("sgdm"))
-    except ValueError as exc:
-        return str(exc)
-    return ""
+    rt = PipelineRuntime(mlp(4), schedule=dualpipe(2, 4, 2), policy="1f1b", optimizer=optimizer("sgdm"))
+    return rt.run(batches(2, 8))
 
 
 @pytest.mark.slow
-def test_runtime_refuses_dualpipe_by_name() -> None:
-    assert all("computed by workers [0, 1]" in msg for msg in spawn(_dualpipe_refused, 2))
+def test_runtime_runs_dualpipe_replicated_stages() -> None:
+    """DualPipe's two holders per stage all-reduce their gradients (pipelab.runtime.collectives): plain training."""
+    ref = mlp(4)
+    train_plain(ref, D=2, optimizer=optimizer("sgdm"), batches=batches(2, 8))
+    for r in spawn(_dualpipe_runs, 2):
+        assert sorted(r.weights) == [0, 1]  # worker r holds stages r and 1 − r
+        flat = [p for k in (0, 1) for p in r.weights[k]]
+        for a, b in zip(flat, ref.parameters(), strict=True):
+            assert (a - b).abs().max().item() <= TOL
 
 
 # torch's own schedule classes: name -> (torch class name, pipelab builder, stages of rank r among 2W)

@@ -30,6 +30,14 @@ the whole execution order in one process and hands tensors over in memory.
   learning-rate factor if any), steps the optional learning-rate scheduler and the predictor's history.
 - **Versions** come from the version table of the simulator's sequence, never from rank arithmetic; the
   emulator records the version each job actually ran at (``EmulatorResult.current``) for comparison.
+- **Placements** (DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP: a stage computed or held by several
+  workers, :mod:`pipelab.pipeline.placement`): every holder has its own copy of the stage's weights and its
+  own optimizer (the first holder's is the user's module, trained in place; the others are copies), a
+  computing non-holder holds only the versions it fetched, and every job computes with its own worker's copy.
+  The collectives run in memory at the places of the global sequence the runtime follows: a replicated
+  stage's gradients are summed over its holders before each U (all-reduce), a sharded stage's weights are
+  handed from the owner to the non-holders before they use them (broadcast) and their gradients summed onto
+  the owner (reduce). ``EmulatorResult.extra["collectives"]`` counts the bytes each rank would move.
 - **Buffers** (e.g. BatchNorm running statistics) are not versioned: they live in the stage modules and
   are updated in place by every (non-recomputed) forward in execution order, whatever weights it used.
 
@@ -58,6 +66,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.placement import CollectiveCounter, emulate_collective
 from ..pipeline.plan import build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
@@ -85,7 +94,9 @@ class EmulatorResult:
         steps_done: number of mini-batches whose loss was computed.
         extra: ``ring_peak`` (versions each stage held at its peak), ``activation_peak`` (bytes of stage
             inputs saved for a backward at the peak, all stages together; held until W when split) and
-            ``stage_activation_peak`` (the same per stage); ``arm_losses`` (per step, the per-arm losses when the
+            ``stage_activation_peak`` (the same per stage); for a placed schedule ``copies`` (``(worker,
+            stage) -> final weights`` of every holder's copy) and ``collectives`` (per rank: ``bytes_sent``,
+            ``bytes_received`` and ``calls`` per collective kind); ``arm_losses`` (per step, the per-arm losses when the
             loss is a vector of stacked arms' losses, :mod:`pipelab.stacking`; ``None`` entries otherwise).
     """
 
@@ -164,7 +175,8 @@ class Emulator:
             ValueError: too few mini-batches, input and target of different lengths, a mini-batch not
                 divisible into M micro-batches, data and model on different devices.
         """
-        if any(st.position for st in self.stages):
+        copies = self.plan.copies
+        if any(st.position for st in (*self.stages, *copies.values())):
             raise RuntimeError("an Emulator runs its schedule once and this one has run (its stages' weight versions "
                                "and event positions are spent); to continue training, build a new Emulator on the "
                                "same model, which holds the trained weights (optimizer state starts afresh)")
@@ -188,17 +200,32 @@ class Emulator:
             snapshot(st.k, 0, st.ring.get(0))
 
         state = DriverState()
-        diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state, D=D,
-                            M=self.M, stop_on_divergence=True, split=self.table.split_set,
-                            on_update=lambda st, t, W: snapshot(st.k, st.version, W))
+        counter = CollectiveCounter()
+        if copies:
+            diverged = run_jobs(self.plan.sequence, copies, InMemoryTransport(), data, state, D=D, M=self.M,
+                                stop_on_divergence=True, split=self.table.split_set, placed=True,
+                                collective=lambda c: emulate_collective(c, copies, counter),
+                                on_update=lambda st, t, W: snapshot(st.k, st.version, W)
+                                if st is self.stages[st.k] else None)
+        else:
+            diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state, D=D,
+                                M=self.M, stop_on_divergence=True, split=self.table.split_set,
+                                on_update=lambda st, t, W: snapshot(st.k, st.version, W))
         losses = [math.nan] * self.steps
         for t, total in state.losses.items():
             losses[t] = total
         done = len(state.losses)
-        current = {key: v for st in self.stages for key, v in st.current.items()}
+        everyone = list(copies.values()) if copies else self.stages
+        current = {key: v for st in everyone for key, v in st.current.items()}
+        placed: dict[str, Any] = {}
+        if copies:
+            holders = {(w, k): tuple(p.detach() for p in st.params) for (w, k), st in copies.items()
+                       if w in self.plan.placement[k].holders}
+            placed = {"copies": holders, "collectives": {w: counter.of(w) for w in sorted(counter.calls)}}
         used = {(op,) + kk: spec.target for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
         return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
-                              done, extra={"ring_peak": [st.ring.peak for st in self.stages],
+                              done, extra={**placed, "ring_peak": [max(st.ring.peak for st in everyone if st.k == k)
+                                                                   for k in range(D)],
                                            "activation_peak": state.act_peak,
                                            "stage_activation_peak": [state.stage_act_peak[k] for k in range(D)],
                                            "arm_losses": [state.arm_losses.get(t) for t in range(self.steps)]})

@@ -16,6 +16,11 @@ For each job ``(op, k, t, j)``:
   to ``I(k−1, t, j)``; W, later on the same stage, adds the weight gradient (it receives and sends nothing);
 - ``U``: the stage's optimizer steps with the gradient accumulated over step t's micro-batches.
 
+A placed schedule (stages computed or held by several workers, :mod:`~pipelab.pipeline.placement`) runs its
+global sequence: jobs carry their worker (``(op, k, t, j, w)``, executors keyed by ``(w, k)``) and
+:class:`~pipelab.pipeline.placement.Collective` entries are handed to the ``collective`` callback (in memory
+in the emulator, ``torch.distributed`` in the runtime).
+
 The data side lives here once too: :class:`MiniBatches` checks each mini-batch's form, sizes, dtype and
 device, splits it into M micro-batches (:func:`split_micro`) and keeps it only while a job of the program
 still needs it.
@@ -35,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ..schedules.dependencies import Split, handed_to, received_from
+from .placement import Collective
 from .stage import StageExecutor
 from .transport import Transport
 
@@ -161,11 +167,13 @@ class DriverState:
         self.stage_act_peak[k] = max(self.stage_act_peak[k], self.stage_act_bytes[k])
 
 
-def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], transport: Transport,
+def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], transport: Transport,
              data: MiniBatches, state: DriverState, *, D: int, M: int, end: int | None = None,
              stop_on_divergence: bool = False, split: Split = False,
              on_update: Callable[[StageExecutor, int, tuple[Tensor, ...]], None] | None = None,
-             after_job: Callable[[int], None] | None = None) -> int | None:
+             after_job: Callable[[int], None] | None = None, placed: bool = False,
+             collective: Callable[[Collective], None] | None = None,
+             loss_parts: Callable[[int], int] | None = None) -> int | None:
     """Execute ``program[state.position:end]``; jobs are ``(op, k, t, j, ...)`` (tuples or ``Action`` s).
 
     Args:
@@ -180,6 +188,10 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
             program needs the whole schedule's, as its neighbours' jobs decide what it receives).
         on_update: called after each ``U(k, t)`` with the executor, t and the new weights.
         after_job: called with the new position after each job.
+        placed: the program is a placed sequence: jobs ``(op, k, t, j, w)`` run on ``executors[(w, k)]``.
+        collective: runs each :class:`~pipelab.pipeline.placement.Collective` entry of a placed sequence.
+        loss_parts: how many of step t's micro-batch losses the program computes (default M; a runtime rank of
+            a data-parallel placement computes only its own micro-batches', summed across ranks afterwards).
 
     Returns:
         The first mini-batch whose loss diverged, when ``stop_on_divergence``; else ``None``.
@@ -190,12 +202,22 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
     last = D - 1
     last_job: dict[int, int] = {}
     for pos, job in enumerate(program):
-        if job[0] in ("F", "B", "I"):
+        if not isinstance(job, Collective) and job[0] in ("F", "B", "I"):
             last_job[job[2]] = pos
     end = len(program) if end is None else end
     for pos in range(state.position, end):
-        op, k, t, j = job = tuple(program[pos][:4])
-        ex = executors[k]
+        item = program[pos]
+        if isinstance(item, Collective):
+            if collective is None:
+                raise ValueError(f"the program holds a collective ({item.kind} of stage {item.stage}) but no "
+                                 "collective runner was given")
+            collective(item)
+            state.position = pos + 1
+            if after_job is not None:
+                after_job(state.position)
+            continue
+        op, k, t, j = job = tuple(item[:4])
+        ex = executors[(item[4], k)] if placed else executors[k]
         if op == "F":
             src = received_from(job, D, split)
             x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
@@ -206,7 +228,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[int, StageExecutor], tra
                     transport.send(job, dst, out)
             else:
                 state.partial[t].append(out)
-                if len(state.partial[t]) == M:
+                if len(state.partial[t]) == (M if loss_parts is None else loss_parts(t)):
                     per_arm = torch.stack(state.partial.pop(t)).sum(0)
                     state.losses[t] = float(per_arm.sum())
                     if per_arm.ndim:

@@ -6,13 +6,16 @@ multi-process :class:`~pipelab.runtime.PipelineRuntime` share, from one
 and the version table (never from rank arithmetic), resolves the execution order (the oracle's waiting),
 sizes each stage's ring of weight versions, and builds a :class:`~pipelab.pipeline.stage.StageExecutor` for
 the requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
-learning-rate schedulers and predictors.
+learning-rate schedulers and predictors. For a placed schedule (a stage computed or held by several workers:
+DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) it builds one copy per (worker, stage) — a holder's with its own
+optimizer, a computing non-holder's (:class:`~pipelab.pipeline.placement.FetchedStage`) without — and the
+global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,6 +26,17 @@ from ..precision import FP32, LossScaler, Precision, check_precision, defer_upda
 from ..schedules import VersionTable
 from ..schedules.dependencies import Job
 from .order import resolve_order
+from .placement import (
+    Collective,
+    FetchedStage,
+    PlacedJob,
+    StagePlacement,
+    copy_module,
+    fetched_ring,
+    is_placed,
+    placed_sequence,
+    stage_placements,
+)
 from .rings import ring_capacities
 from .spec import OptimizerFactory, PipelineSpec, make_spec
 from .stage import StageExecutor
@@ -85,9 +99,14 @@ class PipelinePlan:
         order: execution order of all events (the schedule's, or the oracle's waiting order).
         waited: whether ``order`` differs from the schedule's order.
         capacity: ring size of every stage (peak versions alive at once).
-        stages: the built executors, by stage index.
+        stages: the built executors, by stage index (for a placed schedule: the owner's copy in the emulator,
+            the rank's own copy in the runtime).
         weightless: stages without parameters (no optimizer, no predictor, no weight copies).
         precision: the run's :class:`~pipelab.precision.Precision`; scaler: fp16's shared loss scale (else None).
+        placement: for a schedule whose stages are computed or held by several workers
+            (:mod:`~pipelab.pipeline.placement`): every stage's C_k, H_k and kind; empty otherwise.
+        sequence: the placed schedule's global sequence of jobs (with workers) and collectives.
+        copies: the built stage copies, ``(worker, stage) -> executor`` (placed schedules only).
     """
 
     D: int
@@ -105,6 +124,9 @@ class PipelinePlan:
     weightless: frozenset[int] = frozenset()
     precision: Precision = FP32
     scaler: LossScaler | None = None
+    placement: tuple[StagePlacement, ...] = ()
+    sequence: list[PlacedJob | Collective] = field(default_factory=list)
+    copies: dict[tuple[int, int], StageExecutor] = field(default_factory=dict)
 
     @property
     def weight_copies(self) -> list[int]:
@@ -129,6 +151,7 @@ def build_pipeline(
     spec: PipelineSpec | None = None,
     *,
     only: Iterable[int] | None = None,
+    worker: int | None = None,
     **fields: Any,
 ) -> PipelinePlan:
     """Plan a run and build the executors of the stages in ``only`` (default: all).
@@ -138,14 +161,19 @@ def build_pipeline(
             modules.
         spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords
             (``schedule=..., policy=..., optimizer=..., ...``; with a spec, keywords replace its fields).
-        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own.
+        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own
+            (ignored for a placed schedule: ``worker`` chooses the copies).
+        worker: for a placed schedule (a stage computed or held by several workers), build only this
+            worker's stage copies (a runtime rank); ``None``: every worker's (the emulator).
 
     A stage without parameters gets no optimizer, learning-rate scheduler or predictor (its policy has
     nothing to choose); it still runs its jobs.
     """
     spec = make_spec(spec, fields, "build_pipeline")
     schedule, optimizer, D, predictor = spec.schedule, spec.optimizer, spec.D, spec.predictor
-    table = version_table(schedule)  # before the model, so that a bad schedule is not blamed on the model
+    sim = _placed_simulation(schedule)
+    # before the model, so that a bad schedule is not blamed on the model
+    table = version_table(sim if sim is not None else schedule)
     if D is None and isinstance(model, nn.Sequential):
         D = table.D
     stages = as_stages(model, D, spec.balance)
@@ -179,6 +207,18 @@ def build_pipeline(
     order = resolve_order(table, uses)
     waited = tuple(order) != table.order
     precision = spec.precision
+    if sim is not None:
+        if precision.loss_scaling is not None:
+            raise ValueError("fp16 with loss scaling is not supported on placed schedules (replicated or sharded "
+                             "stages: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) yet: their copies would need one "
+                             "shared skip decision across the collectives; use bf16 there")
+        if precision.versions != "master":
+            raise ValueError("placed schedules keep weight versions in the fp32 masters (they are what the "
+                             "collectives send); use Precision(..., versions='master')")
+        plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, waited,
+                            [1] * D, predicted, {}, weightless, precision)
+        _build_placed(plan, sim, stages, uses, spec, worker)
+        return plan
     if precision.loss_scaling is not None:  # fp16: every stage's update of step t waits for the step's flush
         order = defer_updates(order)
     capacity, last_use = ring_capacities(order, uses, D)
@@ -216,6 +256,94 @@ def build_pipeline(
     # stages without parameters have no optimizer to follow and nothing to predict: no predictor for them
     _attach_predictors(replace(plan, stages={k: st for k, st in built.items() if k not in weightless}), predictor)
     return plan
+
+
+def _placed_simulation(schedule: Any) -> Any:
+    """The simulation of a schedule whose stages are computed or held by several workers, else ``None``."""
+    from ..schedules import Schedule
+    from ..simulator import SimResult, simulate
+
+    if isinstance(schedule, SimResult):
+        return schedule if is_placed(schedule.schedule) else None
+    if isinstance(schedule, Schedule) and is_placed(schedule):
+        return simulate(schedule)
+    return None
+
+
+def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], uses: dict[Job, list[tuple[int, int]]],
+                  spec: PipelineSpec, worker: int | None) -> None:
+    """Fill ``plan`` for a placed schedule: the global sequence with its collectives and one stage copy per
+    (worker, stage) computing or holding it (:mod:`~pipelab.pipeline.placement`); every holder gets its own
+    optimizer (replicas stay equal: they apply the same reduced gradient)."""
+    policy, D, schedule = plan.policy, plan.D, sim.schedule
+    if plan.waited:
+        raise ValueError(f"policy {policy.name!r} makes jobs wait for future weights, which placed schedules "
+                         f"({schedule.name}: stages computed or held by several workers) do not support")
+    if policy.corrects_gradient or policy.keeps_backward_weights:
+        raise ValueError(f"policy {policy.name!r} corrects the step's gradient from per-copy state, which placed "
+                         f"schedules ({schedule.name}) do not support; use a single-placement schedule")
+    if worker is not None and not 0 <= worker < schedule.W:
+        raise ValueError(f"worker={worker} must be in 0..{schedule.W - 1}")
+    places = stage_placements(schedule)
+    for (k, t, j), pair in plan.specs.items():
+        for op, w_spec in zip("FB", pair):
+            w = schedule.worker_of(op if op == "F" or (k, t, j) not in plan.table.split_set else "I", k, t, j)
+            if isinstance(w_spec, Predicted) and w not in places[k].holders:
+                raise ValueError(f"policy {policy.name!r} predicts stage {k}'s weights on worker {w}, which does not "
+                                 f"hold them in {schedule.name} (no optimizer state there); use a stored-version "
+                                 "policy")
+    seq = placed_sequence(sim, uses)
+    plan.placement, plan.sequence = places, seq
+    workers = range(schedule.W) if worker is None else (worker,)
+    capacity = [0] * D
+    for w in workers:
+        for k in range(D):
+            place = places[k]
+            if w not in place.holders and w not in place.compute:
+                continue
+            part: list[Job | Collective] = []
+            for e in seq:
+                if isinstance(e, Collective):
+                    if e.kind == "broadcast" and e.stage == k and w in e.holders:
+                        part.append(e)
+                elif e.worker == w and e.stage == k:
+                    part.append((e.op, k, e.step, e.micro))
+            jobs = [e for e in part if not isinstance(e, Collective)]
+            events = [(op, t, j) for op, _, t, j in jobs]
+            own = worker is not None or w == place.holders[0]
+            module = stages[k] if own else copy_module(stages[k])
+            if w in place.holders:
+                caps, last = ring_capacities(jobs, uses, D)
+                cap, last_use = caps[k], {v: i for (_, v), i in last.items()}
+                params = list(module.parameters())
+                opt = spec.optimizer(params) if params else None
+                if params and not isinstance(opt, torch.optim.Optimizer):
+                    raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
+                if opt is not None:
+                    policy.check_optimizer(opt, k)
+                    policy.setup_optimizer(opt, k, plan.table)
+                ex: StageExecutor = StageExecutor(k, D, plan.M, module, opt, cap, plan_specs(plan, k), events,
+                                                  last_use, policy, plan.table, plan.loss_fn, bool(spec.recompute),
+                                                  precision=plan.precision)
+                if spec.lr_scheduler is not None and opt is not None:
+                    ex.scheduler = spec.lr_scheduler(opt)
+            else:
+                cap, last_use = fetched_ring(part, uses, k)
+                ex = FetchedStage(k, D, plan.M, module, cap, plan_specs(plan, k), events, last_use, policy,
+                                  plan.table, plan.loss_fn, bool(spec.recompute), precision=plan.precision)
+            capacity[k] = max(capacity[k], cap)
+            plan.copies[(w, k)] = ex
+            if own:
+                plan.stages[k] = ex
+    plan.capacity = [max(c, 1) for c in capacity]
+    holders = {i: ex for i, ((w, k), ex) in enumerate(plan.copies.items())
+               if w in places[k].holders and k not in plan.weightless}
+    _attach_predictors(replace(plan, stages=holders), spec.predictor)
+
+
+def plan_specs(plan: PipelinePlan, k: int) -> dict[tuple[int, int], tuple[WeightSpec, WeightSpec]]:
+    """Stage k's ``(t, j) -> (forward spec, backward spec)``."""
+    return {(t, j): pair for (kk, t, j), pair in plan.specs.items() if kk == k}
 
 
 def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:

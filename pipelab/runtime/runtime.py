@@ -20,9 +20,16 @@ Why not ``torch.distributed.pipelining``: its stages run the module's live param
 choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
 It is the reference the tests and ``benchmarks/runtime.py`` compare against for the flushed schedules.
 
-Supported schedules: those where every stage is computed and its weights held by a single worker (naive,
-GPipe, 1F1B, PipeDream async 1F1B, 2BW, interleaved 1F1B, folded). Data-parallel placements (DDP, FSDP,
-LPP) need collectives the runtime does not implement; use the simulator and emulator for those.
+Supported schedules: every schedule the emulator runs without waiting for future weights. Those where one
+worker computes and holds each stage (naive, GPipe, 1F1B, PipeDream async 1F1B, 2BW, interleaved 1F1B,
+folded, the zero-bubble family) need point-to-point transport only. Placed schedules — a stage computed or
+held by several workers: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP (:mod:`pipelab.pipeline.placement`)
+— also run collectives (:mod:`pipelab.runtime.collectives`): the rank follows its part of the placed global
+sequence, each holder keeps its own copy of the stage and its optimizer, a replicated stage's gradients are
+all-reduced before every update, a sharded stage's weights are broadcast from the owner to the non-holders
+that use them and their gradients reduced onto the owner. Each rank reports the bytes it sent and received
+per collective kind (:attr:`RuntimeResult.collectives`). Checkpoints (``stop_at_step``) are not supported
+for placed schedules.
 
 Launch: ``torchrun --nproc-per-node N -m pipelab.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
 torchrun's rendezvous), or :func:`pipelab.distributed.spawn` from Python.
@@ -45,10 +52,12 @@ from torch import Tensor, nn
 
 from ..distributed import check_consistent, describe_differences, differences, heartbeat
 from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
 from ..schedules.transfers import consistent_cut
+from .collectives import DistributedCollectives
 from .p2p import P2PTransport
 from .trace import JobClock, MeasuredTransport, Timeline
 
@@ -77,6 +86,10 @@ class RuntimeResult:
             diverged_step: the first such mini-batch (``None`` if none).
         timeline: with ``record=True``, this rank's measured job times and point-to-point bytes of the last
             run (:class:`~pipelab.runtime.trace.Timeline`); else ``None``.
+        collectives: for a placed schedule, this rank's ``bytes_sent`` and ``bytes_received`` per collective
+            kind (``"all_reduce"``, ``"reduce"``, ``"broadcast"``) and ``calls`` per kind (empty otherwise);
+            ``weights`` then lists only the stages this rank holds, and ``memory["fetched_weights"]`` is the
+            peak bytes of versions it fetched for stages it computes without holding them.
     """
 
     rank: int
@@ -92,6 +105,7 @@ class RuntimeResult:
     diverged: bool = False
     diverged_step: int | None = None
     timeline: Timeline | None = None
+    collectives: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class PipelineRuntime:
@@ -114,9 +128,10 @@ class PipelineRuntime:
 
     Raises:
         TypeError: a schedule that is not a ``Schedule``; an unknown keyword; a field of the wrong type.
-        ValueError: world size ≠ workers; a stage computed or held by several workers; the oracle
-            predictor (not realisable); channels whose send and receive orders differ; ranks whose
-            configurations disagree (the message names each differing field and its values).
+        ValueError: world size ≠ workers; the oracle predictor (not realisable); a placed schedule with a
+            policy it cannot serve (see :func:`~pipelab.pipeline.plan.build_pipeline`); channels whose send and
+            receive orders differ; ranks whose configurations disagree (the message names each differing field
+            and its values).
     """
 
     def __init__(self, model: nn.Module | Sequence[nn.Module], spec: PipelineSpec | None = None, *,
@@ -132,16 +147,10 @@ class PipelineRuntime:
         if schedule.W != self.world:
             raise ValueError(f"schedule {schedule.name!r} has {schedule.W} workers but the world size is "
                              f"{self.world}; launch with --nproc-per-node {schedule.W}")
-        for k in range(schedule.D):
-            workers = schedule.stage_workers(k)
-            if len(workers) != 1 or tuple(schedule.weight_holders[k]) != workers:
-                raise ValueError(f"stage {k} of {schedule.name!r} is computed by workers {list(workers)} with weights "
-                                 f"on {list(schedule.weight_holders[k])}; the runtime runs schedules where one "
-                                 "worker computes and holds each stage (use the emulator for DDP/FSDP/LPP)")
         if isinstance(predictor, str) and predictor == "oracle":
             raise ValueError("the oracle predictor uses future weights and exists only in the emulator")
         self.schedule = schedule
-        self.program = list(schedule.programs[self.rank])
+        self.program: list[Any] = list(schedule.programs[self.rank])
         self.my_stages = sorted({a.stage for a in self.program})
         if device is None:
             backend = dist.get_backend() if dist.is_initialized() else "gloo"
@@ -153,11 +162,16 @@ class PipelineRuntime:
             stages[k].to(self.device)
         self.modules = stages
         self.spec = spec
-        self.plan = build_pipeline(stages, spec, only=self.my_stages)
+        self.placed = is_placed(schedule)
+        self.plan = build_pipeline(stages, spec, only=self.my_stages, worker=self.rank if self.placed else None)
         if self.plan.waited:
             raise ValueError("this policy needs jobs to wait for future weights; only the emulator can run it")
         self.D, self.M, self.steps = self.plan.D, self.plan.M, self.plan.steps
         self.executors: dict[int, StageExecutor] = self.plan.stages
+        self.collectives: DistributedCollectives | None = None
+        if self.placed:  # every rank creates every group, in the same order, before any traffic
+            self.program = worker_sequence(self.plan.sequence, self.rank)
+            self.collectives = DistributedCollectives(self.plan.sequence, self.rank)
         self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
         self.transport = P2PTransport(schedule, self.rank, self.device)
         self.record = bool(record)
@@ -310,6 +324,8 @@ class PipelineRuntime:
         data = MiniBatches(batches, self.M, self.steps, reference=ref, device=self.device)
         end = len(self.program)
         self.transport.retain = set()
+        if stop_at_step is not None and self.placed:
+            raise ValueError(f"stop_at_step (checkpoints) is not supported for placed schedules ({self.schedule.name})")
         if stop_at_step is not None:
             if not isinstance(stop_at_step, int) or not self.cut_step <= stop_at_step <= self.steps:
                 raise ValueError(f"stop_at_step must be an int in {self.cut_step}..{self.steps} (this rank stands "
@@ -336,8 +352,17 @@ class PipelineRuntime:
             if ex.k == last_stage:
                 self.trace.append(self._held())
 
-        run_jobs(self.program, self.executors, self.transport, data, self.state, D=self.D, M=self.M, end=end,
-                 on_update=on_update, after_job=after_job, split=self.plan.table.split_set)
+        if self.collectives is not None:
+            collectives, executors = self.collectives, self.executors
+            last = self.D - 1
+            parts = {t: sum(1 for e in self.program if e[:2] == ("F", last) and e[2] == t) for t in range(self.steps)}
+            run_jobs(self.program, {(self.rank, k): ex for k, ex in executors.items()}, self.transport, data,
+                     self.state, D=self.D, M=self.M, end=end, on_update=on_update, after_job=after_job,
+                     split=self.plan.table.split_set, placed=True, collective=lambda c: collectives(c, executors),
+                     loss_parts=parts.__getitem__)
+        else:
+            run_jobs(self.program, self.executors, self.transport, data, self.state, D=self.D, M=self.M, end=end,
+                     on_update=on_update, after_job=after_job, split=self.plan.table.split_set)
         self.transport.flush()
         self.cut_step = self.steps if stop_at_step is None else stop_at_step
         result = self._result()
@@ -360,26 +385,32 @@ class PipelineRuntime:
         done: set[int] = set()
         for part in parts:
             for t, v in (part or {}).items():
-                losses[t] = v
+                # a placed schedule's ranks each sum the losses of their own micro-batches of step t
+                losses[t] = losses[t] + v if self.placed and t in done else v
                 done.add(t)
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
         stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
         opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
                         for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
-        memory = {
-            "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors),
+        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
+        memory: dict[str, Any] = {
+            "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors if k not in fetched),
             "activations": self.state.act_peak,
             "optimizer_state": opt_bytes,
             "versions_peak": versions_peak,
             "stage_bytes": stage_bytes,
             "weight_copies": {k: self.plan.weight_copies[k] for k in self.executors},
         }
+        if self.placed:
+            memory["fetched_weights"] = sum(versions_peak[k] * stage_bytes[k] for k in fetched)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
-        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
+                   if k not in fetched}
         return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
                              self.position, steps_done=len(done), diverged=bool(bad),
-                             diverged_step=bad[0] if bad else None)
+                             diverged_step=bad[0] if bad else None,
+                             collectives=self.collectives.stats() if self.collectives is not None else {})
 
 
 def _name(obj: Any) -> str:

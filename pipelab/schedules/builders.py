@@ -23,6 +23,9 @@ builder                   order on worker k                                     
 ``ddp`` / ``fsdp``        micro-batch j on worker j mod W, all stages;           every holder, after all
                           weights everywhere (DDP) or stage k on worker k mod W  B(k,·) of the step, flush
 ``lpp`` / ``fslpp``       Rahimi's h(s,b) = (R·b mod W) + (s mod R)              every holder, flush
+``hybrid`` (PP × DP)      R replicas of a D-stage pipeline, micro-batch j on     every replica after the
+                          replica j mod R; 1F1B per replica (``asynchronous``:   all-reduce of step t's
+                          PipeDream's order, never flushed)                      B(k,·); flush unless async
 ========================  =====================================================  ==========================
 
 ``gpipe``, ``one_f_one_b``, ``pipedream`` and ``naive`` write their order in closed form (fast for long
@@ -51,7 +54,7 @@ from .v_shape import dualpipe, dualpipe_v, interleaved_zero_bubble, v_half, v_mi
 from .zero_bubble import zb_async, zb_h1, zb_h2
 
 __all__ = ["naive", "gpipe", "one_f_one_b", "pipedream", "pipedream_2bw", "interleaved_1f1b", "folded",
-           "ddp", "fsdp", "lpp", "fslpp", "lpp_hash", "BUILDERS"]
+           "ddp", "fsdp", "lpp", "fslpp", "lpp_hash", "hybrid", "BUILDERS"]
 
 _FLUSH = "U(k,t) right after worker k's last backward of step t; step t+1 starts after it (flush)"
 
@@ -366,10 +369,64 @@ def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "ba
                      params={"D": D, "M": M, "G": G, "R": R})
 
 
+@gc_paused
+def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False) -> Schedule:
+    """Hybrid pipeline × data parallelism: R replicas of a D-stage pipeline, W = D·R workers.
+
+    Replica r holds every stage, stage k on worker r·D + k (``weight_holders[k] = (k, D+k, ..., (R−1)D+k)``);
+    micro-batch j of a step goes to replica j mod R, as the replica's local micro-batch i = ⌊j/R⌋ of
+    M/R. Each replica runs 1F1B over its micro-batches; every replica's holder of stage k applies U(k, t)
+    after the all-reduce of all M gradients of the step, so the replicas share versions:
+
+    - synchronous (default): per step, :func:`one_f_one_b`'s order on M/R local micro-batches, then U (flush);
+      the same update as plain mini-batch training on M micro-batches (Narayanan et al., SC 2021's 2D
+      layout: PP within a replica, DP across replicas);
+    - ``asynchronous=True``: :func:`pipedream`'s order over all T·M/R local micro-batches, never flushed,
+      U(k, t) right after the replica's last B(k, t, ·) (and the all-reduce): PipeDream's replicated stages
+      (Narayanan et al., SOSP 2019, §3.1); each replica's version table is pipedream(D, M/R)'s.
+
+    Raises:
+        ValueError: if M is not a multiple of R.
+
+    Example:
+        >>> s = hybrid(D=2, M=4, R=2)
+        >>> s.W, s.weight_holders, [str(a) for a in s.programs[2]]
+        (4, ((0, 2), (1, 3)), ['F0.1', 'F0.3', 'B0.1', 'B0.3', 'U0'])
+    """
+    D, M, R, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("R", R), ("steps", steps)))
+    if M % R:
+        raise ValueError(f"hybrid needs M divisible by R so every replica gets M/R micro-batches (M={M}, R={R})")
+    check_jobs(f"hybrid(D={D}, M={M}, R={R}, steps={steps})", 2 * D * M * steps)
+    Mr = M // R
+    progs: list[tuple[Action, ...]] = []
+    for r in range(R):
+        for k in range(D):
+            p: list[Action] = []
+            if asynchronous:
+                for op, g in _one_f_one_b_order(k, D, steps * Mr):
+                    t, i = divmod(g, Mr)
+                    p.append(Action(op, k, t, i * R + r))
+                    if op == "B" and i == Mr - 1:
+                        p.append(Action("U", k, t, -1))
+            else:
+                for t in range(steps):
+                    p += [Action(op, k, t, i * R + r) for op, i in _one_f_one_b_order(k, D, Mr)]
+                    p.append(Action("U", k, t, -1))
+            progs.append(tuple(p))
+    holders = tuple(tuple(r * D + k for r in range(R)) for k in range(D))
+    kind = "async " if asynchronous else ""
+    rule = ("every replica applies U(k,t) after the all-reduce of step t's B(k,·) "
+            + ("and right after its own last B(k,t,·); no flush" if asynchronous else "(flush)"))
+    return Schedule(f"hybrid {kind}PP×DP(D={D}, M={M}, R={R})", tuple(progs), D, M, steps, holders,
+                    None if asynchronous else 0, "current", rule,
+                    {"D": D, "M": M, "R": R, "asynchronous": asynchronous})
+
+
 #: Builder name → callable, for figures and sweeps.
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "pipedream": pipedream, "2bw": pipedream_2bw,
     "interleaved": interleaved_1f1b, "folded": folded, "ddp": ddp, "fsdp": fsdp, "lpp": lpp, "fslpp": fslpp,
+    "hybrid": hybrid,
     # the zero-bubble family with a split backward (schedules/zero_bubble.py and schedules/v_shape.py)
     "zb_h1": zb_h1, "zb_h2": zb_h2, "zb_async": zb_async, "zb_v": zb_v, "v_half": v_half, "v_min": v_min,
     "interleaved_zb": interleaved_zero_bubble, "dualpipe_v": dualpipe_v, "dualpipe": dualpipe,

@@ -1,0 +1,395 @@
+"""Placements executed: who computes and who holds each stage, and the collectives of a step.
+
+A :class:`~pipelab.schedules.Schedule` fixes Rahimi's two placement functions w(s, b, d) =
+(w_weights(s), w_compute(s, b, d)): ``programs[w]`` says where each job runs, ``weight_holders[k]`` who
+holds stage k's weights. For every stage k this module derives its compute workers C_k, its holders H_k
+and its *kind*:
+
+- ``single``: C_k = H_k = {w} (GPipe, 1F1B, PipeDream, interleaved, folded): no collective;
+- ``replicated``: every computing worker holds a copy, C_k ⊆ H_k, |H_k| > 1 (DDP, LPP, DualPipe, hybrid
+  PP × DP): each holder h accumulates its own micro-batches' gradient g_h, and before U(k, t)
+
+      g = Σ_{h ∈ H_k} g_h            (all-reduce, sum, among H_k)
+
+  so that every holder applies the same update W_k^(v+1) = U(W_k^(v), g) and the copies stay equal;
+- ``sharded``: some worker computes stage k without holding it, C_k ⊄ H_k (FSDP, FSLPP: the holders own the
+  weights and the optimizer state, ZeRO-3's "parameter + gradient + optimizer-state partitioning"). Before a
+  non-holder w first runs a job of stage k that uses version v it receives W_k^(v) from the owner H_k[0]
+  (a broadcast among the owner and every non-holder that uses v; with the whole stage as the shard this is
+  FSDP's all-gather), and before U(k, t) the computing workers' gradients are reduced onto the holder:
+
+      g = Σ_{w ∈ C_k(t) ∪ H_k} g_w   at H_k[0] (reduce; with several holders an all-reduce among
+                                      C_k(t) ∪ H_k, the holders keeping the sum: reduce-scatter + copy).
+
+  The version a non-holder fetches is the one its job uses (the policy's stored version, read from the
+  version table); a non-holder holds no optimizer, so it cannot predict weights.
+
+Where the collectives go (:func:`placed_sequence`): the simulator's execution order lists every action
+(each holder's U included) at its effective time; the gradient collective of (k, t) is put right before the
+first holder's U(k, t) (after every B/W of (k, t): U waits for them), the broadcast of W_k^(v) right after
+the owner's update that made v (version 0: at the start). That one global sequence, restricted to worker w
+(its jobs and the collectives it is a member of), is w's program in the runtime; the emulator executes the
+whole sequence. A blocking runtime following it cannot deadlock: the sequence is a linearisation in which
+every point-to-point send precedes its receive and every collective follows what it needs, so the earliest
+unfinished event of any rank can always complete. Every rank derives the same sequence, hence issues the
+collectives of each group in the same order.
+
+Bytes moved (:func:`collective_bytes`), per rank, for a payload of n bytes among P members: broadcast: the
+root sends (P−1)·n, each other member receives n; reduce: each non-root sends n, the root receives (P−1)·n;
+all-reduce: each member sends and receives 2(P−1)·n/P (the ring algorithm's volume).
+
+Example:
+    >>> from pipelab.schedules import ddp, fsdp, gpipe
+    >>> [p.kind for p in stage_placements(ddp(D=2, M=2))], [p.kind for p in stage_placements(gpipe(2, 2))]
+    (['replicated', 'replicated'], ['single', 'single'])
+    >>> p = stage_placements(fsdp(D=2, M=2))[1]
+    >>> p.compute, p.holders, p.kind
+    ((0, 1), (1,), 'sharded')
+
+References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025): w(s, b, d) and the
+note's remark that DDP, FSDP, PP, LPP and FSLPP are one master schedule with different placements;
+S. Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (SC 2020),
+stage 3; Y. Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel" (VLDB 2023);
+S. Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB 2020).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..schedules.dependencies import Job
+from .stage import StageExecutor
+
+__all__ = ["KINDS", "COLLECTIVE_KINDS", "StagePlacement", "Collective", "PlacedJob", "stage_placements",
+           "is_placed", "placed_sequence", "worker_sequence", "collective_bytes", "FetchedStage",
+           "emulate_collective", "CollectiveCounter", "step_gradient"]
+
+#: Placement kinds of a stage.
+KINDS: tuple[str, ...] = ("single", "replicated", "sharded")
+#: Collectives a placed schedule issues.
+COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "reduce", "broadcast")
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """Stage k's compute workers C_k, holders H_k (H_k[0] is the owner non-holders fetch from) and kind."""
+
+    stage: int
+    compute: tuple[int, ...]
+    holders: tuple[int, ...]
+    kind: str
+
+
+class PlacedJob(NamedTuple):
+    """A job of the global sequence with the worker that runs it (U: one entry per holder)."""
+
+    op: str
+    stage: int
+    step: int
+    micro: int
+    worker: int
+
+
+class Collective(NamedTuple):
+    """One collective of the global sequence.
+
+    Attributes:
+        kind: ``"all_reduce"``, ``"reduce"`` (gradients of step ``step``) or ``"broadcast"`` (weights).
+        stage: the stage k whose gradient or weights it carries.
+        step: the step t of the gradient; for a broadcast, the step of the owner's update that made the
+            version (−1 for version 0).
+        version: the weight version a broadcast carries (−1 for the reductions).
+        members: the ranks taking part, sorted.
+        root: the reduce's destination or the broadcast's source (−1 for an all-reduce).
+        holders: the members that keep the result (the reductions; the receivers of a broadcast).
+    """
+
+    kind: str
+    stage: int
+    step: int
+    version: int
+    members: tuple[int, ...]
+    root: int
+    holders: tuple[int, ...]
+
+
+def stage_placements(schedule: Any) -> tuple[StagePlacement, ...]:
+    """C_k, H_k and the kind (``single`` / ``replicated`` / ``sharded``) of every stage of ``schedule``.
+
+    Example:
+        >>> from pipelab.schedules import lpp
+        >>> [(p.compute, p.holders, p.kind) for p in stage_placements(lpp(D=2, M=2, G=2, R=1))]
+        [((0, 1), (0, 1), 'replicated'), ((0, 1), (0, 1), 'replicated')]
+    """
+    out = []
+    for k in range(schedule.D):
+        compute = schedule.stage_workers(k)
+        holders = tuple(schedule.weight_holders[k])
+        if set(compute) <= set(holders):
+            kind = "single" if len(holders) == 1 else "replicated"
+        else:
+            kind = "sharded"
+        out.append(StagePlacement(k, compute, holders, kind))
+    return tuple(out)
+
+
+def is_placed(schedule: Any) -> bool:
+    """True when some stage is computed or held by more than one worker (a collective is needed)."""
+    return hasattr(schedule, "programs") and any(p.kind != "single" for p in stage_placements(schedule))
+
+
+def _grad_collective(p: StagePlacement, t: int, computed: set[int]) -> Collective | None:
+    members = tuple(sorted(set(p.holders) | computed))
+    if len(members) < 2:
+        return None
+    if len(p.holders) == 1:
+        return Collective("reduce", p.stage, t, -1, members, p.holders[0], p.holders)
+    return Collective("all_reduce", p.stage, t, -1, members, -1, tuple(sorted(p.holders)))
+
+
+def placed_sequence(sim: Any, needs: Mapping[Job, Sequence[tuple[int, int]]]) -> list[PlacedJob | Collective]:
+    """The global sequence of a placed schedule: every action with its worker, and the collectives.
+
+    Args:
+        sim: the schedule's :class:`~pipelab.simulator.SimResult` (its execution order places the events).
+        needs: ``job -> [(k, v), ...]`` the stored versions each compute job uses (a predicted spec names
+            its base version); a non-holder's job makes its worker fetch (k, v).
+
+    Returns:
+        :class:`PlacedJob` and :class:`Collective` entries in one order valid for every worker (see the
+        module docstring).
+
+    Raises:
+        ValueError: when the timeline cannot host the collectives (a job before the weights it needs).
+    """
+    s = sim.schedule
+    places = stage_placements(s)
+    flat = [(w, a) for w, prog in enumerate(s.programs) for a in prog]
+    receivers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    computed: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for w, a in flat:
+        if a.op == "U":
+            continue
+        if w not in places[a.stage].holders:
+            for k, v in needs.get((a.op, a.stage, a.step, a.micro), ()):
+                receivers[(k, v)].add(w)
+        if a.op in ("B", "W"):
+            computed[(a.stage, a.step)].add(w)
+
+    def broadcast(k: int, v: int, after: int) -> Collective:
+        owner = places[k].holders[0]
+        got = tuple(sorted(receivers[(k, v)]))
+        return Collective("broadcast", k, after, v, tuple(sorted({owner, *got})), owner, got)
+
+    out: list[PlacedJob | Collective] = [broadcast(k, 0, -1) for k in range(s.D) if receivers.get((k, 0))]
+    reduced: set[tuple[int, int]] = set()
+    made: dict[int, int] = defaultdict(int)  # updates the owner of stage k has run
+    for i in sim.order_ids().tolist():
+        w, a = flat[i]
+        if a.op == "U":
+            if (a.stage, a.step) not in reduced:
+                reduced.add((a.stage, a.step))
+                c = _grad_collective(places[a.stage], a.step, computed[(a.stage, a.step)])
+                if c is not None:
+                    out.append(c)
+            out.append(PlacedJob("U", a.stage, a.step, -1, w))
+            if w == places[a.stage].holders[0]:
+                made[a.stage] += 1
+                if receivers.get((a.stage, made[a.stage])):
+                    out.append(broadcast(a.stage, made[a.stage], a.step))
+        else:
+            out.append(PlacedJob(a.op, a.stage, a.step, a.micro, w))
+    _check_sequence(out, places, needs)
+    return out
+
+
+def _check_sequence(seq: Sequence[PlacedJob | Collective], places: Sequence[StagePlacement],
+                    needs: Mapping[Job, Sequence[tuple[int, int]]]) -> None:
+    """Every fetched version arrives before its use and every reduction follows the gradients it sums."""
+    have: set[tuple[int, int, int]] = set()
+    reduced: set[tuple[int, int]] = set()
+    for e in seq:
+        if isinstance(e, Collective):
+            if e.kind == "broadcast":
+                have.update((w, e.stage, e.version) for w in e.holders)
+            else:
+                reduced.add((e.stage, e.step))
+            continue
+        if e.op == "U":
+            continue
+        if (e.stage, e.step) in reduced and e.op in ("B", "W"):
+            raise ValueError(f"{e.op}{e.stage}.{e.micro} of step {e.step} on worker {e.worker} runs after its "
+                             "step's gradient reduction; the schedule's timeline cannot host the collectives")
+        if e.worker not in places[e.stage].holders:
+            for k, v in needs.get((e.op, e.stage, e.step, e.micro), ()):
+                if (e.worker, k, v) not in have:
+                    raise ValueError(f"{e.op}{e.stage}.{e.micro} of step {e.step} on worker {e.worker} uses "
+                                     f"version {v} of stage {k} before it is fetched")
+
+
+def worker_sequence(seq: Sequence[PlacedJob | Collective], w: int) -> list[PlacedJob | Collective]:
+    """Worker w's part of the global sequence: its jobs and the collectives it is a member of."""
+    return [e for e in seq if (w in e.members if isinstance(e, Collective) else e.worker == w)]
+
+
+def collective_bytes(kind: str, nbytes: int, members: int, rank_is_root: bool) -> tuple[int, int]:
+    """``(sent, received)`` bytes of one rank in a collective of ``kind`` over an n-byte payload.
+
+    Conventions (module docstring): broadcast root (P−1)n sent, others n received; reduce non-roots n sent,
+    root (P−1)n received; all-reduce 2(P−1)n/P both ways (rounded down).
+
+    Example:
+        >>> collective_bytes("all_reduce", 800, 4, False), collective_bytes("broadcast", 800, 4, True)
+        ((1200, 1200), (2400, 0))
+    """
+    P = members
+    if kind == "all_reduce":
+        vol = 2 * (P - 1) * nbytes // P
+        return vol, vol
+    if kind == "broadcast":
+        return ((P - 1) * nbytes, 0) if rank_is_root else (0, nbytes)
+    if kind == "reduce":
+        return (0, (P - 1) * nbytes) if rank_is_root else (nbytes, 0)
+    raise ValueError(f"kind must be one of {COLLECTIVE_KINDS}, got {kind!r}")
+
+
+class CollectiveCounter:
+    """Bytes sent and received and calls, per collective kind, per rank (see :func:`collective_bytes`).
+
+    Attributes:
+        bytes_sent, bytes_received: ``rank -> {kind -> bytes}``; calls: ``rank -> {kind -> count}``.
+    """
+
+    def __init__(self) -> None:
+        self.bytes_sent: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.bytes_received: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.calls: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def add(self, c: Collective, rank: int, nbytes: int) -> None:
+        sent, got = collective_bytes(c.kind, nbytes, len(c.members), rank == c.root)
+        self.bytes_sent[rank][c.kind] += sent
+        self.bytes_received[rank][c.kind] += got
+        self.calls[rank][c.kind] += 1
+
+    def of(self, rank: int) -> dict[str, dict[str, int]]:
+        """Plain dicts for one rank: ``{"bytes_sent": {...}, "bytes_received": {...}, "calls": {...}}``."""
+        return {"bytes_sent": dict(self.bytes_sent[rank]), "bytes_received": dict(self.bytes_received[rank]),
+                "calls": dict(self.calls[rank])}
+
+
+class FetchedStage(StageExecutor):
+    """A computing non-holder's copy of stage k (sharded placements): weights arrive, gradients leave.
+
+    It runs its F/B (I/W) jobs like any stage, at the versions its policy names, from the versions it
+    received (:meth:`receive_version`); it has no optimizer, no update and no optimizer state; its gradient
+    of step t is taken by the reduction (:meth:`take_gradient`). A received version is dropped after its last
+    use here, or when the next one arrives if it was the newest.
+    """
+
+    def __init__(self, k: int, D: int, M: int, module: nn.Module, capacity: int, specs: Any, events: Any,
+                 last_use: Mapping[int, int], policy: Any, table: Any, loss_fn: Callable[[Tensor, Tensor], Tensor],
+                 recompute: bool = False, precision: Any = None) -> None:
+        params = list(module.parameters())
+        # the base class checks that an optimizer holds exactly the stage's parameters; this copy never steps,
+        # so a throwaway optimizer satisfies the check and is then discarded
+        stand_in = torch.optim.SGD(params, lr=0.0) if params else None
+        super().__init__(k, D, M, module, stand_in, capacity, specs, events, last_use, policy, table, loss_fn,
+                         recompute, **({} if precision is None else {"precision": precision}))
+        self.optimizer = None
+        self.share_live = False
+        self.ring.drop(0)
+        self.ring.peak = 0
+        self.version = -1  # nothing received yet
+
+    def receive_version(self, v: int, W: Sequence[Tensor]) -> None:
+        """Store W_k^(v), received from the owner; it becomes this copy's newest version."""
+        old = self.version
+        if old >= 0 and self.last_use.get(old, -1) < self.position:
+            self.ring.drop(old)
+        self.ring.put(v, tuple(w.detach().requires_grad_(p.requires_grad) for w, p in zip(W, self.params)))
+        self.version = max(v, old)
+
+    def update(self, t: int) -> tuple[Tensor, ...]:
+        raise RuntimeError(f"stage {self.k}: a non-holder copy does not update (the owner does)")
+
+
+def step_gradient(ex: StageExecutor, t: int) -> list[Tensor]:
+    """The gradient stage copy ``ex`` accumulated in step t (zeros when it computed none), taken out."""
+    g = ex.acc.pop(t, None)
+    return [torch.zeros_like(p) for p in ex.params] if g is None else list(g)
+
+
+def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExecutor],
+                       counter: CollectiveCounter | None = None) -> None:
+    """Run collective ``c`` in memory on the stage copies ``(worker, stage) -> executor``.
+
+    Reductions sum the members' gradients in rank order and hand every holder its own copy of the sum;
+    a broadcast hands each receiver a copy of the owner's version.
+    """
+    k = c.stage
+    if c.kind == "broadcast":
+        src = copies[(c.root, k)]
+        W = src.ring.get(c.version)
+        nbytes = sum(w.numel() * w.element_size() for w in W)
+        for w in c.holders:
+            cast_copy = copies[(w, k)]
+            assert isinstance(cast_copy, FetchedStage)
+            cast_copy.receive_version(c.version, [x.detach().clone() for x in W])
+    else:
+        grads = [step_gradient(copies[(w, k)], c.step) for w in c.members]
+        total = [g.clone() for g in grads[0]]
+        for g in grads[1:]:
+            if total:
+                torch._foreach_add_(total, g)
+        nbytes = sum(g.numel() * g.element_size() for g in total)
+        for w in c.holders:
+            copies[(w, k)].acc[c.step] = [g.clone() for g in total]
+    if counter is not None:
+        for w in c.members:
+            counter.add(c, w, nbytes)
+
+
+def copy_module(module: nn.Module) -> nn.Module:
+    """An independent copy of a stage module (a replica's or a non-holder's own weights in the emulator)."""
+    return copy.deepcopy(module)
+
+
+def fetched_ring(events: Sequence[Job | Collective], uses: Mapping[Job, Sequence[tuple[int, int]]], k: int
+                 ) -> tuple[int, dict[int, int]]:
+    """Ring size and last uses of a non-holder copy of stage k from its part of the sequence.
+
+    ``events``: its jobs (as ``(op, k, t, j)``) and the broadcasts it receives, in order. Returns ``(peak
+    versions held, version -> position of its last use among the jobs)``, following :class:`FetchedStage`'s
+    rule (a version goes after its last use, or when the next arrives if it was the newest).
+    """
+    jobs = [e for e in events if not isinstance(e, Collective)]
+    last_use: dict[int, int] = {}
+    for i, job in enumerate(jobs):
+        for kk, v in uses.get(job, ()):
+            if kk == k:
+                last_use[v] = i
+    expiring: dict[int, list[int]] = defaultdict(list)
+    for v, i in last_use.items():
+        expiring[i].append(v)
+    alive: set[int] = set()
+    current, pos, peak = -1, 0, 1
+    for e in events:
+        if isinstance(e, Collective):
+            if current >= 0 and last_use.get(current, -1) < pos:
+                alive.discard(current)
+            alive.add(e.version)
+            current = max(current, e.version)
+            peak = max(peak, len(alive))
+            continue
+        for v in expiring.pop(pos, ()):
+            if v != current:
+                alive.discard(v)
+        pos += 1
+    return peak, last_use
