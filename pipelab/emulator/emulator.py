@@ -38,6 +38,9 @@ the whole execution order in one process and hands tensors over in memory.
   stage's gradients are summed over its holders before each U (all-reduce), a sharded stage's weights are
   handed from the owner to the non-holders before they use them (broadcast) and their gradients summed onto
   the owner (reduce). ``EmulatorResult.extra["collectives"]`` counts the bytes each rank would move.
+- **Precision** (:class:`~pipelab.precision.Precision`, spec field ``precision``): bf16/fp16 autocast compute
+  with fp32 master weights and optimizer state; fp16 adds one loss scale and one skip decision per step for
+  every stage (flushed schedules only). The default fp32 runs exactly as without it.
 - **Buffers** (e.g. BatchNorm running statistics) are not versioned: they live in the stage modules and
   are updated in place by every (non-recomputed) forward in execution order, whatever weights it used.
 
@@ -118,7 +121,7 @@ class Emulator:
         model: an ``nn.Sequential`` (split into D stages by :func:`pipelab.partition.split`) or a list of
             stage modules. It is trained in place.
         spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`: schedule, policy, optimizer, D, loss_fn,
-            predictor, lr_scheduler, balance, recompute, documented there), or the same fields as keywords,
+            predictor, lr_scheduler, balance, recompute, precision, documented there), or the same fields as keywords,
             e.g. ``Emulator(model, schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=factory)``; keywords
             given with a spec replace its fields.
 
