@@ -66,7 +66,9 @@ class RuntimeResult:
         weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
         memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
             ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —
-            plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights).
+            plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights); on CUDA
+            also ``cuda_max_allocated``, ``torch.cuda.max_memory_allocated`` of this rank's device (everything
+            the allocator held at its peak since the process started or the caller last reset the peak).
         trace: per completed step, ``(versions held, saved inputs, pending gradients, unfinished sends)``
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
@@ -305,7 +307,7 @@ class PipelineRuntime:
             end = max(cut[self.rank], self.position)
             self.transport.retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
         self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j])[boundary]
-        self.transport.resend_outbox()  # messages in flight when the checkpoint was taken, in order
+        self.transport.begin(self.position, end)  # sends kept at a checkpoint's cut go out in this run
         last_stage = self.my_stages[-1]
 
         def on_update(ex: StageExecutor, t: int, W: tuple[Tensor, ...]) -> None:
@@ -348,6 +350,8 @@ class PipelineRuntime:
             "stage_bytes": stage_bytes,
             "weight_copies": {k: self.plan.weight_copies[k] for k in self.executors},
         }
+        if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
+            memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
         weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()}
         return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
