@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..distributed import check_consistent, describe_differences, differences, heartbeat
+from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device
 from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
@@ -141,7 +141,7 @@ class PipelineRuntime:
             backend = dist.get_backend() if dist.is_initialized() else "gloo"
             device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                       else torch.device("cpu"))
-        self.device = torch.device(device)
+        self.device = resolve_device(device)  # a clear error for CUDA without CUDA
         stages = as_stages(model, schedule.D, spec.balance)
         for k in self.my_stages:
             stages[k].to(self.device)
