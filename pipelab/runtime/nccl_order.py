@@ -11,9 +11,9 @@ schedule. NCCL gives no such buffering. Its documented semantics, which this mod
    an operation that cannot complete holds back every later one on that stream. Only operations fused in
    one group (``ncclGroupStart/End``; ``torch.distributed.batch_isend_irecv``) progress concurrently (NCCL
    user guide, "Group Calls"). The checker's strict model puts all of a rank's point-to-point operations
-   on one stream (``streams="rank"``: true when torch reuses one communicator for every peer); one stream
-   per pair of ranks (``streams="pair"``: torch's per-pair communicators) only removes waits, so an order
-   that passes the strict model passes both.
+   on one stream (``streams="rank"``, as when one communicator serves every peer); one stream per pair of
+   ranks (``streams="pair"``, as with a communicator per pair) only removes waits, so an order that passes
+   the strict model passes both, whichever torch's process group uses.
 3. **No tags.** ``tag`` "is not supported with the NCCL backend" (``torch.distributed.isend``): the k-th
    send from rank a to rank b meets the k-th receive on b from a, whatever the channel. Both ends must
    therefore issue the messages between a pair in the same order, across channels.
@@ -37,9 +37,11 @@ The checker (:func:`check_order`) plays per-rank issue sequences (:func:`issue_s
 for the runtime's transports, the same :class:`RankOrder` the transport runs) under rules 1-4 and
 reports either success or a deadlock with its blocking cycle, and any mismatched pairing.
 
-References: NVIDIA NCCL user guide, "Point-to-point communication", "Group Calls" and the API page of
-``ncclSend``/``ncclRecv``; PyTorch ``torch.distributed.isend`` (tags unsupported with NCCL) and
-``batch_isend_irecv`` (ordering between a pair of ranks matters, fused operations do not block each other);
+References: NVIDIA NCCL user guide, "Point-to-point communication" (docs.nvidia.com/deeplearning/nccl/user-guide/
+docs/usage/p2p.html), "Group Calls" (.../usage/groups.html) and the API page of ``ncclSend``/``ncclRecv``
+(.../api/p2p.html: "This operation is blocking for the GPU"); PyTorch ``torch.distributed.isend`` ("tag is not
+supported with the NCCL backend") and ``batch_isend_irecv`` (the order between a pair of ranks in one direction
+matters; sends and receives of one batch do not block each other);
 D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
 (SC 2021), whose 1F1B fuses a send with the opposite receive for the same reason.
 """

@@ -9,8 +9,10 @@ computes exactly the same weights; only the transport of tensors differs (:mod:`
   of ``F(k+1, t, j)``; ``B(k, t, j)`` receives ∂ℓ/∂(output) from the rank of ``B(k+1, t, j)`` and sends
   ∂ℓ/∂(input) to the rank of ``B(k−1, t, j)``; ``U(k, t)`` is local. Hand-overs between stages on the same
   rank (interleaved, folded) stay in memory.
-- Transport is ``torch.distributed`` point-to-point: eager ``isend`` (so a valid schedule cannot deadlock)
-  and blocking ``irecv().wait()``. Each (receiving stage, direction) is its own tag, and the runtime checks
+- Transport is ``torch.distributed`` point-to-point: on gloo, eager ``isend`` (so a valid schedule cannot
+  deadlock) and blocking ``irecv().wait()``; on NCCL, whose sends wait for the peer's receive, every rank
+  issues its transfers in one global order that cannot deadlock (:mod:`pipelab.runtime.nccl_order`).
+  Each (receiving stage, direction) is its own tag, and the runtime checks
   at start-up that, on every channel, the sender's program and the receiver's program list the messages
   in the same order — the FIFO matching point-to-point transports provide.
 - Receive buffers are sized once per input shape by running the model on the ``meta`` device.
