@@ -26,6 +26,16 @@ def _figures(args: argparse.Namespace) -> int:
             print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
             return 2
         os.environ["PIPELAB_WORKERS"] = str(args.workers)  # read by the learning-curve sweeps
+    if args.device is not None:
+        from .config import ENV_DEVICE
+        from .distributed import resolve_device
+
+        try:  # before any experiment runs: "cuda" without CUDA is said plainly, with what to pass instead
+            device = resolve_device(args.device, argument="--device")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        os.environ[ENV_DEVICE] = str(device)  # every figure config's device (pipelab.config.from_preset)
     if args.out is None:
         args.out = "figures/study" if args.preset == "study" else "figures"
     if args.names:
@@ -164,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="output directory (default: figures/, and figures/study/ for the study preset)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes running learning-curve arms in parallel (default: $PIPELAB_WORKERS, else 1)")
+    p.add_argument("--device", default=None,
+                   help="run the experiments on cpu, cuda, cuda:N or auto (CUDA when present); sets the device of "
+                        "every figure's config, so the cache and the sidecars record it (default: each preset's)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into the repository's figures/ although code outside it has uncommitted changes "

@@ -10,7 +10,10 @@ Every experiment in pipelab is described by one frozen dataclass. Three named pr
 - ``paper``: GPU scale, closer to the published experiments.
 
 The active preset comes from an explicit argument, else the ``PIPELAB_PRESET`` environment variable,
-else ``quick``. A config is turned into a canonical JSON form (:func:`config_to_dict`) that the result
+else ``quick``. ``PIPELAB_DEVICE`` (set by ``python -m pipelab figures --device``), when set, replaces the
+``device`` of every config :func:`from_preset` returns (nested configs included), so that the cache key and
+the figure sidecars name the device the results were computed on.
+A config is turned into a canonical JSON form (:func:`config_to_dict`) that the result
 cache hashes and the figure sidecars record.
 
 Example:
@@ -42,6 +45,7 @@ __all__ = ["PRESETS", "resolve_preset", "from_preset", "config_to_dict", "config
 
 PRESETS: tuple[str, ...] = ("tiny", "quick", "study", "paper")
 ENV_PRESET = "PIPELAB_PRESET"
+ENV_DEVICE = "PIPELAB_DEVICE"
 
 T = TypeVar("T")
 
@@ -63,9 +67,26 @@ def from_preset(table: Mapping[str, T], preset: str | None = None) -> T:
     """Look up the config for ``preset`` (resolved by :func:`resolve_preset`) in ``table``."""
     name = resolve_preset(preset)
     try:
-        return table[name]
+        config = table[name]
     except KeyError:
         raise ValueError(f"no config for preset {name!r}; this experiment defines {sorted(table)}") from None
+    device = os.environ.get(ENV_DEVICE)
+    return _with_device(config, device) if device else config
+
+
+def _with_device(value: Any, device: str) -> Any:
+    """``value`` with every dataclass field named ``device`` (at any depth: fields, tuples, lists) set to ``device``."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: device if f.name == "device" else _with_device(getattr(value, f.name), device)
+                   for f in dataclasses.fields(value) if f.init}
+        changes = {k: v for k, v in changes.items() if v is not getattr(value, k)}
+        return dataclasses.replace(value, **changes) if changes else value
+    if isinstance(value, (tuple, list)):
+        items = [_with_device(v, device) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+    return value
 
 
 def _array_digest(kind: str, dtype: str, shape: tuple[int, ...], data: bytes) -> dict[str, Any]:

@@ -16,7 +16,10 @@ the timeout) and reports its traceback; :func:`spawn` then terminates the remain
 time out; :func:`spawn` then names it as unresponsive, with the last progress it reported through
 :func:`heartbeat` (the runtime reports its program position), rather than the peer whose receive timed out.
 
-Backends: ``gloo`` on CPU, ``nccl`` on CUDA (:func:`default_backend`).
+Backends: ``gloo`` on CPU, ``nccl`` on CUDA (:func:`default_backend`). Devices: :func:`resolve_device` is the
+one place a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``) becomes a ``torch.device``, for the
+emulator's learning curves, the figure CLI, the prediction-error runs and the runtime, and says what to
+pass instead when CUDA is absent; :func:`check_nccl_devices` refuses NCCL with fewer visible GPUs than ranks.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["RankFailure", "default_backend", "free_port", "init_from_env", "spawn", "check_consistent", "differences",
-           "describe_differences", "heartbeat"]
+           "describe_differences", "heartbeat", "resolve_device", "check_nccl_devices", "DEVICE_NAMES"]
+
+#: the device names :func:`resolve_device` accepts (``cuda:N``: the N-th visible GPU)
+DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
 
 
 class RankFailure(RuntimeError):
@@ -52,11 +58,78 @@ class RankFailure(RuntimeError):
         super().__init__(f"rank {rank} failed:\n{details}" + (f"\nthen, as a consequence:{extra}" if extra else ""))
 
 
+def _no_cuda_reason() -> str:
+    if torch.version.cuda is None:
+        return f"this torch build ({torch.__version__}) has no CUDA support"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "no GPU is visible" + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+
+
+def _instead(argument: str, value: str) -> str:
+    return f"{argument} {value}" if argument.startswith("--") else f"{argument}={value!r}"
+
+
+def resolve_device(device: str | torch.device | None = "auto", *, argument: str = "device") -> torch.device:
+    """The ``torch.device`` named by ``device``, checked against this machine.
+
+    ``"auto"`` (or ``None``): CUDA when a GPU is visible, else CPU; ``"cpu"``; ``"cuda"`` (the current GPU) or
+    ``"cuda:N"`` (the N-th visible GPU), refused when CUDA is absent. ``argument`` names the setting in the
+    error (``"--device"`` for a command line, ``"RunConfig.device"``, ...).
+
+    Raises:
+        TypeError: ``device`` is not a string, a ``torch.device`` or ``None``.
+        ValueError: a name other than :data:`DEVICE_NAMES`; CUDA asked for without CUDA (the message says why
+            and what to pass instead); a GPU index beyond the visible GPUs.
+    """
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{argument} must be a str or torch.device (one of {', '.join(DEVICE_NAMES)}), "
+                        f"got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{_instead(argument, str(device))} is not a device pipelab runs on; choose one of "
+                         f"{', '.join(DEVICE_NAMES)}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{_instead(argument, str(device))} asks for CUDA, but {_no_cuda_reason()}; pass "
+                             f"{_instead(argument, 'cpu')} (or {_instead(argument, 'auto')}: CUDA when present)")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"{_instead(argument, str(device))}: only {count} GPU(s) are visible "
+                             f"(cuda:0..cuda:{count - 1})")
+    return dev
+
+
+def check_nccl_devices(ranks: int, local_rank: int | None = None) -> None:
+    """Refuse NCCL unless this machine has a GPU for each of its ``ranks`` (and for ``local_rank``).
+
+    NCCL runs one rank per GPU (rank r on GPU ``LOCAL_RANK``); two ranks sharing a GPU are refused by NCCL
+    itself, after a hang or with an opaque error.
+
+    Raises:
+        ValueError: no CUDA; fewer visible GPUs than ``ranks``, or ``local_rank`` beyond them (the message
+            gives both counts and what to launch instead).
+    """
+    if not torch.cuda.is_available():
+        raise ValueError(f"the NCCL backend needs CUDA GPUs, but {_no_cuda_reason()}; use the gloo backend "
+                         "on CPU (--device cpu)")
+    count = torch.cuda.device_count()
+    needed = max(ranks, (local_rank + 1) if local_rank is not None else 0)
+    if count < needed:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f"; CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+        raise ValueError(f"NCCL runs one rank per GPU: {needed} rank(s) on this machine need {needed} GPUs, but "
+                         f"{count} are visible (torch.cuda.device_count(){where}); launch at most "
+                         f"--nproc-per-node {count}, or run on CPU with gloo (--device cpu)")
+
+
 def default_backend(device: torch.device | str | None = None) -> str:
-    """``nccl`` for CUDA devices, ``gloo`` otherwise."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+    """``nccl`` for CUDA devices, ``gloo`` otherwise (``None`` or ``"auto"``: CUDA when available)."""
+    return "nccl" if resolve_device(device).type == "cuda" else "gloo"
 
 
 def free_port() -> int:
@@ -76,6 +149,7 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
 
     Raises:
         RuntimeError: the environment variables are missing, or ``MASTER_PORT`` is in use on this rank 0.
+        ValueError: NCCL with fewer visible GPUs than this machine's ranks (``LOCAL_WORLD_SIZE``), or none.
         TimeoutError: the process group was not joined in time (port held by another program, or no peer).
     """
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
@@ -85,7 +159,9 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = backend or default_backend()
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        check_nccl_devices(int(os.environ.get("LOCAL_WORLD_SIZE", world)), local_rank)
+        torch.cuda.set_device(local_rank)
     if dist.is_initialized():
         return rank, world
     where = f"MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
@@ -236,6 +312,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
         grace_s: after the first failure, how long the other ranks get to report before being terminated.
 
     Raises:
+        ValueError: ``nccl`` with fewer visible GPUs than ``world_size`` (before any process starts).
         RankFailure: a rank raised or died; the message has its traceback (and what followed on the others).
             Its ``rank`` is the cause: a rank that died without reporting, else a rank that is
             *unresponsive* — still running, silent, ``grace_s`` after the first failure, and without
@@ -245,6 +322,8 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if backend == "nccl":  # every spawned rank is on this machine
+        check_nccl_devices(world_size)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()

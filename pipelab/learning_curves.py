@@ -57,6 +57,7 @@ import torch
 
 from .cache import run_sweep
 from .data import Dataset, load_dataset
+from .distributed import resolve_device
 from .models import build_model, he_init
 from .optim import OPTIMIZERS, optimizer_factory
 from .policies import available_policies, policy_info
@@ -111,7 +112,8 @@ class RunConfig:
         n_val: validation examples carved out of the ``n_train`` training subset (0: no validation split); the
             run trains on the other ``n_train − n_val``.
         lr: learning rate (``None``: :data:`OPTIMIZER_SETTINGS`', else the registry's default).
-        dtype, device: computation precision and device.
+        dtype, device: computation precision and device (``cpu``, ``cuda``, ``cuda:N`` or ``auto``, checked by
+            :func:`pipelab.distributed.resolve_device` when the run is prepared).
         schedule: ``None`` (the policy's family) or one of :data:`ARM_SCHEDULES` serving that family.
 
     Raises:
@@ -240,8 +242,9 @@ def prepare(cfg: RunConfig) -> Prepared:
     from .policies import make_policy
 
     dtype = getattr(torch, cfg.dtype)
+    device = resolve_device(cfg.device, argument="RunConfig.device")  # CUDA without CUDA: says what to pass
     dataset, dkw, model_name, mkw = TASKS[cfg.task]
-    ds = load_dataset(dataset, dtype=dtype, **dkw).subset(cfg.n_train, cfg.n_test).to(cfg.device)
+    ds = load_dataset(dataset, dtype=dtype, **dkw).subset(cfg.n_train, cfg.n_test).to(device)
     ds, val = _carve_validation(ds, cfg.n_val, cfg.seed)
     n = ds.x_train.shape[0]
     per_epoch = n // cfg.batch_size
@@ -253,10 +256,10 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     def batch(t: int) -> tuple[torch.Tensor, torch.Tensor]:
         e, i = divmod(t, per_epoch)
-        idx = perms[e][i * cfg.batch_size:(i + 1) * cfg.batch_size].to(cfg.device)
+        idx = perms[e][i * cfg.batch_size:(i + 1) * cfg.batch_size].to(device)
         return ds.x_train[idx], ds.y_train[idx]
 
-    model = build_model(model_name, seed=cfg.seed, dtype=dtype, device=cfg.device, **mkw)
+    model = build_model(model_name, seed=cfg.seed, dtype=dtype, device=device, **mkw)
     he_init(model, cfg.seed)
     if len(model) < cfg.D:
         raise ValueError(f"task {cfg.task!r} has {len(model)} blocks; D={cfg.D} is too deep")

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .distributed import resolve_device
 from .optim import make_optimizer
 from .policies import Predicted, Stored, WeightSpec
 from .predictors import Predictor, make_predictor
@@ -375,9 +376,7 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
     from .models import build_model, he_init
 
     dtype = getattr(torch, cfg.dtype)
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(cfg.device, argument="device"))  # "auto": CUDA when available
     ds = load_dataset(cfg.dataset).to(device, dtype)
     if cfg.train_subset is not None:
         ds = ds.subset(cfg.train_subset)
@@ -759,9 +758,7 @@ def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
     from .policies import make_policy
 
     dtype = getattr(torch, cfg.dtype)
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(cfg.device, argument="device"))  # "auto": CUDA when available
     ds = load_dataset(cfg.dataset).to(device, dtype)
     if cfg.train_subset is not None:
         ds = ds.subset(cfg.train_subset)

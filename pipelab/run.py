@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .distributed import default_backend, init_from_env, spawn
+from .distributed import default_backend, init_from_env, resolve_device, spawn
 from .learning_curves import ARM_POLICIES, ARM_SCHEDULES, TASKS, RunConfig, prepare
 from .optim import available_optimizers
 
@@ -66,8 +66,9 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     rank, world = dist.get_rank(), dist.get_world_size()
     prep = prepare(cfg)
     shared = {k: v for k, v in asdict(cfg).items() if k != "device"}  # each rank has its own device
+    # "cuda"/"auto" under NCCL: this rank's GPU (LOCAL_RANK); an explicit "cuda:N" or "cpu" as given
     rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
-                         device=cfg.device if cfg.device != "cuda" else None, config=shared)
+                         device=cfg.device if cfg.device not in ("cuda", "auto") else None, config=shared)
     if resume is not None:
         load_checkpoint(rt, resume)
     dist.barrier()
@@ -113,13 +114,17 @@ def train_distributed(cfg: RunConfig, world_size: int | None = None, *, backend:
                       timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
     """Spawn the ranks of ``cfg`` locally (``world_size`` defaults to the schedule's workers, D) and train.
 
+    Raises:
+        ValueError: a CUDA device without CUDA, or NCCL with fewer visible GPUs than ranks (before spawning).
+
     Example:
         >>> cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1)
         >>> out = train_distributed(cfg)          # doctest: +SKIP
         >>> out["test_acc"], out["samples_per_s"]  # doctest: +SKIP
     """
     world = world_size or cfg.D
-    backend = backend or default_backend(cfg.device)
+    device = resolve_device(cfg.device, argument="RunConfig.device")  # before any process starts
+    backend = backend or default_backend(device)
     return spawn(_spawned, world, (cfg, kwargs), backend=backend, timeout_s=timeout_s)[0]
 
 
@@ -140,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--schedule", default=None, choices=sorted(ARM_SCHEDULES),
                    help="run the policy on this schedule instead of its family's (e.g. zb_async: split backward)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per rank, NCCL)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (gloo), cuda (NCCL, rank r on GPU LOCAL_RANK; one GPU per rank) or auto")
     p.add_argument("--checkpoint", default=None, help="directory to save every rank's state at the end")
     p.add_argument("--stop-at-step", type=int, default=None, help="stop at the consistent cut of this step")
     p.add_argument("--resume", default=None, help="directory of a checkpoint to continue from")
@@ -150,9 +156,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    backend = default_backend(args.device)
-    rank, world = init_from_env(backend)
-    if args.device == "cuda":
+    try:  # before joining: CUDA without CUDA, or fewer GPUs than this machine's ranks, is said plainly
+        backend = default_backend(resolve_device(args.device, argument="--device"))
+        rank, world = init_from_env(backend)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.device in ("cuda", "auto") and backend == "nccl":
         args.device = f"cuda:{torch.cuda.current_device()}"
     cfg = RunConfig(task=args.task, policy=args.policy, optimizer=args.optimizer, D=args.D or world, seed=args.seed,
                     epochs=args.epochs, batch_size=args.batch_size, M=args.M, n_train=args.n_train,

@@ -51,9 +51,9 @@ LABELS = {p: policy_info(p).title for p in POLICY_ORDER}
 
 
 def _device() -> str:
-    import torch
+    from ..distributed import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(resolve_device("auto"))
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,34 @@
 """The runtime's transport: ``torch.distributed`` point-to-point hand-overs between the workers' programs.
 
-Implements :class:`pipelab.pipeline.transport.Transport` for one rank:
+Implements :class:`pipelab.pipeline.transport.Transport` for one rank. A hand-over between two jobs of this
+rank (interleaved or folded stages) stays in memory; the others cross ranks on the rank's device (CUDA
+tensors stay on the GPU end to end: receive buffers are allocated there, sends read the producing job's
+output in place), in one of two orders:
 
-- a hand-over between two jobs of this rank (interleaved or folded stages) stays in memory;
-- otherwise the producer sends eagerly (``isend``, so a valid schedule cannot deadlock) on the channel of
-  the receiving stage and kind (:func:`pipelab.schedules.transfers.channel`), and the consumer blocks on
-  ``irecv().wait()`` into a buffer of the shape the caller's ``shape_of`` gives;
-- a completed send is released as soon as it is known to be received: receiving a message the peer sent at
-  program position p proves that every receive the peer placed before p has finished;
-- a send that crosses a checkpoint's consistent cut (:attr:`P2PTransport.retain`) is kept in the
-  :attr:`~P2PTransport.outbox` instead, saved with the checkpoint, and sent first on resume
-  (:meth:`~P2PTransport.resend_outbox`), which keeps every channel's FIFO order.
+- ``eager`` (gloo's default): the producer sends as soon as its job ran (``isend``) on the channel of the
+  receiving stage and kind (:func:`pipelab.schedules.transfers.channel`, used as the tag), and the consumer
+  blocks on ``irecv().wait()`` when its job is about to run. Gloo buffers a send, so a valid schedule cannot
+  deadlock; NCCL does not (a send completes only when the peer posts the receive, operations run in issue
+  order, tags are ignored), and under NCCL this order deadlocks 1F1B already with two ranks.
+- ``rendezvous`` (NCCL's default, valid on gloo too): every rank issues its sends and receives in one
+  global message order derived from the programs (:mod:`pipelab.runtime.nccl_order`, which states the
+  rule, proves it deadlock-free and checks it): a send once its tensor is produced and every earlier
+  operation of the order is issued; a receive at the latest when its job needs it. ``prefetch`` posts
+  receives as soon as the order reaches them (the transfer then overlaps the compute before its consumer);
+  ``batch`` issues the operations released at one moment as one ``batch_isend_irecv`` group (NCCL progresses
+  them concurrently). Both only relax waits of the order, so they keep it deadlock-free; whether they speed
+  a run up is measured by ``benchmarks/gpu.py``, not assumed.
 
-Reference: Chandy & Lamport, "Distributed Snapshots", ACM TOCS 1985 (messages in flight at a cut).
+In both orders a completed send is released as soon as it is known to be received: receiving a message the
+peer sent at program position p proves that every receive the peer placed before p has finished. A send
+that crosses a checkpoint's consistent cut (:attr:`P2PTransport.retain`) is kept in the
+:attr:`~P2PTransport.outbox` instead, saved with the checkpoint, and sent by the resumed run (first, in the
+eager order; at its place in the message order, in the rendezvous order), which keeps every channel's FIFO
+order. ``record=True`` keeps what was issued and waited on in :attr:`~P2PTransport.log`, in the form
+:func:`pipelab.runtime.nccl_order.check_order` plays.
+
+Reference: Chandy & Lamport, "Distributed Snapshots", ACM TOCS 1985 (messages in flight at a cut); NCCL and
+``torch.distributed`` point-to-point semantics: see :mod:`pipelab.runtime.nccl_order`.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ from torch import Tensor
 
 from ..schedules.dependencies import Job
 from ..schedules.transfers import ACT, GRAD, channel, channels, messages
+from .nccl_order import ORDERS, Issue, MessageOrder, Op, RankOrder, Wait
 
 __all__ = ["P2PTransport"]
 
@@ -37,18 +54,43 @@ ShapeOf = Callable[[int, int, int], tuple[torch.Size, torch.dtype]]
 class P2PTransport:
     """Point-to-point transport of rank ``rank`` for ``schedule`` (tensors received onto ``device``).
 
+    Args:
+        order: ``"eager"``, ``"rendezvous"`` (module docstring), or ``None``: rendezvous under NCCL, else eager.
+        prefetch, batch: rendezvous options (module docstring).
+        record: keep the issued operations and waits in :attr:`log`.
+        backend: the process group's backend (default: the initialised group's, else gloo).
+
     Attributes:
         local: same-rank hand-overs waiting for their consumer, ``(kind, stage, t, j) -> tensor``.
-        outbox: messages kept at a checkpoint's cut, ``(dst, tag, t, j, tensor)``, sent first on resume.
+        outbox: messages kept at a checkpoint's cut, ``(dst, tag, t, j, tensor)``, sent by the resumed run.
         retain: ``(dst, tag, t, j)`` of the sends to keep in the outbox (set per run by the runtime).
         shape_of: shape and dtype of a received tensor (set per run by the runtime).
+        log: with ``record``, the :class:`~pipelab.runtime.nccl_order.Issue` and ``Wait`` items in host order.
 
     Raises:
-        ValueError: a channel whose send and receive orders differ (point-to-point matching is FIFO).
+        ValueError: a channel whose send and receive orders differ (point-to-point matching is FIFO); an
+            unknown ``order``; the eager order, or a non-CUDA device, under NCCL.
     """
 
-    def __init__(self, schedule: Any, rank: int, device: torch.device) -> None:
-        self.schedule, self.rank, self.device = schedule, rank, device
+    def __init__(self, schedule: Any, rank: int, device: torch.device, *, order: str | None = None,
+                 prefetch: bool = False, batch: bool = False, record: bool = False,
+                 backend: str | None = None) -> None:
+        self.schedule, self.rank, self.device = schedule, rank, torch.device(device)
+        if backend is None:
+            backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
+        self.backend = backend
+        if order is None:
+            order = "rendezvous" if backend == "nccl" else "eager"
+        if order not in ORDERS:
+            raise ValueError(f"order must be None or one of {', '.join(ORDERS)}, got {order!r}")
+        if backend == "nccl":
+            if order == "eager":
+                raise ValueError("order='eager' relies on gloo's buffered sends and tags; under NCCL it can "
+                                 "deadlock (pipelab.runtime.nccl_order): use order='rendezvous' (the default)")
+            if self.device.type != "cuda":
+                raise ValueError(f"the NCCL backend moves CUDA tensors only, but rank {rank}'s device is "
+                                 f"{self.device}: pass device='cuda' (or None), or use the gloo backend on CPU")
+        self.order, self.prefetch, self.batch, self.record = order, prefetch, batch, record
         msgs = messages(schedule)
         for key, (sends, recvs) in channels(schedule, msgs).items():
             if sends != recvs:
@@ -58,14 +100,36 @@ class P2PTransport:
         self._recv_pos = {(m.dst, m.channel, m.t, m.j): m.recv_pos for m in msgs if m.src == rank}
         self._send_pos = {(m.src, m.channel, m.t, m.j): m.send_pos for m in msgs if m.dst == rank}
         self.local: dict[tuple[int, int, int, int], Tensor] = {}
-        self._pending: dict[int, list[tuple[int, Any, Tensor]]] = defaultdict(list)  # dst -> (recv pos, work, t)
+        # dst -> (recv pos, work, tensor, op) of issued sends not yet waited on
+        self._pending: dict[int, list[tuple[int, Any, Tensor, Op]]] = defaultdict(list)
         self.outbox: list[tuple[int, int, int, int, Tensor]] = []
         self.retain: set[tuple[int, int, int, int]] = set()
         self.shape_of: ShapeOf | None = None
+        self.log: list[Issue | Wait] = []
+        self._messages = MessageOrder(schedule) if order == "rendezvous" else None
+        self._cursor: RankOrder | None = None
+        self._ready: dict[tuple, Tensor] = {}  # rendezvous: produced sends not issued yet, by message key
+        self._posted: dict[tuple, tuple[Any, Tensor]] = {}  # rendezvous: issued receives, key -> (work, buffer)
 
     @staticmethod
     def _kind(dst: Job) -> int:
         return ACT if dst[0] == "F" else GRAD
+
+    # ------------------------------------------------------------------------------------- per run
+
+    def begin(self, position: int = 0, end: int | None = None) -> None:
+        """Start a run of ``programs[rank][position:end]`` (after :attr:`retain` and :attr:`shape_of` are set):
+        the messages kept by a checkpoint are sent (eager: now; rendezvous: at their place in the order)."""
+        if self._messages is None:
+            self.resend_outbox()
+            return
+        mine = [(self.rank, dst, tag, t, j) for dst, tag, t, j, _ in self.outbox]
+        self._ready = {(self.rank, dst, tag, t, j): tensor for dst, tag, t, j, tensor in self.outbox}
+        self.outbox = []
+        retain = [(self.rank, dst, tag, t, j) for dst, tag, t, j in self.retain]
+        ops = self._messages.for_rank(self.rank, position, end, retain=retain, outbox=mine)
+        self._cursor = RankOrder(ops, prefetch=self.prefetch, ready=mine)
+        self._issue(self._cursor.start())
 
     def send(self, src: Job, dst: Job, tensor: Tensor) -> None:
         op, k, t, j = dst
@@ -79,7 +143,14 @@ class P2PTransport:
         if (peer, tag, t, j) in self.retain:  # crosses a checkpoint's cut: the resumed run sends it
             self.outbox.append((peer, tag, t, j, tensor))
             return
-        self._pending[peer].append((self._recv_pos[(peer, tag, t, j)], dist.isend(tensor, peer, tag=tag), tensor))
+        key = (self.rank, peer, tag, t, j)
+        if self._cursor is None:
+            if self._messages is not None:
+                raise RuntimeError("P2PTransport.begin() must be called before a run in the rendezvous order")
+            self._issue([[Op("send", self.rank, peer, tag, t, j)]], {key: tensor})
+            return
+        self._ready[key] = tensor
+        self._issue(self._cursor.produced(key))
 
     def receive(self, src: Job, dst: Job) -> Tensor:
         _, k, t, j = dst
@@ -89,18 +160,67 @@ class P2PTransport:
             return self.local.pop((kind, k, t, j))
         if self.shape_of is None:
             raise RuntimeError("P2PTransport.shape_of must be set before receiving")
-        shape, dtype = self.shape_of(t, j, max(src[1], k))
         tag = channel(kind, k)
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
-        _wait(dist.irecv(buf, peer, tag=tag))
+        key = (peer, self.rank, tag, t, j)
+        op = Op("recv", self.rank, peer, tag, t, j)
+        if self._cursor is None:
+            if self._messages is not None:
+                raise RuntimeError("P2PTransport.begin() must be called before a run in the rendezvous order")
+            self._issue([[op]])
+        else:
+            self._issue(self._cursor.needed(key))
+        work, buf = self._posted.pop(key)
+        self._wait(work, op)
         self._release(peer, self._send_pos[(peer, tag, t, j)])
         return buf
 
     def resend_outbox(self) -> None:
-        """Send the messages that were in flight when the checkpoint was taken, in their order."""
+        """Eager order: send the messages that were in flight when the checkpoint was taken, in their order."""
         outbox, self.outbox = self.outbox, []
         for dst, tag, t, j, tensor in outbox:
-            self._pending[dst].append((self._recv_pos[(dst, tag, t, j)], dist.isend(tensor, dst, tag=tag), tensor))
+            self._issue([[Op("send", self.rank, dst, tag, t, j)]], {(self.rank, dst, tag, t, j): tensor})
+
+    # ------------------------------------------------------------------------------------- issuing
+
+    def _issue(self, groups: list[list[Op]], tensors: dict[tuple, Tensor] | None = None) -> None:
+        """Post ``groups`` of operations (tensors of sends from ``tensors`` or the produced ones)."""
+        tensors = self._ready if tensors is None else tensors
+        for group in groups:
+            if not group:
+                continue
+            items = []
+            for op in group:
+                if op.kind == "send":
+                    items.append((op, tensors.pop(op.key)))
+                else:
+                    shape, dtype = self.shape_of(op.t, op.j, op.channel // 2 + (op.channel % 2))  # type: ignore[misc]
+                    items.append((op, torch.empty(shape, dtype=dtype, device=self.device)))
+            works: list[Any]
+            if self.batch and len(items) > 1:
+                works = dist.batch_isend_irecv([dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, x,
+                                                           op.peer, tag=self._tag(op)) for op, x in items])
+                if self.record:
+                    self.log.append(Issue(tuple(op for op, _ in items)))
+            else:
+                works = []
+                for op, x in items:
+                    fn = dist.isend if op.kind == "send" else dist.irecv
+                    works.append(fn(x, op.peer, tag=self._tag(op)))
+                    if self.record:
+                        self.log.append(Issue((op,)))
+            for (op, x), work in zip(items, works):
+                if op.kind == "send":
+                    self._pending[op.peer].append((self._recv_pos[(op.peer, op.channel, op.t, op.j)], work, x, op))
+                else:
+                    self._posted[op.key] = (work, x)
+
+    def _tag(self, op: Op) -> int:
+        return 0 if self.backend == "nccl" else op.channel  # NCCL has no tags: pairs match in issue order
+
+    def _wait(self, work: Any, op: Op) -> None:
+        _wait(work)
+        if self.record:
+            self.log.append(Wait(op))
 
     def _release(self, peer: int, sent_at: int) -> None:
         """Complete our sends to ``peer`` that it received before position ``sent_at`` of its program.
@@ -113,24 +233,28 @@ class P2PTransport:
         if not pending:
             return
         keep = []
-        for recv_pos, work, tensor in pending:
-            if recv_pos < sent_at:
-                _wait(work)
+        for entry in pending:
+            if entry[0] < sent_at:
+                self._wait(entry[1], entry[3])
             else:
-                keep.append((recv_pos, work, tensor))
+                keep.append(entry)
         self._pending[peer] = keep
 
     def flush(self) -> None:
-        for pending in self._pending.values():
-            for _, work, _ in pending:
-                _wait(work)
+        if self._cursor is not None:
+            self._issue(self._cursor.drain())
+            self._cursor = None
+        for peer in sorted(self._pending):
+            for _, work, _, op in self._pending[peer]:
+                self._wait(work, op)
         self._pending.clear()
 
     def held(self) -> int:
-        return sum(len(p) for p in self._pending.values())
+        """Sends not completed: issued and not waited on, or (rendezvous) produced and not issued yet."""
+        return sum(len(p) for p in self._pending.values()) + len(self._ready)
 
 
 def _wait(work: Any) -> None:
-    """Wait for an ``isend`` (``None`` when the backend completed it at once)."""
+    """Wait for an ``isend``/``irecv`` (``None`` when the backend completed it at once)."""
     if work is not None:
         work.wait()

@@ -9,8 +9,10 @@ computes exactly the same weights; only the transport of tensors differs (:mod:`
   of ``F(k+1, t, j)``; ``B(k, t, j)`` receives ∂ℓ/∂(output) from the rank of ``B(k+1, t, j)`` and sends
   ∂ℓ/∂(input) to the rank of ``B(k−1, t, j)``; ``U(k, t)`` is local. Hand-overs between stages on the same
   rank (interleaved, folded) stay in memory.
-- Transport is ``torch.distributed`` point-to-point: eager ``isend`` (so a valid schedule cannot deadlock)
-  and blocking ``irecv().wait()``. Each (receiving stage, direction) is its own tag, and the runtime checks
+- Transport is ``torch.distributed`` point-to-point: on gloo, eager ``isend`` (so a valid schedule cannot
+  deadlock) and blocking ``irecv().wait()``; on NCCL, whose sends wait for the peer's receive, every rank
+  issues its transfers in one global order that cannot deadlock (:mod:`pipelab.runtime.nccl_order`).
+  Each (receiving stage, direction) is its own tag, and the runtime checks
   at start-up that, on every channel, the sender's program and the receiver's program list the messages
   in the same order — the FIFO matching point-to-point transports provide.
 - Receive buffers are sized once per input shape by running the model on the ``meta`` device (in the compute
@@ -50,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..distributed import check_consistent, describe_differences, differences, heartbeat
+from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device
 from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
@@ -77,7 +79,9 @@ class RuntimeResult:
         weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
         memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
             ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —
-            plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights).
+            plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights); on CUDA
+            also ``cuda_max_allocated``, ``torch.cuda.max_memory_allocated`` of this rank's device (everything
+            the allocator held at its peak since the process started or the caller last reset the peak).
         trace: per completed step, ``(versions held, saved inputs, pending gradients, unfinished sends)``
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
@@ -156,7 +160,7 @@ class PipelineRuntime:
             backend = dist.get_backend() if dist.is_initialized() else "gloo"
             device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                       else torch.device("cpu"))
-        self.device = torch.device(device)
+        self.device = resolve_device(device)  # a clear error for CUDA without CUDA
         stages = as_stages(model, schedule.D, spec.balance)
         for k in self.my_stages:
             stages[k].to(self.device)
@@ -334,7 +338,7 @@ class PipelineRuntime:
             end = max(cut[self.rank], self.position)
             self.transport.retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
         self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j])[boundary]
-        self.transport.resend_outbox()  # messages in flight when the checkpoint was taken, in order
+        self.transport.begin(self.position, end)  # sends kept at a checkpoint's cut go out in this run
         last_stage = self.my_stages[-1]
         after_job: Callable[[int], None] = heartbeat
         clock = None
@@ -404,6 +408,8 @@ class PipelineRuntime:
         }
         if self.placed:
             memory["fetched_weights"] = sum(versions_peak[k] * stage_bytes[k] for k in fetched)
+        if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
+            memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
         weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
                    if k not in fetched}

@@ -1,0 +1,278 @@
+"""GPU benchmark (runs on CPU too): prediction vs step, emulator vs plain step, stacked sweeps, the runtime on NCCL.
+
+All ratios come from this one run, on one device (``--device cuda``, or ``--device cpu`` for a machine without a GPU):
+
+(a) **prediction vs step**: best-of-``--reps`` time of ``predictor.predict(optimizer, s)`` over a ~10M-parameter MLP
+    (``--quick``: ~0.3M) against one ``optimizer.step()`` (torch's default implementation for the device);
+    target ≤ 1.
+(b) **emulator vs plain PyTorch**, per training step, for the policies whose forward and backward use the same weights
+    (GPipe, flushed; weight stashing), D = 4; target ≤ 1.10. The GPipe run's weights are checked against plain
+    training (float64, same device): they agree to rounding.
+(c) **sweep throughput**: the seeds of one arm trained as one stacked model (:mod:`pipelab.stacking`) vs one seed at a
+    time, through :func:`pipelab.learning_curves.sweep` with the cache off; arm·steps per second and their ratio.
+(d) **runtime**: :class:`pipelab.runtime.PipelineRuntime` on as many ranks as GPUs (NCCL; on CPU: 2 gloo ranks), 1F1B
+    with D = ranks, in the NCCL-safe order (:mod:`pipelab.runtime.nccl_order`) plain, with ``prefetch`` and with
+    ``prefetch + batch`` (communication overlap, measured, not assumed), per-rank peak memory
+    (``torch.cuda.max_memory_allocated``) beside the simulator's estimate. With one GPU only a single-rank schedule
+    runs: it measures the runtime's own overhead over the emulator, not transfers, overlap or pipeline speed-up.
+
+Usage:
+    .venv/bin/python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--reps 10] [--steps 20] [--json FILE]
+
+``--device cuda`` on a machine without CUDA prints "CUDA not available" and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipelab.distributed import spawn
+from pipelab.emulator import Emulator, train_plain
+from pipelab.learning_curves import RunConfig, sweep
+from pipelab.models import deep_mlp
+from pipelab.optim import make_optimizer
+from pipelab.predictors import make_predictor
+from pipelab.schedules import gpipe, one_f_one_b, pipedream
+
+#: (optimizer, predictor) pairs of (a): each predictor with an optimizer it serves
+PREDICTIONS = [("sgdm", "spectrain"), ("sgdm", "repeat"), ("adam", "repeat"), ("adam", "pipeoptim"),
+               ("adam", "zero_grad_rollout"), ("adamw", "linear")]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn: Callable[[], Any], reps: int, device: torch.device, warmup: int = 3) -> float:
+    """Fastest of ``reps`` timed calls after ``warmup`` calls, in seconds (the minimum: a shared machine's slow runs
+    measure its neighbours)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return min(out)
+
+
+def prediction_vs_step(device: torch.device, quick: bool, reps: int) -> dict[str, Any]:
+    """(a): rows ``(optimizer, predictor, predict s, step s, ratio)``; ``ratio``: the largest."""
+    width, depth = (256, 4) if quick else (1024, 10)
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=width, width=width, depth=depth).to(device)
+    params = list(model.parameters())
+    rows = []
+    for opt_name, pred_name in PREDICTIONS:
+        opt = make_optimizer(opt_name, params)
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        opt.step()  # state exists
+        pred = make_predictor(pred_name)
+        pred.observe(opt)
+        opt.step()
+        pred.observe(opt)
+        t_pred = best_time(lambda pred=pred, opt=opt: pred.predict(opt, 3), reps, device)
+        t_step = best_time(opt.step, reps, device)
+        rows.append({"optimizer": opt_name, "predictor": pred_name, "predict_s": t_pred, "step_s": t_step,
+                     "ratio": t_pred / t_step})
+    return {"params": sum(p.numel() for p in params), "rows": rows, "ratio": max(r["ratio"] for r in rows)}
+
+
+def emulator_vs_plain(device: torch.device, quick: bool, steps: int, reps: int) -> dict[str, Any]:
+    """(b): ms per step of plain training and of the emulator (GPipe, stashing; D = 4), their ratios; the GPipe
+    run's weights against plain training's in float64 (``max_weight_diff``)."""
+    width, depth, batch = (128, 8, 32) if quick else (512, 16, 128)
+    D = 4
+    opt = lambda ps: torch.optim.Adam(ps, lr=1e-4)  # noqa: E731
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(batch, 784, generator=g).to(device), torch.randint(0, 10, (batch,), generator=g).to(device))
+            for _ in range(steps)]
+    torch.manual_seed(0)
+    base = deep_mlp(in_features=784, width=width, depth=depth).to(device)
+
+    def plain() -> None:
+        train_plain(copy.deepcopy(base), optimizer=opt, batches=data, D=D)
+
+    t_plain = best_time(plain, reps, device, warmup=1) / steps
+    rows = []
+    for policy, schedule in (("gpipe", gpipe(D, 1, steps)), ("stashing", pipedream(D, 1, steps))):
+        def emulated(schedule: Any = schedule, policy: str = policy) -> None:
+            Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=opt).run(data)
+
+        t = best_time(emulated, reps, device, warmup=1) / steps
+        rows.append({"policy": policy, "ms_per_step": 1e3 * t, "ratio": t / t_plain})
+    # agreeing weights: the flushed pipeline is plain mini-batch training (float64, 3 steps, same device)
+    base64 = copy.deepcopy(base).double()
+    data64 = [(x.double(), y) for x, y in data[:3]]
+    ref = copy.deepcopy(base64)
+    train_plain(ref, optimizer=opt, batches=data64, D=D)
+    emu = Emulator(copy.deepcopy(base64), D=D, schedule=gpipe(D, 1, 3), policy="gpipe", optimizer=opt)
+    emu.run(data64)
+    got = [w for W in emu.weights() for w in W]
+    diff = max((a - b).abs().max().item() for a, b in zip(got, ref.parameters()))
+    return {"plain_ms_per_step": 1e3 * t_plain, "rows": rows, "ratio": max(r["ratio"] for r in rows),
+            "max_weight_diff": diff}
+
+
+def stacked_sweep(device: torch.device, quick: bool) -> dict[str, Any]:
+    """(c): arm·steps per second, one seed at a time vs the seeds stacked, and the ratio."""
+    seeds, n_train = (4, 512) if quick else (8, 4096)
+    cfgs = [RunConfig(task="digits_mlp" if quick else "fashion_mnist_mlp", policy="stashing", optimizer="adam", D=4,
+                      seed=s, epochs=1, batch_size=64, n_train=n_train, n_test=256, n_eval_train=256,
+                      device=str(device)) for s in range(seeds)]
+    steps = (n_train // 64) * len(cfgs)
+    saved = os.environ.get("PIPELAB_CACHE")
+    os.environ["PIPELAB_CACHE"] = "off"
+    out: dict[str, Any] = {}
+    try:
+        for way, stack in (("one_at_a_time", 1), ("stacked", seeds)):
+            t0 = time.perf_counter()
+            recs = sweep(cfgs, stack=stack, workers=1)
+            _sync(device)
+            out[way] = {"seconds": time.perf_counter() - t0, "arm_steps_per_s": steps / (time.perf_counter() - t0),
+                        "final_test_loss": [r["test_loss"][-1] for r in recs]}
+    finally:
+        if saved is None:
+            os.environ.pop("PIPELAB_CACHE", None)
+        else:
+            os.environ["PIPELAB_CACHE"] = saved
+    out["ratio"] = out["stacked"]["arm_steps_per_s"] / out["one_at_a_time"]["arm_steps_per_s"]
+    out["max_test_loss_diff"] = max(abs(a - b) for a, b in zip(out["stacked"]["final_test_loss"],
+                                                                out["one_at_a_time"]["final_test_loss"]))
+    return out
+
+
+def _runtime_rank(rank: int, world: int, quick: bool, steps: int, modes: list[dict[str, bool]]) -> list[dict]:
+    from pipelab.runtime import PipelineRuntime
+    from pipelab.runtime.p2p import P2PTransport
+
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and \
+        torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    width, depth, batch = (128, 8, 64) if quick else (1024, 16, 256)
+    D, M = world, 2 * world
+    schedule = gpipe(1, M, steps) if world == 1 else one_f_one_b(D, M, steps)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(batch, 784, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(2)]
+    torch.manual_seed(0)
+    base = deep_mlp(in_features=784, width=width, depth=max(depth, D))
+    out = []
+    for i, mode in enumerate([modes[0], *modes]):  # the first run warms up (allocator, NCCL communicators)
+        rt = PipelineRuntime(copy.deepcopy(base), schedule=schedule, policy="1f1b" if world > 1 else "gpipe",
+                             optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4), device=device)
+        if world > 1:
+            rt.transport = P2PTransport(schedule, rank, rt.device, order="rendezvous", **mode)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        torch.distributed.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        res = rt.run(lambda t: data[t % 2])
+        _sync(device)
+        torch.distributed.barrier()
+        seconds = time.perf_counter() - t0
+        if i == 0:
+            continue
+        out.append({"mode": mode, "seconds": seconds, "samples_per_s": steps * batch / seconds,
+                    "memory": {**{k: v for k, v in res.memory.items() if isinstance(v, int)},
+                               "stage_bytes_total": sum(res.memory["stage_bytes"].values())}})
+    return out
+
+
+def runtime(device: torch.device, quick: bool, steps: int) -> dict[str, Any]:
+    """(d): per mode of the NCCL-safe order, seconds and samples/s (rank 0's), per-rank peak memory beside the
+    simulator's estimate of weights, optimizer state and activations."""
+    from pipelab.simulator import simulate
+
+    world = torch.cuda.device_count() if device.type == "cuda" else 2
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    modes = [{}, {"prefetch": True}, {"prefetch": True, "batch": True}] if world > 1 else [{}]
+    per_rank = spawn(_runtime_rank, world, (quick, steps, modes), backend=backend, timeout_s=1800)
+    width, depth, batch = (128, 8, 64) if quick else (1024, 16, 256)
+    D, M = world, 2 * world
+    schedule = gpipe(1, M, steps) if world == 1 else one_f_one_b(D, M, steps)
+    mem = [r[0]["memory"] for r in per_rank]
+    # the simulator's estimate per worker: its weight versions, one gradient and Adam's two moments per stage, and
+    # its peak activations, one unit = what a stage's micro-batch saves for its backward (about two float32
+    # tensors of the micro-batch's width per layer)
+    layers = max(depth, D) // D
+    act = [2 * layers * (batch // M) * width * 4] * D
+    peak_act = simulate(schedule, activation_bytes=act).peak_activation_bytes
+    estimate = [m["weight_versions"] + 3 * m["stage_bytes_total"] + (int(peak_act[w]) if peak_act is not None else 0)
+                for w, m in enumerate(mem)]
+    note = ("one GPU: a single-rank schedule, so this measures the runtime's overhead only; transfers, NCCL "
+            "ordering, prefetch/batch overlap and pipeline speed-up need >= 2 GPUs") if world == 1 else ""
+    return {"ranks": world, "backend": backend, "schedule": schedule.name,
+            "modes": [{"mode": m["mode"], "seconds": m["seconds"], "samples_per_s": m["samples_per_s"]}
+                      for m in per_rank[0]],
+            "memory": mem, "simulated_estimate_bytes": estimate, "note": note}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    ap.add_argument("--quick", action="store_true", help="small sizes (a check that everything runs)")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="parts to leave out")
+    ap.add_argument("--json", default=None, help="also write the results to this file")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("CUDA not available: nothing to measure on a GPU here (run with --device cpu to check the benchmark)")
+        return 0
+    device = torch.device(args.device)
+    if args.quick:
+        args.reps, args.steps = min(args.reps, 3), min(args.steps, 4)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+    print(f"torch {torch.__version__} on {name}{', quick sizes' if args.quick else ''}")
+    res: dict[str, Any] = {"device": name, "quick": args.quick}
+    if "a" not in args.skip:
+        a = res["prediction_vs_step"] = prediction_vs_step(device, args.quick, args.reps)
+        print(f"\n(a) one prediction (s=3) vs one optimizer.step(), {a['params'] / 1e6:.1f}M parameters (target <= 1)")
+        for r in a["rows"]:
+            print(f"  {r['optimizer']:<6} {r['predictor']:<18} {1e3 * r['predict_s']:8.2f} ms vs "
+                  f"{1e3 * r['step_s']:8.2f} ms  ratio {r['ratio']:.2f}")
+    if "b" not in args.skip:
+        b = res["emulator_vs_plain"] = emulator_vs_plain(device, args.quick, args.steps, args.reps)
+        print(f"\n(b) emulator vs plain PyTorch per step (D=4, target <= 1.10); plain {b['plain_ms_per_step']:.2f} ms")
+        for r in b["rows"]:
+            print(f"  {r['policy']:<9} {r['ms_per_step']:8.2f} ms  ratio {r['ratio']:.2f}")
+        print(f"  GPipe weights vs plain training (float64): max |difference| {b['max_weight_diff']:.1e}")
+    if "c" not in args.skip:
+        c = res["stacked_sweep"] = stacked_sweep(device, args.quick)
+        res["stacked_speedup"] = {"ratio": c["ratio"]}
+        print(f"\n(c) sweep throughput: stacked {c['stacked']['arm_steps_per_s']:.1f} vs one at a time "
+              f"{c['one_at_a_time']['arm_steps_per_s']:.1f} arm·steps/s, ratio {c['ratio']:.2f} "
+              f"(final test loss differs by <= {c['max_test_loss_diff']:.1e})")
+    if "d" not in args.skip:
+        d = res["runtime"] = runtime(device, args.quick, args.steps)
+        print(f"\n(d) runtime: {d['schedule']} on {d['ranks']} rank(s), {d['backend']}")
+        for m in d["modes"]:
+            label = "+".join(k for k, v in m["mode"].items() if v) or "rendezvous order"
+            print(f"  {label:<18} {m['seconds']:8.2f} s  {m['samples_per_s']:10.1f} samples/s")
+        for r, (m, e) in enumerate(zip(d["memory"], d["simulated_estimate_bytes"])):
+            measured = m.get("cuda_max_allocated")
+            shown = f"{measured / 2**20:.1f} MiB" if measured is not None else "n/a (CPU)"
+            print(f"  rank {r}: peak allocated {shown}; simulator's weights+Adam+activations {e / 2**20:.1f} MiB")
+        if d["note"]:
+            print(f"  note: {d['note']}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
