@@ -48,13 +48,15 @@ GRID: dict[str, list[tuple]] = {
     "interleaved_zb": [(2, 2, 4, 2), (4, 2, 8, 1)],
     "dualpipe_v": [(2, 4, 2), (4, 8, 1)],
     "dualpipe": [(2, 4, 1), (4, 8, 1)],
+    "hybrid": [(2, 4, 2)],
 }
-#: builders whose placements the runtime does not run (several workers compute or hold a stage)
-NOT_RUNTIME = {"ddp", "fsdp", "lpp", "fslpp", "dualpipe"}
+#: placed builders (several workers compute or hold a stage): the runtime runs them with collectives between
+#: the point-to-point transfers, which this checker does not model (point-to-point only)
+NOT_RUNTIME = {"ddp", "fsdp", "lpp", "fslpp", "dualpipe", "hybrid"}
 
 
 def runtime_supports(sched: Any) -> bool:
-    """PipelineRuntime's own condition: one worker computes and holds each stage."""
+    """One worker computes and holds each stage: the schedules whose whole traffic is point-to-point."""
     return all(len(sched.stage_workers(k)) == 1 and tuple(sched.weight_holders[k]) == sched.stage_workers(k)
                for k in range(sched.D))
 

@@ -37,6 +37,11 @@ The checker (:func:`check_order`) plays per-rank issue sequences (:func:`issue_s
 for the runtime's transports, the same :class:`RankOrder` the transport runs) under rules 1-4 and
 reports either success or a deadlock with its blocking cycle, and any mismatched pairing.
 
+Scope: schedules whose traffic is point-to-point only. Placed schedules (DDP, FSDP, LPP, FSLPP, DualPipe,
+``hybrid``) interleave collectives with the transfers (:mod:`pipelab.pipeline.placement`); a collective
+completes only when every rank of its group reaches it, which this checker does not model yet, so their order
+under NCCL is unproven (on gloo they are tested).
+
 References: NVIDIA NCCL user guide, "Point-to-point communication" (docs.nvidia.com/deeplearning/nccl/user-guide/
 docs/usage/p2p.html), "Group Calls" (.../usage/groups.html) and the API page of ``ncclSend``/``ncclRecv``
 (.../api/p2p.html: "This operation is blocking for the GPU"); PyTorch ``torch.distributed.isend`` ("tag is not
