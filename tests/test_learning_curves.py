@@ -317,6 +317,10 @@ def test_policy_memory_measured_against_the_papers_stated_copies() -> None:
     assert by[("stashing", 0)]["activation_bytes"] == 4 * 16 * 64 * 4
     assert by[("stashing", 3)]["activation_bytes"] < by[("stashing", 0)]["activation_bytes"]
     assert all(r["optimizer_state_bytes"] == r["weight_bytes"] for r in rows)  # SGDM: one momentum buffer
+    # bf16 working copies (fp32 masters): every stored version and predicted copy at half the fp32 bytes
+    for r in rows:
+        assert r["bf16_versions_bytes"] == (r["versions"] * r["weight_bytes"] // 2 if r["versions"] > 1 else 0)
+        assert r["bf16_predicted_bytes"] == r["extra_copies"] * r["weight_bytes"] // 2
 
 
 def test_step_times_count_each_policys_extra_work() -> None:

@@ -490,10 +490,15 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
     extra buffers (PipeMare's δ), its optimizer state, and the peak of the stage inputs it saves for the
     backward (activations) — over 3D mini-batches of ``batch_size``, enough for every stage to reach its
     steady state — beside the copies the policy's paper states (:meth:`~pipelab.policies.Policy.
-    stated_weight_copies`, PipeOptim's Table II).
+    stated_weight_copies`, PipeOptim's Table II). ``bf16_versions_bytes`` / ``bf16_predicted_bytes``: the same
+    versions and copies kept as bf16 working copies beside fp32 masters (``Precision("bf16", versions="compute")``,
+    :func:`pipelab.precision.weight_memory`; PipeDream-2BW's half-precision copy), the run itself being fp32.
     """
     from ..emulator import Emulator
     from ..learning_curves import prepare
+    from ..precision import Precision, weight_memory
+
+    half = Precision("bf16", versions="compute")
 
     rows = []
     for cfg in _short_arms(task, optimizer, D, policies, batch_size, 3 * D, device):
@@ -508,11 +513,13 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
                 if hasattr(v, "numel"))
             versions = res.extra["ring_peak"][k]
             copies = res.weight_copies[k]
+            bf16 = weight_memory(half, st.params, versions, copies - versions)
             rows.append({"task": task, "optimizer": optimizer, "D": D, "policy": pol, "stage": k,
                          "weight_bytes": wbytes, "versions": versions, "extra_copies": copies - versions,
                          "weight_copies": copies, "stated_copies": prep.policy.stated_weight_copies(k, D),
                          "optimizer_state_bytes": opt_bytes,
-                         "activation_bytes": res.extra["stage_activation_peak"][k]})
+                         "activation_bytes": res.extra["stage_activation_peak"][k],
+                         "bf16_versions_bytes": bf16["versions"], "bf16_predicted_bytes": bf16["predicted"]})
     return rows
 
 
@@ -542,18 +549,21 @@ def policy_memory(preset: str, *, progress: bool = False) -> FigureOutput:
                   if r["stated_copies"] is not None]
         if stated:
             ax.plot(*zip(*stated), "kx", ms=8, mew=2, label="weights the paper states")
+        half = [(r["stage"], (r["bf16_versions_bytes"] + r["bf16_predicted_bytes"]) / mib) for r in rs]
+        ax.plot(*zip(*half), "o", mfc="none", mec="C3", ms=7, mew=1.5,
+                label="versions + copies as bf16 working copies")
         ax.set_title(LABELS[pol], fontsize=9)
         ax.set_xlabel("stage k")
         ax.set_xticks(k)
     axes[0, 0].set_ylabel("MiB held at the peak")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=5, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.93))
+    fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.93))
     fig.suptitle(f"Memory per stage per policy, measured by the emulator: {task}, {optimizer_label(opt)}, D={cfg.D}, "
                  f"mini-batch {cfg.batch_size}; × = the paper's weight copies (PipeOptim Table II); preset {preset}",
                  fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.86))
     cols = ["policy", "stage", "weight_bytes", "versions", "extra_copies", "weight_copies", "stated_copies",
-            "optimizer_state_bytes", "activation_bytes"]
+            "optimizer_state_bytes", "activation_bytes", "bf16_versions_bytes", "bf16_predicted_bytes"]
     csv = ",".join(cols) + "\n" + "".join(",".join("" if r[c] is None else str(r[c]) for c in cols) + "\n"
                                           for r in rows)
     return FigureOutput(fig, cfg, 0, tables={"csv": csv}, data=rows,
