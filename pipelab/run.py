@@ -47,8 +47,12 @@ PIPELINE_POLICIES = [p for p, family in ARM_POLICIES.items() if family != "seque
 
 
 def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | None = None,
-          resume: str | None = None) -> dict[str, Any] | None:
+          resume: str | None = None, precision: str = "fp32") -> dict[str, Any] | None:
     """Run ``cfg`` on this rank of an initialised process group; rank 0 returns the summary.
+
+    ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"``: :class:`~pipelab.precision.Precision`) is the compute
+    precision, with fp32 master weights and optimizer state; it is not a field of :class:`RunConfig`, whose
+    fields key the learning curves' result cache.
 
     Returns:
         On rank 0: the config, ``losses`` per step (NaN where not reached or diverged), ``steps_done``
@@ -68,7 +72,8 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     shared = {k: v for k, v in asdict(cfg).items() if k != "device"}  # each rank has its own device
     # "cuda"/"auto" under NCCL: this rank's GPU (LOCAL_RANK); an explicit "cuda:N" or "cpu" as given
     rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
-                         device=cfg.device if cfg.device not in ("cuda", "auto") else None, config=shared)
+                         device=cfg.device if cfg.device not in ("cuda", "auto") else None, config=shared,
+                         precision=precision)
     if resume is not None:
         load_checkpoint(rt, resume)
     dist.barrier()
@@ -96,7 +101,7 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         test_loss, test_acc = evaluate(stages, ds.x_test.cpu(), ds.y_test.cpu(),
                                        [weights[k] for k in range(len(stages))])
     return {
-        "config": asdict(cfg), "world_size": world, "schedule": prep.schedule.name,
+        "config": asdict(cfg), "precision": precision, "world_size": world, "schedule": prep.schedule.name,
         "losses": res.losses, "steps_done": done, "diverged": diverged, "diverged_step": diverged_step,
         "test_loss": test_loss, "test_acc": test_acc, "seconds": seconds,
         "samples_per_s": done * cfg.batch_size / seconds if seconds > 0 and not diverged else nan,
@@ -150,6 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="directory to save every rank's state at the end")
     p.add_argument("--stop-at-step", type=int, default=None, help="stop at the consistent cut of this step")
     p.add_argument("--resume", default=None, help="directory of a checkpoint to continue from")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="compute precision (autocast) with fp32 master weights; fp16 adds a loss scaler and "
+                        "needs a flushed schedule")
     p.add_argument("--out", default=None, help="write rank 0's JSON summary here")
     return p
 
@@ -167,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig(task=args.task, policy=args.policy, optimizer=args.optimizer, D=args.D or world, seed=args.seed,
                     epochs=args.epochs, batch_size=args.batch_size, M=args.M, n_train=args.n_train,
                     n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device, schedule=args.schedule)
-    out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume)
+    out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume,
+                precision=args.precision)
     if out is not None:
         out.pop("weights")
         text = json.dumps(out, indent=2, default=str)

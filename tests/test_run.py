@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipelab.emulator import Emulator
 from pipelab.learning_curves import RunConfig, prepare
@@ -50,3 +51,19 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
     assert summary["world_size"] == 2 and summary["steps_done"] == 8
     assert summary["config"]["policy"] == "stashing" and 0.0 <= summary["test_acc"] <= 1.0
     assert all(v == v for v in summary["losses"])  # no NaN: every step ran
+
+
+@pytest.mark.slow
+def test_train_distributed_in_bf16_equals_the_emulator_in_bf16() -> None:
+    from dataclasses import replace
+
+    cfg = replace(CFG, dtype="float32")
+    out = train_distributed(cfg, precision="bf16")
+    prep = prepare(cfg)
+    emu = Emulator(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
+                   precision="bf16")
+    res = emu.run(prep.batch)
+    assert out["precision"] == "bf16" and out["losses"] == res.losses  # bit for bit: the same arithmetic
+    for k, W in enumerate(emu.weights()):
+        for a, b in zip(out["weights"][k], W):
+            assert torch.equal(a, b)
