@@ -22,6 +22,30 @@ sent / received     ``timeline.sent`` / ``timeline.received`` by kind     transf
                                                                          × the boundary tensor's bytes, exact
 ==================  ===================================================  =====================================
 
+A *placed* schedule (DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP: :mod:`pipelab.pipeline.placement`) gets
+five more rows per rank, all exact (weight versions and optimizer state then count the stages the rank
+*holds*):
+
+============================  ==========================================  ==========================================
+quantity                      measured                                    simulated
+============================  ==========================================  ==========================================
+fetched weights               ``memory["fetched_weights"]``               Σ stash_depth(k) · weight_bytes[k] over
+                                                                          the stages it computes without holding
+weights received (broadcast)  ``collectives["bytes_received"]``           Σ_k weight_fetch_table[w, k] ·
+                                                                          weight_bytes[k]
+weights sent (broadcast)      ``collectives["bytes_sent"]``               the owner: every other worker's fetches
+                                                                          of its stages × their bytes
+gradients sent / received     reduce + all-reduce bytes                   :func:`simulated_collectives`
+============================  ==========================================  ==========================================
+
+Two counts of weight transfers: Rahimi's Table 1 (:attr:`SimResult.weight_transfers`) counts one fetch per F
+job of a stage the worker does not hold; the runtime fetches once per (stage, version, worker)
+(:attr:`SimResult.weight_fetches`), keeping the version for every job that uses it. On a flushed schedule
+(every job of step t uses version t) with n(w, k, t) F jobs of non-held stage k on worker w in step t,
+Rahimi's count is Σ n and the runtime's Σ [n > 0]: they agree exactly when every n ≤ 1 (FSDP with M = W,
+FSLPP with B = G: one micro-batch per worker per step), and otherwise differ by the factor n (M/W for FSDP,
+M/G for FSLPP: the micro-batches a worker runs per step). The bytes compare against the runtime's count.
+
 The simulator's activation *count* holds (k, g) from the start of F(k, g) to the end of its backward, and
 the runtime holds the stage input from the end of F to the start of B; within one worker the program order
 fixes which activations are resident at each job, so the peaks agree exactly. The simulator's
@@ -51,12 +75,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .pipeline.placement import is_placed
 from .schedules import ddp, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, one_f_one_b, pipedream, pipedream_2bw, zb_h1
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
 from .simulator import SimResult, simulate
 
-__all__ = ["boundary_bytes", "simulated_traffic", "optimizer_state_slots", "compare_memory", "EXACT_VERSION_POLICIES",
+__all__ = ["boundary_bytes", "simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
+           "EXACT_VERSION_POLICIES",
            "KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
            "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows"]
 
@@ -146,7 +172,9 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
 
     Returns:
         rows ``{"rank", "quantity", "measured", "simulated", "exact", "tolerance", "ok", "note"}`` — five per
-        rank: weight versions, activations, optimizer state, sent, received (bytes; see the module docstring).
+        rank: weight versions, activations, optimizer state, sent, received (bytes; see the module docstring),
+        and for a placed schedule five more: fetched weights, weights received and sent by broadcast,
+        gradients sent and received by the reductions.
         ``exact`` rows require equality; the others ``|measured − simulated| ≤ tolerance`` (``None``: the
         simulator has no figure, reported only).
 
@@ -185,8 +213,14 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
                      "simulated": None if simulated is None else int(simulated), "exact": exact,
                      "tolerance": tol, "ok": ok, "note": note})
 
+    placed = is_placed(schedule)
+    holders = [tuple(h) for h in schedule.weight_holders]
+    if placed:
+        fetch = sim.weight_fetch_table
+        collectives = simulated_collectives(sim, weight_bytes)
     for w, res in enumerate(results):
-        mine = sorted(res.stages)
+        # a placed schedule's rank keeps versions and optimizer state only for the stages it holds
+        mine = [k for k in range(schedule.D) if w in holders[k]] if placed else sorted(res.stages)
         exact_versions = policy in EXACT_VERSION_POLICIES
         row(w, "weight versions", res.memory["weight_versions"], sum(depth[k] * weight_bytes[k] for k in mine),
             exact_versions, None if exact_versions else 0.0,
@@ -207,7 +241,78 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
         for q in ("sent", "received"):
             row(w, q, getattr(res.timeline, f"bytes_{q}"), sum(traffic[w][q].values()), True, None,
                 "transfers × boundary bytes")
+        if not placed:
+            continue
+        fetched = [k for k in sorted(res.stages) if w not in holders[k]]
+        row(w, "fetched weights", res.memory.get("fetched_weights", 0),
+            sum(depth[k] * weight_bytes[k] for k in fetched), exact_versions, None if exact_versions else 0.0,
+            "stash depth × weights of the stages computed without holding them")
+        if not exact_versions:
+            rows[-1]["simulated"] = None
+            rows[-1]["ok"] = True
+        got = res.collectives or {"bytes_sent": {}, "bytes_received": {}}
+        n_f = int(sim.weight_transfers[w])
+        row(w, "weights received (broadcast)", got["bytes_received"].get("broadcast", 0),
+            sum(int(fetch[w, k]) * weight_bytes[k] for k in range(schedule.D)), True, None,
+            f"{int(fetch[w].sum())} fetches, one per (stage, version) (weight_fetches; Rahimi's per-F-job "
+            f"weight_transfers: {n_f}) × stage weights")
+        row(w, "weights sent (broadcast)", got["bytes_sent"].get("broadcast", 0),
+            sum(int(fetch[:, k].sum()) * weight_bytes[k] for k in range(schedule.D) if holders[k][0] == w), True,
+            None, "the owner sends each fetched version once per receiver (weight_fetches of the others)")
+        for q in ("sent", "received"):
+            row(w, f"gradients {q} (reduce, all-reduce)",
+                sum(v for kind, v in got[f"bytes_{q}"].items() if kind != "broadcast"),
+                sum(v for kind, v in collectives[w][f"bytes_{q}"].items() if kind != "broadcast"), True, None,
+                "per step and stage: holders ∪ computing workers reduce the stage's gradient")
     return rows
+
+
+def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int]) -> list[dict[str, dict[str, int]]]:
+    """Bytes and calls each worker's collectives move in a placed schedule, by kind, counted from the simulation.
+
+    Per step t and stage k, the members are k's holders H_k and the workers that ran a B (or W) of (k, t):
+    with one holder and another member, a ``reduce`` onto it; with several holders, an ``all_reduce``
+    (:mod:`pipelab.pipeline.placement`); the payload is the stage's weight bytes. Each version v of stage k
+    that a non-holder uses (:attr:`SimResult.weight_fetch_table`) is a ``broadcast`` from the owner H_k[0]
+    to the workers that use it. Bytes follow :func:`pipelab.pipeline.placement.collective_bytes`.
+
+    Returns:
+        per worker, ``{"bytes_sent": {kind: n}, "bytes_received": {kind: n}, "calls": {kind: n}}`` (kinds
+        that occur only), the runtime's :attr:`~pipelab.runtime.RuntimeResult.collectives` format.
+    """
+    from .pipeline.placement import collective_bytes
+
+    s, c = sim.schedule, sim.compiled
+    if len(weight_bytes) != s.D:
+        raise ValueError(f"weight_bytes must have one entry per stage (D={s.D}), got {len(weight_bytes)}")
+    out: list[dict[str, dict[str, int]]] = [{"bytes_sent": {}, "bytes_received": {}, "calls": {}}
+                                            for _ in range(s.W)]
+
+    def add(w: int, kind: str, sent: int, got: int) -> None:
+        for key, n in (("bytes_sent", sent), ("bytes_received", got), ("calls", 1)):
+            out[w][key][kind] = out[w][key].get(kind, 0) + n
+
+    computed: dict[tuple[int, int], set[int]] = {}
+    for i in np.flatnonzero((c.op == _B) | (c.op == OP_CODE["W"])).tolist():
+        computed.setdefault((int(c.stage[i]), int(c.step[i])), set()).add(int(c.worker[i]))
+    for k in range(s.D):
+        hs = tuple(s.weight_holders[k])
+        for t in range(s.steps):
+            members = sorted(set(hs) | computed.get((k, t), set()))
+            if len(members) < 2:
+                continue
+            kind = "reduce" if len(hs) == 1 else "all_reduce"
+            for w in members:
+                add(w, kind, *collective_bytes(kind, int(weight_bytes[k]), len(members), w == hs[0]))
+    receivers: dict[tuple[int, int], set[int]] = {}
+    for w, k, v in sim.weight_fetch_versions:
+        receivers.setdefault((k, v), set()).add(w)
+    for (k, _), got in receivers.items():
+        owner, n = s.weight_holders[k][0], int(weight_bytes[k])
+        add(owner, "broadcast", *collective_bytes("broadcast", n, len(got) + 1, True))
+        for w in got:
+            add(w, "broadcast", *collective_bytes("broadcast", n, len(got) + 1, False))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- makespan

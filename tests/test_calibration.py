@@ -21,12 +21,26 @@ from pipelab.calibration import (
     optimizer_state_slots,
     rows_csv,
     schedule_for,
+    simulated_collectives,
     simulated_traffic,
 )
+from pipelab.emulator import Emulator
 from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.runtime.trace import JobRecord, Timeline
-from pipelab.schedules import interleaved_1f1b, messages, one_f_one_b, pipedream_2bw, zb_h1
+from pipelab.schedules import (
+    ddp,
+    dualpipe,
+    fsdp,
+    fslpp,
+    hybrid,
+    interleaved_1f1b,
+    lpp,
+    messages,
+    one_f_one_b,
+    pipedream_2bw,
+    zb_h1,
+)
 from pipelab.simulator import simulate
 
 
@@ -192,3 +206,25 @@ def test_placements_benchmark_runs_and_reports_every_row() -> None:
         assert isinstance(ratio, str) and "not runnable" in ratio
     report = bp.format_report(res)
     assert "torch DDP" in report and "forecast |error|" in report and report.count("\n") >= 10
+
+
+@pytest.mark.parametrize("sched, policy", [
+    (ddp(2, 4, 2, 2), "gpipe"), (fsdp(2, 4, 2, 3), "gpipe"), (fsdp(4, 4, 4, 2), "gpipe"), (lpp(4, 4, 2, 2, 2), "gpipe"),
+    (fslpp(4, 4, 2, 2, 2), "gpipe"), (hybrid(2, 4, 2, 2), "gpipe"), (hybrid(2, 4, 2, 3, asynchronous=True), "2bw"),
+    (dualpipe(W=2, M=4, steps=2), "gpipe")],
+    ids=["ddp", "fsdp", "fsdp-M=W", "lpp", "fslpp", "hybrid", "hybrid-async-2bw", "dualpipe"])
+def test_simulated_collectives_equal_the_emulators_counter(sched, policy) -> None:  # noqa: ANN001
+    """Bytes and calls per kind and rank, exactly, against what the emulator's collectives counted."""
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=6, width=8, depth=sched.D, num_classes=4).double()
+    wb = [sum(p.numel() * p.element_size() for p in s.parameters()) for s in split(model, sched.D)]
+    assert len(set(wb)) > 1  # stages of different sizes: a stage mixed up would show
+    emu = Emulator(model, schedule=sched, policy=policy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.05))
+    g = torch.Generator().manual_seed(1)
+    res = emu.run([(torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g))
+                   for _ in range(sched.steps)])
+    want = simulated_collectives(simulate(sched), wb)
+    assert [res.extra["collectives"][w] for w in range(sched.W)] == want
+    assert any(want[w]["calls"] for w in range(sched.W))
+    with pytest.raises(ValueError, match="one entry per stage"):
+        simulated_collectives(simulate(sched), wb[:-1])
