@@ -84,7 +84,8 @@ from .simulator import SimResult, simulate
 __all__ = ["boundary_bytes", "simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
            "EXACT_VERSION_POLICIES",
            "KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows"]
+           "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows",
+           "RAHIMI_RUNS", "RahimiRunConfig", "runtime_table_row", "rahimi_measured"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -700,3 +701,157 @@ def rows_csv(rows: Sequence[CalibrationRow]) -> str:
                    f'{r.forecast_s:.6g},{r.error:.4f},{r.busy_error:.4f},{r.replay_s:.6g},{r.replay_error:.4f},'
                    f'{r.throughput:.6g},"{note}"')
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------- Rahimi's Table 1, measured
+
+#: Rahimi's schemes on real processes: scheme -> (builder of (S, B, G, R, steps), policy). DDP and FSDP on
+#: W = B workers (one micro-batch each, the note's setting), PP as 1F1B (the order whose activation storage is
+#: the note's min(S, B)), LPP and FSLPP under the forward-first priority the note's latency assumes.
+RAHIMI_RUNS: dict[str, tuple[Callable[[int, int, int, int, int], Schedule], str]] = {
+    "DDP": (lambda S, B, G, R, t: ddp(S, B, B, t), "gpipe"),
+    "FSDP": (lambda S, B, G, R, t: fsdp(S, B, B, t), "gpipe"),
+    "PP": (lambda S, B, G, R, t: one_f_one_b(S, B, t), "1f1b"),
+    "LPP": (lambda S, B, G, R, t: lpp(S, B, G, R, t, priority="forward_first"), "gpipe"),
+    "FSLPP": (lambda S, B, G, R, t: fslpp(S, B, G, R, t, priority="forward_first"), "gpipe"),
+}
+
+
+@dataclass(frozen=True)
+class RahimiRunConfig:
+    """Rahimi's Table 1 on real processes (:func:`rahimi_measured`).
+
+    Attributes:
+        S: stages; B: micro-batches per step; G, R: groups and workers per group (LPP, FSLPP); schemes: which of
+        :data:`RAHIMI_RUNS`; width: the ``deep_mlp``'s width, also its input and class count, so that every
+        stage holds the same weights (width² + width) and every boundary tensor is micro × width (the note's
+        unit weights and unit activations); micro: samples per micro-batch; repeats: runs per scheme (the
+        latency is their median); seed; timeout_s: bound on each spawn.
+    """
+
+    S: int = 4
+    B: int = 4
+    G: int = 2
+    R: int = 2
+    schemes: tuple[str, ...] = ("DDP", "FSDP", "PP", "LPP", "FSLPP")
+    width: int = 512
+    micro: int = 256
+    repeats: int = 3
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    def schedule(self, scheme: str) -> Schedule:
+        """The scheme's one-step schedule (raises ``ValueError`` naming the known schemes)."""
+        if scheme not in RAHIMI_RUNS:
+            raise ValueError(f"scheme must be one of {', '.join(RAHIMI_RUNS)}; got {scheme!r}")
+        return RAHIMI_RUNS[scheme][0](self.S, self.B, self.G, self.R, 1)
+
+
+def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """Each scheme of ``schemes`` (all on ``world`` workers) ``cfg.repeats`` times with the trace; per run this
+    rank's timeline, memory report and collective counters."""
+    from .models import deep_mlp
+    from .runtime import PipelineRuntime
+
+    torch.manual_seed(cfg.seed)
+    base = deep_mlp(in_features=cfg.width, width=cfg.width, depth=cfg.S, num_classes=cfg.width)
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    n = cfg.B * cfg.micro
+    batch = (torch.randn(n, cfg.width, generator=g), torch.randint(0, cfg.width, (n,), generator=g))
+    out = []
+    for scheme in schemes:
+        runs = []
+        for _ in range(cfg.repeats):
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=cfg.schedule(scheme), policy=RAHIMI_RUNS[scheme][1],
+                                 optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01), record=True)
+            res = rt.run([batch])
+            runs.append({"timeline": res.timeline, "memory": res.memory, "collectives": res.collectives})
+        out.append(runs)
+    return out
+
+
+def runtime_table_row(parts: Sequence[dict[str, Any]], activation_unit: int, weight_unit: int) -> dict[str, float]:
+    """Rahimi's Table 1 columns read off one measured run (max over ranks, as :func:`~pipelab.schedules.rahimi.
+    measured_row` reads a simulation).
+
+    Args:
+        parts: every rank's ``{"timeline", "memory", "collectives"}`` of the run (index = rank).
+        activation_unit: bytes of one stage-boundary tensor; weight_unit: bytes of one stage's weights.
+
+    Returns:
+        ``W``; ``latency``: the run's makespan (first start to last end over ranks, one host clock) over the
+        mean F job duration plus the mean B job duration of all ranks (one stage's F+B, measured);
+        ``activation_xmit``: activation bytes received / ``activation_unit``; ``weight_xmit``: weight bytes
+        received by broadcast / ``weight_unit`` (one per fetched (stage, version): the runtime's count,
+        :attr:`~pipelab.simulator.SimResult.weight_fetches`); ``activation_storage``: peak saved stage inputs
+        / ``activation_unit``; ``weight_storage``: peak bytes of own weight versions / ``weight_unit``.
+    """
+    if activation_unit <= 0 or weight_unit <= 0:
+        raise ValueError(f"activation_unit and weight_unit must be positive, got {activation_unit}, {weight_unit}")
+    tls = [p["timeline"] for p in parts]
+    if any(tl is None for tl in tls):
+        raise ValueError("parts have no timeline: run the PipelineRuntime with record=True")
+    f = [r.duration for tl in tls for r in tl.jobs if r.op == "F"]
+    b = [r.duration for tl in tls for r in tl.jobs if r.op in ("B",)]
+    if not f or not b:
+        raise ValueError("the run has no F or no fused B job: latency in F+B units is undefined")
+    unit = statistics.fmean(f) + statistics.fmean(b)
+    return {
+        "W": float(len(parts)),
+        "latency": max(tl.makespan for tl in tls) / unit,
+        "activation_xmit": max(tl.received["activation"] for tl in tls) / activation_unit,
+        "weight_xmit": max((p["collectives"] or {}).get("bytes_received", {}).get("broadcast", 0)
+                           for p in parts) / weight_unit,
+        "activation_storage": max(p["memory"]["activations"] for p in parts) / activation_unit,
+        "weight_storage": max(p["memory"]["weight_versions"] for p in parts) / weight_unit,
+    }
+
+
+def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo") -> list[dict[str, Any]]:
+    """Rahimi's Table 1 rows three ways: the note's formulas, the simulator, and real processes.
+
+    Every scheme of ``cfg`` runs one step through :class:`~pipelab.runtime.PipelineRuntime` with ``record=True``
+    on W spawned ranks (one spawn per distinct W), ``cfg.repeats`` times; its columns are read off the
+    measurement (:func:`runtime_table_row`).
+
+    Returns:
+        one row per scheme: ``scheme``, ``schedule`` (its name), ``params`` (S, B, G, R), ``policy``,
+        ``note`` (:func:`~pipelab.schedules.rahimi.table_row`), ``simulated``
+        (:func:`~pipelab.schedules.rahimi.measured_row`: weight transfers by Rahimi's per-F-job count),
+        ``simulated_fetches`` (the simulator's max :attr:`~pipelab.simulator.SimResult.weight_fetches`, the
+        runtime's count), ``runtime`` (the measured columns; latency the median over repeats),
+        ``latency_all`` (every repeat's), ``units`` (activation and weight bytes of one unit).
+
+    Raises:
+        ValueError: an unknown scheme, or a configuration a builder refuses.
+    """
+    from .distributed import spawn
+    from .schedules.rahimi import measured_row, table_row
+
+    cfg = cfg or RahimiRunConfig()
+    scheds = {s: cfg.schedule(s) for s in cfg.schemes}
+    act_unit = cfg.micro * cfg.width * 4
+    weight_unit = (cfg.width * cfg.width + cfg.width) * 4
+    by_world: dict[int, list[str]] = {}
+    for s, sched in scheds.items():
+        by_world.setdefault(sched.W, []).append(s)
+    measured: dict[str, list[list[dict[str, Any]]]] = {}
+    for world, names in by_world.items():
+        per_rank = spawn(_rahimi_rank, world, (cfg, names), backend=backend, timeout_s=cfg.timeout_s,
+                         comm_timeout_s=120.0)
+        for i, name in enumerate(names):
+            measured[name] = [[per_rank[w][i][rep] for w in range(world)] for rep in range(cfg.repeats)]
+    rows = []
+    for s, sched in scheds.items():
+        runs = [runtime_table_row(parts, act_unit, weight_unit) for parts in measured[s]]
+        row = dict(runs[0])
+        row["latency"] = float(statistics.median(r["latency"] for r in runs))
+        sim = simulate(sched)
+        G, R = (cfg.G, cfg.R) if s in ("LPP", "FSLPP") else (1, 1)
+        rows.append({"scheme": s, "schedule": sched.name, "params": {"S": cfg.S, "B": cfg.B, "G": G, "R": R},
+                     "policy": RAHIMI_RUNS[s][1], "note": table_row(s, cfg.S, cfg.B, G, R),
+                     "simulated": measured_row(sim), "simulated_fetches": float(sim.weight_fetches.max()),
+                     "runtime": row, "latency_all": [r["latency"] for r in runs],
+                     "counted": [{k: v for k, v in r.items() if k != "latency"} for r in runs],
+                     "units": {"activation_bytes": act_unit, "weight_bytes": weight_unit}})
+    return rows
