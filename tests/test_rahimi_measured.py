@@ -112,3 +112,19 @@ def test_table_1_on_four_ranks() -> None:
         assert r["runtime"]["latency"] >= 0.75 * r["simulated"]["latency"], r
     assert by["PP"]["simulated"]["latency"] == 7 and by["DDP"]["simulated"]["latency"] == 4
     assert by["PP"]["runtime"]["latency"] > by["DDP"]["runtime"]["latency"]
+
+
+@pytest.mark.slow
+def test_figure_tiny_has_every_cell_and_its_markdown_reads_the_rows() -> None:
+    from pipelab import figures
+    from pipelab.figures.runtime import rahimi_measured_markdown
+
+    out = figures.make("schedules_rahimi_measured", "tiny")
+    lines = out.tables["csv"].strip().splitlines()
+    assert lines[0].startswith("scheme,schedule,column,note,simulated,simulated_fetches,runtime,counted_equal")
+    assert len(lines) == 1 + 5 * len(COLUMNS)
+    assert out.notes["counted_columns_equal"] is True
+    assert all(line.endswith(",True") for line in lines[1:] if ",latency," not in line)
+    md = rahimi_measured_markdown(out.data, "tiny")
+    for r in out.data:
+        assert f"measured {r['runtime']['latency']:.1f}" in md
