@@ -75,8 +75,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .pipeline.placement import is_placed
-from .schedules import ddp, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, one_f_one_b, pipedream, pipedream_2bw, zb_h1
+from .pipeline.placement import COLLECTIVE_KINDS, is_placed
+from .schedules import (
+    ddp,
+    fsdp,
+    fslpp,
+    gpipe,
+    hybrid,
+    interleaved_1f1b,
+    lpp,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    zb_h1,
+)
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
 from .simulator import SimResult, simulate
@@ -319,7 +331,9 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int]) -> list[d
 # ---------------------------------------------------------------------------------------------------- makespan
 
 #: the schedules :func:`calibrate` knows, by kind: (builder of (W ranks, M, steps), stages per rank, policy);
-#: LPP and FSLPP use R = 2 workers per group and G = W / 2 groups (on 2 ranks: one group, a looped pipeline)
+#: LPP and FSLPP use G = 2 groups of R = W / 2 workers (on 2 ranks R = 1: each group one worker holding every
+#: stage, replicated (LPP) or fetched from the owner (FSLPP)); hybrid: D = W / 2 stages × R = 2 replicas
+#: (on 2 ranks one stage, data parallel)
 KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
     "gpipe": (lambda W, M, s: gpipe(W, M, s), 1, "gpipe"),
     "1f1b": (lambda W, M, s: one_f_one_b(W, M, s), 1, "1f1b"),
@@ -329,8 +343,9 @@ KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
     "zb_h1": (lambda W, M, s: zb_h1(W, M, s), 1, "1f1b"),
     "ddp": (lambda W, M, s: ddp(2 * W, M, W, s), 2, "1f1b"),
     "fsdp": (lambda W, M, s: fsdp(2 * W, M, W, s), 2, "1f1b"),
-    "lpp": (lambda W, M, s: lpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
-    "fslpp": (lambda W, M, s: fslpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
+    "lpp": (lambda W, M, s: lpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
+    "fslpp": (lambda W, M, s: fslpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
+    "hybrid": (lambda W, M, s: hybrid(max(W // 2, 1), M, 2, s), 1, "1f1b"),
 }
 
 
@@ -340,8 +355,9 @@ def _kinds() -> dict[str, tuple[Callable[[int, int, int], Schedule], int, str]]:
 
 def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
     """The schedule of ``kind`` (a key of :data:`KINDS`: gpipe, 1f1b, pipedream, 2bw, interleaved, zb_h1, ddp,
-    fsdp, lpp, fslpp) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is cut
-    into ``ranks`` stages, or 2·``ranks`` for interleaved and the data-parallel placements.
+    fsdp, lpp, fslpp, hybrid) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is
+    cut into ``ranks`` stages, 2·``ranks`` for interleaved and the data-parallel and looped placements, ranks/2
+    for hybrid (2 replicas).
 
     Raises:
         ValueError: an unknown kind (the message lists the known ones).
@@ -426,6 +442,8 @@ class CalibrationRow:
         the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
         latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
         one fixed latency per transfer, no time between jobs), not the profile.
+        collective_s: the most time any rank of the median run spent in collectives (placed schedules; the
+        profile-based forecast has no cost for them, the replay charges them to the updates).
     """
 
     label: str
@@ -446,6 +464,7 @@ class CalibrationRow:
     measured_costs: dict[str, Any] = field(default_factory=dict)
     replay_s: float = math.nan
     replay_error: float = math.nan
+    collective_s: float = 0.0
 
     @property
     def throughput(self) -> float:
@@ -587,7 +606,12 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
     transfer latency: the mean, over received tensors whose consumer was already idle when the producer
     ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none. Means,
     not medians: the makespan is a sum of job times and latencies, so a heavy tail (a descheduled process)
-    counts with its weight."""
+    counts with its weight.
+
+    A placed schedule's collectives (timed as jobs named after their kind) have no cost in the simulator; they
+    sit right before (reductions) or after (broadcasts) the update of their stage and step, so each stage's
+    U cost is charged with their time: for every (stage k, step t ≥ 0), the longest any rank spent in the
+    collectives of (k, t), averaged over steps."""
     durations: dict[tuple[str, int], list[float]] = {}
     ends: dict[tuple[str, int, int, int], float] = {}
     for tl in timelines:
@@ -614,6 +638,19 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
         return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
 
     f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+    coll: dict[tuple[int, int, int], float] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            if r.op in COLLECTIVE_KINDS and r.step >= 0:
+                key = (r.stage, r.step, tl.rank)
+                coll[key] = coll.get(key, 0.0) + r.duration
+    if coll:
+        longest: dict[tuple[int, int], float] = {}
+        for (k, t, _), d in coll.items():
+            longest[(k, t)] = max(longest.get((k, t), 0.0), d)
+        per_stage = [[d for (k, _), d in longest.items() if k == kk] for kk in range(D)]
+        u = [(u[k] if u is not None else 0.0) + (float(statistics.fmean(per_stage[k])) if per_stage[k] else 0.0)
+             for k in range(D)]
     if f is None:
         raise ValueError("the timelines hold no forward job")
     if b is None:  # every backward split: B is only used for the default I/W split, which is given
@@ -665,6 +702,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.error = row.forecast_s / row.measured_s - 1.0
         busy = max(tl.busy for tl in row.timelines)
         row.busy_error = float(sim.busy.max()) / busy - 1.0
+        row.collective_s = max(sum(j.duration for j in tl.jobs if j.op in COLLECTIVE_KINDS) for tl in row.timelines)
         row.measured_costs = measured_costs(row.timelines, sched.D, transfer)
         row.replay_s = simulate(sched, **row.measured_costs).makespan
         row.replay_error = row.replay_s / row.measured_s - 1.0
@@ -689,9 +727,9 @@ def format_rows(rows: Sequence[CalibrationRow], target: float = 0.10) -> str:
 
 def rows_csv(rows: Sequence[CalibrationRow]) -> str:
     """The rows as CSV: label, kind, policy, ranks, runnable, measured_s (median), measured_min, measured_max,
-    forecast_s, error, busy_error, samples_per_s, note."""
+    forecast_s, error, busy_error, replay_s, replay_error, samples_per_s, collective_s, note."""
     head = ("label,kind,policy,ranks,runnable,measured_s,measured_min_s,measured_max_s,forecast_s,error,busy_error,"
-            "replay_s,replay_error,samples_per_s,note")
+            "replay_s,replay_error,samples_per_s,collective_s,note")
     out = [head]
     for r in rows:
         lo = min(r.measured_all) if r.measured_all else math.nan
@@ -699,7 +737,7 @@ def rows_csv(rows: Sequence[CalibrationRow]) -> str:
         note = r.note.replace('"', "'")
         out.append(f'"{r.label}",{r.kind},{r.policy},{r.ranks},{r.runnable},{r.measured_s:.6g},{lo:.6g},{hi:.6g},'
                    f'{r.forecast_s:.6g},{r.error:.4f},{r.busy_error:.4f},{r.replay_s:.6g},{r.replay_error:.4f},'
-                   f'{r.throughput:.6g},"{note}"')
+                   f'{r.throughput:.6g},{r.collective_s:.6g},"{note}"')
     return "\n".join(out) + "\n"
 
 
