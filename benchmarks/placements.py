@@ -29,9 +29,10 @@ Timing: a run's makespan is the time from t0 (every rank, right after a barrier;
 last rank's last job; throughput = samples per run / makespan, the median over repeats. The simulator's
 forecast (:func:`pipelab.simulator.simulate` with the profiled costs) is printed against it with its
 error (forecast / measured − 1) and the *replay* error (the simulation with the run's own mean job
-times). The simulator has no cost for collectives (all-reduce, reduce, broadcast): a placement's forecast
-leaves their time out, and the report prints each row's measured collective share of the busiest rank's
-time beside its error. A row the runtime refuses says "not runnable" with the runtime's reason; its ratio to
+times). The simulator has no cost for collectives (all-reduce, reduce, broadcast) of its own: a placement's
+forecast charges each stage's update with its collectives profiled on the ranks before the runs, the replay
+with the measured ones, and the report prints each row's measured collective share of the run beside its
+error. A row the runtime refuses says "not runnable" with the runtime's reason; its ratio to
 torch is then not measured.
 
 On a small shared CPU box (more ranks than cores, other processes running) the numbers are dominated by
@@ -270,8 +271,8 @@ def format_report(res: Result) -> str:
                 lines.append(f"  {name:<13} {'(torch)':<28} {1e3 * v:>8.1f} {samples / v:>9.0f}")
         for key, v in res.ratios[W].items():
             lines.append(f"  ratio {key}: " + (v if isinstance(v, str) else f"{v:.3f} (target ≥ 0.91, within 10%)"))
-        lines.append("  coll.: the most time a rank spent in collectives, share of the run (no cost in the forecast; "
-                     "the replay charges it to the updates)")
+        lines.append("  coll.: the most time a rank spent in collectives, share of the run (forecast: profiled "
+                     "collectives charged to the updates; replay: the measured ones)")
         errs = [abs(r.error) for r in res.rows[W] if r.runnable]
         if errs:
             lines.append(f"  forecast |error|: {sum(e <= 0.10 for e in errs)}/{len(errs)} runnable rows within 10%, "

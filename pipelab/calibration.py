@@ -56,6 +56,9 @@ counts, not :func:`pipelab.profiling.profile_stages`' saved-tensor bytes.
 U on the machine at hand, inside the ranks that will run the schedule (so that they share the cores as they
 will during the run), and the one-way transfer of a boundary tensor between ranks; simulate the schedule
 with those costs; run it with the trace; report ``forecast / measured − 1`` for the makespan, per schedule.
+A placed schedule's collectives are profiled too, each distinct one of its sequence on its process group
+(:func:`_profile_collectives`), and charged to the update of their stage: the simulator itself has no
+collective cost.
 
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 (latency,
 activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §3.1: profile, then plan).
@@ -75,7 +78,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .pipeline.placement import COLLECTIVE_KINDS, is_placed
+from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
 from .schedules import (
     ddp,
     fsdp,
@@ -442,8 +445,9 @@ class CalibrationRow:
         the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
         latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
         one fixed latency per transfer, no time between jobs), not the profile.
-        collective_s: the most time any rank of the median run spent in collectives (placed schedules; the
-        profile-based forecast has no cost for them, the replay charges them to the updates).
+        collective_s: the most time any rank of the median run spent in collectives (placed schedules).
+        collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
+        update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
     """
 
     label: str
@@ -465,6 +469,7 @@ class CalibrationRow:
     replay_s: float = math.nan
     replay_error: float = math.nan
     collective_s: float = 0.0
+    collective_cost: list[float] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -535,6 +540,57 @@ def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
     return float(statistics.fmean(samples))
 
 
+def _profile_collectives(rt: Any, sched: Schedule, cfg: CalibrationConfig) -> list[float]:
+    """Per stage k, the time the collectives of one step of k take, profiled on this machine: every distinct
+    collective of the placed schedule's sequence (kind, members, stage) is run ``profile_reps`` times (after one
+    warm-up) on its process group with a payload of the stage's bytes, every rank taking part in the same
+    order; its time is the slowest member's mean. Stage k's cost is the sum over its collectives in the
+    sequence divided by the steps (what :func:`forecast_costs` charges to U(k, t), as :func:`measured_costs`
+    does with the measured ones). Collective: every rank calls it with the same arguments."""
+    import time
+
+    coll = rt.collectives
+    seq = [e for e in rt.plan.sequence if isinstance(e, Collective)]
+    numel = _stage_numels(sched.D, cfg)
+    distinct = list(dict.fromkeys((c.kind, c.members, c.root, c.stage) for c in seq))
+    times: dict[tuple[str, tuple[int, ...], int, int], float] = {}
+    for kind, members, root, k in distinct:
+        mine = coll.rank in members
+        buf = torch.zeros(numel[k])
+        samples = []
+        for rep in range(cfg.profile_reps + 1):
+            t0 = time.perf_counter()
+            if mine:
+                group = coll.groups[members]
+                if kind == "all_reduce":
+                    dist.all_reduce(buf, group=group)
+                elif kind == "reduce":
+                    dist.reduce(buf, dst=root, group=group)
+                else:
+                    dist.broadcast(buf, src=root, group=group)
+            if rep:
+                samples.append(time.perf_counter() - t0)
+        times[(kind, members, root, k)] = float(statistics.fmean(samples)) if mine else 0.0
+    parts: list[Any] = [times]
+    if dist.is_initialized():
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, times)
+    slowest = {key: max(p[key] for p in parts) for key in times}
+    out = [0.0] * sched.D
+    for c in seq:
+        out[c.stage] += slowest[(c.kind, c.members, c.root, c.stage)] / sched.steps
+    return out
+
+
+def _stage_numels(D: int, cfg: CalibrationConfig) -> list[int]:
+    """Parameters of each of the D stages the calibration's ``deep_mlp`` is cut into (float32 payloads)."""
+    from .models import deep_mlp
+    from .partition import split
+
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    return [sum(p.numel() for p in s.parameters()) for s in split(base, D)]
+
+
 def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                    extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
@@ -570,6 +626,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
             info["capacity"] = list(rt.plan.capacity)
             if sched.D not in profiles:
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
+            if rt.collectives is not None:
+                info["collective_cost"] = _profile_collectives(rt, sched, cfg)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -588,11 +646,15 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
 
 
 def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
-                   split_backward: bool) -> dict[str, Any]:
+                   split_backward: bool, collective: Sequence[float] | None = None) -> dict[str, Any]:
     """The simulator's costs for a run: profiled F, B (I, W when the schedule splits) and U per stage, U plus
-    a weight copy on stages that keep more than one version (the runtime snapshots the new version), and the
-    one-way transfer time between ranks."""
-    u = [u + (c if cap > 1 else 0.0) for u, c, cap in zip(profile["u_cost"], profile["copy_cost"], capacity)]
+    a weight copy on stages that keep more than one version (the runtime snapshots the new version), plus a
+    placed schedule's profiled collective time per step of the stage (``collective``; the simulator has no
+    collective cost of its own, and they sit right before or after the update), and the one-way transfer time
+    between ranks."""
+    extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
+    u = [u + (c if cap > 1 else 0.0) + e
+         for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
     costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u,
                              "transfer_cost": transfer}
     if split_backward:
@@ -696,7 +758,8 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         mid = order[len(order) // 2]
         row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
         row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
-                                   bool(sched.split_set))
+                                   bool(sched.split_set), info.get("collective_cost"))
+        row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
         row.forecast_s = sim.makespan
         row.error = row.forecast_s / row.measured_s - 1.0

@@ -119,6 +119,7 @@ def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:
     c = forecast_costs(prof, 0.1, [2, 1], split_backward=False)
     assert c == {"f_cost": [1.0, 2.0], "b_cost": [2.0, 4.0], "u_cost": [0.625, 0.25], "transfer_cost": 0.1}
     assert forecast_costs(prof, 0.1, [1, 1], split_backward=True)["w_cost"] == [1.0, 2.0]
+    assert forecast_costs(prof, 0.1, [2, 1], False, collective=[1.0, 2.0])["u_cost"] == [1.625, 2.25]
 
 
 def test_schedule_for_and_config_errors() -> None:
@@ -162,6 +163,9 @@ def test_calibration_on_two_ranks_reports_every_row() -> None:
             assert [j.job for j in tl.jobs if j.op not in COLLECTIVE_KINDS] == [
                 (a.op, a.stage, a.step, a.micro) for a in sched.programs[w]]
         assert any(j.op in COLLECTIVE_KINDS for tl in r.timelines for j in tl.jobs) == (r.kind in placed)
+        # the profiled collectives are in the forecast's update costs, stage by stage
+        assert (len(r.collective_cost) == sched.D and all(c > 0 for c in r.collective_cost)) == (r.kind in placed)
+        assert all(u >= c for u, c in zip(r.costs["u_cost"], r.collective_cost))
         assert r.samples == cfg.steps * cfg.M * cfg.micro and r.throughput == pytest.approx(r.samples / r.measured_s)
     assert "i_cost" in rows[1].costs and "i_cost" not in rows[0].costs  # ZB-H1 splits its backward
     refused = rows[7]
