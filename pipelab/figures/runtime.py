@@ -7,9 +7,10 @@ and the transfer between ranks on the machine at hand, forecasts every schedule'
 the runtime's trace (:mod:`pipelab.runtime.trace`). Top row: for one schedule per rank count, the measured
 timeline of every rank (solid bars, the median of the repeats) over the simulated one (outlined bars,
 above); bottom row: forecast error per schedule (forecast / measured − 1; the ±10% target shaded), with
-the *replay* error beside it — the simulation re-run with each stage's median measured job durations, which
-isolates the simulator's dependency and transfer model from the profile's error. The CSV has every row,
-the schedules the runtime does not run yet included (marked not runnable).
+the *replay* error beside it — the simulation re-run with each stage's mean measured job durations, which
+isolates the simulator's dependency and transfer model from the profile's error. The placements (DDP, FSDP,
+LPP, FSLPP, hybrid) run with their collectives, profiled for the forecast and measured for the replay, both
+charged to the updates. The CSV has every row (a schedule the runtime refuses would be marked not runnable).
 
 Figure ``schedules_rahimi_measured``: Rahimi's Table 1 three ways — the note's formulas, the simulator, and
 real processes (:func:`pipelab.calibration.rahimi_measured`: DDP, FSDP, PP, LPP and FSLPP run one step each
@@ -62,7 +63,7 @@ class RuntimeFigureConfig:
 
     ranks: tuple[int, ...] = (2, 4)
     kinds: tuple[str, ...] = ("gpipe", "1f1b", "pipedream", "2bw", "interleaved", "zb_h1", "ddp", "fsdp", "lpp",
-                              "fslpp")
+                              "fslpp", "hybrid")
     gantt: str = "1f1b"
     width: int = 512
     depth: int = 8
