@@ -1,4 +1,5 @@
-"""Throughput of Rahimi's placements on pipelab's runtime — DDP, FSDP, GPipe, 1F1B, LPP, FSLPP — against torch's
+"""Throughput of Rahimi's placements on pipelab's runtime — DDP, FSDP, GPipe, 1F1B, LPP, FSLPP, hybrid PP × DP —
+against torch's
 ``DistributedDataParallel`` and ``fully_shard`` (FSDP2), with the simulator's forecast error per schedule.
 
 What runs: for each ``--ranks`` value W, one :func:`pipelab.distributed.spawn` of W processes (gloo, 1 thread
@@ -13,8 +14,11 @@ row                    what (same model, micro-batches of b samples, M per step,
 ``DDP``                :func:`~pipelab.schedules.ddp` (D = 2W stages, M, W): M/W micro-batches per rank
 ``FSDP``               :func:`~pipelab.schedules.fsdp`: DDP's compute, stage s's weights on rank s mod W
 ``GPipe``, ``1F1B``    :func:`~pipelab.schedules.gpipe`, :func:`~pipelab.schedules.one_f_one_b` (D = W)
-``LPP``, ``FSLPP``     :func:`~pipelab.schedules.lpp` / :func:`~pipelab.schedules.fslpp` (D = 2W, R = 2,
-                       G = W/2; on 2 ranks one group: a looped pipeline)
+``LPP``, ``FSLPP``     :func:`~pipelab.schedules.lpp` / :func:`~pipelab.schedules.fslpp` (D = 2W, G = 2
+                       groups of R = W/2; on 2 ranks R = 1: each group one worker holding (LPP) or
+                       fetching (FSLPP) every stage)
+``Hybrid``             :func:`~pipelab.schedules.hybrid`: D = W/2 stages × 2 replicas (1F1B per replica,
+                       gradients all-reduced between the replicas of a stage)
 ``torch DDP``          ``DistributedDataParallel``: M/W micro-batches per rank, gradients accumulated
                        under ``no_sync`` but the last, then ``optimizer.step``
 ``torch FSDP2``        ``fully_shard`` on every block and the model, the same micro-batches, then
@@ -24,9 +28,12 @@ row                    what (same model, micro-batches of b samples, M per step,
 Timing: a run's makespan is the time from t0 (every rank, right after a barrier; one host clock) to the
 last rank's last job; throughput = samples per run / makespan, the median over repeats. The simulator's
 forecast (:func:`pipelab.simulator.simulate` with the profiled costs) is printed against it with its
-error (forecast / measured − 1) and the *replay* error (the simulation with the run's own median job
-times). Rows the runtime cannot execute yet (several weight holders need collectives) say "not runnable"
-with the runtime's reason; their ratio to torch is then not measured.
+error (forecast / measured − 1) and the *replay* error (the simulation with the run's own mean job
+times). The simulator has no cost for collectives (all-reduce, reduce, broadcast) of its own: a placement's
+forecast charges each stage's update with its collectives profiled on the ranks before the runs, the replay
+with the measured ones, and the report prints each row's measured collective share of the run beside its
+error. A row the runtime refuses says "not runnable" with the runtime's reason; its ratio to
+torch is then not measured.
 
 On a small shared CPU box (more ranks than cores, other processes running) the numbers are dominated by
 the operating system's scheduling: medians of repeats, and the machine's load is printed.
@@ -66,7 +73,7 @@ __all__ = ["PlacementConfig", "PIPELAB_ROWS", "TORCH_ROWS", "run_benchmark", "fo
 
 #: the pipelab rows: (label, kind of :data:`pipelab.calibration.KINDS`)
 PIPELAB_ROWS = (("DDP", "ddp"), ("FSDP", "fsdp"), ("GPipe", "gpipe"), ("1F1B", "1f1b"), ("LPP", "lpp"),
-                ("FSLPP", "fslpp"))
+                ("FSLPP", "fslpp"), ("Hybrid", "hybrid"))
 #: torch's rows and the pipelab row each is compared with
 TORCH_ROWS = (("torch DDP", "DDP"), ("torch FSDP2", "FSDP"))
 
@@ -249,13 +256,14 @@ def format_report(res: Result) -> str:
         samples = cfg.steps * 2 * W * cfg.micro
         lines += ["", f"{W} ranks (spawn {res.wall_s[W]:.0f} s), {samples} samples per run:",
                   f"  {'row':<13} {'schedule':<28} {'ms/run':>8} {'samples/s':>9} {'forecast ms':>11} {'error':>7} "
-                  f"{'replay':>7}"]
+                  f"{'replay':>7} {'coll.':>6}"]
         for r in res.rows[W]:
             if not r.runnable:
                 lines.append(f"  {r.label:<13} {r.schedule:<28} not runnable: {r.note[:90]}")
                 continue
             lines.append(f"  {r.label:<13} {r.schedule:<28} {1e3 * r.measured_s:>8.1f} {r.throughput:>9.0f} "
-                         f"{1e3 * r.forecast_s:>11.1f} {100 * r.error:>+6.1f}% {100 * r.replay_error:>+6.1f}%")
+                         f"{1e3 * r.forecast_s:>11.1f} {100 * r.error:>+6.1f}% {100 * r.replay_error:>+6.1f}% "
+                         f"{100 * r.collective_s / r.measured_s:>5.0f}%")
         for name, v in res.torch[W].items():
             if isinstance(v, str):
                 lines.append(f"  {name:<13} {'(torch)':<28} not available: {v[:90]}")
@@ -263,6 +271,8 @@ def format_report(res: Result) -> str:
                 lines.append(f"  {name:<13} {'(torch)':<28} {1e3 * v:>8.1f} {samples / v:>9.0f}")
         for key, v in res.ratios[W].items():
             lines.append(f"  ratio {key}: " + (v if isinstance(v, str) else f"{v:.3f} (target ≥ 0.91, within 10%)"))
+        lines.append("  coll.: the most time a rank spent in collectives, share of the run (forecast: profiled "
+                     "collectives charged to the updates; replay: the measured ones)")
         errs = [abs(r.error) for r in res.rows[W] if r.runnable]
         if errs:
             lines.append(f"  forecast |error|: {sum(e <= 0.10 for e in errs)}/{len(errs)} runnable rows within 10%, "

@@ -22,6 +22,30 @@ sent / received     ``timeline.sent`` / ``timeline.received`` by kind     transf
                                                                          × the boundary tensor's bytes, exact
 ==================  ===================================================  =====================================
 
+A *placed* schedule (DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP: :mod:`pipelab.pipeline.placement`) gets
+five more rows per rank, all exact (weight versions and optimizer state then count the stages the rank
+*holds*):
+
+============================  ==========================================  ==========================================
+quantity                      measured                                    simulated
+============================  ==========================================  ==========================================
+fetched weights               ``memory["fetched_weights"]``               Σ stash_depth(k) · weight_bytes[k] over
+                                                                          the stages it computes without holding
+weights received (broadcast)  ``collectives["bytes_received"]``           Σ_k weight_fetch_table[w, k] ·
+                                                                          weight_bytes[k]
+weights sent (broadcast)      ``collectives["bytes_sent"]``               the owner: every other worker's fetches
+                                                                          of its stages × their bytes
+gradients sent / received     reduce + all-reduce bytes                   :func:`simulated_collectives`
+============================  ==========================================  ==========================================
+
+Two counts of weight transfers: Rahimi's Table 1 (:attr:`SimResult.weight_transfers`) counts one fetch per F
+job of a stage the worker does not hold; the runtime fetches once per (stage, version, worker)
+(:attr:`SimResult.weight_fetches`), keeping the version for every job that uses it. On a flushed schedule
+(every job of step t uses version t) with n(w, k, t) F jobs of non-held stage k on worker w in step t,
+Rahimi's count is Σ n and the runtime's Σ [n > 0]: they agree exactly when every n ≤ 1 (FSDP with M = W,
+FSLPP with B = G: one micro-batch per worker per step), and otherwise differ by the factor n (M/W for FSDP,
+M/G for FSLPP: the micro-batches a worker runs per step). The bytes compare against the runtime's count.
+
 The simulator's activation *count* holds (k, g) from the start of F(k, g) to the end of its backward, and
 the runtime holds the stage input from the end of F to the start of B; within one worker the program order
 fixes which activations are resident at each job, so the peaks agree exactly. The simulator's
@@ -32,6 +56,9 @@ counts, not :func:`pipelab.profiling.profile_stages`' saved-tensor bytes.
 U on the machine at hand, inside the ranks that will run the schedule (so that they share the cores as they
 will during the run), and the one-way transfer of a boundary tensor between ranks; simulate the schedule
 with those costs; run it with the trace; report ``forecast / measured − 1`` for the makespan, per schedule.
+A placed schedule's collectives are profiled too, each distinct one of its sequence on its process group
+(:func:`_profile_collectives`), and charged to the update of their stage: the simulator itself has no
+collective cost.
 
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 (latency,
 activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §3.1: profile, then plan).
@@ -51,14 +78,29 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .schedules import ddp, fsdp, fslpp, gpipe, interleaved_1f1b, lpp, one_f_one_b, pipedream, pipedream_2bw, zb_h1
+from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
+from .schedules import (
+    ddp,
+    fsdp,
+    fslpp,
+    gpipe,
+    hybrid,
+    interleaved_1f1b,
+    lpp,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    zb_h1,
+)
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
 from .simulator import SimResult, simulate
 
-__all__ = ["boundary_bytes", "simulated_traffic", "optimizer_state_slots", "compare_memory", "EXACT_VERSION_POLICIES",
+__all__ = ["boundary_bytes", "simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
+           "EXACT_VERSION_POLICIES",
            "KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows"]
+           "forecast_costs", "measured_costs", "format_rows", "rows_csv", "calibrate_rank", "calibration_rows",
+           "RAHIMI_RUNS", "RahimiRunConfig", "runtime_table_row", "rahimi_measured"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -146,7 +188,9 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
 
     Returns:
         rows ``{"rank", "quantity", "measured", "simulated", "exact", "tolerance", "ok", "note"}`` — five per
-        rank: weight versions, activations, optimizer state, sent, received (bytes; see the module docstring).
+        rank: weight versions, activations, optimizer state, sent, received (bytes; see the module docstring),
+        and for a placed schedule five more: fetched weights, weights received and sent by broadcast,
+        gradients sent and received by the reductions.
         ``exact`` rows require equality; the others ``|measured − simulated| ≤ tolerance`` (``None``: the
         simulator has no figure, reported only).
 
@@ -185,8 +229,14 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
                      "simulated": None if simulated is None else int(simulated), "exact": exact,
                      "tolerance": tol, "ok": ok, "note": note})
 
+    placed = is_placed(schedule)
+    holders = [tuple(h) for h in schedule.weight_holders]
+    if placed:
+        fetch = sim.weight_fetch_table
+        collectives = simulated_collectives(sim, weight_bytes)
     for w, res in enumerate(results):
-        mine = sorted(res.stages)
+        # a placed schedule's rank keeps versions and optimizer state only for the stages it holds
+        mine = [k for k in range(schedule.D) if w in holders[k]] if placed else sorted(res.stages)
         exact_versions = policy in EXACT_VERSION_POLICIES
         row(w, "weight versions", res.memory["weight_versions"], sum(depth[k] * weight_bytes[k] for k in mine),
             exact_versions, None if exact_versions else 0.0,
@@ -207,13 +257,86 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
         for q in ("sent", "received"):
             row(w, q, getattr(res.timeline, f"bytes_{q}"), sum(traffic[w][q].values()), True, None,
                 "transfers × boundary bytes")
+        if not placed:
+            continue
+        fetched = [k for k in sorted(res.stages) if w not in holders[k]]
+        row(w, "fetched weights", res.memory.get("fetched_weights", 0),
+            sum(depth[k] * weight_bytes[k] for k in fetched), exact_versions, None if exact_versions else 0.0,
+            "stash depth × weights of the stages computed without holding them")
+        if not exact_versions:
+            rows[-1]["simulated"] = None
+            rows[-1]["ok"] = True
+        got = res.collectives or {"bytes_sent": {}, "bytes_received": {}}
+        n_f = int(sim.weight_transfers[w])
+        row(w, "weights received (broadcast)", got["bytes_received"].get("broadcast", 0),
+            sum(int(fetch[w, k]) * weight_bytes[k] for k in range(schedule.D)), True, None,
+            f"{int(fetch[w].sum())} fetches, one per (stage, version) (weight_fetches; Rahimi's per-F-job "
+            f"weight_transfers: {n_f}) × stage weights")
+        row(w, "weights sent (broadcast)", got["bytes_sent"].get("broadcast", 0),
+            sum(int(fetch[:, k].sum()) * weight_bytes[k] for k in range(schedule.D) if holders[k][0] == w), True,
+            None, "the owner sends each fetched version once per receiver (weight_fetches of the others)")
+        for q in ("sent", "received"):
+            row(w, f"gradients {q} (reduce, all-reduce)",
+                sum(v for kind, v in got[f"bytes_{q}"].items() if kind != "broadcast"),
+                sum(v for kind, v in collectives[w][f"bytes_{q}"].items() if kind != "broadcast"), True, None,
+                "per step and stage: holders ∪ computing workers reduce the stage's gradient")
     return rows
+
+
+def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int]) -> list[dict[str, dict[str, int]]]:
+    """Bytes and calls each worker's collectives move in a placed schedule, by kind, counted from the simulation.
+
+    Per step t and stage k, the members are k's holders H_k and the workers that ran a B (or W) of (k, t):
+    with one holder and another member, a ``reduce`` onto it; with several holders, an ``all_reduce``
+    (:mod:`pipelab.pipeline.placement`); the payload is the stage's weight bytes. Each version v of stage k
+    that a non-holder uses (:attr:`SimResult.weight_fetch_table`) is a ``broadcast`` from the owner H_k[0]
+    to the workers that use it. Bytes follow :func:`pipelab.pipeline.placement.collective_bytes`.
+
+    Returns:
+        per worker, ``{"bytes_sent": {kind: n}, "bytes_received": {kind: n}, "calls": {kind: n}}`` (kinds
+        that occur only), the runtime's :attr:`~pipelab.runtime.RuntimeResult.collectives` format.
+    """
+    from .pipeline.placement import collective_bytes
+
+    s, c = sim.schedule, sim.compiled
+    if len(weight_bytes) != s.D:
+        raise ValueError(f"weight_bytes must have one entry per stage (D={s.D}), got {len(weight_bytes)}")
+    out: list[dict[str, dict[str, int]]] = [{"bytes_sent": {}, "bytes_received": {}, "calls": {}}
+                                            for _ in range(s.W)]
+
+    def add(w: int, kind: str, sent: int, got: int) -> None:
+        for key, n in (("bytes_sent", sent), ("bytes_received", got), ("calls", 1)):
+            out[w][key][kind] = out[w][key].get(kind, 0) + n
+
+    computed: dict[tuple[int, int], set[int]] = {}
+    for i in np.flatnonzero((c.op == _B) | (c.op == OP_CODE["W"])).tolist():
+        computed.setdefault((int(c.stage[i]), int(c.step[i])), set()).add(int(c.worker[i]))
+    for k in range(s.D):
+        hs = tuple(s.weight_holders[k])
+        for t in range(s.steps):
+            members = sorted(set(hs) | computed.get((k, t), set()))
+            if len(members) < 2:
+                continue
+            kind = "reduce" if len(hs) == 1 else "all_reduce"
+            for w in members:
+                add(w, kind, *collective_bytes(kind, int(weight_bytes[k]), len(members), w == hs[0]))
+    receivers: dict[tuple[int, int], set[int]] = {}
+    for w, k, v in sim.weight_fetch_versions:
+        receivers.setdefault((k, v), set()).add(w)
+    for (k, _), got in receivers.items():
+        owner, n = s.weight_holders[k][0], int(weight_bytes[k])
+        add(owner, "broadcast", *collective_bytes("broadcast", n, len(got) + 1, True))
+        for w in got:
+            add(w, "broadcast", *collective_bytes("broadcast", n, len(got) + 1, False))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- makespan
 
 #: the schedules :func:`calibrate` knows, by kind: (builder of (W ranks, M, steps), stages per rank, policy);
-#: LPP and FSLPP use R = 2 workers per group and G = W / 2 groups (on 2 ranks: one group, a looped pipeline)
+#: LPP and FSLPP use G = 2 groups of R = W / 2 workers (on 2 ranks R = 1: each group one worker holding every
+#: stage, replicated (LPP) or fetched from the owner (FSLPP)); hybrid: D = W / 2 stages × R = 2 replicas
+#: (on 2 ranks one stage, data parallel)
 KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
     "gpipe": (lambda W, M, s: gpipe(W, M, s), 1, "gpipe"),
     "1f1b": (lambda W, M, s: one_f_one_b(W, M, s), 1, "1f1b"),
@@ -223,8 +346,9 @@ KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
     "zb_h1": (lambda W, M, s: zb_h1(W, M, s), 1, "1f1b"),
     "ddp": (lambda W, M, s: ddp(2 * W, M, W, s), 2, "1f1b"),
     "fsdp": (lambda W, M, s: fsdp(2 * W, M, W, s), 2, "1f1b"),
-    "lpp": (lambda W, M, s: lpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
-    "fslpp": (lambda W, M, s: fslpp(2 * W, M, max(W // 2, 1), min(W, 2), s), 2, "1f1b"),
+    "lpp": (lambda W, M, s: lpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
+    "fslpp": (lambda W, M, s: fslpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
+    "hybrid": (lambda W, M, s: hybrid(max(W // 2, 1), M, 2, s), 1, "1f1b"),
 }
 
 
@@ -234,8 +358,9 @@ def _kinds() -> dict[str, tuple[Callable[[int, int, int], Schedule], int, str]]:
 
 def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
     """The schedule of ``kind`` (a key of :data:`KINDS`: gpipe, 1f1b, pipedream, 2bw, interleaved, zb_h1, ddp,
-    fsdp, lpp, fslpp) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is cut
-    into ``ranks`` stages, or 2·``ranks`` for interleaved and the data-parallel placements.
+    fsdp, lpp, fslpp, hybrid) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is
+    cut into ``ranks`` stages, 2·``ranks`` for interleaved and the data-parallel and looped placements, ranks/2
+    for hybrid (2 replicas).
 
     Raises:
         ValueError: an unknown kind (the message lists the known ones).
@@ -320,6 +445,9 @@ class CalibrationRow:
         the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
         latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
         one fixed latency per transfer, no time between jobs), not the profile.
+        collective_s: the most time any rank of the median run spent in collectives (placed schedules).
+        collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
+        update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
     """
 
     label: str
@@ -340,6 +468,8 @@ class CalibrationRow:
     measured_costs: dict[str, Any] = field(default_factory=dict)
     replay_s: float = math.nan
     replay_error: float = math.nan
+    collective_s: float = 0.0
+    collective_cost: list[float] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -410,6 +540,57 @@ def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
     return float(statistics.fmean(samples))
 
 
+def _profile_collectives(rt: Any, sched: Schedule, cfg: CalibrationConfig) -> list[float]:
+    """Per stage k, the time the collectives of one step of k take, profiled on this machine: every distinct
+    collective of the placed schedule's sequence (kind, members, stage) is run ``profile_reps`` times (after one
+    warm-up) on its process group with a payload of the stage's bytes, every rank taking part in the same
+    order; its time is the slowest member's mean. Stage k's cost is the sum over its collectives in the
+    sequence divided by the steps (what :func:`forecast_costs` charges to U(k, t), as :func:`measured_costs`
+    does with the measured ones). Collective: every rank calls it with the same arguments."""
+    import time
+
+    coll = rt.collectives
+    seq = [e for e in rt.plan.sequence if isinstance(e, Collective)]
+    numel = _stage_numels(sched.D, cfg)
+    distinct = list(dict.fromkeys((c.kind, c.members, c.root, c.stage) for c in seq))
+    times: dict[tuple[str, tuple[int, ...], int, int], float] = {}
+    for kind, members, root, k in distinct:
+        mine = coll.rank in members
+        buf = torch.zeros(numel[k])
+        samples = []
+        for rep in range(cfg.profile_reps + 1):
+            t0 = time.perf_counter()
+            if mine:
+                group = coll.groups[members]
+                if kind == "all_reduce":
+                    dist.all_reduce(buf, group=group)
+                elif kind == "reduce":
+                    dist.reduce(buf, dst=root, group=group)
+                else:
+                    dist.broadcast(buf, src=root, group=group)
+            if rep:
+                samples.append(time.perf_counter() - t0)
+        times[(kind, members, root, k)] = float(statistics.fmean(samples)) if mine else 0.0
+    parts: list[Any] = [times]
+    if dist.is_initialized():
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, times)
+    slowest = {key: max(p[key] for p in parts) for key in times}
+    out = [0.0] * sched.D
+    for c in seq:
+        out[c.stage] += slowest[(c.kind, c.members, c.root, c.stage)] / sched.steps
+    return out
+
+
+def _stage_numels(D: int, cfg: CalibrationConfig) -> list[int]:
+    """Parameters of each of the D stages the calibration's ``deep_mlp`` is cut into (float32 payloads)."""
+    from .models import deep_mlp
+    from .partition import split
+
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    return [sum(p.numel() for p in s.parameters()) for s in split(base, D)]
+
+
 def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                    extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
@@ -445,6 +626,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
             info["capacity"] = list(rt.plan.capacity)
             if sched.D not in profiles:
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
+            if rt.collectives is not None:
+                info["collective_cost"] = _profile_collectives(rt, sched, cfg)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -463,11 +646,15 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
 
 
 def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
-                   split_backward: bool) -> dict[str, Any]:
+                   split_backward: bool, collective: Sequence[float] | None = None) -> dict[str, Any]:
     """The simulator's costs for a run: profiled F, B (I, W when the schedule splits) and U per stage, U plus
-    a weight copy on stages that keep more than one version (the runtime snapshots the new version), and the
-    one-way transfer time between ranks."""
-    u = [u + (c if cap > 1 else 0.0) for u, c, cap in zip(profile["u_cost"], profile["copy_cost"], capacity)]
+    a weight copy on stages that keep more than one version (the runtime snapshots the new version), plus a
+    placed schedule's profiled collective time per step of the stage (``collective``; the simulator has no
+    collective cost of its own, and they sit right before or after the update), and the one-way transfer time
+    between ranks."""
+    extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
+    u = [u + (c if cap > 1 else 0.0) + e
+         for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
     costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u,
                              "transfer_cost": transfer}
     if split_backward:
@@ -481,7 +668,12 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
     transfer latency: the mean, over received tensors whose consumer was already idle when the producer
     ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none. Means,
     not medians: the makespan is a sum of job times and latencies, so a heavy tail (a descheduled process)
-    counts with its weight."""
+    counts with its weight.
+
+    A placed schedule's collectives (timed as jobs named after their kind) have no cost in the simulator; they
+    sit right before (reductions) or after (broadcasts) the update of their stage and step, so each stage's
+    U cost is charged with their time: for every (stage k, step t ≥ 0), the longest any rank spent in the
+    collectives of (k, t), averaged over steps."""
     durations: dict[tuple[str, int], list[float]] = {}
     ends: dict[tuple[str, int, int, int], float] = {}
     for tl in timelines:
@@ -508,6 +700,19 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
         return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
 
     f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+    coll: dict[tuple[int, int, int], float] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            if r.op in COLLECTIVE_KINDS and r.step >= 0:
+                key = (r.stage, r.step, tl.rank)
+                coll[key] = coll.get(key, 0.0) + r.duration
+    if coll:
+        longest: dict[tuple[int, int], float] = {}
+        for (k, t, _), d in coll.items():
+            longest[(k, t)] = max(longest.get((k, t), 0.0), d)
+        per_stage = [[d for (k, _), d in longest.items() if k == kk] for kk in range(D)]
+        u = [(u[k] if u is not None else 0.0) + (float(statistics.fmean(per_stage[k])) if per_stage[k] else 0.0)
+             for k in range(D)]
     if f is None:
         raise ValueError("the timelines hold no forward job")
     if b is None:  # every backward split: B is only used for the default I/W split, which is given
@@ -553,12 +758,14 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         mid = order[len(order) // 2]
         row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
         row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
-                                   bool(sched.split_set))
+                                   bool(sched.split_set), info.get("collective_cost"))
+        row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
         row.forecast_s = sim.makespan
         row.error = row.forecast_s / row.measured_s - 1.0
         busy = max(tl.busy for tl in row.timelines)
         row.busy_error = float(sim.busy.max()) / busy - 1.0
+        row.collective_s = max(sum(j.duration for j in tl.jobs if j.op in COLLECTIVE_KINDS) for tl in row.timelines)
         row.measured_costs = measured_costs(row.timelines, sched.D, transfer)
         row.replay_s = simulate(sched, **row.measured_costs).makespan
         row.replay_error = row.replay_s / row.measured_s - 1.0
@@ -583,9 +790,9 @@ def format_rows(rows: Sequence[CalibrationRow], target: float = 0.10) -> str:
 
 def rows_csv(rows: Sequence[CalibrationRow]) -> str:
     """The rows as CSV: label, kind, policy, ranks, runnable, measured_s (median), measured_min, measured_max,
-    forecast_s, error, busy_error, samples_per_s, note."""
+    forecast_s, error, busy_error, replay_s, replay_error, samples_per_s, collective_s, note."""
     head = ("label,kind,policy,ranks,runnable,measured_s,measured_min_s,measured_max_s,forecast_s,error,busy_error,"
-            "replay_s,replay_error,samples_per_s,note")
+            "replay_s,replay_error,samples_per_s,collective_s,note")
     out = [head]
     for r in rows:
         lo = min(r.measured_all) if r.measured_all else math.nan
@@ -593,5 +800,159 @@ def rows_csv(rows: Sequence[CalibrationRow]) -> str:
         note = r.note.replace('"', "'")
         out.append(f'"{r.label}",{r.kind},{r.policy},{r.ranks},{r.runnable},{r.measured_s:.6g},{lo:.6g},{hi:.6g},'
                    f'{r.forecast_s:.6g},{r.error:.4f},{r.busy_error:.4f},{r.replay_s:.6g},{r.replay_error:.4f},'
-                   f'{r.throughput:.6g},"{note}"')
+                   f'{r.throughput:.6g},{r.collective_s:.6g},"{note}"')
     return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------- Rahimi's Table 1, measured
+
+#: Rahimi's schemes on real processes: scheme -> (builder of (S, B, G, R, steps), policy). DDP and FSDP on
+#: W = B workers (one micro-batch each, the note's setting), PP as 1F1B (the order whose activation storage is
+#: the note's min(S, B)), LPP and FSLPP under the forward-first priority the note's latency assumes.
+RAHIMI_RUNS: dict[str, tuple[Callable[[int, int, int, int, int], Schedule], str]] = {
+    "DDP": (lambda S, B, G, R, t: ddp(S, B, B, t), "gpipe"),
+    "FSDP": (lambda S, B, G, R, t: fsdp(S, B, B, t), "gpipe"),
+    "PP": (lambda S, B, G, R, t: one_f_one_b(S, B, t), "1f1b"),
+    "LPP": (lambda S, B, G, R, t: lpp(S, B, G, R, t, priority="forward_first"), "gpipe"),
+    "FSLPP": (lambda S, B, G, R, t: fslpp(S, B, G, R, t, priority="forward_first"), "gpipe"),
+}
+
+
+@dataclass(frozen=True)
+class RahimiRunConfig:
+    """Rahimi's Table 1 on real processes (:func:`rahimi_measured`).
+
+    Attributes:
+        S: stages; B: micro-batches per step; G, R: groups and workers per group (LPP, FSLPP); schemes: which of
+        :data:`RAHIMI_RUNS`; width: the ``deep_mlp``'s width, also its input and class count, so that every
+        stage holds the same weights (width² + width) and every boundary tensor is micro × width (the note's
+        unit weights and unit activations); micro: samples per micro-batch; repeats: runs per scheme (the
+        latency is their median); seed; timeout_s: bound on each spawn.
+    """
+
+    S: int = 4
+    B: int = 4
+    G: int = 2
+    R: int = 2
+    schemes: tuple[str, ...] = ("DDP", "FSDP", "PP", "LPP", "FSLPP")
+    width: int = 512
+    micro: int = 256
+    repeats: int = 3
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    def schedule(self, scheme: str) -> Schedule:
+        """The scheme's one-step schedule (raises ``ValueError`` naming the known schemes)."""
+        if scheme not in RAHIMI_RUNS:
+            raise ValueError(f"scheme must be one of {', '.join(RAHIMI_RUNS)}; got {scheme!r}")
+        return RAHIMI_RUNS[scheme][0](self.S, self.B, self.G, self.R, 1)
+
+
+def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """Each scheme of ``schemes`` (all on ``world`` workers) ``cfg.repeats`` times with the trace; per run this
+    rank's timeline, memory report and collective counters."""
+    from .models import deep_mlp
+    from .runtime import PipelineRuntime
+
+    torch.manual_seed(cfg.seed)
+    base = deep_mlp(in_features=cfg.width, width=cfg.width, depth=cfg.S, num_classes=cfg.width)
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    n = cfg.B * cfg.micro
+    batch = (torch.randn(n, cfg.width, generator=g), torch.randint(0, cfg.width, (n,), generator=g))
+    out = []
+    for scheme in schemes:
+        runs = []
+        for _ in range(cfg.repeats):
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=cfg.schedule(scheme), policy=RAHIMI_RUNS[scheme][1],
+                                 optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01), record=True)
+            res = rt.run([batch])
+            runs.append({"timeline": res.timeline, "memory": res.memory, "collectives": res.collectives})
+        out.append(runs)
+    return out
+
+
+def runtime_table_row(parts: Sequence[dict[str, Any]], activation_unit: int, weight_unit: int) -> dict[str, float]:
+    """Rahimi's Table 1 columns read off one measured run (max over ranks, as :func:`~pipelab.schedules.rahimi.
+    measured_row` reads a simulation).
+
+    Args:
+        parts: every rank's ``{"timeline", "memory", "collectives"}`` of the run (index = rank).
+        activation_unit: bytes of one stage-boundary tensor; weight_unit: bytes of one stage's weights.
+
+    Returns:
+        ``W``; ``latency``: the run's makespan (first start to last end over ranks, one host clock) over the
+        mean F job duration plus the mean B job duration of all ranks (one stage's F+B, measured);
+        ``activation_xmit``: activation bytes received / ``activation_unit``; ``weight_xmit``: weight bytes
+        received by broadcast / ``weight_unit`` (one per fetched (stage, version): the runtime's count,
+        :attr:`~pipelab.simulator.SimResult.weight_fetches`); ``activation_storage``: peak saved stage inputs
+        / ``activation_unit``; ``weight_storage``: peak bytes of own weight versions / ``weight_unit``.
+    """
+    if activation_unit <= 0 or weight_unit <= 0:
+        raise ValueError(f"activation_unit and weight_unit must be positive, got {activation_unit}, {weight_unit}")
+    tls = [p["timeline"] for p in parts]
+    if any(tl is None for tl in tls):
+        raise ValueError("parts have no timeline: run the PipelineRuntime with record=True")
+    f = [r.duration for tl in tls for r in tl.jobs if r.op == "F"]
+    b = [r.duration for tl in tls for r in tl.jobs if r.op in ("B",)]
+    if not f or not b:
+        raise ValueError("the run has no F or no fused B job: latency in F+B units is undefined")
+    unit = statistics.fmean(f) + statistics.fmean(b)
+    return {
+        "W": float(len(parts)),
+        "latency": max(tl.makespan for tl in tls) / unit,
+        "activation_xmit": max(tl.received["activation"] for tl in tls) / activation_unit,
+        "weight_xmit": max((p["collectives"] or {}).get("bytes_received", {}).get("broadcast", 0)
+                           for p in parts) / weight_unit,
+        "activation_storage": max(p["memory"]["activations"] for p in parts) / activation_unit,
+        "weight_storage": max(p["memory"]["weight_versions"] for p in parts) / weight_unit,
+    }
+
+
+def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo") -> list[dict[str, Any]]:
+    """Rahimi's Table 1 rows three ways: the note's formulas, the simulator, and real processes.
+
+    Every scheme of ``cfg`` runs one step through :class:`~pipelab.runtime.PipelineRuntime` with ``record=True``
+    on W spawned ranks (one spawn per distinct W), ``cfg.repeats`` times; its columns are read off the
+    measurement (:func:`runtime_table_row`).
+
+    Returns:
+        one row per scheme: ``scheme``, ``schedule`` (its name), ``params`` (S, B, G, R), ``policy``,
+        ``note`` (:func:`~pipelab.schedules.rahimi.table_row`), ``simulated``
+        (:func:`~pipelab.schedules.rahimi.measured_row`: weight transfers by Rahimi's per-F-job count),
+        ``simulated_fetches`` (the simulator's max :attr:`~pipelab.simulator.SimResult.weight_fetches`, the
+        runtime's count), ``runtime`` (the measured columns; latency the median over repeats),
+        ``latency_all`` (every repeat's), ``units`` (activation and weight bytes of one unit).
+
+    Raises:
+        ValueError: an unknown scheme, or a configuration a builder refuses.
+    """
+    from .distributed import spawn
+    from .schedules.rahimi import measured_row, table_row
+
+    cfg = cfg or RahimiRunConfig()
+    scheds = {s: cfg.schedule(s) for s in cfg.schemes}
+    act_unit = cfg.micro * cfg.width * 4
+    weight_unit = (cfg.width * cfg.width + cfg.width) * 4
+    by_world: dict[int, list[str]] = {}
+    for s, sched in scheds.items():
+        by_world.setdefault(sched.W, []).append(s)
+    measured: dict[str, list[list[dict[str, Any]]]] = {}
+    for world, names in by_world.items():
+        per_rank = spawn(_rahimi_rank, world, (cfg, names), backend=backend, timeout_s=cfg.timeout_s,
+                         comm_timeout_s=120.0)
+        for i, name in enumerate(names):
+            measured[name] = [[per_rank[w][i][rep] for w in range(world)] for rep in range(cfg.repeats)]
+    rows = []
+    for s, sched in scheds.items():
+        runs = [runtime_table_row(parts, act_unit, weight_unit) for parts in measured[s]]
+        row = dict(runs[0])
+        row["latency"] = float(statistics.median(r["latency"] for r in runs))
+        sim = simulate(sched)
+        G, R = (cfg.G, cfg.R) if s in ("LPP", "FSLPP") else (1, 1)
+        rows.append({"scheme": s, "schedule": sched.name, "params": {"S": cfg.S, "B": cfg.B, "G": G, "R": R},
+                     "policy": RAHIMI_RUNS[s][1], "note": table_row(s, cfg.S, cfg.B, G, R),
+                     "simulated": measured_row(sim), "simulated_fetches": float(sim.weight_fetches.max()),
+                     "runtime": row, "latency_all": [r["latency"] for r in runs],
+                     "counted": [{k: v for k, v in r.items() if k != "latency"} for r in runs],
+                     "units": {"activation_bytes": act_unit, "weight_bytes": weight_unit}})
+    return rows

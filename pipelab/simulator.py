@@ -204,6 +204,52 @@ class SimResult:
         return np.bincount(c.worker[m], minlength=self.schedule.W)
 
     @cached_property
+    def weight_fetch_table(self) -> np.ndarray:
+        """Weight versions each worker fetches, per stage: ``[w, k]`` = the number of distinct versions v of
+        stage k used by w's jobs when w does not hold stage k, shape [W, D] (int).
+
+        A job's version is the version table's: F its forward version, B (I and W when split) its backward
+        version. This is what a runtime that fetches once per (stage, version, worker) receives
+        (:mod:`pipelab.pipeline.placement`: one broadcast of W_k^(v) per version used by a non-holder), for
+        the policies that use the table's versions (stored versions: the flushed placements' only ones).
+        Against Rahimi's count (:attr:`weight_transfers`, one fetch per F job): on a flushed schedule every
+        job of step t uses version t, so ``weight_transfers[w] = Σ_{k,t} n(w, k, t)`` and
+        ``weight_fetches[w] = Σ_{k,t} [n(w, k, t) > 0]`` with n(w, k, t) the F jobs of stage k that w runs
+        in step t without holding k: equal exactly when every such n ≤ 1 (one micro-batch of each fetched
+        stage per worker per step: FSDP with M = W, FSLPP with B = G), else larger by the factor n
+        (M/W for FSDP, M/G for FSLPP).
+        """
+        out = np.zeros((self.schedule.W, self.schedule.D), np.int64)
+        for w, k, _ in self.weight_fetch_versions:
+            out[w, k] += 1
+        return out
+
+    @cached_property
+    def weight_fetch_versions(self) -> list[tuple[int, int, int]]:
+        """The fetches behind :attr:`weight_fetch_table`: sorted ``(worker, stage, version)`` triples, one per
+        version of a stage that a worker's jobs use without the worker holding the stage."""
+        c, s = self.compiled, self.schedule
+        vt = self.version_table
+        T, M = s.steps, s.M
+        seen: set[tuple[int, int, int]] = set()
+        for op, versions in ((_F, vt.forward), (_B, vt.backward), (_I, vt.backward), (_W, vt.backward)):
+            ids = c.table[op].reshape(-1)
+            for pos in np.flatnonzero(ids >= 0).tolist():
+                i = int(ids[pos])
+                w, k = int(c.worker[i]), int(c.stage[i])
+                if w in s.weight_holders[k]:
+                    continue
+                t, j = divmod(pos % (T * M), M)
+                seen.add((w, k, int(versions[k, t, j])))
+        return sorted(seen)
+
+    @cached_property
+    def weight_fetches(self) -> np.ndarray:
+        """Weight versions fetched per worker (the runtime's count), shape [W]: :attr:`weight_fetch_table`
+        summed over stages. Compare :attr:`weight_transfers` (Rahimi's per-F-job count)."""
+        return self.weight_fetch_table.sum(axis=1)
+
+    @cached_property
     def weight_storage(self) -> np.ndarray:
         """Stages whose weights each worker holds (its own copies), shape [W]."""
         out = np.zeros(self.schedule.W, np.int64)

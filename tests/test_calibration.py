@@ -21,12 +21,27 @@ from pipelab.calibration import (
     optimizer_state_slots,
     rows_csv,
     schedule_for,
+    simulated_collectives,
     simulated_traffic,
 )
+from pipelab.emulator import Emulator
 from pipelab.models import deep_mlp
 from pipelab.partition import split
+from pipelab.pipeline.placement import COLLECTIVE_KINDS
 from pipelab.runtime.trace import JobRecord, Timeline
-from pipelab.schedules import interleaved_1f1b, messages, one_f_one_b, pipedream_2bw, zb_h1
+from pipelab.schedules import (
+    ddp,
+    dualpipe,
+    fsdp,
+    fslpp,
+    hybrid,
+    interleaved_1f1b,
+    lpp,
+    messages,
+    one_f_one_b,
+    pipedream_2bw,
+    zb_h1,
+)
 from pipelab.simulator import simulate
 
 
@@ -104,6 +119,7 @@ def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:
     c = forecast_costs(prof, 0.1, [2, 1], split_backward=False)
     assert c == {"f_cost": [1.0, 2.0], "b_cost": [2.0, 4.0], "u_cost": [0.625, 0.25], "transfer_cost": 0.1}
     assert forecast_costs(prof, 0.1, [1, 1], split_backward=True)["w_cost"] == [1.0, 2.0]
+    assert forecast_costs(prof, 0.1, [2, 1], False, collective=[1.0, 2.0])["u_cost"] == [1.625, 2.25]
 
 
 def test_schedule_for_and_config_errors() -> None:
@@ -122,28 +138,43 @@ def test_schedule_for_and_config_errors() -> None:
 
 @pytest.mark.slow
 def test_calibration_on_two_ranks_reports_every_row() -> None:
-    cfg = CalibrationConfig(ranks=2, cases=(CalibrationCase("1f1b"), CalibrationCase("zb_h1"), CalibrationCase("ddp")),
-                            width=64, depth=4, micro=8, steps=2, repeats=3, profile_reps=3)
+    """Every schedule runs on real processes, the placements (DDP, FSDP, LPP and FSLPP with G = 2 groups, hybrid)
+    included; a policy the runtime refuses on a placement gives a not-runnable row with the runtime's reason."""
+    placed = ("ddp", "fsdp", "lpp", "fslpp", "hybrid")
+    cases = (CalibrationCase("1f1b"), CalibrationCase("zb_h1"), *(CalibrationCase(k) for k in placed),
+             CalibrationCase("fsdp", policy="spectrain", label="FSDP + SpecTrain"))
+    cfg = CalibrationConfig(ranks=2, cases=cases, width=64, depth=4, micro=8, steps=2, repeats=3, profile_reps=3)
     rows = calibrate(cfg)
-    assert [r.kind for r in rows] == ["1f1b", "zb_h1", "ddp"]
-    for r in rows[:2]:
-        assert r.runnable and len(r.measured_all) == 3 and r.measured_s == statistics.median(r.measured_all)
+    assert [r.kind for r in rows] == ["1f1b", "zb_h1", *placed, "fsdp"]
+    assert [r.schedule.split("(")[0] for r in rows[2:7]] == ["DDP", "FSDP", "LPP", "FSLPP", "hybrid PP×DP"]
+    assert "G=2" in rows[4].schedule and "G=2" in rows[5].schedule
+    for r in rows[:7]:
+        assert r.runnable and len(r.measured_all) == 3 and r.measured_s == statistics.median(r.measured_all), r.note
         # the forecast is the simulation with the profiled costs; the error is relative to the median run
         assert r.simulate().makespan == r.forecast_s > 0
         assert r.error == pytest.approx(r.forecast_s / r.measured_s - 1, rel=1e-12)
+        assert math.isfinite(r.replay_error) and math.isfinite(r.busy_error)
         # the median run's timelines: every rank, every job of its program; the makespan is the last end
         assert [tl.rank for tl in r.timelines] == [0, 1]
         assert max(tl.makespan for tl in r.timelines) == r.measured_s  # 3 repeats: the median is one of them
         assert all(0 < tl.busy <= tl.makespan for tl in r.timelines)  # a rank's jobs never overlap
+        sched = r.sim_schedule
+        for w, tl in enumerate(r.timelines):  # every job of the rank's program, and its collectives timed too
+            assert [j.job for j in tl.jobs if j.op not in COLLECTIVE_KINDS] == [
+                (a.op, a.stage, a.step, a.micro) for a in sched.programs[w]]
+        assert any(j.op in COLLECTIVE_KINDS for tl in r.timelines for j in tl.jobs) == (r.kind in placed)
+        # the profiled collectives are in the forecast's update costs, stage by stage
+        assert (len(r.collective_cost) == sched.D and all(c > 0 for c in r.collective_cost)) == (r.kind in placed)
+        assert all(u >= c for u, c in zip(r.costs["u_cost"], r.collective_cost))
         assert r.samples == cfg.steps * cfg.M * cfg.micro and r.throughput == pytest.approx(r.samples / r.measured_s)
     assert "i_cost" in rows[1].costs and "i_cost" not in rows[0].costs  # ZB-H1 splits its backward
-    ddp = rows[2]
-    assert not ddp.runnable and "not runnable" not in ddp.note and ddp.note  # the runtime's own reason
-    assert math.isnan(ddp.error)
+    refused = rows[7]
+    assert not refused.runnable and "not runnable" not in refused.note and "spectrain" in refused.note
+    assert math.isnan(refused.error) and refused.label == "FSDP + SpecTrain"
     table = format_rows(rows)
-    assert "not runnable" in table and table.count("\n") == 3
+    assert table.count("not runnable") == 1 and table.count("\n") == len(rows)
     csv = rows_csv(rows).splitlines()
-    assert len(csv) == 4 and csv[0].startswith("label,kind,policy")
+    assert len(csv) == 1 + len(rows) and csv[0].startswith("label,kind,policy")
 
 
 # ---------------------------------------------------------------------------------- benchmarks/placements.py
@@ -179,16 +210,54 @@ def test_placements_benchmark_runs_and_reports_every_row() -> None:
     res = bp.run_benchmark(cfg)
     rows = res.rows[2]
     assert [r.label for r in rows] == [n for n, _ in bp.PIPELAB_ROWS]
-    assert {"GPipe", "1F1B"} <= {r.label for r in rows if r.runnable}
-    for r in rows:
-        assert r.runnable or r.note  # a row that did not run says why
-    ref = res.torch[2]["torch DDP"]
-    assert isinstance(ref, float) and ref > 0
+    assert {"DDP", "FSDP", "GPipe", "1F1B", "LPP", "FSLPP", "Hybrid"} <= {r.label for r in rows}
+    for r in rows:  # every placement runs now: a real measurement and forecast
+        assert r.runnable and r.measured_s > 0 and math.isfinite(r.error), (r.label, r.note)
+        assert (r.collective_s > 0) == (r.kind in ("ddp", "fsdp", "lpp", "fslpp", "hybrid")), r.label
     by = {r.label: r for r in rows}
-    ratio = res.ratios[2]["pipelab DDP / torch DDP, samples/s"]
-    if by["DDP"].runnable:
-        assert ratio == pytest.approx(ref / by["DDP"].measured_s)
-    else:
-        assert isinstance(ratio, str) and "not runnable" in ratio
+    for tname, pname in bp.TORCH_ROWS:  # torch's DDP and FSDP2 both run on gloo/CPU: ratios, not reasons
+        ref = res.torch[2][tname]
+        assert isinstance(ref, float) and ref > 0, ref
+        ratio = res.ratios[2][f"pipelab {pname} / {tname}, samples/s"]
+        assert ratio == pytest.approx(ref / by[pname].measured_s)
     report = bp.format_report(res)
     assert "torch DDP" in report and "forecast |error|" in report and report.count("\n") >= 10
+
+
+@pytest.mark.parametrize("sched, policy", [
+    (ddp(2, 4, 2, 2), "gpipe"), (fsdp(2, 4, 2, 3), "gpipe"), (fsdp(4, 4, 4, 2), "gpipe"), (lpp(4, 4, 2, 2, 2), "gpipe"),
+    (fslpp(4, 4, 2, 2, 2), "gpipe"), (hybrid(2, 4, 2, 2), "gpipe"), (hybrid(2, 4, 2, 3, asynchronous=True), "2bw"),
+    (dualpipe(W=2, M=4, steps=2), "gpipe")],
+    ids=["ddp", "fsdp", "fsdp-M=W", "lpp", "fslpp", "hybrid", "hybrid-async-2bw", "dualpipe"])
+def test_simulated_collectives_equal_the_emulators_counter(sched, policy) -> None:  # noqa: ANN001
+    """Bytes and calls per kind and rank, exactly, against what the emulator's collectives counted."""
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=6, width=8, depth=sched.D, num_classes=4).double()
+    wb = [sum(p.numel() * p.element_size() for p in s.parameters()) for s in split(model, sched.D)]
+    assert len(set(wb)) > 1  # stages of different sizes: a stage mixed up would show
+    emu = Emulator(model, schedule=sched, policy=policy, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.05))
+    g = torch.Generator().manual_seed(1)
+    res = emu.run([(torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g))
+                   for _ in range(sched.steps)])
+    want = simulated_collectives(simulate(sched), wb)
+    assert [res.extra["collectives"][w] for w in range(sched.W)] == want
+    assert any(want[w]["calls"] for w in range(sched.W))
+    with pytest.raises(ValueError, match="one entry per stage"):
+        simulated_collectives(simulate(sched), wb[:-1])
+
+
+def test_measured_costs_charge_a_stages_collectives_to_its_update() -> None:
+    """Per (stage, step) the longest rank's collective time, averaged over steps, is added to that stage's U."""
+    tl0 = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("B", 0, 0, 0, 1.0, 3.0),
+                       JobRecord("all_reduce", 0, 0, -1, 3.0, 3.5), JobRecord("U", 0, 0, -1, 3.5, 3.75),
+                       JobRecord("F", 0, 1, 0, 4.0, 5.0), JobRecord("B", 0, 1, 0, 5.0, 7.0),
+                       JobRecord("all_reduce", 0, 1, -1, 7.0, 7.25), JobRecord("U", 0, 1, -1, 7.25, 7.5)])
+    tl1 = Timeline(1, [JobRecord("broadcast", 0, -1, -1, 0.0, 9.0),  # version 0, before any step: not charged
+                       JobRecord("F", 0, 0, 1, 0.0, 1.0), JobRecord("B", 0, 0, 1, 1.0, 3.0),
+                       JobRecord("all_reduce", 0, 0, -1, 3.0, 4.0), JobRecord("U", 0, 0, -1, 4.0, 4.25),
+                       JobRecord("F", 0, 1, 1, 4.25, 5.25), JobRecord("B", 0, 1, 1, 5.25, 7.25),
+                       JobRecord("all_reduce", 0, 1, -1, 7.25, 7.5), JobRecord("reduce", 0, 1, -1, 7.5, 7.75),
+                       JobRecord("U", 0, 1, -1, 7.75, 8.0)])
+    c = measured_costs([tl0, tl1], 1, 0.0)
+    # U: mean 0.25; collectives: step 0 max(0.5, 1.0) = 1.0, step 1 max(0.25, 0.5) = 0.5 -> mean 0.75
+    assert c["u_cost"] == [pytest.approx(0.25 + 0.75)] and c["f_cost"] == [1.0] and c["b_cost"] == [2.0]

@@ -12,13 +12,24 @@ import math
 import pytest
 import torch
 
-from pipelab.calibration import boundary_bytes, compare_memory, simulated_traffic
+from pipelab.calibration import boundary_bytes, compare_memory, simulated_collectives, simulated_traffic
 from pipelab.distributed import spawn
 from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.runtime import PipelineRuntime
 from pipelab.runtime.trace import JobClock, MeasuredTransport, Timeline
-from pipelab.schedules import gpipe, interleaved_1f1b, one_f_one_b, pipedream, pipedream_2bw
+from pipelab.schedules import (
+    ddp,
+    fsdp,
+    fslpp,
+    gpipe,
+    hybrid,
+    interleaved_1f1b,
+    lpp,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+)
 from pipelab.simulator import simulate
 
 BATCH, IN, WIDTH, CLASSES = 8, 6, 12, 4
@@ -221,3 +232,66 @@ def test_a_run_stopped_at_a_cut_and_continued_counts_every_byte_once() -> None:
         assert got == int(sim.activation_transfers[w]) * size
         assert first.bytes_sent + second.bytes_sent == sum(simulated_traffic(sim, [IN * BATCH * 8] + [size])[w][
             "sent"].values())
+
+
+# ------------------------------------------------------------------ placed schedules: collectives vs simulator
+
+#: (label, builder of the schedule, policy) per world size: DDP, FSDP, LPP, FSLPP, hybrid PP × DP (and its
+#: asynchronous, PipeDream-style replicated stages on 4 ranks). FSDP with M = 2W runs two micro-batches of each
+#: fetched stage per worker per step, where Rahimi's per-F-job count is twice the runtime's fetches.
+PLACED = {
+    2: [("ddp", lambda: ddp(2, 4, 2, 2), "gpipe"), ("fsdp", lambda: fsdp(2, 4, 2, 3), "gpipe"),
+        ("lpp", lambda: lpp(4, 4, 2, 1, 2), "gpipe"), ("fslpp", lambda: fslpp(4, 4, 2, 1, 2), "gpipe"),
+        ("hybrid", lambda: hybrid(1, 4, 2, 2), "gpipe")],
+    4: [("ddp", lambda: ddp(2, 4, 4, 2), "gpipe"), ("fsdp", lambda: fsdp(4, 8, 4, 2), "gpipe"),
+        ("lpp", lambda: lpp(4, 4, 2, 2, 2), "gpipe"), ("fslpp", lambda: fslpp(4, 4, 2, 2, 2), "gpipe"),
+        ("hybrid", lambda: hybrid(2, 4, 2, 2), "gpipe"),
+        ("hybrid async", lambda: hybrid(2, 4, 2, 3, asynchronous=True), "stashing")],
+}
+
+
+def _run_placed(rank: int, world: int) -> list:
+    out = []
+    for _, make, policy in PLACED[world]:
+        sched = make()
+        rt = PipelineRuntime(model_of(max(sched.D, 2)), schedule=sched, policy=policy, D=sched.D,
+                             optimizer=optimizer_of("sgdm"), record=True)
+        out.append(rt.run(data(sched.steps)))
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
+def placed(request: pytest.FixtureRequest) -> tuple[int, list]:
+    return request.param, spawn(_run_placed, request.param)
+
+
+@pytest.mark.slow
+def test_placed_collectives_and_memory_match_the_simulator(placed: tuple[int, list]) -> None:
+    """Every row exact: p2p bytes, activations, held and fetched weight versions, broadcast bytes (one fetch per
+    (stage, version, worker)), reduce/all-reduce bytes; optimizer state within its stated tolerance."""
+    world, per_rank = placed
+    for i, (label, make, policy) in enumerate(PLACED[world]):
+        sched = make()
+        stages = split(model_of(max(sched.D, 2)), sched.D)
+        rows = compare_memory([per_rank[w][i] for w in range(world)], sched, stages,
+                              torch.zeros(BATCH // sched.M, IN, dtype=torch.float64), policy=policy,
+                              optimizer=optimizer_of("sgdm"))
+        assert len(rows) == 10 * world
+        for r in rows:
+            assert r["simulated"] is not None and r["ok"], (label, r)
+        sim = simulate(sched)
+        wb = [sum(p.numel() * p.element_size() for p in s.parameters()) for s in stages]
+        want = simulated_collectives(sim, wb)
+        for w in range(world):  # the whole counter, calls included, kind by kind
+            assert per_rank[w][i].collectives == want[w], (label, w)
+        moved = sum(sum(per_rank[w][i].collectives["bytes_sent"].values()) for w in range(world))
+        assert moved == sum(sum(per_rank[w][i].collectives["bytes_received"].values()) for w in range(world)) > 0
+        # Rahimi's count (one fetch per F job) against the runtime's (one per stage, version, worker): here every
+        # fetching worker runs n = M/W (FSDP) or M/G (FSLPP) = 2 F jobs of each fetched stage per step
+        got = [per_rank[w][i].collectives["bytes_received"].get("broadcast", 0) for w in range(world)]
+        if label in ("fsdp", "fslpp"):
+            n = sched.M // (world if label == "fsdp" else sched.params["G"])
+            assert n == 2 and sim.weight_fetches.any() and any(got)
+            assert (sim.weight_transfers == n * sim.weight_fetches).all()
+        else:  # replicated: nothing fetched, by either count
+            assert got == [0] * world and not sim.weight_fetches.any() and not sim.weight_transfers.any()

@@ -1,14 +1,23 @@
-"""Measured vs simulated runs of the multi-process runtime: per-rank timelines and the makespan forecast error.
+"""Measured vs simulated runs of the multi-process runtime: per-rank timelines and the makespan forecast error,
+and Rahimi's Table 1 read off real processes.
 
-One figure, ``runtime_timeline``: :func:`pipelab.calibration.calibrate` profiles each stage (F, B, I/W, U)
+Figure ``runtime_timeline``: :func:`pipelab.calibration.calibrate` profiles each stage (F, B, I/W, U)
 and the transfer between ranks on the machine at hand, forecasts every schedule's makespan with
 :func:`pipelab.simulator.simulate`, and runs it for real (gloo, one process per rank, 1 thread each) with
 the runtime's trace (:mod:`pipelab.runtime.trace`). Top row: for one schedule per rank count, the measured
 timeline of every rank (solid bars, the median of the repeats) over the simulated one (outlined bars,
 above); bottom row: forecast error per schedule (forecast / measured − 1; the ±10% target shaded), with
-the *replay* error beside it — the simulation re-run with each stage's median measured job durations, which
-isolates the simulator's dependency and transfer model from the profile's error. The CSV has every row,
-the schedules the runtime does not run yet included (marked not runnable).
+the *replay* error beside it — the simulation re-run with each stage's mean measured job durations, which
+isolates the simulator's dependency and transfer model from the profile's error. The placements (DDP, FSDP,
+LPP, FSLPP, hybrid) run with their collectives, profiled for the forecast and measured for the replay, both
+charged to the updates. The CSV has every row (a schedule the runtime refuses would be marked not runnable).
+
+Figure ``schedules_rahimi_measured``: Rahimi's Table 1 three ways — the note's formulas, the simulator, and
+real processes (:func:`pipelab.calibration.rahimi_measured`: DDP, FSDP, PP, LPP and FSLPP run one step each
+through the traced runtime on gloo ranks; latency from the timeline in units of one stage's measured F+B,
+transfers from the byte counters, storage from the memory report). Weight transfers are shown by both
+counts: Rahimi's (one per F job) and the runtime's (one per fetched stage version), which differ by the
+micro-batches a worker runs per step. The CSV has every cell.
 
 Measurements are wall-clock times on whatever machine draws the figure; on a small shared CPU box (several
 ranks per core, other processes running) the errors are dominated by the operating system's scheduling,
@@ -28,11 +37,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ..calibration import CalibrationCase, CalibrationConfig, CalibrationRow, calibrate, rows_csv
+from ..calibration import (
+    CalibrationCase,
+    CalibrationConfig,
+    CalibrationRow,
+    RahimiRunConfig,
+    calibrate,
+    rahimi_measured,
+    rows_csv,
+)
 from ..config import from_preset
+from ..schedules.rahimi import COLUMNS
 from . import FigureOutput, register
 
-__all__ = ["RuntimeFigureConfig", "OP_COLORS", "draw_timelines"]
+__all__ = ["RuntimeFigureConfig", "OP_COLORS", "draw_timelines", "rahimi_measured_csv", "rahimi_measured_markdown"]
 
 #: colour of each job kind in the timeline panels
 OP_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "U": "#55A868"}
@@ -45,7 +63,7 @@ class RuntimeFigureConfig:
 
     ranks: tuple[int, ...] = (2, 4)
     kinds: tuple[str, ...] = ("gpipe", "1f1b", "pipedream", "2bw", "interleaved", "zb_h1", "ddp", "fsdp", "lpp",
-                              "fslpp")
+                              "fslpp", "hybrid")
     gantt: str = "1f1b"
     width: int = 512
     depth: int = 8
@@ -145,3 +163,99 @@ def runtime_timeline(preset: str, *, progress: bool = False) -> FigureOutput:
         "statistic": f"median makespan over {cfg.repeats} repeats; profile medians over {cfg.profile_reps} repeats",
     }
     return FigureOutput(fig, cfg, seed=cfg.seed, tables={"csv": csv}, notes=notes, data=results)
+
+
+# ---------------------------------------------------------------------------------- Rahimi's Table 1, measured
+
+_RAHIMI_MEASURED = {
+    "tiny": RahimiRunConfig(S=2, B=2, G=2, R=1, width=64, micro=16, repeats=1),
+    "quick": RahimiRunConfig(),
+    "paper": RahimiRunConfig(repeats=5),
+    "study": RahimiRunConfig(repeats=5),
+}
+_HEAD = {"W": "W", "latency": "latency (F+B units)", "activation_xmit": "act. xmit", "weight_xmit": "weight xmit",
+         "activation_storage": "act. storage", "weight_storage": "weight storage"}
+
+
+def _simulated(r: dict[str, Any], col: str) -> float:
+    """The simulator's figure the runtime is compared with: its runtime-style fetch count for weight transfers."""
+    return float(r["simulated_fetches"]) if col == "weight_xmit" else float(r["simulated"][col])
+
+
+def rahimi_measured_csv(rows: list[dict[str, Any]]) -> str:
+    """One line per (scheme, column): note, simulated (Rahimi's count for weight transfers), simulated_fetches
+    (the runtime's count; weight transfers only), runtime, and ``counted_equal`` (runtime == simulator, for
+    every column but latency)."""
+    out = ["scheme,schedule,column,note,simulated,simulated_fetches,runtime,counted_equal"]
+    for r in rows:
+        for c in COLUMNS:
+            fetch = f"{r['simulated_fetches']:g}" if c == "weight_xmit" else ""
+            eq = "" if c == "latency" else str(r["runtime"][c] == _simulated(r, c))
+            out.append(f'{r["scheme"]},"{r["schedule"]}",{c},{r["note"][c]:g},{r["simulated"][c]:g},{fetch},'
+                       f'{r["runtime"][c]:.4g},{eq}')
+    return "\n".join(out) + "\n"
+
+
+def rahimi_measured_markdown(rows: list[dict[str, Any]], preset: str) -> str:
+    """Markdown for notebook 01: per scheme, the latency three ways and the counted columns that match, and the
+    two weight-transfer counts — every number from ``rows`` (:func:`pipelab.calibration.rahimi_measured`)."""
+    p = rows[0]["params"]
+    lines = [f"Measured on {int(rows[0]['runtime']['W'])} gloo ranks (S = {p['S']}, B = {p['B']}, `{preset}` "
+             "preset; latency the median of the repeats):", ""]
+    for r in rows:
+        counted = [c for c in COLUMNS if c != "latency"]
+        same = [_HEAD[c] for c in counted if r["runtime"][c] == _simulated(r, c)]
+        diff = [f"{_HEAD[c]} {r['runtime'][c]:g} vs {_simulated(r, c):g}" for c in counted
+                if r["runtime"][c] != _simulated(r, c)]
+        lat = r["runtime"]["latency"]
+        w = (f"; weight transfers per worker: note {r['note']['weight_xmit']:g}, Rahimi's per-F-job count "
+             f"{r['simulated']['weight_xmit']:g}, fetched versions {r['runtime']['weight_xmit']:g}"
+             if r["note"]["weight_xmit"] or r["simulated"]["weight_xmit"] else "")
+        lines.append(f"- **{r['scheme']}** ({r['schedule']}): latency note {r['note']['latency']:g}, simulated "
+                     f"{r['simulated']['latency']:g}, measured {lat:.1f} ({lat / r['simulated']['latency']:.2f}× "
+                     f"the simulated); runtime = simulator on {', '.join(same) or 'nothing'}"
+                     + (f"; differs on {'; '.join(diff)}" if diff else "") + w + ".")
+    return "\n".join(lines)
+
+
+@register("schedules_rahimi_measured", "Rahimi's Table 1 on real processes (gloo ranks, traced runtime) beside the "
+          "note's formulas and the simulator: latency, activation and weight transfers, storage per worker")
+def schedules_rahimi_measured(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(_RAHIMI_MEASURED, preset)
+    if progress:
+        print(f"schedules_rahimi_measured: running {len(cfg.schemes)} schemes, {cfg.repeats} repeats each")
+    rows = rahimi_measured(cfg)
+    cell_text, colours = [], []
+    for r in rows:
+        line, cl = [], []
+        for c in COLUMNS:
+            sim = f"{r['simulated'][c]:g}" + (f" ({r['simulated_fetches']:g})" if c == "weight_xmit" else "")
+            run = r["runtime"][c]
+            line.append(f"{r['note'][c]:g} | {sim} | {run:.1f}" if c == "latency" else
+                        f"{r['note'][c]:g} | {sim} | {run:g}")
+            if c == "latency":
+                cl.append("#fff2cc")
+            else:
+                cl.append("#d9ead3" if run == _simulated(r, c) else "#f4c7c3")
+        cell_text.append(line)
+        colours.append(cl)
+    fig, ax = plt.subplots(figsize=(13, 0.3 * len(rows) + 0.9))
+    ax.axis("off")
+    tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["schedule"] for r in rows],
+                   colLabels=[_HEAD[c] for c in COLUMNS], loc="upper center", cellLoc="center")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(8.5)
+    tab.scale(1, 1.35)
+    ax.set_title(f"Rahimi's Table 1: note | simulated | measured on real processes (gloo), S={cfg.S}, B={cfg.B}; "
+                 f"max over workers ({preset} preset)\ngreen: measured count = simulated; weight xmit: Rahimi's "
+                 "per-F-job count (the runtime's per-version fetches); latency (yellow): wall clock in units of the "
+                 "measured F+B, median of " + f"{cfg.repeats}", fontsize=9)
+    fig.tight_layout()
+    notes = {"cpu_count": os.cpu_count(),
+             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+             "latency_measured_over_simulated": {r["scheme"]: round(r["runtime"]["latency"] /
+                                                                    r["simulated"]["latency"], 3) for r in rows},
+             "counted_columns_equal": all(r["runtime"][c] == _simulated(r, c) for r in rows for c in COLUMNS
+                                          if c != "latency"),
+             "rows": rows}
+    return FigureOutput(fig, cfg, seed=cfg.seed, tables={"csv": rahimi_measured_csv(rows)}, notes=notes, data=rows)
