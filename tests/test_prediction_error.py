@@ -421,3 +421,55 @@ def test_notebook_02_per_layer_prose_is_generated_or_marked_plain():
             assert not layer_number.search(src), layer_number.search(src)
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "in_pipeline_markdown" in code and "prediction_in_pipeline" in code
+
+
+@pytest.mark.parametrize("name", ["error_feedback", "dc_asgd"])
+def test_gradient_correction_in_pipeline_pins_on_a_hand_computed_run(name):
+    """Stage 0 holds the only weights (stage 1 is a Tanh), so its gradient at step t is exactly ∇f_t(W^(used))
+    with used = max(t − 1, 0) on both schedules (2BW; stashing on asynchronous 1F1B), the reference is
+    ∇f_t(W^(t)), and the run is SGD on the corrected gradient: replayed here step by step."""
+    from pipelab.policies import make_policy
+    from pipelab.prediction_error import measure_in_pipeline
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 2, bias=False), nn.Tanh()).to(DT)
+    W0 = model[0].weight.detach().clone()
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 3, generator=gen, dtype=DT), torch.randn(4, 2, generator=gen, dtype=DT))
+               for _ in range(6)]
+    lr, lam = 0.3, 2.0
+    policy = make_policy(name, **({"lam": lam} if name == "dc_asgd" else {}))
+    mse = nn.functional.mse_loss
+    res = measure_in_pipeline(model, batches, policy=policy, optimizer=lambda p: torch.optim.SGD(p, lr=lr), D=2,
+                              loss_fn=mse)
+    assert "correct_gradient" not in vars(policy)  # the observer is removed after the run
+
+    def grad(W, t):
+        W = W.clone().requires_grad_(True)
+        x, y = batches[t]
+        return torch.autograd.grad(mse(torch.tanh(x @ W.T), y), W)[0]
+
+    W, prev = [W0], None
+    want_pred, want_stale, want_s = [], [], []
+    for t in range(6):
+        used = max(t - 1, 0)
+        g = grad(W[used], t)
+        s = t - used
+        if name == "error_feedback":
+            corrected = g if prev is None or s == 0 else g + s * (g - prev)
+            prev = g
+        else:
+            corrected = g + lam * g * g * (W[t] - W[used])
+        ref = grad(W[t], t)
+        want_pred.append(float((corrected - ref).square().mean().sqrt()))
+        want_stale.append(float((g - ref).square().mean().sqrt()))
+        want_s.append(s)
+        W.append(W[t] - lr * corrected)
+    assert res.predicted_op == "G" and list(res.op) == ["G"] * 6 and list(res.stage) == [0] * 6
+    assert list(res.step) == list(range(6)) and list(res.s) == want_s
+    assert res.pred[:, 0] == pytest.approx(want_pred, rel=1e-9, abs=1e-15)
+    assert res.stale[:, 0] == pytest.approx(want_stale, rel=1e-9, abs=1e-15)
+    assert res.stale[0, 0] < 1e-15 and res.pred[1, 0] != res.stale[1, 0]  # step 0 is fresh; later ones corrected
+    assert torch.allclose(model[0].weight.detach(), W[-1], rtol=0, atol=1e-12)
+    rows = res.rows(phases=2)
+    assert {r["op"] for r in rows} == {"G"} and rows[-1]["jobs"] == 5  # the five delayed updates
