@@ -71,7 +71,8 @@ INITS = ("he", "torch")
 
 #: This experiment's hyper-parameters where they differ from the registry's defaults
 #: (:data:`pipelab.optim.OPTIMIZERS`): the learning rates its figures were made with (SGD 0.05, RMSprop
-#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3) and AdamW's decay 0.05; adam, radam and adamax use the defaults.
+#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3, Muon 0.02 as in Jordan et al.'s post and the learning curves) and
+#: AdamW's decay 0.05; adam, radam and adamax use the defaults.
 OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
     "sgd": {"lr": 0.05},
     "sgdm": {"lr": 0.05},
@@ -81,6 +82,7 @@ OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
     "rmsprop_momentum": {"lr": 1e-4},
     "adagrad": {"lr": 0.02},
     "nadam": {"lr": 1e-3},
+    "muon": {"lr": 0.02},
 }
 
 
@@ -842,7 +844,7 @@ class InPipelineConfig:
     @property
     def lr(self) -> float:
         """The learning rate the run's optimizer uses."""
-        opt = prediction_optimizer(self.optimizer, [torch.zeros(1, requires_grad=True)],
+        opt = prediction_optimizer(self.optimizer, [torch.zeros(1, 1, requires_grad=True)],
                                    **dict(self.optimizer_options))
         return float(opt.param_groups[0]["lr"])
 
