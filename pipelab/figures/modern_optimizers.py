@@ -58,7 +58,7 @@ from .learning_curves import LABELS, Tuning, _colors, _lr, lr_label, test_set_si
 
 __all__ = ["ModernConfig", "PRESETS", "CLAIMS", "LOSS_MARGIN", "modern_configs", "modern_rates", "modern_runs",
            "gap_rows", "claim_rows", "claim_verdicts", "claims_markdown", "gaps_markdown", "read_modern_runs",
-           "modern_runs_csv"]
+           "parse_modern_runs", "modern_runs_csv", "setup_markdown"]
 
 #: the policies of the comparison, in drawing order
 POLICIES = ("sequential", "2bw", "error_feedback", "vanilla", "stashing", "dc_asgd", "nesterov_async")
@@ -367,21 +367,44 @@ def modern_runs_csv(records: Sequence[dict]) -> str:
 
 def read_modern_runs(path: Any) -> list[dict]:
     """The records of a :func:`modern_runs_csv` file (lists of floats per epoch, NaN where diverged)."""
+    with open(path, newline="") as fh:
+        return parse_modern_runs(fh.read())
+
+
+def parse_modern_runs(text: str) -> list[dict]:
+    """The records of a :func:`modern_runs_csv` text (the figure's ``runs.csv`` table)."""
     import csv
 
     out = []
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            rec: dict[str, Any] = dict(row)
-            for c in ("D", "seed", "epochs"):
-                rec[c] = int(row[c])
-            rec["lr"], rec["seconds"] = float(row["lr"]), float(row["seconds"])
-            rec["diverged"] = row["diverged"] == "True"
-            for c in ("test_loss", "test_acc", "train_loss"):
-                rec[c] = [float(x) for x in row[c].split()]
-            rec["epoch"] = list(range(len(rec["test_loss"])))
-            out.append(rec)
+    for row in csv.DictReader(io.StringIO(text)):
+        rec: dict[str, Any] = dict(row)
+        for c in ("D", "seed", "epochs"):
+            rec[c] = int(row[c])
+        rec["lr"], rec["seconds"] = float(row["lr"]), float(row["seconds"])
+        rec["diverged"] = row["diverged"] == "True"
+        for c in ("test_loss", "test_acc", "train_loss"):
+            rec[c] = [float(x) for x in row[c].split()]
+        rec["epoch"] = list(range(len(rec["test_loss"])))
+        out.append(rec)
     return out
+
+
+def setup_markdown(config: Any, notes: dict[str, Any], records: Sequence[dict]) -> str:
+    """One paragraph on what ran: task, depths, seeds, epochs, each optimizer's rate and how it was chosen, and the
+    runs that diverged (from the figure's config and notes, or its sidecar's)."""
+    cfg = config if isinstance(config, dict) else {f: getattr(config, f) for f in config.__dataclass_fields__}
+    rates = "; ".join(f"{optimizer_label(o)} {v['lr']:g} ({v['how']})" for o, v in notes["rates"].items())
+    div = sum(bool(r["diverged"]) for r in records)
+    n_train = "all" if cfg["n_train"] is None else cfg["n_train"]
+    return (f"Task `{cfg['task']}`, D = {', '.join(str(d) for d in cfg['depths'])}, {len(cfg['seeds'])} seeds "
+            f"(the same initial weights and mini-batches in every arm of a seed), {cfg['epochs']} epochs on "
+            f"{n_train} training examples, batch {cfg['batch_size']}; {len(records)} runs, {div} diverged. Learning "
+            f"rates, one per optimizer for every policy: {rates} (common: the optimizer's usual rate; tuned: "
+            "successive halving on the sequential arm's validation split). Muon runs "
+            + ("every policy." if cfg.get("muon_policies") is None else
+               "only " + ", ".join(LABELS[p] for p in cfg["muon_policies"]) + " (its Newton–Schulz iteration runs "
+               "in bfloat16, slow on a CPU).")
+            + " Intervals: 95% Student t over seeds, paired by seed (ddof = 1).")
 
 
 def gaps_markdown(rows: Sequence[dict]) -> str:
