@@ -424,14 +424,18 @@ def claims_markdown(rows: Sequence[dict]) -> str:
     out = [f"Rule (final test loss, paired by seed, 95% t): *small gap*: the interval of the gap lies below "
            f"{LOSS_MARGIN:g}; *beats*: resolved lower loss; *larger gap*: the 2BW gap resolved larger; *closes most*: "
            "error feedback's loss resolved below 2BW's and at least half of the mean gap removed. Reproduced when "
-           "every row holds, refuted when one row resolves the other way, otherwise inconclusive.", "",
+           "every row holds, refuted when one row resolves the other way, otherwise inconclusive. The quantity per "
+           "row: *small gap* loss(policy) − loss(sequential); *larger gap* AdamW's 2BW gap − Muon's; *closes most* "
+           "loss(2BW) − loss(error feedback), the gap removed, with its share of 2BW's mean gap; *beats* "
+           "loss(DC-ASGD) − loss(baseline) (< 0 favours DC-ASGD).", "",
            "| claim | source | verdict here | per row (optimizer · D): quantity ± 95% t |", "|---|---|---|---|"]
     for v in claim_verdicts(rows):
         rs = [r for r in rows if r["claim"] == v["claim"]]
         parts = []
         for r in rs:
             frac = f", {100 * r['fraction']:.0f}% of the gap" if math.isfinite(r["fraction"]) else ""
-            label = r["optimizer"] if " vs " in r["optimizer"] else optimizer_label(r["optimizer"])
+            label = (" − ".join(optimizer_label(o) for o in r["optimizer"].split(" vs ")) if " vs " in r["optimizer"]
+                     else optimizer_label(r["optimizer"]))
             parts.append(f"{label} · D={r['D']}: {_pm(r['quantity'], r['ci95'], 3, r['resolved'])}{frac} "
                          f"({r['outcome']})")
         out.append(f"| {v['text']} | {v['source']} | **{v['verdict']}** ({v['good']}/{v['rows']} rows hold) | "
