@@ -69,14 +69,20 @@ __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLIC
 
 log = logging.getLogger(__name__)
 
-#: task name -> (dataset, dataset kwargs, model, model kwargs)
+#: task name -> (dataset, dataset kwargs, model, model kwargs). ``*_mlp_nobias``: the MLP without
+#: biases (:func:`pipelab.models.deep_mlp` ``bias=False``): every parameter a matrix, so Muon (2-D parameters only)
+#: trains all of it; pipelab has no Muon + AdamW hybrid as arXiv:2606.30634 uses for non-matrix parameters.
 TASKS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
     "fashion_mnist_mlp": ("fashion_mnist", {"flatten": True}, "deep_mlp",
                           {"in_features": 784, "width": 128, "depth": 8}),
+    "fashion_mnist_mlp_nobias": ("fashion_mnist", {"flatten": True}, "deep_mlp",
+                                 {"in_features": 784, "width": 128, "depth": 8, "bias": False}),
     "fashion_mnist_cnn": ("fashion_mnist", {}, "small_cnn", {"width": 16}),
     "fashion_mnist_resnet": ("fashion_mnist", {}, "small_resnet", {"width": 8, "blocks_per_stage": 2}),
     "mnist1d_mlp": ("mnist1d", {}, "deep_mlp", {"in_features": 40, "width": 128, "depth": 8}),
     "digits_mlp": ("digits", {"flatten": True}, "deep_mlp", {"in_features": 64, "width": 64, "depth": 8}),
+    "digits_mlp_nobias": ("digits", {"flatten": True}, "deep_mlp",
+                          {"in_features": 64, "width": 64, "depth": 8, "bias": False}),
     "wordlang_transformer": ("wordlang", {}, "transformer", {"in_features": 16 * 49, "seq_len": 8, "num_classes": 5,
                              "d_model": 16, "nhead": 1, "num_layers": 6, "dim_feedforward": 32}),
 }

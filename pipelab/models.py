@@ -55,10 +55,17 @@ def _check_positive(**values: int) -> None:
 
 def deep_mlp(
     in_features: int = 784, width: int = 256, depth: int = 16, num_classes: int = 10, activation: str = "relu",
+    bias: bool = True,
 ) -> nn.Sequential:
     """A deep fully connected net of ``depth`` blocks: ``depth − 1`` × (Linear + activation), then a Linear head.
 
     The first block flattens its input, so images ``(N, C, H, W)`` and vectors ``(N, F)`` both work.
+
+    ``bias=False`` drops every Linear's bias, so that each parameter is a matrix: ``torch.optim.Muon`` takes only
+    2-D parameters, and this is how Muon can train the whole net. Zmushko et al. (arXiv:2606.30634) instead run
+    Muon on the hidden matrices and AdamW on the rest (embeddings, gains, biases); pipelab's optimizer registry
+    holds one optimizer per stage and no such hybrid, so a bias-free net is the exact way to give Muon every
+    parameter (it changes the model, and every optimizer compared on it should run on the same bias-free net).
 
     Example:
         >>> m = deep_mlp(in_features=64, width=32, depth=8)
@@ -66,11 +73,14 @@ def deep_mlp(
         (8, torch.Size([2, 10]))
     """
     _check_positive(in_features=in_features, width=width, depth=depth, num_classes=num_classes)
+    if not isinstance(bias, bool):
+        raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
     if depth < 2:
         raise ValueError(f"depth must be at least 2 (one hidden block and the head), got {depth}")
-    blocks: list[nn.Module] = [nn.Sequential(nn.Flatten(), nn.Linear(in_features, width), _activation(activation))]
-    blocks += [nn.Sequential(nn.Linear(width, width), _activation(activation)) for _ in range(depth - 2)]
-    blocks.append(nn.Linear(width, num_classes))
+    blocks: list[nn.Module] = [nn.Sequential(nn.Flatten(), nn.Linear(in_features, width, bias=bias),
+                                             _activation(activation))]
+    blocks += [nn.Sequential(nn.Linear(width, width, bias=bias), _activation(activation)) for _ in range(depth - 2)]
+    blocks.append(nn.Linear(width, num_classes, bias=bias))
     return nn.Sequential(*blocks)
 
 

@@ -205,7 +205,13 @@ class Policy:
         return grads
 
     def extra_buffers(self, stage: int, D: int) -> int:
-        """Weight-sized buffers besides weight versions a real stage keeps (PipeMare's δ)."""
+        """Weight-sized buffers besides weight versions a real stage keeps where it predicts (PipeMare's δ)."""
+        return 0
+
+    def correction_buffers(self, stage: int, D: int) -> int:
+        """Weight-sized buffers a gradient correction keeps on every stage with parameters, across steps (error
+        feedback's previous gradient, DC-ASGD's backward weights W_used); 0 for a policy that corrects nothing.
+        The emulator's :attr:`~pipelab.emulator.Emulator.weight_copies` counts them."""
         return 0
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
@@ -664,10 +670,14 @@ class ErrorFeedbackPolicy(_CorrectingPolicy):
             return grads
         return [g + scale * (g - p) for g, p in zip(grads, prev)]
 
+    def correction_buffers(self, stage: int, D: int) -> int:
+        """One: the previous step's gradient ``g_{t−1}``, kept from one update to the next."""
+        return 1
+
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """The base policy's copies plus the previous gradient."""
+        """The base policy's copies plus the previous gradient (:meth:`correction_buffers`)."""
         base = self.base.stated_weight_copies(stage, D)
-        return None if base is None else base + 1
+        return None if base is None else base + self.correction_buffers(stage, D)
 
     def options(self) -> dict:
         return {"base": self.base_name, "gamma": self.gamma}
@@ -721,11 +731,15 @@ class DelayCompensationPolicy(_CorrectingPolicy):
         return [g + lam * g * g * (now.detach() - used)
                 for g, lam, now, used in zip(grads, lams, ctx.weights_now, ctx.weights_used)]
 
+    def correction_buffers(self, stage: int, D: int) -> int:
+        """``W_used`` (the sum of the step's backward weights, one weight-sized buffer: the paper's server keeps a
+        backup of the weights each worker pulled), plus the mean square ``MS`` of DC-ASGD-a."""
+        return 1 + int(self.adaptive)
+
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """The base policy's copies plus ``W_used`` (the paper's server keeps a backup of the weights each worker
-        pulled); DC-ASGD-a adds its mean square."""
+        """The base policy's copies plus :meth:`correction_buffers`."""
         base = self.base.stated_weight_copies(stage, D)
-        return None if base is None else base + 1 + int(self.adaptive)
+        return None if base is None else base + self.correction_buffers(stage, D)
 
     def options(self) -> dict:
         return {"base": self.base_name, "lam": self.lam, "adaptive": self.adaptive, "lam0": self.lam0,

@@ -15,6 +15,14 @@ weights a predicting policy (PipeOptim, SpecTrain, PipeMare) hands to each job o
 ``base + s`` they stand for — s from the version table, i.e. each stage's real staleness — per layer, with the
 stale version ``W^(base)`` as baseline (:class:`InPipelineResult`, its ``rows()``/``to_csv()``).
 
+*Gradient corrections inside the pipeline* (the same :func:`measure_in_pipeline`, for a policy that corrects the
+delayed gradient instead of predicting weights: error feedback, DC-ASGD): at each update U(k, t) the step's
+accumulated gradient ``g`` (computed at the stale weights its backwards used, s versions old from the version
+table) and the corrected ``g̃`` the optimizer receives are both compared with the gradient the same mini-batch
+has at the weights the pipeline holds at that moment, ``∇f_t(W_now)`` (every stage at its live version), per
+layer: ``pred = rmse(g̃ − ∇f_t(W_now))``, ``stale = rmse(g − ∇f_t(W_now))``, so ``ratio < 1``: the correction
+moves the gradient toward the current weights' one.
+
 Memory stays bounded: the last S+1 weight versions live in a ring buffer (:class:`WeightRing`), and the
 pending predictions are at most ``P·S·⌈S/measure_every⌉`` weight copies (``P`` predictors).
 
@@ -54,8 +62,8 @@ from .threads import torch_threads
 
 __all__ = ["OPTIMIZER_SETTINGS", "INITS", "prediction_optimizer", "WeightRing", "PredictionErrorResult",
            "measure_prediction_error", "PredictionErrorConfig", "run_prediction_error", "layer_names",
-           "IN_PIPELINE_POLICIES", "InPipelineResult", "measure_in_pipeline", "rows_to_csv", "read_rows_csv",
-           "InPipelineConfig", "run_in_pipeline"]
+           "IN_PIPELINE_POLICIES", "CORRECTING_POLICIES", "InPipelineResult", "measure_in_pipeline", "rows_to_csv",
+           "read_rows_csv", "InPipelineConfig", "run_in_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +72,8 @@ INITS = ("he", "torch")
 
 #: This experiment's hyper-parameters where they differ from the registry's defaults
 #: (:data:`pipelab.optim.OPTIMIZERS`): the learning rates its figures were made with (SGD 0.05, RMSprop
-#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3) and AdamW's decay 0.05; adam, radam and adamax use the defaults.
+#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3, Muon 0.02 as in Jordan et al.'s post and the learning curves) and
+#: AdamW's decay 0.05; adam, radam and adamax use the defaults.
 OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
     "sgd": {"lr": 0.05},
     "sgdm": {"lr": 0.05},
@@ -74,6 +83,7 @@ OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
     "rmsprop_momentum": {"lr": 1e-4},
     "adagrad": {"lr": 0.02},
     "nadam": {"lr": 1e-3},
+    "muon": {"lr": 0.02},
 }
 
 
@@ -411,6 +421,9 @@ def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
 #: Policies whose weights :func:`measure_in_pipeline` measures (those that predict weights).
 IN_PIPELINE_POLICIES = ("pipeoptim", "spectrain", "pipemare")
 
+#: Policies whose corrected gradients :func:`measure_in_pipeline` measures (those that correct the delayed gradient).
+CORRECTING_POLICIES = ("error_feedback", "dc_asgd")
+
 
 @dataclass
 class InPipelineResult:
@@ -423,6 +436,10 @@ class InPipelineResult:
     - ``pred[i, l] = sqrt(mean((Ŵ − W^(base+s))²))`` over the layer's parameters (the policy's weights);
     - ``stale[i, l] = sqrt(mean((W^(base) − W^(base+s))²))`` (the version the prediction started from, which a
       non-predicting policy would use); NaN for layers outside the event's stage.
+
+    For a gradient-correcting policy (:data:`CORRECTING_POLICIES`) each event is an update U(k, t), op ``"G"``,
+    with s its gradient's staleness (rounded mean over the step's micro-batches), ``pred`` the error of the
+    corrected gradient and ``stale`` that of the uncorrected one, both against ``∇f_t(W_now)`` (module docstring).
 
     Attributes:
         policy, optimizer: names; ``D``: stages; ``steps``: mini-batches of the run (asynchronous 1F1B, M = 1).
@@ -452,7 +469,10 @@ class InPipelineResult:
     @property
     def predicted_op(self) -> str:
         """The job type whose weights the policy predicts: ``"F"`` (PipeOptim, SpecTrain), ``"B"`` (PipeMare's
-        corrected backward); ``"F"`` when nothing is predicted (D = 1)."""
+        corrected backward); ``"G"``: the update's gradient (a correcting policy); ``"F"`` when nothing is predicted
+        (D = 1)."""
+        if self.op.size and np.all(self.op == "G"):
+            return "G"
         return "F" if np.any((self.op == "F") & (self.s != 0)) or not np.any(self.s != 0) else "B"
 
     def stage_s(self, op: str | None = None) -> list[int]:
@@ -571,17 +591,22 @@ def measure_in_pipeline(
     the job's weights and of ``W^(base)`` against it are computed per layer (:class:`InPipelineResult`). Only
     the versions still needed are kept.
 
+    A gradient-correcting policy (:data:`CORRECTING_POLICIES`, or a ``Policy`` with ``corrects_gradient``) runs on
+    its own schedule family instead, and its corrected and uncorrected gradients are measured against the gradient at
+    the current weights (op ``"G"``; module docstring).
+
     Args:
         model: an ``nn.Sequential`` (trained in place); its top-level positions are the layers.
         batches: one ``(x, y)`` mini-batch per step.
-        policy: a predicting policy (name in :data:`IN_PIPELINE_POLICIES`, or a ``Policy`` that predicts).
+        policy: a predicting or correcting policy (a name in :data:`IN_PIPELINE_POLICIES` or
+            :data:`CORRECTING_POLICIES`, or such a ``Policy``).
         optimizer: factory ``params -> torch.optim.Optimizer`` (one optimizer per stage).
         D: number of stages; ``predictor``: the policy's predictor (default: its own);
         loss_fn: ``(output, target) -> mean loss`` (default: the emulator's cross-entropy).
 
     Raises:
         TypeError: ``model`` is not an ``nn.Sequential``.
-        ValueError: a policy that predicts no weights, or fewer than one batch.
+        ValueError: a policy that neither predicts weights nor corrects gradients, or fewer than one batch.
     """
     from .emulator import Emulator
     from .policies import make_policy
@@ -590,12 +615,15 @@ def measure_in_pipeline(
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"model must be an nn.Sequential (its positions are the layers), got {type(model).__name__}")
     pol = make_policy(policy)
-    if not pol.uses_predictor:
-        raise ValueError(f"policy must predict weights (e.g. one of {IN_PIPELINE_POLICIES}), got {pol.name!r}")
+    if not (pol.uses_predictor or pol.corrects_gradient):
+        raise ValueError(f"policy must predict weights (e.g. one of {IN_PIPELINE_POLICIES}) or correct the delayed "
+                         f"gradient (one of {CORRECTING_POLICIES}), got {pol.name!r}")
     batches = list(batches)
     steps = len(batches)
     if steps < 1:
         raise ValueError("batches must hold at least one mini-batch")
+    if pol.corrects_gradient:
+        return _measure_correction(model, batches, pol, optimizer, D, predictor, loss_fn)
     fields: dict[str, Any] = {"D": D, "schedule": pipedream(D, 1, steps), "policy": pol, "optimizer": optimizer}
     if predictor is not None:
         fields["predictor"] = predictor
@@ -603,9 +631,7 @@ def measure_in_pipeline(
         fields["loss_fn"] = loss_fn
     emu = Emulator(model, **fields)
 
-    owner = {id(p): name.split(".")[0] for name, p in model.named_parameters()}
-    layers = list(dict.fromkeys(owner[id(p)] for st in emu.stages for p in st.params))
-    layer_stage = [next(st.k for st in emu.stages if any(owner[id(p)] == n for p in st.params)) for n in layers]
+    layers, layer_stage, index = _layer_index(model, emu)
     L = len(layers)
 
     def watched(op: str, spec: WeightSpec) -> bool:
@@ -626,21 +652,8 @@ def measure_in_pipeline(
     pending: list[dict[int, list[tuple]]] = [{} for _ in range(D)]
     events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
 
-    def layer_index(st: Any) -> tuple[Tensor, Tensor]:
-        idx = torch.tensor([layers.index(owner[id(p)]) for p in st.params])
-        numel = torch.zeros(L, dtype=torch.float64)
-        numel.index_add_(0, idx, torch.tensor([float(p.numel()) for p in st.params], dtype=torch.float64))
-        return idx, numel
-
-    index = {st.k: layer_index(st) for st in emu.stages if st.params}
-
     def rmse(k: int, a: Sequence[Tensor], b: Sequence[Tensor]) -> np.ndarray:
-        idx, numel = index[k]
-        sq = torch.stack([n.to(torch.float64).square() for n in torch._foreach_norm(torch._foreach_sub(list(a),
-                                                                                                     list(b)))])
-        out = torch.zeros(L, dtype=torch.float64).index_add_(0, idx, sq)
-        return torch.where(numel > 0, (out / numel.clamp(min=1)).sqrt(),
-                           torch.full_like(out, math.nan)).cpu().numpy()
+        return _layer_rmse(index[k], L, a, b)
 
     def release(k: int, v: int) -> None:
         need[k][v] -= 1
@@ -707,6 +720,90 @@ def measure_in_pipeline(
         meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity})
 
 
+def _layer_index(model: nn.Module, emu: Any) -> tuple[list[str], list[int], dict[int, tuple[Tensor, Tensor]]]:
+    """The model's top-level blocks with parameters (the layers), each one's stage, and per stage with parameters
+    ``(layer of each parameter, parameter count per layer)``."""
+    owner = {id(p): name.split(".")[0] for name, p in model.named_parameters()}
+    layers = list(dict.fromkeys(owner[id(p)] for st in emu.stages for p in st.params))
+    layer_stage = [next(st.k for st in emu.stages if any(owner[id(p)] == n for p in st.params)) for n in layers]
+    index = {}
+    for st in emu.stages:
+        if st.params:
+            idx = torch.tensor([layers.index(owner[id(p)]) for p in st.params])
+            numel = torch.zeros(len(layers), dtype=torch.float64)
+            numel.index_add_(0, idx, torch.tensor([float(p.numel()) for p in st.params], dtype=torch.float64))
+            index[st.k] = (idx, numel)
+    return layers, layer_stage, index
+
+
+def _layer_rmse(index: tuple[Tensor, Tensor], L: int, a: Sequence[Tensor], b: Sequence[Tensor]) -> np.ndarray:
+    """``[L]``: sqrt(mean((a − b)²)) over each layer's parameters of one stage (NaN for the other layers)."""
+    idx, numel = index
+    sq = torch.stack([n.to(torch.float64).square() for n in torch._foreach_norm(torch._foreach_sub(list(a), list(b)))])
+    out = torch.zeros(L, dtype=torch.float64).index_add_(0, idx, sq)
+    return torch.where(numel > 0, (out / numel.clamp(min=1)).sqrt(), torch.full_like(out, math.nan)).cpu().numpy()
+
+
+def _measure_correction(model: nn.Sequential, batches: Sequence[tuple[Tensor, Tensor]], pol: Any,
+                        optimizer: Callable[[Any], torch.optim.Optimizer], D: int, predictor: Any,
+                        loss_fn: Callable[[Tensor, Tensor], Tensor] | None) -> InPipelineResult:
+    """:func:`measure_in_pipeline` for a gradient-correcting policy, on its own schedule family (PipeDream-2BW with
+    M = D, or asynchronous 1F1B with M = 1).
+
+    The policy's ``correct_gradient`` is observed for the run (an instance attribute over the method, removed
+    afterwards): at U(k, t) it records the uncorrected ``g`` and the corrected ``g̃``, and the reference
+    ``∇_{W_k} f_t`` of mini-batch t's mean loss through all stages at their live weights, i.e. the gradient
+    sequential training would take at the weights the pipeline holds when stage k applies its update.
+    """
+    from .emulator import Emulator
+    from .schedules import pipedream, pipedream_2bw
+
+    steps = len(batches)
+    schedule = pipedream_2bw(D, D, steps) if pol.schedule == "2bw" else pipedream(D, 1, steps)
+    fields: dict[str, Any] = {"D": D, "schedule": schedule, "policy": pol, "optimizer": optimizer}
+    if predictor is not None:
+        fields["predictor"] = predictor
+    if loss_fn is not None:
+        fields["loss_fn"] = loss_fn
+    emu = Emulator(model, **fields)
+    layers, layer_stage, index = _layer_index(model, emu)
+    L = len(layers)
+    stages = emu.stages
+    events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
+    original = pol.correct_gradient
+
+    def reference(k: int, t: int) -> list[Tensor]:
+        x, y = batches[t]
+        with torch.enable_grad():
+            h = x
+            for st in stages:
+                h = st.call(st.params, h)
+            return list(torch.autograd.grad(stages[-1].loss_fn(h, y), stages[k].params))
+
+    def observed(ctx: Any, grads: list[Tensor]) -> list[Tensor]:
+        raw = [g.detach().clone() for g in grads]
+        out = original(ctx, grads)
+        ref = reference(ctx.stage, ctx.step)
+        events.append(("G", ctx.stage, ctx.step, int(round(ctx.staleness)), _layer_rmse(index[ctx.stage], L, out, ref),
+                       _layer_rmse(index[ctx.stage], L, raw, ref)))
+        return out
+
+    pol.correct_gradient = observed  # the instance attribute shadows the method until it is deleted
+    try:
+        res = emu.run(batches)
+    finally:
+        delattr(pol, "correct_gradient")
+    n = len(events)
+    opt_name = getattr(optimizer, "name", None) or type(next(st.optimizer for st in stages if st.optimizer)).__name__
+    return InPipelineResult(
+        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
+        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
+        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
+        pred=np.array([e[4] for e in events]).reshape(n, L), stale=np.array([e[5] for e in events]).reshape(n, L),
+        losses=np.asarray(res.losses, float), diverged_at=res.diverged_at,
+        meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity, "schedule": pol.schedule})
+
+
 @dataclass(frozen=True)
 class InPipelineConfig:
     """One in-pipeline prediction-error run: model × data × optimizer × predicting policy × D.
@@ -714,7 +811,8 @@ class InPipelineConfig:
     The fields mean what they mean in :class:`PredictionErrorConfig` (the optimizer is built with
     :data:`OPTIMIZER_SETTINGS`, then ``optimizer_options``; ``init="he"`` re-initialises He-normal); ``policy``
     is one of :data:`IN_PIPELINE_POLICIES` (SpecTrain needs SGD with momentum), run on asynchronous 1F1B with
-    ``D`` stages and M = 1 for ``steps`` mini-batches; ``anneal_steps`` is PipeMare's K.
+    ``D`` stages and M = 1 for ``steps`` mini-batches, or one of :data:`CORRECTING_POLICIES`, run on its own
+    schedule family (error feedback: PipeDream-2BW, M = D); ``anneal_steps`` is PipeMare's K.
     """
 
     policy: str = "pipeoptim"
@@ -735,8 +833,8 @@ class InPipelineConfig:
     init: str = "he"
 
     def __post_init__(self) -> None:
-        if self.policy not in IN_PIPELINE_POLICIES:
-            raise ValueError(f"policy must be one of {IN_PIPELINE_POLICIES}, got {self.policy!r}")
+        if self.policy not in IN_PIPELINE_POLICIES + CORRECTING_POLICIES:
+            raise ValueError(f"policy must be one of {IN_PIPELINE_POLICIES + CORRECTING_POLICIES}, got {self.policy!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if not isinstance(self.D, int) or self.D < 1:
@@ -745,7 +843,7 @@ class InPipelineConfig:
     @property
     def lr(self) -> float:
         """The learning rate the run's optimizer uses."""
-        opt = prediction_optimizer(self.optimizer, [torch.zeros(1, requires_grad=True)],
+        opt = prediction_optimizer(self.optimizer, [torch.zeros(1, 1, requires_grad=True)],
                                    **dict(self.optimizer_options))
         return float(opt.param_groups[0]["lr"])
 

@@ -135,3 +135,33 @@ def test_split_accepts_numpy_integers() -> None:
     model = deep_mlp(depth=6)
     assert [len(s) for s in split(model, np.int64(3))] == [2, 2, 2]
     assert [len(s) for s in split(model, 2, [np.int64(2), np.int64(4)])] == [2, 4]
+
+
+def test_bias_free_mlp_is_the_mlp_with_zero_biases_and_muon_trains_all_of_it() -> None:
+    from pipelab.models import he_init
+
+    with_bias = build_model("deep_mlp", seed=1, dtype=torch.float64, in_features=12, width=8, depth=4)
+    bare = build_model("deep_mlp", seed=1, dtype=torch.float64, in_features=12, width=8, depth=4, bias=False)
+    he_init(with_bias, 1)  # zero biases, and the same He draws for the weights of both
+    he_init(bare, 1)
+    assert all(p.dim() == 2 for p in bare.parameters())
+    assert sum(p.numel() for p in with_bias.parameters()) - sum(p.numel() for p in bare.parameters()) == 8 * 3 + 10
+    x = torch.randn(5, 12, dtype=torch.float64)
+    assert torch.equal(with_bias(x), bare(x))
+    before = [p.detach().clone() for p in bare.parameters()]
+    opt = torch.optim.Muon(bare.parameters(), lr=0.02)  # refuses the biased net's 1-D biases
+    torch.nn.functional.cross_entropy(bare(x), torch.arange(5)).backward()
+    opt.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, bare.parameters()))
+    with pytest.raises(ValueError, match="2D"):
+        torch.optim.Muon(with_bias.parameters())
+    with pytest.raises(TypeError, match="bias"):
+        deep_mlp(bias=0)  # type: ignore[arg-type]
+
+
+def test_the_bias_free_learning_curve_task_runs_muon() -> None:
+    from pipelab.learning_curves import RunConfig, run
+
+    rec = run(RunConfig(task="fashion_mnist_mlp_nobias", policy="2bw", optimizer="muon", D=4, seed=0, epochs=1,
+                        batch_size=32, n_train=128, n_test=64, n_eval_train=64, lr=0.02))
+    assert not rec["diverged"] and rec["train_loss"][1] < rec["train_loss"][0]

@@ -374,3 +374,28 @@ def test_policies_without_an_optimizer_list_serve_any_optimizer() -> None:
     assert NesterovAsyncPolicy.optimizers == ("NAdam", "SGD")
     assert math.isfinite(emulate("dc_asgd", pipedream(2, 1, 3), lambda ps: torch.optim.Muon(ps, lr=0.01), 3)[1]
                          .losses[-1])
+
+
+def test_the_corrections_buffers_are_counted_in_the_measured_and_stated_memory() -> None:
+    """Error feedback keeps g_{t−1} and DC-ASGD the step's backward weights on every stage: one weight-sized buffer
+    each, on top of their base policy's versions, in the emulator's count (policy_memory) and the stated one."""
+    from pipelab.figures.learning_curves import memory_rows
+
+    rows = memory_rows("digits_mlp", "sgdm", 4, ["2bw", "error_feedback", "stashing", "dc_asgd"], batch_size=16)
+    by = {(r["policy"], r["stage"]): r for r in rows}
+    for pol, base in (("error_feedback", "2bw"), ("dc_asgd", "stashing")):
+        copies = [by[(pol, k)]["weight_copies"] for k in range(4)]
+        assert copies == [by[(base, k)]["weight_copies"] + 1 for k in range(4)]
+        assert copies == [by[(pol, k)]["stated_copies"] for k in range(4)]
+        assert [by[(pol, k)]["extra_copies"] for k in range(4)] == [1, 1, 1, 1]
+    assert [by[("dc_asgd", k)]["weight_copies"] for k in range(4)] == [5, 4, 3, 2]
+    assert make_policy("dc_asgd", adaptive=True).correction_buffers(0, 4) == 2  # W_used and the mean square
+    assert make_policy("stashing").correction_buffers(0, 4) == 0
+    # the buffers are real: after a run each stage of error feedback holds one previous gradient per parameter
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    emu = Emulator(model, schedule=pipedream_2bw(2, 2, 3), policy="error_feedback",
+                   optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    emu.run([(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)])
+    assert emu.weight_copies == [3, 3]
+    for st in emu.stages:
+        assert [g.shape for g in st.policy_state["previous"]] == [p.shape for p in st.params]

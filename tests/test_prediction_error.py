@@ -369,7 +369,8 @@ def test_prediction_in_pipeline_figure_csv_and_markdown():
     assert len(parsed) == len(out.data) > 0
     assert {(r["policy"], r["optimizer"]) for r in parsed} == {("pipeoptim", "sgdm"), ("spectrain", "sgdm"),
                                                                 ("pipemare", "sgdm"), ("pipeoptim", "adam"),
-                                                                ("pipemare", "adam")}
+                                                                ("pipemare", "adam"), ("pipeoptim", "nadam"),
+                                                                ("pipeoptim", "muon")}
     whole = [r for r in out.data if r["phase"] == "all"]
     # PipeOptim's last stage (s = 0) predicts nothing: empty ratio cells, not zeros
     assert all(r["ratio"] != r["ratio"] for r in whole if r["policy"] == "pipeoptim" and r["s"] == 0)
@@ -421,3 +422,110 @@ def test_notebook_02_per_layer_prose_is_generated_or_marked_plain():
             assert not layer_number.search(src), layer_number.search(src)
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "in_pipeline_markdown" in code and "prediction_in_pipeline" in code
+
+
+@pytest.mark.parametrize("name", ["error_feedback", "dc_asgd"])
+def test_gradient_correction_in_pipeline_pins_on_a_hand_computed_run(name):
+    """Stage 0 holds the only weights (stage 1 is a Tanh), so its gradient at step t is exactly ∇f_t(W^(used))
+    with used = max(t − 1, 0) on both schedules (2BW; stashing on asynchronous 1F1B), the reference is
+    ∇f_t(W^(t)), and the run is SGD on the corrected gradient: replayed here step by step."""
+    from pipelab.policies import make_policy
+    from pipelab.prediction_error import measure_in_pipeline
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 2, bias=False), nn.Tanh()).to(DT)
+    W0 = model[0].weight.detach().clone()
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 3, generator=gen, dtype=DT), torch.randn(4, 2, generator=gen, dtype=DT))
+               for _ in range(6)]
+    lr, lam = 0.3, 2.0
+    policy = make_policy(name, **({"lam": lam} if name == "dc_asgd" else {}))
+    mse = nn.functional.mse_loss
+    res = measure_in_pipeline(model, batches, policy=policy, optimizer=lambda p: torch.optim.SGD(p, lr=lr), D=2,
+                              loss_fn=mse)
+    assert "correct_gradient" not in vars(policy)  # the observer is removed after the run
+
+    def grad(W, t):
+        W = W.clone().requires_grad_(True)
+        x, y = batches[t]
+        return torch.autograd.grad(mse(torch.tanh(x @ W.T), y), W)[0]
+
+    W, prev = [W0], None
+    want_pred, want_stale, want_s = [], [], []
+    for t in range(6):
+        used = max(t - 1, 0)
+        g = grad(W[used], t)
+        s = t - used
+        if name == "error_feedback":
+            corrected = g if prev is None or s == 0 else g + s * (g - prev)
+            prev = g
+        else:
+            corrected = g + lam * g * g * (W[t] - W[used])
+        ref = grad(W[t], t)
+        want_pred.append(float((corrected - ref).square().mean().sqrt()))
+        want_stale.append(float((g - ref).square().mean().sqrt()))
+        want_s.append(s)
+        W.append(W[t] - lr * corrected)
+    assert res.predicted_op == "G" and list(res.op) == ["G"] * 6 and list(res.stage) == [0] * 6
+    assert list(res.step) == list(range(6)) and list(res.s) == want_s
+    assert res.pred[:, 0] == pytest.approx(want_pred, rel=1e-9, abs=1e-15)
+    assert res.stale[:, 0] == pytest.approx(want_stale, rel=1e-9, abs=1e-15)
+    assert res.stale[0, 0] < 1e-15 and res.pred[1, 0] != res.stale[1, 0]  # step 0 is fresh; later ones corrected
+    assert torch.allclose(model[0].weight.detach(), W[-1], rtol=0, atol=1e-12)
+    rows = res.rows(phases=2)
+    assert {r["op"] for r in rows} == {"G"} and rows[-1]["jobs"] == 5  # the five delayed updates
+
+
+def test_muon_runs_on_the_bias_free_mlp_in_every_prediction_figure():
+    from pipelab import figures
+    from pipelab.figures.prediction import IN_PIPELINE_CONFIGS, PRESET_CONFIGS, model_for
+
+    assert model_for("adam", "deep_mlp", (("depth", 4),)) == ("deep_mlp", (("depth", 4),))
+    assert model_for("muon", "deep_mlp", (("depth", 4), ("bias", True))) == ("deep_mlp", (("depth", 4),
+                                                                                          ("bias", False)))
+    assert model_for("muon", "small_cnn", ()) is None
+    run = IN_PIPELINE_CONFIGS["tiny"].run_config("pipeoptim", "muon")
+    assert dict(run.model_options)["bias"] is False and run.lr == 0.02
+    assert "bias" not in dict(IN_PIPELINE_CONFIGS["tiny"].run_config("pipeoptim", "nadam").model_options)
+    assert {"nadam", "muon"} <= set(PRESET_CONFIGS["tiny"].optimizers) <= set(PRESET_CONFIGS["quick"].optimizers)
+    try:
+        out = figures.make("prediction_rmse_muon", "tiny")
+    except DataError:
+        pytest.skip("Fashion-MNIST not installed")
+    assert "Muon, lr 0.02" in out.figure.get_suptitle() and "without biases" in out.figure.get_suptitle()
+    assert "spectrain" not in out.data.predictors and "pipeoptim" in out.data.predictors  # SpecTrain needs SGDM
+    assert np.isfinite(out.notes["ratio/pipeoptim/s=1"])
+
+
+def test_gradient_correction_figure_csv_and_markdown():
+    """The figure's CSV is its rows (op G, each correcting policy at its schedule's staleness: 2BW's s = 1 on every
+    stage, stashing's D − k − 1); the notebook's sentences quote exactly the CSV's stage means."""
+    import re
+
+    from pipelab import figures
+    from pipelab.figures.prediction import correction_markdown
+    from pipelab.prediction_error import read_rows_csv
+
+    try:
+        out = figures.make("gradient_correction_in_pipeline", "tiny")
+    except DataError:
+        pytest.skip("Fashion-MNIST not installed")
+    rows = read_rows_csv(out.tables["csv"])
+    assert len(rows) == len(out.data) > 0 and {r["op"] for r in rows} == {"G"}
+    assert {(r["policy"], r["optimizer"]) for r in rows} == {("error_feedback", "sgdm"), ("error_feedback", "adamw"),
+                                                             ("error_feedback", "muon"), ("dc_asgd", "sgdm"),
+                                                             ("dc_asgd", "adamw")}
+    assert {r["s"] for r in rows if r["policy"] == "error_feedback"} == {1}
+    assert {(r["stage"], r["s"]) for r in rows if r["policy"] == "dc_asgd"} == {(0, 3), (1, 2), (2, 1), (3, 0)}
+    whole = [r for r in rows if r["phase"] == "all"]
+    assert all(r["ratio"] != r["ratio"] for r in whole if r["s"] == 0)  # no delayed update, no ratio
+    text = correction_markdown(rows)
+    allowed = set()
+    for key in {(r["policy"], r["optimizer"], r["stage"]) for r in whole}:
+        vals = [r["ratio"] for r in whole
+                if (r["policy"], r["optimizer"], r["stage"]) == key and r["ratio"] == r["ratio"]]
+        if vals:
+            allowed.add(f"{np.mean(vals):.2f}")
+    quoted = set(re.findall(r"\) (\d+\.\d\d)", text))
+    assert quoted and quoted <= allowed, quoted - allowed
+    assert "RMSE corrected / uncorrected gradient" in out.figure.axes[-1].get_ylabel()

@@ -1,13 +1,19 @@
 """Figures of the prediction-error notebook: how well can a stage predict its weights s updates ahead?
 
-- ``prediction_rmse_<optimizer>`` (SGDM, Adam, AdamW, RMSprop): SpecTrain Fig. 8 analogue — overall RMSE of
-  predicted and of stale weights against the true future weights over training, s = 1, 2, 3.
+- ``prediction_rmse_<optimizer>`` (SGDM, Adam, AdamW, RMSprop, NAdam, Muon): SpecTrain Fig. 8 analogue — overall
+  RMSE of predicted and of stale weights against the true future weights over training, s = 1, 2, 3.
 - ``prediction_ratio_summary``: RMSE ratio predicted/stale (time-averaged) for every predictor ×
   optimizer and s (heatmaps; under ``paper`` one row of panels per model).
 - ``prediction_in_pipeline``: the same ratio *inside the pipeline*
   (:func:`pipelab.prediction_error.measure_in_pipeline`): per stage at its real staleness and per layer, over
   windows of the run, one panel per policy × optimizer, with the CSV the notebook's per-layer statements are
   written from (:func:`in_pipeline_markdown`).
+- ``gradient_correction_in_pipeline``: what the gradient-correcting policies (error feedback, DC-ASGD), which
+  predict no weights, change: the error of the corrected vs the uncorrected gradient against the gradient at the
+  current weights, per stage at its real staleness and per layer, with its CSV (:func:`correction_markdown`).
+
+Muon (``torch.optim.Muon``) takes only matrices, so its runs use the MLP without biases
+(:func:`pipelab.models.deep_mlp` ``bias=False``, :func:`model_for`); the other optimizers keep the MLP with biases.
 
 All runs go through :func:`pipelab.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
 summary and the per-optimizer figures share them. Every figure names its learning rate(s), the weight
@@ -49,7 +55,7 @@ from . import FigureOutput, register
 
 __all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS", "run_lr",
            "InPipelineFigureConfig", "IN_PIPELINE_CONFIGS", "in_pipeline_run", "in_pipeline_markdown",
-           "plain_layer_markdown"]
+           "plain_layer_markdown", "MATRIX_ONLY_OPTIMIZERS", "model_for", "CORRECTION_CONFIGS", "correction_markdown"]
 
 PREDICTOR_LABELS = {
     "stale": "stale (no prediction)", "spectrain": "SpecTrain (paper)", "spectrain_code": "SpecTrain (code)",
@@ -60,9 +66,23 @@ _COLORS = {"spectrain": "#0072B2", "pipeoptim": "#0072B2", "repeat": "#E69F00", 
            "pipemare": "#CC79A7", "linear": "#56B4E9"}
 # Lines drawn over training (the summary shows every predictor).
 _CURVES = ("pipeoptim", "repeat", "zero_grad_rollout", "pipemare")
-# Every registered optimizer, in registry order, but the centered-momentum RMSprop variant and Muon (2-D parameters
-# only, the MLP has 1-D biases).
-_ALL_OPTIMIZERS = tuple(n for n in available_optimizers() if n not in ("rmsprop_momentum", "muon"))
+# Every registered optimizer, in registry order, but the centered-momentum RMSprop variant.
+_ALL_OPTIMIZERS = tuple(n for n in available_optimizers() if n != "rmsprop_momentum")
+
+#: optimizers that take only 2-D parameters: they run on the bias-free MLP (:func:`model_for`)
+MATRIX_ONLY_OPTIMIZERS = ("muon",)
+
+
+def model_for(optimizer: str, model: str, options: tuple[tuple[str, object], ...]
+              ) -> tuple[str, tuple[tuple[str, object], ...]] | None:
+    """The ``(model, options)`` ``optimizer`` runs on: unchanged, or for Muon (:data:`MATRIX_ONLY_OPTIMIZERS`) the
+    MLP with ``bias=False`` (every parameter a matrix); ``None`` when the model has non-matrix parameters it cannot
+    drop (the CNNs' 4-D kernels)."""
+    if optimizer not in MATRIX_ONLY_OPTIMIZERS:
+        return model, options
+    if model != "deep_mlp":
+        return None
+    return model, tuple(o for o in options if o[0] != "bias") + (("bias", False),)
 
 
 @dataclass(frozen=True)
@@ -82,7 +102,7 @@ _PAPER = PredictionErrorConfig(steps=4000, batch_size=128, measure_every=5, max_
                                model_options=(("depth", 16), ("width", 512)))
 
 PRESET_CONFIGS = {
-    "tiny": PredictionFigureConfig(_TINY, ("sgdm", "adam", "adamw", "rmsprop"), smooth=1),
+    "tiny": PredictionFigureConfig(_TINY, ("sgdm", "adam", "adamw", "rmsprop", "nadam", "muon"), smooth=1),
     "quick": PredictionFigureConfig(_QUICK),
     "paper": PredictionFigureConfig(_PAPER, models=(("deep_mlp", (("depth", 16), ("width", 512))),
                                                     ("small_cnn", ()), ("small_resnet", ())), smooth=10),
@@ -90,10 +110,17 @@ PRESET_CONFIGS = {
 
 
 def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | None = None) -> PredictionErrorResult:
-    """The (cached) run of ``optimizer`` (and ``model`` = (name, options)) under ``cfg``."""
-    run = replace(cfg.base, optimizer=optimizer)
-    if model is not None:
-        run = replace(run, model=model[0], model_options=model[1])
+    """The (cached) run of ``optimizer`` (and ``model`` = (name, options)) under ``cfg``; Muon on the bias-free
+    MLP (:func:`model_for`).
+
+    Raises:
+        ValueError: Muon with a model that has non-matrix parameters (a CNN).
+    """
+    name, options = model if model is not None else (cfg.base.model, cfg.base.model_options)
+    chosen = model_for(optimizer, name, options)
+    if chosen is None:
+        raise ValueError(f"optimizer {optimizer!r} takes only 2-D parameters; model {name!r} has others")
+    run = replace(cfg.base, optimizer=optimizer, model=chosen[0], model_options=chosen[1])
     return cached("prediction_error", run, run_prediction_error)
 
 
@@ -101,7 +128,7 @@ def run_lr(cfg: PredictionFigureConfig, optimizer: str) -> float:
     """The learning rate ``optimizer`` runs with under ``cfg`` (its settings, then the config's overrides)."""
     import torch
 
-    opt = prediction_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], **dict(cfg.base.optimizer_options))
+    opt = prediction_optimizer(optimizer, [torch.zeros(1, 1, requires_grad=True)], **dict(cfg.base.optimizer_options))
     return float(opt.param_groups[0]["lr"])
 
 
@@ -156,8 +183,9 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     left = res.left_chance_at()
     chance = (f"loss below 0.9·ln 10 from step {left}" if left is not None
               else f"loss never below 0.9·ln 10 in {res.meta['steps']} steps")
+    model = cfg.base.model + (" without biases" if optimizer in MATRIX_ONLY_OPTIMIZERS else "")
     fig.suptitle(f"{label}, lr {lr:g}: RMSE of predicted and stale weights over training ({res.meta['steps']} steps, "
-                 f"{cfg.base.model}, {_INIT_LABEL[cfg.base.init]}{div}; moving average of {cfg.smooth} "
+                 f"{model}, {_INIT_LABEL[cfg.base.init]}{div}; moving average of {cfg.smooth} "
                  f"measurements; {preset} preset)\n{chance}. PyTorch's default init would hold this MLP at chance "
                  "for ~100 SGDM steps, then jump: an init artefact, not prediction", fontsize=9)
     notes: dict[str, object] = {f"ratio/{n}/s={s + 1}": float(ratios[i, s])
@@ -191,6 +219,17 @@ def prediction_rmse_rmsprop(preset: str, *, progress: bool = False) -> FigureOut
     return _rmse_over_training("rmsprop", preset)
 
 
+@register("prediction_rmse_nadam", "RMSE of predicted vs stale weights over training with NAdam (the asynchronous "
+          "Nesterov policy's optimizer), s=1..3")
+def prediction_rmse_nadam(preset: str, *, progress: bool = False) -> FigureOutput:
+    return _rmse_over_training("nadam", preset)
+
+
+@register("prediction_rmse_muon", "RMSE of predicted vs stale weights over training with Muon (bias-free MLP), s=1..3")
+def prediction_rmse_muon(preset: str, *, progress: bool = False) -> FigureOutput:
+    return _rmse_over_training("muon", preset)
+
+
 def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, progress: bool = False
                   ) -> tuple[list[str], list[str], np.ndarray]:
     """``(predictors, optimizers, ratio[P, O, S])``, NaN where a predictor does not apply."""
@@ -205,7 +244,10 @@ def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, pr
         from tqdm.auto import tqdm
 
         items = tqdm(opts, desc="prediction error runs", unit="run")
+    name, options = model if model is not None else (cfg.base.model, cfg.base.model_options)
     for oi, o in enumerate(items):
+        if model_for(o, name, options) is None:  # Muon on a CNN: its column stays NaN
+            continue
         res = prediction_run(cfg, o, model)
         ratio = res.summary_ratio()
         for pi, p in enumerate(preds):
@@ -240,13 +282,14 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
                             fontsize=6.5, color="white" if np.isfinite(v) and abs(np.log(v)) > 0.8 else "black")
                     if np.isfinite(v):
                         rows.append(f"{mname},{preds[pi]},{opts[oi]},{si + 1},{v:.6g}")
-            ax.set_xticks(range(len(opts)), [f"{optimizer_label(o)}, lr {run_lr(cfg, o):g}" for o in opts],
+            ax.set_xticks(range(len(opts)), [f"{optimizer_label(o)}, lr {run_lr(cfg, o):g}"
+                                             + (" (no biases)" if o in MATRIX_ONLY_OPTIMIZERS else "") for o in opts],
                           rotation=60, ha="right", fontsize=7)
             ax.set_yticks(range(len(preds)), [PREDICTOR_LABELS.get(p, p) for p in preds] if si == 0 else [],
                           fontsize=7)
             ax.grid(False)
             ax.set_title(f"{mname}, s = {si + 1}", fontsize=9)
-        for o in ("sgdm", "adam"):
+        for o in ("sgdm", "adam", "nadam", "muon"):
             if o in opts:
                 for p in preds:
                     for si in range(S):
@@ -257,7 +300,8 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
     cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25", "0.5", "1", "2", "4"])
     cb.minorticks_off()
     fig.suptitle("Weight prediction error relative to stale weights (time-averaged over training; "
-                 f"— : predictor needs SGD momentum; {_INIT_LABEL[cfg.base.init]}; {preset} preset)", fontsize=10)
+                 f"— : predictor needs SGD momentum, or Muon on a model with non-matrix parameters; Muon runs on the "
+                 f"MLP without biases; {_INIT_LABEL[cfg.base.init]}; {preset} preset)", fontsize=10)
     return FigureOutput(fig, cfg, cfg.base.seed, tables={"csv": "\n".join(rows) + "\n"}, notes=notes, data=data)
 
 
@@ -274,15 +318,20 @@ class InPipelineFigureConfig:
 
     base: InPipelineConfig
     arms: tuple[tuple[str, str], ...] = (("pipeoptim", "sgdm"), ("spectrain", "sgdm"), ("pipemare", "sgdm"),
-                                         ("pipeoptim", "adam"), ("pipemare", "adam"))
+                                         ("pipeoptim", "adam"), ("pipemare", "adam"), ("pipeoptim", "nadam"),
+                                         ("pipeoptim", "muon"))
     lrs: tuple[tuple[str, float], ...] = (("sgdm", 0.01),)
     phases: int = 5
 
     def run_config(self, policy: str, optimizer: str) -> InPipelineConfig:
-        """The run of one panel."""
+        """The run of one panel (Muon's on the bias-free MLP, :func:`model_for`)."""
         lr = dict(self.lrs).get(optimizer)
         opts = tuple(o for o in self.base.optimizer_options if o[0] != "lr") + ((("lr", lr),) if lr else ())
-        return replace(self.base, policy=policy, optimizer=optimizer, optimizer_options=opts)
+        chosen = model_for(optimizer, self.base.model, self.base.model_options)
+        if chosen is None:
+            raise ValueError(f"optimizer {optimizer!r} takes only 2-D parameters; model {self.base.model!r} has others")
+        return replace(self.base, policy=policy, optimizer=optimizer, optimizer_options=opts, model=chosen[0],
+                       model_options=chosen[1])
 
 
 _IN_TINY = InPipelineConfig(steps=40, batch_size=32, train_subset=2000, D=4, anneal_steps=10,
@@ -298,6 +347,12 @@ IN_PIPELINE_CONFIGS = {
     "paper": InPipelineFigureConfig(_IN_PAPER),
 }
 IN_PIPELINE_CONFIGS["study"] = IN_PIPELINE_CONFIGS["quick"]
+
+#: the gradient-correcting policies' panels (each on its own schedule family: error feedback on PipeDream-2BW with
+#: M = D, DC-ASGD on weight stashing's asynchronous 1F1B), at the in-pipeline figure's runs and rates
+_CORRECTION_ARMS = (("error_feedback", "sgdm"), ("error_feedback", "adamw"), ("error_feedback", "muon"),
+                    ("dc_asgd", "sgdm"), ("dc_asgd", "adamw"))
+CORRECTION_CONFIGS = {name: replace(c, arms=_CORRECTION_ARMS) for name, c in IN_PIPELINE_CONFIGS.items()}
 
 
 def in_pipeline_run(cfg: InPipelineFigureConfig, policy: str, optimizer: str) -> InPipelineResult:
@@ -368,9 +423,36 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
 @register("prediction_in_pipeline",
           "Prediction error inside the pipeline: per stage (its real staleness) and layer, predicted/stale RMSE")
 def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(IN_PIPELINE_CONFIGS, preset)
+    b = cfg.base
+    return _ratio_panels(
+        cfg, preset, progress, "RMSE predicted / stale (< 1: prediction helps)",
+        f"Prediction error inside the pipeline: async 1F1B, D = {b.D}, M = 1, {b.steps} steps, {b.model} "
+        f"({dict(b.model_options).get('depth', '?')} blocks) on {b.dataset}, {_INIT_LABEL[b.init]}; Muon without "
+        f"biases; {preset} preset\nrows: layers by stage k at its staleness s (version difference from the table; "
+        "PipeMare predicts back, s < 0); each job's weights vs the version they stand for; — : no prediction")
+
+
+@register("gradient_correction_in_pipeline",
+          "Gradient corrections inside the pipeline (error feedback, DC-ASGD): per stage at its staleness and layer, "
+          "error of the corrected vs the uncorrected gradient against the gradient at the current weights")
+def gradient_correction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
+    cfg = from_preset(CORRECTION_CONFIGS, preset)
+    b = cfg.base
+    return _ratio_panels(
+        cfg, preset, progress, "RMSE corrected / uncorrected gradient (< 1: the correction helps)",
+        f"Gradient corrections inside the pipeline: error feedback on PipeDream-2BW (M = D), DC-ASGD on stashing "
+        f"(async 1F1B, M = 1)\nD = {b.D}, {b.steps} steps, {b.model} ({dict(b.model_options).get('depth', '?')} "
+        f"blocks) on {b.dataset}, {_INIT_LABEL[b.init]}; Muon without biases; {preset} preset\nrows: layers by stage "
+        "k at its gradient's staleness s; each update's gradient vs the mini-batch's gradient at the weights\nthe "
+        "pipeline holds then; — : no delayed update")
+
+
+def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, label: str, title: str) -> FigureOutput:
+    """One heatmap per (policy, optimizer) arm of :func:`measure_in_pipeline` results: layers × windows of the run
+    (and the whole run), the ratio of the policy's error to the baseline's; the CSV holds every panel's rows."""
     from ..policies import policy_info
 
-    cfg = from_preset(IN_PIPELINE_CONFIGS, preset)
     policies = list(dict.fromkeys(p for p, _ in cfg.arms))
     optimizers = list(dict.fromkeys(o for _, o in cfg.arms))
     arms: Iterable[tuple[str, str]] = cfg.arms
@@ -425,8 +507,8 @@ def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutp
             ax.set_xlabel(f"window of {res.steps // P} steps · all", fontsize=7)
             div = f", diverged at {res.diverged_at}" if res.diverged_at is not None else ""
             lr = float(res.meta.get("lr", math.nan))
-            ax.set_title(f"{policy_info(pol).title} · {optimizer_label(opt)}, lr {lr:g}\n({res.predicted_op} jobs"
-                         f"{div})", fontsize=8)
+            jobs = "updates' gradients" if res.predicted_op == "G" else f"{res.predicted_op} jobs"
+            ax.set_title(f"{policy_info(pol).title} · {optimizer_label(opt)}, lr {lr:g}\n({jobs}{div})", fontsize=8)
             whole = ratio[:, -1]
             for k in range(res.D):
                 vals = whole[[li for li in range(L) if res.layer_stage[li] == k]]
@@ -435,16 +517,42 @@ def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutp
                 notes[f"{pol}/{opt}/stage{k}/ratio"] = float(vals.mean()) if vals.size else None
     if im is None:
         raise ValueError(f"preset {preset!r}: no panel was run")
-    cb = fig.colorbar(im, ax=axes, shrink=0.8, label="RMSE predicted / stale (< 1: prediction helps)")
+    cb = fig.colorbar(im, ax=axes, shrink=0.8, label=label)
     cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["0.25", "0.5", "1", "2", "4"])
     cb.minorticks_off()
-    b = cfg.base
-    fig.suptitle(f"Prediction error inside the pipeline: async 1F1B, D = {b.D}, M = 1, {b.steps} steps, {b.model} "
-                 f"({dict(b.model_options).get('depth', '?')} blocks) on {b.dataset}, {_INIT_LABEL[b.init]}; "
-                 f"{preset} preset\nrows: layers by stage k at its staleness s (version difference from the "
-                 "table; PipeMare predicts back, s < 0); each job's weights vs the version they stand for; "
-                 "— : no prediction", fontsize=9)
-    return FigureOutput(fig, cfg, b.seed, tables={"csv": rows_to_csv(rows)}, notes=notes, data=rows)
+    fig.suptitle(title, fontsize=9)
+    return FigureOutput(fig, cfg, cfg.base.seed, tables={"csv": rows_to_csv(rows)}, notes=notes, data=rows)
+
+
+def correction_markdown(rows: list[dict]) -> str:
+    """Statements for notebook 02, written from the CSV rows of ``gradient_correction_in_pipeline``: per panel
+    (policy × optimizer), each stage's whole-run ratio corrected/uncorrected gradient error (mean over its layers)
+    at its staleness s, and the range over the panel's stages."""
+    from ..policies import policy_info
+
+    panels: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        panels.setdefault((r["policy"], r["optimizer"]), []).append(r)
+    lines = []
+    for (pol, opt), rs in panels.items():
+        whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
+        if not whole:
+            lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}**: no delayed update.")
+            continue
+        parts = []
+        for k in sorted({r["stage"] for r in whole}):
+            ks = [r["ratio"] for r in whole if r["stage"] == k]
+            parts.append(f"stage {k} (s = {next(r['s'] for r in whole if r['stage'] == k)}) {np.mean(ks):.2f}")
+        means = [round(float(np.mean([r["ratio"] for r in whole if r["stage"] == k])), 2)
+                 for k in {r["stage"] for r in whole}]
+        verdict = ("the correction barely changes the gradient (every stage at 1.00 to two decimals)"
+                   if all(m == 1.0 for m in means) else
+                   "the correction brings every stage's gradient closer to the current weights' one"
+                   if max(means) < 1 else "the correction moves every stage's gradient away from the current weights' "
+                   "one" if min(means) > 1 else "the correction helps some stages and hurts others")
+        lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}** (ratio corrected/uncorrected gradient "
+                     f"RMSE, mean over each stage's layers): {'; '.join(parts)} — {verdict}.")
+    return "\n".join(lines)
 
 
 def plain_layer_markdown(res: PredictionErrorResult, predictors: tuple[str, ...] = ("spectrain", "pipeoptim",

@@ -130,11 +130,11 @@ class PipelinePlan:
 
     @property
     def weight_copies(self) -> list[int]:
-        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers
-        (0 for a stage without parameters)."""
+        """Weight-sized tensors stage k holds at its peak: stored versions + a prediction + extra buffers + a gradient
+        correction's buffers (0 for a stage without parameters)."""
         return [0 if k in self.weightless else
                 self.capacity[k] + ((1 + self.policy.extra_buffers(k, self.D)) if k in self.predicted_stages else 0)
-                for k in range(self.D)]
+                + self.policy.correction_buffers(k, self.D) for k in range(self.D)]
 
     @property
     def weight_bytes(self) -> dict[int, dict[str, int]]:
