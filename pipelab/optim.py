@@ -9,8 +9,9 @@ cannot silently change an experiment, plus what defines the variant: momentum 0.
 ``nesterov`` and ``rmsprop_momentum`` (the value of SpecTrain's and PipeOptim's experiments and of common
 practice), Nesterov for ``nesterov``, centering for ``rmsprop_momentum``. AdamW keeps torch's decoupled weight
 decay 1e-2. Learning rates are torch's defaults (SGD 1e-3, Adam/AdamW/RAdam 1e-3, RMSprop/Adagrad 1e-2,
-NAdam/Adamax 2e-3, Muon 1e-3). Muon's entry writes out all of torch's defaults (weight decay 0.1,
-Nesterov momentum 0.95, Newton-Schulz coefficients, eps and steps, the "original" lr adjustment); it takes
+NAdam/Adamax 2e-3, Muon 1e-3); ``nadam_async`` is NAdam with β1 = 0.99, the asynchronous-Nesterov paper's
+setting. Muon's entry writes out all of torch's defaults (weight decay 0.1, Nesterov momentum 0.95,
+Newton-Schulz coefficients, eps and steps, the "original" lr adjustment); it takes
 only 2-D parameters. An experiment that tunes them holds *its own* overrides next to its config and passes
 them to :func:`make_optimizer` / :func:`optimizer_factory` (e.g. the learning curves' SGDM is lr 0.01,
 weight decay 5e-4, PipeOptim §V-A).
@@ -101,6 +102,9 @@ OPTIMIZERS: Mapping[str, OptimizerSpec] = MappingProxyType({
                              "Duchi et al., JMLR 2011"),
     "nadam": OptimizerSpec(torch.optim.NAdam, {"lr": 2e-3}, "NAdam", "Adam with Nesterov momentum",
                            "Dozat, ICLR 2016 workshop"),
+    "nadam_async": OptimizerSpec(torch.optim.NAdam, {"lr": 2e-3, "betas": (0.99, 0.999)}, "NAdam (β1 0.99)",
+                                 "NAdam with β1 = 0.99, the setting of the asynchronous-Nesterov runs",
+                                 "Ajanthan et al., ICML 2025 (arXiv:2505.01099), its public code's run script"),
     "radam": OptimizerSpec(torch.optim.RAdam, {"lr": 1e-3}, "RAdam", "Adam with variance rectification",
                            "Liu et al., ICLR 2020"),
     "adamax": OptimizerSpec(torch.optim.Adamax, {"lr": 2e-3}, "Adamax", "Adam with the infinity norm",

@@ -116,7 +116,8 @@ def test_the_grid_runs_only_served_pairs_and_muons_policies() -> None:
     pairs = {(c.optimizer, c.policy) for c in configs}
     assert ("sgdm", "nesterov_async") not in pairs and ("nadam", "nesterov_async") in pairs
     assert {p for o, p in pairs if o == "muon"} == {"sequential", "2bw", "error_feedback"}
-    assert len(configs) == len(cfg.seeds) * (6 + 6 + 7 + 3)
+    assert {p for o, p in pairs if o == "nadam_async"} == {"sequential", "vanilla", "nesterov_async"}
+    assert len(configs) == len(cfg.seeds) * (6 + 6 + 7 + 3 + 3)
     assert {c.lr for c in configs if c.optimizer == "muon"} == {0.02}
     assert all(c.task == "fashion_mnist_mlp_nobias" and c.D == 4 for c in configs)
 
@@ -126,7 +127,7 @@ def test_tiny_preset_end_to_end(tmp_path: Path) -> None:
 
     out = figures.make("modern_optimizers", preset="tiny")
     records = out.data["records"]
-    assert len(records) == 2 * (6 + 6 + 7 + 3)
+    assert len(records) == 2 * (6 + 6 + 7 + 3 + 3)
     assert out.notes["rates"]["sgdm"]["how"] == "tuned" and out.notes["rates"]["muon"] == {"lr": 0.02,
                                                                                            "how": "common"}
     assert set(out.notes["verdicts"]) == {c[0] for c in CLAIMS}

@@ -111,7 +111,7 @@ def test_benchmarks_build_todays_optimizers():
 
 def test_registry_defaults_are_torch_defaults_plus_the_variant():
     assert available_optimizers() == ["sgd", "sgdm", "nesterov", "adam", "adamw", "rmsprop", "rmsprop_momentum",
-                                      "adagrad", "nadam", "radam", "adamax", "muon"]
+                                      "adagrad", "nadam", "nadam_async", "radam", "adamax", "muon"]
     for name, spec in OPTIMIZERS.items():
         assert isinstance(spec, OptimizerSpec) and spec.label and spec.description and spec.reference
         variant = {k: v for k, v in spec.defaults.items() if k not in ("lr", "weight_decay")}
@@ -124,6 +124,7 @@ def test_registry_defaults_are_torch_defaults_plus_the_variant():
     assert _groups(make_optimizer("muon", _params(torch.optim.Muon))) == _groups(muon)
     assert dict(OPTIMIZERS["muon"].defaults).keys() == set(OPTIMIZERS["muon"].accepted())
     assert optimizer_label("muon") == "Muon"
+    assert make_optimizer("nadam_async", _params()).defaults["betas"] == (0.99, 0.999)  # 2505.01099's β1
 
 
 def test_overrides_and_factory():

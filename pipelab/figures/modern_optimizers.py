@@ -75,8 +75,10 @@ class ModernConfig:
     Attributes:
         task: a task whose parameters are all matrices (Muon); optimizers, policies: the grid (only the pairs
             :func:`~pipelab.learning_curves.serves` accepts run); muon_policies: the policies Muon runs (``None``:
-            all); depths, seeds: D values and seeds; lrs: each optimizer's common rate; tuning: select each
-            optimizer's rate on the sequential arm instead (its grids name the optimizers tuned; the others keep
+            all); only: other optimizers' policy lists, ``((optimizer, policies), ...)`` (the β1 = 0.99 NAdam
+            runs the asynchronous-Nesterov claim's arms only); depths, seeds: D values and seeds; lrs: each
+            optimizer's common rate; tuning: select each optimizer's rate on the sequential arm instead (its grids
+            name the optimizers tuned; the others keep
             ``lrs``); n_val: validation examples carved from ``n_train`` (needed by the tuning).
     """
 
@@ -92,6 +94,7 @@ class ModernConfig:
     n_eval_train: int
     lrs: tuple[tuple[str, float], ...]
     muon_policies: tuple[str, ...] | None = None
+    only: tuple[tuple[str, tuple[str, ...]], ...] = ()
     tuning: Tuning | None = None
     n_val: int = 0
     device: str = "cpu"
@@ -101,21 +104,24 @@ class ModernConfig:
                     n_eval_train=self.n_eval_train, n_val=self.n_val, device=self.device)
 
 
-_OPTIMIZERS = ("sgdm", "adamw", "nadam", "muon")
-_LRS = (("sgdm", 0.01), ("adamw", 1e-3), ("nadam", 2e-3), ("muon", 0.02))
+_OPTIMIZERS = ("sgdm", "adamw", "nadam", "nadam_async", "muon")
+_LRS = (("sgdm", 0.01), ("adamw", 1e-3), ("nadam", 2e-3), ("nadam_async", 2e-3), ("muon", 0.02))
+#: NAdam with the paper's β1 = 0.99 (2505.01099's run script) runs the arms of its claim and vanilla for scale
+_ONLY = (("nadam_async", ("sequential", "vanilla", "nesterov_async")),)
 _MUON_POLICIES = ("sequential", "2bw", "error_feedback")
 
 PRESETS: dict[str, ModernConfig] = {
     "tiny": ModernConfig("digits_mlp_nobias", _OPTIMIZERS, POLICIES, (4,), (0, 1), epochs=1, batch_size=32,
-                         n_train=192, n_test=100, n_eval_train=64, lrs=_LRS, muon_policies=_MUON_POLICIES,
+                         n_train=192, n_test=100, n_eval_train=64, lrs=_LRS, muon_policies=_MUON_POLICIES, only=_ONLY,
                          tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1, 5),), seeds=(100,), max_epochs=1), n_val=64),
     "quick": ModernConfig("fashion_mnist_mlp_nobias", _OPTIMIZERS, POLICIES, (4,), (0, 1, 2, 3, 4), epochs=3,
                           batch_size=64, n_train=4096, n_test=2000, n_eval_train=2000, lrs=_LRS,
-                          muon_policies=_MUON_POLICIES),
+                          muon_policies=_MUON_POLICIES, only=_ONLY),
     "study": ModernConfig("fashion_mnist_mlp_nobias", _OPTIMIZERS, POLICIES, (4, 8), (0, 1, 2, 3, 4), epochs=6,
-                          batch_size=128, n_train=None, n_test=None, n_eval_train=5000, lrs=_LRS,
+                          batch_size=128, n_train=None, n_test=None, n_eval_train=5000, lrs=_LRS, only=_ONLY,
                           tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1, 5), ("adamw", 1e-4, 1e-2, 5),
-                                               ("nadam", 1e-4, 1e-2, 5), ("muon", 2e-3, 2e-1, 5)), seeds=(100,)),
+                                               ("nadam", 1e-4, 1e-2, 5), ("nadam_async", 1e-4, 1e-2, 5),
+                                               ("muon", 2e-3, 2e-1, 5)), seeds=(100,)),
                           n_val=5000),
 }
 PRESETS["paper"] = PRESETS["study"]
@@ -132,6 +138,8 @@ def modern_configs(cfg: ModernConfig, lrs: dict[str, float] | None = None) -> li
     for opt in cfg.optimizers:
         pols = cfg.policies if opt != "muon" or cfg.muon_policies is None else \
             tuple(p for p in cfg.policies if p in cfg.muon_policies)
+        if opt in dict(cfg.only):
+            pols = tuple(p for p in pols if p in dict(cfg.only)[opt])
         out += [with_(c, lr=rates.get(opt)) for c in grid([cfg.task], pols, [opt], cfg.depths, cfg.seeds,
                                                           **cfg.common())]
     return out
@@ -221,7 +229,7 @@ CLAIMS: tuple[tuple[str, str, str, str, tuple[str, ...] | None, str, str], ...] 
     ("ef_closes_most", "Error feedback closes most of 2BW's gap, for any optimizer", "arXiv:2606.30634",
      "closes_most", None, "error_feedback", "2bw"),
     ("nesterov_matches_sync", "Asynchronous Nesterov (NAdam) matches or beats the synchronous baseline",
-     "arXiv:2505.01099", "small_gap", ("nadam",), "nesterov_async", "sequential"),
+     "arXiv:2505.01099", "small_gap", ("nadam", "nadam_async"), "nesterov_async", "sequential"),
     ("dc_beats_vanilla", "DC-ASGD beats vanilla asynchronous training", "Zheng et al., ICML 2017", "beats", None,
      "dc_asgd", "vanilla"),
     ("dc_beats_asgd", "DC-ASGD beats ASGD (its own base, weight stashing, without the compensation)",
@@ -404,6 +412,8 @@ def setup_markdown(config: Any, notes: dict[str, Any], records: Sequence[dict]) 
             + ("every policy." if cfg.get("muon_policies") is None else
                "only " + ", ".join(LABELS[p] for p in cfg["muon_policies"]) + " (its Newton–Schulz iteration runs "
                "in bfloat16, slow on a CPU).")
+            + "".join(f" {optimizer_label(o)} runs only " + ", ".join(LABELS[p] for p in pols) + "."
+                      for o, pols in cfg.get("only", ()))
             + " Intervals: 95% Student t over seeds, paired by seed (ddof = 1).")
 
 
