@@ -34,7 +34,11 @@ every point-to-point send precedes its receive and every collective follows what
 unfinished event of any rank can always complete. Every rank derives the same sequence, hence issues the
 collectives of each group in the same order.
 
-Buckets and overlap (torch DDP's gradient bucketing, Li et al. 2020, §3.2.3): :func:`placed_sequence` marks
+Buckets and overlap (torch DDP's gradient bucketing, Li et al. 2020, §3.2.3): a replicated stage's all-reduce
+of (k, t) and the U(k, t) after it are deferred to the first entry that needs them (a non-U job of stage k on a
+member, or a reduction with a member; :func:`_defer_updates`), so DDP's all-reduces of a step meet after its
+last backward as in torch (the workers' job order then differs from the builder's program only in where these
+U's sit). :func:`placed_sequence` then marks
 *runs* of all-reduces that may be fused: all-reduces of one member set and one holder set such that, between
 one and the next, no member runs an F/B/I/W job and no reduction with a member is issued (U jobs and
 broadcasts may sit between). A later all-reduce of a run needs only gradients finished before the run's first
