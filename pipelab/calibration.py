@@ -283,14 +283,17 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
     return rows
 
 
-def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int]) -> list[dict[str, dict[str, int]]]:
+def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int], bucket_bytes: int | None = None
+                          ) -> list[dict[str, dict[str, int]]]:
     """Bytes and calls each worker's collectives move in a placed schedule, by kind, counted from the simulation.
 
     Per step t and stage k, the members are k's holders H_k and the workers that ran a B (or W) of (k, t):
     with one holder and another member, a ``reduce`` onto it; with several holders, an ``all_reduce``
     (:mod:`pipelab.pipeline.placement`); the payload is the stage's weight bytes. Each version v of stage k
     that a non-holder uses (:attr:`SimResult.weight_fetch_table`) is a ``broadcast`` from the owner H_k[0]
-    to the workers that use it. Bytes follow :func:`pipelab.pipeline.placement.collective_bytes`.
+    to the workers that use it. Bytes follow :func:`pipelab.pipeline.placement.collective_bytes`. All-reduces
+    fused into one bucket (:func:`pipelab.pipeline.placement.bucket_parts` under ``bucket_bytes``, default
+    :data:`~pipelab.pipeline.placement.BUCKET_BYTES`) count one call per bucket, as the executors issue them.
 
     Returns:
         per worker, ``{"bytes_sent": {kind: n}, "bytes_received": {kind: n}, "calls": {kind: n}}`` (kinds
@@ -320,6 +323,14 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int]) -> list[d
             kind = "reduce" if len(hs) == 1 else "all_reduce"
             for w in members:
                 add(w, kind, *collective_bytes(kind, int(weight_bytes[k]), len(members), w == hs[0]))
+    if any("all_reduce" in o["calls"] for o in out):
+        from .pipeline.placement import bucket_parts, placed_sequence
+
+        for e in placed_sequence(sim, {}):  # the runs of fusable all-reduces do not depend on the fetches
+            if isinstance(e, Collective) and e.bucket and \
+                    bucket_parts(e, lambda k: int(weight_bytes[k]), bucket_bytes)[0] != (e.stage, e.step):
+                for w in e.members:
+                    out[w]["calls"]["all_reduce"] -= 1
     receivers: dict[tuple[int, int], set[int]] = {}
     for w, k, v in sim.weight_fetch_versions:
         receivers.setdefault((k, v), set()).add(w)

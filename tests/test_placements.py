@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import pipelab.emulator.emulator as emulator_module
+import pipelab.pipeline.placement as placement
 from pipelab.emulator import Emulator, train_plain
 from pipelab.models import deep_mlp
 from pipelab.optim import optimizer_factory
@@ -162,14 +163,51 @@ def test_collective_byte_conventions_balance():
         collective_bytes("gather", 8, 2, True)
 
 
-def test_ddp_collective_counts():
+@pytest.mark.parametrize("bucket_bytes, calls", [(0, 2 * 3), (None, 3), (1, 2 * 3)])
+def test_ddp_collective_counts(monkeypatch, bucket_bytes, calls):
+    """Unbucketed (cap 0, or a cap below every stage): one all-reduce per stage and step; bucketed (25 MiB):
+    both stages' gradients fused into one all-reduce per step. Bytes are the same either way."""
+    if bucket_bytes is not None:
+        monkeypatch.setattr(placement, "BUCKET_BYTES", bucket_bytes)
     schedule = ddp(D=2, M=4, W=2, steps=3)
     _, _, res, _, emu = run_case(schedule, 2, "sgdm")
     stage_bytes = [sum(p.numel() * p.element_size() for p in st.params) for st in emu.stages]
     for w in range(2):
         c = res.extra["collectives"][w]
-        assert c["calls"] == {"all_reduce": 2 * 3}
+        assert c["calls"] == {"all_reduce": calls}
         assert c["bytes_sent"]["all_reduce"] == c["bytes_received"]["all_reduce"] == 3 * sum(stage_bytes)
+
+
+def test_ddp_all_reduces_of_a_step_form_one_run_after_its_last_backward():
+    """DDP's all-reduces of step t meet after the step's last B (its updates deferred), are marked as one run,
+    and each is launched right after this worker's last B of its own stage."""
+    seq = placed_sequence(simulate(ddp(D=3, M=4, W=2, steps=2)), {})
+    for w in range(2):
+        prog = worker_sequence(seq, w)
+        L = placement.launch_positions(prog)
+        ars = [i for i, e in enumerate(prog) if isinstance(e, placement.Collective)]
+        assert [(prog[i].stage, prog[i].step) for i in ars] == [(2, 0), (1, 0), (0, 0), (2, 1), (1, 1), (0, 1)]
+        for i in ars:
+            c = prog[i]
+            assert c.bucket == ((2, c.step), (1, c.step), (0, c.step))
+            last_b = max(j for j, e in enumerate(prog) if not isinstance(e, placement.Collective)
+                         and e[:3] == ("B", c.stage, c.step))
+            assert L[i] == last_b + 1
+        # the first stage's all-reduce overlaps the other stages' last backwards; all are launched by the run's
+        # first entry, where the fused bucket is waited for
+        assert L[ars[0]] < L[ars[1]] < L[ars[2]] <= ars[0]
+        assert [e[:2] for e in prog[L[ars[0]]:ars[0]]] == [("B", 1), ("B", 0)]
+
+
+def test_bucket_parts_caps_buckets_in_order():
+    c = placement.Collective("all_reduce", 0, 0, -1, (0, 1), -1, (0, 1), ((2, 0), (1, 0), (0, 0)))
+    size = {0: 30, 1: 10, 2: 10}.__getitem__
+    assert placement.bucket_parts(c, size, 20) == ((0, 0),)  # a stage larger than the cap: alone
+    assert placement.bucket_parts(c._replace(stage=1), size, 20) == ((2, 0), (1, 0))
+    assert placement.bucket_parts(c._replace(stage=1), size, 0) == ((1, 0),)
+    assert placement.bucket_parts(c._replace(stage=1), size, 50) == ((2, 0), (1, 0), (0, 0))
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        placement.bucket_parts(c, size, -1)
 
 
 def test_async_hybrid_version_table_is_pipedreams_per_replica():

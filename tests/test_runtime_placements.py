@@ -306,3 +306,36 @@ def test_a_rank_failing_at_a_collective_ends_the_run_with_its_traceback(where: s
     assert f"rank 1 fails {where} its third all-reduce" in str(err.value)
     assert "Traceback" in str(err.value)
     assert time.monotonic() - start < 60
+
+
+def _bucketed_and_unbucketed(rank: int, world: int, case: dict) -> tuple[Any, Any]:
+    import pipelab.pipeline.placement as placement
+
+    out = []
+    for cap in (None, 0):  # the default 25 MiB buckets (overlapped), then one blocking-order call per stage
+        saved = placement.BUCKET_BYTES
+        if cap is not None:
+            placement.BUCKET_BYTES = cap
+        try:
+            rt = PipelineRuntime(make_model(case), schedule=make_schedule(case), policy="gpipe", D=case["D"],
+                                 optimizer=optimizer(case))
+            out.append(rt.run(batches(case["steps"])))
+        finally:
+            placement.BUCKET_BYTES = saved
+    return out[0], out[1]
+
+
+def test_bucketed_all_reduces_equal_unbucketed_with_fewer_calls() -> None:
+    """DDP's per-step all-reduces fused into one bucket (launched asynchronously after the last backward):
+    the same weights and losses (≤ 1e-12) as one all-reduce per stage, the same bytes, D times fewer calls."""
+    case = dict(schedule="ddp", D=3, M=4, W=2, steps=3, optimizer="adam")
+    for bucketed, single in spawn(_bucketed_and_unbucketed, 2, (case,), timeout_s=120):
+        assert bucketed.weights.keys() == single.weights.keys() == {0, 1, 2}
+        for k in range(3):
+            for a, b in zip(bucketed.weights[k], single.weights[k]):
+                assert (a - b).abs().max().item() <= 1e-12
+        assert bucketed.losses == pytest.approx(single.losses, abs=1e-12)
+        assert single.collectives["calls"] == {"all_reduce": 3 * 3}
+        assert bucketed.collectives["calls"] == {"all_reduce": 3}
+        assert bucketed.collectives["bytes_sent"] == single.collectives["bytes_sent"]
+        assert bucketed.collectives["bytes_received"] == single.collectives["bytes_received"]

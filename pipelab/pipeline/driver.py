@@ -19,7 +19,10 @@ For each job ``(op, k, t, j)``:
 A placed schedule (stages computed or held by several workers, :mod:`~pipelab.pipeline.placement`) runs its
 global sequence: jobs carry their worker (``(op, k, t, j, w)``, executors keyed by ``(w, k)``) and
 :class:`~pipelab.pipeline.placement.Collective` entries are handed to the ``collective`` callback (in memory
-in the emulator, ``torch.distributed`` in the runtime).
+in the emulator, ``torch.distributed`` in the runtime). Before that, each all-reduce entry is handed over once
+more as a :class:`~pipelab.pipeline.placement.Launch`, at the position
+:func:`~pipelab.pipeline.placement.launch_positions` gives (once the program's gradients for it are complete),
+so the runtime can start it asynchronously and overlap it with the jobs until its entry.
 
 The data side lives here once too: :class:`MiniBatches` checks each mini-batch's form, sizes, dtype and
 device, splits it into M micro-batches (:func:`split_micro`) and keeps it only while a job of the program
@@ -40,7 +43,7 @@ import torch
 from torch import Tensor
 
 from ..schedules.dependencies import Split, handed_to, received_from
-from .placement import Collective
+from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
 from .transport import Transport
 
@@ -205,8 +208,18 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
         if not isinstance(job, Collective) and job[0] in ("F", "B", "I"):
             last_job[job[2]] = pos
     end = len(program) if end is None else end
+    # placed: each all-reduce is launched (a Launch handed to the collective runner) as soon as this program's
+    # gradients for it are complete, and waited for at its own entry (placement.launch_positions)
+    launches: dict[int, list[int]] = defaultdict(list)
+    if placed and collective is not None:
+        for at, L in launch_positions(program).items():
+            if at >= state.position and at < end:
+                launches[max(L, state.position)].append(at)
     for pos in range(state.position, end):
         item = program[pos]
+        for at in launches.pop(pos, ()):
+            assert collective is not None
+            collective(Launch(*program[at]))
         if isinstance(item, Collective):
             if collective is None:
                 raise ValueError(f"the program holds a collective ({item.kind} of stage {item.stage}) but no "

@@ -34,6 +34,28 @@ every point-to-point send precedes its receive and every collective follows what
 unfinished event of any rank can always complete. Every rank derives the same sequence, hence issues the
 collectives of each group in the same order.
 
+Buckets and overlap (torch DDP's gradient bucketing, Li et al. 2020, §3.2.3): a replicated stage's all-reduce
+of (k, t) and the U(k, t) after it are deferred to the first entry that needs them (a non-U job of stage k on a
+member, or a reduction with a member; :func:`_defer_updates`), so DDP's all-reduces of a step meet after its
+last backward as in torch (the workers' job order then differs from the builder's program only in where these
+U's sit). :func:`placed_sequence` then marks
+*runs* of all-reduces that may be fused: all-reduces of one member set and one holder set such that, between
+one and the next, no member runs an F/B/I/W job and no reduction with a member is issued (U jobs and
+broadcasts may sit between). A later all-reduce of a run needs only gradients finished before the run's first
+one, so moving it up to the first one keeps the sequence a valid linearisation. Each entry of a run carries
+the run's ``(stage, step)`` parts (:attr:`Collective.bucket`); the executors split a run, in order, into
+buckets of at most ``bucket_bytes`` (:data:`BUCKET_BYTES`, torch's 25 MiB; a stage larger than the cap is a
+bucket alone; 0 = one all-reduce per stage) with :func:`bucket_parts`, and issue one all-reduce per bucket
+over a flat buffer of its parts' gradients. Bytes are counted per part as before; calls drop to one per
+bucket.
+
+Overlap rule (the runtime; :func:`launch_positions`): worker w *launches* the all-reduce of a bucket
+(``async_op=True``) as soon as w's last B/W of every part is done, but never before w has issued every
+collective that precedes it in w's sequence (launch positions are non-decreasing along the sequence), and
+waits for it at the bucket's first entry (the first U of its parts). Every member therefore issues the
+collectives of each group in the sequence's order, and each is issued no later than its place in the
+sequence, so the blocking argument above still rules out deadlocks.
+
 Bytes moved (:func:`collective_bytes`), per rank, for a payload of n bytes among P members: broadcast: the
 root sends (P−1)·n, each other member receives n; reduce: each non-root sends n, the root receives (P−1)·n;
 all-reduce: each member sends and receives 2(P−1)·n/P (the ring algorithm's volume).
@@ -69,12 +91,16 @@ from .stage import StageExecutor
 
 __all__ = ["KINDS", "COLLECTIVE_KINDS", "StagePlacement", "Collective", "PlacedJob", "stage_placements",
            "is_placed", "placed_sequence", "worker_sequence", "collective_bytes", "FetchedStage",
-           "emulate_collective", "CollectiveCounter", "step_gradient"]
+           "emulate_collective", "CollectiveCounter", "step_gradient", "BUCKET_BYTES", "Launch",
+           "bucket_parts", "launch_positions"]
 
 #: Placement kinds of a stage.
 KINDS: tuple[str, ...] = ("single", "replicated", "sharded")
 #: Collectives a placed schedule issues.
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_reduce", "reduce", "broadcast")
+#: Default cap on a fused all-reduce's payload in bytes (torch DDP's ``bucket_cap_mb=25``); read at call time,
+#: so setting it (e.g. to 0: one all-reduce per stage) changes the executors' default.
+BUCKET_BYTES: int = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -109,6 +135,8 @@ class Collective(NamedTuple):
         members: the ranks taking part, sorted.
         root: the reduce's destination or the broadcast's source (−1 for an all-reduce).
         holders: the members that keep the result (the reductions; the receivers of a broadcast).
+        bucket: for an all-reduce that may be fused with others (module docstring), the ``(stage, step)``
+            parts of its whole run, in sequence order (itself included); ``()`` when it runs alone.
     """
 
     kind: str
@@ -118,6 +146,15 @@ class Collective(NamedTuple):
     members: tuple[int, ...]
     root: int
     holders: tuple[int, ...]
+    bucket: tuple[tuple[int, int], ...] = ()
+
+
+class Launch(Collective):
+    """The early start of an all-reduce (:func:`launch_positions`): its gradients are ready on this worker.
+
+    The driver hands it to the collective runner; the runtime issues the bucket's all-reduce asynchronously
+    once all its parts are launched, the emulator ignores it (values do not depend on when a sum starts).
+    """
 
 
 def stage_placements(schedule: Any) -> tuple[StagePlacement, ...]:
@@ -206,7 +243,140 @@ def placed_sequence(sim: Any, needs: Mapping[Job, Sequence[tuple[int, int]]]) ->
                     out.append(broadcast(a.stage, made[a.stage], a.step))
         else:
             out.append(PlacedJob(a.op, a.stage, a.step, a.micro, w))
+    out = _defer_updates(out, places)
     _check_sequence(out, places, needs)
+    return _mark_runs(out)
+
+
+def _defer_updates(seq: list[PlacedJob | Collective], places: Sequence[StagePlacement]
+                   ) -> list[PlacedJob | Collective]:
+    """Move each replicated stage's all-reduce of (k, t), with the U(k, t) that follow it, down to just before
+    the first entry that needs them: a non-U job of stage k on a member, or a reduction with a member.
+
+    Deferred blocks keep their relative order (a flush takes every earlier pending block along), so each
+    group's collectives keep theirs; only independent jobs move ahead of them, which leaves a linearisation
+    (module docstring). This is what lets DDP's all-reduces of one step meet after its last backward, where
+    they can be fused, and gives the launched all-reduces the rest of the backward to overlap with.
+    """
+    out: list[PlacedJob | Collective] = []
+    pending: dict[tuple[int, int], tuple[set[int], list[PlacedJob | Collective]]] = {}
+
+    def flush(upto: tuple[int, int]) -> None:
+        for key in list(pending):
+            out.extend(pending.pop(key)[1])
+            if key == upto:
+                return
+
+    for e in seq:
+        if isinstance(e, Collective) and e.kind == "all_reduce" and places[e.stage].kind == "replicated" \
+                and (e.stage, e.step) not in pending:
+            pending[(e.stage, e.step)] = (set(e.members), [e])
+            continue
+        if not isinstance(e, Collective) and e.op == "U" and (e.stage, e.step) in pending:
+            pending[(e.stage, e.step)][1].append(e)
+            continue
+        if isinstance(e, Collective) and e.kind == "broadcast":
+            hit = []  # weights of another (sharded) stage: independent of the pending gradients and updates
+        elif isinstance(e, Collective):
+            hit = [key for key, (m, _) in pending.items() if m & set(e.members)]
+        else:
+            hit = [key for key, (m, _) in pending.items() if e.worker in m and key[0] == e.stage]
+        if hit:
+            flush(hit[-1])
+        out.append(e)
+    flush((-1, -1))
+    return out
+
+
+def _mark_runs(seq: list[PlacedJob | Collective]) -> list[PlacedJob | Collective]:
+    """Set :attr:`Collective.bucket` on the all-reduces that form runs (module docstring)."""
+    runs: list[list[int]] = []
+    open_runs: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    for i, e in enumerate(seq):
+        if isinstance(e, Collective) and e.kind == "all_reduce":
+            key = (e.members, e.holders)
+            for other in [o for o in open_runs if o != key and set(o[0]) & set(e.members)]:
+                runs.append(open_runs.pop(other))
+            open_runs.setdefault(key, []).append(i)
+            continue
+        if isinstance(e, Collective):
+            if e.kind == "broadcast":
+                continue
+            touched = set(e.members)
+        elif e.op == "U":
+            continue
+        else:
+            touched = {e.worker}
+        for key in [o for o in open_runs if touched & set(o[0])]:
+            runs.append(open_runs.pop(key))
+    runs.extend(open_runs.values())
+    out = list(seq)
+    for run in runs:
+        if len(run) > 1:
+            parts = tuple((seq[i].stage, seq[i].step) for i in run)
+            for i in run:
+                c = seq[i]
+                assert isinstance(c, Collective)
+                out[i] = c._replace(bucket=parts)
+    return out
+
+
+def bucket_parts(c: Collective, nbytes: Callable[[int], int], bucket_bytes: int | None = None
+                 ) -> tuple[tuple[int, int], ...]:
+    """The bucket (``(stage, step)`` parts) all-reduce ``c`` is fused into, under a ``bucket_bytes`` cap.
+
+    The run :attr:`Collective.bucket` is cut greedily, in order: a part joins the current bucket while the
+    bucket's payload (``nbytes(stage)`` per part) stays within the cap; a part larger than the cap is a bucket
+    alone. ``bucket_bytes`` defaults to :data:`BUCKET_BYTES`; 0 gives one all-reduce per stage.
+
+    Example:
+        >>> c = Collective("all_reduce", 1, 0, -1, (0, 1), -1, (0, 1), ((1, 0), (0, 0), (2, 0)))
+        >>> bucket_parts(c, lambda k: 10, 25), bucket_parts(c._replace(stage=2), lambda k: 10, 25)
+        (((1, 0), (0, 0)), ((2, 0),))
+    """
+    cap = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    if not isinstance(cap, int) or cap < 0:
+        raise ValueError(f"bucket_bytes must be a non-negative int, got {cap!r}")
+    me = (c.stage, c.step)
+    if c.kind != "all_reduce" or not c.bucket:
+        return (me,)
+    current: list[tuple[int, int]] = []
+    size = 0
+    for part in c.bucket:
+        n = nbytes(part[0])
+        if current and size + n > cap:
+            if me in current:
+                return tuple(current)
+            current, size = [], 0
+        current.append(part)
+        size += n
+    if me not in current:
+        raise ValueError(f"all-reduce of stage {c.stage}, step {c.step} is not part of its own run {c.bucket}")
+    return tuple(current)
+
+
+def launch_positions(program: Sequence[Any]) -> dict[int, int]:
+    """``position of an all-reduce -> position before which it is launched`` in one worker's program.
+
+    L(c) = max(1 + the last B/W position of c's (stage, step), L of the previous collective), where
+    a blocking collective's L is its own position (module docstring: the overlap rule); a bucket is issued
+    when its last part is launched, at the latest at its first entry. Applied to the
+    emulator's whole sequence it is harmless (the emulator ignores launches).
+    """
+    last_grad: dict[tuple[int, int], int] = {}
+    for pos, e in enumerate(program):
+        if not isinstance(e, Collective) and e[0] in ("B", "W"):
+            last_grad[(e[1], e[2])] = pos
+    out: dict[int, int] = {}
+    floor = 0
+    for pos, e in enumerate(program):
+        if not isinstance(e, Collective):
+            continue
+        if e.kind == "all_reduce":
+            floor = min(max(floor, 1 + last_grad.get((e.stage, e.step), -1)), pos)
+            out[pos] = floor
+        else:
+            floor = max(floor, pos)
     return out
 
 
@@ -272,11 +442,14 @@ class CollectiveCounter:
         self.bytes_received: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.calls: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
-    def add(self, c: Collective, rank: int, nbytes: int) -> None:
+    def add(self, c: Collective, rank: int, nbytes: int, calls: int = 1) -> None:
+        """Count ``c``'s ``nbytes`` payload for ``rank``; ``calls`` is 0 for a part fused into a bucket whose
+        call was counted with its first part (bytes are counted per part, so bucketing leaves them unchanged)."""
         sent, got = collective_bytes(c.kind, nbytes, len(c.members), rank == c.root)
         self.bytes_sent[rank][c.kind] += sent
         self.bytes_received[rank][c.kind] += got
-        self.calls[rank][c.kind] += 1
+        if calls:
+            self.calls[rank][c.kind] += calls
 
     def of(self, rank: int) -> dict[str, dict[str, int]]:
         """Plain dicts for one rank: ``{"bytes_sent": {...}, "bytes_received": {...}, "calls": {...}}``."""
@@ -327,12 +500,16 @@ def step_gradient(ex: StageExecutor, t: int) -> list[Tensor]:
 
 
 def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExecutor],
-                       counter: CollectiveCounter | None = None) -> None:
+                       counter: CollectiveCounter | None = None, bucket_bytes: int | None = None) -> None:
     """Run collective ``c`` in memory on the stage copies ``(worker, stage) -> executor``.
 
     Reductions sum the members' gradients in rank order and hand every holder its own copy of the sum;
-    a broadcast hands each receiver a copy of the owner's version.
+    a broadcast hands each receiver a copy of the owner's version. A :class:`Launch` does nothing. A fused
+    all-reduce is summed part by part (the same element-wise sums as one flat buffer) and counted as one
+    call per bucket (:func:`bucket_parts` under ``bucket_bytes``, default :data:`BUCKET_BYTES`).
     """
+    if isinstance(c, Launch):
+        return
     k = c.stage
     if c.kind == "broadcast":
         src = copies[(c.root, k)]
@@ -352,8 +529,13 @@ def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExec
         for w in c.holders:
             copies[(w, k)].acc[c.step] = [g.clone() for g in total]
     if counter is not None:
+        calls = 1
+        if c.bucket:
+            def size(stage: int) -> int:
+                return sum(p.numel() * p.element_size() for p in copies[(c.members[0], stage)].params)
+            calls = int(bucket_parts(c, size, bucket_bytes)[0] == (c.stage, c.step))
         for w in c.members:
-            counter.add(c, w, nbytes)
+            counter.add(c, w, nbytes, calls)
 
 
 def copy_module(module: nn.Module) -> nn.Module:

@@ -10,9 +10,15 @@ lists, in one global sequence every rank derives identically, the collectives of
 :class:`DistributedCollectives` creates one process group per distinct member set (``dist.new_group``,
 called by every rank, members or not, in the order the sets first appear in the sequence, so every rank
 creates the same groups in the same order) and runs each collective on its group when the rank's program
-reaches it: blocking, on flat buffers (one per dtype) of the stage's tensors, on the rank's device (gloo on
-CPU, NCCL on GPUs: nothing here is device-specific). It counts, per collective kind, the bytes this rank sent
-and received under :func:`pipelab.pipeline.placement.collective_bytes`'s conventions, and the calls.
+reaches it, on flat buffers (one per dtype) of the stage's tensors, on the rank's device (gloo on CPU, NCCL
+on GPUs: nothing here is device-specific). Reduces and broadcasts block. All-reduces are bucketed and
+overlapped like torch's DDP (the rules are in :mod:`pipelab.pipeline.placement`): the parts of a run are cut
+into buckets of at most ``bucket_bytes`` (:func:`~pipelab.pipeline.placement.bucket_parts`); a bucket's single
+all-reduce of its parts' flat gradients starts with ``async_op=True`` when the driver has handed over a
+:class:`~pipelab.pipeline.placement.Launch` for each of its parts (its gradients are complete here), and is
+waited for at the bucket's first entry, where every holder gets its parts' sums. It counts, per collective
+kind, the bytes this rank sent and received under :func:`pipelab.pipeline.placement.collective_bytes`'s
+conventions (per part, so bucketing leaves them unchanged), and the calls (one per bucket).
 
 Deadlock freedom and matching order come from the sequence (see :mod:`pipelab.pipeline.placement`): the
 collectives of a group appear in one order for all its members, and each sits after everything it needs.
@@ -30,7 +36,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..pipeline.placement import Collective, CollectiveCounter, FetchedStage, PlacedJob, step_gradient
+from ..pipeline.placement import (
+    Collective,
+    CollectiveCounter,
+    FetchedStage,
+    Launch,
+    PlacedJob,
+    bucket_parts,
+    step_gradient,
+)
 from ..pipeline.stage import StageExecutor
 
 __all__ = ["DistributedCollectives", "flatten", "unflatten"]
@@ -67,22 +81,87 @@ class DistributedCollectives:
         sequence: the global sequence (:attr:`pipelab.pipeline.plan.PipelinePlan.sequence`), the same on
             every rank.
         rank: this process's rank.
+        bucket_bytes: cap on a fused all-reduce's payload (default
+            :data:`pipelab.pipeline.placement.BUCKET_BYTES`, read when the object is made; 0: one all-reduce
+            per stage, as unbucketed).
+        overlap: start all-reduces asynchronously at their :class:`~pipelab.pipeline.placement.Launch`
+            (default); ``False`` runs each bucket blocking at its first entry.
 
     Attributes:
         groups: ``members -> process group``.
         counter: bytes and calls per kind (:meth:`stats` gives this rank's as plain dicts).
     """
 
-    def __init__(self, sequence: Sequence[PlacedJob | Collective], rank: int) -> None:
+    def __init__(self, sequence: Sequence[PlacedJob | Collective], rank: int, bucket_bytes: int | None = None,
+                 overlap: bool = True) -> None:
+        from ..pipeline import placement
+
         self.rank = rank
+        self.bucket_bytes = placement.BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
+            raise ValueError(f"bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
+        self.overlap = bool(overlap)
         self.groups: dict[tuple[int, ...], Any] = {}
         for e in sequence:
             if isinstance(e, Collective) and e.members not in self.groups:
                 self.groups[e.members] = dist.new_group(list(e.members)) if dist.is_initialized() else None
         self.counter = CollectiveCounter()
+        self._launched: dict[tuple[tuple[int, int], ...], set[tuple[int, int]]] = {}
+        self._inflight: dict[tuple[tuple[int, int], ...], tuple[list[Any], list[Tensor], list[Tensor]]] = {}
+        self._done: set[tuple[tuple[int, int], ...]] = set()
+
+    def _bucket(self, c: Collective, executors: Mapping[int, StageExecutor]) -> tuple[tuple[int, int], ...]:
+        def size(k: int) -> int:
+            return sum(p.numel() * p.element_size() for p in executors[k].params)
+        return bucket_parts(c, size, self.bucket_bytes)
+
+    def _start(self, c: Collective, parts: tuple[tuple[int, int], ...], executors: Mapping[int, StageExecutor],
+               async_op: bool) -> None:
+        """Issue the bucket's all-reduce over its parts' flat gradients; count bytes per part, one call."""
+        grads: list[Tensor] = []
+        for i, (k, t) in enumerate(parts):
+            g = step_gradient(executors[k], t)
+            grads.extend(g)
+            self.counter.add(c._replace(stage=k, step=t), self.rank, sum(x.numel() * x.element_size() for x in g),
+                             calls=int(i == 0))
+        flats = flatten(grads)
+        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.groups[c.members], async_op=async_op)
+                 for buf in flats]
+        self._inflight[parts] = (works if async_op else [], flats, grads)
+
+    def _finish(self, c: Collective, parts: tuple[tuple[int, int], ...],
+                executors: Mapping[int, StageExecutor]) -> None:
+        works, flats, grads = self._inflight.pop(parts)
+        for w in works:
+            w.wait()
+        self._done.add(parts)
+        if self.rank in c.holders:
+            sums = unflatten(flats, grads)
+            for k, t in parts:
+                n = len(executors[k].params)
+                executors[k].acc[t] = sums[:n]
+                sums = sums[n:]
 
     def __call__(self, c: Collective, executors: Mapping[int, StageExecutor]) -> None:
-        """Run collective ``c`` on this rank's copy of stage ``c.stage``."""
+        """Run collective ``c`` on this rank's copy of stage ``c.stage`` (a :class:`Launch`: start it)."""
+        if c.kind == "all_reduce":
+            parts = self._bucket(c, executors)
+            if isinstance(c, Launch):
+                ready = self._launched.setdefault(parts, set())
+                ready.add((c.stage, c.step))
+                if self.overlap and len(ready) == len(parts) and parts not in self._inflight \
+                        and parts not in self._done:
+                    self._start(c, parts, executors, async_op=True)
+                return
+            if parts in self._done:
+                return  # fused into a bucket already reduced at its first entry
+            if parts not in self._inflight:
+                self._start(c, parts, executors, async_op=False)
+            self._finish(c, parts, executors)
+            self._launched.pop(parts, None)
+            return
+        if isinstance(c, Launch):
+            return
         ex = executors[c.stage]
         group = self.groups[c.members]
         if c.kind == "broadcast":
@@ -103,10 +182,7 @@ class DistributedCollectives:
             grads = step_gradient(ex, c.step)
             flats = flatten(grads)
             for buf in flats:
-                if c.kind == "all_reduce":
-                    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-                else:
-                    dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
+                dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
             if self.rank in c.holders:
                 ex.acc[c.step] = unflatten(flats, grads)
         self.counter.add(c, self.rank, sum(b.numel() * b.element_size() for b in flats))
