@@ -160,8 +160,10 @@ def test_calibration_on_two_ranks_reports_every_row() -> None:
         assert all(0 < tl.busy <= tl.makespan for tl in r.timelines)  # a rank's jobs never overlap
         sched = r.sim_schedule
         for w, tl in enumerate(r.timelines):  # every job of the rank's program, and its collectives timed too
-            assert [j.job for j in tl.jobs if j.op not in COLLECTIVE_KINDS] == [
-                (a.op, a.stage, a.step, a.micro) for a in sched.programs[w]]
+            ran = [j.job for j in tl.jobs if j.op not in COLLECTIVE_KINDS]
+            program = [(a.op, a.stage, a.step, a.micro) for a in sched.programs[w]]
+            # a placed run moves a replicated stage's U after the step's last backward (bucketed all-reduce)
+            assert (sorted(ran) if r.kind in placed else ran) == (sorted(program) if r.kind in placed else program)
         assert any(j.op in COLLECTIVE_KINDS for tl in r.timelines for j in tl.jobs) == (r.kind in placed)
         # the profiled collectives are in the forecast's update costs, stage by stage
         assert (len(r.collective_cost) == sched.D and all(c > 0 for c in r.collective_cost)) == (r.kind in placed)
