@@ -106,36 +106,27 @@ def train_plain(
         x, y = get(t)
         for o in opts:
             o.zero_grad(set_to_none=True)
-        if micro_batches is not None or prec.enabled:
+        micro = micro_batches is not None or prec.enabled
+        if micro:
             per_arm = _micro_steps(stages, x, y, M, loss_fn, prec, scaler)
-            losses[t] = float(per_arm.sum())
-            if per_arm.ndim and arm_losses is not None:
-                arm_losses.append(per_arm.tolist())
-            if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
-                break
-            _step_all(opts, scaler)
-            for sc in scheds:
-                sc.step()
-            if record is not None:
-                for k, s in enumerate(stages):
-                    record[k].append(tuple(p.detach().clone() for p in s.parameters()))
-            if callback is not None:
-                callback(t + 1)
-            continue
-        h = x
-        for s in stages:
-            h = s(h)
-        loss = loss_fn(h, y)
-        per_arm = loss.detach()
+        else:
+            h = x
+            for s in stages:
+                h = s(h)
+            loss = loss_fn(h, y)
+            per_arm = loss.detach()
         losses[t] = float(per_arm.sum())
         if per_arm.ndim and arm_losses is not None:
             arm_losses.append(per_arm.tolist())
         # stacked arms (a loss vector, :mod:`pipelab.stacking`) diverge one by one: stop once all of them have
         if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
             break
-        loss.backward(torch.ones_like(loss) if loss.ndim else None)
-        for o in opts:
-            o.step()
+        if micro:
+            _step_all(opts, scaler)
+        else:
+            loss.backward(torch.ones_like(loss) if loss.ndim else None)
+            for o in opts:
+                o.step()
         for sc in scheds:
             sc.step()
         if record is not None:
