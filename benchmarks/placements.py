@@ -12,6 +12,8 @@ repeat, the torch rows — so that pipelab's and torch's figures come from one r
 row                    what (same model, micro-batches of b samples, M per step, ``--steps`` steps)
 =====================  =============================================================================
 ``DDP``                :func:`~pipelab.schedules.ddp` (D = 2W stages, M, W): M/W micro-batches per rank
+``DDP, one stage``      :func:`~pipelab.schedules.ddp` with D = 1: the model uncut, as torch's DDP runs it
+                       (the gap between the two DDP rows is pipelab's per-stage-job overhead)
 ``FSDP``               :func:`~pipelab.schedules.fsdp`: DDP's compute, stage s's weights on rank s mod W
 ``GPipe``, ``1F1B``    :func:`~pipelab.schedules.gpipe`, :func:`~pipelab.schedules.one_f_one_b` (D = W)
 ``LPP``, ``FSLPP``     :func:`~pipelab.schedules.lpp` / :func:`~pipelab.schedules.fslpp` (D = 2W, G = 2
@@ -72,10 +74,11 @@ __all__ = ["PlacementConfig", "PIPELAB_ROWS", "TORCH_ROWS", "run_benchmark", "fo
            "torch_ddp_run", "torch_fsdp_run"]
 
 #: the pipelab rows: (label, kind of :data:`pipelab.calibration.KINDS`)
-PIPELAB_ROWS = (("DDP", "ddp"), ("FSDP", "fsdp"), ("GPipe", "gpipe"), ("1F1B", "1f1b"), ("LPP", "lpp"),
+PIPELAB_ROWS = (("DDP", "ddp"), ("DDP, one stage", "ddp_whole"), ("FSDP", "fsdp"), ("GPipe", "gpipe"),
+                ("1F1B", "1f1b"), ("LPP", "lpp"),
                 ("FSLPP", "fslpp"), ("Hybrid", "hybrid"))
 #: torch's rows and the pipelab row each is compared with
-TORCH_ROWS = (("torch DDP", "DDP"), ("torch FSDP2", "FSDP"))
+TORCH_ROWS = (("torch DDP", "DDP"), ("torch DDP", "DDP, one stage"), ("torch FSDP2", "FSDP"))
 
 
 @dataclass(frozen=True)

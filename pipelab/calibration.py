@@ -356,6 +356,7 @@ KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
     "interleaved": (lambda W, M, s: interleaved_1f1b(W, 2, M, s), 2, "1f1b"),
     "zb_h1": (lambda W, M, s: zb_h1(W, M, s), 1, "1f1b"),
     "ddp": (lambda W, M, s: ddp(2 * W, M, W, s), 2, "1f1b"),
+    "ddp_whole": (lambda W, M, s: ddp(1, M, W, s), 1, "1f1b"),
     "fsdp": (lambda W, M, s: fsdp(2 * W, M, W, s), 2, "1f1b"),
     "lpp": (lambda W, M, s: lpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
     "fslpp": (lambda W, M, s: fslpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
@@ -369,9 +370,9 @@ def _kinds() -> dict[str, tuple[Callable[[int, int, int], Schedule], int, str]]:
 
 def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
     """The schedule of ``kind`` (a key of :data:`KINDS`: gpipe, 1f1b, pipedream, 2bw, interleaved, zb_h1, ddp,
-    fsdp, lpp, fslpp, hybrid) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the model is
-    cut into ``ranks`` stages, 2·``ranks`` for interleaved and the data-parallel and looped placements, ranks/2
-    for hybrid (2 replicas).
+    ddp_whole, fsdp, lpp, fslpp, hybrid) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the
+    model is cut into ``ranks`` stages, 2·``ranks`` for interleaved and the data-parallel and looped placements,
+    ranks/2 for hybrid (2 replicas), and not at all for ``ddp_whole`` (one stage: the cut torch's DDP runs).
 
     Raises:
         ValueError: an unknown kind (the message lists the known ones).

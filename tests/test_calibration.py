@@ -215,7 +215,7 @@ def test_placements_benchmark_runs_and_reports_every_row() -> None:
     assert {"DDP", "FSDP", "GPipe", "1F1B", "LPP", "FSLPP", "Hybrid"} <= {r.label for r in rows}
     for r in rows:  # every placement runs now: a real measurement and forecast
         assert r.runnable and r.measured_s > 0 and math.isfinite(r.error), (r.label, r.note)
-        assert (r.collective_s > 0) == (r.kind in ("ddp", "fsdp", "lpp", "fslpp", "hybrid")), r.label
+        assert (r.collective_s > 0) == (r.kind in ("ddp", "ddp_whole", "fsdp", "lpp", "fslpp", "hybrid")), r.label
     by = {r.label: r for r in rows}
     for tname, pname in bp.TORCH_ROWS:  # torch's DDP and FSDP2 both run on gloo/CPU: ratios, not reasons
         ref = res.torch[2][tname]
