@@ -30,7 +30,7 @@ et al., SOSP 2019, §3.1: profile, then forecast).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -59,34 +59,26 @@ OP_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "U"
 @dataclass(frozen=True)
 class RuntimeFigureConfig:
     """ranks: the rank counts (one column each); kinds: the schedules (:data:`pipelab.calibration.KINDS`);
-    gantt: the schedule whose timeline is drawn; the rest as :class:`~pipelab.calibration.CalibrationConfig`."""
+    gantt: the schedule whose timeline is drawn; run: the model, micro-batches, steps, repeats and profiling of
+    every calibration (:class:`~pipelab.calibration.CalibrationConfig`; its ranks and cases are set per column)."""
 
     ranks: tuple[int, ...] = (2, 4)
     kinds: tuple[str, ...] = ("gpipe", "1f1b", "pipedream", "2bw", "interleaved", "zb_h1", "ddp", "fsdp", "lpp",
                               "fslpp", "hybrid")
     gantt: str = "1f1b"
-    width: int = 512
-    depth: int = 8
-    in_features: int = 64
-    micro: int = 32
-    steps: int = 4
-    repeats: int = 3
-    profile_reps: int = 10
-    seed: int = 0
+    run: CalibrationConfig = CalibrationConfig()
 
     def calibration(self, ranks: int) -> CalibrationConfig:
-        return CalibrationConfig(ranks=ranks, cases=tuple(CalibrationCase(k) for k in self.kinds), width=self.width,
-                                 depth=self.depth, in_features=self.in_features, micro=self.micro, steps=self.steps,
-                                 repeats=self.repeats, profile_reps=self.profile_reps, seed=self.seed)
+        return replace(self.run, ranks=ranks, cases=tuple(CalibrationCase(k) for k in self.kinds))
 
 
 _CONFIGS = {
-    "tiny": RuntimeFigureConfig(ranks=(2,), kinds=("gpipe", "1f1b", "ddp"), width=64, depth=4, micro=8, steps=2,
-                                repeats=1, profile_reps=3),
+    "tiny": RuntimeFigureConfig(ranks=(2,), kinds=("gpipe", "1f1b", "ddp"),
+                                run=CalibrationConfig(width=64, depth=4, micro=8, steps=2, repeats=1, profile_reps=3)),
     "quick": RuntimeFigureConfig(),
-    "paper": RuntimeFigureConfig(width=1024, steps=8, repeats=5, profile_reps=20),
-    "study": RuntimeFigureConfig(width=1024, steps=8, repeats=5, profile_reps=20),
+    "paper": RuntimeFigureConfig(run=CalibrationConfig(width=1024, steps=8, repeats=5, profile_reps=20)),
 }
+_CONFIGS["study"] = _CONFIGS["paper"]
 
 
 def draw_timelines(ax: Any, row: CalibrationRow) -> None:
@@ -160,9 +152,10 @@ def runtime_timeline(preset: str, *, progress: bool = False) -> FigureOutput:
         "within_10_percent": sum(abs(r.error) <= 0.10 for r in runnable),
         "runnable": len(runnable),
         "not_runnable": [f"{r.label} [{r.ranks} ranks]" for r in every if not r.runnable],
-        "statistic": f"median makespan over {cfg.repeats} repeats; profile medians over {cfg.profile_reps} repeats",
+        "statistic": f"median makespan over {cfg.run.repeats} repeats; profile medians over {cfg.run.profile_reps} "
+                     "repeats",
     }
-    return FigureOutput(fig, cfg, seed=cfg.seed, tables={"csv": csv}, notes=notes, data=results)
+    return FigureOutput(fig, cfg, seed=cfg.run.seed, tables={"csv": csv}, notes=notes, data=results)
 
 
 # ---------------------------------------------------------------------------------- Rahimi's Table 1, measured
