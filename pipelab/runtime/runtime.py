@@ -43,7 +43,7 @@ import copy
 import hashlib
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -359,7 +359,7 @@ class PipelineRuntime:
         if self.collectives is not None:
             collectives, executors = self.collectives, self.executors
             last = self.D - 1
-            parts = {t: sum(1 for e in self.program if e[:2] == ("F", last) and e[2] == t) for t in range(self.steps)}
+            parts = Counter(e[2] for e in self.program if e[:2] == ("F", last))  # one pass, not one per step
             run_jobs(self.program, {(self.rank, k): ex for k, ex in executors.items()}, self.transport, data,
                      self.state, D=self.D, M=self.M, end=end, on_update=on_update, after_job=after_job,
                      split=self.plan.table.split_set, placed=True, collective=lambda c: collectives(c, executors),
