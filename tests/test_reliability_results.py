@@ -78,3 +78,144 @@ def test_balanced_partition_property_over_random_costs() -> None:
         best = min(worst(c) for c in itertools.combinations(range(1, n), D - 1))
         got = worst(tuple(itertools.accumulate(sizes[:-1])))
         assert best <= got <= best * (1 + Fraction(1, 10**12)), (costs, D, sizes)
+
+
+# ----------------------------------------------------------------------------------------------- divergence
+# One step of SGD at these rates leaves every training loss finite but the weights (1e6) or only the outputs
+# (3e5: finite weights, overflowing logits) non-finite; main reported diverged=False and accuracies 0.08-0.16.
+
+def _one_step(lr: float, **kw: object):
+    from pipelab.learning_curves import RunConfig
+
+    args = {"task": "digits_mlp", "policy": "sequential", "optimizer": "sgd", "D": 1, "seed": 0, "epochs": 1,
+            "n_train": 64, "batch_size": 64, "n_val": 0, "lr": lr} | kw
+    return RunConfig(**args)
+
+
+def _nan_stages() -> list[nn.Module]:
+    torch.manual_seed(0)
+    stages = [nn.Linear(3, 4).double(), nn.Linear(4, 2).double()]
+    with torch.no_grad():
+        stages[1].weight[0, 0] = NAN
+    return stages
+
+
+def _x() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 2, (8,))
+
+
+def _evaluate(stages, loss_fn=None, weights=None):
+    from pipelab.emulator import evaluate
+
+    x, y = _x()
+    return evaluate(stages, x, y, weights, loss_fn=loss_fn)
+
+
+def _both_nan(pair: tuple[float, float]) -> bool:
+    if not all(math.isnan(v) for v in pair):
+        raise AssertionError(f"expected (nan, nan), got {pair}")
+    return True
+
+
+class _MinusInf(nn.Module):
+    """Appends a −inf logit: the cross-entropy stays finite, the outputs are not."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h, torch.full_like(h[:, :1], -INF)], 1)
+
+
+EVALUATION_PROBES = [
+    Probe("evaluate-nan-weight", lambda: _both_nan(_evaluate(_nan_stages())), None),
+    Probe("evaluate-nan-weights-given", lambda: _both_nan(_evaluate(
+        [nn.Linear(3, 2).double()], weights=[(torch.full((2, 3), NAN).double(), torch.zeros(2).double())])), None),
+    Probe("evaluate-minus-inf-logit", lambda: _both_nan(_evaluate(
+        [nn.Sequential(nn.Linear(3, 2), nn.Identity()).double(), _MinusInf()])), None),
+]
+
+
+@probes.parametrize(EVALUATION_PROBES)
+def test_evaluation_probe(probe: Probe) -> None:
+    probe.check()
+
+
+def test_evaluate_arms_flags_only_the_arm_with_non_finite_weights() -> None:
+    from pipelab.stacking import evaluate_arms, stack_models
+
+    torch.manual_seed(0)
+    arms = [nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double() for _ in range(3)]
+    with torch.no_grad():
+        arms[1][2].bias[1] = INF
+    x, y = _x()
+    losses, accs = evaluate_arms([stack_models(arms)], x, y, 3)
+    assert math.isnan(losses[1]) and math.isnan(accs[1])
+    from pipelab.emulator import evaluate
+
+    for a in (0, 2):
+        assert (losses[a], accs[a]) == pytest.approx(evaluate([arms[a]], x, y), rel=1e-12)
+
+
+@pytest.mark.parametrize("lr", [1e6, 3e5])
+@pytest.mark.parametrize("policy", ["sequential", "gpipe"])
+def test_run_arm_flags_divergence_seen_only_by_the_evaluation(policy: str, lr: float) -> None:
+    from pipelab.learning_curves import run
+
+    rec = run(_one_step(lr, policy=policy, D=2 if policy == "gpipe" else 1, M=1))
+    assert math.isfinite(rec["train_loss"][0]) and math.isfinite(rec["running_loss"][1])  # training saw nothing
+    assert rec["diverged"] is True and rec["diverged_step"] == 0
+    assert math.isnan(rec["test_acc"][1]) and math.isnan(rec["test_loss"][1])
+    assert rec["test_acc"][0] == pytest.approx(run(_one_step(1e-3))["test_acc"][0])  # epoch 0 kept
+
+
+def test_stacked_arms_flag_evaluation_divergence_like_single_runs() -> None:
+    from pipelab.learning_curves import run, run_stacked
+
+    cfgs = [_one_step(3e5, seed=s) for s in (0, 1)]
+    for single, stacked in zip([run(c) for c in cfgs], run_stacked(cfgs)):
+        assert stacked["diverged"] is single["diverged"] is True
+        assert stacked["diverged_step"] == single["diverged_step"] == 0
+        assert math.isnan(stacked["test_acc"][1])
+
+
+class _PoisonLast(torch.optim.SGD):
+    """SGD whose ``n``-th step leaves NaN weights (so every loss computed before stays finite)."""
+
+    def __init__(self, params, n: int) -> None:
+        super().__init__(params, lr=0.1)
+        self.n, self.calls = n, 0
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        super().step(closure)
+        self.calls += 1
+        if self.calls == self.n:
+            for g in self.param_groups:
+                for p in g["params"]:
+                    p.fill_(NAN)
+
+
+def test_runtime_result_flags_non_finite_final_weights() -> None:
+    """RuntimeResult.diverged said False when the last update made the weights NaN (all losses finite)."""
+    from pipelab.runtime import PipelineRuntime
+    from pipelab.schedules import folded
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    steps = 3
+    rt = PipelineRuntime(model, schedule=folded(2, 2, steps), policy="gpipe", rank=0, world_size=1,
+                         optimizer=lambda ps: _PoisonLast(ps, steps))
+    g = torch.Generator().manual_seed(1)
+    res = rt.run([(torch.randn(4, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (4,), generator=g))
+                  for _ in range(steps)])
+    assert all(math.isfinite(v) for v in res.losses)
+    assert res.diverged is True and res.diverged_step == steps - 1
+
+
+@pytest.mark.slow
+def test_train_distributed_flags_outputs_that_overflow_at_finite_weights() -> None:
+    from pipelab.run import train_distributed
+
+    out = train_distributed(_one_step(3e5, policy="stashing", optimizer="sgd", D=2), timeout_s=120)
+    assert out["steps_done"] == 1 and math.isfinite(out["losses"][0])
+    assert all(bool(torch.isfinite(w).all()) for W in out["weights"].values() for w in W)
+    assert out["diverged"] is True and out["diverged_step"] == 0
+    assert math.isnan(out["test_acc"]) and math.isnan(out["test_loss"])

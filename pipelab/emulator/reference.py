@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from ..pipeline.driver import all_finite
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..precision import Precision, as_precision
 
@@ -186,7 +187,10 @@ def evaluate(
 ) -> tuple[float, float]:
     """Mean loss and accuracy of the stages (with ``weights[k]`` in ``named_parameters`` order, if given).
 
-    The stages are put in eval mode for the call and restored afterwards.
+    The stages are put in eval mode for the call and restored afterwards. Both are NaN when a weight evaluated,
+    an output (logit) or a loss is NaN or ±inf (:func:`~pipelab.pipeline.driver.all_finite`): a diverged model
+    has no loss, and the argmax of NaN logits is an arbitrary class, not an accuracy. Callers flag divergence
+    by a non-finite loss.
 
     Raises:
         ValueError: on an empty evaluation set (a mean over no examples is undefined).
@@ -197,11 +201,17 @@ def evaluate(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"evaluate(): x has {x.shape[0]} examples but y has {y.shape[0]}")
     loss_fn = loss_fn or nn.functional.cross_entropy
+    used = [list(s.parameters()) for s in stages] if weights is None else weights
+    finite = all_finite(w for W in used for w in W)
     total, correct, n = 0.0, 0, x.shape[0]
     for h, yy in forward_batches(stages, x, y, weights, batch_size):
-        total += float(loss_fn(h, yy)) * yy.shape[0]
+        loss = loss_fn(h, yy)
+        finite &= all_finite((h, loss))
+        total += float(loss) * yy.shape[0]
         if h.ndim == 2 and not yy.is_floating_point():
             correct += int((h.argmax(1) == yy).sum())
+    if not (bool(finite) and math.isfinite(total)):
+        return math.nan, math.nan
     return total / n, correct / n
 
 

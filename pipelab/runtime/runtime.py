@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device
-from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.driver import Batch, DriverState, MiniBatches, all_finite, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
@@ -86,8 +86,10 @@ class RuntimeResult:
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
         steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
-        diverged: some computed loss is NaN or ±inf (:mod:`pipelab`: divergence is a result, not a crash);
-            diverged_step: the first such mini-batch (``None`` if none).
+        diverged: some computed loss, or some rank's final weight, is NaN or ±inf
+            (:func:`~pipelab.pipeline.driver.all_finite`; :mod:`pipelab`: divergence is a result, not a crash);
+            diverged_step: the first mini-batch whose loss is non-finite, else the last one done when only the
+            final weights are (``None`` if none).
         timeline: with ``record=True``, this rank's measured job times and point-to-point bytes of the last
             run (:class:`~pipelab.runtime.trace.Timeline`); else ``None``.
         collectives: for a placed schedule, this rank's ``bytes_sent`` and ``bytes_received`` per collective
@@ -381,23 +383,30 @@ class PipelineRuntime:
 
     def _result(self) -> RuntimeResult:
         losses = [math.nan] * self.steps
-        parts: list[dict[int, float] | None] = [None] * self.world
+        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
+                   if k not in fetched}
+        # every rank learns every rank's losses and whether the weights it holds are finite
+        mine = (self.state.losses, bool(all_finite(w for W in weights.values() for w in W)))
+        parts: list[tuple[dict[int, float], bool] | None] = [None] * self.world
         if dist.is_initialized():
-            dist.all_gather_object(parts, self.state.losses)
+            dist.all_gather_object(parts, mine)
         else:
-            parts = [self.state.losses]
+            parts = [mine]
         done: set[int] = set()
         for part in parts:
-            for t, v in (part or {}).items():
+            for t, v in (part[0] if part else {}).items():
                 # a placed schedule's ranks each sum the losses of their own micro-batches of step t
                 losses[t] = losses[t] + v if self.placed and t in done else v
                 done.add(t)
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
+        diverged = bool(bad) or not all(part[1] for part in parts if part)
+        # finite losses but non-finite weights: the last update done made them so
+        diverged_step = bad[0] if bad else (max(done, default=None) if diverged else None)
         stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
         opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
                         for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
-        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
         memory: dict[str, Any] = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors if k not in fetched),
             "activations": self.state.act_peak,
@@ -411,11 +420,8 @@ class PipelineRuntime:
         if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
             memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
-        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
-                   if k not in fetched}
         return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
-                             self.position, steps_done=len(done), diverged=bool(bad),
-                             diverged_step=bad[0] if bad else None,
+                             self.position, steps_done=len(done), diverged=diverged, diverged_step=diverged_step,
                              collectives=self.collectives.stats() if self.collectives is not None else {})
 
 
