@@ -219,3 +219,137 @@ def test_train_distributed_flags_outputs_that_overflow_at_finite_weights() -> No
     assert all(bool(torch.isfinite(w).all()) for W in out["weights"].values() for w in W)
     assert out["diverged"] is True and out["diverged_step"] == 0
     assert math.isnan(out["test_acc"]) and math.isnan(out["test_loss"])
+
+
+# ------------------------------------------------------------------------------------- tuning and statistics
+
+def _stub_run(diverges_from: dict[float, int]):
+    """A run whose rate ``lr`` diverges once its budget reaches ``diverges_from[lr]`` epochs (else scores lr)."""
+
+    def run(cfg):
+        bad = cfg.epochs >= diverges_from.get(cfg.lr, 10**9)
+        return {"n_val": cfg.n_val, "val_acc": [0.0, NAN if bad else 0.5 + cfg.lr], "diverged": bad}
+
+    return run
+
+
+def _halving(diverges_from: dict[float, int], monkeypatch: pytest.MonkeyPatch):
+    from pipelab.learning_curves import RunConfig
+    from pipelab.tuning import successive_halving
+
+    monkeypatch.setenv("PIPELAB_CACHE", "off")
+    cfgs = [RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=s, epochs=9, n_val=16,
+                      lr=lr) for lr in (0.01, 0.03, 0.1, 0.3, 1.0) for s in (0, 1)]
+    (h,) = successive_halving(cfgs, _stub_run(diverges_from), eta=2)
+    return h
+
+
+def test_tuning_where_every_rate_diverges_selects_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to select the smallest rate (the tie-break among −∞ scores) and run the later rounds anyway."""
+    from pipelab.tuning import selected_configs
+
+    h = _halving(dict.fromkeys((0.01, 0.03, 0.1, 0.3, 1.0), 1), monkeypatch)
+    assert h.lr is None and h.all_diverged
+    assert len(h.rounds) == 1 and len(h.records) == 10  # round 0 only: longer runs repeat the diverged prefix
+    assert "no learning rate selected: every rate of round 0 (0.01, 0.03, 0.1, 0.3, 1) diverged within 1 " \
+           "epoch(s)" in h.message
+    with pytest.raises(ValueError, match="digits_mlp/sgdm/stashing/D=2: no learning rate selected"):
+        selected_configs([h], seeds=[0])
+
+
+def test_tuning_whose_survivors_diverge_later_selects_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = _halving({0.3: 2, 1.0: 2, 0.1: 4}, monkeypatch)  # the round-0 leaders blow up with more epochs
+    assert [(r.lrs, r.epochs) for r in h.rounds] == [((0.01, 0.03, 0.1, 0.3, 1.0), 1), ((0.1, 0.3, 1.0), 2),
+                                                     ((0.1, 0.3), 4)]
+    assert h.lr is None and "every rate of round 2 (0.1, 0.3) diverged within 4 epoch(s)" in h.message
+    ok = _halving({1.0: 2}, monkeypatch)
+    assert ok.lr == 0.3 and not ok.all_diverged and ok.message.endswith("selected lr=0.3")
+
+
+def _winner(arms: dict) -> str | None:
+    from pipelab.statistics import winner_test
+
+    return winner_test(arms).winner
+
+
+STATISTICS_PROBES = [
+    # an arm that diverged on every seed blocked every winner (its paired difference has no seed: p = NaN)
+    Probe("winner-beats-an-arm-diverged-everywhere", lambda: _winner(
+        {"a": [0.90, 0.91, 0.92, 0.93], "b": [0.50, 0.52, 0.51, 0.50], "c": [NAN] * 4}) == "a" or 1 / 0, None),
+    Probe("winner-over-only-diverged-arms", lambda: _winner({"a": [0.9, 0.8], "b": [INF, NAN]}) == "a" or 1 / 0,
+          None),
+]
+
+
+@probes.parametrize(STATISTICS_PROBES)
+def test_statistics_probe(probe: Probe) -> None:
+    probe.check()
+
+
+def test_winner_test_lists_the_arms_that_diverged_everywhere_and_keeps_the_rest_tested() -> None:
+    from pipelab.statistics import winner_test
+
+    arms = {"a": [0.90, 0.91, 0.92, 0.93], "b": [0.89, 0.92, 0.90, 0.94], "c": [NAN] * 4, "d": [0.1, NAN, 0.1, 0.1]}
+    w = winner_test(arms)
+    assert w.diverged == ("c",) and set(w.differences) == {"b", "d"} and w.differences["d"].n == 3
+    assert w.candidate == "a" and w.winner is None  # a − b is not resolved: "c" never decides anything
+
+
+# ------------------------------------------------------------------------------------------ empty batches
+
+def _empty_batches(T: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.zeros(0, 4, dtype=torch.float64), torch.zeros(0, dtype=torch.long))] * T
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+
+
+def _sgd(ps) -> torch.optim.Optimizer:
+    return torch.optim.SGD(ps, lr=0.1)
+
+
+def _emulate(M: int, batches) -> object:
+    from pipelab.emulator import Emulator
+    from pipelab.schedules import gpipe
+
+    return Emulator(_mlp(), schedule=gpipe(2, M, 2), policy="gpipe", optimizer=_sgd).run(batches)
+
+
+def _measure_empty() -> object:
+    from pipelab.prediction_error import measure_prediction_error
+
+    model = _mlp()
+    return measure_prediction_error(model, _sgd(list(model.parameters())), _empty_batches(4), ["stale"], max_s=1,
+                                    measure_every=1)
+
+
+EMPTY = r"mini-batch 0 is empty \(input shape \(0, 4\)\).*not a divergence"
+EMPTY_BATCH_PROBES = [
+    # each used to report divergence at step 0 (loss 0/0 = NaN), or an IndexError with M = 2
+    Probe("train-plain-empty-batch", lambda: __import__("pipelab").train_plain(
+        _mlp(), optimizer=_sgd, batches=_empty_batches()), ValueError, EMPTY),
+    Probe("emulator-empty-batch", lambda: _emulate(1, _empty_batches()), ValueError, EMPTY),
+    Probe("emulator-empty-batch-M2", lambda: _emulate(2, _empty_batches()), ValueError, EMPTY),
+    Probe("prediction-error-empty-batch", _measure_empty, ValueError, EMPTY),
+    Probe("prediction-config-batch-0", lambda: __import__("pipelab.prediction_error").prediction_error
+          .PredictionErrorConfig(batch_size=0), ValueError, "batch_size must be an int >= 1, got 0"),
+    Probe("in-pipeline-config-batch-0", lambda: __import__("pipelab.prediction_error").prediction_error
+          .InPipelineConfig(batch_size=0), ValueError, "batch_size must be an int >= 1, got 0"),
+    Probe("prediction-config-empty-subset", lambda: __import__("pipelab.prediction_error").prediction_error
+          .PredictionErrorConfig(train_subset=0), ValueError, "train_subset must be an int >= 1, got 0"),
+    Probe("evaluate-batch-size-0", lambda: _evaluate_chunks(0), ValueError, "batch_size must be an int >= 1, got 0"),
+]
+
+
+def _evaluate_chunks(batch_size: int) -> object:
+    from pipelab.emulator import evaluate
+
+    x, y = _x()
+    return evaluate([nn.Linear(3, 2).double()], x, y, batch_size=batch_size)
+
+
+@probes.parametrize(EMPTY_BATCH_PROBES)
+def test_empty_batch_probe(probe: Probe) -> None:
+    probe.check()

@@ -36,9 +36,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ..pipeline.driver import all_finite
+from ..pipeline.driver import all_finite, check_examples
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..precision import Precision, as_precision
+from ..schedules.actions import check_int
 
 __all__ = ["train_plain", "evaluate", "forward_batches"]
 
@@ -105,6 +106,7 @@ def train_plain(
     losses = [math.nan] * steps
     for t in range(steps):
         x, y = get(t)
+        check_examples(t, x)
         for o in opts:
             o.zero_grad(set_to_none=True)
         micro = micro_batches is not None or prec.enabled
@@ -219,7 +221,12 @@ def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
                     weights: Sequence[Sequence[Tensor]] | None = None,
                     batch_size: int = 2048) -> Iterator[tuple[Tensor, Tensor]]:
     """``(output, target)`` of the stages on ``x`` in chunks of ``batch_size`` (with ``weights[k]`` in
-    ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends)."""
+    ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends).
+
+    Raises:
+        ValueError: ``batch_size`` not an int >= 1 (chunks of 0 examples never advance).
+    """
+    check_int("batch_size", batch_size)
     modes = [s.training for s in stages]
     for s in stages:
         s.eval()
