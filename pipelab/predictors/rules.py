@@ -59,9 +59,11 @@ from typing import Any, ClassVar, Literal, cast
 import torch
 from torch import Tensor
 
+from ..schedules.actions import check_flag
+
 __all__ = [
     "UpdateRule", "Direction", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
-    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction", "check_flag",
+    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction",
     "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
 
@@ -75,13 +77,6 @@ def scalar(value: Any) -> float:
             raise ValueError(f"expected a scalar hyper-parameter, got a tensor of shape {tuple(value.shape)}")
         return float(value.item())
     return float(value)
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """``value`` as a bool; TypeError unless it is one (a string such as ``"no"`` would otherwise read as True)."""
-    if isinstance(value, bool):
-        return value
-    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
