@@ -383,11 +383,9 @@ class PipelineRuntime:
 
     def _result(self) -> RuntimeResult:
         losses = [math.nan] * self.steps
-        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
-        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
-                   if k not in fetched}
         # every rank learns every rank's losses and whether the weights it holds are finite
-        mine = (self.state.losses, bool(all_finite(w for W in weights.values() for w in W)))
+        held = (p for e in self.executors.values() if not isinstance(e, FetchedStage) for p in e.params)
+        mine = (self.state.losses, bool(all_finite(held)))
         parts: list[tuple[dict[int, float], bool] | None] = [None] * self.world
         if dist.is_initialized():
             dist.all_gather_object(parts, mine)
@@ -400,13 +398,13 @@ class PipelineRuntime:
                 losses[t] = losses[t] + v if self.placed and t in done else v
                 done.add(t)
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
-        diverged = bool(bad) or not all(part[1] for part in parts if part)
-        # finite losses but non-finite weights: the last update done made them so
-        diverged_step = bad[0] if bad else (max(done, default=None) if diverged else None)
+        if not bad and done and not all(part[1] for part in parts if part):
+            bad = [max(done)]  # finite losses, but the last update done made some rank's weights non-finite
         stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
         opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
                         for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
         memory: dict[str, Any] = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors if k not in fetched),
             "activations": self.state.act_peak,
@@ -420,8 +418,11 @@ class PipelineRuntime:
         if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
             memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
+                   if k not in fetched}
         return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
-                             self.position, steps_done=len(done), diverged=diverged, diverged_step=diverged_step,
+                             self.position, steps_done=len(done), diverged=bool(bad),
+                             diverged_step=bad[0] if bad else None,
                              collectives=self.collectives.stats() if self.collectives is not None else {})
 
 
