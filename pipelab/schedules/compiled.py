@@ -23,7 +23,6 @@ Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (202
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -247,7 +246,7 @@ def check_cost(name: str, value: object, *, positive: bool = False) -> float:
         >>> check_cost("t_w", 0.5)
         0.5
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     return float(_checked_costs(name, np.array([float(value)]), value, positive)[0])
 
