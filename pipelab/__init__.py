@@ -35,8 +35,9 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
 - **predictor** (:mod:`pipelab.predictors`): a pure function of (weights, optimizer state, learning rate,
   s) estimating W^(v+s) from W^(v) with the user's ``torch.optim`` rule, never mutating the optimizer.
 
-Conventions: seeds and devices are explicit arguments; divergence (a NaN/inf loss) is a result, recorded
-and plotted, not an exception; bad input raises ``ValueError``/``TypeError`` naming the argument.
+Conventions: seeds and devices are explicit arguments; divergence (a NaN/inf loss, evaluated output or weight)
+is a result, recorded and plotted, not an exception; bad input raises ``ValueError``/``TypeError`` naming the
+argument.
 """
 
 from __future__ import annotations

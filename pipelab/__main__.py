@@ -53,7 +53,7 @@ def _figures(args: argparse.Namespace) -> int:
         return 2
     try:  # before any experiment runs: provenance of figures written into the repository's figures/
         figures.check_outdir(args.out, allow_dirty=args.allow_dirty)
-    except figures.ProvenanceError as exc:
+    except (figures.ProvenanceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from tqdm import tqdm

@@ -92,7 +92,7 @@ from .schedules import (
     pipedream_2bw,
     zb_h1,
 )
-from .schedules.actions import Schedule
+from .schedules.actions import Schedule, check_int
 from .schedules.compiled import OP_CODE
 from .simulator import SimResult, simulate
 
@@ -428,17 +428,31 @@ class CalibrationConfig:
         return 2 * self.ranks if self.microbatches is None else self.microbatches
 
     def check(self) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
-        if self.ranks < 1:
-            raise ValueError(f"ranks must be >= 1, got {self.ranks}")
+        """Raise ``ValueError`` naming the first bad field, before any process is spawned.
+
+        Counts must be ints (``ranks=2.0`` is refused, not truncated); a case's policy and the optimizer must be
+        registered names (an unknown policy would otherwise only turn its row into "not runnable").
+        """
+        from .optim import OPTIMIZERS
+        from .policies import POLICIES
+
+        for name in ("ranks", "width", "depth", "in_features", "micro", "steps", "repeats", "profile_reps"):
+            check_int(name, getattr(self, name))
+        if self.microbatches is not None:
+            check_int("microbatches", self.microbatches)
+        check_int("seed", self.seed, 0)
         for c in self.cases:
             if c.kind not in _kinds():
                 raise ValueError(f"case kind must be one of {', '.join(_kinds())}; got {c.kind!r}")
+            if c.policy is not None and c.policy not in POLICIES:
+                raise ValueError(f"case {c.kind!r}: policy must be one of {', '.join(POLICIES)}; got {c.policy!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}")
         if self.depth < 2 * self.ranks:
             raise ValueError(f"depth ({self.depth}) must be >= 2 × ranks ({2 * self.ranks}): a block per stage")
-        for name in ("micro", "M", "steps", "repeats", "profile_reps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
+                or not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
 
 
 @dataclass

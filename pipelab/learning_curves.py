@@ -209,7 +209,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     Returns:
         dict with the config fields plus ``epoch`` (0..epochs), ``train_loss``, ``running_loss``,
         ``test_loss``, ``test_acc``, ``val_loss``, ``val_acc`` (per epoch, index 0 = initial weights; the
-        validation metrics are NaN when ``n_val = 0``), ``diverged`` (bool), ``diverged_step``,
+        validation metrics are NaN when ``n_val = 0``), ``diverged`` (bool: a training loss, or a loss, output
+        or weight of an epoch-end evaluation, is NaN or ±inf), ``diverged_step`` (the first mini-batch whose loss
+        is non-finite, or whose update produced weights that evaluate non-finite, whichever is earlier),
         ``weight_copies`` (per stage), ``steps_per_epoch``, ``seconds``. ``n_test`` is the size of the test
         set actually evaluated (the config's ``n_test`` capped by the dataset; an int even when the config
         says ``None``), so every accuracy can be quoted with its sample size.
@@ -366,10 +368,15 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
         def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
             return evaluate_arms(stages, x, y, K, W)
 
+    # per arm: the first epoch whose evaluation was non-finite (evaluate()'s rule: a weight, output or loss)
+    bad_epoch: list[int | None] = [None] * K
+
     def record(e: int, weights: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
         for name, (x, y) in sets.items():
             losses_e, accs = measure(x, y, weights)
-            for rec, loss_e, acc in zip(recs, losses_e, accs):
+            for a, (rec, loss_e, acc) in enumerate(zip(recs, losses_e, accs)):
+                if not math.isfinite(loss_e) and bad_epoch[a] is None:
+                    bad_epoch[a] = e
                 if name == "train":
                     rec["train_loss"][e] = loss_e
                 else:
@@ -391,26 +398,31 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
     seconds = (time.perf_counter() - t0) / K
     for a, rec in enumerate(recs):
         mine = losses if K == 1 else [row[a] for row in arm_losses]
-        _finish(rec, mine, steps, per_epoch, cfg.epochs)
+        _finish(rec, mine, steps, per_epoch, cfg.epochs, bad_epoch[a])
         rec["seconds"] = seconds
         if K > 1:
             rec["stacked_arms"] = K
     return recs[0] if K == 1 else recs
 
 
-def _finish(rec: dict[str, Any], losses: Sequence[float], steps: int, per_epoch: int, epochs: int) -> None:
+def _finish(rec: dict[str, Any], losses: Sequence[float], steps: int, per_epoch: int, epochs: int,
+            bad_epoch: int | None = None) -> None:
     """Divergence and running losses of one arm from its mini-batch losses (NaN past the last one computed).
 
-    An arm diverges at its first non-finite loss, step t; its epoch-end metrics are kept only for the epochs whose
-    weights (version e·N) it reached before, e·N ≤ t: later ones are NaN, as when a run stops there.
+    An arm diverges at its first non-finite loss, step t, or at the update that produced the first epoch-end
+    weights whose evaluation is non-finite (epoch e: step e·N − 1; step 0 for the initial weights), whichever
+    is earlier; its epoch-end metrics are kept only for the epochs whose weights (version e·N) it reached
+    before, e·N ≤ t: later ones are NaN, as when a run stops there.
     """
     arr = np.full(steps, math.nan)
     arr[: len(losses)] = np.asarray(losses, dtype=float)
-    bad = np.flatnonzero(~np.isfinite(arr[: len(losses)]))
-    if bad.size:
-        rec["diverged"], rec["diverged_step"] = True, int(bad[0])
+    bad = [int(t) for t in np.flatnonzero(~np.isfinite(arr[: len(losses)]))[:1]]
+    if bad_epoch is not None:  # finite losses up to here, but the update of step e·N − 1 gave non-finite weights
+        bad.append(max(bad_epoch * per_epoch - 1, 0))
+    if bad:
+        rec["diverged"], rec["diverged_step"] = True, min(bad)
         for e in range(len(rec["epoch"])):
-            if e * per_epoch > bad[0]:
+            if e * per_epoch > min(bad):
                 for key in ("train_loss", "test_loss", "test_acc", "val_loss", "val_acc"):
                     rec[key][e] = math.nan
     for e in range(epochs):

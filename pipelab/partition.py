@@ -10,6 +10,7 @@ programming (:func:`balanced_partition`), the same criterion PipeDream's partiti
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 
@@ -22,20 +23,30 @@ def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
     """Sizes of D contiguous, non-empty groups of ``costs`` that minimise the maximum group sum.
 
     Dynamic program: best[j][i] = min over c < i of max(best[j−1][c], sum(costs[c:i])), O(D·n²).
-    Ties prefer later cuts, so the earlier stages get fewer blocks (they also hold more activations).
+    Ties go to the later cut, so among optimal cuts the earlier stages get more blocks.
+    The sizes always sum to n = ``len(costs)``: costs are checked to be finite and ≥ 0 first, and when their
+    total overflows a float they are divided by the largest one (the optimal cuts do not change with the unit).
+
+    Raises:
+        ValueError: D not an int in 1..n; a cost that is NaN, ±inf or negative (naming the block).
+        TypeError: a cost that is not a number (a bool or a string included).
 
     Example:
         >>> balanced_partition([1, 1, 1, 1, 4], 2)
         [4, 1]
     """
-    n = len(costs)
-    if D < 1 or D > n:
-        raise ValueError(f"cannot cut {n} blocks into D={D} non-empty stages (need 1 <= D <= {n})")
-    if any(c < 0 for c in costs):
-        raise ValueError("costs must be non-negative")
+    values = _block_costs(costs)
+    n = len(values)
+    count = _as_int(D)
+    if count is None or not 1 <= count <= n:
+        raise ValueError(f"cannot cut {n} blocks into D={D!r} non-empty stages (need an int 1 <= D <= {n})")
+    D = count
+    if math.isinf(sum(values)):  # prefix sums would overflow, and inf − inf is NaN
+        top = max(values)
+        values = [c / top for c in values]
     prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + float(c))
+    for c in values:
+        prefix.append(prefix[-1] + c)
     inf = float("inf")
     best = [[inf] * (n + 1) for _ in range(D + 1)]
     cut = [[0] * (n + 1) for _ in range(D + 1)]
@@ -51,6 +62,27 @@ def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
         sizes.append(i - cut[j][i])
         i = cut[j][i]
     return sizes[::-1]
+
+
+def _block_costs(costs: Sequence[float]) -> list[float]:
+    """``costs`` as floats, each a finite number ≥ 0; a clear error naming the first block that is not.
+
+    A NaN or infinite cost makes every comparison of the dynamic program false or tied, so no cut is ever
+    recorded and the stages would silently cover fewer blocks than the model has.
+    """
+    out = []
+    for i, c in enumerate(costs):
+        if isinstance(c, (bool, str, bytes)):
+            raise TypeError(f"the cost of block {i} is {c!r}; block costs (balance=) must be numbers")
+        try:
+            value = float(c)
+        except (TypeError, ValueError):
+            raise TypeError(f"the cost of block {i} is {c!r}; block costs (balance=) must be numbers") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"the cost of block {i} is {c!r}; block costs (balance=) must be finite and >= 0 "
+                             "(e.g. profiled times or parameter counts)")
+        out.append(value)
+    return out
 
 
 def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Sequence[float] = "layers") -> list[int]:
@@ -79,7 +111,7 @@ def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Seq
             raise ValueError(f"balance={values} must be D={D} positive block counts summing to {n}")
         return blocks
     if len(values) == n:
-        return balanced_partition([float(v) for v in values], D)
+        return balanced_partition(values, D)
     raise ValueError(f"balance has {len(values)} entries; give D={D} block counts or one cost per block ({n})")
 
 

@@ -61,6 +61,8 @@ References: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (fp32 mas
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -94,8 +96,9 @@ class LossScaling:
                      if n == growth_interval: S <- S * growth_factor;  n <- 0
 
     Raises:
-        ValueError: ``init_scale`` not > 0, ``growth_factor`` < 1, ``backoff_factor`` not in (0, 1],
-            ``growth_interval`` not a positive int.
+        TypeError: ``init_scale``, ``growth_factor`` or ``backoff_factor`` not a number (a string or a bool).
+        ValueError: one of them NaN or ±inf, ``init_scale`` not > 0, ``growth_factor`` < 1, ``backoff_factor``
+            not in (0, 1], ``growth_interval`` not a positive int.
     """
 
     init_scale: float = 2.0 ** 16
@@ -104,6 +107,13 @@ class LossScaling:
     growth_interval: int = 2000
 
     def __post_init__(self) -> None:
+        for name in ("init_scale", "growth_factor", "backoff_factor"):
+            value = getattr(self, name)
+            # an infinite scale makes every scaled gradient inf: each step would be skipped as an overflow
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value!r}")
         if not float(self.init_scale) > 0:
             raise ValueError(f"init_scale must be > 0, got {self.init_scale!r}")
         if not float(self.growth_factor) >= 1:

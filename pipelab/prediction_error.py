@@ -55,6 +55,7 @@ from torch import Tensor, nn
 
 from .distributed import resolve_device
 from .optim import make_optimizer
+from .pipeline.driver import check_examples
 from .policies import Predicted, Stored, WeightSpec
 from .predictors import Predictor, make_predictor
 from .predictors.base import flat_params
@@ -300,6 +301,7 @@ def measure_prediction_error(
         p.observe(optimizer)
     model.train()
     for t, (x, y) in enumerate(batches, start=1):
+        check_examples(t - 1, x)
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         losses[t - 1] = float(loss.detach())
@@ -374,6 +376,17 @@ class PredictionErrorConfig:
     def __post_init__(self) -> None:
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        _check_sizes(self)
+
+
+def _check_sizes(cfg: PredictionErrorConfig | InPipelineConfig) -> None:
+    """Refuse a batch size, step count or training subset that would make an empty (NaN-loss) mini-batch."""
+    from .schedules.actions import check_int
+
+    for name in ("batch_size", "steps"):
+        check_int(name, getattr(cfg, name))
+    if cfg.train_subset is not None:
+        check_int("train_subset", cfg.train_subset)
 
 
 def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
@@ -839,6 +852,7 @@ class InPipelineConfig:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if not isinstance(self.D, int) or self.D < 1:
             raise ValueError(f"D must be a positive integer, got {self.D!r}")
+        _check_sizes(self)
 
     @property
     def lr(self) -> float:

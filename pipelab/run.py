@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -56,9 +57,10 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
 
     Returns:
         On rank 0: the config, ``losses`` per step (NaN where not reached or diverged), ``steps_done``
-        (mini-batches whose loss was computed, finite or not), ``diverged`` (a loss or a final weight is
-        NaN/inf) and ``diverged_step`` (first non-finite loss; the last step done when only the final
-        weights are non-finite; ``None``), ``test_loss``/``test_acc`` of the final weights and
+        (mini-batches whose loss was computed, finite or not), ``diverged`` (a loss, a final weight or an
+        output of the test evaluation is NaN/inf) and ``diverged_step`` (first non-finite loss; the last step
+        done when only the final weights or outputs are non-finite; ``None``), ``test_loss``/``test_acc`` of
+        the final weights and
         ``samples_per_s`` (NaN when diverged: neither means anything for NaN weights), ``seconds``,
         ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
     """
@@ -91,15 +93,15 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     stages = [copy.deepcopy(m).cpu() for m in rt.modules]
     ds = prep.data
     done = res.steps_done
-    finite = all(bool(torch.isfinite(w).all()) for W in weights.values() for w in W)
-    diverged = res.diverged or not finite
-    diverged_step = res.diverged_step if res.diverged else (done - 1 if diverged else None)
+    diverged, diverged_step = res.diverged, res.diverged_step  # a loss or a final weight non-finite
     nan = float("nan")
     if diverged or ds.x_test.shape[0] == 0:
         test_loss, test_acc = nan, nan
     else:
         test_loss, test_acc = evaluate(stages, ds.x_test.cpu(), ds.y_test.cpu(),
                                        [weights[k] for k in range(len(stages))])
+        if not math.isfinite(test_loss):  # finite weights, non-finite outputs: evaluate()'s rule
+            diverged, diverged_step = True, done - 1
     return {
         "config": asdict(cfg), "precision": precision, "world_size": world, "schedule": prep.schedule.name,
         "losses": res.losses, "steps_done": done, "diverged": diverged, "diverged_step": diverged_step,

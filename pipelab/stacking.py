@@ -28,6 +28,7 @@ tutorial), here applied per pipeline block so that the stacked model is still an
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -195,7 +196,9 @@ def evaluate_arms(stages: Sequence[nn.Module], x: Tensor, y: Tensor, K: int,
 
     ``x``/``y`` are either shared by every arm (``(N, ...)``, e.g. the test set) or per arm (``(N, K, ...)``, e.g. each
     seed's own validation split) — the latter when axis 1 has length K and ``y`` has two axes or more. Accuracy is
-    the fraction of argmax hits (for class-index targets). The stages are in eval mode for the call.
+    the fraction of argmax hits (for class-index targets). The stages are in eval mode for the call. An arm's loss
+    and accuracy are NaN when one of its weights, outputs or losses is NaN or ±inf, as in
+    :func:`~pipelab.emulator.evaluate`.
 
     Raises:
         ValueError: on an empty evaluation set.
@@ -207,14 +210,21 @@ def evaluate_arms(stages: Sequence[nn.Module], x: Tensor, y: Tensor, K: int,
         x = x.unsqueeze(1).expand(x.shape[0], K, *x.shape[1:])
         y = y.unsqueeze(1).expand(y.shape[0], K, *y.shape[1:])
     from .emulator.reference import forward_batches
+    from .pipeline.driver import all_finite
 
     base = loss_fn or nn.functional.cross_entropy
     n = x.shape[0]
+    used = [list(s.parameters()) for s in stages] if weights is None else weights
+    finite = all_finite((w for W in used for w in W), arm_dim=0)  # stacked weights: (K, ...)
     total = torch.zeros(K, dtype=torch.float64)
     correct = torch.zeros(K, dtype=torch.float64)
     for h, yy in forward_batches(stages, x, y, weights, batch_size):
         losses = vmap(base, in_dims=(1, 1))(h, yy)
+        finite = finite & all_finite([h], arm_dim=1) & all_finite([losses], arm_dim=0)
         total += losses.detach().to(torch.float64).cpu() * yy.shape[0]
         if h.ndim == 3 and not yy.is_floating_point():
             correct += (h.argmax(2) == yy).sum(0).to(torch.float64).cpu()
+    finite &= torch.isfinite(total)
+    total[~finite] = math.nan
+    correct[~finite] = math.nan
     return (total / n).tolist(), (correct / n).tolist()

@@ -15,9 +15,10 @@ from the same weights and sees the same mini-batches, so two arms are compared *
 Divergence. A diverged run is recorded as NaN (or ±inf) and is never silently averaged: :func:`t_interval`
 leaves non-finite values out and counts them (``n_nan``) so a caller states them next to the interval;
 :func:`paired_difference` leaves out the seeds where *either* arm is non-finite and counts them; an arm with a
-non-finite value is never declared the winner (a diverged seed is a loss, not a missing value), and a
-comparison against an arm that diverged on some seeds uses the remaining seeds only, which can only make the
-winner harder to resolve (those seeds would have favoured it).
+non-finite value is never declared the winner (a diverged seed is a loss, not a missing value), an arm that
+diverged on every seed loses to the candidate outright (it is not tested: there is no seed to compare on, and
+every seed favours the candidate), and a comparison against an arm that diverged on some seeds uses the
+remaining seeds only, which can only make the winner harder to resolve (those seeds would have favoured it).
 
 Why Holm. Declaring "A is best" needs all k − 1 differences A − B_j resolved. Testing each at level α is an
 intersection–union test for one *pre-chosen* A, but here A is chosen after seeing the data (the highest mean),
@@ -95,9 +96,12 @@ class WinnerTest:
     Attributes:
         candidate: the arm with the highest mean among arms without a diverged value (``None``: none).
         winner: ``candidate`` when every difference to it is resolved after the correction, else ``None``.
-        differences: other arm -> :func:`paired_difference` (candidate − arm).
-        adjusted_p: other arm -> p-value after the correction (``"none"``: the raw p-value).
+        differences: other arm -> :func:`paired_difference` (candidate − arm), for every other arm with a
+            finite value.
+        adjusted_p: the same arms -> p-value after the correction (``"none"``: the raw p-value).
         alpha: 1 − confidence; correction: ``"holm"`` or ``"none"``.
+        diverged: the arms that diverged on every seed (no finite value): they lose to the candidate without a
+            test.
     """
 
     candidate: str | None
@@ -106,6 +110,7 @@ class WinnerTest:
     adjusted_p: dict[str, float] = field(default_factory=dict)
     alpha: float = 0.05
     correction: str = "holm"
+    diverged: tuple[str, ...] = ()
 
 
 def _t() -> Any:
@@ -235,10 +240,11 @@ def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction
     """Test whether the arm with the highest mean beats every other arm, paired by seed.
 
     The candidate is the arm with the highest mean among arms whose values are all finite (an arm with a
-    diverged seed cannot win). It is the winner when, for every other arm j, the paired difference
-    (candidate − j) has a positive mean and a p-value below α = 1 − confidence after the correction
-    (``"holm"`` over the k − 1 comparisons; ``"none"``: raw p-values, i.e. every unadjusted interval
-    excludes 0). See the module docstring for why Holm.
+    diverged seed cannot win). It is the winner when, for every other arm j with a finite value, the paired
+    difference (candidate − j) has a positive mean and a p-value below α = 1 − confidence after the correction
+    (``"holm"`` over those comparisons; ``"none"``: raw p-values, i.e. every unadjusted interval excludes 0).
+    An arm that diverged on every seed loses to the candidate without a test (listed in ``diverged``). See
+    the module docstring for why Holm.
 
     Args:
         arms: arm name -> one value per seed (aligned sequences, or mappings seed -> value); at least two.
@@ -253,20 +259,24 @@ def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction
     if not isinstance(arms, Mapping) or len(arms) < 2:
         raise ValueError(f"arms must map at least two arm names to per-seed values, got {arms!r}")
     means: dict[str, float] = {}
+    diverged: list[str] = []
     for name, vals in arms.items():
         arr = _array(list(vals.values()) if isinstance(vals, Mapping) else vals, f"arms[{name!r}]")
         if np.isfinite(arr).all() and arr.size:
             means[name] = float(arr.mean())
+        elif arr.size and not np.isfinite(arr).any():
+            diverged.append(name)
     alpha = 1 - c
     if not means:
-        return WinnerTest(None, None, alpha=alpha, correction=correction)
+        return WinnerTest(None, None, alpha=alpha, correction=correction, diverged=tuple(diverged))
     cand = max(means, key=lambda k: means[k])
-    diffs = {name: paired_difference(arms[cand], vals, c) for name, vals in arms.items() if name != cand}
+    diffs = {name: paired_difference(arms[cand], vals, c) for name, vals in arms.items()
+             if name != cand and name not in diverged}
     raw = np.array([d.p_value for d in diffs.values()])
     adj = holm(raw) if correction == "holm" else np.where(np.isnan(raw), 1.0, raw)
     adjusted = dict(zip(diffs, map(float, adj)))
     ok = all(d.mean > 0 and adjusted[k] < alpha for k, d in diffs.items())
-    return WinnerTest(cand, cand if ok else None, diffs, adjusted, alpha, correction)
+    return WinnerTest(cand, cand if ok else None, diffs, adjusted, alpha, correction, tuple(diverged))
 
 
 def resolved_winner(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> str | None:

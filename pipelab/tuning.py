@@ -13,7 +13,9 @@ Every arm (task × optimizer × policy × D) gets its own learning rate, chosen 
    one rate is left (or after ``rounds`` rounds, keeping the best of the last). With n candidates the
    rounds run ``n_0 = n, n_{r+1} = ⌈n_r/ηₑ⌉`` rates (:func:`halving_schedule`); e.g. 9 rates, ηₑ = 3,
    min_epochs = 1: 9 rates × 1 epoch, then 3 × 3 epochs, then the winner. Ties go to the smaller rate
-   (the more stable one);
+   (the more stable one). When every rate of a round diverges no rate is selected (``Halving.lr`` is
+   ``None``, :attr:`Halving.all_diverged`, :attr:`Halving.message` says so) and the arm runs no further
+   round (a longer run repeats the diverged prefix);
 3. the full runs, every seed, only for the selected rate (:func:`selected_configs`).
 
 Selection reads only ``val_acc``/``diverged`` (the validation split is carved from the training set, see
@@ -49,7 +51,7 @@ from typing import Any
 from .learning_curves import RunConfig, sweep
 
 __all__ = ["lr_grid", "halving_schedule", "final_val_acc", "HalvingRound", "Halving", "successive_halving",
-           "selected_configs"]
+           "check_selected", "selected_configs"]
 
 RunFn = Callable[[RunConfig], dict[str, Any]]
 
@@ -127,16 +129,34 @@ class Halving:
     Attributes:
         base: the arm's config as given (its ``epochs`` is the full-run budget), with ``lr=None``.
         seeds: the tuning seeds (each rate ran with all of them).
-        lr: the selected learning rate.
+        lr: the selected learning rate; ``None`` when every rate of the last round diverged
+            (:attr:`all_diverged`; :attr:`message` says which rates and budget).
         rounds: every round, in order.
         records: every run's record, in the order run.
     """
 
     base: RunConfig
     seeds: tuple[int, ...]
-    lr: float
+    lr: float | None
     rounds: tuple[HalvingRound, ...]
     records: list[dict[str, Any]] = field(repr=False)
+
+    @property
+    def all_diverged(self) -> bool:
+        """Whether no rate was selected because every rate of the last round diverged (on some seed)."""
+        return self.lr is None
+
+    @property
+    def message(self) -> str:
+        """One line on the outcome: the selected rate, or that (and where) every rate diverged."""
+        b = self.base
+        name = f"arm {b.task}/{b.optimizer}/{b.policy}/D={b.D}"
+        if self.lr is not None:
+            return f"{name}: selected lr={self.lr:.4g}"
+        last = self.rounds[-1]
+        return (f"{name}: no learning rate selected: every rate of round {len(self.rounds) - 1} "
+                f"({', '.join(f'{lr:.4g}' for lr in last.lrs)}) diverged within {last.epochs} epoch(s) on some "
+                f"seed of {list(self.seeds)}; tune over smaller rates")
 
 
 def _arm_key(cfg: RunConfig) -> RunConfig:
@@ -214,7 +234,7 @@ class _Plan:
     schedule: list[tuple[int, int]]
     rounds: list[HalvingRound] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
-    best: float = math.nan
+    best: float | None = None
 
     def __post_init__(self) -> None:
         self.best = self.alive[0]  # a single candidate needs no round
@@ -231,10 +251,28 @@ class _Plan:
         keep = [self.alive[i] for i in order[: -(-len(self.alive) // eta)]]
         self.rounds.append(HalvingRound(self.schedule[r][1], tuple(self.alive), tuple(scores), tuple(keep)))
         self.alive = sorted(keep)
-        self.best = keep[0]
+        if max(scores) == -math.inf:  # every rate diverged: none is selected, and longer runs diverge as well
+            self.best = None
+            del self.schedule[r + 1:]
+        else:
+            self.best = keep[0]
 
     def result(self) -> Halving:
         return Halving(replace(self.first, lr=None), self.seeds, self.best, tuple(self.rounds), self.records)
+
+
+def check_selected(halvings: Iterable[Halving]) -> list[Halving]:
+    """The halvings, after checking that every arm selected a rate.
+
+    Raises:
+        ValueError: listing :attr:`Halving.message` of every arm whose rates all diverged (running it at some
+            other rate, e.g. the optimizer's default, would not be a tuned result).
+    """
+    halvings = list(halvings)
+    failed = [h.message for h in halvings if h.lr is None]
+    if failed:
+        raise ValueError("\n".join(failed))
+    return halvings
 
 
 def selected_configs(halvings: Iterable[Halving], seeds: Iterable[int], *, epochs: int | None = None,
@@ -244,7 +282,11 @@ def selected_configs(halvings: Iterable[Halving], seeds: Iterable[int], *, epoch
     Each config is the arm's ``base`` (same task, policy, D, ``n_val`` — the training set the rate was tuned
     on) with ``lr`` = the selected rate, ``seed`` = s, ``epochs`` (default: the base's, the full budget) and any
     other field in ``changes``.
+
+    Raises:
+        ValueError: an arm without a selected rate (:func:`check_selected`), or no seeds.
     """
+    halvings = check_selected(halvings)
     seeds = list(seeds)
     if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in seeds):
         raise ValueError(f"seeds must be ints, got {seeds!r}")

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from .schedules.actions import Schedule, check_int
 from .schedules.builders import one_f_one_b
-from .schedules.compiled import OP_CODE
+from .schedules.compiled import OP_CODE, check_cost
 from .schedules.v_shape import (
     PAPER_FORMULAS,
     V_BUILDERS,
@@ -51,11 +51,19 @@ def steady_state(build: Callable[[int, int, int], Schedule], W: int, M: int, *, 
     ``scale``). period = makespan(3 steps) − makespan(2 steps); bubble = 1 − (work per worker per step) /
     period, the work averaged over the workers.
 
+    Raises:
+        ValueError: a cost or ``scale`` that is NaN, ±inf or not > 0 (the simulator's F, I and W costs), an
+            ``activation`` that is NaN, ±inf or negative. TypeError: one of them not a number.
+
     Example:
         >>> from pipelab.schedules import zb_h2
         >>> steady_state(zb_h2, 4, 8)
         SteadyState(bubble=0.0, peak=7.0, period=24.0)
     """
+    t_f, t_i, t_w, scale = (check_cost(n, v, positive=True) for n, v in (("t_f", t_f), ("t_i", t_i), ("t_w", t_w),
+                                                                           ("scale", scale)))
+    if activation is not None:
+        activation = check_cost("activation", activation)
     try:
         two, three = build(W, M, 2), build(W, M, 3)
     except ValueError:
@@ -90,6 +98,7 @@ def zero_bubble_table(D_values: Sequence[int], M_values: Sequence[int] | None = 
 
     Args:
         D_values: pipeline depths; M_values: micro-batches per step (default: D, 2D, 3D for each D).
+        t_f, t_i, t_w: per-stage costs of F, I and W (finite, > 0).
 
     Returns:
         One dict per (schedule, D, M) with keys schedule, D, M, bubble, paper_bubble, bubble_fraction,
@@ -102,6 +111,7 @@ def zero_bubble_table(D_values: Sequence[int], M_values: Sequence[int] | None = 
     Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 1 and §2.
     """
     builders = {"1F1B": one_f_one_b, "ZB-H1": zb_h1, "ZB-H2": zb_h2}
+    t_f, t_i, t_w = (check_cost(n, v, positive=True) for n, v in (("t_f", t_f), ("t_i", t_i), ("t_w", t_w)))
     work = t_f + t_i + t_w
     rows = []
     for D in D_values:

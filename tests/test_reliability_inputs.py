@@ -7,6 +7,7 @@ error it must give now (see ``tests/probes.py``).
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import probes
@@ -238,3 +239,98 @@ def test_evaluation_on_an_empty_set_is_refused() -> None:
         evaluate(stages, torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
     loss, acc = evaluate(stages, torch.zeros(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
     assert loss > 0 and 0.0 <= acc <= 1.0
+
+
+# ------------------------------------------------------------------------------- validation of the arguments
+# Each was accepted and then gave a wrong result: "false" read as True, an infinite loss scale skipping every step,
+# a negative cost in a closed form, a calibration case that silently became "not runnable", figures written into
+# the current directory.
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _calibration(**kw: object) -> None:
+    from pipelab.calibration import CalibrationCase, CalibrationConfig
+
+    if "policy" in kw:
+        kw = {"cases": (CalibrationCase("gpipe", policy=kw.pop("policy")),), **kw}
+    CalibrationConfig(**kw).check()  # type: ignore[arg-type]
+
+
+def _scaling(**kw: object) -> object:
+    from pipelab.precision import LossScaling
+
+    return LossScaling(**kw)  # type: ignore[arg-type]
+
+
+def _hybrid(**kw: object) -> object:
+    from pipelab.schedules import hybrid
+
+    return hybrid(2, 4, 2, **kw)  # type: ignore[arg-type]
+
+
+def _zb(name: str, **kw: float) -> object:
+    from pipelab.schedules.zero_bubble import paper_closed_form
+
+    return paper_closed_form(name, 4, **kw)
+
+
+def _zb_table(**kw: float) -> object:
+    from pipelab.zero_bubble_tables import zero_bubble_table
+
+    return zero_bubble_table([2], [4], **kw)
+
+
+def _steady(**kw: float) -> object:
+    from pipelab.schedules import zb_h1
+    from pipelab.zero_bubble_tables import steady_state
+
+    return steady_state(zb_h1, 2, 4, **kw)
+
+
+VALIDATION_PROBES = [
+    Probe("hybrid-asynchronous-string", lambda: _hybrid(asynchronous="false"), TypeError,
+          "asynchronous must be True or False, got str 'false'"),
+    Probe("hybrid-asynchronous-int", lambda: _hybrid(asynchronous=1), TypeError, "asynchronous must be True or False"),
+    Probe("loss-scaling-inf", lambda: _scaling(init_scale=INF), ValueError, "init_scale must be finite, got inf"),
+    Probe("loss-scaling-string", lambda: _scaling(init_scale="65536"), TypeError,
+          "init_scale must be a number, got str '65536'"),
+    Probe("loss-scaling-growth-inf", lambda: _scaling(growth_factor=INF), ValueError, "growth_factor must be finite"),
+    Probe("loss-scaling-backoff-bool", lambda: _scaling(backoff_factor=True), TypeError, "backoff_factor must be a"),
+    Probe("zb-closed-form-negative", lambda: _zb("ZB-H1", t_w=-1.0), ValueError, r"t_w must be >= 0.*got -1\.0"),
+    Probe("zb-closed-form-nan", lambda: _zb("1F1B", t_f=NAN), ValueError, "t_f must be finite, got nan"),
+    Probe("zb-closed-form-inf", lambda: _zb("ZB-H2", t_i=INF), ValueError, "t_i must be finite, got inf"),
+    Probe("zb-closed-form-string", lambda: _zb("ZB-H2", t_i="1"), TypeError, "t_i must be a number"),
+    Probe("zb-table-negative", lambda: _zb_table(t_w=-0.5), ValueError, r"t_w must be > 0.*got -0\.5"),
+    Probe("steady-state-negative-scale", lambda: _steady(scale=-1.0), ValueError, r"scale must be > 0"),
+    Probe("steady-state-inf-activation", lambda: _steady(activation=INF), ValueError, "activation must be finite"),
+    Probe("calibration-float-ranks", lambda: _calibration(ranks=2.0), ValueError,
+          r"ranks must be an int >= 1, got 2\.0"),
+    Probe("calibration-unknown-policy", lambda: _calibration(policy="nope"), ValueError,
+          r"case 'gpipe': policy must be one of .*stashing.*got 'nope'"),
+    Probe("calibration-unknown-optimizer", lambda: _calibration(optimizer="nope"), ValueError,
+          r"optimizer must be one of .*sgdm.*got 'nope'"),
+    Probe("calibration-zero-microbatches", lambda: _calibration(microbatches=0), ValueError,
+          "microbatches must be an int >= 1, got 0"),
+]
+
+
+@probes.parametrize(VALIDATION_PROBES)
+def test_validation_probe(probe: Probe) -> None:
+    probe.check()
+
+
+@pytest.mark.parametrize("out", ["", "  ", "afile"])
+def test_figures_out_empty_or_a_file_is_refused_before_any_experiment(out: str, tmp_path, monkeypatch, capsys) -> None:
+    """``--out ''`` wrote the figures into the current directory; a file as --out failed only after the figure."""
+    from pipelab import figures
+    from pipelab.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("keep")
+    want = "is a file, not a directory" if out == "afile" else rf"output directory \(outdir, --out\) is {out!r}"
+    assert main(["figures", "model_stages", "--preset", "tiny", "--out", out]) == 2
+    assert re.search(want, capsys.readouterr().err)
+    with pytest.raises(ValueError, match=want):
+        figures.render(["model_stages"], "tiny", out)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == "keep"

@@ -145,3 +145,73 @@ def test_predicting_policy_with_oracle_does_not_warn() -> None:
         _plan("pipeoptim", "oracle")
         _plan("pipeoptim", "repeat")
         _plan("stashing", None)
+
+
+# ----------------------------------------------------------------------- optimizer subclasses with their own step
+
+class _ClippedAdam(torch.optim.Adam):
+    """An Adam subclass whose step() differs from Adam's (it clips the gradients first)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.grad.clamp_(-0.1, 0.1)
+        return super().step(closure)
+
+
+class _NamedAdam(torch.optim.Adam):
+    """An Adam subclass that keeps Adam's step()."""
+
+
+class _NesterovSGD(torch.optim.SGD):
+    def step(self, closure=None):  # type: ignore[override]
+        return super().step(closure)
+
+
+OVERRIDES = r"subclasses torch\.optim\.adam\.Adam but overrides step\(\).*register_rule\(_ClippedAdamRule\(\)\)"
+SUBCLASS_PROBES = [
+    # each used to predict with the parent's rule: Adam's prediction for an optimizer that clips first
+    Probe("pipeoptim-adam-subclass-own-step", lambda: PipeOptim().predict(_opt(_ClippedAdam), 2), TypeError, OVERRIDES),
+    Probe("repeat-adam-subclass-own-step", lambda: Repeat().predict(_opt(_ClippedAdam), 1), TypeError, OVERRIDES),
+    Probe("check-sgd-subclass-own-step", lambda: make_predictor("spectrain").check(_opt(_NesterovSGD, momentum=0.9)),
+          TypeError, r"_NesterovSGD subclasses torch\.optim\.sgd\.SGD.*rules\.SGDRule"),
+    Probe("emulator-pipeoptim-adam-subclass", lambda: Emulator(
+        _model(), D=2, schedule=__import__("pipelab.schedules").schedules.pipedream(2, 1, 3), policy="pipeoptim",
+        optimizer=lambda ps: _ClippedAdam(ps, lr=0.1)), ValueError, "cannot follow stage 0's optimizer.*" + OVERRIDES),
+    Probe("adam-subclass-keeping-step", lambda: PipeOptim().predict(_opt(_NamedAdam), 2), None),
+]
+
+
+@probes.parametrize(SUBCLASS_PROBES)
+def test_subclass_probe(probe: Probe) -> None:
+    probe.check()
+
+
+def _seeded_opt(cls: type, **kw) -> torch.optim.Optimizer:
+    torch.manual_seed(0)  # _opt draws its second parameter from the global generator
+    return _opt(cls, **kw)
+
+
+def test_subclass_keeping_step_predicts_as_its_parent() -> None:
+    for pred in (PipeOptim(), Repeat()):
+        ours, theirs = (pred.predict(_seeded_opt(c, steps=3), 2) for c in (_NamedAdam, torch.optim.Adam))
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_a_registered_rule_serves_the_subclass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The way the error names: a rule registered for the subclass is used (here Adam's, for a step that only
+    adds clipping, which the rule's rebuild of the last update from the optimizer state does not need)."""
+    from pipelab.predictors import rules
+    from pipelab.predictors.rules_adam import AdamRule
+
+    monkeypatch.setattr(rules, "_RULES", dict(rules._RULES))  # registering is global: undo it after the test
+
+    class _ClippedAdamRule(AdamRule):
+        optimizer_types = (_ClippedAdam,)
+
+    rules.register_rule(_ClippedAdamRule())
+    opt = _opt(_ClippedAdam, steps=3)
+    assert isinstance(rules.rule_for(opt), _ClippedAdamRule)
+    assert all(torch.isfinite(w).all() for w in PipeOptim().predict(opt, 2))

@@ -36,8 +36,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from ..pipeline.driver import all_finite, check_examples
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..precision import Precision, as_precision
+from ..schedules.actions import check_int
 
 __all__ = ["train_plain", "evaluate", "forward_batches"]
 
@@ -104,6 +106,7 @@ def train_plain(
     losses = [math.nan] * steps
     for t in range(steps):
         x, y = get(t)
+        check_examples(t, x)
         for o in opts:
             o.zero_grad(set_to_none=True)
         micro = micro_batches is not None or prec.enabled
@@ -186,7 +189,10 @@ def evaluate(
 ) -> tuple[float, float]:
     """Mean loss and accuracy of the stages (with ``weights[k]`` in ``named_parameters`` order, if given).
 
-    The stages are put in eval mode for the call and restored afterwards.
+    The stages are put in eval mode for the call and restored afterwards. Both are NaN when a weight evaluated,
+    an output (logit) or a loss is NaN or ±inf (:func:`~pipelab.pipeline.driver.all_finite`): a diverged model
+    has no loss, and the argmax of NaN logits is an arbitrary class, not an accuracy. Callers flag divergence
+    by a non-finite loss.
 
     Raises:
         ValueError: on an empty evaluation set (a mean over no examples is undefined).
@@ -197,11 +203,17 @@ def evaluate(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"evaluate(): x has {x.shape[0]} examples but y has {y.shape[0]}")
     loss_fn = loss_fn or nn.functional.cross_entropy
+    used = [list(s.parameters()) for s in stages] if weights is None else weights
+    finite = all_finite(w for W in used for w in W)
     total, correct, n = 0.0, 0, x.shape[0]
     for h, yy in forward_batches(stages, x, y, weights, batch_size):
-        total += float(loss_fn(h, yy)) * yy.shape[0]
+        loss = loss_fn(h, yy)
+        finite &= all_finite((h, loss))
+        total += float(loss) * yy.shape[0]
         if h.ndim == 2 and not yy.is_floating_point():
             correct += int((h.argmax(1) == yy).sum())
+    if not (bool(finite) and math.isfinite(total)):
+        return math.nan, math.nan
     return total / n, correct / n
 
 
@@ -209,7 +221,12 @@ def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
                     weights: Sequence[Sequence[Tensor]] | None = None,
                     batch_size: int = 2048) -> Iterator[tuple[Tensor, Tensor]]:
     """``(output, target)`` of the stages on ``x`` in chunks of ``batch_size`` (with ``weights[k]`` in
-    ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends)."""
+    ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends).
+
+    Raises:
+        ValueError: ``batch_size`` not an int >= 1 (chunks of 0 examples never advance).
+    """
+    check_int("batch_size", batch_size)
     modes = [s.training for s in stages]
     for s in stages:
         s.eval()

@@ -226,7 +226,13 @@ def check_outdir(outdir: str | Path, *, allow_dirty: bool = False, state: CodeSt
 
     Raises:
         ProvenanceError: unclean code, ``outdir`` inside ``<repo>/figures`` and ``allow_dirty`` not given.
+        ValueError: an empty ``outdir`` (``''`` would mean the current directory), or one that is a file.
     """
+    if isinstance(outdir, str) and not outdir.strip():
+        raise ValueError(f"the output directory (outdir, --out) is {outdir!r}: name a directory, e.g. 'figures' or "
+                         "'/tmp/figs' ('.' for the current one)")
+    if Path(outdir).exists() and not Path(outdir).is_dir():
+        raise ValueError(f"the output directory (outdir, --out) {str(outdir)!r} is a file, not a directory")
     state = state if state is not None else code_state(outdir=outdir)
     if state.root is None or state.clean is not False:
         return state

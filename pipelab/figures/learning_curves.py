@@ -217,8 +217,10 @@ def _runs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...]
     if lr == "common" and cfg.common_optimizers is not None:
         configs = [c for c in configs if c.optimizer in cfg.common_optimizers]
     if cfg.tuning is not None and lr == "tuned":
+        from ..tuning import check_selected
+
         chosen = {(h.base.task, h.base.optimizer, h.base.D, h.base.policy): h.lr
-                  for h in tuned_arms(cfg, Ds, tasks, progress)}
+                  for h in check_selected(tuned_arms(cfg, Ds, tasks, progress))}
         configs = [with_(c, lr=chosen[(c.task, c.optimizer, c.D, c.policy)]) for c in configs]
     return sweep(configs, progress=progress)
 

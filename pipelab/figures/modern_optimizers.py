@@ -148,7 +148,7 @@ def modern_configs(cfg: ModernConfig, lrs: dict[str, float] | None = None) -> li
 def modern_rates(cfg: ModernConfig, progress: bool = False) -> dict[str, tuple[float, str]]:
     """Each optimizer's rate and how it was chosen: ``"common"``, or ``"tuned"`` by successive halving of its
     grid (:class:`Tuning`) on the sequential arm (first depth, tuning seeds; validation accuracy)."""
-    from ..tuning import successive_halving
+    from ..tuning import check_selected, successive_halving
 
     out = {opt: (float(lr), "common") for opt, lr in cfg.lrs if opt in cfg.optimizers}
     tn = cfg.tuning
@@ -157,8 +157,9 @@ def modern_rates(cfg: ModernConfig, progress: bool = False) -> dict[str, tuple[f
     tuned = [g[0] for g in tn.grids if g[0] in cfg.optimizers]
     candidates = [RunConfig(task=cfg.task, policy="sequential", optimizer=opt, D=cfg.depths[0], seed=s, lr=lr,
                             **cfg.common()) for opt in tuned for lr in tn.lrs(opt) for s in tn.seeds]
-    for h in successive_halving(candidates, eta=tn.eta, min_epochs=tn.min_epochs, max_epochs=tn.max_epochs,
-                                progress=progress):
+    for h in check_selected(successive_halving(candidates, eta=tn.eta, min_epochs=tn.min_epochs,
+                                               max_epochs=tn.max_epochs, progress=progress)):
+        assert h.lr is not None  # check_selected
         out[h.base.optimizer] = (float(h.lr), "tuned")
     return out
 

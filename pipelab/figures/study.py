@@ -140,7 +140,7 @@ def study_lr_map(preset: str, *, progress: bool = False) -> FigureOutput:
                 ax.text(j, i, f"{100 * r['val_acc']:.0f}", ha="center", va="center", color="white", fontsize=6.5)
         for h in halvings:
             b = h.base
-            if (b.task, b.optimizer, b.D) == (task, opt, D) and b.policy in pols:
+            if (b.task, b.optimizer, b.D) == (task, opt, D) and b.policy in pols and h.lr is not None:
                 ax.add_patch(plt.Rectangle((lrs.index(h.lr) - 0.5, pols.index(b.policy) - 0.5), 1, 1, fill=False,
                                            ec="orange", lw=2))
         if opt == "sgdm" and len(lrs) > 1:

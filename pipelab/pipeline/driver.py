@@ -35,7 +35,7 @@ SOSP 2019).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +47,52 @@ from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
 from .transport import Transport
 
-__all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs"]
+__all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
 
 Batch = tuple[Tensor, Tensor]
+
+
+def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
+    """The divergence test: whether no tensor holds a NaN or ±inf, as a CPU bool tensor.
+
+    A run has diverged once a loss it computed, an output it evaluated or a weight it holds is non-finite:
+    :func:`~pipelab.emulator.evaluate` (hence the learning curves and :mod:`pipelab.run`) and the runtime's
+    result ask this one function.
+
+    Args:
+        tensors: losses, outputs, weights (any devices; integer tensors are always finite).
+        arm_dim: ``None``: one 0-d bool over every element; ``d``: one bool per stacked arm
+            (:mod:`pipelab.stacking`), the arms along axis d of every tensor.
+
+    Example:
+        >>> all_finite([torch.ones(2), torch.tensor([1.0, float("nan")])])
+        tensor(False)
+        >>> all_finite([torch.tensor([[1.0, float("inf")], [2.0, 3.0]])], arm_dim=0)
+        tensor([False,  True])
+    """
+    out = torch.tensor(True)
+    for t in tensors:
+        if arm_dim is None:
+            ok = torch.isfinite(t).all()
+        else:
+            per_arm = t.movedim(arm_dim, 0)
+            ok = torch.isfinite(per_arm).reshape(per_arm.shape[0], -1).all(1)
+        out = out & ok.cpu()
+    return out
+
+
+def check_examples(t: int, x: Tensor) -> None:
+    """Refuse mini-batch t when it holds no example (a batch size of 0, or cut from an empty data split).
+
+    Its mean loss would be 0/0 = NaN, which every driver reads as divergence: the empty batch must be named
+    where it is used instead.
+
+    Raises:
+        ValueError: ``x`` has 0 examples along dimension 0.
+    """
+    if x.dim() > 0 and x.shape[0] == 0:
+        raise ValueError(f"mini-batch {t} is empty (input shape {tuple(x.shape)}): a mean loss over 0 examples is "
+                         "NaN, not a divergence; check the batch size and the data split the batches are cut from")
 
 
 def split_micro(x: Tensor, M: int, name: str = "batch") -> tuple[Tensor, ...]:
@@ -106,6 +149,7 @@ class MiniBatches:
         if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
             raise ValueError(f"mini-batch {t}: input shape {tuple(x.shape)} and target shape {tuple(y.shape)} must "
                              "have the same number of examples along dimension 0")
+        check_examples(t, x)
         weight = self.reference
         if weight is not None and x.is_floating_point() and x.dtype != weight.dtype:
             raise TypeError(f"mini-batch {t}: input dtype {x.dtype} differs from the model's {weight.dtype}; "

@@ -31,8 +31,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from ..schedules.actions import check_flag
 from .base import LRSchedule, Predictor, buckets, check_optimizer, check_steps, future_lrs, resolve_weights
-from .rules import LastUpdateOptions, SGDRule, check_flag, rule_for
+from .rules import LastUpdateOptions, SGDRule, rule_for
 
 __all__ = ["Stale", "SpecTrain", "PipeOptim", "Rollout", "Repeat", "ZeroGradRollout"]
 

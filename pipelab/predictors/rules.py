@@ -50,6 +50,7 @@ Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOpti
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,9 +59,11 @@ from typing import Any, ClassVar, Literal, cast
 import torch
 from torch import Tensor
 
+from ..schedules.actions import check_flag
+
 __all__ = [
     "UpdateRule", "Direction", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
-    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction", "check_flag",
+    "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction",
     "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
 
@@ -74,13 +77,6 @@ def scalar(value: Any) -> float:
             raise ValueError(f"expected a scalar hyper-parameter, got a tensor of shape {tuple(value.shape)}")
         return float(value.item())
     return float(value)
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """``value`` as a bool; TypeError unless it is one (a string such as ``"no"`` would otherwise read as True)."""
-    if isinstance(value, bool):
-        return value
-    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 @dataclass(frozen=True)
@@ -453,16 +449,46 @@ def supported_optimizers() -> list[str]:
 def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
     """The :class:`UpdateRule` of ``optimizer``'s class (or its nearest registered base class).
 
+    A subclass inherits its base class's rule only while it also inherits its ``step()``: a subclass with its
+    own ``step()`` may update differently (clipping, another denominator, ...), so predicting it with the
+    parent's rule would be silently wrong. Register a rule for it explicitly instead, e.g. when its step is
+    Adam's update::
+
+        class MyAdamRule(pipelab.predictors.rules_adam.AdamRule):
+            optimizer_types = (MyAdam,)
+
+        pipelab.predictors.rules.register_rule(MyAdamRule())
+
     Raises:
-        TypeError: if the optimizer is not a supported ``torch.optim`` optimizer.
+        TypeError: if the optimizer is not a supported ``torch.optim`` optimizer, or is a subclass that
+            overrides ``step()`` of a supported one without a rule of its own.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    for cls in type(optimizer).__mro__:
-        if cls in _RULES:
-            return _RULES[cls]
+    cls = type(optimizer)
+    for base in cls.__mro__:
+        if base in _RULES:
+            if _step_of(cls) is not _step_of(base):
+                rule = type(_RULES[base])
+                raise TypeError(
+                    f"optimizer {cls.__name__} subclasses {base.__module__}.{base.__qualname__} but overrides step(), "
+                    f"so the weight predictors cannot assume {base.__name__}'s update rule; register a rule for it "
+                    f"explicitly: class {cls.__name__}Rule({rule.__module__}.{rule.__qualname__}): "
+                    f"optimizer_types = ({cls.__name__},), then pipelab.predictors.rules.register_rule("
+                    f"{cls.__name__}Rule()) (or subclass UpdateRule if its update differs)")
+            return _RULES[base]
     raise TypeError(f"optimizer {type(optimizer).__name__} is not supported by the weight predictors; "
                     f"supported: {', '.join(supported_optimizers())}")
+
+
+def _step_of(cls: type) -> Any:
+    """The function ``cls.step`` runs, without torch's profiling wrapper.
+
+    ``torch.optim.Optimizer.__init__`` wraps the ``step`` of the first class it is instantiated as (stored on
+    that class, a ``functools.wraps`` wrapper with ``__wrapped__``), so a subclass that does not override
+    ``step`` can still hold a wrapper of its parent's; unwrapping gives the same function for both.
+    """
+    return inspect.unwrap(cls.step)  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device
-from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.driver import Batch, DriverState, MiniBatches, all_finite, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
@@ -86,8 +86,10 @@ class RuntimeResult:
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
         steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
-        diverged: some computed loss is NaN or ±inf (:mod:`pipelab`: divergence is a result, not a crash);
-            diverged_step: the first such mini-batch (``None`` if none).
+        diverged: some computed loss, or some rank's final weight, is NaN or ±inf
+            (:func:`~pipelab.pipeline.driver.all_finite`; :mod:`pipelab`: divergence is a result, not a crash);
+            diverged_step: the first mini-batch whose loss is non-finite, else the last one done when only the
+            final weights are (``None`` if none).
         timeline: with ``record=True``, this rank's measured job times and point-to-point bytes of the last
             run (:class:`~pipelab.runtime.trace.Timeline`); else ``None``.
         collectives: for a placed schedule, this rank's ``bytes_sent`` and ``bytes_received`` per collective
@@ -381,18 +383,23 @@ class PipelineRuntime:
 
     def _result(self) -> RuntimeResult:
         losses = [math.nan] * self.steps
-        parts: list[dict[int, float] | None] = [None] * self.world
+        # every rank learns every rank's losses and whether the weights it holds are finite
+        held = (p for e in self.executors.values() if not isinstance(e, FetchedStage) for p in e.params)
+        mine = (self.state.losses, bool(all_finite(held)))
+        parts: list[tuple[dict[int, float], bool] | None] = [None] * self.world
         if dist.is_initialized():
-            dist.all_gather_object(parts, self.state.losses)
+            dist.all_gather_object(parts, mine)
         else:
-            parts = [self.state.losses]
+            parts = [mine]
         done: set[int] = set()
         for part in parts:
-            for t, v in (part or {}).items():
+            for t, v in (part[0] if part else {}).items():
                 # a placed schedule's ranks each sum the losses of their own micro-batches of step t
                 losses[t] = losses[t] + v if self.placed and t in done else v
                 done.add(t)
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
+        if not bad and done and not all(part[1] for part in parts if part):
+            bad = [max(done)]  # finite losses, but the last update done made some rank's weights non-finite
         stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
         opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES", "MAX_JOBS", "check_int", "check_jobs"]
+__all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES", "MAX_JOBS", "check_int", "check_flag",
+           "check_jobs"]
 
 #: Every op an action may carry. F/B/U are produced by the builders; I/W are the split backward.
 OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
@@ -256,6 +257,18 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     if number < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return number
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` as a bool; TypeError unless it is one (a string such as ``"false"`` would otherwise read as True).
+
+    Example:
+        >>> check_flag("asynchronous", False)
+        False
+    """
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:

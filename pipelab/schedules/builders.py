@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .actions import Action, Schedule, check_flag, check_int, check_jobs, gc_paused
 from .constructor import construct
 from .v_shape import dualpipe, dualpipe_v, interleaved_zero_bubble, v_half, v_min, zb_v
 from .zero_bubble import zb_async, zb_h1, zb_h2
@@ -386,7 +386,7 @@ def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False
       (Narayanan et al., SOSP 2019, §3.1); each replica's version table is pipedream(D, M/R)'s.
 
     Raises:
-        ValueError: if M is not a multiple of R.
+        ValueError: if M is not a multiple of R. TypeError: ``asynchronous`` not a bool.
 
     Example:
         >>> s = hybrid(D=2, M=4, R=2)
@@ -394,6 +394,7 @@ def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False
         (4, ((0, 2), (1, 3)), ['F0.1', 'F0.3', 'B0.1', 'B0.3', 'U0'])
     """
     D, M, R, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("R", R), ("steps", steps)))
+    asynchronous = check_flag("asynchronous", asynchronous)
     if M % R:
         raise ValueError(f"hybrid needs M divisible by R so every replica gets M/R micro-batches (M={M}, R={R})")
     check_jobs(f"hybrid(D={D}, M={M}, R={R}, steps={steps})", 2 * D * M * steps)

@@ -31,7 +31,7 @@ import numpy as np
 from .actions import OPS, Schedule
 from .dependencies import barrier_step, edges_into
 
-__all__ = ["Compiled", "compile_schedule", "run", "OP_CODE"]
+__all__ = ["Compiled", "compile_schedule", "run", "OP_CODE", "check_cost"]
 
 OP_CODE: dict[str, int] = {op: i for i, op in enumerate(OPS)}
 F, B, U, Iop, Wop = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
@@ -221,13 +221,34 @@ def _per_stage(name: str, value: float | Sequence[float] | np.ndarray, D: int, *
         arr = np.asarray(value, dtype=np.float64).reshape(-1)
     if arr.shape != (D,):
         raise ValueError(f"{name} must be a scalar or one value per stage (D={D}), got shape {arr.shape}")
+    return _checked_costs(name, arr, arr.tolist(), positive)
+
+
+def _checked_costs(name: str, arr: np.ndarray, shown: object, positive: bool) -> np.ndarray:
+    """The one rule for costs: finite, and > 0 (``positive``) or >= 0; ``shown`` is what the message quotes."""
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {arr.tolist()}")
+        raise ValueError(f"{name} must be finite, got {shown}")
     if positive and np.any(arr <= 0):
-        raise ValueError(f"{name} must be > 0 for every stage, got {arr.tolist()}")
+        raise ValueError(f"{name} must be > 0 for every stage, got {shown}")
     if np.any(arr < 0):
-        raise ValueError(f"{name} must be >= 0 (negative costs are meaningless), got {arr.tolist()}")
+        raise ValueError(f"{name} must be >= 0 (negative costs are meaningless), got {shown}")
     return arr
+
+
+def check_cost(name: str, value: object, *, positive: bool = False) -> float:
+    """One scalar cost (a time, in any unit) as a float, by the simulator's rule for costs.
+
+    Raises:
+        TypeError: ``value`` not a real number (a bool or a string included).
+        ValueError: NaN or ±inf, negative, or not > 0 when ``positive``.
+
+    Example:
+        >>> check_cost("t_w", 0.5)
+        0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return float(_checked_costs(name, np.array([float(value)]), value, positive)[0])
 
 
 Cost = float | Sequence[float] | np.ndarray

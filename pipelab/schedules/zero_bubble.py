@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .compiled import check_cost
 
 __all__ = ["split_order", "zb_h1", "zb_h2", "zb_async", "ZB_SCHEDULES", "paper_closed_form"]
 
@@ -239,9 +240,14 @@ def paper_closed_form(schedule: str, D: int, t_f: float = 1.0, t_i: float = 1.0,
         >>> paper_closed_form("ZB-H1", 4), paper_closed_form("ZB-H2", 4)
         ((3.0, 4), (0.0, 7))
 
+    Raises:
+        ValueError: an unknown schedule, D not an int >= 1, a cost that is NaN, ±inf or negative.
+        TypeError: a cost that is not a number.
+
     Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 1.
     """
     D = check_int("D", D)
+    t_f, t_i, t_w = (check_cost(n, v) for n, v in (("t_f", t_f), ("t_i", t_i), ("t_w", t_w)))
     if schedule == "1F1B":
         return (D - 1) * (t_f + t_i + t_w), D
     if schedule == "ZB-H1":
