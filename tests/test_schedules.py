@@ -255,3 +255,30 @@ def test_hand_overs_are_the_tensor_carrying_dependencies_and_their_inverse(split
     inverse = {(src, dst) for dst in jobs for src in received_from(dst, D, split)}
     assert inverse == {(src, dst) for src in jobs for dst in handed_to(src, D, split)}
     assert len(inverse) == 2 * (D - 1)  # one activation and one gradient per stage boundary
+
+
+def test_send_after_delays_only_the_tensor_for_another_worker() -> None:
+    """1F1B on 2 workers, F0.0's activation sent after F0.1 (``send_after``): F1.0 starts when F0.1 ends (2, not
+    1), worked by hand; a tensor to the producer's own worker is not delayed; a later job elsewhere or earlier on
+    the worker, or an unknown job, is reported with the grid."""
+    from pipelab.simulator import simulate
+
+    s = one_f_one_b(D=2, M=2)
+    late = dataclasses.replace(s, send_after={("F", 0, 0, 0): ("F", 0, 0, 1)})
+    assert simulate(s).time_of("F", 1, 0, 0) == (1.0, 2.0)
+    r = simulate(late)
+    assert r.time_of("F", 1, 0, 0) == (2.0, 3.0) and r.makespan == simulate(s).makespan + 1
+    validate(r)
+    local = dataclasses.replace(interleaved_1f1b(1, 2, 2), send_after={("F", 0, 0, 0): ("F", 0, 0, 1)})
+    assert simulate(local).makespan == simulate(interleaved_1f1b(1, 2, 2)).makespan
+    for bad, match in [({("F", 0, 0, 0): ("F", 1, 0, 0)}, r"cannot send after F1\.0 \(step 0\), which is on another"),
+                       ({("F", 0, 0, 1): ("F", 0, 0, 0)}, r"cannot send after F0\.0 \(step 0\), which is earlier"),
+                       ({("F", 0, 0, 0): ("B", 0, 3, 0)}, r"send_after names B0\.0 of step 3, which is not a job")]:
+        with pytest.raises(ScheduleError, match=match):
+            validate(dataclasses.replace(s, send_after=bad))
+    with pytest.raises(ValueError, match=r"send_after key must be a job \(op, stage, step, micro\) with integer"):
+        dataclasses.replace(s, send_after={("F", 0.5, 0, 0): ("F", 0, 0, 1)})
+    with pytest.raises(ValueError, match=r"with op one of \['B', 'F', 'I', 'W'\]"):
+        dataclasses.replace(s, send_after={("U", 0, 0, -1): ("F", 0, 0, 1)})
+    with pytest.raises(TypeError, match="send_after must be a mapping"):
+        dataclasses.replace(s, send_after=[("F", 0, 0, 0)])
