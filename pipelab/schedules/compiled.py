@@ -15,9 +15,9 @@ dependencies (deadlock): :func:`run` reports the blocked workers instead of time
 
 Op codes: F=0, B=1, U=2, I=3, W=4. Dependency slots: ``dep1``/``dep2`` hold a compute job's data edges in
 the order of :func:`~pipelab.schedules.dependencies.edges_into` (for a tensor from another worker, the job
-whose end sends it: its producer, or a later job of the producer's worker named by ``Schedule.send_after``); ``dep3`` its weight barrier
-(:func:`~pipelab.schedules.dependencies.update_dependency`, at its weight source); an update's
-weight-gradient jobs are in ``udeps``.
+whose end sends it: its producer, or a later job of the producer's worker named by
+``Schedule.send_after``); ``dep3`` its weight barrier (:func:`~pipelab.schedules.dependencies.update_dependency`,
+at its weight source); an update's weight-gradient jobs are in ``udeps``.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """

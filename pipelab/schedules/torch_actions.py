@@ -412,8 +412,10 @@ def from_torch_csv(path: str | os.PathLike[str], *, n_stages: int, n_microbatche
     """Import a CSV written by torch's ``_dump_csv`` (compute only or with comms) or by :func:`to_torch_csv`.
 
     One row per rank (row r = rank r), one cell per action, ``""`` for an idle slot. Arguments and errors
-    as :func:`from_torch`; a malformed cell raises ValueError naming its row and column.
+    as :func:`from_torch` (sizes are checked before the file is read); a malformed cell raises ValueError
+    naming its row and column.
     """
+    _sizes(n_stages, n_microbatches, steps)
     order: dict[int, list[TorchAction | None]] = {}
     with open(path, newline="") as f:
         for r, row in enumerate(csv.reader(f)):
