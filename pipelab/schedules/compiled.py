@@ -256,10 +256,9 @@ def _departures(s: Schedule, table: np.ndarray, worker: np.ndarray, ids: np.ndar
 
 
 def _per_stage(name: str, value: float | Sequence[float] | np.ndarray, D: int, *, positive: bool) -> np.ndarray:
-    if isinstance(value, (int, float, np.number)):
-        arr = np.full(D, float(value))
-    else:
-        arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if np.ndim(value) == 0:  # a number, numpy scalar or 0-d array: the same for every stage
+        arr = np.full(D, arr[0])
     if arr.shape != (D,):
         raise ValueError(f"{name} must be a scalar or one value per stage (D={D}), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
