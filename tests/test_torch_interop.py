@@ -280,6 +280,26 @@ def test_dualpipev_with_deferred_receives_is_refused() -> None:
     assert pipelab_timeline(from_torch(compute, n_stages=8, n_microbatches=8))[0] == expected
 
 
+def test_export_of_a_late_send_is_an_overlap_or_a_placed_send() -> None:
+    """A tensor sent after the next job exports as OVERLAP_F_B (compute only) or as a SEND after that job; one
+    sent after a later job, with a job between that sends at once, only with comms=True. Either way torch's
+    runtime (the timeline above) times the export as pipelab simulates the schedule."""
+    import dataclasses
+
+    base = one_f_one_b(2, 3)  # worker 0: F0.0 F0.1 B0.0 F0.2 B0.1 B0.2
+    pair = dataclasses.replace(base, send_after={("F", 0, 0, 1): ("B", 0, 0, 0)})
+    assert [str(a) for a in to_torch(pair)[0]] == ["0F0", "(0F1;0B0)OVERLAP_F_B", "0F2", "0B1", "0B2"]
+    late = dataclasses.replace(base, send_after={("B", 1, 0, 0): ("B", 1, 0, 1)})  # worker 1: F1.0 B1.0 F1.1 B1.1
+    with pytest.raises(ValueError, match=r"B1\.0 \(step 0\) sends its tensor after B1\.1, but F1\.1 between them "
+                                         r"sends at another time.*export with comms=True"):
+        to_torch(late)
+    for s in (pair, late):
+        expected = pipelab_timeline(s)[0]
+        assert torch_timeline(to_torch(s, comms=True), 2) == expected != pipelab_timeline(base)[0]
+    lowered = ts._add_send_recv(to_torch(pair), stage_to_rank=lambda k: k, num_stages=2)
+    assert torch_timeline(lowered, 2) == pipelab_timeline(pair)[0]
+
+
 # ------------------------------------------------------------------------ pipelab -> torch -> pipelab
 
 @pytest.mark.parametrize("make", [lambda: gpipe(4, 6), lambda: one_f_one_b(4, 6), lambda: one_f_one_b(2, 5)],
@@ -524,7 +544,8 @@ CASES: dict[int, list[dict[str, Any]]] = {2: [dict(schedule="gpipe", D=2, M=4, c
              dict(schedule="1f1b", D=2, M=4, comms=False, optimizer="adam"),
              dict(schedule="interleaved", D=4, M=4, comms=True)]
         + [dict(schedule=f"torch:{name}", D=4, M=4, comms=comms, optimizer="adam") for name, comms in
-           [("ScheduleZBVZeroBubble", True), ("ScheduleDualPipeV", True), ("ScheduleInterleavedZeroBubble", False)]],
+           [("ScheduleZBVZeroBubble", True), ("ScheduleDualPipeV", True), ("ScheduleDualPipeV", False),
+            ("ScheduleInterleavedZeroBubble", False)]],
          4: [dict(schedule="gpipe", D=4, M=4, comms=False),
              dict(schedule="1f1b", D=4, M=4, comms=True, optimizer="adam"),
              dict(schedule="interleaved", D=8, M=4, comms=True)]}
@@ -569,5 +590,7 @@ def test_torch_runtime_on_exported_schedules_equals_the_emulator(torch_runs: dic
     # torch ran exactly the exported compute order
     sched = _schedule(case)
     for r in per_rank:
-        ran = [a for a in r.actions if a.lstrip("0123456789")[:1] in "FBIW" and "_" not in a]
+        # compute actions as torch ran them, an OVERLAP_F_B (exported for a tensor sent late) as its sub-actions
+        ran = [str(x) for a in r.actions for y in [parse_action(a)] if y is not None
+               for x in (y.subs or (y,)) if x.kind in ("F", "B", "I", "W")]
         assert ran == [f"{a.stage}{a.op}{a.micro}" for a in sched.programs[r.rank] if a.op != "U"]
