@@ -107,14 +107,18 @@ def test_lpp_forward_first_follows_the_closed_form_across_M(b_over_f: float) -> 
     assert lpp(4, 6, 1, 4, priority="forward_first").programs == gpipe(4, 6).programs
 
 
-def test_lpp_backward_first_plateau_is_the_priority() -> None:
-    # The quick preset's LPP (S = W = 8, G = 2, R = 4): backward-first stays far above the closed form at
-    # large M (the plateau the figure used to show as LPP's), forward-first is on it.
-    back = [simulate(lpp(8, M, 2, 4), 1.0, 2.0).bubble for M in (32, 64)]
-    fwd = [simulate(lpp(8, M, 2, 4, priority="forward_first"), 1.0, 2.0).bubble for M in (32, 64)]
-    closed = [lpp_bubble(8, M, 2, 4) for M in (32, 64)]
+def test_lpp_backward_first_plateau_was_the_ordering_costs() -> None:
+    # The quick preset's LPP (S = W = 8, G = 2, R = 4) at B = 2F: backward-first ordered at unit costs stays far
+    # above the closed form at large M (the plateau the figure used to show); ordered at B = 2F, as the figure
+    # now builds it, it falls with M and ends near it; forward-first is on it.
+    Ms = (16, 32, 64)
+    unit = [simulate(lpp(8, M, 2, 4), 1.0, 2.0).bubble for M in Ms]
+    back = [simulate(lpp(8, M, 2, 4, b_cost=2.0), 1.0, 2.0).bubble for M in Ms]
+    fwd = [simulate(lpp(8, M, 2, 4, priority="forward_first", b_cost=2.0), 1.0, 2.0).bubble for M in Ms]
+    closed = [lpp_bubble(8, M, 2, 4) for M in Ms]
     assert fwd == pytest.approx(closed, abs=1e-9)
-    assert min(b - c for b, c in zip(back, closed)) > 0.1
+    assert min(u - c for u, c in zip(unit[1:], closed[1:])) > 0.1
+    assert back == sorted(back, reverse=True) and back[-1] - closed[-1] < 0.03
     with pytest.raises(ValueError, match="priority must be"):
         lpp(8, 4, 2, 4, priority="fifo")
     with pytest.raises(ValueError, match="R | S"):
@@ -128,6 +132,9 @@ def test_bubble_figure_draws_lpp_under_both_rules() -> None:
     assert {n.rsplit(", ", 1)[1] for n in lpp_rows} == set(LPP_PRIORITIES.values())
     fwd = lpp_rows[f"LPP G=2, R=W/2, {LPP_PRIORITIES['forward_first']}"]
     assert list(fwd.values()) == pytest.approx([_closed_form(cfg.D, M, 2, cfg.D // 2) for M in fwd], abs=1e-9)
+    back = lpp_rows[f"LPP G=2, R=W/2, {LPP_PRIORITIES['backward_first']}"]  # ordered at the simulated costs
+    assert back == {M: simulate(lpp(cfg.D, M, 2, cfg.D // 2, b_cost=cfg.b_over_f), 1.0, cfg.b_over_f).bubble
+                    for M in back}
     legend = [t.get_text() for ax in out.figure.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any("forward-first" in t for t in legend) and any("backward-first" in t for t in legend)
     assert "(tiny preset)" in out.figure.texts[0].get_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import numpy as np
 import probes
@@ -15,6 +16,7 @@ import pytest
 import torch
 from probes import Probe
 from torch import nn
+from torch.distributed.pipelining import schedules as ts
 
 from pipelab.emulator import Emulator, build_pipeline
 from pipelab.pipeline import PipelineSpec
@@ -34,6 +36,7 @@ from pipelab.schedules import (
     pipedream_2bw,
 )
 from pipelab.schedules.rahimi import table_row
+from pipelab.schedules.torch_actions import from_torch, from_torch_csv
 
 BIG = 10**9
 SCHEDULE_PROBES = [
@@ -53,6 +56,21 @@ SCHEDULE_PROBES = [
     Probe("gpipe-float-M", lambda: gpipe(2, 2.0), ValueError, "M must be an int"),
     Probe("gpipe-numpy-bool", lambda: gpipe(np.bool_(True), 2), ValueError, "D must be an int"),
     Probe("table-row-zero-stages", lambda: table_row("PP", 0, 4), ValueError, "S must be an int"),
+    Probe("from-torch-absurd-steps", lambda: from_torch({0: ["0F0", "0B0"]}, n_stages=1, n_microbatches=1, steps=BIG),
+          ValueError, "too large.*MAX_JOBS"),
+    Probe("from-torch-absurd-microbatches", lambda: from_torch({0: ["0F0", "0B0"]}, n_stages=1, n_microbatches=10**12),
+          ValueError, "too large.*MAX_JOBS"),
+    Probe("from-torch-long-lists", lambda: from_torch({0: ["0F0", "0B0"] * 10**5}, n_stages=1, n_microbatches=1,
+                                                      steps=10**3), ValueError, "too large.*MAX_JOBS"),
+    Probe("from-torch-float-stage", lambda: from_torch({0: [ts._Action(0.0, ts.F, 0), ts._Action(0, ts.B, 0)]},
+                                                       n_stages=1, n_microbatches=1), ValueError,
+          r"stage_index must be an int >= 0, got 0\.0 \(float\)"),
+    Probe("from-torch-float-microbatch", lambda: from_torch({0: [ts._Action(0, ts.F, 0), ts._Action(0, ts.B, 0.0)]},
+                                                            n_stages=1, n_microbatches=1), ValueError,
+          r"microbatch_index must be an int >= 0, got 0\.0"),
+    Probe("from-torch-float-stage-in-overlap", lambda: from_torch(
+        {0: [ts._Action(0, ts.F, 0), ts._Action(-1, ts.OVERLAP_F_B, None, (ts._Action(1.5, ts.F, 0),))]},
+        n_stages=2, n_microbatches=1), ValueError, r"stage_index must be an int >= 0, got 1\.5"),
 ]
 
 
@@ -75,6 +93,14 @@ def test_builders_accept_numpy_integers(build) -> None:
     ours, theirs = build(int), build(np.int64)
     assert ours.programs == theirs.programs and ours.weight_holders == theirs.weight_holders
     assert all(type(v) is int for v in (theirs.D, theirs.M, theirs.steps))
+
+
+def test_from_torch_csv_bounds_its_sizes(tmp_path: Path) -> None:
+    """A one-rank CSV read with n_microbatches=10**12 used to ask numpy for 36 TiB; now the builders' limit."""
+    path = tmp_path / "one.csv"
+    path.write_text("0F0,0B0\n")
+    with pytest.raises(ValueError, match="too large.*MAX_JOBS"):
+        from_torch_csv(path, n_stages=1, n_microbatches=10**12)
 
 
 def test_job_cap_is_a_module_constant(monkeypatch: pytest.MonkeyPatch) -> None:

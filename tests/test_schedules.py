@@ -115,7 +115,8 @@ def test_folded_pairs_first_and_last_stages() -> None:
     (lambda: one_f_one_b(4, -1), "M must be"),
     (lambda: construct(2, 2, 2, compute=lambda s, b, d: 5), "not a worker"),
     (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, max_in_flight=[1]), "one per worker"),
-    (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, f_cost=-1.0), "positive"),
+    (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, f_cost=-1.0), r"f_cost must be > 0 for every stage"),
+    (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, u_cost=[0.0, -1.0]), r"u_cost must be >= 0"),
     (lambda: construct(2, 2, 2, compute=lambda s, b, d: s, priority="fastest"), "priority"),
 ])
 def test_bad_parameters_raise_clear_errors(call, match: str) -> None:
@@ -255,3 +256,87 @@ def test_hand_overs_are_the_tensor_carrying_dependencies_and_their_inverse(split
     inverse = {(src, dst) for dst in jobs for src in received_from(dst, D, split)}
     assert inverse == {(src, dst) for src in jobs for dst in handed_to(src, D, split)}
     assert len(inverse) == 2 * (D - 1)  # one activation and one gradient per stage boundary
+
+
+def test_send_after_delays_only_the_tensor_for_another_worker() -> None:
+    """1F1B on 2 workers, F0.0's activation sent after F0.1 (``send_after``): F1.0 starts when F0.1 ends (2, not
+    1), worked by hand; a tensor to the producer's own worker is not delayed; a later job elsewhere or earlier on
+    the worker, or an unknown job, is reported with the grid."""
+    from pipelab.simulator import simulate
+
+    s = one_f_one_b(D=2, M=2)
+    late = dataclasses.replace(s, send_after={("F", 0, 0, 0): ("F", 0, 0, 1)})
+    assert simulate(s).time_of("F", 1, 0, 0) == (1.0, 2.0)
+    r = simulate(late)
+    assert r.time_of("F", 1, 0, 0) == (2.0, 3.0) and r.makespan == simulate(s).makespan + 1
+    validate(r)
+    local = dataclasses.replace(interleaved_1f1b(1, 2, 2), send_after={("F", 0, 0, 0): ("F", 0, 0, 1)})
+    assert simulate(local).makespan == simulate(interleaved_1f1b(1, 2, 2)).makespan
+    for bad, match in [({("F", 0, 0, 0): ("F", 1, 0, 0)}, r"cannot send after F1\.0 \(step 0\), which is on another"),
+                       ({("F", 0, 0, 1): ("F", 0, 0, 0)}, r"cannot send after F0\.0 \(step 0\), which is earlier"),
+                       ({("F", 0, 0, 0): ("B", 0, 3, 0)}, r"send_after names B0\.0 of step 3, which is not a job")]:
+        with pytest.raises(ScheduleError, match=match):
+            validate(dataclasses.replace(s, send_after=bad))
+    with pytest.raises(ValueError, match=r"send_after key must be a job \(op, stage, step, micro\) with integer"):
+        dataclasses.replace(s, send_after={("F", 0.5, 0, 0): ("F", 0, 0, 1)})
+    with pytest.raises(ValueError, match=r"with op one of \['B', 'F', 'I', 'W'\]"):
+        dataclasses.replace(s, send_after={("U", 0, 0, -1): ("F", 0, 0, 1)})
+    with pytest.raises(TypeError, match="send_after must be a mapping"):
+        dataclasses.replace(s, send_after=[("F", 0, 0, 0)])
+
+
+def _idle_with_work_ready(r) -> int:
+    """Idle gaps in a simulated timeline during which a job later in the worker's program was already ready
+    (all its dependencies ended): 0 for the constructor's greedy order at the costs it was built with, which
+    starts a ready job whenever a worker is free."""
+    import numpy as np
+
+    c = r.compiled
+    ready = np.zeros(c.n)
+    for dep in (c.dep1, c.dep2, c.dep3):
+        m = dep >= 0
+        ready[m] = np.maximum(ready[m], r.end[dep[m]])
+    for u, row in zip(c.u_ids.tolist(), c.udeps.tolist()):
+        ready[u] = max(ready[u], max(r.end[row]))
+    gaps = 0
+    for w in range(r.schedule.W):
+        ids = np.arange(int(c.offsets[w]), int(c.offsets[w + 1]))
+        for i in range(1, len(ids)):
+            free, nxt = r.end[ids[i - 1]], r.start[ids[i]]
+            if nxt > free + 1e-9 and ready[ids[i:]].min() < nxt - 1e-9:
+                gaps += 1
+    return gaps
+
+
+@pytest.mark.parametrize("costs", [(1.0, 2.0, 0.0), (1.0, 3.0, 0.5), ([1.0, 2.0, 1.0, 3.0], [2.0, 1.0, 3.0, 2.0], 0.0)])
+def test_lpp_and_the_constructor_order_jobs_at_the_costs_given(costs) -> None:
+    """Built at the costs it is simulated with, the greedy order never leaves a worker idle while one of its
+    jobs is ready; built at unit costs and simulated at others, it does. LPP backward-first on the quick
+    figure's sizes (D = 8, G = 2, R = 4, B = 2F): 21 % bubble at M = 64 ordered at unit costs, 6.8 % at B = 2F,
+    falling with M; the forward-first order is the same at both costs. Without costs, nothing changes."""
+    import numpy as np
+
+    from pipelab.simulator import simulate
+
+    f, b, u = costs
+    D = 8 if np.ndim(f) == 0 else len(f)
+    at = {"f_cost": f, "b_cost": b, "u_cost": u}
+    for M in (4, 16, 32):
+        ordered = simulate(lpp(D, M, 2, D // 2, **at), f, b, u_cost=u)
+        assert _idle_with_work_ready(ordered) == 0
+        s = construct(D, M, 3, compute=lambda s, j, d: (s + j) % 3, f_cost=np.asarray(f), b_cost=b, u_cost=u,
+                      steps=2)
+        assert _idle_with_work_ready(simulate(s, f, b, u_cost=u)) == 0
+    assert _idle_with_work_ready(simulate(lpp(D, 64, 2, D // 2), f, b, u_cost=u)) > 0
+    if costs == (1.0, 2.0, 0.0):
+        unit = [simulate(lpp(8, M, 2, 4), 1.0, 2.0).bubble for M in (16, 32, 64)]
+        real = [simulate(lpp(8, M, 2, 4, b_cost=2.0), 1.0, 2.0).bubble for M in (16, 32, 64)]
+        assert unit[-1] == pytest.approx(0.20988, abs=1e-4) and real[-1] == pytest.approx(0.06796, abs=1e-4)
+        assert real == sorted(real, reverse=True) and real[-1] < unit[-1] - 0.1
+        for M in (16, 64):
+            assert (lpp(8, M, 2, 4, priority="forward_first", b_cost=2.0).programs
+                    == lpp(8, M, 2, 4, priority="forward_first").programs)
+    # the defaults are unit F and B, zero U: the order of a build without costs
+    assert lpp(8, 16, 2, 4).programs == lpp(8, 16, 2, 4, f_cost=1.0, b_cost=1.0, u_cost=0.0).programs
+    assert ([[a for a in p if a.op != "U"] for p in fslpp(8, 16, 2, 4, b_cost=2.0).programs]
+            == [[a for a in p if a.op != "U"] for p in lpp(8, 16, 2, 4, b_cost=2.0).programs])

@@ -100,9 +100,12 @@ def test_torch_multi_stage_schedules_import_validate_and_simulate(cls: type, R: 
     validate(res)
     # Megatron's interleaved 1F1B: bubble time (p−1)(t_f + t_b) per worker (Narayanan et al., SC 2021, §2.2);
     # the zero-bubble family with T_F = T_I = T_W: a (p−1)-unit warm-up bubble that does not grow with M
-    # (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §6 and its repository's comparison table).
+    # (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §6 and its repository's comparison table);
+    # DualPipeV: (PP/2 − 1)(F&B + B − 3W) with PP = 2R stages (DualPipe's README), F&B = F + B as torch runs
+    # the pair one after the other: (R − 1)(3 + 2 − 3).
     ideal = V * M * (1 + 2)
-    assert res.makespan == pytest.approx(ideal + (R - 1) * (2 + 1 if not split else 1))
+    idle = {ts.ScheduleInterleaved1F1B: 2 + 1, ts.ScheduleDualPipeV: 3 + 2 - 3}.get(cls, 1)
+    assert res.makespan == pytest.approx(ideal + (R - 1) * idle)
     assert res.bubble == pytest.approx(1 - ideal / res.makespan)
     if cls is ts.ScheduleZBVZeroBubble:  # activation memory 1x of 1F1B: 2p chunk activations on every rank
         assert res.peak_activations.tolist() == [2 * R] * R
@@ -139,6 +142,162 @@ def test_steps_repeat_the_one_step_lists_with_an_update_each() -> None:
     assert s.steps == 3 and s.n_jobs == 3 * 4 * 4 * 3
     assert [a.step for a in s.programs[0] if a.op == "U"] == [0, 0, 1, 1, 2, 2]
     validate(simulate(s, 1.0, 2.0))
+
+
+# ------------------------------------------------------------------------ torch's timing, simulated apart
+
+#: Unit costs of the timing comparison: F = I = W = 1, B = I + W = 2 (an OVERLAP_F_B costs its sub-actions).
+COST = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
+
+
+def torch_timeline(order: dict, D: int) -> dict[tuple[str, int, int], tuple[float, float]]:
+    """Start and end of every compute action when torch's ``_PipelineScheduleRuntime`` runs ``order`` (per-rank
+    lists with SEND/RECV) at :data:`COST`, with free communication; written apart from pipelab's simulator.
+
+    A rank runs its list in order (an ``OVERLAP_F_B``: its sub-actions in order). SEND and RECV post without
+    blocking (``_batch_p2p`` issues ``batch_isend_irecv``); a SEND happens when the rank reaches it, and a compute
+    action that consumes a tensor from another rank needs that tensor's RECV posted earlier on its rank and waits
+    for the matching SEND (``_wait_batch_p2p`` before the compute); a tensor between two stages of one rank is
+    handed over at once (``set_local_fwd_input`` / ``set_local_bwd_input``). RECV itself does not wait: torch's
+    lowering posts RECVs early (when the sender's action is lowered), and a waiting RECV would stall the ranks.
+    """
+    lists = {r: [x for a in acts if a is not None for x in (a.sub_actions or (a,))] for r, acts in order.items()}
+    rank_of = {a.stage_index: r for r, acts in lists.items() for a in acts if a.computation_type.value in COST}
+    clock = dict.fromkeys(lists, 0.0)
+    ptr = dict.fromkeys(lists, 0)
+    ended: dict[tuple[str, int, int], float] = {}
+    sent: dict[tuple[str, int, int], float] = {}
+    posted: set[tuple[int, str, int, int]] = set()
+    times: dict[tuple[str, int, int], tuple[float, float]] = {}
+
+    def ready(r: int, kind: str, k: int, j: int) -> float | None:
+        """When the input of compute action (kind, k, j) on rank r is there (None: not yet)."""
+        if kind == "F" and k > 0:
+            src, local, recv = ("SEND_F", k - 1, j), [("F", k - 1, j)], ("RECV_F", k)
+        elif kind in ("B", "I") and k < D - 1:
+            src, local, recv = ("SEND_B", k + 1, j), [("B", k + 1, j), ("I", k + 1, j)], ("RECV_B", k)
+        else:
+            return 0.0
+        if rank_of[src[1]] == r:
+            return next((ended[x] for x in local if x in ended), None)
+        assert (r, *recv, j) in posted, f"rank {r} computes {k}{kind}{j} before receiving its input"
+        return sent.get(src)
+
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in lists.items():
+            while ptr[r] < len(acts):
+                a = acts[ptr[r]]
+                kind, k, j = a.computation_type.value, a.stage_index, a.microbatch_index
+                if kind in COST:
+                    t = ready(r, kind, k, j)
+                    if t is None:
+                        break
+                    start = max(clock[r], t)
+                    clock[r] = ended[(kind, k, j)] = start + COST[kind]
+                    times[(kind, k, j)] = (start, clock[r])
+                elif kind.startswith("SEND"):
+                    sent[(kind, k, j)] = clock[r]
+                elif kind.startswith("RECV"):
+                    posted.add((r, kind, k, j))
+                ptr[r] += 1
+                progress = True
+    assert all(ptr[r] == len(acts) for r, acts in lists.items()), "torch's runtime would hang on these lists"
+    return times
+
+
+def pipelab_timeline(s: Schedule) -> tuple[dict[tuple[str, int, int], tuple[float, float]], float]:
+    """Start and end of every compute job of ``pipelab.simulate`` at :data:`COST`, and the makespan."""
+    r = simulate(s, COST["F"], COST["B"], i_cost=COST["I"], w_cost=COST["W"])
+    cols = r.jobs()
+    return ({(str(op), int(k), int(j)): (float(a), float(b)) for op, k, j, a, b in
+             zip(cols["op"], cols["stage"], cols["micro"], cols["start"], cols["end"]) if op != "U"}, r.makespan)
+
+
+def torch_lists(cls: type, R: int, V: int, M: int, **kw: Any) -> tuple[dict, dict]:
+    """(compute-only lists, the lists torch's runtime executes) of a torch schedule class.
+
+    Multi-stage classes run their ``pipeline_order_with_comms``. ``ScheduleGPipe`` and ``Schedule1F1B`` run their
+    own ``_step_microbatches`` (each SEND right after its compute action), which is their ``pipeline_order``
+    lowered by ``_add_send_recv``; ``Schedule1F1B``'s ``pipeline_order`` numbers the last rank's forwards from 1
+    (see the test below), renumbered here to the order its runtime runs."""
+    t = cls(stand_in_stages(cls, R, V), M, **kw)
+    order = {r: [a for a in acts if a is not None] for r, acts in t.pipeline_order.items()}
+    if cls is ts.Schedule1F1B and str(order[R - 1][0]) == f"{R - 1}F1":
+        order[R - 1] = [ts._Action(R - 1, ts.F, a.microbatch_index - 1) if a.computation_type == ts.F else a
+                        for a in order[R - 1]]
+    if V == 1:
+        return order, ts._add_send_recv({r: list(acts) for r, acts in order.items()}, stage_to_rank=lambda k: k,
+                                        num_stages=R)
+    return order, t.pipeline_order_with_comms
+
+
+TIMED = [(ts.ScheduleGPipe, 4, 1, 8, {}), (ts.ScheduleGPipe, 3, 1, 2, {}), (ts.Schedule1F1B, 4, 1, 8, {}),
+         (ts.Schedule1F1B, 3, 1, 3, {}), (ts.ScheduleInterleaved1F1B, 2, 2, 4, {}),
+         (ts.ScheduleInterleaved1F1B, 4, 2, 8, {}), (ts.ScheduleInterleaved1F1B, 3, 3, 6, {}),
+         (ts.ScheduleLoopedBFS, 2, 2, 4, {}), (ts.ScheduleLoopedBFS, 4, 3, 8, {}),
+         (ts.ScheduleInterleavedZeroBubble, 4, 2, 8, {}), (ts.ScheduleInterleavedZeroBubble, 2, 3, 6, {}),
+         (ts.ScheduleZBVZeroBubble, 2, 2, 4, {}), (ts.ScheduleZBVZeroBubble, 4, 2, 8, {}),
+         (ts.ScheduleZBVZeroBubble, 3, 2, 5, {}), (ts.ScheduleDualPipeV, 2, 2, 4, {}),
+         (ts.ScheduleDualPipeV, 4, 2, 8, {}), (ts.ScheduleDualPipeV, 4, 2, 11, {}), (ts.ScheduleDualPipeV, 3, 2, 9, {}),
+         (ts.ScheduleInterleavedZeroBubble, 4, 2, 8, {"defer_pp_recv": True})]
+
+
+@pytest.mark.parametrize("cls,R,V,M,kw", TIMED, ids=[f"{c.__name__}-R{r}-V{v}-M{m}" + ("-defer" if kw else "")
+                                                     for c, r, v, m, kw in TIMED])
+def test_imported_torch_lists_keep_torchs_timing(cls: type, R: int, V: int, M: int, kw: dict) -> None:
+    """Every job starts and ends when torch's runtime would run it (an independent simulation of its lists),
+    imported from the compute-only lists or from those with SEND/RECV, and exported back to torch."""
+    D = R * V
+    compute, with_comms = torch_lists(cls, R, V, M, **kw)
+    expected = torch_timeline(with_comms, D)
+    assert len(expected) == sum(y.computation_type.value in COST for acts in compute.values() for x in acts
+                                for y in x.sub_actions or (x,))
+    makespan = max(end for _, end in expected.values())
+    for order in (compute, with_comms):
+        s = from_torch(order, n_stages=D, n_microbatches=M)
+        got, span = pipelab_timeline(s)
+        assert got == expected and span == makespan
+    # pipelab -> torch: torch's lowering of the compute-only export, and our SEND/RECV, keep the timing
+    stage_to_rank = {k: w for w, p in enumerate(s.programs) for k in {a.stage for a in p}}
+    for exported in (ts._add_send_recv(to_torch(s), stage_to_rank=stage_to_rank.__getitem__, num_stages=D),
+                     to_torch(s, comms=True)):
+        assert torch_timeline(exported, D) == expected
+
+
+def test_dualpipev_with_deferred_receives_is_refused() -> None:
+    """torch's ``defer_pp_recv`` moves each RECV to just before its consumer; in DualPipeV a rank pair carries
+    activations one way and gradients the other way, and the moved RECVs no longer come in the order of the
+    peer's SENDs, which torch's untagged point-to-point operations match in order. The import refuses the lists
+    (torch 2.13's runtime on them, 4 gloo ranks, M = 8: weight gradients off by 0.89 against autograd, 2e-15
+    without ``defer_pp_recv``); the compute-only lists are those of the plain schedule and keep its timing."""
+    compute, with_comms = torch_lists(ts.ScheduleDualPipeV, 4, 2, 8, defer_pp_recv=True)
+    with pytest.raises(ValueError, match=r"rank 1's action 6RECV_B0 is its receive #6 from rank 0, but rank 0's "
+                                         r"send #6 to it is another tensor"):
+        from_torch(with_comms, n_stages=8, n_microbatches=8)
+    expected = torch_timeline(torch_lists(ts.ScheduleDualPipeV, 4, 2, 8)[1], 8)
+    assert pipelab_timeline(from_torch(compute, n_stages=8, n_microbatches=8))[0] == expected
+
+
+def test_export_of_a_late_send_is_an_overlap_or_a_placed_send() -> None:
+    """A tensor sent after the next job exports as OVERLAP_F_B (compute only) or as a SEND after that job; one
+    sent after a later job, with a job between that sends at once, only with comms=True. Either way torch's
+    runtime (the timeline above) times the export as pipelab simulates the schedule."""
+    import dataclasses
+
+    base = one_f_one_b(2, 3)  # worker 0: F0.0 F0.1 B0.0 F0.2 B0.1 B0.2
+    pair = dataclasses.replace(base, send_after={("F", 0, 0, 1): ("B", 0, 0, 0)})
+    assert [str(a) for a in to_torch(pair)[0]] == ["0F0", "(0F1;0B0)OVERLAP_F_B", "0F2", "0B1", "0B2"]
+    late = dataclasses.replace(base, send_after={("B", 1, 0, 0): ("B", 1, 0, 1)})  # worker 1: F1.0 B1.0 F1.1 B1.1
+    with pytest.raises(ValueError, match=r"B1\.0 \(step 0\) sends its tensor after B1\.1, but F1\.1 between them "
+                                         r"sends at another time.*export with comms=True"):
+        to_torch(late)
+    for s in (pair, late):
+        expected = pipelab_timeline(s)[0]
+        assert torch_timeline(to_torch(s, comms=True), 2) == expected != pipelab_timeline(base)[0]
+    lowered = ts._add_send_recv(to_torch(pair), stage_to_rank=lambda k: k, num_stages=2)
+    assert torch_timeline(lowered, 2) == pipelab_timeline(pair)[0]
 
 
 # ------------------------------------------------------------------------ pipelab -> torch -> pipelab
@@ -311,8 +470,10 @@ def test_communication_that_disagrees_with_the_transfers_is_refused() -> None:
         i = rest.index(acts[i])
         return rest[:i + 1] + sends + rest[i + 1:]
 
-    with pytest.raises(ValueError, match=r"communication order deadlocks: rank 0's F3\.0 \(step 0\) waits for "
-                                         r"2SEND_F0 \(step 0\) on rank 1, which stands behind rank 1's F1\.0"):
+    # the SENDs stand where torch's runtime runs them (Schedule.send_after), so the grid shows the cycle
+    with pytest.raises(ScheduleError, match=r"worker 0's action F3\.0 \(step 0, position 3\) can never run; it waits "
+                                            r"for F2\.0 .* worker 1's F1\.0 waits for F3\.0, after which F0\.0 sends "
+                                            r"its tensor \(send_after\)"):
         from_torch(edited(0, late_sends), n_stages=4, n_microbatches=4)
     with pytest.raises(ValueError, match="matches no transfer"):  # stages 1 and 2 share rank 1 in the V
         from_torch(edited(1, lambda acts: acts + [ts._Action(1, ts.SEND_F, 0)]), n_stages=4, n_microbatches=4)
@@ -383,7 +544,8 @@ CASES: dict[int, list[dict[str, Any]]] = {2: [dict(schedule="gpipe", D=2, M=4, c
              dict(schedule="1f1b", D=2, M=4, comms=False, optimizer="adam"),
              dict(schedule="interleaved", D=4, M=4, comms=True)]
         + [dict(schedule=f"torch:{name}", D=4, M=4, comms=comms, optimizer="adam") for name, comms in
-           [("ScheduleZBVZeroBubble", True), ("ScheduleDualPipeV", True), ("ScheduleInterleavedZeroBubble", False)]],
+           [("ScheduleZBVZeroBubble", True), ("ScheduleDualPipeV", True), ("ScheduleDualPipeV", False),
+            ("ScheduleInterleavedZeroBubble", False)]],
          4: [dict(schedule="gpipe", D=4, M=4, comms=False),
              dict(schedule="1f1b", D=4, M=4, comms=True, optimizer="adam"),
              dict(schedule="interleaved", D=8, M=4, comms=True)]}
@@ -428,5 +590,7 @@ def test_torch_runtime_on_exported_schedules_equals_the_emulator(torch_runs: dic
     # torch ran exactly the exported compute order
     sched = _schedule(case)
     for r in per_rank:
-        ran = [a for a in r.actions if a.lstrip("0123456789")[:1] in "FBIW" and "_" not in a]
+        # compute actions as torch ran them, an OVERLAP_F_B (exported for a tensor sent late) as its sub-actions
+        ran = [str(x) for a in r.actions for y in [parse_action(a)] if y is not None
+               for x in (y.subs or (y,)) if x.kind in ("F", "B", "I", "W")]
         assert ran == [f"{a.stage}{a.op}{a.micro}" for a in sched.programs[r.rank] if a.op != "U"]

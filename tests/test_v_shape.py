@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipelab.schedules import BUILDERS, Schedule, one_f_one_b, validate
+from pipelab.schedules import BUILDERS, Schedule, one_f_one_b, validate, zb_h1
 from pipelab.schedules.compiled import OP_CODE
+from pipelab.schedules.torch_actions import from_torch
 from pipelab.schedules.v_shape import (
     PAPER_FORMULAS,
     dualpipe,
@@ -185,6 +186,12 @@ def test_dualpipe_v_equals_torch_schedule_dualpipe_v(W, M):
     # torch mixes fused B and split I/W across micro-batches; pipelab keeps the mix per (stage, micro-batch)
     ops = {op for p in ref for op, _, _ in p}
     assert ops == {"F", "B", "I", "W"}
+    # overlap="torch": the same order, and every OVERLAP_F_B's F sends its activation after its B, as imported
+    theirs = from_torch(pipelining.ScheduleDualPipeV([_StageStandIn(k, 2 * W, W, 0) for k in (0, 2 * W - 1)],
+                                                     M).pipeline_order, n_stages=2 * W, n_microbatches=M)
+    ours = dualpipe_v(W, M, overlap="torch")
+    assert ours.programs == theirs.programs and ours.send_after == theirs.send_after
+    assert dualpipe_v(W, M).send_after == {} and ours.params["overlap"] == "torch"
 
 
 @pytest.mark.parametrize("W", [2, 3, 4])
@@ -295,6 +302,43 @@ def test_bubble_against_the_papers_formulas(W, mult):
         assert paper_bubble("dualpipe", W, M) == pytest.approx((W - 2) / (3 * M + W - 2))
     # the trade-off: less memory costs bubble, and all of them beat 1F1B's 3(W − 1)
     assert 0 == idle("zb_v") < dpv < vhalf <= vmin
+
+
+README = [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (3.0, 3.0, 2.0), (1.5, 1.5, 0.5)]
+
+
+@pytest.mark.parametrize("F,Ti,Wt", README, ids=[f"F{f}-I{i}-W{w}" for f, i, w in README])
+def test_idle_equals_the_dualpipe_readmes_table(F, Ti, Wt):
+    """DualPipe's README (github.com/deepseek-ai/DualPipe, "Pipeline Bubbles and Memory Usage Comparison", PP
+    stages, F / B / W the times of a forward, full backward and weight-gradient chunk, F&B an overlapped pair):
+    1F1B (PP−1)(F+B), ZB1P (PP−1)(F+B−2W), DualPipe and DualPipeV (PP/2−1)(F&B+B−3W). Every worker's idle
+    time (makespan − busy) is exactly that, with F&B = F + B, under torch's overlap (both tensors of a pair
+    sent after its B), at T_F = T_I ≥ T_W; the table's costs (searched on a grid of 0.5..3: other ratios miss
+    it). pipelab's own overlap sends the F's activation before the B and idles less."""
+    B = Ti + Wt
+    costs = {"f_cost": F, "b_cost": B, "i_cost": Ti, "w_cost": Wt}
+    fb = F + B  # F&B: torch runs the overlapped pair one after the other
+
+    def idle(s: Schedule) -> np.ndarray:
+        r = simulate(s, **costs)
+        return r.makespan - r.busy
+
+    for W in (2, 3, 4, 5, 6):
+        for M in (2 * W, 2 * W + 3, 4 * W):
+            assert idle(one_f_one_b(W, M)).tolist() == [(W - 1) * (F + B)] * W
+            assert idle(zb_h1(W, M)).max() == (W - 1) * (F + B - 2 * Wt)
+            PP = 2 * W  # DualPipeV: PP stages on PP/2 workers
+            assert idle(dualpipe_v(W, M, overlap="torch")).tolist() == [(PP // 2 - 1) * (fb + B - 3 * Wt)] * W
+            assert idle(dualpipe_v(W, M)).max() < (PP // 2 - 1) * (fb + B - 3 * Wt)
+            if W % 2 == 0 and M % 2 == 0:  # DualPipe: PP stages on PP workers
+                assert idle(dualpipe(W, M, overlap="torch")).tolist() == [(W // 2 - 1) * (fb + B - 3 * Wt)] * W
+
+
+def test_overlap_model_is_named():
+    with pytest.raises(ValueError, match=r"overlap must be one of \['pipelab', 'torch'\], got 'deepseek'"):
+        dualpipe_v(2, 4, overlap="deepseek")
+    with pytest.raises(ValueError, match="overlap must be one of"):
+        dualpipe(2, 4, overlap="overlapped")
 
 
 def test_v_shape_table_rows_and_columns():

@@ -112,6 +112,15 @@ class Schedule:
             version current at its own first forward of step t, so the last stage is never stale).
         update_rule: the written rule of when U happens in this schedule.
         params: the builder's parameters (e.g. ``{"V": 2}``), recorded for figures and reports.
+        send_after: ``{job: later}`` with jobs ``(op, k, t, j)``: the tensor ``job`` hands to another worker
+            leaves when ``later`` — a job after it on the same worker — ends, not when ``job`` ends (default:
+            every tensor leaves when its producer ends). torch's runtime sends the outputs of an
+            ``OVERLAP_F_B`` action after its last sub-action, and the SEND of an action list where the list
+            puts it (:mod:`pipelab.schedules.torch_actions`). A consumer on the producer's own worker gets the
+            tensor at once. The simulator and the validator time the schedule with it (the compiled
+            dependency of the consumer is ``later``); the point-to-point messages
+            (:func:`~pipelab.schedules.transfers.messages`) still name the producer, whose tensor exists from
+            its end on.
 
     Example:
         >>> from pipelab.schedules import one_f_one_b
@@ -130,6 +139,7 @@ class Schedule:
     weight_rule: str = "current"
     update_rule: str = ""
     params: Mapping[str, Any] = field(default_factory=dict)
+    send_after: Mapping[tuple[str, int, int, int], tuple[str, int, int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("D", "M", "steps"):
@@ -154,6 +164,11 @@ class Schedule:
             raise ValueError(f"sync_lag must be None or an int >= 0, got {self.sync_lag!r}")
         if self.weight_rule not in WEIGHT_RULES:
             raise ValueError(f"weight_rule must be one of {WEIGHT_RULES}, got {self.weight_rule!r}")
+        if not isinstance(self.send_after, Mapping):
+            raise TypeError(f"send_after must be a mapping {{job: later job}}, got {type(self.send_after).__name__}")
+        # where each job is and whether ``later`` follows it on its worker is checked by compile_schedule
+        object.__setattr__(self, "send_after", {_job("send_after key", a): _job(f"send_after[{a!r}]", b)
+                                                for a, b in self.send_after.items()})
 
     # ------------------------------------------------------------------ derived views
     @property
@@ -212,6 +227,19 @@ class Schedule:
 
     def __repr__(self) -> str:
         return f"Schedule({self.name!r}, W={self.W}, D={self.D}, M={self.M}, steps={self.steps})"
+
+
+def _job(what: str, job: Any) -> tuple[str, int, int, int]:
+    """``job`` as a tuple ``(op, stage, step, micro)`` of a compute op and three ints, or a clear error."""
+    try:
+        op, k, t, j = job
+        out = (op, operator.index(k), operator.index(t), operator.index(j))
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a job (op, stage, step, micro) with integer indices, got {job!r}") from None
+    if op not in COMPUTE_OPS or isinstance(k, bool) or isinstance(t, bool) or isinstance(j, bool):
+        raise ValueError(f"{what} must be a job (op, stage, step, micro) with op one of {sorted(COMPUTE_OPS)}, "
+                         f"got {job!r}")
+    return out
 
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])

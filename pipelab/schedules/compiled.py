@@ -14,16 +14,17 @@ finishes. Every job is examined a bounded number of times, so the cost is linear
 dependencies (deadlock): :func:`run` reports the blocked workers instead of times.
 
 Op codes: F=0, B=1, U=2, I=3, W=4. Dependency slots: ``dep1``/``dep2`` hold a compute job's data edges in
-the order of :func:`~pipelab.schedules.dependencies.edges_into`; ``dep3`` its weight barrier
-(:func:`~pipelab.schedules.dependencies.update_dependency`, at its weight source); an update's
-weight-gradient jobs are in ``udeps``.
+the order of :func:`~pipelab.schedules.dependencies.edges_into` (for a tensor from another worker, the job
+whose end sends it: its producer, or a later job of the producer's worker named by
+``Schedule.send_after``); ``dep3`` its weight barrier (:func:`~pipelab.schedules.dependencies.update_dependency`,
+at its weight source); an update's weight-gradient jobs are in ``udeps``.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,6 +185,7 @@ def compile_schedule(s: Schedule) -> Compiled:
     dep3 = np.full(n, -1, np.int64)
     gradjob = np.where(has[B], table[B], table[Iop])  # the job that sends stage k's input gradient
     wjob = np.where(has[B], table[B], table[Wop])  # the job that finishes stage k's weight gradient
+    depart = _departures(s, table, worker, ids, problems, where)
     for name in ("F", "B", "I", "W"):
         sel = ids[ok & (op == OP_CODE[name])]
         k, gg = stage[sel], g[sel]
@@ -191,7 +193,12 @@ def compile_schedule(s: Schedule) -> Compiled:
             kk = k + edge.stage
             m = (kk >= 0) & (kk < D)
             producer = gradjob if edge.on == "grad" else table[OP_CODE[edge.on]]
-            slot[sel[m]] = producer[kk[m], gg[m]]
+            p = producer[kk[m], gg[m]]
+            if depart is not None and edge.carries is not None:
+                # a tensor for another worker leaves at its departure job (Schedule.send_after)
+                cross = (p >= 0) & (worker[np.maximum(p, 0)] != worker[sel[m]])
+                p = np.where(cross, depart[np.maximum(p, 0)], p)
+            slot[sel[m]] = p
     src = worker.copy()
     comp_ids = ids[comp]
     if comp_ids.size:
@@ -214,11 +221,44 @@ def compile_schedule(s: Schedule) -> Compiled:
                     problems)
 
 
+def _departures(s: Schedule, table: np.ndarray, worker: np.ndarray, ids: np.ndarray,
+                problems: list[tuple[str, tuple[int, int] | None]], where: Callable[[int], tuple[int, int]]
+                ) -> np.ndarray | None:
+    """For every action id, the id of the job whose end sends its tensor to another worker: itself, or
+    ``Schedule.send_after``'s later job (which must exist, on the same worker, not before it); None when
+    the schedule has no ``send_after``."""
+    if not s.send_after:
+        return None
+    D, G = table.shape[1], table.shape[2]
+    depart = ids.copy()
+
+    def find(job: tuple[str, int, int, int]) -> int:
+        op, k, t, j = job
+        gg = t * s.M + j
+        ok = 0 <= k < D and 0 <= j < s.M and 0 <= gg < G
+        return int(table[OP_CODE[op], k, gg]) if ok else -1
+
+    for job, later in s.send_after.items():
+        i, d = find(job), find(later)
+        if i < 0 or d < 0:
+            missing = job if i < 0 else later
+            problems.append((f"send_after names {missing[0]}{missing[1]}.{missing[3]} of step {missing[2]}, which "
+                             f"is not a job of the schedule", None if i < 0 else where(i)))
+            continue
+        if worker[d] != worker[i] or d < i:
+            problems.append((f"send_after: {s.programs[worker[i]][where(i)[1]]} (step {job[2]}) cannot send after "
+                             f"{later[0]}{later[1]}.{later[3]} (step {later[2]}), which is "
+                             + ("on another worker" if worker[d] != worker[i] else "earlier on its worker"),
+                             where(i)))
+            continue
+        depart[i] = d
+    return depart
+
+
 def _per_stage(name: str, value: float | Sequence[float] | np.ndarray, D: int, *, positive: bool) -> np.ndarray:
-    if isinstance(value, (int, float, np.number)):
-        arr = np.full(D, float(value))
-    else:
-        arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if np.ndim(value) == 0:  # a number, numpy scalar or 0-d array: the same for every stage
+        arr = np.full(D, arr[0])
     if arr.shape != (D,):
         raise ValueError(f"{name} must be a scalar or one value per stage (D={D}), got shape {arr.shape}")
     return _checked_costs(name, arr, arr.tolist(), positive)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .compiled import Cost, _per_stage
 from .dependencies import dependencies, update_dependency
 
 __all__ = ["construct", "PRIORITIES", "priority_key"]
@@ -89,8 +90,7 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
               weights: Callable[[int], int | Sequence[int]] | Sequence[int | Sequence[int]] | None = None,
               priority: str | Priority = "backward_first",
               max_in_flight: int | Sequence[int | None] | None = None, steps: int = 1,
-              sync_lag: int | None = 0, f_cost: float | Sequence[float] = 1.0,
-              b_cost: float | Sequence[float] = 1.0, u_cost: float = 0.0,
+              sync_lag: int | None = 0, f_cost: Cost = 1.0, b_cost: Cost = 1.0, u_cost: Cost = 0.0,
               chunk: Callable[[int, int], int] | None = None, name: str = "constructed",
               weight_rule: str = "current", update_rule: str | None = None,
               params: dict | None = None) -> Schedule:
@@ -105,7 +105,11 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
         max_in_flight: admission bound on micro-batches resident per worker (int for all workers, a
             per-worker sequence, or None for unbounded).
         sync_lag: weight barrier (0: flushed; None: asynchronous; see :class:`Schedule`).
-        f_cost, b_cost, u_cost: costs the greedy scheduler uses to order jobs (scalar or per stage).
+        f_cost, b_cost, u_cost: the job costs the greedy scheduler orders with, as :func:`pipelab.simulate`
+            takes them (scalar or one value per stage; F and B > 0, U >= 0). The order is the greedy one at
+            these costs: simulate the schedule at the same costs (the default, unit F and B, suits unit
+            costs only; e.g. LPP's backward-first order built at unit costs and simulated at B = 2F idles
+            21 % at S = 8, M = 64, G = 2, R = 4, built at B = 2F 6.8 %). Transfer latencies are not seen.
         chunk: optional (stage, worker) → chunk index recorded on actions.
         name, weight_rule, update_rule, params: recorded on the schedule.
 
@@ -119,10 +123,10 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
     D, M, W, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("W", W), ("steps", steps)))
     check_jobs(f"{name}(D={D}, M={M}, W={W}, steps={steps})", 2 * D * M * steps)
     key = priority_key(priority)
-    fc = _per_stage("f_cost", f_cost, D)
-    bc = _per_stage("b_cost", b_cost, D)
-    if u_cost < 0:
-        raise ValueError(f"u_cost must be >= 0, got {u_cost}")
+    # the simulator's rule for costs (one value per stage)
+    fc = _per_stage("f_cost", f_cost, D, positive=True).tolist()
+    bc = _per_stage("b_cost", b_cost, D, positive=True).tolist()
+    uc = _per_stage("u_cost", u_cost, D, positive=False).tolist()
     if max_in_flight is None or not isinstance(max_in_flight, Sequence):
         limit = [max_in_flight] * W
     else:
@@ -225,7 +229,7 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
         if a.op == "F":
             g = a.step * M + a.micro
             resident[w][g] = resident[w].get(g, 0) + 1
-        cost = u_cost if a.op == "U" else (fc[a.stage] if a.op == "F" else bc[a.stage])
+        cost = (uc if a.op == "U" else fc if a.op == "F" else bc)[a.stage]
         busy[w] = True
         programs[w].append(a)
         heapq.heappush(events, (now + cost, seq, chosen))
@@ -269,11 +273,3 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
     return Schedule(name, tuple(tuple(p) for p in programs), D, M, steps, holders, sync_lag, weight_rule,
                     rule, dict(params or {}))
 
-
-def _per_stage(name: str, value: float | Sequence[float], D: int) -> list[float]:
-    vals = [float(value)] * D if isinstance(value, (int, float)) else [float(v) for v in value]
-    if len(vals) != D:
-        raise ValueError(f"{name} has {len(vals)} entries, expected one per stage (D={D})")
-    if any(v <= 0 or v != v for v in vals):
-        raise ValueError(f"{name} must be positive (finite, > 0) for every stage, got {vals}")
-    return vals

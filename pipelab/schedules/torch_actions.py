@@ -21,7 +21,8 @@ micro-batch j, ``Action.micro``              ``microbatch_index``
 step t (mini-batch, one update per stage)   one ``schedule.step()`` call; its action lists cover one step
 F / B / I / W                               ``F`` FORWARD / ``B`` FULL_BACKWARD / ``I`` BACKWARD_INPUT /
                                             ``W`` BACKWARD_WEIGHT
-(F, B) run back to back                     ``OVERLAP_F_B`` with its ``sub_actions`` (expanded in order)
+(F, B) run back to back, both tensors sent  ``OVERLAP_F_B`` with its ``sub_actions`` (run in order, the
+after B (``Schedule.send_after[F] = B``)     SENDs of all of them after the last)
 U(k, t): stage k's optimizer update         not in the lists: the user calls ``optimizer.step()`` after
                                             ``schedule.step()``; ``REDUCE_GRAD`` (scale the accumulated
                                             gradient by 1/M, sync data-parallel grads) is the last action
@@ -36,23 +37,36 @@ sync_lag = 0 (flushed), steps = 1           every torch schedule (synchronous, o
 
 Import (:func:`from_torch`): F/B/I/W become actions of step t (the list is repeated for ``steps`` steps, as
 calling ``schedule.step()`` that many times would), ``None`` entries are dropped, U(k, t) is placed right
-after the rank's last action of stage k in step t (where torch puts ``REDUCE_GRAD``). Communication
-actions are checked against pipelab's own transfers: every message has its SEND on the producer's rank
-after the producing job and its RECV on the consumer's rank before the consuming job, nothing else, and
-per ordered pair of ranks the RECVs come in the order of the SENDs (torch's point-to-point operations carry
-no tag, so a rank pair is one first-in first-out channel), and the lists make progress when run as torch's
-runtime runs them (SEND/RECV never block, a job waits for the SEND of what it consumes), so a SEND placed
-behind a job that waits on its own consumer is reported as a deadlock. ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` have no
-pipelab op yet: they are kept in ``Schedule.params["torch_extra"]`` as ``(rank, before, action)``, where
-``before`` counts the rank's compute jobs ahead of it, and counted in ``update_rule``. The result is
+after the rank's last action of stage k in step t (where torch puts ``REDUCE_GRAD``). The timing is torch's
+runtime's (``_PipelineScheduleRuntime._step_microbatches``): a rank runs its list in order, SEND and RECV
+post without blocking, a compute job waits for the SEND of every tensor it consumes from another rank, and a
+tensor between two stages of one rank is handed over at once. So a tensor leaves its rank where the SEND
+stands: in a compute-only list, after the action that produces it, and for an ``OVERLAP_F_B`` after its last
+sub-action (torch's lowering ``_add_send_recv`` puts the SENDs of every sub-action behind the whole action);
+in a list with communication, after the last compute action before its SEND. Where that is later than the
+producer, the schedule records it in :attr:`Schedule.send_after <pipelab.schedules.Schedule>`, so
+:func:`pipelab.simulate` gives torch's start and end of every job. Communication actions are checked against
+pipelab's own transfers: every message has its SEND on the producer's rank after the producing job and its
+RECV on the consumer's rank before the consuming job, nothing else, and per ordered pair of ranks the RECVs
+come in the order of the SENDs (torch's point-to-point operations carry no tag, so a rank pair is one
+first-in first-out channel); a SEND placed behind a job that waits on its own consumer is a deadlock, which
+:func:`~pipelab.schedules.validate` reports with the job whose tensor leaves late.
+``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` have no pipelab op yet: they are kept in
+``Schedule.params["torch_extra"]`` as ``(rank, before, action)``, where ``before`` counts the rank's compute
+jobs ahead of it, and counted in ``update_rule``. The result is
 :func:`~pipelab.schedules.validate` d, so a missing or duplicated job or an order that cannot run raises
-:class:`~pipelab.schedules.ScheduleError` with the marked worker × time grid.
+:class:`~pipelab.schedules.ScheduleError` with the marked worker × time grid. Sizes are bounded as the
+builders bound theirs (:func:`~pipelab.schedules.actions.check_jobs`), and stage and micro-batch indices must
+be integers >= 0.
 
 Export (:func:`to_torch`): one step of a synchronous schedule with one rank per stage. Compute-only lists
-(``comms=False``) are what torch's ``_load_csv(format="compute_only")`` lowers itself; with ``comms=True``
-the SEND/RECV actions come from :func:`~pipelab.schedules.transfers.messages` (each SEND right after its
-producer; each RECV placed, on the consumer's rank, at the moment its SEND is issued in a dependency order
-of the whole schedule, so every rank pair's RECVs follow its SENDs) and U(k) becomes ``REDUCE_GRAD`` (k).
+(``comms=False``) are what torch's ``_load_csv(format="compute_only")`` lowers itself; a run of jobs whose
+tensors leave after the run's last job (``send_after``) becomes one ``OVERLAP_F_B``. With ``comms=True``
+the SEND/RECV actions come from :func:`~pipelab.schedules.transfers.messages` (each SEND right after the job
+whose end sends it: its producer or ``send_after``'s job; each RECV placed, on the consumer's rank, at the
+moment its SEND is issued in a dependency order of the whole schedule, so every rank pair's RECVs follow its
+SENDs) and U(k) becomes ``REDUCE_GRAD`` (k). Either way torch's runtime times the export as pipelab
+simulates the schedule.
 
 Example:
     >>> from pipelab.schedules import one_f_one_b
@@ -70,13 +84,15 @@ Bubble Pipeline Parallelism" (ICLR 2024).
 from __future__ import annotations
 
 import csv
+import operator
 import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .actions import Action, Schedule, check_int
+from .actions import Action, Schedule, check_int, check_jobs
+from .dependencies import Job
 from .transfers import ACT, Message, messages
 from .validate import unit_timeline, validate
 
@@ -140,23 +156,49 @@ def parse_action(text: str) -> TorchAction | None:
 
 
 def _normalise(a: Any) -> TorchAction | None:
-    """A torch ``_Action`` (duck-typed), a :class:`TorchAction`, a CSV string or None, as a TorchAction."""
-    if a is None or isinstance(a, TorchAction):
-        return a
+    """A torch ``_Action`` (duck-typed), a :class:`TorchAction`, a CSV string or None, as a checked TorchAction.
+
+    Raises:
+        TypeError: anything else.
+        ValueError: an unknown computation type; a stage or micro-batch index that is not an integer >= 0
+            (e.g. ``stage_index=1.5``: torch's ``_Action`` does not check its fields).
+    """
+    if a is None:
+        return None
     if isinstance(a, str):
         return parse_action(a)
-    try:
-        kind = a.computation_type
-        stage, micro, subs = a.stage_index, a.microbatch_index, getattr(a, "sub_actions", None)
-    except AttributeError:
-        raise TypeError(f"pipeline_order entries must be torch _Action objects, strings such as '2F0', or None; "
-                        f"got {type(a).__name__}: {a!r}") from None
-    kind = str(getattr(kind, "value", kind))
+    if isinstance(a, TorchAction):
+        kind, stage, micro, subs = a.kind, a.stage, a.micro, a.subs
+    else:
+        try:
+            kind = a.computation_type
+            stage, micro, subs = a.stage_index, a.microbatch_index, getattr(a, "sub_actions", None)
+        except AttributeError:
+            raise TypeError(f"pipeline_order entries must be torch _Action objects, strings such as '2F0', or None; "
+                            f"got {type(a).__name__}: {a!r}") from None
+        kind = str(getattr(kind, "value", kind))
     if kind not in _KINDS + (_OVERLAP,):
         raise ValueError(f"torch action {a!r}: unknown computation type {kind!r} (allowed: "
                          f"{', '.join(_KINDS + (_OVERLAP,))})")
-    norm_subs = None if subs is None else tuple(s for s in (_normalise(x) for x in subs) if s is not None)
-    return TorchAction(int(stage), kind, None if micro is None else int(micro), norm_subs)
+    if kind == _OVERLAP:  # torch writes stage -1 and no micro-batch: the sub-actions carry them
+        norm_subs = None if subs is None else tuple(x for x in (_normalise(y) for y in subs) if x is not None)
+        return TorchAction(-1, kind, None, norm_subs)
+    return TorchAction(_index(a, "stage_index", stage), kind, None if micro is None else _index(a, "microbatch_index",
+                                                                                                  micro), None)
+
+
+def _index(a: Any, field: str, value: Any) -> int:
+    """``value`` as an int >= 0, or a ValueError naming the action and its field (floats and bools refused)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"torch action {a!r}: {field} must be an int >= 0, got {value!r} "
+                         f"({type(value).__name__})") from None
+    if out < 0:
+        raise ValueError(f"torch action {a!r}: {field} must be an int >= 0, got {value!r}")
+    return out
 
 
 def _flatten(a: TorchAction) -> list[TorchAction]:
@@ -211,22 +253,21 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
         >>> [str(a) for a in s.programs[0]], s.params["torch_extra"]
         (['F0.0', 'B0.0', 'U0'], ((0, 2, '0REDUCE_GRAD'),))
     """
-    D = check_int("n_stages", n_stages)
-    M = check_int("n_microbatches", n_microbatches)
-    T = check_int("steps", steps)
+    D, M, T = _sizes(n_stages, n_microbatches, steps)
     if not isinstance(pipeline_order, Mapping) or not pipeline_order:
         raise TypeError("pipeline_order must be a non-empty dict {rank: list of actions}, got "
                         f"{type(pipeline_order).__name__}")
     ranks = sorted(pipeline_order)
     if ranks != list(range(len(ranks))):
         raise ValueError(f"pipeline_order must have ranks 0..{len(ranks) - 1}, got {ranks}")
-    lists = [[x for a in pipeline_order[r] if (n := _normalise(a)) is not None for x in _flatten(n)]
-             for r in ranks]
+    lists = [[n for a in pipeline_order[r] if (n := _normalise(a)) is not None] for r in ranks]
+    per_step = sum(x.kind in COMPUTE_KINDS for acts in lists for a in acts for x in _flatten(a))
+    check_jobs(f"from_torch of {per_step} compute actions per step, steps={T}", per_step * T)
 
     # Stage placement: torch puts each stage on exactly one rank.
     rank_of: dict[int, int] = {}
     for r, acts in enumerate(lists):
-        for a in acts:
+        for a in (x for y in acts for x in _flatten(y)):
             if a.kind in COMPUTE_KINDS:
                 if a.micro is None:
                     raise ValueError(f"rank {r}: compute action {a} has no microbatch index")
@@ -240,29 +281,44 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
     comms: list[list[tuple[int, _Key, TorchAction]]] = []  # per rank: (compute jobs before it, key, action)
     extra: list[tuple[int, int, str]] = []
     counts: Counter[str] = Counter()
+    send_after: dict[Job, Job] = {}
     for r, acts in enumerate(lists):
         prog: list[Action] = []
+        jobs: list[Job] = []  # the rank's compute jobs in order
         rank_comms: list[tuple[int, _Key, TorchAction]] = []
-        n_compute = 0
         for t in range(T):
-            for a in acts:
-                if a.kind in COMPUTE_KINDS:
-                    prog.append(Action(a.kind, a.stage, t, int(a.micro or 0), chunk_of[a.stage]))
-                    n_compute += 1
-                elif a.kind in COMM_KINDS:
-                    if a.micro is None:
-                        raise ValueError(f"rank {r}: communication action {a} has no microbatch index")
-                    rank_comms.append((n_compute, (a.kind, a.stage, t, a.micro), a))
-                else:
-                    extra.append((r, n_compute, str(a)))
-                    counts[a.kind] += 1
+            for action in acts:
+                for a in _flatten(action):
+                    if a.kind in COMPUTE_KINDS:
+                        prog.append(Action(a.kind, a.stage, t, int(a.micro or 0), chunk_of[a.stage]))
+                        jobs.append((a.kind, a.stage, t, int(a.micro or 0)))
+                    elif a.kind in COMM_KINDS:
+                        if a.micro is None:
+                            raise ValueError(f"rank {r}: communication action {a} has no microbatch index")
+                        rank_comms.append((len(jobs), (a.kind, a.stage, t, a.micro), a))
+                    else:
+                        extra.append((r, len(jobs), str(a)))
+                        counts[a.kind] += 1
+                if action.kind == _OVERLAP:  # torch's lowering sends every sub-action's output after the last
+                    subs = _flatten(action)
+                    for job in jobs[len(jobs) - len(subs):-1]:
+                        send_after[job] = jobs[-1]
             # U(k, t) right after the rank's last action of stage k in step t (torch's REDUCE_GRAD slot).
             last: dict[int, int] = {}
-            start = len(prog) - sum(a.kind in COMPUTE_KINDS for a in acts)
+            start = len(prog) - sum(x.kind in COMPUTE_KINDS for a in acts for x in _flatten(a))
             for i in range(start, len(prog)):
                 last[prog[i].stage] = i
             for k, i in sorted(last.items(), key=lambda kv: -kv[1]):
                 prog.insert(i + 1, Action("U", k, t, -1, chunk_of[k]))
+        # an explicit SEND leaves where the list puts it: after the last compute job before it
+        position = {job: n for n, job in enumerate(jobs)}
+        for before, (kind, k, t, j), _ in rank_comms:
+            if kind.startswith("SEND"):
+                producer = next((job for job in ((kind[-1], k, t, j), ("I", k, t, j)) if job in position), None)
+                if producer is not None and before - 1 > position[producer]:
+                    send_after[producer] = jobs[before - 1]
+                elif producer is not None:
+                    send_after.pop(producer, None)
         programs.append(prog)
         comms.append(rank_comms)
 
@@ -274,12 +330,20 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
     params = {"source": "torch.distributed.pipelining", "n_stages": D, "n_microbatches": M,
               "ranks": len(ranks), "torch_comms": n_comm, "torch_extra": tuple(extra)}
     sched = Schedule(name=name, programs=tuple(tuple(p) for p in programs), D=D, M=M, steps=T, sync_lag=0,
-                     update_rule=rule, params=params)
+                     update_rule=rule, params=params, send_after=send_after)
     if check:
         validate(sched)
         if n_comm:
             _check_comms(sched, comms)
     return sched
+
+
+def _sizes(n_stages: Any, n_microbatches: Any, steps: Any) -> tuple[int, int, int]:
+    """D, M, T as ints >= 1, refused when a schedule of those sizes (F and B per stage and micro-batch) would
+    pass the builders' job limit (:func:`~pipelab.schedules.actions.check_jobs`)."""
+    D, M, T = check_int("n_stages", n_stages), check_int("n_microbatches", n_microbatches), check_int("steps", steps)
+    check_jobs(f"from_torch(n_stages={D}, n_microbatches={M}, steps={T})", 2 * D * M * T)
+    return D, M, T
 
 
 def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) -> None:
@@ -341,54 +405,6 @@ def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) 
                 raise ValueError(f"rank {pair[1]}'s action {rec[3]} is its receive #{i} from rank {pair[0]}, but "
                                  f"rank {pair[0]}'s send #{i} to it is another tensor: torch matches a rank pair's "
                                  "sends and receives in order")
-    _check_progress(s, comms, expected)
-
-
-def _check_progress(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]],
-                    expected: dict[tuple[int, _Key], tuple[Message, str]]) -> None:
-    """Run the lists as torch's runtime does (SEND and RECV post without blocking; a compute job waits for the
-    SEND of every tensor it consumes): a SEND placed after a job that itself waits on the consumer deadlocks."""
-    waits: dict[tuple[str, int, int, int], list[tuple[int, _Key]]] = defaultdict(list)
-    for (r, key), (m, side) in expected.items():
-        if side == "send":
-            job = s.programs[m.dst][m.recv_pos]
-            waits[(job.op, job.stage, job.step, job.micro)].append((r, key))
-    events: list[list[tuple[str, Any, str]]] = []  # ("job", job key, label) or ("send", (rank, key), label)
-    for r, prog in enumerate(s.programs):
-        jobs = [a for a in prog if a.op != "U"]
-        by_before: dict[int, list[tuple[_Key, TorchAction]]] = defaultdict(list)
-        for before, key, act in comms[r]:
-            by_before[before].append((key, act))
-        ev: list[tuple[str, Any, str]] = []
-        for n in range(len(jobs) + 1):
-            ev += [("send" if key[0].startswith("SEND") else "recv", (r, key), str(act)) for key, act in by_before[n]]
-            if n < len(jobs):
-                a = jobs[n]
-                ev.append(("job", (a.op, a.stage, a.step, a.micro), f"{a} (step {a.step})"))
-        events.append(ev)
-    sent: set[tuple[int, _Key]] = set()
-    ptr = [0] * len(events)
-    progress = True
-    while progress:
-        progress = False
-        for r, ev in enumerate(events):
-            while ptr[r] < len(ev):
-                kind, ident, _ = ev[ptr[r]]
-                if kind == "job" and any(w not in sent for w in waits.get(ident, ())):
-                    break
-                if kind == "send":
-                    sent.add(ident)
-                ptr[r] += 1
-                progress = True
-    stuck = [r for r, ev in enumerate(events) if ptr[r] < len(ev)]
-    if stuck:
-        r = stuck[0]
-        _, ident, label = events[r][ptr[r]]
-        sr, key = next(w for w in waits[ident] if w not in sent)
-        blocker = events[sr][ptr[sr]][2] if ptr[sr] < len(events[sr]) else "the end of its list"
-        raise ValueError(f"the communication order deadlocks: rank {r}'s {label} waits for {key[1]}{key[0]}{key[3]} "
-                         f"(step {key[2]}) on rank {sr}, which stands behind rank {sr}'s {blocker}, itself blocked "
-                         f"({len(stuck)} rank(s) blocked)")
 
 
 def from_torch_csv(path: str | os.PathLike[str], *, n_stages: int, n_microbatches: int, steps: int = 1,
@@ -396,8 +412,10 @@ def from_torch_csv(path: str | os.PathLike[str], *, n_stages: int, n_microbatche
     """Import a CSV written by torch's ``_dump_csv`` (compute only or with comms) or by :func:`to_torch_csv`.
 
     One row per rank (row r = rank r), one cell per action, ``""`` for an idle slot. Arguments and errors
-    as :func:`from_torch`; a malformed cell raises ValueError naming its row and column.
+    as :func:`from_torch` (sizes are checked before the file is read); a malformed cell raises ValueError
+    naming its row and column.
     """
+    _sizes(n_stages, n_microbatches, steps)
     order: dict[int, list[TorchAction | None]] = {}
     with open(path, newline="") as f:
         for r, row in enumerate(csv.reader(f)):
@@ -430,11 +448,14 @@ def _export_lists(schedule: Schedule, comms: bool) -> list[list[TorchAction]]:
                              f"{s.stage_workers(k)}; torch places each stage on exactly one rank")
     validate(s)
     if not comms:
-        return [[TorchAction(a.stage, a.op, a.micro) for a in prog if a.op != "U"] for prog in s.programs]
+        return [_overlapped(s, [a for a in prog if a.op != "U"]) for prog in s.programs]
     c, (_, _, seq, _) = unit_timeline(s)
+    position = {(a.op, a.stage, a.step, a.micro): pos for prog in s.programs for pos, a in enumerate(prog)}
     by_send: dict[tuple[int, int], list[Message]] = defaultdict(list)
-    for m in messages(s):
-        by_send[(m.src, m.send_pos)].append(m)
+    for m in messages(s):  # each SEND after the job whose end sends the tensor (Schedule.send_after)
+        a = s.programs[m.src][m.send_pos]
+        later = s.send_after.get((a.op, a.stage, a.step, a.micro))
+        by_send[(m.src, m.send_pos if later is None else position[later])].append(m)
     out: list[list[TorchAction]] = [[] for _ in range(s.W)]
     for i in sorted(range(c.n), key=lambda i: int(seq[i])):
         w, pos = c.position(i)
@@ -445,6 +466,40 @@ def _export_lists(schedule: Schedule, comms: bool) -> list[list[TorchAction]]:
             out[m.src].append(TorchAction(sstage, skind, j))
             out[m.dst].append(TorchAction(rstage, rkind, j))
     return out
+
+
+def _overlapped(s: Schedule, jobs: list[Action]) -> list[TorchAction]:
+    """A worker's compute jobs as torch actions, each run of jobs that send their tensors after the run's last
+    job (``Schedule.send_after``) as one ``OVERLAP_F_B`` (torch's lowering sends its outputs after it).
+
+    Raises:
+        ValueError: a job sends after a later job with a job between that sends at once (a compute-only
+            list cannot say so: export with ``comms=True``).
+    """
+    keys = [(a.op, a.stage, a.step, a.micro) for a in jobs]
+    index = {key: i for i, key in enumerate(keys)}
+    last = [index.get(s.send_after.get(key, key), i) for i, key in enumerate(keys)]
+    out: list[TorchAction] = []
+    i = 0
+    while i < len(jobs):
+        e = last[i]
+        bad = [m for m in range(i + 1, e + 1) if last[m] != e]
+        if bad:
+            raise ValueError(f"schedule {s.name!r}: {jobs[i]} (step {jobs[i].step}) sends its tensor after "
+                             f"{jobs[e]}, but {jobs[bad[0]]} between them sends at another time: a compute-only "
+                             "torch list sends right after each action or OVERLAP_F_B; export with comms=True")
+        run = [TorchAction(a.stage, a.op, a.micro) for a in jobs[i:e + 1]]
+        out.append(run[0] if e == i else TorchAction(-1, _OVERLAP, None, tuple(run)))
+        i = e + 1
+    return out
+
+
+def _torch_action(a: TorchAction) -> Any:
+    """torch's ``_Action`` for ``a`` (sub-actions included)."""
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    subs = None if a.subs is None else tuple(_torch_action(x) for x in a.subs)
+    return _Action(a.stage, _ComputationType(a.kind), a.micro, subs)
 
 
 def to_torch(schedule: Schedule, *, comms: bool = False) -> dict[int, list[Any]]:
@@ -464,10 +519,8 @@ def to_torch(schedule: Schedule, *, comms: bool = False) -> dict[int, list[Any]]
         ValueError: an asynchronous schedule, ``steps != 1``, a stage on several workers or replicated;
             ScheduleError for an invalid schedule.
     """
-    from torch.distributed.pipelining.schedules import _Action, _ComputationType
-
     lists = _export_lists(schedule, comms)
-    return {w: [_Action(a.stage, _ComputationType(a.kind), a.micro) for a in acts] for w, acts in enumerate(lists)}
+    return {w: [_torch_action(a) for a in acts] for w, acts in enumerate(lists)}
 
 
 def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str], *, comms: bool = False) -> None:

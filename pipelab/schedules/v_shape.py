@@ -20,7 +20,8 @@ builder                   order on worker w (one step)                          
 ``interleaved_zero_``     torch's ``ScheduleInterleavedZeroBubble`` (ZB1P over V looped   ZB paper §2, torch
 ``bubble``                chunks, stage s on worker s mod W)
 ``dualpipe_v``            torch's ``ScheduleDualPipeV`` (DeepSeek's cut-in-half DualPipe;  DeepSeek-V3 §3.2.1,
-                          an overlapped F&B is the F, then the B)                         torch
+                          an overlapped F&B is the F, then the B; ``overlap="torch"``:    torch, DualPipe
+                          both tensors leave after the B, as in torch)                    README
 ``dualpipe``              bidirectional DualPipe: W workers = D stages, stage k on workers DeepSeek-V3 §3.2.1,
                           k and W−1−k; worker r runs DualPipeV's program of min(r, W−1−r) DualPipe repo
                           with half the workers and M/2 micro-batches per direction
@@ -50,13 +51,13 @@ ScheduleDualPipeV).
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
 
-__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "PAPER_FORMULAS",
-           "paper_bubble", "paper_memory", "V_BUILDERS"]
+__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "OVERLAP_MODELS",
+           "PAPER_FORMULAS", "paper_bubble", "paper_memory", "V_BUILDERS"]
 
 _FLUSH = ("U(k,t) right after worker w's last weight-gradient job (W, or B) of stage k in step t; step t+1 "
           "starts after it (flush)")
@@ -88,9 +89,11 @@ def _numbered(ops: Iterable[tuple[str, int]]) -> list[_Job]:
 
 
 def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, steps: int,
-              holders: Sequence[tuple[int, ...]], chunk_of: Sequence[int], params: dict[str, Any]) -> Schedule:
+              holders: Sequence[tuple[int, ...]], chunk_of: Sequence[int], params: dict[str, Any],
+              send_after: Mapping[_Job, _Job] | None = None) -> Schedule:
     """Repeat each worker's one-step program for ``steps`` steps and add U(k, t) after the worker's last
-    weight-gradient job of stage k in step t (a flushed schedule)."""
+    weight-gradient job of stage k in step t (a flushed schedule); ``send_after`` (one step's, see
+    :attr:`Schedule.send_after <pipelab.schedules.Schedule>`) holds in every step."""
     progs = []
     for prog in programs:
         last: dict[int, int] = {}
@@ -106,7 +109,9 @@ def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, ste
                 p.append(Action(op, k, t, j, chunk_of[k]))
                 p += [Action("U", kk, t, -1, chunk_of[kk]) for kk in after.get(i, ())]
         progs.append(tuple(p))
-    return Schedule(name, tuple(progs), D, M, steps, tuple(holders), 0, "current", _FLUSH, params)
+    late = {(op, k, t, j): (op2, k2, t, j2) for t in range(steps)
+            for (op, k, j), (op2, k2, j2) in (send_after or {}).items()}
+    return Schedule(name, tuple(progs), D, M, steps, tuple(holders), 0, "current", _FLUSH, params, late)
 
 
 def _v_sizes(name: str, W: int, M: int, steps: int) -> tuple[int, int, int]:
@@ -115,11 +120,12 @@ def _v_sizes(name: str, W: int, M: int, steps: int) -> tuple[int, int, int]:
     return W, M, steps
 
 
-def _v_schedule(name: str, label: str, programs: Sequence[Sequence[_Job]], W: int, M: int, steps: int) -> Schedule:
+def _v_schedule(name: str, label: str, programs: Sequence[Sequence[_Job]], W: int, M: int, steps: int,
+                params: dict[str, Any] | None = None, send_after: Mapping[_Job, _Job] | None = None) -> Schedule:
     D = 2 * W
     holders = [(s if s < W else D - 1 - s,) for s in range(D)]
     return _assemble(f"{label}(W={W}, M={M})", programs, D, M, steps, holders,
-                     [int(s >= W) for s in range(D)], {"W": W, "M": M, "builder": name})
+                     [int(s >= W) for s in range(D)], {"W": W, "M": M, "builder": name, **(params or {})}, send_after)
 
 
 # ---------------------------------------------------------------------------------------------- ZB-V
@@ -240,9 +246,12 @@ def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
 
 
 # ----------------------------------------------------------------------------------------- DualPipeV
-def _dualpipe_v_worker(w: int, W: int, M: int) -> list[_Job]:
+def _dualpipe_v_worker(w: int, W: int, M: int) -> tuple[list[_Job], list[tuple[int, int]]]:
+    """Worker w's one-step DualPipeV program and its overlapped pairs (positions of the F and the B of
+    every ``OVERLAP_F_B`` of torch's order)."""
     s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
     out: list[_Job] = []
+    pairs: list[tuple[int, int]] = []
     nf: Counter[int] = Counter()  # forwards per stage
     nb: Counter[int] = Counter()  # backwards (B or I) per stage
     pending: deque[tuple[int, int]] = deque()  # (stage, micro) of input gradients awaiting their W
@@ -257,6 +266,11 @@ def _dualpipe_v_worker(w: int, W: int, M: int) -> list[_Job]:
             pending.append((k, nb[k]))
         nb[k] += 1
 
+    def overlapped(kf: int, kb: int) -> None:  # torch's OVERLAP_F_B: the F, then the full B
+        fwd(kf)
+        bwd(kb, False)
+        pairs.append((len(out) - 2, len(out) - 1))
+
     def weight() -> None:
         if pending:
             out.append(("W", *pending.popleft()))
@@ -270,15 +284,16 @@ def _dualpipe_v_worker(w: int, W: int, M: int) -> list[_Job]:
         bwd(s1, True)
         weight()
         fwd(s1)
-    for _ in range(M - 2 * W + w + 1):  # 4: (F0 & B1) (F1 & B0), overlapped pairs run F then B
-        fwd(s0)
-        bwd(s1, False)
-        fwd(s1)
-        bwd(s0, False)
+    for i in range(M - 2 * W + w + 1):  # 4: (F0 & B1) (F1 & B0); the last worker's first F0, B1 not overlapped
+        if i == 0 and w == W - 1:
+            fwd(s0)
+            bwd(s1, False)
+        else:
+            overlapped(s0, s1)
+        overlapped(s1, s0)
     for _ in range(W - w - 1):  # 5: B1 (F1 & B0)
         bwd(s1, False)
-        fwd(s1)
-        bwd(s0, False)
+        overlapped(s1, s0)
     split = False
     for i in range(w + 1):  # 6: B1 B0; the second half splits (I now, W later)
         if i == (w + 1) // 2 and w % 2 == 1:
@@ -292,11 +307,28 @@ def _dualpipe_v_worker(w: int, W: int, M: int) -> list[_Job]:
         bwd(s0, split)
     while pending:  # 8: the deferred W passes
         weight()
-    return out
+    return out, pairs
+
+
+#: How an overlapped F&B pair of :func:`dualpipe_v` / :func:`dualpipe` is run and when its tensors leave.
+OVERLAP_MODELS: dict[str, str] = {
+    "pipelab": "the F, then the B; each sends its tensor when it ends (the F's activation leaves before the B runs)",
+    "torch": "torch's OVERLAP_F_B: the F, then the B; both tensors leave after the B (Schedule.send_after)",
+}
+
+
+def _overlap_sends(overlap: str, programs: Sequence[Sequence[_Job]], pairs: Sequence[Sequence[tuple[int, int]]]
+                   ) -> dict[_Job, _Job]:
+    """One step's ``send_after`` of the pairs: none under ``"pipelab"``, F → its B under ``"torch"``."""
+    if overlap not in OVERLAP_MODELS:
+        raise ValueError(f"overlap must be one of {sorted(OVERLAP_MODELS)}, got {overlap!r}")
+    if overlap == "pipelab":
+        return {}
+    return {prog[f]: prog[b] for prog, ps in zip(programs, pairs) for f, b in ps}
 
 
 @gc_paused
-def dualpipe_v(W: int, M: int, steps: int = 1) -> Schedule:
+def dualpipe_v(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipeV (DeepSeek's "cut-in-half" DualPipe), in the order of torch's ``ScheduleDualPipeV``.
 
     Placement: the V shape, D = 2W stages, stage s on worker s (s < W) or 2W − 1 − s. Worker w runs
@@ -306,31 +338,44 @@ def dualpipe_v(W: int, M: int, steps: int = 1) -> Schedule:
     6. w+1 pairs (B1, B0), switching to split backward (I) half-way;  7. W−w−1 of (W, I0);  8. the
     pending W passes, oldest first.
 
-    Torch's OVERLAP_F_B action runs an F and a full B of two different chunks overlapped (DeepSeek-V3 §3.2.1:
-    the computation of one hides the communication of the other). pipelab has no overlap action: it is
-    represented as the two jobs in the order torch's runtime executes them (the F, then the B), so the
-    simulated time of an overlapped pair is T_F + T_B, not the shorter overlapped time F&B. Micro-batches
-    mix a fused B (most) and a split I + W (warm-up and cool-down), per (stage, micro-batch), as torch does.
+    Overlapped pairs (``overlap``, :data:`OVERLAP_MODELS`). DeepSeek runs the F and the full B of a pair
+    (two different chunks) overlapped, the computation of one hiding the communication of the other, in a
+    time F&B ≤ T_F + T_B (DeepSeek-V3 §3.2.1). pipelab has no overlap action: a pair is two jobs, the F then
+    the B, as torch's runtime executes its ``OVERLAP_F_B``, so a pair takes T_F + T_B. They differ in when
+    the pair's tensors leave:
 
-    Full (bidirectional) DualPipe is :func:`dualpipe`.
+    - ``"pipelab"`` (default): each when its job ends, so the F's activation leaves before the B runs;
+    - ``"torch"``: both after the B, as torch's lowering sends an ``OVERLAP_F_B``'s outputs
+      (``Schedule.send_after[F] = B``); this is torch's ``ScheduleDualPipeV`` job for job (tests run its
+      lists), and it has DualPipe's README bubble: every worker idles (PP/2 − 1)(F&B + B − 3W) with PP = D =
+      2W stages and F&B = T_F + T_B, at T_F = T_I ≥ T_W (tests; B = T_I + T_W the full backward, W the
+      weight-gradient chunk); ``"pipelab"`` idles less (T_F·(W − 1) at T_F = T_I = T_W).
+
+    Micro-batches mix a fused B (most) and a split I + W (warm-up and cool-down), per (stage, micro-batch), as
+    torch does. Full (bidirectional) DualPipe is :func:`dualpipe`.
 
     Args:
         W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
+        overlap: ``"pipelab"`` or ``"torch"``: when an overlapped pair's tensors leave (above).
 
     Raises:
-        ValueError: if M < 2W = D (torch's requirement: at least as many micro-batches as stages).
+        ValueError: if M < 2W = D (torch's requirement: at least as many micro-batches as stages), or an
+            unknown ``overlap``.
 
     Example:
         >>> [str(a) for a in dualpipe_v(W=1, M=2).programs[0]]
         ['F0.0', 'F1.0', 'F0.1', 'B1.0', 'F1.1', 'B0.0', 'B1.1', 'U1', 'I0.1', 'W0.1', 'U0']
 
     Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
-    github.com/deepseek-ai/DualPipe (DualPipeV); torch.distributed.pipelining.ScheduleDualPipeV.
+    github.com/deepseek-ai/DualPipe (DualPipeV; README: "Pipeline Bubbles and Memory Usage Comparison");
+    torch.distributed.pipelining.ScheduleDualPipeV (``OVERLAP_F_B``, ``_add_send_recv``).
     """
     W, M, steps = _v_sizes("dualpipe_v", W, M, steps)
     if M < 2 * W:
         raise ValueError(f"dualpipe_v needs M >= D = 2W micro-batches (M={M}, W={W}, D={2 * W})")
-    return _v_schedule("dualpipe_v", "DualPipeV", [_dualpipe_v_worker(w, W, M) for w in range(W)], W, M, steps)
+    programs, pairs = zip(*(_dualpipe_v_worker(w, W, M) for w in range(W)))
+    late = _overlap_sends(overlap, programs, pairs)
+    return _v_schedule("dualpipe_v", "DualPipeV", programs, W, M, steps, {"overlap": overlap}, late)
 
 
 # ------------------------------------------------------------------------------------- V-Half, V-Min
@@ -496,7 +541,7 @@ def v_min(W: int, M: int, steps: int = 1) -> Schedule:
 
 # ------------------------------------------------------------------------------------------ DualPipe
 @gc_paused
-def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
+def dualpipe(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipe (DeepSeek-V3 §3.2.1): bidirectional, every stage on two workers, micro-batches fed from both ends.
 
     W workers (even) and D = W stages; every worker holds two stages, k and W − 1 − k, so every stage has
@@ -511,13 +556,16 @@ def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
     implementation has the same eight steps on "half ranks"), DualPipeV's chunk 0 being stage h and its
     chunk 1 stage W − 1 − h. On a worker of the first half chunk 0 carries forward-direction micro-batches
     and chunk 1 reverse-direction ones; on the second half the other way round. Overlapped F&B pairs run
-    as F then B, as in :func:`dualpipe_v`.
+    as F then B, their tensors leaving under ``overlap`` as in :func:`dualpipe_v`; with ``"torch"`` every
+    worker idles DualPipe's README bubble (PP/2 − 1)(F&B + B − 3W), PP = W, at T_F = T_I ≥ T_W (tests).
 
     Args:
         W: workers = stages (even); M: micro-batches per step (even, M/2 per direction); steps: steps.
+        overlap: ``"pipelab"`` or ``"torch"`` (:data:`OVERLAP_MODELS`, see :func:`dualpipe_v`).
 
     Raises:
-        ValueError: W odd, M odd, or M < 2W (DeepSeek's requirement: at least W micro-batches per direction).
+        ValueError: W odd, M odd, or M < 2W (DeepSeek's requirement: at least W micro-batches per direction);
+            an unknown ``overlap``.
 
     Example:
         >>> s = dualpipe(W=2, M=4)
@@ -532,17 +580,21 @@ def dualpipe(W: int, M: int, steps: int = 1) -> Schedule:
         raise ValueError(f"dualpipe needs an even number of workers W, an even M (half per direction) and "
                          f"M >= 2W (got W={W}, M={M})")
     half, per_direction = W // 2, M // 2
-    programs = []
+    programs, pairs = [], []
     for r in range(W):
         h = min(r, W - 1 - r)
         forward_chunk = 0 if r < half else 1  # the chunk that carries forward-direction micro-batches
         prog = []
-        for op, k, j in _dualpipe_v_worker(h, half, per_direction):
+        jobs, overlapped = _dualpipe_v_worker(h, half, per_direction)
+        for op, k, j in jobs:
             chunk = int(k >= half)
             prog.append((op, k, j if chunk == forward_chunk else per_direction + j))
         programs.append(prog)
-    return _assemble(f"DualPipe(W={W}, M={M})", programs, W, M, steps, [(k, W - 1 - k) for k in range(W)],
-                     [int(k >= half) for k in range(W)], {"W": W, "M": M, "builder": "dualpipe"})
+        pairs.append(overlapped)
+    late = _overlap_sends(overlap, programs, pairs)
+    return _assemble(f"DualPipe(W={W}, M={M}" + ("" if overlap == "pipelab" else f", {overlap} overlap") + ")",
+                     programs, W, M, steps, [(k, W - 1 - k) for k in range(W)], [int(k >= half) for k in range(W)],
+                     {"W": W, "M": M, "builder": "dualpipe", "overlap": overlap}, late)
 
 
 # ------------------------------------------------------------------------------ the papers' numbers

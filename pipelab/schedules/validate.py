@@ -27,6 +27,7 @@ import numpy as np
 
 from .actions import Schedule, gc_paused
 from .compiled import Compiled, compile_schedule, job_costs, run
+from .dependencies import received_from
 
 __all__ = ["ScheduleError", "validate", "format_grid", "unit_timeline"]
 
@@ -146,6 +147,18 @@ def _validate_schedule(s: Schedule, c: Compiled | None = None) -> None:
             return next(int(d) for d in row if end[d] < 0)
         return -1
 
+    def action(i: int) -> Any:
+        w, pos = c.position(i)
+        return s.programs[w][pos]
+
+    def late(i: int, d: int) -> str:
+        """The producer whose tensor job i waits for and which leaves after job d (Schedule.send_after)."""
+        a, dep = action(i), action(d)
+        for p in received_from((a.op, a.stage, a.step, a.micro), s.D, s.split_set):
+            if s.send_after.get(p) == (dep.op, dep.stage, dep.step, dep.micro):
+                return f"{p[0]}{p[1]}.{p[3]}"
+        return ""
+
     # Follow "waits for" from worker to worker until a worker repeats: that job closes the cycle.
     w, seen = blocked[0][0], []
     while w not in seen:
@@ -161,8 +174,16 @@ def _validate_schedule(s: Schedule, c: Compiled | None = None) -> None:
     why = ""
     if d >= 0:
         dw, dpos = c.position(d)
+        dep = s.programs[dw][dpos]
         place = "later on the same worker" if dw == w else f"at position {dpos} on worker {dw}, behind a blocked job"
-        why = f"; it waits for {s.programs[dw][dpos]} (step {s.programs[dw][dpos].step}), which is {place}"
+        why = f"; it waits for {dep} (step {dep.step}), which is {place}"
+    # a wait in the cycle on a tensor sent late (Schedule.send_after) is the likely cause: name it
+    for v in seen[seen.index(w):]:
+        j = int(c.offsets[v]) + at[v]
+        dj = waits_for(j)
+        if dj >= 0 and (p := late(j, dj)):
+            why += f"; worker {v}'s {action(j)} waits for {action(dj)}, after which {p} sends its tensor (send_after)"
+            break
     _fail(s, f"dependency violated in {s.name!r}: worker {w}'s action {a} (step {a.step}, position {pos}) "
              f"can never run{why}; {len(blocked)} worker(s) blocked (deadlock)", (w, pos), tl)
 
