@@ -32,6 +32,17 @@ A stage without parameters (say a lone ``nn.Tanh`` between two Linear stages) is
 forwards and backwards run and pass activations and input gradients on, but it has no optimizer, nothing
 to predict and nothing to store. Its U events only advance its version counter, so that its jobs'
 versions current at its jobs still agree with the version table; its ring holds empty tuples (zero weight bytes).
+
+Frozen parameters (``requires_grad=False``, integer tensors held as parameters included) are not weights the
+pipeline trains: the stage's *weights* W are its trainable parameters (:func:`trainable_parameters`), the ones
+that are versioned, predicted, differentiated and stepped; a frozen parameter is read from the module by every
+job, is never copied into a version, never predicted, never given a gradient, and so never changes, exactly as
+in plain training, where ``torch.optim`` skips a parameter without a gradient. The optimizer factory is called
+with the trainable parameters only, so ``lambda ps: Adam(ps)`` and ``lambda ps: Adam([p for p in ps if
+p.requires_grad])`` build the same optimizer; a stage whose parameters are all frozen is a stage without
+weights (above) that still passes gradients to its input. Which parameters are trainable is read once, when
+the executor is built. :meth:`StageExecutor.full_weights` puts the frozen ones back (``named_parameters``
+order) for what users read: snapshots, final weights.
 """
 
 from __future__ import annotations
@@ -48,7 +59,15 @@ from ..precision import FP32, LossScaler, Precision
 from ..schedules.dependencies import Job
 from .rings import VersionRing
 
-__all__ = ["StageExecutor"]
+__all__ = ["StageExecutor", "trainable_parameters"]
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``module`` a pipeline trains: those with ``requires_grad`` (``named_parameters`` order).
+
+    The optimizer factory of every driver (and of :func:`pipelab.train_plain`) is called with these.
+    """
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 class StageExecutor:
@@ -57,8 +76,8 @@ class StageExecutor:
     Args:
         k: stage index; ``D``, ``M``: stages and micro-batches per step.
         module: the stage module (trained in place: the optimizer owns its parameters).
-        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s parameters; ``None`` for a stage
-            without parameters (and only then).
+        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s trainable parameters
+            (:func:`trainable_parameters`); ``None`` for a stage without any (and only then).
         capacity: ring size (peak versions alive, from :func:`~pipelab.pipeline.rings.ring_capacities`).
         specs: ``(t, j) -> (forward spec, backward spec)`` of this stage's jobs.
         events: this stage's events in execution order, ``(op, t, j)`` (``j = -1`` for U).
@@ -79,15 +98,23 @@ class StageExecutor:
         self.k, self.D, self.M = k, D, M
         self.module = module
         named = list(module.named_parameters())
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
+        # the weights W: the trainable parameters; frozen ones stay in the module (module docstring)
+        self.names = [n for n, p in named if p.requires_grad]
+        self.params = [p for _, p in named if p.requires_grad]
+        trainable = {id(p): i for i, p in enumerate(self.params)}
+        #: per named parameter: its index in W, or the frozen parameter itself (for :meth:`full_weights`)
+        self._slots: list[int | Tensor] = [trainable.get(id(p), p) for _, p in named]
         self.buffer_names = [n for n, _ in module.named_buffers()]
         if optimizer is None and self.params:
-            raise ValueError(f"stage {k} has parameters, so it needs an optimizer (None is for stages without)")
+            raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
+                             "without)")
         self.optimizer = optimizer
         opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
-        if {id(p) for p in opt_params} != {id(p) for p in self.params} or len(opt_params) != len(self.params):
-            raise ValueError(f"the optimizer of stage {k} must hold exactly that stage's parameters")
+        if {id(p) for p in opt_params} != set(trainable) or len(opt_params) != len(self.params):
+            frozen = len(named) - len(self.params)
+            raise ValueError(f"the optimizer of stage {k} holds {len(opt_params)} parameters, not exactly the stage's "
+                             f"{len(self.params)} trainable ones ({frozen} frozen, requires_grad=False, are not "
+                             "trained): build it over the parameters the factory is given")
         pos = {id(p): i for i, p in enumerate(opt_params)}  # predictors use param_groups order
         self.opt_order = [pos[id(p)] for p in self.params]
         self.inv_order = _inverse(self.opt_order)
@@ -131,7 +158,13 @@ class StageExecutor:
                          for p in self.params)
         return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
 
+    def full_weights(self, W: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """Weights ``W`` (trainable, in :attr:`names` order) with the frozen parameters, in ``named_parameters``
+        order: what users read (snapshots, final weights, :func:`pipelab.evaluate`)."""
+        return tuple(W[s] if isinstance(s, int) else s.detach() for s in self._slots)
+
     def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:
+        """The stage at weights W (frozen parameters and buffers from the module) on input ``x``."""
         mapping: dict[str, Tensor] = dict(zip(self.names, weights))
         if fresh_buffers and self.buffer_names:
             mapping.update({n: b.clone() for n, b in self.module.named_buffers()})

@@ -265,8 +265,8 @@ class PipelineRuntime:
         Schedule (name, D, M, steps, a digest of the programs), policy and its options, predictor and its
         options, optimizer type and hyper-parameters (every ``param_groups`` value but ``params``: lr,
         momentum, betas, weight decay, ...), learning-rate scheduler, loss, recompute, the stages'
-        parameter names/shapes/dtypes, and the caller's ``config`` (data seed, batch size, ...). Taken at
-        construction, before any update changes a learning rate. Compare two with
+        parameter names/shapes/dtypes (frozen ones marked), and the caller's ``config`` (data seed, batch size,
+        ...). Taken at construction, before any update changes a learning rate. Compare two with
         :func:`pipelab.distributed.differences`.
         """
         return copy.deepcopy(self._fingerprint)
@@ -294,7 +294,9 @@ class PipelineRuntime:
             "loss_fn": _name(self.plan.loss_fn),
             "recompute": bool(recompute),
             "precision": repr(self.plan.precision),
-            "stages": [[(n, tuple(p.shape), str(p.dtype)) for n, p in m.named_parameters()] for m in self.modules],
+            # a frozen parameter (requires_grad=False) is marked: every rank must train the same ones
+            "stages": [[(n, tuple(p.shape), str(p.dtype)) + (() if p.requires_grad else ("frozen",))
+                        for n, p in m.named_parameters()] for m in self.modules],
             "config": dict(config) if config is not None else None,
         })
 
@@ -411,8 +413,8 @@ class PipelineRuntime:
         if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
             memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
-        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
-                   if k not in fetched}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.full_weights(e.params))
+                   for k, e in self.executors.items() if k not in fetched}
         return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
                              self.position, steps_done=len(done), diverged=bool(bad),
                              diverged_step=bad[0] if bad else None,
