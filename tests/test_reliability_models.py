@@ -1,10 +1,13 @@
-"""Reliability of real user models: frozen parameters.
+"""Reliability of real user models: frozen parameters, stages returning tuples or dicts.
 
 - Frozen parameters (``requires_grad=False``, an integer tensor held as a parameter, a stage frozen whole) train
   exactly like plain PyTorch with an optimizer over all parameters or over the trainable ones (float64), under
   flushed and asynchronous policies (against the same pipeline with the frozen tensors held as buffers), on
   placed schedules, in the runtime (gloo, 2 ranks) and through a checkpoint; they never change, are never
   predicted and never stored as versions.
+- Stages whose outputs are tuples and dicts (integer masks, ``None`` entries, floating entries that do not need a
+  gradient) equal ``nn.Sequential`` plain training in the emulator and in the runtime.
+
 Probes (one line per case that failed): ``PROBES`` run in this process.
 """
 
@@ -28,6 +31,7 @@ from pipelab.schedules import (
     gpipe,
     interleaved_1f1b,
     lpp,
+    naive,
     one_f_one_b,
     pipedream,
     pipedream_2bw,
@@ -62,6 +66,58 @@ def frozen_stages(D: int = 4, seed: int = 0) -> list[nn.Module]:
     frozen = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).double().requires_grad_(False)
     stages: list[nn.Module] = [first, Permute(8), frozen, nn.Linear(8, 4).double()]
     return stages if D == 4 else [nn.Sequential(*stages[:2]), nn.Sequential(*stages[2:])]
+
+
+class Split(nn.Module):
+    """x -> (h, mask, x): an integer mask and the raw input (floating, needing no gradient on stage 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 8)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.tanh(self.lin(x)), (x[:, 0] > 0).long(), x
+
+
+class Gate(nn.Module):
+    """(h, mask, x) -> {"h", "skip", "mask"}: a dict hand-over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, inp: tuple[Tensor, Tensor, Tensor]) -> dict[str, Tensor]:
+        h, mask, x = inp
+        g = torch.tanh(self.lin(h)) * (1 + mask[:, None].to(h.dtype))
+        return {"h": g, "skip": h + x.sum(1, keepdim=True), "mask": mask}
+
+
+class Mix(nn.Module):
+    """dict -> (h, None, mask, skip): a None entry, and a floating entry the next stage does not use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, d: dict[str, Tensor]) -> tuple[Tensor, None, Tensor, Tensor]:
+        return torch.tanh(self.lin(d["h"]) + d["skip"]), None, d["mask"], d["skip"]
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, inp: tuple[Tensor, None, Tensor, Tensor]) -> Tensor:
+        h, _, mask, _ = inp
+        return self.lin(h) + mask[:, None].to(h.dtype)
+
+
+def tuple_stages(D: int = 4, seed: int = 0) -> list[nn.Module]:
+    """Split | Gate | Mix | Head (tuple, dict, tuple-with-None hand-overs), as D = 4 or 2 stages."""
+    torch.manual_seed(seed)
+    stages: list[nn.Module] = [m.double() for m in (Split(), Gate(), Mix(), Head())]
+    return stages if D == 4 else [stages[0], nn.Sequential(*stages[1:])]
 
 
 def data(steps: int, seed: int = 1, last: int | None = None) -> list[tuple[Tensor, Tensor]]:
@@ -216,12 +272,53 @@ def test_ranks_that_freeze_different_parameters_disagree() -> None:
     assert [path for path, _, _ in diffs] == ["stages.0.1"], diffs
 
 
+# ----------------------------------------------------------------------------------------------- tuple and dict outputs
+
+
+@pytest.mark.parametrize("name,build", [("naive", lambda T: naive(4, 2, T)), ("gpipe", lambda T: gpipe(4, 2, T)),
+                                        ("1f1b", lambda T: one_f_one_b(4, 2, T)), ("zb_h1", lambda T: zb_h1(4, 4, T))])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_tuple_and_dict_outputs_equal_sequential_plain_training(name, build, recompute) -> None:
+    """Stages handing over (h, mask, x), a dict, and (h, None, mask, skip) equal the uncut nn.Sequential trained
+    plainly: the next stage gets the structure as its one input, gradients flow back through its floating tensors
+    (an unused one and one that needs none included), integer masks pass unchanged."""
+    T, schedule = 4, build(4)
+    ref = tuple_stages()
+    losses = train_plain(nn.Sequential(*ref), optimizer=OPTIMIZERS["sgdm"], batches=data(T), micro_batches=schedule.M)
+    stages = tuple_stages()
+    policy = {"naive": "sequential", "gpipe": "gpipe"}.get(name, "1f1b")
+    res = Emulator(stages, schedule=schedule, policy=policy, optimizer=OPTIMIZERS["sgdm"], recompute=recompute
+                   ).run(data(T))
+    assert max_diff(trainable(stages), trainable(ref)) <= TOL
+    assert max(abs(a - b) for a, b in zip(res.losses, losses)) <= TOL
+    assert max_diff(trainable(stages), trainable(tuple_stages())) > 1e-3
+
+
+class Bad(nn.Module):
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.lin, self.value = nn.Linear(6, 4).double(), value
+
+    def forward(self, x: Tensor) -> Any:
+        return (self.lin(x), self.value)
+
+
+def bad_output(value: Any) -> None:
+    torch.manual_seed(0)
+    Emulator([Bad(value), nn.Linear(4, 4).double()], schedule=gpipe(2, 2, 1), policy="gpipe",
+             optimizer=OPTIMIZERS["sgdm"]).run(data(1))
+
+
 PROBES = [
     Probe("emulator-frozen-param", lambda: Emulator(frozen_stages(), schedule=gpipe(4, 2, 2), policy="gpipe",
                                                     optimizer=OPTIMIZERS["adam"]).run(data(2)), None),
     Probe("emulator-frozen-trainable-optimizer",
           lambda: Emulator(frozen_stages(), schedule=pipedream(4, 1, 4), policy="pipeoptim",
                            optimizer=OPTIMIZERS["adam_trainable"]).run(data(4)), None),
+    Probe("emulator-tuple-output", lambda: Emulator(tuple_stages(), schedule=one_f_one_b(4, 2, 2), policy="1f1b",
+                                                    optimizer=OPTIMIZERS["sgdm"]).run(data(2)), None),
+    Probe("stage-returns-int", lambda: bad_output(3), TypeError, r"stage 0 returned \(tensor\[4, 4\]:float64, int 3\)"),
+    Probe("stage-returns-str", lambda: bad_output("mask"), TypeError, r"stage 0 .*entry of type str.*tuple/list/dict"),
 ]
 
 
@@ -246,12 +343,17 @@ RUNTIME_CASES: dict[str, dict[str, Any]] = {
                              opt="adam_trainable", steps=6),
     "frozen-2bw-checkpoint": dict(model="frozen", D=2, schedule=lambda T: pipedream_2bw(2, 2, T), policy="2bw",
                                   opt="adam", steps=6, stop=3),
+    "tuple-interleaved-1f1b": dict(model="tuple", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
+                                   policy="1f1b", opt="sgdm", steps=3),
+    "tuple-zb_h1": dict(model="tuple", D=2, schedule=lambda T: zb_h1(2, 2, T), policy="1f1b", opt="sgdm", steps=3),
+    "tuple-spectrain-checkpoint": dict(model="tuple", D=2, schedule=lambda T: pipedream(2, 1, T), policy="spectrain",
+                                       opt="sgdm", steps=6, stop=2),
 }
 
 
 def case_parts(name: str) -> tuple[list[nn.Module], Any, str, Any, list[tuple[Tensor, Tensor]]]:
     c = RUNTIME_CASES[name]
-    stages = frozen_stages(c["D"])
+    stages = (frozen_stages if c["model"] == "frozen" else tuple_stages)(c["D"])
     return stages, c["schedule"](c["steps"]), c["policy"], OPTIMIZERS[c["opt"]], data(c["steps"], last=c.get("last"))
 
 
@@ -280,7 +382,8 @@ def runtime_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
 @pytest.mark.parametrize("name", list(RUNTIME_CASES))
 def test_runtime_equals_emulator(runtime_results, name) -> None:
     """Runtime (gloo, 2 ranks) ≡ emulator ≡ (flushed) plain training, in float64: frozen parameters on
-    single-placement, replicated (DDP) and sharded (FSDP) stages and through a checkpoint."""
+    single-placement, replicated (DDP) and sharded (FSDP) stages and through a checkpoint; tuple and dict
+    hand-overs packed into one message each, also under split backward and through a checkpoint."""
     stages, schedule, policy, opt, batches = case_parts(name)
     before = frozen(stages)
     emu = Emulator(stages, schedule=schedule, policy=policy, optimizer=opt)
@@ -296,7 +399,7 @@ def test_runtime_equals_emulator(runtime_results, name) -> None:
     for k, W in got.items():
         assert len(W) == len(want[k]) and (not W or max_diff(list(W), list(want[k])) <= TOL)
     if RUNTIME_CASES[name]["policy"] in ("gpipe", "1f1b"):
-        ref = frozen_stages(RUNTIME_CASES[name]["D"])
+        ref = (frozen_stages if RUNTIME_CASES[name]["model"] == "frozen" else tuple_stages)(RUNTIME_CASES[name]["D"])
         train_plain(ref, optimizer=opt, batches=batches, micro_batches=schedule.M)
         assert max_diff([w for k in sorted(got) for w in got[k]], [p.detach() for s in ref for p in s.parameters()]
                         ) <= TOL

@@ -46,6 +46,9 @@ the whole execution order in one process and hands tensors over in memory.
 - **Frozen parameters** (``requires_grad=False``) are not weights either: every job reads them from the stage
   module; they are never versioned, predicted or stepped, and the optimizer factory is given only the
   trainable ones (:mod:`pipelab.pipeline.stage`), as :func:`~pipelab.emulator.reference.train_plain` does.
+- **Hand-overs** may be structures (a block returning ``(hidden, mask)``): the next stage is called with the
+  structure as its one input, as ``nn.Sequential`` does; gradients flow back through its floating-point tensors
+  (:mod:`pipelab.pipeline.transport`).
 
 Example:
     >>> import torch

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..schedules.dependencies import Split, handed_to, received_from
 from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
-from .transport import Transport
+from .transport import Transport, handover_bytes
 
 __all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs"]
 
@@ -235,7 +235,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
             src = received_from(job, D, split)
             x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
             out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
-            state.hold(k, x_in.numel() * x_in.element_size())
+            state.hold(k, handover_bytes(x_in))
             if k < last:
                 for dst in handed_to(job, D, split):
                     transport.send(job, dst, out)
@@ -255,7 +255,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
             g_out = transport.receive(src[0], job) if src else None
             if op == "B":
                 saved_in = ex.saved[(t, j)][1]
-                state.hold(k, -saved_in.numel() * saved_in.element_size())
+                state.hold(k, -handover_bytes(saved_in))
                 g_in = ex.backward(t, j, g_out)
             else:
                 g_in = ex.input_grad(t, j, g_out)
@@ -265,7 +265,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
         elif op == "W":
             # the stage input stays saved until the weight gradient is computed from it
             saved_in = ex.pending[(t, j)][0][1]
-            state.hold(k, -saved_in.numel() * saved_in.element_size())
+            state.hold(k, -handover_bytes(saved_in))
             ex.weight_grad(t, j)
         elif op == "U":
             W = ex.update(t)

@@ -43,6 +43,10 @@ p.requires_grad])`` build the same optimizer; a stage whose parameters are all f
 weights (above) that still passes gradients to its input. Which parameters are trainable is read once, when
 the executor is built. :meth:`StageExecutor.full_weights` puts the frozen ones back (``named_parameters``
 order) for what users read: snapshots, final weights.
+
+Hand-overs may be structures of tensors (:mod:`pipelab.pipeline.transport`): a tuple ``(hidden, mask)`` from
+stage k is stage k+1's one input, its floating-point tensors require grad there, and the gradient handed back
+is the tuple of their gradients.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from ..policies import GradientContext, Policy, Stored, WeightSpec
 from ..precision import FP32, LossScaler, Precision
 from ..schedules.dependencies import Job
 from .rings import VersionRing
+from .transport import check_handover, grad_leaves, map_tensors, tensors_of
 
 __all__ = ["StageExecutor", "trainable_parameters"]
 
@@ -163,13 +168,16 @@ class StageExecutor:
         order: what users read (snapshots, final weights, :func:`pipelab.evaluate`)."""
         return tuple(W[s] if isinstance(s, int) else s.detach() for s in self._slots)
 
-    def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:
+    def call(self, weights: Sequence[Tensor], x: Any, fresh_buffers: bool = False) -> Any:
         """The stage at weights W (frozen parameters and buffers from the module) on input ``x``."""
         mapping: dict[str, Tensor] = dict(zip(self.names, weights))
         if fresh_buffers and self.buffer_names:
             mapping.update({n: b.clone() for n, b in self.module.named_buffers()})
         out = functional_call(self.module, mapping, (x,))
-        return out if self.k == self.D - 1 else self.precision.handover(out)  # activations in the compute dtype
+        if self.k == self.D - 1:
+            return out
+        check_handover(out, self.k)
+        return map_tensors(self.precision.handover, out)  # activations in the compute dtype
 
     def weights(self, spec: WeightSpec, grad: bool) -> tuple[Tensor, ...]:
         """The weights a job's spec names: a stored version, or a prediction from one (none without parameters)."""
@@ -221,25 +229,27 @@ class StageExecutor:
         spec_f, spec_b = self.specs[(t, j)]
         keep = spec_f == spec_b and isinstance(spec_f, Stored) and not self.recompute
         W = self.weights(spec_f, grad=False)
-        rng = _rng_state(x_in.device)
+        device = tensors_of(x_in)[0].device
+        rng = _rng_state(device)
         if keep:
             if self.k > 0:
-                x_in.requires_grad_(True)
-            with torch.enable_grad(), self.precision.autocast(x_in.device):
+                for x in grad_leaves(x_in):
+                    x.requires_grad_(True)
+            with torch.enable_grad(), self.precision.autocast(device):
                 out = self.call(W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
         else:
-            with torch.no_grad(), self.precision.autocast(x_in.device):
+            with torch.no_grad(), self.precision.autocast(device):
                 out = self.call(W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("recompute", x_in, rng, target)
         self._advance()
-        return out.detach()
+        return map_tensors(Tensor.detach, out)
 
-    def _graph(self, t: int, j: int) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    def _graph(self, t: int, j: int) -> tuple[Any, Any, tuple[Tensor, ...]]:
         """``(x_in, out, W)`` for micro-batch (t, j)'s backward: the forward's graph when it ran at the backward's
         weights, else the stage forward recomputed at them (same random state, fresh buffers)."""
         entry = self.saved.pop((t, j))
@@ -251,12 +261,13 @@ class StageExecutor:
         x_in, out = self._replay_forward(W, x0, rng, target)
         return x_in, out, W
 
-    def _replay_forward(self, W: Sequence[Tensor], x0: Tensor, rng: tuple[Tensor, Tensor | None],
-                        target: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _replay_forward(self, W: Sequence[Tensor], x0: Any, rng: tuple[Tensor, Tensor | None],
+                        target: Tensor | None) -> tuple[Any, Any]:
         """The stage forward at weights ``W`` from the saved input ``x0`` and random state ``rng``, with a graph
         (fresh buffers; the loss ℓ/M on the last stage): a recompute, or a graph rebuilt after a checkpoint."""
-        x_in = x0.detach().requires_grad_(self.k > 0)
-        with torch.enable_grad(), _replay_rng(x0.device, rng), self.precision.autocast(x0.device):
+        x_in = map_tensors(lambda x: x.detach().requires_grad_(self.k > 0 and x.is_floating_point()), x0)
+        device = tensors_of(x0)[0].device
+        with torch.enable_grad(), _replay_rng(device, rng), self.precision.autocast(device):
             out = self.call(W, x_in, fresh_buffers=True)
             if self.k == self.D - 1:
                 out = self.loss_fn(out, cast(Tensor, target)) / self.M
@@ -279,20 +290,33 @@ class StageExecutor:
         else:
             self.acc[t] = pgrads
 
-    def backward(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+    def backward(self, t: int, j: int, g_out: Any) -> Any:
         """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
         self._check_event("B", t, j)
         self.current[("B", self.k, t, j)] = self.version
         x_in, out, W = self._graph(t, j)
-        g_out = self._seed(t, out, g_out)
-        inputs = list(W) + ([x_in] if self.k > 0 else [])
-        # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
-        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
+        xs = grad_leaves(x_in) if self.k > 0 else []
+        grads = self._vjp(out, self._seed(t, out, g_out), list(W) + xs)
         self._accumulate(t, W, grads[:len(W)])
         self._advance()
-        return grads[-1] if self.k > 0 else None
+        return _input_grad(x_in, grads[len(W):]) if self.k > 0 else None
 
-    def input_grad(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+    def _vjp(self, out: Any, g_out: Any, inputs: list[Tensor], retain: bool = False) -> list[Tensor | None]:
+        """(∂out/∂inputs)ᵀ g_out over the outputs that carry a gradient (``None`` for an input it does not reach).
+
+        ``out`` is the loss, or a hand-over whose floating-point tensors are seeded by ``g_out`` (a tensor, or the
+        tuple of their gradients); an output that does not require grad (a detached or constant entry) drops
+        its seed. Stage 0 without weights has no inputs: nothing is differentiated.
+        """
+        outs = grad_leaves(out)
+        seeds = [g_out] if isinstance(out, Tensor) else list(g_out)
+        pairs = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
+        if not inputs or not pairs:
+            return [None] * len(inputs)
+        return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True,
+                                        retain_graph=retain))
+
+    def input_grad(self, t: int, j: int, g_out: Any) -> Any:
         """I(k, t, j) of a split backward: the input gradient (∂out/∂x)ᵀg alone (``None`` on stage 0).
 
         The stage's graph (at the backward's weights, decided here) and g are kept for W(k, t, j), which
@@ -306,7 +330,8 @@ class StageExecutor:
         g_out = self._seed(t, out, g_out)
         g_in = None
         if self.k > 0:
-            (g_in,) = torch.autograd.grad(out, [x_in], g_out, retain_graph=True)
+            xs = grad_leaves(x_in)
+            g_in = _input_grad(x_in, self._vjp(out, g_out, xs, retain=True))
         self.pending[(t, j)] = (entry, out, W, g_out)
         self._advance()
         return g_in
@@ -319,8 +344,7 @@ class StageExecutor:
         self._check_event("W", t, j)
         self.current[("W", self.k, t, j)] = self.version
         _, out, W, g_out = self.pending.pop((t, j))
-        grads = torch.autograd.grad(out, list(W), g_out, allow_unused=True) if W else ()
-        self._accumulate(t, W, grads)
+        self._accumulate(t, W, self._vjp(out, g_out, list(W)))
         self._advance()
 
     def update(self, t: int) -> tuple[Tensor, ...]:
@@ -350,7 +374,7 @@ class StageExecutor:
         return W
 
 
-    def _seed(self, t: int, out: Tensor, g_out: Tensor | None) -> Tensor | None:
+    def _seed(self, t: int, out: Any, g_out: Any) -> Any:
         """The backward's seed: :func:`_seed`'s, or on the last stage under fp16 loss scaling, S instead of 1."""
         if self.scaler is not None and g_out is None:
             return torch.full_like(out, self.scaler.seed(t))
@@ -478,10 +502,18 @@ class _replay_rng:
             torch.cuda.set_rng_state(self.saved[1], self.device)
 
 
-def _seed(out: Tensor, g_out: Tensor | None) -> Tensor | None:
+def _input_grad(x_in: Any, grads: Sequence[Tensor | None]) -> Any:
+    """The gradient handed to the previous stage for its hand-over ``x_in`` (:mod:`~pipelab.pipeline.transport`):
+    a tensor for a floating tensor, else the tuple of its floating-point tensors' gradients; zeros where the
+    loss does not depend on one (the message has a fixed form)."""
+    full = [torch.zeros_like(x) if g is None else g for x, g in zip(grad_leaves(x_in), grads)]
+    return full[0] if isinstance(x_in, Tensor) and x_in.is_floating_point() else tuple(full)
+
+
+def _seed(out: Any, g_out: Any) -> Any:
     """The gradient the backward starts from: the received one, or on the last stage (``None``) the implicit 1 of a
     scalar loss; a vector of independent arms' losses (:mod:`pipelab.stacking`) is seeded with ones, i.e. the
     backward of their sum, whose gradient with respect to each arm's weights is that arm's own."""
-    if g_out is None and out.ndim:
+    if g_out is None and isinstance(out, Tensor) and out.ndim:
         return torch.ones_like(out)
     return g_out

@@ -16,7 +16,10 @@ computes exactly the same weights; only the transport of tensors differs (:mod:`
   at start-up that, on every channel, the sender's program and the receiver's program list the messages
   in the same order — the FIFO matching point-to-point transports provide.
 - Receive buffers are sized once per input shape by running the model on the ``meta`` device (in the compute
-  dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`).
+  dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`): the
+  :class:`~pipelab.pipeline.transport.Layout` of every boundary — a tensor's shape and dtype, or for a stage that
+  returns a structure (a tuple ``(hidden, mask)``, a dict) each of its tensors' and the structure, sent as one
+  packed message.
 
 Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to
 choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
@@ -58,6 +61,7 @@ from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
+from ..pipeline.transport import Layout, check_handover
 from ..schedules.transfers import consistent_cut
 from .collectives import DistributedCollectives
 from .p2p import P2PTransport
@@ -176,7 +180,7 @@ class PipelineRuntime:
         if self.placed:  # every rank creates every group, in the same order, before any traffic
             self.program = worker_sequence(self.plan.sequence, self.rank)
             self.collectives = DistributedCollectives(self.plan.sequence, self.rank)
-        self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
+        self._meta: dict[tuple, list[Layout]] = {}
         self.transport = P2PTransport(schedule, self.rank, self.device)
         self.record = bool(record)
         if self.record:
@@ -300,17 +304,19 @@ class PipelineRuntime:
             "config": dict(config) if config is not None else None,
         })
 
-    def _boundaries(self, x: Tensor) -> list[tuple[torch.Size, torch.dtype]]:
-        """Shape and dtype of every stage's input for a micro-batch like ``x`` (index k = input of stage k)."""
+    def _boundaries(self, x: Tensor, t: int, j: int) -> list[Layout]:
+        """The layout of every stage's input for micro-batch j of mini-batch t, ``x`` (index k = input of stage k),
+        found by running the stages on the ``meta`` device once per input shape."""
         key = (tuple(x.shape), x.dtype)
         if key not in self._meta:
-            metas = [(x.shape, x.dtype)]
-            h = torch.empty(x.shape, dtype=x.dtype, device="meta")
+            metas = [Layout.of(x)]
+            h: Any = torch.empty(x.shape, dtype=x.dtype, device="meta")
             with torch.no_grad():
-                for m in self.modules[:-1]:
+                for i, m in enumerate(self.modules[:-1]):
                     h = copy.deepcopy(m).to("meta")(h)
+                    check_handover(h, i)
                     # under bf16/fp16 activations (and their gradients) cross in the compute dtype
-                    metas.append((h.shape, self.plan.precision.boundary_dtype(h.dtype)))
+                    metas.append(Layout.of(h, self.plan.precision.boundary_dtype))
             self._meta[key] = metas
         return self._meta[key]
 
@@ -339,7 +345,7 @@ class PipelineRuntime:
             cut, in_flight = consistent_cut(self.schedule, stop_at_step)
             end = max(cut[self.rank], self.position)
             self.transport.retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
-        self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j])[boundary]
+        self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j], t, j)[boundary]
         self.transport.begin(self.position, end)  # sends kept at a checkpoint's cut go out in this run
         last_stage = self.my_stages[-1]
         after_job: Callable[[int], None] = heartbeat
