@@ -1,4 +1,5 @@
-"""Reliability of real user models: frozen parameters, stages returning tuples or dicts.
+"""Reliability of real user models: frozen parameters, stages returning tuples or dicts, mini-batch shapes that
+change mid-run.
 
 - Frozen parameters (``requires_grad=False``, an integer tensor held as a parameter, a stage frozen whole) train
   exactly like plain PyTorch with an optimizer over all parameters or over the trainable ones (float64), under
@@ -7,8 +8,9 @@
   predicted and never stored as versions.
 - Stages whose outputs are tuples and dicts (integer masks, ``None`` entries, floating entries that do not need a
   gradient) equal ``nn.Sequential`` plain training in the emulator and in the runtime.
+- A mini-batch whose shape changes is run (a smaller last batch: emulator ≡ plain ≡ runtime) or named.
 
-Probes (one line per case that failed): ``PROBES`` run in this process.
+Probes (one line per refusal): ``PROBES`` run in this process, ``SLOW_PROBES`` spawn 2 ranks (gloo).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from probes import Probe
 from torch import Tensor, nn
 
-from pipelab.distributed import differences, spawn
+from pipelab.distributed import RankFailure, differences, spawn
 from pipelab.emulator import Emulator, train_plain
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import (
@@ -309,6 +311,34 @@ def bad_output(value: Any) -> None:
              optimizer=OPTIMIZERS["sgdm"]).run(data(1))
 
 
+# ----------------------------------------------------------------------------------------------- changing shapes
+
+
+def test_smaller_last_batch_equals_plain_training() -> None:
+    """A last mini-batch of 4 examples instead of 8 runs in the emulator exactly as in plain training."""
+    T = 3
+    ref = frozen_stages()
+    losses = train_plain(ref, optimizer=OPTIMIZERS["adam"], batches=data(T, last=4), micro_batches=2)
+    stages = frozen_stages()
+    res = Emulator(stages, schedule=one_f_one_b(4, 2, T), policy="1f1b", optimizer=OPTIMIZERS["adam"]
+                   ).run(data(T, last=4))
+    assert max_diff(trainable(stages), trainable(ref)) <= TOL
+    assert max(abs(a - b) for a, b in zip(res.losses, losses)) <= TOL
+
+
+def feature_change(steps: int = 3) -> list[tuple[Tensor, Tensor]]:
+    batches = data(steps)
+    batches[2] = (torch.randn(BATCH, 5, dtype=F64), batches[2][1])
+    return batches
+
+
+def emulate_plain(batches: list[tuple[Tensor, Tensor]], M: int = 2) -> Any:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    return Emulator(model, D=2, schedule=gpipe(2, M, len(batches)), policy="gpipe",
+                    optimizer=OPTIMIZERS["sgdm"]).run(batches)
+
+
 PROBES = [
     Probe("emulator-frozen-param", lambda: Emulator(frozen_stages(), schedule=gpipe(4, 2, 2), policy="gpipe",
                                                     optimizer=OPTIMIZERS["adam"]).run(data(2)), None),
@@ -319,6 +349,10 @@ PROBES = [
                                                     optimizer=OPTIMIZERS["sgdm"]).run(data(2)), None),
     Probe("stage-returns-int", lambda: bad_output(3), TypeError, r"stage 0 returned \(tensor\[4, 4\]:float64, int 3\)"),
     Probe("stage-returns-str", lambda: bad_output("mask"), TypeError, r"stage 0 .*entry of type str.*tuple/list/dict"),
+    Probe("emulator-feature-change", lambda: emulate_plain(feature_change()), ValueError,
+          r"micro-batch 0 of mini-batch 2, whose input is tensor\[4, 5\]:float64.*tensor\[4, 6\]:float64"),
+    Probe("emulator-last-batch-not-divisible", lambda: emulate_plain(data(3, last=3)), ValueError,
+          r"mini-batch 2: input batch size 3 is not divisible by the M=2"),
 ]
 
 
@@ -348,6 +382,8 @@ RUNTIME_CASES: dict[str, dict[str, Any]] = {
     "tuple-zb_h1": dict(model="tuple", D=2, schedule=lambda T: zb_h1(2, 2, T), policy="1f1b", opt="sgdm", steps=3),
     "tuple-spectrain-checkpoint": dict(model="tuple", D=2, schedule=lambda T: pipedream(2, 1, T), policy="spectrain",
                                        opt="sgdm", steps=6, stop=2),
+    "small-last-batch": dict(model="frozen", D=2, schedule=lambda T: one_f_one_b(2, 2, T), policy="1f1b", opt="adam",
+                             steps=3, last=4),
 }
 
 
@@ -383,7 +419,8 @@ def runtime_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
 def test_runtime_equals_emulator(runtime_results, name) -> None:
     """Runtime (gloo, 2 ranks) ≡ emulator ≡ (flushed) plain training, in float64: frozen parameters on
     single-placement, replicated (DDP) and sharded (FSDP) stages and through a checkpoint; tuple and dict
-    hand-overs packed into one message each, also under split backward and through a checkpoint."""
+    hand-overs packed into one message each, also under split backward and through a checkpoint; a smaller
+    last mini-batch."""
     stages, schedule, policy, opt, batches = case_parts(name)
     before = frozen(stages)
     emu = Emulator(stages, schedule=schedule, policy=policy, optimizer=opt)
@@ -403,3 +440,28 @@ def test_runtime_equals_emulator(runtime_results, name) -> None:
         train_plain(ref, optimizer=opt, batches=batches, micro_batches=schedule.M)
         assert max_diff([w for k in sorted(got) for w in got[k]], [p.detach() for s in ref for p in s.parameters()]
                         ) <= TOL
+
+
+def _runtime_shapes(rank: int, world: int, case: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    rt = PipelineRuntime(model, schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=OPTIMIZERS["sgdm"])
+    batches = feature_change() if case == "feature" else data(3)
+    if case == "rank-data" and rank == 1:  # a rank given another last mini-batch than the others
+        batches[2] = (batches[2][0][:4], batches[2][1][:4])
+    rt.run(batches)
+
+
+SLOW_PROBES = [
+    Probe("runtime-feature-change", lambda: spawn(_runtime_shapes, 2, ("feature",), timeout_s=60), RankFailure,
+          r"mini-batch 2.*tensor\[4, 5\]:float64.*tensor\[4, 6\]:float64"),
+    Probe("runtime-ranks-given-other-shapes", lambda: spawn(_runtime_shapes, 2, ("rank-data",), timeout_s=60),
+          RankFailure, r"rank 1 is given a mini-batch 2 whose input is tensor\[4, 6\]:float64, rank 0 one of "
+                       r"tensor\[8, 6\]:float64"),
+]
+
+
+@pytest.mark.slow
+@probes.parametrize(SLOW_PROBES)
+def test_slow_probe(probe: Probe) -> None:
+    probe.check()

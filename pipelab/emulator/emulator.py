@@ -49,6 +49,9 @@ the whole execution order in one process and hands tensors over in memory.
 - **Hand-overs** may be structures (a block returning ``(hidden, mask)``): the next stage is called with the
   structure as its one input, as ``nn.Sequential`` does; gradients flow back through its floating-point tensors
   (:mod:`pipelab.pipeline.transport`).
+- **Mini-batch shapes** may change from one mini-batch to the next (a smaller last batch, another sequence
+  length) wherever the model accepts them; each is still split into M equal micro-batches. Where a stage
+  rejects a changed shape, the error names the stage, the mini-batch and micro-batch, and both shapes.
 
 Example:
     >>> import torch

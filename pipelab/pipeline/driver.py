@@ -121,7 +121,8 @@ class MiniBatches:
             x, y = self.checked(t)
             if self.device is not None:
                 x, y = x.to(self.device), y.to(self.device)
-            self._cache[t] = (split_micro(x, self.M, "input batch"), split_micro(y, self.M, "target batch"))
+            self._cache[t] = (split_micro(x, self.M, f"mini-batch {t}: input batch"),
+                              split_micro(y, self.M, f"mini-batch {t}: target batch"))
         return self._cache[t]
 
     def release(self, t: int) -> None:

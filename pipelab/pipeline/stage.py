@@ -62,7 +62,7 @@ from ..policies import GradientContext, Policy, Stored, WeightSpec
 from ..precision import FP32, LossScaler, Precision
 from ..schedules.dependencies import Job
 from .rings import VersionRing
-from .transport import check_handover, grad_leaves, map_tensors, tensors_of
+from .transport import check_handover, describe_handover, grad_leaves, map_tensors, tensors_of
 
 __all__ = ["StageExecutor", "trainable_parameters"]
 
@@ -148,6 +148,8 @@ class StageExecutor:
         self.used_sum: dict[int, list[Tensor]] = {}  # Σ_j backward weights of step t (keeps_backward_weights)
         self.policy_state: dict[str, Any] = {}  # the policy's per-stage state (correct_gradient)
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
+        # (t, j, shapes and dtypes, description) of the first forward's input
+        self.first_input: tuple[int, int, list[tuple[torch.Size, torch.dtype]], str] | None = None
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
         self.ring.put(0, self.snapshot())
@@ -236,18 +238,35 @@ class StageExecutor:
                 for x in grad_leaves(x_in):
                     x.requires_grad_(True)
             with torch.enable_grad(), self.precision.autocast(device):
-                out = self.call(W, x_in)
+                out = self._first_call(t, j, W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
         else:
             with torch.no_grad(), self.precision.autocast(device):
-                out = self.call(W, x_in)
+                out = self._first_call(t, j, W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("recompute", x_in, rng, target)
         self._advance()
         return map_tensors(Tensor.detach, out)
+
+    def _first_call(self, t: int, j: int, W: Sequence[Tensor], x_in: Any) -> Any:
+        """The forward's stage call; an input whose form differs from the stage's first one (a mini-batch whose
+        shape changed mid-run) that the stage rejects is named (ValueError, the stage's error chained)."""
+        form = [(x.shape, x.dtype) for x in tensors_of(x_in)]
+        if self.first_input is None:
+            self.first_input = (t, j, form, describe_handover(x_in))
+        try:
+            return self.call(W, x_in)
+        except Exception as exc:
+            t0, j0, first_form, first = self.first_input
+            if form == first_form:
+                raise
+            here = describe_handover(x_in)
+            raise ValueError(f"stage {self.k} failed on micro-batch {j} of mini-batch {t}, whose input is {here}; its "
+                             f"first input (mini-batch {t0}, micro-batch {j0}) was {first}: the model does not accept "
+                             f"the changed shape ({type(exc).__name__}: {exc})") from exc
 
     def _graph(self, t: int, j: int) -> tuple[Any, Any, tuple[Tensor, ...]]:
         """``(x_in, out, W)`` for micro-batch (t, j)'s backward: the forward's graph when it ran at the backward's

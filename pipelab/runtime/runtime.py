@@ -19,7 +19,10 @@ computes exactly the same weights; only the transport of tensors differs (:mod:`
   dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`): the
   :class:`~pipelab.pipeline.transport.Layout` of every boundary — a tensor's shape and dtype, or for a stage that
   returns a structure (a tuple ``(hidden, mask)``, a dict) each of its tensors' and the structure, sent as one
-  packed message.
+  packed message. So a mini-batch whose shape changes mid-run (a smaller last batch, another sequence length)
+  runs as in the emulator, provided every rank is given the same mini-batch shapes: a sequence of mini-batches
+  is checked for that across ranks before each run (one ``all_gather_object``; a callable is not read ahead,
+  as it may not be repeatable), and a stage that rejects a changed shape is named with both shapes.
 
 Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to
 choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
@@ -313,12 +316,41 @@ class PipelineRuntime:
             h: Any = torch.empty(x.shape, dtype=x.dtype, device="meta")
             with torch.no_grad():
                 for i, m in enumerate(self.modules[:-1]):
-                    h = copy.deepcopy(m).to("meta")(h)
-                    check_handover(h, i)
+                    try:
+                        h = copy.deepcopy(m).to("meta")(h)
+                        check_handover(h, i)
+                    except Exception as exc:
+                        seen = f"; the first input was {_form(*next(iter(self._meta)))}" if self._meta else ""
+                        raise ValueError(
+                            f"rank {self.rank} sizes its receive buffers for micro-batch {j} of mini-batch {t} (input "
+                            f"{_form(*key)}{seen}) by running stages 0..{i} on the meta device, and stage {i} failed "
+                            f"({type(exc).__name__}: {exc}): either the model rejects this input's shape, or stage {i} "
+                            "cannot run on the meta device (data-dependent shapes, .item())") from exc
                     # under bf16/fp16 activations (and their gradients) cross in the compute dtype
                     metas.append(Layout.of(h, self.plan.precision.boundary_dtype))
             self._meta[key] = metas
         return self._meta[key]
+
+    def _check_same_data(self, batches: Any, data: MiniBatches, start: int) -> None:
+        """Every rank must be given the same mini-batch shapes (its receive buffers are sized from its own copy of
+        the data): for a sequence of mini-batches, compare the input shapes and dtypes of steps ``start..`` across
+        ranks before any message (a callable is not read ahead: it may not be repeatable)."""
+        if callable(batches) or not dist.is_initialized() or self.world == 1:
+            return
+        runs: list[tuple[int, tuple[int, ...], str]] = []  # (first step, shape, dtype) of each run of equal forms
+        for t in range(start, self.steps):
+            x = data.checked(t)[0]
+            form = (tuple(x.shape), str(x.dtype))
+            if not runs or runs[-1][1:] != form:
+                runs.append((t, *form))
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, runs)
+        for r, other in enumerate(every):
+            if other != every[0]:
+                t, mine, theirs = _first_difference(every[0], other, self.steps)
+                raise ValueError(f"rank {r} is given a mini-batch {t} whose input is {_form(*theirs)}, rank 0 one of "
+                                 f"{_form(*mine)}: every rank must be given the same mini-batches (each sizes its "
+                                 "receive buffers from its own copy)")
 
     # ------------------------------------------------------------------------------------- running
 
@@ -345,6 +377,7 @@ class PipelineRuntime:
             cut, in_flight = consistent_cut(self.schedule, stop_at_step)
             end = max(cut[self.rank], self.position)
             self.transport.retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
+        self._check_same_data(batches, data, self.cut_step)
         self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j], t, j)[boundary]
         self.transport.begin(self.position, end)  # sends kept at a checkpoint's cut go out in this run
         last_stage = self.my_stages[-1]
@@ -425,6 +458,19 @@ class PipelineRuntime:
                              self.position, steps_done=len(done), diverged=bool(bad),
                              diverged_step=bad[0] if bad else None,
                              collectives=self.collectives.stats() if self.collectives is not None else {})
+
+
+def _form(shape: tuple[int, ...], dtype: Any) -> str:
+    return f"tensor{list(shape)}:{str(dtype).removeprefix('torch.')}"
+
+
+def _first_difference(a: list[tuple[int, tuple[int, ...], str]], b: list[tuple[int, tuple[int, ...], str]],
+                      steps: int) -> tuple[int, tuple[Any, ...], tuple[Any, ...]]:
+    """The first step where two run-length encodings of (shape, dtype) per step differ, with both forms."""
+    def at(runs: list[tuple[int, tuple[int, ...], str]], t: int) -> tuple[Any, ...]:
+        return next(r for r in reversed(runs) if r[0] <= t)[1:]
+    t = next(t for t in range(a[0][0], steps) if at(a, t) != at(b, t))
+    return t, at(a, t), at(b, t)
 
 
 def _name(obj: Any) -> str:
