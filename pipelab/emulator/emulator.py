@@ -43,6 +43,15 @@ the whole execution order in one process and hands tensors over in memory.
   every stage (flushed schedules only). The default fp32 runs exactly as without it.
 - **Buffers** (e.g. BatchNorm running statistics) are not versioned: they live in the stage modules and
   are updated in place by every (non-recomputed) forward in execution order, whatever weights it used.
+- **Frozen parameters** (``requires_grad=False``) are not weights either: every job reads them from the stage
+  module; they are never versioned, predicted or stepped, and the optimizer factory is given only the
+  trainable ones (:mod:`pipelab.pipeline.stage`), as :func:`~pipelab.emulator.reference.train_plain` does.
+- **Hand-overs** may be structures (a block returning ``(hidden, mask)``): the next stage is called with the
+  structure as its one input, as ``nn.Sequential`` does; gradients flow back through its floating-point tensors
+  (:mod:`pipelab.pipeline.transport`).
+- **Mini-batch shapes** may change from one mini-batch to the next (a smaller last batch, another sequence
+  length) wherever the model accepts them; each is still split into M equal micro-batches. Where a stage
+  rejects a changed shape, the error names the stage, the mini-batch and micro-batch, and both shapes.
 
 Example:
     >>> import torch
@@ -164,7 +173,7 @@ class Emulator:
         Args:
             snapshot_every: call ``on_snapshot(v, weights)`` whenever every stage has reached version v,
                 for v = 0, n, 2n, ... and the final version (weights: one tuple of tensors per stage,
-                in ``named_parameters`` order; they must not be modified).
+                in ``named_parameters`` order, frozen parameters included; they must not be modified).
 
         Returns:
             An :class:`EmulatorResult`.
@@ -183,7 +192,7 @@ class Emulator:
             raise RuntimeError("an Emulator runs its schedule once and this one has run (its stages' weight versions "
                                "and event positions are spent); to continue training, build a new Emulator on the "
                                "same model, which holds the trained weights (optimizer state starts afresh)")
-        first = next((p for p in self.stages[0].params if p.is_floating_point()), None)
+        first = next((p for p in self.stages[0].module.parameters() if p.is_floating_point()), None)
         data = MiniBatches(batches, self.M, self.steps, reference=first)
         D = self.D
         snaps: dict[int, dict[int, tuple[Tensor, ...]]] = defaultdict(dict)
@@ -193,7 +202,8 @@ class Emulator:
                 return
             # a stage whose ring holds one version hands out views of its live weights, which a later update of
             # this stage changes before the other stages reach v: keep a copy until the snapshot is complete
-            snaps[v][k] = tuple(w.detach().clone() for w in W) if self.stages[k].share_live else W
+            st = self.stages[k]
+            snaps[v][k] = st.full_weights(tuple(w.detach().clone() for w in W) if st.share_live else W)
             if len(snaps[v]) == D:
                 on_snapshot(v, [snaps[v][kk] for kk in range(D)])
                 del snaps[v]
@@ -222,7 +232,7 @@ class Emulator:
         current = {key: v for st in everyone for key, v in st.current.items()}
         placed: dict[str, Any] = {}
         if copies:
-            holders = {(w, k): tuple(p.detach() for p in st.params) for (w, k), st in copies.items()
+            holders = {(w, k): st.full_weights([p.detach() for p in st.params]) for (w, k), st in copies.items()
                        if w in self.plan.placement[k].holders}
             placed = {"copies": holders, "collectives": {w: counter.of(w) for w in sorted(counter.calls)}}
         used = {(op,) + kk: spec.target for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
@@ -234,6 +244,6 @@ class Emulator:
                                            "arm_losses": [state.arm_losses.get(t) for t in range(self.steps)]})
 
     def weights(self) -> list[tuple[Tensor, ...]]:
-        """The live (newest) weights of every stage."""
-        return [tuple(p.detach() for p in st.params) for st in self.stages]
+        """The live (newest) weights of every stage, in ``named_parameters`` order (frozen parameters included)."""
+        return [st.full_weights([p.detach() for p in st.params]) for st in self.stages]
 

@@ -38,6 +38,7 @@ from torch.func import functional_call
 
 from ..pipeline.driver import all_finite, check_examples
 from ..pipeline.plan import OptimizerFactory, as_stages
+from ..pipeline.stage import trainable_parameters
 from ..precision import Precision, as_precision
 from ..schedules.actions import check_int
 
@@ -64,7 +65,8 @@ def train_plain(
 
     Args:
         model: an ``nn.Sequential`` (cut into D stages, D=1 if not given) or a list of stage modules.
-        optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage.
+        optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage with its trainable parameters
+            (``requires_grad``; a stage without any has no optimizer), as the pipeline drivers call it.
         batches: mini-batch t is ``batches[t]`` or ``batches(t)``.
         steps: number of steps (default ``len(batches)``).
         record: if given a list, ``record[k][v]`` receives stage k's weights after v updates.
@@ -91,7 +93,7 @@ def train_plain(
     M = 1 if micro_batches is None else micro_batches
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"micro_batches must be a positive int or None, got {micro_batches!r}")
-    opts = [optimizer(list(s.parameters())) for s in stages]
+    opts = [optimizer(ps) for ps in map(trainable_parameters, stages) if ps]
     device = next((p.device for s in stages for p in s.parameters()), torch.device("cpu"))
     ls = prec.loss_scaling
     scaler = None if ls is None else torch.amp.GradScaler(

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..schedules.dependencies import Split, handed_to, received_from
 from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
-from .transport import Transport
+from .transport import Transport, handover_bytes
 
 __all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
 
@@ -165,7 +165,8 @@ class MiniBatches:
             x, y = self.checked(t)
             if self.device is not None:
                 x, y = x.to(self.device), y.to(self.device)
-            self._cache[t] = (split_micro(x, self.M, "input batch"), split_micro(y, self.M, "target batch"))
+            self._cache[t] = (split_micro(x, self.M, f"mini-batch {t}: input batch"),
+                              split_micro(y, self.M, f"mini-batch {t}: target batch"))
         return self._cache[t]
 
     def release(self, t: int) -> None:
@@ -279,7 +280,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
             src = received_from(job, D, split)
             x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
             out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
-            state.hold(k, x_in.numel() * x_in.element_size())
+            state.hold(k, handover_bytes(x_in))
             if k < last:
                 for dst in handed_to(job, D, split):
                     transport.send(job, dst, out)
@@ -299,7 +300,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
             g_out = transport.receive(src[0], job) if src else None
             if op == "B":
                 saved_in = ex.saved[(t, j)][1]
-                state.hold(k, -saved_in.numel() * saved_in.element_size())
+                state.hold(k, -handover_bytes(saved_in))
                 g_in = ex.backward(t, j, g_out)
             else:
                 g_in = ex.input_grad(t, j, g_out)
@@ -309,7 +310,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
         elif op == "W":
             # the stage input stays saved until the weight gradient is computed from it
             saved_in = ex.pending[(t, j)][0][1]
-            state.hold(k, -saved_in.numel() * saved_in.element_size())
+            state.hold(k, -handover_bytes(saved_in))
             ex.weight_grad(t, j)
         elif op == "U":
             W = ex.update(t)

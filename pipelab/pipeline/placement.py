@@ -87,7 +87,7 @@ import torch
 from torch import Tensor, nn
 
 from ..schedules.dependencies import Job
-from .stage import StageExecutor
+from .stage import StageExecutor, trainable_parameters
 
 __all__ = ["KINDS", "COLLECTIVE_KINDS", "StagePlacement", "Collective", "PlacedJob", "stage_placements",
            "is_placed", "placed_sequence", "worker_sequence", "collective_bytes", "FetchedStage",
@@ -469,7 +469,7 @@ class FetchedStage(StageExecutor):
     def __init__(self, k: int, D: int, M: int, module: nn.Module, capacity: int, specs: Any, events: Any,
                  last_use: Mapping[int, int], policy: Any, table: Any, loss_fn: Callable[[Tensor, Tensor], Tensor],
                  recompute: bool = False, precision: Any = None) -> None:
-        params = list(module.parameters())
+        params = trainable_parameters(module)
         # the base class checks that an optimizer holds exactly the stage's parameters; this copy never steps,
         # so a throwaway optimizer satisfies the check and is then discarded
         stand_in = torch.optim.SGD(params, lr=0.0) if params else None

@@ -39,7 +39,7 @@ from .placement import (
 )
 from .rings import ring_capacities
 from .spec import OptimizerFactory, PipelineSpec, make_spec
-from .stage import StageExecutor
+from .stage import StageExecutor, trainable_parameters
 
 __all__ = ["PipelinePlan", "build_pipeline", "as_stages", "version_table", "stage_plans", "OptimizerFactory"]
 
@@ -101,7 +101,7 @@ class PipelinePlan:
         capacity: ring size of every stage (peak versions alive at once).
         stages: the built executors, by stage index (for a placed schedule: the owner's copy in the emulator,
             the rank's own copy in the runtime).
-        weightless: stages without parameters (no optimizer, no predictor, no weight copies).
+        weightless: stages without trainable parameters (no optimizer, no predictor, no weight copies).
         precision: the run's :class:`~pipelab.precision.Precision`; scaler: fp16's shared loss scale (else None).
         placement: for a schedule whose stages are computed or held by several workers
             (:mod:`~pipelab.pipeline.placement`): every stage's C_k, H_k and kind; empty otherwise.
@@ -139,7 +139,8 @@ class PipelinePlan:
     @property
     def weight_bytes(self) -> dict[int, dict[str, int]]:
         """Bytes each built stage holds for its weights in the run's precision: masters, stored versions,
-        predicted copies, optimizer state (now), total (:func:`pipelab.precision.weight_memory`)."""
+        predicted copies, optimizer state (now), total (:func:`pipelab.precision.weight_memory`), all of its trainable
+        parameters (frozen ones are held once, in the module, and are not counted)."""
         copies = self.weight_copies
         return {k: weight_memory(self.precision, st.params, 0 if k in self.weightless else self.capacity[k],
                                  copies[k] - self.capacity[k] if k not in self.weightless else 0, st.optimizer)
@@ -166,8 +167,10 @@ def build_pipeline(
         worker: for a placed schedule (a stage computed or held by several workers), build only this
             worker's stage copies (a runtime rank); ``None``: every worker's (the emulator).
 
-    A stage without parameters gets no optimizer, learning-rate scheduler or predictor (its policy has
-    nothing to choose); it still runs its jobs.
+    The optimizer factory is called with each stage's trainable parameters (``requires_grad``; frozen ones are
+    read from the module and never versioned, predicted or stepped: :mod:`~pipelab.pipeline.stage`). A stage
+    without trainable parameters gets no optimizer, learning-rate scheduler or predictor (its policy has nothing
+    to choose); it still runs its jobs.
     """
     spec = make_spec(spec, fields, "build_pipeline")
     schedule, optimizer, D, predictor = spec.schedule, spec.optimizer, spec.D, spec.predictor
@@ -185,7 +188,7 @@ def build_pipeline(
     loss_fn = spec.loss_fn or nn.functional.cross_entropy
     recompute, lr_scheduler = spec.recompute, spec.lr_scheduler
 
-    weightless = frozenset(k for k, m in enumerate(stages) if next(m.parameters(), None) is None)
+    weightless = frozenset(k for k, m in enumerate(stages) if not trainable_parameters(m))
     # weight specs of every job, with the oracle predictor resolved to true future versions
     oracle = isinstance(predictor, str) and predictor == "oracle"
     specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
@@ -230,8 +233,8 @@ def build_pipeline(
         raise ValueError(f"only={sorted(set(only or ()))} must name stages in 0..{D - 1}")
     for k in wanted:
         module = stages[k]
-        params = list(module.parameters())
-        first = next((p for p in params if p.is_floating_point()), None)
+        params = trainable_parameters(module)
+        first = next((p for p in module.parameters() if p.is_floating_point()), None)
         check_precision(precision, torch.device("cpu") if first is None else first.device,
                         None if first is None else first.dtype)
         opt = optimizer(params) if params else None
@@ -315,7 +318,7 @@ def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], use
             if w in place.holders:
                 caps, last = ring_capacities(jobs, uses, D)
                 cap, last_use = caps[k], {v: i for (_, v), i in last.items()}
-                params = list(module.parameters())
+                params = trainable_parameters(module)
                 opt = spec.optimizer(params) if params else None
                 if params and not isinstance(opt, torch.optim.Optimizer):
                     raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")

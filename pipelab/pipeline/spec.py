@@ -44,7 +44,8 @@ class PipelineSpec:
         schedule: a ``Schedule`` (built by a builder such as ``pipelab.schedules.gpipe(D, M, steps)``, not its
             name), a simulation result, or a :class:`~pipelab.schedules.VersionTable` with its execution order.
         policy: a :class:`~pipelab.policies.Policy` or its registered name.
-        optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage with parameters.
+        optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage with its trainable
+            parameters (``requires_grad=True``; frozen ones are never trained), not for a stage without any.
         D: number of stages (required to cut an ``nn.Sequential``; default: the schedule's).
         loss_fn: ``(output, target) -> mean loss`` of a micro-batch (default cross-entropy).
         predictor: for prediction policies: a predictor name (``pipelab.predictors.make_predictor``), a

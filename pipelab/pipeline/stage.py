@@ -32,6 +32,21 @@ A stage without parameters (say a lone ``nn.Tanh`` between two Linear stages) is
 forwards and backwards run and pass activations and input gradients on, but it has no optimizer, nothing
 to predict and nothing to store. Its U events only advance its version counter, so that its jobs'
 versions current at its jobs still agree with the version table; its ring holds empty tuples (zero weight bytes).
+
+Frozen parameters (``requires_grad=False``, integer tensors held as parameters included) are not weights the
+pipeline trains: the stage's *weights* W are its trainable parameters (:func:`trainable_parameters`), the ones
+that are versioned, predicted, differentiated and stepped; a frozen parameter is read from the module by every
+job, is never copied into a version, never predicted, never given a gradient, and so never changes, exactly as
+in plain training, where ``torch.optim`` skips a parameter without a gradient. The optimizer factory is called
+with the trainable parameters only, so ``lambda ps: Adam(ps)`` and ``lambda ps: Adam([p for p in ps if
+p.requires_grad])`` build the same optimizer; a stage whose parameters are all frozen is a stage without
+weights (above) that still passes gradients to its input. Which parameters are trainable is read once, when
+the executor is built. :meth:`StageExecutor.full_weights` puts the frozen ones back (``named_parameters``
+order) for what users read: snapshots, final weights.
+
+Hand-overs may be structures of tensors (:mod:`pipelab.pipeline.transport`): a tuple ``(hidden, mask)`` from
+stage k is stage k+1's one input, its floating-point tensors require grad there, and the gradient handed back
+is the tuple of their gradients.
 """
 
 from __future__ import annotations
@@ -47,8 +62,17 @@ from ..policies import GradientContext, Policy, Stored, WeightSpec
 from ..precision import FP32, LossScaler, Precision
 from ..schedules.dependencies import Job
 from .rings import VersionRing
+from .transport import check_handover, describe_handover, grad_leaves, map_tensors, tensors_of
 
-__all__ = ["StageExecutor"]
+__all__ = ["StageExecutor", "trainable_parameters"]
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``module`` a pipeline trains: those with ``requires_grad`` (``named_parameters`` order).
+
+    The optimizer factory of every driver (and of :func:`pipelab.train_plain`) is called with these.
+    """
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 class StageExecutor:
@@ -57,8 +81,8 @@ class StageExecutor:
     Args:
         k: stage index; ``D``, ``M``: stages and micro-batches per step.
         module: the stage module (trained in place: the optimizer owns its parameters).
-        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s parameters; ``None`` for a stage
-            without parameters (and only then).
+        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s trainable parameters
+            (:func:`trainable_parameters`); ``None`` for a stage without any (and only then).
         capacity: ring size (peak versions alive, from :func:`~pipelab.pipeline.rings.ring_capacities`).
         specs: ``(t, j) -> (forward spec, backward spec)`` of this stage's jobs.
         events: this stage's events in execution order, ``(op, t, j)`` (``j = -1`` for U).
@@ -79,15 +103,23 @@ class StageExecutor:
         self.k, self.D, self.M = k, D, M
         self.module = module
         named = list(module.named_parameters())
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
+        # the weights W: the trainable parameters; frozen ones stay in the module (module docstring)
+        self.names = [n for n, p in named if p.requires_grad]
+        self.params = [p for _, p in named if p.requires_grad]
+        trainable = {id(p): i for i, p in enumerate(self.params)}
+        #: per named parameter: its index in W, or the frozen parameter itself (for :meth:`full_weights`)
+        self._slots: list[int | Tensor] = [trainable.get(id(p), p) for _, p in named]
         self.buffer_names = [n for n, _ in module.named_buffers()]
         if optimizer is None and self.params:
-            raise ValueError(f"stage {k} has parameters, so it needs an optimizer (None is for stages without)")
+            raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
+                             "without)")
         self.optimizer = optimizer
         opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
-        if {id(p) for p in opt_params} != {id(p) for p in self.params} or len(opt_params) != len(self.params):
-            raise ValueError(f"the optimizer of stage {k} must hold exactly that stage's parameters")
+        if {id(p) for p in opt_params} != set(trainable) or len(opt_params) != len(self.params):
+            frozen = len(named) - len(self.params)
+            raise ValueError(f"the optimizer of stage {k} holds {len(opt_params)} parameters, not exactly the stage's "
+                             f"{len(self.params)} trainable ones ({frozen} frozen, requires_grad=False, are not "
+                             "trained): build it over the parameters the factory is given")
         pos = {id(p): i for i, p in enumerate(opt_params)}  # predictors use param_groups order
         self.opt_order = [pos[id(p)] for p in self.params]
         self.inv_order = _inverse(self.opt_order)
@@ -116,6 +148,8 @@ class StageExecutor:
         self.used_sum: dict[int, list[Tensor]] = {}  # Σ_j backward weights of step t (keeps_backward_weights)
         self.policy_state: dict[str, Any] = {}  # the policy's per-stage state (correct_gradient)
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
+        # (t, j, shapes and dtypes, description) of the first forward's input
+        self.first_input: tuple[int, int, list[tuple[torch.Size, torch.dtype]], str] | None = None
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
         self.ring.put(0, self.snapshot())
@@ -131,12 +165,21 @@ class StageExecutor:
                          for p in self.params)
         return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
 
-    def call(self, weights: Sequence[Tensor], x: Tensor, fresh_buffers: bool = False) -> Tensor:
+    def full_weights(self, W: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """Weights ``W`` (trainable, in :attr:`names` order) with the frozen parameters, in ``named_parameters``
+        order: what users read (snapshots, final weights, :func:`pipelab.evaluate`)."""
+        return tuple(W[s] if isinstance(s, int) else s.detach() for s in self._slots)
+
+    def call(self, weights: Sequence[Tensor], x: Any, fresh_buffers: bool = False) -> Any:
+        """The stage at weights W (frozen parameters and buffers from the module) on input ``x``."""
         mapping: dict[str, Tensor] = dict(zip(self.names, weights))
         if fresh_buffers and self.buffer_names:
             mapping.update({n: b.clone() for n, b in self.module.named_buffers()})
         out = functional_call(self.module, mapping, (x,))
-        return out if self.k == self.D - 1 else self.precision.handover(out)  # activations in the compute dtype
+        if self.k == self.D - 1:
+            return out
+        check_handover(out, self.k)
+        return map_tensors(self.precision.handover, out)  # activations in the compute dtype
 
     def weights(self, spec: WeightSpec, grad: bool) -> tuple[Tensor, ...]:
         """The weights a job's spec names: a stored version, or a prediction from one (none without parameters)."""
@@ -188,25 +231,44 @@ class StageExecutor:
         spec_f, spec_b = self.specs[(t, j)]
         keep = spec_f == spec_b and isinstance(spec_f, Stored) and not self.recompute
         W = self.weights(spec_f, grad=False)
-        rng = _rng_state(x_in.device)
+        device = tensors_of(x_in)[0].device
+        rng = _rng_state(device)
         if keep:
             if self.k > 0:
-                x_in.requires_grad_(True)
-            with torch.enable_grad(), self.precision.autocast(x_in.device):
-                out = self.call(W, x_in)
+                for x in grad_leaves(x_in):
+                    x.requires_grad_(True)
+            with torch.enable_grad(), self.precision.autocast(device):
+                out = self._first_call(t, j, W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
         else:
-            with torch.no_grad(), self.precision.autocast(x_in.device):
-                out = self.call(W, x_in)
+            with torch.no_grad(), self.precision.autocast(device):
+                out = self._first_call(t, j, W, x_in)
                 if last:
                     out = self.loss_fn(out, cast(Tensor, target)) / self.M
             self.saved[(t, j)] = ("recompute", x_in, rng, target)
         self._advance()
-        return out.detach()
+        return map_tensors(Tensor.detach, out)
 
-    def _graph(self, t: int, j: int) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    def _first_call(self, t: int, j: int, W: Sequence[Tensor], x_in: Any) -> Any:
+        """The forward's stage call; an input whose form differs from the stage's first one (a mini-batch whose
+        shape changed mid-run) that the stage rejects is named (ValueError, the stage's error chained)."""
+        form = [(x.shape, x.dtype) for x in tensors_of(x_in)]
+        if self.first_input is None:
+            self.first_input = (t, j, form, describe_handover(x_in))
+        try:
+            return self.call(W, x_in)
+        except Exception as exc:
+            t0, j0, first_form, first = self.first_input
+            if form == first_form:
+                raise
+            here = describe_handover(x_in)
+            raise ValueError(f"stage {self.k} failed on micro-batch {j} of mini-batch {t}, whose input is {here}; its "
+                             f"first input (mini-batch {t0}, micro-batch {j0}) was {first}: the model does not accept "
+                             f"the changed shape ({type(exc).__name__}: {exc})") from exc
+
+    def _graph(self, t: int, j: int) -> tuple[Any, Any, tuple[Tensor, ...]]:
         """``(x_in, out, W)`` for micro-batch (t, j)'s backward: the forward's graph when it ran at the backward's
         weights, else the stage forward recomputed at them (same random state, fresh buffers)."""
         entry = self.saved.pop((t, j))
@@ -218,12 +280,13 @@ class StageExecutor:
         x_in, out = self._replay_forward(W, x0, rng, target)
         return x_in, out, W
 
-    def _replay_forward(self, W: Sequence[Tensor], x0: Tensor, rng: tuple[Tensor, Tensor | None],
-                        target: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _replay_forward(self, W: Sequence[Tensor], x0: Any, rng: tuple[Tensor, Tensor | None],
+                        target: Tensor | None) -> tuple[Any, Any]:
         """The stage forward at weights ``W`` from the saved input ``x0`` and random state ``rng``, with a graph
         (fresh buffers; the loss ℓ/M on the last stage): a recompute, or a graph rebuilt after a checkpoint."""
-        x_in = x0.detach().requires_grad_(self.k > 0)
-        with torch.enable_grad(), _replay_rng(x0.device, rng), self.precision.autocast(x0.device):
+        x_in = map_tensors(lambda x: x.detach().requires_grad_(self.k > 0 and x.is_floating_point()), x0)
+        device = tensors_of(x0)[0].device
+        with torch.enable_grad(), _replay_rng(device, rng), self.precision.autocast(device):
             out = self.call(W, x_in, fresh_buffers=True)
             if self.k == self.D - 1:
                 out = self.loss_fn(out, cast(Tensor, target)) / self.M
@@ -246,20 +309,33 @@ class StageExecutor:
         else:
             self.acc[t] = pgrads
 
-    def backward(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+    def backward(self, t: int, j: int, g_out: Any) -> Any:
         """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
         self._check_event("B", t, j)
         self.current[("B", self.k, t, j)] = self.version
         x_in, out, W = self._graph(t, j)
-        g_out = self._seed(t, out, g_out)
-        inputs = list(W) + ([x_in] if self.k > 0 else [])
-        # stage 0 without parameters has nothing to differentiate: no weights, no input gradient to pass on
-        grads = torch.autograd.grad(out, inputs, g_out, allow_unused=True) if inputs else ()
+        xs = grad_leaves(x_in) if self.k > 0 else []
+        grads = self._vjp(out, self._seed(t, out, g_out), list(W) + xs)
         self._accumulate(t, W, grads[:len(W)])
         self._advance()
-        return grads[-1] if self.k > 0 else None
+        return _input_grad(x_in, grads[len(W):]) if self.k > 0 else None
 
-    def input_grad(self, t: int, j: int, g_out: Tensor | None) -> Tensor | None:
+    def _vjp(self, out: Any, g_out: Any, inputs: list[Tensor], retain: bool = False) -> list[Tensor | None]:
+        """(∂out/∂inputs)ᵀ g_out over the outputs that carry a gradient (``None`` for an input it does not reach).
+
+        ``out`` is the loss, or a hand-over whose floating-point tensors are seeded by ``g_out`` (a tensor, or the
+        tuple of their gradients); an output that does not require grad (a detached or constant entry) drops
+        its seed. Stage 0 without weights has no inputs: nothing is differentiated.
+        """
+        outs = grad_leaves(out)
+        seeds = [g_out] if isinstance(out, Tensor) else list(g_out)
+        pairs = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
+        if not inputs or not pairs:
+            return [None] * len(inputs)
+        return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True,
+                                        retain_graph=retain))
+
+    def input_grad(self, t: int, j: int, g_out: Any) -> Any:
         """I(k, t, j) of a split backward: the input gradient (∂out/∂x)ᵀg alone (``None`` on stage 0).
 
         The stage's graph (at the backward's weights, decided here) and g are kept for W(k, t, j), which
@@ -273,7 +349,8 @@ class StageExecutor:
         g_out = self._seed(t, out, g_out)
         g_in = None
         if self.k > 0:
-            (g_in,) = torch.autograd.grad(out, [x_in], g_out, retain_graph=True)
+            xs = grad_leaves(x_in)
+            g_in = _input_grad(x_in, self._vjp(out, g_out, xs, retain=True))
         self.pending[(t, j)] = (entry, out, W, g_out)
         self._advance()
         return g_in
@@ -286,8 +363,7 @@ class StageExecutor:
         self._check_event("W", t, j)
         self.current[("W", self.k, t, j)] = self.version
         _, out, W, g_out = self.pending.pop((t, j))
-        grads = torch.autograd.grad(out, list(W), g_out, allow_unused=True) if W else ()
-        self._accumulate(t, W, grads)
+        self._accumulate(t, W, self._vjp(out, g_out, list(W)))
         self._advance()
 
     def update(self, t: int) -> tuple[Tensor, ...]:
@@ -317,7 +393,7 @@ class StageExecutor:
         return W
 
 
-    def _seed(self, t: int, out: Tensor, g_out: Tensor | None) -> Tensor | None:
+    def _seed(self, t: int, out: Any, g_out: Any) -> Any:
         """The backward's seed: :func:`_seed`'s, or on the last stage under fp16 loss scaling, S instead of 1."""
         if self.scaler is not None and g_out is None:
             return torch.full_like(out, self.scaler.seed(t))
@@ -445,10 +521,18 @@ class _replay_rng:
             torch.cuda.set_rng_state(self.saved[1], self.device)
 
 
-def _seed(out: Tensor, g_out: Tensor | None) -> Tensor | None:
+def _input_grad(x_in: Any, grads: Sequence[Tensor | None]) -> Any:
+    """The gradient handed to the previous stage for its hand-over ``x_in`` (:mod:`~pipelab.pipeline.transport`):
+    a tensor for a floating tensor, else the tuple of its floating-point tensors' gradients; zeros where the
+    loss does not depend on one (the message has a fixed form)."""
+    full = [torch.zeros_like(x) if g is None else g for x, g in zip(grad_leaves(x_in), grads)]
+    return full[0] if isinstance(x_in, Tensor) and x_in.is_floating_point() else tuple(full)
+
+
+def _seed(out: Any, g_out: Any) -> Any:
     """The gradient the backward starts from: the received one, or on the last stage (``None``) the implicit 1 of a
     scalar loss; a vector of independent arms' losses (:mod:`pipelab.stacking`) is seeded with ones, i.e. the
     backward of their sum, whose gradient with respect to each arm's weights is that arm's own."""
-    if g_out is None and out.ndim:
+    if g_out is None and isinstance(out, Tensor) and out.ndim:
         return torch.ones_like(out)
     return g_out

@@ -10,6 +10,19 @@ ran; :meth:`~Transport.receive` by the consuming job, right before it runs. :cla
 single-process emulator's (a dictionary); the runtime's ``torch.distributed`` point-to-point transport
 (:class:`pipelab.runtime.p2p.P2PTransport`) implements the same interface across processes.
 
+**What crosses a boundary** (a *hand-over*): a stage's output is a tensor, or a structure of tensors — a
+tuple, list, dict or named tuple, nested, with ``None`` entries allowed (a transformer block returning
+``(hidden, mask)``). Stage k+1 is called with it as its one input, exactly as ``nn.Sequential`` calls its next
+module (so a model cut into stages computes what the uncut ``nn.Sequential`` computes; a stage that wants the
+parts unpacks them itself). Any other entry (a Python number, a string) is refused at the stage's first
+forward, naming the stage and what it returned (:func:`check_handover`). Only the floating-point tensors of a
+hand-over carry a gradient back: the gradient handed from stage k+1 to stage k is, for a floating tensor, a
+tensor of its shape; for anything else, the tuple of the gradients of its floating-point leaves in flattening
+order (zeros where the loss does not depend on one); integer entries (masks, indices) get none.
+:class:`Layout` describes a hand-over (its structure and each tensor's shape and dtype); the runtime sends a
+structure as one message, its tensors' bytes packed into one buffer (:func:`pack`, :meth:`Layout.unpack`), so
+that every hand-over stays one point-to-point message.
+
 Example:
     >>> import torch
     >>> tr = InMemoryTransport()
@@ -20,23 +33,28 @@ Example:
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from ..schedules.dependencies import Job
 
-__all__ = ["Transport", "InMemoryTransport"]
+__all__ = ["Transport", "InMemoryTransport", "Layout", "check_handover", "tensors_of", "grad_leaves", "map_tensors",
+           "handover_bytes", "pack", "describe_handover"]
 
 
 class Transport(Protocol):
     """Carries a tensor from job ``src`` to job ``dst`` (both ``(op, stage, step, micro)``)."""
 
-    def send(self, src: Job, dst: Job, tensor: Tensor) -> None:
-        """Hand ``tensor``, just produced by ``src``, on to ``dst``."""
+    def send(self, src: Job, dst: Job, tensor: Any) -> None:
+        """Hand ``tensor`` (a tensor or a structure of tensors), just produced by ``src``, on to ``dst``."""
 
-    def receive(self, src: Job, dst: Job) -> Tensor:
-        """The tensor ``src`` produced for ``dst`` (called by ``dst``, before it runs)."""
+    def receive(self, src: Job, dst: Job) -> Any:
+        """The hand-over ``src`` produced for ``dst`` (called by ``dst``, before it runs)."""
 
     def flush(self) -> None:
         """Complete every outstanding send (at the end of a run)."""
@@ -52,12 +70,12 @@ class InMemoryTransport:
     """
 
     def __init__(self) -> None:
-        self.waiting: dict[Job, Tensor] = {}
+        self.waiting: dict[Job, Any] = {}
 
-    def send(self, src: Job, dst: Job, tensor: Tensor) -> None:
+    def send(self, src: Job, dst: Job, tensor: Any) -> None:
         self.waiting[dst] = tensor
 
-    def receive(self, src: Job, dst: Job) -> Tensor:
+    def receive(self, src: Job, dst: Job) -> Any:
         try:
             return self.waiting.pop(dst)
         except KeyError:
@@ -68,3 +86,134 @@ class InMemoryTransport:
 
     def held(self) -> int:
         return 0
+
+
+# ----------------------------------------------------------------------------------------- hand-over structures
+
+
+def tensors_of(value: Any) -> list[Tensor]:
+    """The tensors of a hand-over in flattening order (``None`` entries left out)."""
+    if isinstance(value, Tensor):
+        return [value]
+    return [x for x in pytree.tree_leaves(value) if isinstance(x, Tensor)]
+
+
+def grad_leaves(value: Any) -> list[Tensor]:
+    """The floating-point tensors of a hand-over: the ones that carry a gradient (module docstring)."""
+    return [x for x in tensors_of(value) if x.is_floating_point()]
+
+
+def map_tensors(fn: Callable[[Tensor], Tensor], value: Any) -> Any:
+    """``value`` with ``fn`` applied to each of its tensors (the structure kept)."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    return pytree.tree_map(lambda x: fn(x) if isinstance(x, Tensor) else x, value)
+
+
+def handover_bytes(value: Any) -> int:
+    """Bytes of a hand-over's tensors."""
+    return sum(x.numel() * x.element_size() for x in tensors_of(value))
+
+
+def describe_handover(value: Any) -> str:
+    """A short description of a value for error messages: a tensor's shape and dtype, a structure's parts."""
+    if isinstance(value, Tensor):
+        return f"tensor{list(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {describe_handover(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe_handover(v) for v in value)
+        return f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
+    return f"{type(value).__name__} {value!r}"[:60]
+
+
+def check_handover(value: Any, stage: int) -> None:
+    """Refuse a stage output that cannot be handed over (module docstring): anything but a tensor or a structure
+    of tensors and ``None`` entries.
+
+    Raises:
+        TypeError: naming the stage and what it returned.
+    """
+    if isinstance(value, Tensor):
+        return
+    bad = [x for x in pytree.tree_leaves(value) if x is not None and not isinstance(x, Tensor)]
+    if bad or not tensors_of(value):
+        what = f"an entry of type {type(bad[0]).__name__}" if bad else "no tensor"
+        raise TypeError(f"stage {stage} returned {describe_handover(value)}, with {what}: a stage's output is handed "
+                        "to the next stage, so it must be a tensor or a tuple/list/dict of tensors (None entries "
+                        "allowed); return numbers as tensors (torch.tensor(...)) or drop them")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The form of a hand-over: each tensor's shape and dtype (``None`` for a ``None`` entry) and the structure.
+
+    ``spec`` is ``None`` for a plain tensor, else the ``torch.utils._pytree`` spec of the structure. The runtime
+    sizes its receive buffers from a layout (found by running the stages on the ``meta`` device) and rebuilds
+    the structure from the received bytes.
+    """
+
+    leaves: tuple[tuple[torch.Size, torch.dtype] | None, ...]
+    spec: Any = None
+
+    @staticmethod
+    def of(value: Any, dtype: Callable[[torch.dtype], torch.dtype] = lambda d: d) -> Layout:
+        """The layout of ``value`` (a checked hand-over), with each tensor's dtype mapped by ``dtype``."""
+        if isinstance(value, Tensor):
+            return Layout(((value.shape, dtype(value.dtype)),))
+        flat, spec = pytree.tree_flatten(value)
+        return Layout(tuple(None if x is None else (x.shape, dtype(x.dtype)) for x in flat), spec)
+
+    def gradient(self) -> Layout:
+        """The layout of the gradient handed back for this hand-over (module docstring)."""
+        if self.spec is None and self.leaves[0] is not None and self.leaves[0][1].is_floating_point:
+            return self
+        floating = tuple(x for x in self.leaves if x is not None and x[1].is_floating_point)
+        return Layout(floating, pytree.tree_flatten(tuple(range(len(floating))))[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_numel(x[0]) * _itemsize(x[1]) for x in self.leaves if x is not None)
+
+    def empty(self, device: torch.device) -> Tensor:
+        """A receive buffer: the tensor itself, or for a structure its packed bytes (:func:`pack`)."""
+        if self.spec is None:
+            shape, dtype = self.leaves[0]  # type: ignore[misc]
+            return torch.empty(shape, dtype=dtype, device=device)
+        return torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+
+    def unpack(self, buf: Tensor) -> Any:
+        """The hand-over from a received buffer (the inverse of :func:`pack`)."""
+        if self.spec is None:
+            return buf
+        out: list[Tensor | None] = []
+        at = 0
+        for leaf in self.leaves:
+            if leaf is None:
+                out.append(None)
+                continue
+            shape, dtype = leaf
+            n = _numel(shape) * _itemsize(dtype)
+            # a copy per tensor: its own storage, aligned for its dtype and free to require grad
+            out.append(buf[at:at + n].clone().view(dtype).view(shape))
+            at += n
+        return pytree.tree_unflatten(out, self.spec)
+
+
+def pack(value: Any) -> Tensor:
+    """One contiguous buffer for a hand-over: a tensor itself, or a structure's tensors' bytes in flattening order."""
+    if isinstance(value, Tensor):
+        return value.contiguous()
+    parts = [x.detach().contiguous().reshape(-1).view(torch.uint8) for x in tensors_of(value)]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def _numel(shape: torch.Size) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

@@ -41,14 +41,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..pipeline.transport import Layout, pack
 from ..schedules.dependencies import Job
 from ..schedules.transfers import ACT, GRAD, channel, channels, messages
 from .nccl_order import ORDERS, Issue, MessageOrder, Op, RankOrder, Wait
 
 __all__ = ["P2PTransport"]
 
-#: ``(t, j, boundary) -> (shape, dtype)`` of the tensor crossing the boundary into stage ``boundary``
-ShapeOf = Callable[[int, int, int], tuple[torch.Size, torch.dtype]]
+#: ``(t, j, boundary) -> Layout`` of the hand-over crossing the boundary into stage ``boundary`` (its activation;
+#: the gradient going back is :meth:`~pipelab.pipeline.transport.Layout.gradient`)
+ShapeOf = Callable[[int, int, int], Layout]
 
 
 class P2PTransport:
@@ -64,7 +66,8 @@ class P2PTransport:
         local: same-rank hand-overs waiting for their consumer, ``(kind, stage, t, j) -> tensor``.
         outbox: messages kept at a checkpoint's cut, ``(dst, tag, t, j, tensor)``, sent by the resumed run.
         retain: ``(dst, tag, t, j)`` of the sends to keep in the outbox (set per run by the runtime).
-        shape_of: shape and dtype of a received tensor (set per run by the runtime).
+        shape_of: the layout of a received hand-over (set per run by the runtime): a tensor's shape and dtype, or a
+            structure's, whose tensors travel packed in one buffer (:mod:`pipelab.pipeline.transport`).
         log: with ``record``, the :class:`~pipelab.runtime.nccl_order.Issue` and ``Wait`` items in host order.
 
     Raises:
@@ -109,7 +112,8 @@ class P2PTransport:
         self._messages = MessageOrder(schedule) if order == "rendezvous" else None
         self._cursor: RankOrder | None = None
         self._ready: dict[tuple, Tensor] = {}  # rendezvous: produced sends not issued yet, by message key
-        self._posted: dict[tuple, tuple[Any, Tensor]] = {}  # rendezvous: issued receives, key -> (work, buffer)
+        # issued receives, key -> (work, buffer, layout)
+        self._posted: dict[tuple, tuple[Any, Tensor, Layout]] = {}
 
     @staticmethod
     def _kind(dst: Job) -> int:
@@ -131,7 +135,7 @@ class P2PTransport:
         self._cursor = RankOrder(ops, prefetch=self.prefetch, ready=mine)
         self._issue(self._cursor.start())
 
-    def send(self, src: Job, dst: Job, tensor: Tensor) -> None:
+    def send(self, src: Job, dst: Job, tensor: Any) -> None:
         op, k, t, j = dst
         kind = self._kind(dst)
         peer = self.schedule.worker_of(op, k, t, j)
@@ -139,7 +143,7 @@ class P2PTransport:
             self.local[(kind, k, t, j)] = tensor
             return
         tag = channel(kind, k)
-        tensor = tensor.contiguous()
+        tensor = pack(tensor)  # one buffer per message: a structure's tensors packed together
         if (peer, tag, t, j) in self.retain:  # crosses a checkpoint's cut: the resumed run sends it
             self.outbox.append((peer, tag, t, j, tensor))
             return
@@ -152,7 +156,7 @@ class P2PTransport:
         self._ready[key] = tensor
         self._issue(self._cursor.produced(key))
 
-    def receive(self, src: Job, dst: Job) -> Tensor:
+    def receive(self, src: Job, dst: Job) -> Any:
         _, k, t, j = dst
         kind = self._kind(dst)
         peer = self.schedule.worker_of(src[0], src[1], t, j)
@@ -169,10 +173,10 @@ class P2PTransport:
             self._issue([[op]])
         else:
             self._issue(self._cursor.needed(key))
-        work, buf = self._posted.pop(key)
+        work, buf, layout = self._posted.pop(key)
         self._wait(work, op)
         self._release(peer, self._send_pos[(peer, tag, t, j)])
-        return buf
+        return layout.unpack(buf)
 
     def resend_outbox(self) -> None:
         """Eager order: send the messages that were in flight when the checkpoint was taken, in their order."""
@@ -189,12 +193,14 @@ class P2PTransport:
             if not group:
                 continue
             items = []
+            layouts: dict[tuple, Layout] = {}
             for op in group:
                 if op.kind == "send":
                     items.append((op, tensors.pop(op.key)))
                 else:
-                    shape, dtype = self.shape_of(op.t, op.j, op.channel // 2 + (op.channel % 2))  # type: ignore[misc]
-                    items.append((op, torch.empty(shape, dtype=dtype, device=self.device)))
+                    layout = self.shape_of(op.t, op.j, op.channel // 2 + (op.channel % 2))  # type: ignore[misc]
+                    layouts[op.key] = layout.gradient() if op.channel % 2 == GRAD else layout
+                    items.append((op, layouts[op.key].empty(self.device)))
             works: list[Any]
             if self.batch and len(items) > 1:
                 works = dist.batch_isend_irecv([dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, x,
@@ -212,7 +218,7 @@ class P2PTransport:
                 if op.kind == "send":
                     self._pending[op.peer].append((self._recv_pos[(op.peer, op.channel, op.t, op.j)], work, x, op))
                 else:
-                    self._posted[op.key] = (work, x)
+                    self._posted[op.key] = (work, x, layouts[op.key])
 
     def _tag(self, op: Op) -> int:
         return 0 if self.backend == "nccl" else op.channel  # NCCL has no tags: pairs match in issue order

@@ -16,7 +16,13 @@ computes exactly the same weights; only the transport of tensors differs (:mod:`
   at start-up that, on every channel, the sender's program and the receiver's program list the messages
   in the same order — the FIFO matching point-to-point transports provide.
 - Receive buffers are sized once per input shape by running the model on the ``meta`` device (in the compute
-  dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`).
+  dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`): the
+  :class:`~pipelab.pipeline.transport.Layout` of every boundary — a tensor's shape and dtype, or for a stage that
+  returns a structure (a tuple ``(hidden, mask)``, a dict) each of its tensors' and the structure, sent as one
+  packed message. So a mini-batch whose shape changes mid-run (a smaller last batch, another sequence length)
+  runs as in the emulator, provided every rank is given the same mini-batch shapes: a sequence of mini-batches
+  is checked for that across ranks before each run (one ``all_gather_object``; a callable is not read ahead,
+  as it may not be repeatable), and a stage that rejects a changed shape is named with both shapes.
 
 Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to
 choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
@@ -58,6 +64,7 @@ from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
+from ..pipeline.transport import Layout, check_handover
 from ..schedules.transfers import consistent_cut
 from .collectives import DistributedCollectives
 from .p2p import P2PTransport
@@ -178,7 +185,7 @@ class PipelineRuntime:
         if self.placed:  # every rank creates every group, in the same order, before any traffic
             self.program = worker_sequence(self.plan.sequence, self.rank)
             self.collectives = DistributedCollectives(self.plan.sequence, self.rank)
-        self._meta: dict[tuple, list[tuple[torch.Size, torch.dtype]]] = {}
+        self._meta: dict[tuple, list[Layout]] = {}
         self.transport = P2PTransport(schedule, self.rank, self.device)
         self.record = bool(record)
         if self.record:
@@ -267,8 +274,8 @@ class PipelineRuntime:
         Schedule (name, D, M, steps, a digest of the programs), policy and its options, predictor and its
         options, optimizer type and hyper-parameters (every ``param_groups`` value but ``params``: lr,
         momentum, betas, weight decay, ...), learning-rate scheduler, loss, recompute, the stages'
-        parameter names/shapes/dtypes, and the caller's ``config`` (data seed, batch size, ...). Taken at
-        construction, before any update changes a learning rate. Compare two with
+        parameter names/shapes/dtypes (frozen ones marked), and the caller's ``config`` (data seed, batch size,
+        ...). Taken at construction, before any update changes a learning rate. Compare two with
         :func:`pipelab.distributed.differences`.
         """
         return copy.deepcopy(self._fingerprint)
@@ -296,23 +303,56 @@ class PipelineRuntime:
             "loss_fn": _name(self.plan.loss_fn),
             "recompute": bool(recompute),
             "precision": repr(self.plan.precision),
-            "stages": [[(n, tuple(p.shape), str(p.dtype)) for n, p in m.named_parameters()] for m in self.modules],
+            # a frozen parameter (requires_grad=False) is marked: every rank must train the same ones
+            "stages": [[(n, tuple(p.shape), str(p.dtype)) + (() if p.requires_grad else ("frozen",))
+                        for n, p in m.named_parameters()] for m in self.modules],
             "config": dict(config) if config is not None else None,
         })
 
-    def _boundaries(self, x: Tensor) -> list[tuple[torch.Size, torch.dtype]]:
-        """Shape and dtype of every stage's input for a micro-batch like ``x`` (index k = input of stage k)."""
+    def _boundaries(self, x: Tensor, t: int, j: int) -> list[Layout]:
+        """The layout of every stage's input for micro-batch j of mini-batch t, ``x`` (index k = input of stage k),
+        found by running the stages on the ``meta`` device once per input shape."""
         key = (tuple(x.shape), x.dtype)
         if key not in self._meta:
-            metas = [(x.shape, x.dtype)]
-            h = torch.empty(x.shape, dtype=x.dtype, device="meta")
+            metas = [Layout.of(x)]
+            h: Any = torch.empty(x.shape, dtype=x.dtype, device="meta")
             with torch.no_grad():
-                for m in self.modules[:-1]:
-                    h = copy.deepcopy(m).to("meta")(h)
+                for i, m in enumerate(self.modules[:-1]):
+                    try:
+                        h = copy.deepcopy(m).to("meta")(h)
+                        check_handover(h, i)
+                    except Exception as exc:
+                        seen = f"; the first input was {_form(*next(iter(self._meta)))}" if self._meta else ""
+                        raise ValueError(
+                            f"rank {self.rank} sizes its receive buffers for micro-batch {j} of mini-batch {t} (input "
+                            f"{_form(*key)}{seen}) by running stages 0..{i} on the meta device, and stage {i} failed "
+                            f"({type(exc).__name__}: {exc}): either the model rejects this input's shape, or stage {i} "
+                            "cannot run on the meta device (data-dependent shapes, .item())") from exc
                     # under bf16/fp16 activations (and their gradients) cross in the compute dtype
-                    metas.append((h.shape, self.plan.precision.boundary_dtype(h.dtype)))
+                    metas.append(Layout.of(h, self.plan.precision.boundary_dtype))
             self._meta[key] = metas
         return self._meta[key]
+
+    def _check_same_data(self, batches: Any, data: MiniBatches, start: int) -> None:
+        """Every rank must be given the same mini-batch shapes (its receive buffers are sized from its own copy of
+        the data): for a sequence of mini-batches, compare the input shapes and dtypes of steps ``start..`` across
+        ranks before any message (a callable is not read ahead: it may not be repeatable)."""
+        if callable(batches) or not dist.is_initialized() or self.world == 1:
+            return
+        runs: list[tuple[int, tuple[int, ...], str]] = []  # (first step, shape, dtype) of each run of equal forms
+        for t in range(start, self.steps):
+            x = data.checked(t)[0]
+            form = (tuple(x.shape), str(x.dtype))
+            if not runs or runs[-1][1:] != form:
+                runs.append((t, *form))
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, runs)
+        for r, other in enumerate(every):
+            if other != every[0]:
+                t, mine, theirs = _first_difference(every[0], other, self.steps)
+                raise ValueError(f"rank {r} is given a mini-batch {t} whose input is {_form(*theirs)}, rank 0 one of "
+                                 f"{_form(*mine)}: every rank must be given the same mini-batches (each sizes its "
+                                 "receive buffers from its own copy)")
 
     # ------------------------------------------------------------------------------------- running
 
@@ -339,7 +379,8 @@ class PipelineRuntime:
             cut, in_flight = consistent_cut(self.schedule, stop_at_step)
             end = max(cut[self.rank], self.position)
             self.transport.retain = {(dst, tag, t, j) for src, dst, tag, t, j in in_flight if src == self.rank}
-        self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j])[boundary]
+        self._check_same_data(batches, data, self.cut_step)
+        self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j], t, j)[boundary]
         self.transport.begin(self.position, end)  # sends kept at a checkpoint's cut go out in this run
         last_stage = self.my_stages[-1]
         after_job: Callable[[int], None] = heartbeat
@@ -418,12 +459,25 @@ class PipelineRuntime:
         if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
             memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
         current = {key: v for e in self.executors.values() for key, v in e.current.items()}
-        weights = {k: tuple(p.detach().cpu().clone() for p in e.params) for k, e in self.executors.items()
-                   if k not in fetched}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.full_weights(e.params))
+                   for k, e in self.executors.items() if k not in fetched}
         return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
                              self.position, steps_done=len(done), diverged=bool(bad),
                              diverged_step=bad[0] if bad else None,
                              collectives=self.collectives.stats() if self.collectives is not None else {})
+
+
+def _form(shape: tuple[int, ...], dtype: Any) -> str:
+    return f"tensor{list(shape)}:{str(dtype).removeprefix('torch.')}"
+
+
+def _first_difference(a: list[tuple[int, tuple[int, ...], str]], b: list[tuple[int, tuple[int, ...], str]],
+                      steps: int) -> tuple[int, tuple[Any, ...], tuple[Any, ...]]:
+    """The first step where two run-length encodings of (shape, dtype) per step differ, with both forms."""
+    def at(runs: list[tuple[int, tuple[int, ...], str]], t: int) -> tuple[Any, ...]:
+        return next(r for r in reversed(runs) if r[0] <= t)[1:]
+    t = next(t for t in range(a[0][0], steps) if at(a, t) != at(b, t))
+    return t, at(a, t), at(b, t)
 
 
 def _name(obj: Any) -> str:

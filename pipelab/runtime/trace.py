@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
-from torch import Tensor
 
+from ..pipeline.transport import handover_bytes
 from ..schedules.dependencies import Job
 from ..schedules.transfers import ACT, GRAD
 
@@ -161,24 +161,24 @@ class MeasuredTransport:
     def _kind(dst: Job) -> str:
         return KINDS[ACT if dst[0] == "F" else GRAD]
 
-    def send(self, src: Job, dst: Job, tensor: Tensor) -> None:
+    def send(self, src: Job, dst: Job, tensor: Any) -> None:
         if self.produced is None:
             object.__setattr__(self, "produced", time.perf_counter())
         peer = self.inner.schedule.worker_of(*dst[:4])
         self.inner.send(src, dst, tensor)
         if peer != self.inner.rank:
-            n = tensor.numel() * tensor.element_size()
+            n = handover_bytes(tensor)
             kind, tl = self._kind(dst), self.timeline
             tl.sent[kind] += n
             tl.messages_sent[kind] += 1
             tl.sent_to[peer] = tl.sent_to.get(peer, 0) + n
 
-    def receive(self, src: Job, dst: Job) -> Tensor:
+    def receive(self, src: Job, dst: Job) -> Any:
         peer = self.inner.schedule.worker_of(src[0], src[1], dst[2], dst[3])
         tensor = self.inner.receive(src, dst)
         if peer != self.inner.rank:
             object.__setattr__(self, "arrived", time.perf_counter())
-            n = tensor.numel() * tensor.element_size()
+            n = handover_bytes(tensor)
             kind, tl = self._kind(dst), self.timeline
             tl.received[kind] += n
             tl.messages_received[kind] += 1

@@ -1,0 +1,467 @@
+"""Reliability of real user models: frozen parameters, stages returning tuples or dicts, mini-batch shapes that
+change mid-run.
+
+- Frozen parameters (``requires_grad=False``, an integer tensor held as a parameter, a stage frozen whole) train
+  exactly like plain PyTorch with an optimizer over all parameters or over the trainable ones (float64), under
+  flushed and asynchronous policies (against the same pipeline with the frozen tensors held as buffers), on
+  placed schedules, in the runtime (gloo, 2 ranks) and through a checkpoint; they never change, are never
+  predicted and never stored as versions.
+- Stages whose outputs are tuples and dicts (integer masks, ``None`` entries, floating entries that do not need a
+  gradient) equal ``nn.Sequential`` plain training in the emulator and in the runtime.
+- A mini-batch whose shape changes is run (a smaller last batch: emulator ≡ plain ≡ runtime) or named.
+
+Probes (one line per refusal): ``PROBES`` run in this process, ``SLOW_PROBES`` spawn 2 ranks (gloo).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import probes
+import pytest
+import torch
+from probes import Probe
+from torch import Tensor, nn
+
+from pipelab.distributed import RankFailure, differences, spawn
+from pipelab.emulator import Emulator, train_plain
+from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
+from pipelab.schedules import (
+    ddp,
+    fsdp,
+    gpipe,
+    interleaved_1f1b,
+    lpp,
+    naive,
+    one_f_one_b,
+    pipedream,
+    pipedream_2bw,
+    zb_h1,
+)
+
+TOL = 1e-10
+BATCH = 8
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------- models and data
+
+
+class Permute(nn.Module):
+    """tanh(x[:, idx]·w): a trainable scale and an integer permutation held as a frozen parameter."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, n, dtype=F64))
+        self.idx = nn.Parameter(torch.arange(n).flip(0), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(x[:, self.idx] * self.w)
+
+
+def frozen_stages(D: int = 4, seed: int = 0) -> list[nn.Module]:
+    """Linear (bias frozen) | Permute (integer parameter) | Linear frozen whole | Linear head, as D = 4 or 2 stages."""
+    torch.manual_seed(seed)
+    first = nn.Sequential(nn.Linear(6, 8), nn.Tanh()).double()
+    first[0].bias.requires_grad_(False)
+    frozen = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).double().requires_grad_(False)
+    stages: list[nn.Module] = [first, Permute(8), frozen, nn.Linear(8, 4).double()]
+    return stages if D == 4 else [nn.Sequential(*stages[:2]), nn.Sequential(*stages[2:])]
+
+
+class Split(nn.Module):
+    """x -> (h, mask, x): an integer mask and the raw input (floating, needing no gradient on stage 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 8)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.tanh(self.lin(x)), (x[:, 0] > 0).long(), x
+
+
+class Gate(nn.Module):
+    """(h, mask, x) -> {"h", "skip", "mask"}: a dict hand-over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, inp: tuple[Tensor, Tensor, Tensor]) -> dict[str, Tensor]:
+        h, mask, x = inp
+        g = torch.tanh(self.lin(h)) * (1 + mask[:, None].to(h.dtype))
+        return {"h": g, "skip": h + x.sum(1, keepdim=True), "mask": mask}
+
+
+class Mix(nn.Module):
+    """dict -> (h, None, mask, skip): a None entry, and a floating entry the next stage does not use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, d: dict[str, Tensor]) -> tuple[Tensor, None, Tensor, Tensor]:
+        return torch.tanh(self.lin(d["h"]) + d["skip"]), None, d["mask"], d["skip"]
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, inp: tuple[Tensor, None, Tensor, Tensor]) -> Tensor:
+        h, _, mask, _ = inp
+        return self.lin(h) + mask[:, None].to(h.dtype)
+
+
+def tuple_stages(D: int = 4, seed: int = 0) -> list[nn.Module]:
+    """Split | Gate | Mix | Head (tuple, dict, tuple-with-None hand-overs), as D = 4 or 2 stages."""
+    torch.manual_seed(seed)
+    stages: list[nn.Module] = [m.double() for m in (Split(), Gate(), Mix(), Head())]
+    return stages if D == 4 else [stages[0], nn.Sequential(*stages[1:])]
+
+
+def data(steps: int, seed: int = 1, last: int | None = None) -> list[tuple[Tensor, Tensor]]:
+    """``steps`` mini-batches of BATCH examples (the last one of ``last`` examples when given)."""
+    g = torch.Generator().manual_seed(seed)
+    out = [(torch.randn(BATCH, 6, generator=g, dtype=F64), torch.randint(0, 4, (BATCH,), generator=g))
+           for _ in range(steps)]
+    if last is not None:
+        out[-1] = (out[-1][0][:last], out[-1][1][:last])
+    return out
+
+
+OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1),
+    "adam_trainable": lambda ps: torch.optim.Adam([p for p in ps if p.requires_grad], lr=0.01, weight_decay=0.1),
+    "sgdm": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.1),
+}
+
+
+def as_buffers(stages: list[nn.Module]) -> list[nn.Module]:
+    """A copy whose frozen parameters are buffers (constants the pipeline never versions): the reference for
+    frozen parameters under asynchronous policies, whose runs are not plain training."""
+    twin = copy.deepcopy(stages)
+    for st in twin:
+        for mod in st.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is not None and not p.requires_grad:
+                    del mod._parameters[name]
+                    mod.register_buffer(name, p.detach().clone())
+    return twin
+
+
+def trainable(stages: list[nn.Module]) -> list[Tensor]:
+    return [p for s in stages for p in s.parameters() if p.requires_grad]
+
+
+def frozen(stages: list[nn.Module]) -> list[Tensor]:
+    return [p.detach().clone() for s in stages for p in s.parameters() if not p.requires_grad]
+
+
+def max_diff(a: list[Tensor], b: list[Tensor]) -> float:
+    assert len(a) == len(b) and a
+    return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b))
+
+
+def plain_torch(stages: list[nn.Module], batches: list[tuple[Tensor, Tensor]], M: int) -> list[Tensor]:
+    """Plain PyTorch, written out: one Adam over *all* parameters of the model (frozen and integer ones
+    included: torch.optim skips a parameter without a gradient), M micro-batches of loss ℓ_j/M per step."""
+    model = nn.Sequential(*stages)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        for xj, yj in zip(x.chunk(M), y.chunk(M)):
+            (nn.functional.cross_entropy(model(xj), yj) / M).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+# ----------------------------------------------------------------------------------------------- frozen parameters
+
+
+@pytest.mark.parametrize("opt", ["adam", "adam_trainable"])
+@pytest.mark.parametrize("name,build", [("gpipe", lambda T: gpipe(4, 2, T)), ("1f1b", lambda T: one_f_one_b(4, 2, T)),
+                                        ("zb_h1", lambda T: zb_h1(4, 4, T))])
+def test_frozen_parameters_flushed_equal_plain_torch(name, build, opt) -> None:
+    """A flushed pipeline with frozen parameters (part of a stage, an integer parameter, a whole stage) equals
+    plain PyTorch with one Adam over all parameters, whether the factory keeps all or only trainable ones."""
+    T, schedule = 4, build(4)
+    want = plain_torch(frozen_stages(), data(T), M=schedule.M)
+    stages = frozen_stages()
+    before = frozen(stages)
+    emu = Emulator(stages, schedule=schedule, policy="1f1b" if name != "gpipe" else "gpipe", optimizer=OPTIMIZERS[opt])
+    emu.run(data(T))
+    got = [w for W in emu.weights() for w in W]  # named_parameters order, frozen included
+    assert max_diff(got, want) <= TOL
+    assert max_diff(frozen(stages), before) == 0.0
+    assert max_diff(trainable(stages), trainable(frozen_stages())) > 1e-3  # it trained
+    # the all-frozen stage has no optimizer; the others' optimizers hold exactly the trainable parameters
+    assert emu.stages[2].optimizer is None and emu.weight_copies[2] == 0
+    for st in emu.stages:
+        held = [] if st.optimizer is None else [p for g in st.optimizer.param_groups for p in g["params"]]
+        assert {id(p) for p in held} == {id(p) for p in st.module.parameters() if p.requires_grad}
+    # train_plain gives its factory the trainable parameters too, so it accepts both factories
+    ref2 = frozen_stages()
+    train_plain(ref2, optimizer=OPTIMIZERS[opt], batches=data(T), micro_batches=schedule.M)
+    assert max_diff([p.detach() for s in ref2 for p in s.parameters()], want) <= TOL
+
+
+ASYNC = [("stashing", lambda T: pipedream(4, 1, T), "adam"), ("vertical_sync", lambda T: pipedream(4, 1, T), "adam"),
+         ("pipeoptim", lambda T: pipedream(4, 1, T), "adam"), ("spectrain", lambda T: pipedream(4, 1, T), "sgdm"),
+         ("pipemare", lambda T: pipedream(4, 1, T), "sgdm"), ("2bw", lambda T: pipedream_2bw(4, 4, T), "adam")]
+
+
+@pytest.mark.parametrize("policy,build,opt", ASYNC, ids=[p for p, _, _ in ASYNC])
+def test_frozen_parameters_under_asynchronous_policies(policy, build, opt) -> None:
+    """Under stashing, vertical sync, PipeOptim, SpecTrain, PipeMare and 2BW a frozen parameter behaves as a
+    constant: the run equals the same pipeline with the frozen tensors held as buffers, bit for bit; frozen
+    tensors never change, are never handed to the predictor and never stored as versions."""
+    T = 8
+    stages = frozen_stages()
+    before = frozen(stages)
+    twin = as_buffers(stages)
+    emu = Emulator(stages, schedule=build(T), policy=policy, optimizer=OPTIMIZERS[opt])
+    seen: list[int] = []
+    for st in emu.stages:  # every weight tuple a job gets (stored or predicted) holds the trainable tensors only
+        n = len(st.params)
+        st.on_weights = lambda event, spec, W, n=n: seen.append(len(W) - n)
+    res = emu.run(data(T))
+    res_twin = Emulator(twin, schedule=build(T), policy=policy, optimizer=OPTIMIZERS[opt]).run(data(T))
+    assert max_diff(trainable(stages), [p for s in twin for p in s.parameters()]) == 0.0
+    assert res.losses == res_twin.losses and res.current == res_twin.current
+    assert max_diff(frozen(stages), before) == 0.0
+    assert seen and set(seen) == {0}
+    assert res.weight_copies == res_twin.weight_copies and res.weight_copies[2] == 0
+    for st in emu.stages:  # stored versions hold the trainable tensors only
+        assert all(len(st.ring.get(v)) == len(st.params) for v in st.ring.versions())
+
+
+PLACED = [("ddp", lambda T: ddp(D=4, M=4, W=2, steps=T)), ("fsdp", lambda T: fsdp(D=4, M=4, W=2, steps=T)),
+          ("lpp", lambda T: lpp(D=4, M=4, G=2, R=2, steps=T))]
+
+
+@pytest.mark.parametrize("name,build", PLACED, ids=[n for n, _ in PLACED])
+def test_frozen_parameters_on_placed_schedules_equal_plain_torch(name, build) -> None:
+    """DDP, FSDP and LPP leave frozen tensors out of every all-reduce, reduce and broadcast (each holder reads its
+    own copy) and still equal plain PyTorch; the bytes they move are the trainable parameters' only."""
+    T = 3
+    want = plain_torch(frozen_stages(), data(T), M=4)
+    stages = frozen_stages()
+    emu = Emulator(stages, schedule=build(T), policy="gpipe", optimizer=OPTIMIZERS["adam_trainable"])
+    res = emu.run(data(T))
+    assert max_diff([w for W in emu.weights() for w in W], want) <= TOL
+    for (_, k), W in res.extra["copies"].items():  # every holder's copy, frozen tensors included, agrees
+        assert len(W) == len(emu.weights()[k]) and max_diff(list(W), list(emu.weights()[k])) == 0.0
+    moved = sum(sum(c["bytes_sent"].values()) for c in res.extra["collectives"].values())
+    res_twin = Emulator(as_buffers(frozen_stages()), schedule=build(T), policy="gpipe",
+                        optimizer=OPTIMIZERS["adam_trainable"]).run(data(T))
+    assert moved == sum(sum(c["bytes_sent"].values()) for c in res_twin.extra["collectives"].values()) > 0
+
+
+def test_ranks_that_freeze_different_parameters_disagree() -> None:
+    """The runtime's fingerprint marks frozen parameters, so ranks (or a resumed run) that freeze different ones,
+    and would therefore version, predict and all-reduce different tensors, are refused at start-up."""
+    def fingerprint(unfreeze: bool) -> dict[str, Any]:
+        stages = frozen_stages(D=2)
+        if unfreeze:
+            stages[0][0][0].bias.requires_grad_(True)
+        return PipelineRuntime(stages, schedule=pipedream(2, 1, 2), policy="stashing", optimizer=OPTIMIZERS["adam"],
+                               rank=0, world_size=2).fingerprint()
+
+    diffs = differences(fingerprint(False), fingerprint(True))
+    assert [path for path, _, _ in diffs] == ["stages.0.1"], diffs
+
+
+# ----------------------------------------------------------------------------------------------- tuple and dict outputs
+
+
+@pytest.mark.parametrize("name,build", [("naive", lambda T: naive(4, 2, T)), ("gpipe", lambda T: gpipe(4, 2, T)),
+                                        ("1f1b", lambda T: one_f_one_b(4, 2, T)), ("zb_h1", lambda T: zb_h1(4, 4, T))])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_tuple_and_dict_outputs_equal_sequential_plain_training(name, build, recompute) -> None:
+    """Stages handing over (h, mask, x), a dict, and (h, None, mask, skip) equal the uncut nn.Sequential trained
+    plainly: the next stage gets the structure as its one input, gradients flow back through its floating tensors
+    (an unused one and one that needs none included), integer masks pass unchanged."""
+    T, schedule = 4, build(4)
+    ref = tuple_stages()
+    losses = train_plain(nn.Sequential(*ref), optimizer=OPTIMIZERS["sgdm"], batches=data(T), micro_batches=schedule.M)
+    stages = tuple_stages()
+    policy = {"naive": "sequential", "gpipe": "gpipe"}.get(name, "1f1b")
+    res = Emulator(stages, schedule=schedule, policy=policy, optimizer=OPTIMIZERS["sgdm"], recompute=recompute
+                   ).run(data(T))
+    assert max_diff(trainable(stages), trainable(ref)) <= TOL
+    assert max(abs(a - b) for a, b in zip(res.losses, losses)) <= TOL
+    assert max_diff(trainable(stages), trainable(tuple_stages())) > 1e-3
+
+
+class Bad(nn.Module):
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.lin, self.value = nn.Linear(6, 4).double(), value
+
+    def forward(self, x: Tensor) -> Any:
+        return (self.lin(x), self.value)
+
+
+def bad_output(value: Any) -> None:
+    torch.manual_seed(0)
+    Emulator([Bad(value), nn.Linear(4, 4).double()], schedule=gpipe(2, 2, 1), policy="gpipe",
+             optimizer=OPTIMIZERS["sgdm"]).run(data(1))
+
+
+# ----------------------------------------------------------------------------------------------- changing shapes
+
+
+def test_smaller_last_batch_equals_plain_training() -> None:
+    """A last mini-batch of 4 examples instead of 8 runs in the emulator exactly as in plain training."""
+    T = 3
+    ref = frozen_stages()
+    losses = train_plain(ref, optimizer=OPTIMIZERS["adam"], batches=data(T, last=4), micro_batches=2)
+    stages = frozen_stages()
+    res = Emulator(stages, schedule=one_f_one_b(4, 2, T), policy="1f1b", optimizer=OPTIMIZERS["adam"]
+                   ).run(data(T, last=4))
+    assert max_diff(trainable(stages), trainable(ref)) <= TOL
+    assert max(abs(a - b) for a, b in zip(res.losses, losses)) <= TOL
+
+
+def feature_change(steps: int = 3) -> list[tuple[Tensor, Tensor]]:
+    batches = data(steps)
+    batches[2] = (torch.randn(BATCH, 5, dtype=F64), batches[2][1])
+    return batches
+
+
+def emulate_plain(batches: list[tuple[Tensor, Tensor]], M: int = 2) -> Any:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    return Emulator(model, D=2, schedule=gpipe(2, M, len(batches)), policy="gpipe",
+                    optimizer=OPTIMIZERS["sgdm"]).run(batches)
+
+
+PROBES = [
+    Probe("emulator-frozen-param", lambda: Emulator(frozen_stages(), schedule=gpipe(4, 2, 2), policy="gpipe",
+                                                    optimizer=OPTIMIZERS["adam"]).run(data(2)), None),
+    Probe("emulator-frozen-trainable-optimizer",
+          lambda: Emulator(frozen_stages(), schedule=pipedream(4, 1, 4), policy="pipeoptim",
+                           optimizer=OPTIMIZERS["adam_trainable"]).run(data(4)), None),
+    Probe("emulator-tuple-output", lambda: Emulator(tuple_stages(), schedule=one_f_one_b(4, 2, 2), policy="1f1b",
+                                                    optimizer=OPTIMIZERS["sgdm"]).run(data(2)), None),
+    Probe("stage-returns-int", lambda: bad_output(3), TypeError, r"stage 0 returned \(tensor\[4, 4\]:float64, int 3\)"),
+    Probe("stage-returns-str", lambda: bad_output("mask"), TypeError, r"stage 0 .*entry of type str.*tuple/list/dict"),
+    Probe("emulator-feature-change", lambda: emulate_plain(feature_change()), ValueError,
+          r"micro-batch 0 of mini-batch 2, whose input is tensor\[4, 5\]:float64.*tensor\[4, 6\]:float64"),
+    Probe("emulator-last-batch-not-divisible", lambda: emulate_plain(data(3, last=3)), ValueError,
+          r"mini-batch 2: input batch size 3 is not divisible by the M=2"),
+]
+
+
+@probes.parametrize(PROBES)
+def test_probe(probe: Probe) -> None:
+    probe.check()
+
+
+# ----------------------------------------------------------------------------------------------- runtime (gloo)
+
+#: each case: model builder and D, schedule, policy, optimizer, data; ``stop``: checkpoint at that cut and resume
+RUNTIME_CASES: dict[str, dict[str, Any]] = {
+    "frozen-interleaved-1f1b": dict(model="frozen", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
+                                    policy="1f1b", opt="adam", steps=3),
+    "frozen-ddp": dict(model="frozen", D=4, schedule=lambda T: ddp(D=4, M=4, W=2, steps=T), policy="gpipe",
+                       opt="adam_trainable", steps=2),
+    "frozen-fsdp": dict(model="frozen", D=4, schedule=lambda T: fsdp(D=4, M=4, W=2, steps=T), policy="gpipe",
+                        opt="adam", steps=2),
+    "frozen-stashing": dict(model="frozen", D=2, schedule=lambda T: pipedream(2, 1, T), policy="stashing",
+                            opt="adam", steps=6),
+    "frozen-pipeoptim": dict(model="frozen", D=2, schedule=lambda T: pipedream(2, 1, T), policy="pipeoptim",
+                             opt="adam_trainable", steps=6),
+    "frozen-2bw-checkpoint": dict(model="frozen", D=2, schedule=lambda T: pipedream_2bw(2, 2, T), policy="2bw",
+                                  opt="adam", steps=6, stop=3),
+    "tuple-interleaved-1f1b": dict(model="tuple", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
+                                   policy="1f1b", opt="sgdm", steps=3),
+    "tuple-zb_h1": dict(model="tuple", D=2, schedule=lambda T: zb_h1(2, 2, T), policy="1f1b", opt="sgdm", steps=3),
+    "tuple-spectrain-checkpoint": dict(model="tuple", D=2, schedule=lambda T: pipedream(2, 1, T), policy="spectrain",
+                                       opt="sgdm", steps=6, stop=2),
+    "small-last-batch": dict(model="frozen", D=2, schedule=lambda T: one_f_one_b(2, 2, T), policy="1f1b", opt="adam",
+                             steps=3, last=4),
+}
+
+
+def case_parts(name: str) -> tuple[list[nn.Module], Any, str, Any, list[tuple[Tensor, Tensor]]]:
+    c = RUNTIME_CASES[name]
+    stages = (frozen_stages if c["model"] == "frozen" else tuple_stages)(c["D"])
+    return stages, c["schedule"](c["steps"]), c["policy"], OPTIMIZERS[c["opt"]], data(c["steps"], last=c.get("last"))
+
+
+def _run_runtime_cases(rank: int, world: int, ckpt: str) -> dict[str, Any]:
+    out = {}
+    for name, c in RUNTIME_CASES.items():
+        stages, schedule, policy, opt, batches = case_parts(name)
+        rt = PipelineRuntime(stages, schedule=schedule, policy=policy, optimizer=opt)
+        if "stop" in c:  # stop at a cut, save, resume in a fresh runtime on a fresh model
+            rt.run(batches, stop_at_step=c["stop"])
+            save_checkpoint(rt, f"{ckpt}/{name}")
+            stages, schedule, policy, opt, batches = case_parts(name)
+            rt = PipelineRuntime(stages, schedule=schedule, policy=policy, optimizer=opt)
+            load_checkpoint(rt, f"{ckpt}/{name}")
+        res = rt.run(batches)
+        out[name] = (res.weights, res.losses, frozen(stages))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runtime_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return spawn(_run_runtime_cases, 2, (str(tmp_path_factory.mktemp("ckpt")),), timeout_s=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RUNTIME_CASES))
+def test_runtime_equals_emulator(runtime_results, name) -> None:
+    """Runtime (gloo, 2 ranks) ≡ emulator ≡ (flushed) plain training, in float64: frozen parameters on
+    single-placement, replicated (DDP) and sharded (FSDP) stages and through a checkpoint; tuple and dict
+    hand-overs packed into one message each, also under split backward and through a checkpoint; a smaller
+    last mini-batch."""
+    stages, schedule, policy, opt, batches = case_parts(name)
+    before = frozen(stages)
+    emu = Emulator(stages, schedule=schedule, policy=policy, optimizer=opt)
+    res = emu.run(batches)
+    want = emu.weights()
+    got: dict[int, tuple[Tensor, ...]] = {}
+    for per_rank in runtime_results:
+        weights, losses, frozen_after = per_rank[name]
+        got.update(weights)
+        assert losses == pytest.approx(res.losses, abs=TOL)
+        assert max_diff(frozen_after, before) == 0.0 if before else True
+    assert sorted(got) == list(range(len(want)))
+    for k, W in got.items():
+        assert len(W) == len(want[k]) and (not W or max_diff(list(W), list(want[k])) <= TOL)
+    if RUNTIME_CASES[name]["policy"] in ("gpipe", "1f1b"):
+        ref = (frozen_stages if RUNTIME_CASES[name]["model"] == "frozen" else tuple_stages)(RUNTIME_CASES[name]["D"])
+        train_plain(ref, optimizer=opt, batches=batches, micro_batches=schedule.M)
+        assert max_diff([w for k in sorted(got) for w in got[k]], [p.detach() for s in ref for p in s.parameters()]
+                        ) <= TOL
+
+
+def _runtime_shapes(rank: int, world: int, case: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    rt = PipelineRuntime(model, schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=OPTIMIZERS["sgdm"])
+    batches = feature_change() if case == "feature" else data(3)
+    if case == "rank-data" and rank == 1:  # a rank given another last mini-batch than the others
+        batches[2] = (batches[2][0][:4], batches[2][1][:4])
+    rt.run(batches)
+
+
+SLOW_PROBES = [
+    Probe("runtime-feature-change", lambda: spawn(_runtime_shapes, 2, ("feature",), timeout_s=60), RankFailure,
+          r"mini-batch 2.*tensor\[4, 5\]:float64.*tensor\[4, 6\]:float64"),
+    Probe("runtime-ranks-given-other-shapes", lambda: spawn(_runtime_shapes, 2, ("rank-data",), timeout_s=60),
+          RankFailure, r"rank 1 is given a mini-batch 2 whose input is tensor\[4, 6\]:float64, rank 0 one of "
+                       r"tensor\[8, 6\]:float64"),
+]
+
+
+@pytest.mark.slow
+@probes.parametrize(SLOW_PROBES)
+def test_slow_probe(probe: Probe) -> None:
+    probe.check()
