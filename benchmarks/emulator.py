@@ -10,17 +10,20 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
 - **recompute**: the policy's recomputes — where a job's forward and backward weights differ, the emulator
   runs the stage forward once more (recompute semantics, :mod:`pipelab.emulator`); one more forward of that
   stage (without autograd, as the emulator's first one) is the work this adds to a plain step;
-- **predictions**: every predictor call the policy makes (``StageExecutor.weights`` of a ``Predicted``
-  spec), each timed alone on the same optimizer state;
+- **predictions**: every predictor call the policy makes — a prediction (``StageExecutor.weights`` of a
+  ``Predicted`` spec) and, for a predictor that keeps a history (PipeMare's δ), its ``observe`` after each
+  update of a stage that predicts — each timed alone on the same optimizer state (a stage that never predicts
+  but observes anyway does so as emulator overhead);
 - **inherent** = plain + recompute + predictions, and **emulator**: the emulator's step;
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
   emulator / plain.
 
 How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
-(the instance's ``weights`` is wrapped, nothing in the library changes). A request with ``grad=True`` is
-the backward's, made only when the forward's graph cannot be used, i.e. a recompute; a request of a
-``Predicted`` spec is one predictor call. The recompute side replays as many stage forwards, and the prediction
-side the same calls (same stage, ``s`` and kind, from the run's final version), once per round.
+and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
+weight request with ``grad=True`` is the backward's, made only when the forward's graph cannot be used, i.e. a
+recompute; a request of a ``Predicted`` spec is one prediction. The recompute side replays as many stage
+forwards, and the prediction side the same calls (same stage, ``s`` and kind, from the run's final version, and
+the same number of ``observe`` calls), once per round.
 
 Timing (:mod:`benchmarks._harness`): one intra-op thread unless ``--threads``; per policy the sides run
 alternately, plain, emulator, recompute, predictions, round after round (``--rounds``, after one warm-up
@@ -86,29 +89,44 @@ def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
 
 @dataclass
 class Work:
-    """What one emulator run of a policy did beyond a plain step: recomputes per stage, and every predictor call
-    ``(stage, spec, grad)``, counted by :func:`count_work`."""
+    """What one emulator run of a policy did beyond a plain step, counted by :func:`count_work`: recomputes per
+    stage, every prediction ``(stage, spec, grad)``, and the predictor's ``observe`` calls per stage."""
 
     recomputes: dict[int, int]
     predictions: list[tuple[int, Predicted, bool]]
+    observes: dict[int, int]
+
+    @property
+    def predictor_calls(self) -> int:
+        return len(self.predictions) + sum(self.observes.values())
 
 
 def count_work(emu: Emulator, data: list[tuple[Tensor, Tensor]]) -> Work:
-    """Run ``emu`` on ``data`` with every stage's weight requests recorded (see the module docstring)."""
+    """Run ``emu`` on ``data`` with every stage's weight requests and predictor ``observe`` calls recorded (see
+    the module docstring)."""
     calls: list[tuple[int, Any, bool]] = []
+    observed: Counter[int] = Counter()
     for st in emu.stages:
         def recording(spec: Any, grad: bool, st: Any = st, inner: Callable[..., Any] = st.weights) -> Any:
             calls.append((st.k, spec, grad))
             return inner(spec, grad)
 
         st.weights = recording  # type: ignore[method-assign]
+        if st.predictor is not None and st.k in emu.plan.predicted_stages:  # elsewhere the history is unused
+            def observing(opt: Any, k: int = st.k, inner: Callable[..., Any] = st.predictor.observe) -> Any:
+                observed[k] += 1
+                return inner(opt)
+
+            st.predictor.observe = observing
     try:
         emu.run(data)
     finally:
-        for st in emu.stages:
-            del st.weights  # the class's method again
+        for st in emu.stages:  # the classes' methods again
+            del st.weights
+            if st.predictor is not None and "observe" in vars(st.predictor):
+                del st.predictor.observe
     return Work(dict(Counter(k for k, _, grad in calls if grad)),
-                [(k, spec, grad) for k, spec, grad in calls if isinstance(spec, Predicted)])
+                [(k, spec, grad) for k, spec, grad in calls if isinstance(spec, Predicted)], dict(observed))
 
 
 def stage_inputs(emu: Emulator, x: Tensor) -> list[Tensor]:
@@ -122,7 +140,8 @@ def stage_inputs(emu: Emulator, x: Tensor) -> list[Tensor]:
 
 @dataclass
 class Row:
-    """One policy's measurement: per-step medians in seconds, counts per step and the two ratios."""
+    """One policy's measurement: per-step medians in seconds, counts per step (recomputes; predictions and
+    ``observe`` calls) and the two ratios."""
 
     policy: str
     schedule: str
@@ -166,6 +185,10 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
         for k, spec, grad in work.predictions:
             st = probe.stages[k]
             st.weights(Predicted(st.version, spec.s, spec.kind), grad)
+        for k, n in work.observes.items():
+            st = probe.stages[k]
+            for _ in range(n):
+                st.predictor.observe(st.optimizer)
 
     sides: dict[str, Side] = {
         "plain": Side(lambda m: train_plain(m, optimizer=optimizer, batches=data, D=D,
@@ -177,7 +200,7 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
     }
     if work.recomputes:
         sides["recompute"] = Side(recompute)
-    if work.predictions:
+    if work.predictor_calls:
         sides["predictions"] = Side(predict)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     r = alternate(sides, rounds, warmup=1, sync=sync)
@@ -186,7 +209,7 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
         return r.median(name) / steps if name in sides else 0.0
 
     return Row(policy, schedule.name, M, per_step("plain"), per_step("recompute"), per_step("predictions"),
-               per_step("emulator"), sum(work.recomputes.values()) / steps, len(work.predictions) / steps,
+               per_step("emulator"), sum(work.recomputes.values()) / steps, work.predictor_calls / steps,
                r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"))
 
 
