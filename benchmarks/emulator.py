@@ -1,93 +1,300 @@
-"""Time per training step of the pipeline emulator vs plain PyTorch training of the same model and batch.
+"""Time per training step of the pipeline emulator against the work its policy cannot avoid.
 
-For each device (CPU, and CUDA when available), D in {4, 8} and policy in {stashing, pipeoptim} (plus
-GPipe as a flushed reference), the script trains a deep MLP for ``--steps`` mini-batches in the emulator
-and with a plain PyTorch loop (forward of the whole model, loss, backward, optimizer step), and prints
-the median time per step over ``--repeats`` runs and the ratio emulator / plain, all from this one run.
+For each device (CPU, and CUDA when available), each D of ``--D`` and each policy — GPipe, 1F1B (flushed,
+M = ``--microbatches`` micro-batches, default D), weight stashing, vertical sync, SpecTrain, PipeOptim,
+PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — the script trains a deep MLP for
+``--steps`` mini-batches and prints, per step:
 
-Expectations: policies whose forward and backward weights agree (stashing, GPipe) keep the forward's
-autograd graph and pay only the per-stage bookkeeping and one weight copy per update (target ≤ 1.2×);
-PipeOptim recomputes the stage forward at the backward weights and predicts weights before each forward,
-so it pays about one extra forward per job.
+- **plain**: plain PyTorch training of the same model and mini-batches (:func:`pipelab.train_plain`, the model
+  cut into the same D stages, one optimizer each, M micro-batches when M > 1);
+- **recompute**: the policy's recomputes — where a job's forward and backward weights differ, the emulator
+  runs the stage forward once more (recompute semantics, :mod:`pipelab.emulator`); one more forward of that
+  stage (without autograd, as the emulator's first one) is the work this adds to a plain step;
+- **predictions**: every predictor call the policy makes — a prediction (``StageExecutor.weights`` of a
+  ``Predicted`` spec) and, for a predictor that keeps a history (PipeMare's δ), its ``observe`` after each
+  update of a stage that predicts — each timed alone on the same optimizer state (a stage that never predicts
+  but observes anyway does so as emulator overhead);
+- **inherent** = plain + recompute + predictions, and **emulator**: the emulator's step;
+- the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
+  emulator / plain.
+
+How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
+and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
+weight request with ``grad=True`` is the backward's, made only when the forward's graph cannot be used, i.e. a
+recompute; a request of a ``Predicted`` spec is one prediction. The recompute side replays as many stage
+forwards, and the prediction side the same calls (same stage, ``s`` and kind, from the run's final version, and
+the same number of ``observe`` calls), once per round.
+
+Timing (:mod:`benchmarks._harness`): one intra-op thread unless ``--threads``; per policy the sides run
+alternately, plain, emulator, recompute, predictions, round after round (``--rounds``, after one warm-up
+round); each ratio is the median of the per-round ratios with its interquartile range and the load average
+of those rounds; building the model copy and the emulator (its plan) is not timed. ``--profile worst``
+(or a policy name) then runs cProfile over one emulator run of the row furthest from its goal and prints the
+top functions by cumulative time.
 
 Usage:
-    .venv/bin/python benchmarks/emulator.py [--steps 30] [--repeats 3] [--width 512] [--depth 16] [--batch 128]
+    .venv/bin/python benchmarks/emulator.py [--steps 30] [--rounds 5] [--width 512] [--depth 16] [--batch 128]
+        [--D 4] [--microbatches D] [--optimizer sgdm|adam] [--policies ...] [--device cpu|cuda|all]
+        [--threads 1] [--profile worst|POLICY] [--profile-top 25]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
+import cProfile
+import io
+import pstats
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor, nn
 
-from pipelab.emulator import Emulator, train_plain
-from pipelab.models import deep_mlp
-from pipelab.schedules import Schedule, gpipe, pipedream
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/emulator.py` finds the harness
+
+from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, header  # noqa: E402
+from pipelab.emulator import Emulator, train_plain  # noqa: E402
+from pipelab.learning_curves import serves  # noqa: E402
+from pipelab.models import deep_mlp  # noqa: E402
+from pipelab.optim import optimizer_factory  # noqa: E402
+from pipelab.policies import Predicted, policy_info  # noqa: E402
+from pipelab.schedules import Schedule, gpipe, one_f_one_b, pipedream, pipedream_2bw  # noqa: E402
+from pipelab.threads import torch_threads  # noqa: E402
+
+#: the policies compared, in the order of the table
+POLICIES = ("gpipe", "1f1b", "stashing", "vertical_sync", "2bw", "spectrain", "pipeoptim", "pipemare")
+#: the goal of emulator / inherent work
+GOAL = 1.10
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
+    """The schedule of the policy's family (:func:`pipelab.policy_info`): flushed GPipe / 1F1B and 2BW with M
+    micro-batches, asynchronous 1F1B (PipeDream) with one."""
+    family = policy_info(policy).schedule
+    if family == "gpipe":
+        return gpipe(D, M, steps)
+    if family == "1f1b":
+        return one_f_one_b(D, M, steps)
+    if family == "2bw":
+        return pipedream_2bw(D, M, steps)
+    if family == "async_1f1b":
+        return pipedream(D, 1, steps)
+    raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@dataclass
+class Work:
+    """What one emulator run of a policy did beyond a plain step, counted by :func:`count_work`: recomputes per
+    stage, every prediction ``(stage, spec, grad)``, and the predictor's ``observe`` calls per stage."""
+
+    recomputes: dict[int, int]
+    predictions: list[tuple[int, Predicted, bool]]
+    observes: dict[int, int]
+
+    @property
+    def predictor_calls(self) -> int:
+        return len(self.predictions) + sum(self.observes.values())
+
+
+def count_work(emu: Emulator, data: list[tuple[Tensor, Tensor]]) -> Work:
+    """Run ``emu`` on ``data`` with every stage's weight requests and predictor ``observe`` calls recorded (see
+    the module docstring)."""
+    calls: list[tuple[int, Any, bool]] = []
+    observed: Counter[int] = Counter()
+    for st in emu.stages:
+        def recording(spec: Any, grad: bool, st: Any = st, inner: Callable[..., Any] = st.weights) -> Any:
+            calls.append((st.k, spec, grad))
+            return inner(spec, grad)
+
+        st.weights = recording  # type: ignore[method-assign]
+        if st.predictor is not None and st.k in emu.plan.predicted_stages:  # elsewhere the history is unused
+            def observing(opt: Any, k: int = st.k, inner: Callable[..., Any] = st.predictor.observe) -> Any:
+                observed[k] += 1
+                return inner(opt)
+
+            st.predictor.observe = observing
+    try:
+        emu.run(data)
+    finally:
+        for st in emu.stages:  # the classes' methods again
+            del st.weights
+            if st.predictor is not None and "observe" in vars(st.predictor):
+                del st.predictor.observe
+    return Work(dict(Counter(k for k, _, grad in calls if grad)),
+                [(k, spec, grad) for k, spec, grad in calls if isinstance(spec, Predicted)], dict(observed))
+
+
+def stage_inputs(emu: Emulator, x: Tensor) -> list[Tensor]:
+    """Each stage's input for micro-batch ``x`` (stage 0: ``x``; stage k: stages 0..k−1 applied, no autograd)."""
+    out = [x]
+    with torch.no_grad():
+        for st in emu.stages[:-1]:
+            out.append(st.module(out[-1]))
+    return out
+
+
+@dataclass
+class Row:
+    """One policy's measurement: per-step medians in seconds, counts per step (recomputes; predictions and
+    ``observe`` calls) and the two ratios."""
+
+    policy: str
+    schedule: str
+    M: int
+    plain: float
+    recompute: float
+    predictions: float
+    emulator: float
+    recomputes_per_step: float
+    predictions_per_step: float
+    vs_inherent: Ratio
+    vs_plain: Ratio
+
+    @property
+    def inherent(self) -> float:
+        return self.plain + self.recompute + self.predictions
+
+
+def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
+            optimizer: Callable[[Any], torch.optim.Optimizer], device: torch.device) -> Row:
+    """Count the policy's work in one run, then time plain, emulator, recompute and predictions alternately."""
+    steps = len(data)
+    schedule = schedule_of(policy, D, M, steps)
+    M = schedule.M
+    probe = Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=optimizer)
+    work = count_work(probe, data)
+    x, y = data[0]
+    inputs = stage_inputs(probe, x[:x.shape[0] // M])
+    target = y[:y.shape[0] // M]
+
+    def recompute() -> None:
+        with torch.no_grad():
+            for k, n in work.recomputes.items():
+                module = probe.stages[k].module
+                for _ in range(n):
+                    out = module(inputs[k])
+                    if k == D - 1:
+                        probe.plan.loss_fn(out, target)
+
+    def predict() -> None:
+        for k, spec, grad in work.predictions:
+            st = probe.stages[k]
+            st.weights(Predicted(st.version, spec.s, spec.kind), grad)
+        for k, n in work.observes.items():
+            st = probe.stages[k]
+            for _ in range(n):
+                st.predictor.observe(st.optimizer)
+
+    sides: dict[str, Side] = {
+        "plain": Side(lambda m: train_plain(m, optimizer=optimizer, batches=data, D=D,
+                                            micro_batches=M if M > 1 else None),
+                      setup=lambda: copy.deepcopy(base)),
+        "emulator": Side(lambda emu: emu.run(data),
+                         setup=lambda: Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy,
+                                                optimizer=optimizer)),
+    }
+    if work.recomputes:
+        sides["recompute"] = Side(recompute)
+    if work.predictor_calls:
+        sides["predictions"] = Side(predict)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    r = alternate(sides, rounds, warmup=1, sync=sync)
+
+    def per_step(name: str) -> float:
+        return r.median(name) / steps if name in sides else 0.0
+
+    return Row(policy, schedule.name, M, per_step("plain"), per_step("recompute"), per_step("predictions"),
+               per_step("emulator"), sum(work.recomputes.values()) / steps, work.predictor_calls / steps,
+               r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"))
+
+
+def format_rows(rows: list[Row]) -> str:
+    """The table: per-step milliseconds of every component, counts per step, and the ratios with their spread."""
+    lines = [f"  {'policy':<13} {'schedule':<25} {'M':>2} {'plain':>7} {'recompute (n)':>15} "
+             f"{'predictions (n)':>17} {'inherent':>8} {'emulator':>8}  {'emulator / inherent':<34} "
+             f"{'emulator / plain':<29}"]
+    for r in rows:
+        rec = f"{1e3 * r.recompute:.2f} ({r.recomputes_per_step:.2f})"
+        pred = f"{1e3 * r.predictions:.2f} ({r.predictions_per_step:.2f})"
+        lines.append(f"  {r.policy:<13} {r.schedule:<25} {r.M:>2} {1e3 * r.plain:>7.2f} {rec:>15} {pred:>17} "
+                     f"{1e3 * r.inherent:>8.2f} {1e3 * r.emulator:>8.2f}  {r.vs_inherent!s:<34} "
+                     f"{r.vs_plain.median:.2f}× [IQR {r.vs_plain.q1:.2f}–{r.vs_plain.q3:.2f}]")
+    missed = [r.policy for r in rows if r.vs_inherent.median > GOAL]
+    lines.append(f"  emulator / inherent ≤ {GOAL:.2f}: " + (f"missed by {', '.join(missed)}" if missed
+                                                            else "met by every policy"))
+    return "\n".join(lines)
+
+
+def profile_run(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int,
+                optimizer: Callable[[Any], torch.optim.Optimizer], top: int) -> str:
+    """cProfile of one emulator run of ``policy`` (the plan's set-up not included), the ``top`` functions by
+    cumulative time."""
+    schedule = schedule_of(policy, D, M, len(data))
+    emu = Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=optimizer)
+    prof = cProfile.Profile()
+    prof.enable()
+    emu.run(data)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--optimizer", choices=["sgdm", "adam"], default="adam")
-    args = ap.parse_args()
-
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-    opt = ((lambda ps: torch.optim.Adam(ps, lr=1e-4)) if args.optimizer == "adam"
-           else (lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9)))
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; deep_mlp width {args.width} depth "
-          f"{args.depth}, batch {args.batch}, {args.optimizer}, {args.steps} steps, median of {args.repeats}")
-    for device in devices:
-        torch.manual_seed(0)
-        base = deep_mlp(in_features=784, width=args.width, depth=args.depth).to(device)
-        g = torch.Generator().manual_seed(1)
-        data = [(torch.randn(args.batch, 784, generator=g).to(device), torch.randint(0, 10, (args.batch,),
-                 generator=g).to(device)) for _ in range(args.steps)]
-
-        def plain(base: torch.nn.Module, device: torch.device | str, data: list) -> float:
-            m = copy.deepcopy(base)
-            sync(device)
-            t0 = time.perf_counter()
-            train_plain(m, optimizer=opt, batches=data)
-            sync(device)
-            return (time.perf_counter() - t0) / args.steps
-
-        plain(base, device, data)  # warm-up
-        t_plain = statistics.median(plain(base, device, data) for _ in range(args.repeats))
-        print(f"\n[{device}] plain PyTorch: {1e3 * t_plain:.2f} ms/step")
-        print(f"  {'policy':<10} {'D':>2} {'ms/step':>9} {'ratio':>7} {'setup ms':>9}  weight copies per stage")
-        for D in (4, 8):
-            for policy, schedule in (("gpipe", gpipe(D, 1, args.steps)), ("stashing", pipedream(D, 1, args.steps)),
-                                     ("pipeoptim", pipedream(D, 1, args.steps))):
-                def emulated(base: torch.nn.Module, device: torch.device | str, data: list, D: int, schedule: Schedule,
-                             policy: str) -> tuple[float, float, list[int]]:
-                    m = copy.deepcopy(base)
-                    t0 = time.perf_counter()
-                    emu = Emulator(m, D=D, schedule=schedule, policy=policy, optimizer=opt)
-                    t1 = time.perf_counter()
-                    sync(device)
-                    t2 = time.perf_counter()
-                    emu.run(data)
-                    sync(device)
-                    return (time.perf_counter() - t2) / args.steps, t1 - t0, emu.weight_copies
-
-                case = (base, device, data, D, schedule, policy)
-                emulated(*case)  # warm-up
-                runs = [emulated(*case) for _ in range(args.repeats)]
-                t = statistics.median(r[0] for r in runs)
-                setup = statistics.median(r[1] for r in runs)
-                print(f"  {policy:<10} {D:>2} {1e3 * t:>9.2f} {t / t_plain:>6.2f}x {1e3 * setup:>9.1f}  {runs[0][2]}")
+    ap.add_argument("--D", type=int, nargs="+", default=[4])
+    ap.add_argument("--microbatches", type=int, default=None, help="M of GPipe, 1F1B and 2BW (default: D)")
+    ap.add_argument("--optimizer", choices=["sgdm", "adam"], default="sgdm",
+                    help="sgdm (default: every policy runs its own predictor) or adam (SpecTrain's predictor "
+                         "follows SGD momentum only, so its row is left out)")
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    ap.add_argument("--profile", default=None, help="'worst' or a policy: cProfile one emulator run of it")
+    ap.add_argument("--profile-top", type=int, default=25)
+    add_thread_argument(ap)
+    args = ap.parse_args(argv)
+    if args.profile not in (None, "worst", *args.policies):
+        ap.error(f"--profile must be 'worst' or one of the policies run ({', '.join(args.policies)}), "
+                 f"got {args.profile!r}")
+    devices = [torch.device(d) for d in ("cpu", "cuda") if args.device in (d, "all")
+               and (d == "cpu" or torch.cuda.is_available())]
+    opt = optimizer_factory(args.optimizer, **({"lr": 1e-4} if args.optimizer == "adam" else {}))
+    policies = [p for p in args.policies if serves(p, args.optimizer)]
+    rows: list[Row] = []
+    with torch_threads(args.threads):
+        print(header("pipelab emulator benchmark"))
+        print(f"deep_mlp width {args.width} depth {args.depth} float32, batch {args.batch}, {args.optimizer}, "
+              f"{args.steps} steps per run; per step: median of {args.rounds} alternated rounds")
+        for p in sorted(set(args.policies) - set(policies), key=args.policies.index):
+            print(f"{p}: not run, it cannot follow {args.optimizer} (pipelab.learning_curves.serves)")
+        for device in devices:
+            torch.manual_seed(0)
+            base = deep_mlp(in_features=784, width=args.width, depth=args.depth).to(device)
+            g = torch.Generator().manual_seed(1)
+            data = [(torch.randn(args.batch, 784, generator=g).to(device),
+                     torch.randint(0, 10, (args.batch,), generator=g).to(device)) for _ in range(args.steps)]
+            for D in args.D:
+                M = args.microbatches or D
+                print(f"\n[{device}] D = {D} (ms per step; n: recomputes or predictor calls per step)")
+                block = [measure(p, base, data, D, M, args.rounds, opt, device) for p in policies]
+                print(format_rows(block))
+                rows += block
+                if args.profile:
+                    worst = (max(block, key=lambda r: r.vs_inherent.median).policy if args.profile == "worst"
+                             else args.profile)
+                    print(f"\n[{device}] D = {D}: cProfile of one emulator run of {worst}, by cumulative time")
+                    print(profile_run(worst, base, data, D, M, opt, args.profile_top))
+    return rows
 
 
 if __name__ == "__main__":

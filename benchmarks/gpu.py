@@ -2,9 +2,8 @@
 
 All ratios come from this one run, on one device (``--device cuda``, or ``--device cpu`` for a machine without a GPU):
 
-(a) **prediction vs step**: best-of-``--reps`` time of ``predictor.predict(optimizer, s)`` over a ~10M-parameter MLP
-    (``--quick``: ~0.3M) against one ``optimizer.step()`` (torch's default implementation for the device);
-    target ≤ 1.
+(a) **prediction vs step**: ``predictor.predict(optimizer, s)`` over a ~10M-parameter MLP (``--quick``: ~0.3M)
+    against one ``optimizer.step()`` (torch's default implementation for the device); target ≤ 1.
 (b) **emulator vs plain PyTorch**, per training step, for the policies whose forward and backward use the same weights
     (GPipe, flushed; weight stashing), D = 4; target ≤ 1.10. The GPipe run's weights are checked against plain
     training (float64, same device): they agree to rounding.
@@ -16,8 +15,14 @@ All ratios come from this one run, on one device (``--device cuda``, or ``--devi
     (``torch.cuda.max_memory_allocated``) beside the simulator's estimate. With one GPU only a single-rank schedule
     runs: it measures the runtime's own overhead over the emulator, not transfers, overlap or pipeline speed-up.
 
+Timing (:mod:`benchmarks._harness`): one intra-op thread unless ``--threads``; the two sides of every ratio
+(step and prediction; plain and emulator; one seed at a time and stacked) run alternately, round after round
+(``--reps`` rounds for (a) and (b), ``min(3, --reps)`` for (c)), and each ratio is the median of the per-round
+ratios, printed with its interquartile range and the load average of its rounds.
+
 Usage:
-    .venv/bin/python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--reps 10] [--steps 20] [--json FILE]
+    .venv/bin/python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--reps 10] [--steps 20] [--threads 1]
+        [--json FILE]
 
 ``--device cuda`` on a machine without CUDA prints "CUDA not available" and exits 0.
 """
@@ -31,17 +36,22 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipelab.distributed import spawn
-from pipelab.emulator import Emulator, train_plain
-from pipelab.learning_curves import RunConfig, sweep
-from pipelab.models import deep_mlp
-from pipelab.optim import make_optimizer
-from pipelab.predictors import make_predictor
-from pipelab.schedules import gpipe, one_f_one_b, pipedream
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/gpu.py` finds the harness
+
+from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, header, load_average  # noqa: E402
+from pipelab.distributed import spawn  # noqa: E402
+from pipelab.emulator import Emulator, train_plain  # noqa: E402
+from pipelab.learning_curves import RunConfig, sweep  # noqa: E402
+from pipelab.models import deep_mlp  # noqa: E402
+from pipelab.optim import make_optimizer  # noqa: E402
+from pipelab.predictors import make_predictor  # noqa: E402
+from pipelab.schedules import gpipe, one_f_one_b, pipedream  # noqa: E402
+from pipelab.threads import torch_threads  # noqa: E402
 
 #: (optimizer, predictor) pairs of (a): each predictor with an optimizer it serves
 PREDICTIONS = [("sgdm", "spectrain"), ("sgdm", "repeat"), ("adam", "repeat"), ("adam", "pipeoptim"),
@@ -53,23 +63,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_time(fn: Callable[[], Any], reps: int, device: torch.device, warmup: int = 3) -> float:
-    """Fastest of ``reps`` timed calls after ``warmup`` calls, in seconds (the minimum: a shared machine's slow runs
-    measure its neighbours)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(reps):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        out.append(time.perf_counter() - t0)
-    return min(out)
+def _syncer(device: torch.device) -> Callable[[], None] | None:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+
+def _ratio_fields(r: Ratio) -> dict[str, Any]:
+    """A ratio's figures for the JSON: ``ratio`` (the median of the per-round ratios), its IQR and load average."""
+    return {"ratio": r.median, "ratio_iqr": [r.q1, r.q3], "load": r.load}
 
 
 def prediction_vs_step(device: torch.device, quick: bool, reps: int) -> dict[str, Any]:
-    """(a): rows ``(optimizer, predictor, predict s, step s, ratio)``; ``ratio``: the largest."""
+    """(a): rows ``(optimizer, predictor, predict s, step s, ratio ...)``, step and prediction alternated over
+    ``reps`` rounds after 3 warm-up rounds (medians); ``ratio``: the largest."""
     width, depth = (256, 4) if quick else (1024, 10)
     torch.manual_seed(0)
     model = deep_mlp(in_features=width, width=width, depth=depth).to(device)
@@ -84,15 +89,16 @@ def prediction_vs_step(device: torch.device, quick: bool, reps: int) -> dict[str
         pred.observe(opt)
         opt.step()
         pred.observe(opt)
-        t_pred = best_time(lambda pred=pred, opt=opt: pred.predict(opt, 3), reps, device)
-        t_step = best_time(opt.step, reps, device)
-        rows.append({"optimizer": opt_name, "predictor": pred_name, "predict_s": t_pred, "step_s": t_step,
-                     "ratio": t_pred / t_step})
+        r = alternate({"step": opt.step, "predict": lambda pred=pred, opt=opt: pred.predict(opt, 3)}, reps,
+                      warmup=3, sync=_syncer(device))
+        rows.append({"optimizer": opt_name, "predictor": pred_name, "predict_s": r.median("predict"),
+                     "step_s": r.median("step"), **_ratio_fields(r.ratio("predict", "step"))})
     return {"params": sum(p.numel() for p in params), "rows": rows, "ratio": max(r["ratio"] for r in rows)}
 
 
 def emulator_vs_plain(device: torch.device, quick: bool, steps: int, reps: int) -> dict[str, Any]:
-    """(b): ms per step of plain training and of the emulator (GPipe, stashing; D = 4), their ratios; the GPipe
+    """(b): ms per step of plain training and of the emulator (GPipe, stashing; D = 4), alternated over ``reps``
+    rounds after one warm-up round (copying the model and building the emulator not timed), their ratios; the GPipe
     run's weights against plain training's in float64 (``max_weight_diff``)."""
     width, depth, batch = (128, 8, 32) if quick else (512, 16, 128)
     D = 4
@@ -103,17 +109,16 @@ def emulator_vs_plain(device: torch.device, quick: bool, steps: int, reps: int) 
     torch.manual_seed(0)
     base = deep_mlp(in_features=784, width=width, depth=depth).to(device)
 
-    def plain() -> None:
-        train_plain(copy.deepcopy(base), optimizer=opt, batches=data, D=D)
-
-    t_plain = best_time(plain, reps, device, warmup=1) / steps
-    rows = []
-    for policy, schedule in (("gpipe", gpipe(D, 1, steps)), ("stashing", pipedream(D, 1, steps))):
-        def emulated(schedule: Any = schedule, policy: str = policy) -> None:
-            Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=opt).run(data)
-
-        t = best_time(emulated, reps, device, warmup=1) / steps
-        rows.append({"policy": policy, "ms_per_step": 1e3 * t, "ratio": t / t_plain})
+    cases = (("gpipe", gpipe(D, 1, steps)), ("stashing", pipedream(D, 1, steps)))
+    sides = {"plain": Side(lambda m: train_plain(m, optimizer=opt, batches=data, D=D),
+                           setup=lambda: copy.deepcopy(base))}
+    for policy, schedule in cases:
+        sides[policy] = Side(lambda emu: emu.run(data), setup=lambda schedule=schedule, policy=policy: Emulator(
+            copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=opt))
+    r = alternate(sides, reps, warmup=1, sync=_syncer(device))
+    t_plain = r.median("plain") / steps
+    rows = [{"policy": policy, "ms_per_step": 1e3 * r.median(policy) / steps, **_ratio_fields(r.ratio(policy, "plain"))}
+            for policy, _ in cases]
     # agreeing weights: the flushed pipeline is plain mini-batch training (float64, 3 steps, same device)
     base64 = copy.deepcopy(base).double()
     data64 = [(x.double(), y) for x, y in data[:3]]
@@ -127,8 +132,9 @@ def emulator_vs_plain(device: torch.device, quick: bool, steps: int, reps: int) 
             "max_weight_diff": diff}
 
 
-def stacked_sweep(device: torch.device, quick: bool) -> dict[str, Any]:
-    """(c): arm·steps per second, one seed at a time vs the seeds stacked, and the ratio."""
+def stacked_sweep(device: torch.device, quick: bool, rounds: int) -> dict[str, Any]:
+    """(c): arm·steps per second, one seed at a time vs the seeds stacked (alternated over ``rounds`` rounds, no
+    warm-up: every run builds its model afresh), and the ratio of throughputs."""
     seeds, n_train = (4, 512) if quick else (8, 4096)
     cfgs = [RunConfig(task="digits_mlp" if quick else "fashion_mnist_mlp", policy="stashing", optimizer="adam", D=4,
                       seed=s, epochs=1, batch_size=64, n_train=n_train, n_test=256, n_eval_train=256,
@@ -136,20 +142,24 @@ def stacked_sweep(device: torch.device, quick: bool) -> dict[str, Any]:
     steps = (n_train // 64) * len(cfgs)
     saved = os.environ.get("PIPELAB_CACHE")
     os.environ["PIPELAB_CACHE"] = "off"
-    out: dict[str, Any] = {}
+    losses: dict[str, list[float]] = {}
+
+    def way(name: str, stack: int) -> Callable[[], None]:
+        def run() -> None:
+            losses[name] = [rec["test_loss"][-1] for rec in sweep(cfgs, stack=stack, workers=1)]
+        return run
+
     try:
-        for way, stack in (("one_at_a_time", 1), ("stacked", seeds)):
-            t0 = time.perf_counter()
-            recs = sweep(cfgs, stack=stack, workers=1)
-            _sync(device)
-            out[way] = {"seconds": time.perf_counter() - t0, "arm_steps_per_s": steps / (time.perf_counter() - t0),
-                        "final_test_loss": [r["test_loss"][-1] for r in recs]}
+        r = alternate({"one_at_a_time": way("one_at_a_time", 1), "stacked": way("stacked", seeds)}, rounds, warmup=0,
+                      sync=_syncer(device))
     finally:
         if saved is None:
             os.environ.pop("PIPELAB_CACHE", None)
         else:
             os.environ["PIPELAB_CACHE"] = saved
-    out["ratio"] = out["stacked"]["arm_steps_per_s"] / out["one_at_a_time"]["arm_steps_per_s"]
+    out: dict[str, Any] = {name: {"seconds": r.median(name), "arm_steps_per_s": steps / r.median(name),
+                                  "final_test_loss": losses[name]} for name in ("one_at_a_time", "stacked")}
+    out.update(_ratio_fields(r.ratio("one_at_a_time", "stacked")))  # throughput ratio = time ratio inverted
     out["max_test_loss_diff"] = max(abs(a - b) for a, b in zip(out["stacked"]["final_test_loss"],
                                                                 out["one_at_a_time"]["final_test_loss"]))
     return out
@@ -228,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c", "d"], help="parts to leave out")
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    add_thread_argument(ap)
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("CUDA not available: nothing to measure on a GPU here (run with --device cpu to check the benchmark)")
@@ -235,30 +246,36 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.quick:
         args.reps, args.steps = min(args.reps, 3), min(args.steps, 4)
+    with torch_threads(args.threads):
+        return _run(args, device)
+
+
+def _run(args: argparse.Namespace, device: torch.device) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    print(f"torch {torch.__version__} on {name}{', quick sizes' if args.quick else ''}")
-    res: dict[str, Any] = {"device": name, "quick": args.quick}
+    print(header(f"pipelab GPU benchmark on {name}{', quick sizes' if args.quick else ''}"))
+    res: dict[str, Any] = {"device": name, "quick": args.quick, "threads": torch.get_num_threads()}
     if "a" not in args.skip:
         a = res["prediction_vs_step"] = prediction_vs_step(device, args.quick, args.reps)
         print(f"\n(a) one prediction (s=3) vs one optimizer.step(), {a['params'] / 1e6:.1f}M parameters (target <= 1)")
         for r in a["rows"]:
             print(f"  {r['optimizer']:<6} {r['predictor']:<18} {1e3 * r['predict_s']:8.2f} ms vs "
-                  f"{1e3 * r['step_s']:8.2f} ms  ratio {r['ratio']:.2f}")
+                  f"{1e3 * r['step_s']:8.2f} ms  ratio {_shown(r)}")
     if "b" not in args.skip:
         b = res["emulator_vs_plain"] = emulator_vs_plain(device, args.quick, args.steps, args.reps)
         print(f"\n(b) emulator vs plain PyTorch per step (D=4, target <= 1.10); plain {b['plain_ms_per_step']:.2f} ms")
         for r in b["rows"]:
-            print(f"  {r['policy']:<9} {r['ms_per_step']:8.2f} ms  ratio {r['ratio']:.2f}")
+            print(f"  {r['policy']:<9} {r['ms_per_step']:8.2f} ms  ratio {_shown(r)}")
         print(f"  GPipe weights vs plain training (float64): max |difference| {b['max_weight_diff']:.1e}")
     if "c" not in args.skip:
-        c = res["stacked_sweep"] = stacked_sweep(device, args.quick)
+        c = res["stacked_sweep"] = stacked_sweep(device, args.quick, min(3, args.reps))
         res["stacked_speedup"] = {"ratio": c["ratio"]}
         print(f"\n(c) sweep throughput: stacked {c['stacked']['arm_steps_per_s']:.1f} vs one at a time "
-              f"{c['one_at_a_time']['arm_steps_per_s']:.1f} arm·steps/s, ratio {c['ratio']:.2f} "
+              f"{c['one_at_a_time']['arm_steps_per_s']:.1f} arm·steps/s, ratio {_shown(c)} "
               f"(final test loss differs by <= {c['max_test_loss_diff']:.1e})")
     if "d" not in args.skip:
         d = res["runtime"] = runtime(device, args.quick, args.steps)
-        print(f"\n(d) runtime: {d['schedule']} on {d['ranks']} rank(s), {d['backend']}")
+        print(f"\n(d) runtime: {d['schedule']} on {d['ranks']} rank(s) × 1 intra-op thread, {d['backend']}; "
+              f"load average {load_average():.1f}")
         for m in d["modes"]:
             label = "+".join(k for k, v in m["mode"].items() if v) or "rendezvous order"
             print(f"  {label:<18} {m['seconds']:8.2f} s  {m['samples_per_s']:10.1f} samples/s")
@@ -272,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=2, default=str)
     return 0
+
+
+def _shown(r: dict[str, Any]) -> str:
+    q1, q3 = r["ratio_iqr"]
+    return f"{r['ratio']:.2f} [IQR {q1:.2f}–{q3:.2f}] load {r['load']:.1f}"
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ error. A row the runtime refuses says "not runnable" with the runtime's reason; 
 torch is then not measured.
 
 On a small shared CPU box (more ranks than cores, other processes running) the numbers are dominated by
-the operating system's scheduling: medians of repeats, and the machine's load is printed.
+the operating system's scheduling: medians of repeats, and the machine's load is printed. Each ratio to torch is
+the median of the per-repeat ratios (torch's rows run at the end of the same repeat as pipelab's), with its
+interquartile range and the median of rank 0's load average at the end of each repeat
+(:func:`benchmarks._harness.paired_ratio`).
 
 Usage:
     .venv/bin/python benchmarks/placements.py [--ranks 2 4] [--width 512] [--depth 8] [--micro 32]
@@ -49,26 +52,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipelab.calibration import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/placements.py` finds the harness
+
+from benchmarks._harness import Ratio, header, load_average, paired_ratio  # noqa: E402
+from pipelab.calibration import (  # noqa: E402
     CalibrationCase,
     CalibrationConfig,
     CalibrationRow,
     calibrate_rank,
     calibration_rows,
 )
-from pipelab.distributed import spawn
-from pipelab.models import deep_mlp
-from pipelab.optim import optimizer_factory
+from pipelab.distributed import spawn  # noqa: E402
+from pipelab.models import deep_mlp  # noqa: E402
+from pipelab.optim import optimizer_factory  # noqa: E402
 
 __all__ = ["PlacementConfig", "PIPELAB_ROWS", "TORCH_ROWS", "run_benchmark", "format_report", "main",
            "torch_ddp_run", "torch_fsdp_run"]
@@ -184,7 +191,7 @@ def _rank_main(rank: int, world: int, cfg: CalibrationConfig, torch_rows: bool) 
                 out[name] = fn(cfg, rank, world)
             except Exception as exc:  # torch lacks this path on the backend: reported, not fatal
                 out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return out
+        return {"torch": out, "load": load_average()}  # the load at the end of the repeat
 
     return calibrate_rank(rank, world, cfg, extra)
 
@@ -195,34 +202,38 @@ def _rank_main(rank: int, world: int, cfg: CalibrationConfig, torch_rows: bool) 
 @dataclass
 class Result:
     """Per world size: the pipelab rows (:class:`~pipelab.calibration.CalibrationRow`), the torch rows
-    (name → median makespan in seconds, or the reason it did not run), the ratios, and the spawn's seconds."""
+    (name → every repeat's makespan in seconds, or the reason it did not run), the ratios
+    (:class:`~benchmarks._harness.Ratio`, or why not measured), rank 0's load average at the end of each repeat,
+    and the spawn's seconds."""
 
     config: PlacementConfig
     rows: dict[int, list[CalibrationRow]]
-    torch: dict[int, dict[str, float | str]]
-    ratios: dict[int, dict[str, float | str]]
+    torch: dict[int, dict[str, list[float] | str]]
+    ratios: dict[int, dict[str, Ratio | str]]
+    loads: dict[int, list[float]]
     wall_s: dict[int, float]
 
 
-def _torch_medians(per_rank: list[dict[str, Any]], repeats: int) -> dict[str, float | str]:
-    out: dict[str, float | str] = {}
-    names = per_rank[0]["extra"][0].keys() if per_rank[0]["extra"] else []
+def _torch_spans(per_rank: list[dict[str, Any]], repeats: int) -> dict[str, list[float] | str]:
+    """Per torch row, every repeat's makespan (seconds), or the reason it did not run."""
+    out: dict[str, list[float] | str] = {}
+    names = per_rank[0]["extra"][0]["torch"].keys() if per_rank[0]["extra"] else []
     for name in names:
-        first = per_rank[0]["extra"][0][name]
+        first = per_rank[0]["extra"][0]["torch"][name]
         if isinstance(first, str):
             out[name] = first
             continue
         spans = []
         for rep in range(repeats):
-            t0 = min(p["extra"][rep][name][0] for p in per_rank)  # one host clock: the earliest barrier exit
-            spans.append(max(p["extra"][rep][name][1] for p in per_rank) - t0)
-        out[name] = float(statistics.median(spans))
+            t0 = min(p["extra"][rep]["torch"][name][0] for p in per_rank)  # one host clock: the earliest barrier exit
+            spans.append(max(p["extra"][rep]["torch"][name][1] for p in per_rank) - t0)
+        out[name] = spans
     return out
 
 
 def run_benchmark(cfg: PlacementConfig) -> Result:
     """Spawn each world size, run every row, forecast it, and compute pipelab / torch throughput ratios."""
-    rows, torch_rows, ratios, wall = {}, {}, {}, {}
+    rows, torch_rows, ratios, loads, wall = {}, {}, {}, {}, {}
     for W in cfg.ranks:
         ccfg = cfg.calibration(W)
         ccfg.check()
@@ -230,7 +241,8 @@ def run_benchmark(cfg: PlacementConfig) -> Result:
         per_rank = spawn(_rank_main, W, (ccfg, cfg.torch_rows), timeout_s=cfg.timeout_s, comm_timeout_s=120.0)
         wall[W] = time.perf_counter() - t0
         rows[W] = calibration_rows(per_rank, ccfg)
-        torch_rows[W] = _torch_medians(per_rank, ccfg.repeats)
+        torch_rows[W] = _torch_spans(per_rank, ccfg.repeats)
+        loads[W] = [e["load"] for e in per_rank[0]["extra"]]
         by = {r.label: r for r in rows[W]}
         ratios[W] = {}
         for tname, pname in TORCH_ROWS:
@@ -242,22 +254,21 @@ def run_benchmark(cfg: PlacementConfig) -> Result:
                 ratios[W][key] = f"not measured: pipelab {pname} not runnable yet"
             elif isinstance(ref, str):
                 ratios[W][key] = f"not measured: {tname} failed ({ref})"
-            else:
-                ratios[W][key] = ref / ours.measured_s  # same samples: throughput ratio = time ratio inverted
-    return Result(cfg, rows, torch_rows, ratios, wall)
+            else:  # same samples: throughput ratio = time ratio inverted
+                ratios[W][key] = paired_ratio(ref, ours.measured_all, loads[W])
+    return Result(cfg, rows, torch_rows, ratios, loads, wall)
 
 
 def format_report(res: Result) -> str:
     """The configuration, per world size a table of every row, the ratios against torch, and the errors."""
     cfg = res.config
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    lines = [f"pipelab placements benchmark — torch {torch.__version__}, gloo, 1 thread per rank, "
-             f"{os.cpu_count()} cores, load average {load[0]:.1f}",
+    lines = [header("pipelab placements benchmark", threads="gloo, 1 intra-op thread per rank"),
              f"model deep_mlp(in={cfg.in_features}, width={cfg.width}, depth={cfg.depth}) float32, {cfg.optimizer}; "
              f"micro-batch {cfg.micro}, M = 2·ranks per step, {cfg.steps} steps; median of {cfg.repeats} repeats"]
     for W in cfg.ranks:
         samples = cfg.steps * 2 * W * cfg.micro
-        lines += ["", f"{W} ranks (spawn {res.wall_s[W]:.0f} s), {samples} samples per run:",
+        lines += ["", f"{W} ranks (spawn {res.wall_s[W]:.0f} s), {samples} samples per run; load average at the end "
+                      f"of each repeat: {', '.join(f'{v:.1f}' for v in res.loads[W])}:",
                   f"  {'row':<13} {'schedule':<28} {'ms/run':>8} {'samples/s':>9} {'forecast ms':>11} {'error':>7} "
                   f"{'replay':>7} {'coll.':>6}"]
         for r in res.rows[W]:
@@ -271,9 +282,11 @@ def format_report(res: Result) -> str:
             if isinstance(v, str):
                 lines.append(f"  {name:<13} {'(torch)':<28} not available: {v[:90]}")
             else:
-                lines.append(f"  {name:<13} {'(torch)':<28} {1e3 * v:>8.1f} {samples / v:>9.0f}")
-        for key, v in res.ratios[W].items():
-            lines.append(f"  ratio {key}: " + (v if isinstance(v, str) else f"{v:.3f} (target ≥ 0.91, within 10%)"))
+                t = statistics.median(v)
+                lines.append(f"  {name:<13} {'(torch)':<28} {1e3 * t:>8.1f} {samples / t:>9.0f}")
+        for key, r in res.ratios[W].items():
+            lines.append(f"  ratio {key}: " + (r if isinstance(r, str) else f"{r.median:.3f} [IQR {r.q1:.3f}–"
+                                               f"{r.q3:.3f}] load {r.load:.1f} (target ≥ 0.91, within 10%)"))
         lines.append("  coll.: the most time a rank spent in collectives, share of the run (forecast: profiled "
                      "collectives charged to the updates; replay: the measured ones)")
         errs = [abs(r.error) for r in res.rows[W] if r.runnable]
@@ -308,7 +321,10 @@ def main(argv: list[str] | None = None) -> Result:
     if a.json:
         with open(a.json, "w") as fh:
             skip = ("timelines", "sim_schedule")
-            json.dump({"config": asdict(cfg), "torch": res.torch, "ratios": res.ratios, "wall_s": res.wall_s,
+            ratios = {W: {k: v if isinstance(v, str) else asdict(v) for k, v in rs.items()}
+                      for W, rs in res.ratios.items()}
+            json.dump({"config": asdict(cfg), "torch": res.torch, "ratios": ratios, "loads": res.loads,
+                       "wall_s": res.wall_s,
                        "rows": {W: [{f.name: getattr(r, f.name) for f in fields(r) if f.name not in skip}
                                     for r in rows] for W, rows in res.rows.items()}}, fh, indent=1, default=str)
     return res

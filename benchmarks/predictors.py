@@ -1,16 +1,19 @@
 """Cost of one weight prediction vs one ``optimizer.step()`` on a ~10M-parameter model.
 
-For each optimizer and predictor: best-of-``reps`` wall time of ``predictor.predict(optimizer, s)`` over all
-parameters, of ``optimizer.step()`` (torch's default implementation for the device), and their ratio.
-Target: a prediction costs no more than one optimizer step (ratio ≤ 1). Runs on CPU, and on CUDA when
-available.
+For each optimizer and predictor: ``predictor.predict(optimizer, s)`` over all parameters against
+``optimizer.step()`` (torch's default implementation for the device), timed alternately, step then prediction,
+round after round (``--reps`` rounds after three warm-up rounds, :mod:`benchmarks._harness`); the ratio is the
+median of the per-round ratios with its interquartile range and the load average. Target: a prediction costs no
+more than one optimizer step (ratio ≤ 1). Runs on CPU with one intra-op thread (``--threads`` for more), and
+on CUDA when available.
 
 Usage:
-    .venv/bin/python benchmarks/predictors.py [--reps 10] [--s 3] [--device cpu|cuda|all] [--threads N]
+    .venv/bin/python benchmarks/predictors.py [--reps 10] [--s 3] [--device cpu|cuda|all] [--threads 1]
         [--system-malloc]
 
 On Linux the script re-executes itself with glibc malloc set to keep freed memory (see
-``_reexec_with_caching_malloc``); ``--system-malloc`` measures with the defaults instead.
+``_reexec_with_caching_malloc``); ``--system-malloc`` measures with the defaults instead. The header states
+which.
 """
 
 from __future__ import annotations
@@ -19,49 +22,36 @@ import argparse
 import functools
 import os
 import sys
-import time
+from pathlib import Path
 
 import torch
 
-from pipelab.models import deep_mlp
-from pipelab.optim import make_optimizer, optimizer_label
-from pipelab.predictors import make_predictor
-from pipelab.threads import torch_threads
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/predictors.py` finds the harness
+
+from benchmarks._harness import Ratio, add_thread_argument, alternate, header  # noqa: E402
+from pipelab.models import deep_mlp  # noqa: E402
+from pipelab.optim import make_optimizer, optimizer_label  # noqa: E402
+from pipelab.predictors import make_predictor  # noqa: E402
+from pipelab.threads import torch_threads  # noqa: E402
 
 #: registry name -> this benchmark's overrides of the registry's defaults (pipelab.optim.OPTIMIZERS)
 OPTIMIZERS = {"sgdm": {"lr": 0.01}, "adam": {}, "adamw": {}, "rmsprop": {"lr": 1e-3}}
 PREDICTORS = ["stale", "spectrain", "pipeoptim", "pipeoptim_code", "repeat", "zero_grad_rollout", "linear", "pipemare"]
 
 
-def _time(fn, reps: int, device: torch.device) -> float:
-    """Fastest of ``reps`` timed runs of ``fn()`` after three warm-up runs, in seconds.
+def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float, float, Ratio]]:
+    """Rows ``(optimizer, predictor, predict seconds, step seconds, ratio)``, medians over ``reps`` alternated rounds.
 
-    The minimum, not the median: on a shared machine (CPU quota throttling, other jobs) the slow runs
-    measure the neighbours, not the code. The warm-up lets the allocator reuse freed blocks: a prediction
-    returns new tensors while ``optimizer.step()`` works in place, and on CPU a cold allocation of fresh
-    pages costs more than the arithmetic.
+    Three warm-up rounds let the allocator reuse freed blocks: a prediction returns new tensors while
+    ``optimizer.step()`` works in place, and on CPU a cold allocation of fresh pages costs more than the arithmetic.
     """
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        out.append(time.perf_counter() - t0)
-    return min(out)
-
-
-def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float, float]]:
     torch.manual_seed(0)
     model = deep_mlp(in_features=1024, width=1024, depth=10).to(device)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     print(f"\n== device {device} — deep_mlp(1024×1024, depth 10): {n / 1e6:.2f}M parameters, s = {s}, "
-          f"best of {reps}")
+          f"medians of {reps} rounds (step, prediction, step, ...)")
     rows = []
     for name, overrides in OPTIMIZERS.items():
         oname = optimizer_label(name)
@@ -69,9 +59,6 @@ def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float
             p.grad = torch.randn_like(p) * 1e-3
         opt = make_optimizer(name, params, **overrides)
         opt.step()
-        t_step = _time(opt.step, reps, device)
-        print(f"{oname:8s} optimizer.step(): {t_step * 1e3:8.2f} ms")
-        step_rows = []
         for pname in PREDICTORS:
             pred = make_predictor(pname)
             try:
@@ -81,14 +68,12 @@ def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float
             pred.observe(opt)
             opt.step()
             pred.observe(opt)
-            t_pred = _time(functools.partial(pred.predict, opt, s), reps, device)
-            step_rows.append((oname, pname, t_pred))
-        # time the step again after the predictions (same allocator state) and keep the faster of the two
-        t_step = min(t_step, _time(opt.step, reps, device))
-        for oname_, pname, t_pred in step_rows:
-            rows.append((oname_, pname, t_pred, t_pred / t_step))
-            print(f"{'':8s} {pname:18s} {t_pred * 1e3:8.2f} ms   ratio to step {t_pred / t_step:5.2f}")
-        print(f"{'':8s} (optimizer.step() best after predictions: {t_step * 1e3:.2f} ms)")
+            r = alternate({"step": opt.step, "predict": functools.partial(pred.predict, opt, s)}, reps, warmup=3,
+                          sync=sync)
+            ratio = r.ratio("predict", "step")
+            rows.append((oname, pname, r.median("predict"), r.median("step"), ratio))
+            print(f"{oname:8s} {pname:18s} {r.median('predict') * 1e3:8.2f} ms vs step {r.median('step') * 1e3:8.2f} ms"
+                  f"   ratio {ratio}")
         del opt
     return rows
 
@@ -115,26 +100,24 @@ def main() -> None:
                     help="keep glibc's default malloc settings (freed memory returned to the OS)")
     ap.add_argument("--s", type=int, default=3)
     ap.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for the CPU run")
+    add_thread_argument(ap)
     args = ap.parse_args()
     if not args.system_malloc:
         _reexec_with_caching_malloc()
-    with torch_threads(args.threads or None):  # the CPU run's thread count, restored afterwards
+    with torch_threads(args.threads):  # the run's thread count, restored afterwards
         devices = []
         if args.device in ("cpu", "all"):
             devices.append(torch.device("cpu"))
         if args.device in ("cuda", "all") and torch.cuda.is_available():
             devices.append(torch.device("cuda"))
-        malloc = ", ".join(f"{k}={os.environ[k]}" for k in _MALLOC_ENV if k in os.environ) or "system default"
-        print(f"malloc: {malloc}")
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads"
-              + (f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", no GPU"))
+        print(header("pipelab predictor benchmark")
+              + (f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "; no GPU"))
         for device in devices:
             rows = bench(device, args.reps, args.s)
             one_pass = [r for r in rows
                         if r[1] in ("spectrain", "pipeoptim", "pipeoptim_code", "linear", "pipemare")]
-            worst = max(one_pass, key=lambda r: r[3])
-            print(f"summary {device}: one-pass predictors cost ≤ {worst[3]:.2f}× a step "
+            worst = max(one_pass, key=lambda r: r[4].median)
+            print(f"summary {device}: one-pass predictors cost ≤ {worst[4].median:.2f}× a step "
                   f"(worst: {worst[1]} with {worst[0]}); "
                   f"rollouts ('repeat', 'zero_grad_rollout') cost about s = {args.s} steps by construction")
 

@@ -33,7 +33,9 @@ the same quantity as the period of a long run: it leaves out the warm-up and the
 and drain, while a flushed step's own fill and drain (its bubble) is inside every period, as it should
 be. On CUDA, rank 0 synchronises its device before each timestamp, so that it marks when the device got
 there rather than the host. Throughput = samples per mini-batch / t_mb; a row's figure is the median over
-repeats, and each ratio the median of the ratios within a repeat (rows of one repeat ran close in time).
+repeats, and each ratio the median of the ratios within a repeat (rows of one repeat ran close in time), with
+their interquartile range and the median of rank 0's load average at the end of each repeat
+(:func:`benchmarks._harness.paired_ratio`).
 Each run starts from fresh weights in a fresh ``PipelineRuntime`` / ``PipelineStage``; the whole run
 (barrier to barrier) is also timed, for the simulator.
 
@@ -77,28 +79,33 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from pipelab.distributed import spawn
-from pipelab.models import deep_mlp
-from pipelab.optim import optimizer_factory
-from pipelab.partition import split
-from pipelab.profiling import profile_stage, transfer_times
-from pipelab.runtime import PipelineRuntime
-from pipelab.schedules import gpipe, one_f_one_b, pipedream
-from pipelab.simulator import simulate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/runtime.py` finds the harness
+
+from benchmarks._harness import Ratio, header, load_average, paired_ratio  # noqa: E402
+from pipelab.distributed import spawn  # noqa: E402
+from pipelab.models import deep_mlp  # noqa: E402
+from pipelab.optim import optimizer_factory  # noqa: E402
+from pipelab.partition import split  # noqa: E402
+from pipelab.profiling import profile_stage, transfer_times  # noqa: E402
+from pipelab.runtime import PipelineRuntime  # noqa: E402
+from pipelab.schedules import gpipe, one_f_one_b, pipedream  # noqa: E402
+from pipelab.simulator import simulate  # noqa: E402
 
 __all__ = ["RunSetting", "BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main",
-           "measured_window", "simulated_window", "paired_ratio", "add_model_and_run_arguments", "timed_pipelab_run"]
+           "measured_window", "simulated_window", "add_model_and_run_arguments", "timed_pipelab_run", "report_header",
+           "load_line"]
 
 
 @dataclass(frozen=True)
@@ -328,6 +335,7 @@ def _rank_main(rank: int, world: int, cfg: BenchConfig) -> dict[str, Any]:
     rows = rows_of(cfg)
     runs: dict[str, list[dict[str, Any]]] = {r.name: [] for r in rows}
     weights: dict[str, tuple[Tensor, ...]] = {}
+    loads = []
     for _ in range(cfg.repeats):
         for row in rows:
             data = micro_data if row.M == 1 and cfg.M > 1 else full
@@ -335,11 +343,12 @@ def _rank_main(rank: int, world: int, cfg: BenchConfig) -> dict[str, Any]:
             seconds, entries, w = fn(row, rank, world, base, data, row.window(cfg)[2], cfg, device)
             runs[row.name].append({"seconds": seconds, "entries": [e - entries[0] for e in entries]})
             weights[row.name] = w
+        loads.append(load_average())  # at the end of each repeat: the load its rows ran under
     diffs = {}
     for kind in ("GPipe", "1F1B"):
         a, b = weights[f"pipelab {kind}"], weights[f"torch {kind}"]
         diffs[kind] = max(float((p - q).abs().max()) for p, q in zip(a, b))
-    return {"rank": rank, "profile": prof, "runs": runs, "weight_diff": diffs}
+    return {"rank": rank, "profile": prof, "runs": runs, "weight_diff": diffs, "loads": loads}
 
 
 # ------------------------------------------------------------------------------------------- driver
@@ -351,17 +360,21 @@ class Result:
 
     Attributes:
         config: the :class:`BenchConfig`; rows: one record per row (times in seconds, per repeat and
-            median, the simulator's predictions); ratios: name → (median, min, max) over repeats;
+            median, the simulator's predictions); ratios: name → :class:`~benchmarks._harness.Ratio` over the
+            repeats (median, IQR, load); simulated: name → the simulator's ratio;
         profile: per-stage ``f``, ``b``, ``u``, ``copy`` (clone of the stage's weights) and per-boundary
-            ``transfer`` seconds; weight_diff: max |W_pipelab − W_torch| for GPipe and 1F1B; wall_s: the spawn.
+            ``transfer`` seconds; weight_diff: max |W_pipelab − W_torch| for GPipe and 1F1B; wall_s: the spawn;
+            loads: rank 0's load average at the end of each repeat.
     """
 
     config: BenchConfig
     rows: list[dict[str, Any]]
-    ratios: dict[str, tuple[float, float, float]]
+    ratios: dict[str, Ratio]
+    simulated: dict[str, float]
     profile: dict[str, list[float]]
     weight_diff: dict[str, float]
     wall_s: float
+    loads: list[float]
 
 
 def measured_window(per_rank: list[dict[str, Any]], name: str, w: int, n: int, repeats: int
@@ -376,12 +389,6 @@ def measured_window(per_rank: list[dict[str, Any]], name: str, w: int, n: int, r
 def simulated_window(sim: Any, w: int, n: int) -> float:
     """The simulator's time per mini-batch over the same window: spacing of F(0, t, 0) from t = w to w + n."""
     return (sim.time_of("F", 0, w + n, 0)[0] - sim.time_of("F", 0, w, 0)[0]) / n
-
-
-def paired_ratio(num: list[float], den: list[float], scale: float = 1.0) -> tuple[float, float, float]:
-    """Median, min and max over repeats of scale · num_i / den_i (rows of one repeat ran close in time)."""
-    vals = [scale * x / y for x, y in zip(num, den)]
-    return statistics.median(vals), min(vals), max(vals)
 
 
 def run_benchmark(cfg: BenchConfig) -> Result:
@@ -411,12 +418,13 @@ def run_benchmark(cfg: BenchConfig) -> Result:
             "sim_mb_error": sim_mb / mb - 1.0, "sim_run_error": sim.makespan / statistics.median(t_run) - 1.0,
         })
     by = {r["name"]: r for r in records}
+    loads = per_rank[0]["loads"]
 
-    def paired(num: str, den: str, throughput: bool) -> tuple[float, float, float]:
+    def paired(num: str, den: str, throughput: bool) -> Ratio:
         a, b = by[num], by[den]
         if throughput:  # (samples_a / t_a) / (samples_b / t_b)
-            return paired_ratio(b["mb_s_all"], a["mb_s_all"], a["samples_per_mb"] / b["samples_per_mb"])
-        return paired_ratio(a["mb_s_all"], b["mb_s_all"])
+            return paired_ratio(b["mb_s_all"], a["mb_s_all"], loads, a["samples_per_mb"] / b["samples_per_mb"])
+        return paired_ratio(a["mb_s_all"], b["mb_s_all"], loads)
 
     M = cfg.M
     ratios = {"pipelab/torch GPipe, time per mini-batch": paired("pipelab GPipe", "torch GPipe", False),
@@ -432,9 +440,22 @@ def run_benchmark(cfg: BenchConfig) -> Result:
                                                                                   "pipelab GPipe", True)
     sim_ratio = (by["pipelab GPipe"]["sim_mb_s"] / by["pipelab GPipe"]["samples_per_mb"]) / (
         by["async stashing M=1"]["sim_mb_s"] / by["async stashing M=1"]["samples_per_mb"])
-    ratios["simulated async M=1 / GPipe, samples/s"] = (sim_ratio, sim_ratio, sim_ratio)
     diff = {k: max(per_rank[r]["weight_diff"][k] for r in range(D)) for k in ("GPipe", "1F1B")}
-    return Result(cfg, records, ratios, prof, diff, wall)
+    return Result(cfg, records, ratios, {"simulated async M=1 / GPipe, samples/s": sim_ratio}, prof, diff, wall,
+                  loads)
+
+
+def report_header(title: str, cfg: RunSetting, wall_s: float) -> str:
+    """The harness's header for a spawned benchmark: ranks × 1 intra-op thread (:func:`pipelab.distributed.spawn`),
+    backend, the spawn's seconds."""
+    return header(title, threads=f"{cfg.ranks} ranks × 1 intra-op thread") + (
+        f"; backend {cfg.backend}, spawn {wall_s:.0f} s")
+
+
+def load_line(loads: list[float]) -> str:
+    """Rank 0's load average at the end of the repeats: median [min–max]."""
+    return f"load average at the end of each repeat: median {statistics.median(loads):.1f} " \
+           f"[{min(loads):.1f}–{max(loads):.1f}]"
 
 
 def format_report(res: Result) -> str:
@@ -443,14 +464,11 @@ def format_report(res: Result) -> str:
     D, M = cfg.ranks, cfg.M
     P = res.profile
     lines = [
-        f"pipelab runtime benchmark — torch {torch.__version__}, backend {cfg.backend}, {D} ranks × 1 thread, "
-        f"spawn {res.wall_s:.0f} s",
+        report_header("pipelab runtime benchmark", cfg, res.wall_s),
         f"model deep_mlp(in={cfg.in_features}, width={cfg.width}, depth={cfg.depth}) float32, {cfg.optimizer}, "
         f"{D} stages; flushed mini-batch {cfg.batch} = M={M} × micro-batch {cfg.micro}",
-        "allocator environment: " + (", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                                             if k.startswith("MALLOC_")) or "default (no MALLOC_* set)"),
         f"time per mini-batch = stage 0's intake period over {cfg.steps} flushed mini-batches after {cfg.warmup} "
-        f"(async M=1: ×{M}), median of {cfg.repeats} repeats [min–max]",
+        f"(async M=1: ×{M}), median of {cfg.repeats} repeats [min–max]; {load_line(res.loads)}",
         "profile (ms per micro-batch): " + "; ".join(
             f"stage {k} F {1e3 * P['f'][k]:.2f} B {1e3 * P['b'][k]:.2f} U {1e3 * P['u'][k]:.2f} "
             f"snapshot (clone) {1e3 * P['copy'][k]:.2f}" for k in range(D))
@@ -464,16 +482,17 @@ def format_report(res: Result) -> str:
         lines.append(f"{r['name']:<21} {r['samples_per_mb']:>7d} {spread:>25} {r['throughput']:>9.0f} "
                      f"{1e3 * r['sim_mb_s']:>7.1f} {100 * r['sim_mb_error']:>+5.0f}% {r['run_s']:>6.2f} "
                      f"{r['sim_run_s']:>6.2f} {100 * r['sim_run_error']:>+5.0f}%")
-    lines += ["", "ratios, median [min–max] of the per-repeat ratios (target):"]
+    lines += ["", "ratios, median [IQR] of the per-repeat ratios, load average (target):"]
     targets = {"pipelab/torch GPipe, time per mini-batch": ("≤ 1.10", lambda v: v <= 1.10),
                "pipelab/torch 1F1B, time per mini-batch": ("≤ 1.10", lambda v: v <= 1.10),
                f"async stashing M=1 / pipelab GPipe M={M}, samples/s": ("≥ 1.2", lambda v: v >= 1.2)}
-    for key, (v, lo, hi) in res.ratios.items():
+    for key, r in res.ratios.items():
         tgt = ""
         if key in targets:
             text, ok = targets[key]
-            tgt = f"  ({text}: {'met' if ok(v) else 'MISSED'})"
-        lines.append(f"  {key:<50} {v:6.3f} [{lo:.3f}–{hi:.3f}]{tgt}")
+            tgt = f"  ({text}: {'met' if ok(r.median) else 'MISSED'})"
+        lines.append(f"  {key:<50} {r.median:6.3f} [{r.q1:.3f}–{r.q3:.3f}] load {r.load:.1f}{tgt}")
+    lines += [f"  {key:<50} {v:6.3f}" for key, v in res.simulated.items()]
     flushed = [abs(r["sim_mb_error"]) for r in res.rows if r["impl"] == "torch"]
     ours = [abs(r["sim_mb_error"]) for r in res.rows if r["impl"] == "pipelab"]
     lines += [
@@ -520,8 +539,9 @@ def main(argv: list[str] | None = None) -> Result:
     print(format_report(res))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"config": asdict(cfg), "rows": res.rows, "ratios": res.ratios, "profile": res.profile,
-                       "weight_diff": res.weight_diff, "wall_s": res.wall_s}, fh, indent=1)
+            json.dump({"config": asdict(cfg), "rows": res.rows, "ratios": {k: asdict(v) for k, v in res.ratios.items()},
+                       "simulated": res.simulated, "profile": res.profile, "weight_diff": res.weight_diff,
+                       "wall_s": res.wall_s, "loads": res.loads}, fh, indent=1)
     return res
 
 

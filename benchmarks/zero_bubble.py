@@ -40,7 +40,8 @@ mini-batch t enters the pipeline — torch: just before ``schedule.step``; pipel
 the data callable for mini-batch t (at F(0, t, 0)). A run has w + n + 1 mini-batches (w = ``--warmup``,
 n = ``--steps``) and the time per mini-batch is t_mb = (entry(w + n) − entry(w)) / n, the period of a long
 run with each step's fill and drain (its bubble) inside. A row's figure is the median over repeats; each
-ratio pipelab/torch is the median [min–max] of the per-repeat ratios (rows of one repeat ran close in time).
+ratio pipelab/torch is the median [IQR] of the per-repeat ratios (rows of one repeat ran close in time), printed
+with the median of rank 0's load average at the end of each repeat (:func:`benchmarks._harness.paired_ratio`).
 
 Targets (issue 12): pipelab within 10% of torch's throughput on the same schedule (time ratio ≤ 1.10);
 the simulator's forecast within 10% of the measured time per mini-batch.
@@ -91,7 +92,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 import time
@@ -105,14 +105,16 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/zero_bubble.py` finds its sibling
 
+from benchmarks._harness import Ratio, load_average, paired_ratio  # noqa: E402
 from benchmarks.runtime import (  # noqa: E402
     RunSetting,
     _make_optimizer,
     _sync,
     _timed,
     add_model_and_run_arguments,
+    load_line,
     measured_window,
-    paired_ratio,
+    report_header,
     simulated_window,
     timed_pipelab_run,
 )
@@ -287,7 +289,7 @@ def _rank_main(rank: int, world: int, cfg: ZBConfig) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {r.name: [] for r in rows}
     weights: dict[str, dict[int, tuple]] = {}
     same_order: dict[str, bool] = {}
-    profiles = []
+    profiles, loads = [], []
     for _ in range(cfg.repeats):
         # profiled within every repeat, so that the costs see the same load from other processes as the runs
         profiles.append(_profile(rank, world, cfg, base, x0[:cfg.micro], y0[:cfg.micro], device))
@@ -297,6 +299,7 @@ def _rank_main(rank: int, world: int, cfg: ZBConfig) -> dict[str, Any]:
             runs[row.name].append({"seconds": seconds, "entries": [e - entries[0] for e in entries]})
             weights[row.name] = w
             same_order[row.name] = same
+        loads.append(load_average())  # at the end of each repeat: the load its rows ran under
     diffs, moved = {}, {}
     for kind, (_, torch_cls, chunks, _) in SCHEDULES.items():
         if torch_cls is not None:
@@ -309,7 +312,7 @@ def _rank_main(rank: int, world: int, cfg: ZBConfig) -> dict[str, Any]:
                        for key, costs in profiles[0]["stages"].items()},
             "transfer": [statistics.median(p["transfer"][b] for p in profiles) for b in range(world - 1)]}
     return {"rank": rank, "profile": prof, "runs": runs, "weight_diff": diffs, "weight_moved": moved,
-            "same_order": same_order}
+            "same_order": same_order, "loads": loads}
 
 
 # ------------------------------------------------------------------------------------------- driver
@@ -347,21 +350,25 @@ class ZBResult:
 
     Attributes:
         config: the :class:`ZBConfig`; rows: one record per row (times in seconds, per repeat and median,
-            the simulator's forecasts and errors); ratios: name → (median, min, max) over repeats;
+            the simulator's forecasts and errors); ratios: name → :class:`~benchmarks._harness.Ratio` over the
+            repeats (median, IQR, load); simulated: name → the simulator's ratio;
         profile: per rank, its stages' costs (``"D:k"`` → f, b, i, w, u, copy seconds) and the transfers;
         weight_diff: kind → max |W_pipelab − W_torch| after the last runs; weight_moved: kind → how far torch's
             final weights moved from the initial ones (min over ranks of the max); same_order: torch row → whether
-            its imported action lists equal the pipelab builder's; wall_s: the spawn.
+            its imported action lists equal the pipelab builder's; wall_s: the spawn; loads: rank 0's load average
+            at the end of each repeat.
     """
 
     config: ZBConfig
     rows: list[dict[str, Any]]
-    ratios: dict[str, tuple[float, float, float]]
+    ratios: dict[str, Ratio]
+    simulated: dict[str, float]
     profile: list[dict[str, Any]]
     weight_diff: dict[str, float]
     weight_moved: dict[str, float]
     same_order: dict[str, bool]
     wall_s: float
+    loads: list[float]
 
 
 def run_benchmark(cfg: ZBConfig) -> ZBResult:
@@ -391,21 +398,22 @@ def run_benchmark(cfg: ZBConfig) -> ZBResult:
             "jobs_per_mb": jobs, "unmodelled_per_job_s": (mb - sim_mb) / jobs,
         })
     by = {r["name"]: r for r in records}
+    loads = per_rank[0]["loads"]
 
-    def paired(num: str, den: str) -> tuple[float, float, float]:
-        return paired_ratio(by[num]["mb_s_all"], by[den]["mb_s_all"])
+    def paired(num: str, den: str) -> Ratio:
+        return paired_ratio(by[num]["mb_s_all"], by[den]["mb_s_all"], loads)
 
     ratios = {f"pipelab/torch {kind}, time per mini-batch": paired(f"pipelab {kind}", f"torch {kind}")
               for kind, (_, torch_cls, _, _) in SCHEDULES.items() if torch_cls is not None}
     ratios["pipelab ZB-H1 / pipelab 1F1B, time per mini-batch"] = paired("pipelab ZB-H1", "pipelab 1F1B")
-    sim_ratio = by["pipelab ZB-H1"]["sim_mb_s"] / by["pipelab 1F1B"]["sim_mb_s"]
-    ratios["simulated ZB-H1 / 1F1B, time per mini-batch"] = (sim_ratio, sim_ratio, sim_ratio)
+    simulated = {"simulated ZB-H1 / 1F1B, time per mini-batch":
+                 by["pipelab ZB-H1"]["sim_mb_s"] / by["pipelab 1F1B"]["sim_mb_s"]}
     kinds = per_rank[0]["weight_diff"].keys()
     diff = {k: max(per_rank[r]["weight_diff"][k] for r in range(W)) for k in kinds}
     moved = {k: min(per_rank[r]["weight_moved"][k] for r in range(W)) for k in kinds}
     same = {name: all(per_rank[r]["same_order"][name] for r in range(W))
             for name in per_rank[0]["same_order"] if name.startswith("torch ")}
-    return ZBResult(cfg, records, ratios, profile, diff, moved, same, wall)
+    return ZBResult(cfg, records, ratios, simulated, profile, diff, moved, same, wall, loads)
 
 
 def format_report(res: ZBResult) -> str:
@@ -413,14 +421,11 @@ def format_report(res: ZBResult) -> str:
     cfg = res.config
     W, M = cfg.ranks, cfg.M
     lines = [
-        f"pipelab zero-bubble benchmark — torch {torch.__version__}, backend {cfg.backend}, {W} ranks × 1 thread, "
-        f"spawn {res.wall_s:.0f} s",
+        report_header("pipelab zero-bubble benchmark", cfg, res.wall_s),
         f"model deep_mlp(in={cfg.in_features}, width={cfg.width}, depth={cfg.depth}) float32, {cfg.optimizer}; "
         f"{2 * W} stages (2 chunks per rank) or {W}; mini-batch {cfg.batch} = M={M} × micro-batch {cfg.micro}",
-        "allocator environment: " + (", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                                             if k.startswith("MALLOC_")) or "default (no MALLOC_* set)"),
         f"time per mini-batch = stage 0's intake period over {cfg.steps} mini-batches after {cfg.warmup}, "
-        f"median of {cfg.repeats} repeats [min–max]",
+        f"median of {cfg.repeats} repeats [min–max]; {load_line(res.loads)}",
         "profile (ms per micro-batch, stage of a D-stage cut on its rank: F B I W U):",
     ]
     for rank, p in enumerate(res.profile):
@@ -437,10 +442,11 @@ def format_report(res: ZBResult) -> str:
                      f"{1e3 * r['sim_mb_s']:>7.1f} {100 * r['sim_mb_error']:>+5.0f}% {r['run_s']:>6.2f} "
                      f"{r['sim_run_s']:>6.2f} {100 * r['sim_run_error']:>+5.0f}% {r['jobs_per_mb']:>4d} "
                      f"{1e3 * r['unmodelled_per_job_s']:>8.2f}")
-    lines += ["", "ratios, median [min–max] of the per-repeat ratios (target):"]
-    for key, (v, lo, hi) in res.ratios.items():
-        tgt = f"  (≤ 1.10: {'met' if v <= 1.10 else 'MISSED'})" if key.startswith("pipelab/torch") else ""
-        lines.append(f"  {key:<52} {v:6.3f} [{lo:.3f}–{hi:.3f}]{tgt}")
+    lines += ["", "ratios, median [IQR] of the per-repeat ratios, load average (target):"]
+    for key, r in res.ratios.items():
+        tgt = f"  (≤ 1.10: {'met' if r.median <= 1.10 else 'MISSED'})" if key.startswith("pipelab/torch") else ""
+        lines.append(f"  {key:<52} {r.median:6.3f} [{r.q1:.3f}–{r.q3:.3f}] load {r.load:.1f}{tgt}")
+    lines += [f"  {key:<52} {v:6.3f}" for key, v in res.simulated.items()]
     missed = [r["name"] for r in res.rows if not abs(r["sim_mb_error"]) <= 0.10]
     worst = max(abs(r["sim_mb_error"]) for r in res.rows)
     lines += [
@@ -474,7 +480,8 @@ def main(argv: list[str] | None = None) -> ZBResult:
     print(format_report(res))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"config": asdict(cfg), "rows": res.rows, "ratios": res.ratios, "profile": res.profile,
+            json.dump({"config": asdict(cfg), "rows": res.rows, "ratios": {k: asdict(v) for k, v in res.ratios.items()},
+                       "simulated": res.simulated, "loads": res.loads, "profile": res.profile,
                        "weight_diff": res.weight_diff, "weight_moved": res.weight_moved,
                        "same_order": res.same_order, "wall_s": res.wall_s}, fh, indent=1)
     return res

@@ -46,8 +46,10 @@ def test_every_row_is_timed_and_simulated(result) -> None:
         assert rec["sim_run_s"] == pytest.approx(sim.makespan)
         expected = (sim.time_of("F", 0, w + n, 0)[0] - sim.time_of("F", 0, w, 0)[0]) / n
         assert rec["sim_mb_s"] == pytest.approx(expected)
+    for key, r in result.ratios.items():  # medians of the per-repeat ratios, with the load beside them
+        assert len(r.values) == TOY.repeats and r.q1 <= r.median <= r.q3 and math.isfinite(r.load), key
     text = format_report(result)
-    assert "pipelab/torch GPipe" in text and "async stashing M=1 / pipelab GPipe" in text
+    assert "pipelab/torch GPipe" in text and "async stashing M=1 / pipelab GPipe" in text and "load average" in text
 
 
 def test_windows_hold_the_same_samples() -> None:

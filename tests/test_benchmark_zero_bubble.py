@@ -62,8 +62,10 @@ def test_every_row_is_timed_and_forecast(result: ZBResult) -> None:
         expected = (sim.time_of("F", 0, w + n, 0)[0] - sim.time_of("F", 0, w, 0)[0]) / n
         assert rec["sim_mb_s"] == pytest.approx(expected) and expected > 0
         assert math.isfinite(rec["sim_mb_error"]) and math.isfinite(rec["sim_run_error"])
-    for key, (v, lo, hi) in result.ratios.items():
-        assert all(math.isfinite(x) and x > 0 for x in (v, lo, hi)) and lo <= v <= hi, key
+    for key, r in result.ratios.items():
+        assert all(math.isfinite(x) and x > 0 for x in (r.median, r.q1, r.q3)) and r.q1 <= r.median <= r.q3, key
+        assert len(r.values) == len(result.loads) == TOY.repeats and math.isfinite(r.load), key
+    assert all(math.isfinite(v) and v > 0 for v in result.simulated.values()) and result.simulated
     assert {f"pipelab/torch {k}, time per mini-batch" for k in COMPARED} <= set(result.ratios)
     text = format_report(result)
     assert "pipelab/torch DualPipeV" in text and "forecast |error|" in text
