@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from probes import Probe
 from pipelab import cache as cache_module
 from pipelab import figures
 from pipelab.__main__ import main
-from pipelab.cache import CacheWarning, ResultCache, cached, run_sweep
+from pipelab.cache import CacheWarning, ResultCache, SweepError, cached, run_sweep
 from pipelab.config import config_hash, config_to_dict
 
 
@@ -114,6 +115,39 @@ def test_failing_rename_keeps_the_result_and_leaves_no_temporary(tmp_path: Path,
         assert cached("exp", Small(3), _square, cache=cache) == 9
     assert not list(tmp_path.rglob(".tmp-*"))
     assert cache.load("exp", Small(3), _square) == (False, None)
+
+
+@dataclass(frozen=True)
+class Marked:
+    n: int
+    marks: str  # a directory where each run that returns leaves a file
+
+
+def _fail_on_1(cfg: Marked) -> int:
+    if cfg.n == 1:
+        raise ValueError("config 1 is broken")
+    time.sleep(0.5)  # config 1 fails while the others run
+    Path(cfg.marks, str(cfg.n)).touch()
+    return cfg.n**2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_config_keeps_every_finished_result(tmp_path: Path, workers: int) -> None:
+    """In parallel, the first failure raised at once and the pool then finished the running jobs without storing
+    them: their results were lost. Now every result that finished is cached, and the error names the config."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    configs = [Marked(n, str(marks)) for n in range(6)]
+    cache = ResultCache(tmp_path / "cache", version="1")
+    with pytest.raises(SweepError, match=r"sweep 'sq': config 1 of 6 failed \(ValueError: config 1 is broken\)"
+                                         r"\n  config 1: Marked\(n=1") as err:
+        run_sweep("sq", configs, _fail_on_1, cache=cache, workers=workers)
+    assert isinstance(err.value.__cause__, ValueError) and err.value.indices == [1]
+    ran = sorted(int(p.name) for p in marks.iterdir())
+    assert ran and all(cache.load("sq", configs[n], _fail_on_1) == (True, n**2) for n in ran), ran
+    assert f"{len(ran)} of the 6 results are cached" in str(err.value)
+    assert 1 not in ran and cache.load("sq", configs[1], _fail_on_1) == (False, None)
 
 
 def test_directory_in_place_of_an_entry_is_a_miss(tmp_path: Path) -> None:
