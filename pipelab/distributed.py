@@ -10,8 +10,9 @@ Two ways to get ranks:
 
 Failures are bounded in time, never a hang: every process group is created with a timeout; a rank that
 raises tears its process group down (so peers blocked in a receive fail at once instead of waiting for
-the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks and raises
-:class:`RankFailure` naming the rank that failed first. A rank that dies without reporting (killed,
+the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks (killing those
+that do not exit, a stopped process included) and raises :class:`RankFailure` naming the rank that failed
+first. A rank that dies without reporting (killed,
 ``os._exit``) is detected by its exit code. A rank that *hangs* (alive, silent) makes its peers' receives
 time out; :func:`spawn` then names it as unresponsive, with the last progress it reported through
 :func:`heartbeat` (the runtime reports its program position), rather than the peer whose receive timed out.
@@ -300,6 +301,26 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
         dist.destroy_process_group()
 
 
+def _end(procs: list[Any], grace_s: float) -> None:
+    """Terminate the processes still running, and kill those still alive ``grace_s`` later.
+
+    SIGTERM first lets a rank clean up; SIGKILL after the grace period ends what SIGTERM cannot: a stopped
+    process (SIGSTOP, a debugger) holds SIGTERM until it is continued, and one that ignores or handles it may
+    not exit. Without this, the caller's interpreter would hang at exit, where multiprocessing joins its
+    children without a timeout.
+    """
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = 300.0, comm_timeout_s: float = 60.0, grace_s: float = 5.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return results by rank.
@@ -309,7 +330,9 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
         backend: ``gloo`` (CPU) or ``nccl`` (one GPU per rank).
         timeout_s: bound on the whole run; past it every rank is terminated and ``TimeoutError`` raised.
         comm_timeout_s: the process group's timeout for a single collective/point-to-point operation.
-        grace_s: after the first failure, how long the other ranks get to report before being terminated.
+        grace_s: after the first failure, how long the other ranks get to report before being terminated
+            (SIGTERM), and how long a terminated rank gets to exit before it is killed (SIGKILL), so that
+            this call, and the caller's process, always end.
 
     Raises:
         ValueError: ``nccl`` with fewer visible GPUs than ``world_size`` (before any process starts).
@@ -372,11 +395,9 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
                        f"({progress(r)})"
                     for r, p in enumerate(procs) if p.is_alive() and r not in done and r not in errors
                     and r not in dead and time.monotonic() - beats[r][1] >= comm_timeout_s}
-        for p in procs:
+        for p in procs:  # a rank that reported exits by itself
             p.join(timeout=0.5 if errors else 10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
+        _end(procs, grace_s)
     drain()
     dead = {r: d for r, d in dead.items() if r not in errors and r not in done}
     hung = {r: d for r, d in hung.items() if r not in errors and r not in done}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -225,6 +226,44 @@ def test_a_hung_rank_is_named() -> None:
     assert err.value.rank == 1, str(err.value)
     assert "rank 1 failed:\nunresponsive" in str(err.value) and "rank 0:" in str(err.value)
     assert time.monotonic() - start < 60
+
+
+# ------------------------------------------------------------------ 5b: a stopped rank
+
+def _stop_rank_1(rank: int, world: int) -> None:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    raise RuntimeError(f"rank {rank} fails")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_stopped_rank_does_not_hang_the_caller_at_exit() -> None:
+    """A SIGSTOPped rank ignores SIGTERM until continued; multiprocessing joins its children without a timeout at
+    interpreter exit, so the caller (a test session, a notebook kernel) hung there unless spawn kills the rank."""
+    code = ("from test_reliability_runtime import _stop_rank_1\n"
+            "from pipelab.distributed import RankFailure, spawn\n"
+            "try:\n    spawn(_stop_rank_1, 2, timeout_s=60, comm_timeout_s=3, grace_s=1)\n"
+            "except RankFailure as exc:\n    print('named rank', exc.rank)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, errors = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the caller and the stopped rank
+        proc.communicate()
+        pytest.fail("the calling process hung at exit: the stopped rank was not killed")
+    assert proc.returncode == 0 and "named rank 0" in out, errors[-2000:]
+    for _ in range(50):  # no rank outlives the caller (multiprocessing's resource tracker leaves soon after it)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("a process of the caller's session outlived it")
 
 
 # ----------------------------------------------------------------------------------------- 6: busy port
