@@ -12,10 +12,11 @@ Failures are bounded in time, never a hang: every process group is created with 
 raises tears its process group down (so peers blocked in a receive fail at once instead of waiting for
 the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks (killing those
 that do not exit, a stopped process included) and raises :class:`RankFailure` naming the rank that failed
-first. A rank that dies without reporting (killed,
-``os._exit``) is detected by its exit code. A rank that *hangs* (alive, silent) makes its peers' receives
-time out; :func:`spawn` then names it as unresponsive, with the last progress it reported through
-:func:`heartbeat` (the runtime reports its program position), rather than the peer whose receive timed out.
+first. A rank that dies without reporting (killed, ``os._exit``) is detected by its exit code. A rank that
+*hangs* (alive, silent, or stopped) makes its peers' receives time out (collectives too: every group has the
+run's timeout, :func:`comm_timeout`); :func:`spawn` then names it as unresponsive, with the last progress it
+reported through :func:`heartbeat` (the runtime reports its program position), rather than the peer whose
+receive timed out.
 
 Backends: ``gloo`` on CPU, ``nccl`` on CUDA (:func:`default_backend`). Devices: :func:`resolve_device` is the
 one place a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``) becomes a ``torch.device``, for the
@@ -43,7 +44,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["RankFailure", "default_backend", "free_port", "init_from_env", "spawn", "check_consistent", "differences",
-           "describe_differences", "heartbeat", "resolve_device", "check_nccl_devices", "DEVICE_NAMES"]
+           "describe_differences", "heartbeat", "resolve_device", "check_nccl_devices", "DEVICE_NAMES", "comm_timeout"]
 
 #: the device names :func:`resolve_device` accepts (``cuda:N``: the N-th visible GPU)
 DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
@@ -191,6 +192,19 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
                                "(held by another program); choose a free MASTER_PORT") from exc
         raise exc
     return rank, world
+
+
+def comm_timeout() -> datetime.timedelta:
+    """The default process group's timeout: how long one collective or point-to-point operation may wait.
+
+    Every other process group pipelab creates (the placements' sub-groups, :mod:`pipelab.runtime.collectives`)
+    is given this timeout, so a rank stalled inside any collective is detected within the same bound as in
+    point-to-point transport; ``dist.new_group`` alone would give torch's default, 30 minutes. torch has no
+    public getter: the value is read from the default group's backend options.
+    """
+    device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+    timeout: datetime.timedelta = dist.group.WORLD._get_backend(device).options._timeout  # type: ignore[union-attr]
+    return timeout
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:

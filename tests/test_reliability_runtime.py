@@ -9,6 +9,7 @@ module fixture) and every check on them runs in this process (a runtime built wi
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import shutil
 import signal
@@ -28,7 +29,7 @@ from pipelab.distributed import RankFailure, describe_differences, differences, 
 from pipelab.learning_curves import RunConfig
 from pipelab.models import deep_mlp
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
-from pipelab.schedules import pipedream
+from pipelab.schedules import ddp, dualpipe, fsdp, hybrid, lpp, pipedream
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -228,7 +229,95 @@ def test_a_hung_rank_is_named() -> None:
     assert time.monotonic() - start < 60
 
 
-# ------------------------------------------------------------------ 5b: a stopped rank
+# ------------------------------------------------------------------ 5b: a rank stalled in a collective or transfer
+
+#: where a rank stalls: point-to-point (PipeDream, 2 ranks) or a placed schedule's collectives
+STALLS = {"p2p": (2, None),
+          "ddp": (2, lambda: ddp(D=2, M=4, W=2, steps=3)),
+          "fsdp": (2, lambda: fsdp(D=2, M=4, W=2, steps=3)),
+          "lpp": (2, lambda: lpp(D=2, M=4, G=2, R=1, steps=3)),
+          "dualpipe": (2, lambda: dualpipe(W=2, M=4, steps=2)),
+          "hybrid": (4, lambda: hybrid(D=2, M=4, R=2, steps=3))}
+
+
+class _Stalling:
+    """``torch.distributed`` whose ``n``-th call of one of ``names`` stalls this process: SIGSTOP (``stop``)
+    or a sleep of an hour (``sleep``), after writing the wall time to ``stamp``."""
+
+    def __init__(self, names: tuple[str, ...], n: int, how: str, stamp: str) -> None:
+        self.names, self.n, self.how, self.stamp, self.calls = names, n, how, stamp, 0
+
+    def tick(self) -> None:
+        """Count a call; the ``n``-th stalls."""
+        self.calls += 1
+        if self.calls == self.n:
+            Path(self.stamp).write_text(repr(time.time()))
+            if self.how == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(3600)
+
+    def __getattr__(self, name: str) -> object:
+        fn = getattr(dist, name)
+        if name not in self.names:
+            return fn
+
+        def call(*args: object, **kwargs: object) -> object:
+            self.tick()
+            return fn(*args, **kwargs)
+
+        return call
+
+
+def _stall(rank: int, world: int, kind: str, stalled: int, how: str, stamp: str) -> None:
+    """Rank ``stalled`` stalls at its fourth transfer (``p2p``) or its second collective (placed kinds): stopped
+    inside the call, or sleeping before it."""
+    import pipelab.runtime.collectives as collectives
+    import pipelab.runtime.p2p as p2p
+    from pipelab.pipeline.placement import Launch
+
+    make = STALLS[kind][1]
+    if make is None:
+        rt = runtime()
+    else:
+        schedule = make()
+        torch.manual_seed(0)
+        model = deep_mlp(in_features=6, width=8, depth=schedule.D + 1, num_classes=4).double()
+        rt = PipelineRuntime(model, schedule=schedule, policy="gpipe", D=schedule.D,
+                             optimizer=lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
+    if rank == stalled and make is None:
+        p2p.dist = _Stalling(("isend", "irecv"), 4, how, stamp)  # type: ignore[assignment]
+    elif rank == stalled and how == "stop":
+        collectives.dist = _Stalling(("all_reduce", "broadcast", "reduce"), 2, how, stamp)  # type: ignore[assignment]
+    elif rank == stalled:
+        stall = _Stalling((), 2, how, stamp)
+        run = collectives.DistributedCollectives.__call__
+
+        def before(self: object, c: object, executors: object) -> None:
+            if not isinstance(c, Launch):
+                stall.tick()
+            run(self, c, executors)  # type: ignore[arg-type]
+
+        collectives.DistributedCollectives.__call__ = before  # type: ignore[method-assign]
+    rt.run(batches())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind, how", [("p2p", "stop"), ("ddp", "stop"), ("fsdp", "sleep"), ("lpp", "stop"),
+                                       ("dualpipe", "sleep"), ("hybrid", "stop")])
+def test_a_rank_stalled_in_a_collective_or_transfer_is_named(kind: str, how: str, tmp_path: Path) -> None:
+    """Every process group has the run's communication timeout (torch's default for a sub-group is 30 minutes):
+    the stalled rank is named by spawn within the timeout plus the grace periods; a stopped rank is killed, so
+    no process outlives the call."""
+    world, comm, grace = STALLS[kind][0], 3.0, 2.0
+    stalled, stamp = world - 1, tmp_path / "stalled_at"
+    with pytest.raises(RankFailure) as err:
+        spawn(_stall, world, (kind, stalled, how, str(stamp)), timeout_s=45, comm_timeout_s=comm, grace_s=grace)
+    detected = time.time() - float(stamp.read_text())
+    assert err.value.rank == stalled and "unresponsive" in err.value.details, str(err.value)
+    assert detected < comm + 3 * grace + 10, detected
+    assert not multiprocessing.active_children()
+
 
 def _stop_rank_1(rank: int, world: int) -> None:
     if rank == 1:

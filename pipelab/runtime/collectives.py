@@ -9,7 +9,9 @@ lists, in one global sequence every rank derives identically, the collectives of
 
 :class:`DistributedCollectives` creates one process group per distinct member set (``dist.new_group``,
 called by every rank, members or not, in the order the sets first appear in the sequence, so every rank
-creates the same groups in the same order) and runs each collective on its group when the rank's program
+creates the same groups in the same order; each with the run's communication timeout,
+:func:`pipelab.distributed.comm_timeout`, so a rank stalled inside a collective is detected as in point-to-point
+transport) and runs each collective on its group when the rank's program
 reaches it, on flat buffers (one per dtype) of the stage's tensors, on the rank's device (gloo on CPU, NCCL
 on GPUs: nothing here is device-specific). Reduces and broadcasts block. All-reduces are bucketed and
 overlapped like torch's DDP (the rules are in :mod:`pipelab.pipeline.placement`): the parts of a run are cut
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..distributed import comm_timeout
 from ..pipeline.placement import (
     Collective,
     CollectiveCounter,
@@ -102,9 +105,11 @@ class DistributedCollectives:
             raise ValueError(f"bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
         self.overlap = bool(overlap)
         self.groups: dict[tuple[int, ...], Any] = {}
+        timeout = comm_timeout() if dist.is_initialized() else None
         for e in sequence:
             if isinstance(e, Collective) and e.members not in self.groups:
-                self.groups[e.members] = dist.new_group(list(e.members)) if dist.is_initialized() else None
+                self.groups[e.members] = (dist.new_group(list(e.members), timeout=timeout) if dist.is_initialized()
+                                          else None)
         self.counter = CollectiveCounter()
         self._launched: dict[tuple[tuple[int, int], ...], set[tuple[int, int]]] = {}
         self._inflight: dict[tuple[tuple[int, int], ...], tuple[list[Any], list[Tensor], list[Tensor]]] = {}
