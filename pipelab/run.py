@@ -15,7 +15,9 @@ rendezvous, e.g. on each of two nodes with two GPUs each::
 state; ``--resume DIR`` continues such a run identically (a different configuration — learning rate,
 seed, batch size, ... — is refused, naming what differs; so are ranks launched with different arguments).
 Rank 0 prints a JSON summary (final losses, test accuracy, throughput, per-rank memory, divergence) and
-writes it to ``--out`` if given.
+writes it to ``--out`` if given. Each communication call waits at most ``--comm-timeout`` seconds; a rank
+whose call fails raises :class:`pipelab.distributed.StalledRank` naming the stalled peer (one that stopped, or
+makes no progress outside communication), which torchrun reports as the root cause.
 
 From Python (tests, notebooks), :func:`train_distributed` spawns the ranks locally and returns the summary.
 The arm is described by :class:`pipelab.learning_curves.RunConfig` and built by
@@ -34,8 +36,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from .distributed import default_backend, init_from_env, resolve_device, spawn
+from .distributed import default_backend, init_from_env, resolve_device, spawn, waiting
 from .learning_curves import ARM_POLICIES, ARM_SCHEDULES, TASKS, RunConfig, prepare
 from .optim import available_optimizers
 
@@ -76,15 +79,19 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
                          precision=precision)
     if resume is not None:
         load_checkpoint(rt, resume)
-    dist.barrier()
+    everyone = range(world)
+    with waiting(everyone, "the barrier before the run"):
+        dist.barrier()
     start = time.perf_counter()
     res = rt.run(prep.batch, stop_at_step=stop_at_step)
-    dist.barrier()
+    with waiting(everyone, "the barrier after the run"):
+        dist.barrier()
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         save_checkpoint(rt, checkpoint)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
+    with waiting(everyone, "the gathering of the results"):
+        dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
     if rank != 0:
         return None
     weights = {k: W for part in gathered for k, W in part[0].items()}
@@ -159,14 +166,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute precision (autocast) with fp32 master weights; fp16 adds a loss scaler and "
                         "needs a flushed schedule")
     p.add_argument("--out", default=None, help="write rank 0's JSON summary here")
+    p.add_argument("--comm-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="bound on one communication call; a rank whose call times out names the stalled peer")
     return p
 
 
+@record  # under torchrun, the failing rank's error (a StalledRank naming the stalled peer) is its summary's cause
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:  # before joining: CUDA without CUDA, or fewer GPUs than this machine's ranks, is said plainly
         backend = default_backend(resolve_device(args.device, argument="--device"))
-        rank, world = init_from_env(backend)
+        rank, world = init_from_env(backend, timeout_s=args.comm_timeout)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -307,14 +307,18 @@ def _stall(rank: int, world: int, kind: str, stalled: int, how: str, stamp: str)
                                        ("dualpipe", "sleep"), ("hybrid", "stop")])
 def test_a_rank_stalled_in_a_collective_or_transfer_is_named(kind: str, how: str, tmp_path: Path) -> None:
     """Every process group has the run's communication timeout (torch's default for a sub-group is 30 minutes):
-    the stalled rank is named by spawn within the timeout plus the grace periods; a stopped rank is killed, so
-    no process outlives the call."""
+    the stalled rank is named by spawn, and by its peers from the progress the ranks publish, within the
+    timeout plus the grace periods; a stopped rank is killed, so no process outlives the call."""
     world, comm, grace = STALLS[kind][0], 3.0, 2.0
     stalled, stamp = world - 1, tmp_path / "stalled_at"
     with pytest.raises(RankFailure) as err:
         spawn(_stall, world, (kind, stalled, how, str(stamp)), timeout_s=45, comm_timeout_s=comm, grace_s=grace)
     detected = time.time() - float(stamp.read_text())
     assert err.value.rank == stalled and "unresponsive" in err.value.details, str(err.value)
+    named = [r for r, d in err.value.others.items() if f"stalled: rank {stalled}:" in d]
+    assert named, str(err.value)  # a peer's own error names it, from the published progress
+    if how == "stop":
+        assert "NOT RESPONDING" in err.value.others[named[0]]
     assert detected < comm + 3 * grace + 10, detected
     assert not multiprocessing.active_children()
 
@@ -353,6 +357,45 @@ def test_a_stopped_rank_does_not_hang_the_caller_at_exit() -> None:
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("a process of the caller's session outlived it")
+
+
+def _torchrun_stalling(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``torchrun -m pipelab.run`` on 2 ranks whose rank 1 stalls in its forward of step 2; the seconds from
+    the stall to the end of torchrun."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not found")
+    stamp = tmp_path / "stalled_at"
+    code = ("import os, signal, sys, time\n"
+            "from pipelab.pipeline import stage\n"
+            "forward = stage.StageExecutor.forward\n"
+            "def stalling(self, t, j, *args, **kwargs):\n"
+            "    if t == 2 and os.environ['RANK'] == '1':\n"
+            f"        open({str(stamp)!r}, 'w').write(repr(time.time()))\n"
+            f"        os.kill(os.getpid(), signal.SIGSTOP) if {how == 'stop'} else time.sleep(3600)\n"
+            "    return forward(self, t, j, *args, **kwargs)\n"
+            "stage.StageExecutor.forward = stalling\n"
+            "from pipelab.run import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", sys.executable, "-c", code,
+           "--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "256", "--n-test",
+           "128", "--batch-size", "32", "--comm-timeout", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env, cwd=ROOT)
+    return proc, time.time() - float(stamp.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_torchrun_names_the_stalled_rank_not_its_peer(tmp_path: Path) -> None:
+    """Under torchrun (no spawn parent to watch the ranks) rank 0's receive times out after --comm-timeout and
+    its error, torchrun's root cause, names rank 1 from the progress published to torchrun's store."""
+    proc, seconds = _torchrun_stalling(tmp_path, "sleep")
+    assert proc.returncode != 0
+    cause = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "rank      : 0" in cause and "StalledRank: rank 0: the receive" in cause, proc.stderr[-3000:]
+    assert "stalled: rank 1: last progress: position" in cause and "not in a communication call" in cause, cause
+    assert seconds < 3 + 30, seconds  # the timeout, the diagnosis, torchrun's own teardown
 
 
 # ----------------------------------------------------------------------------------------- 6: busy port

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..distributed import comm_timeout
+from ..distributed import comm_timeout, waiting
 from ..pipeline.placement import (
     Collective,
     CollectiveCounter,
@@ -115,6 +115,10 @@ class DistributedCollectives:
         self._inflight: dict[tuple[tuple[int, int], ...], tuple[list[Any], list[Tensor], list[Tensor]]] = {}
         self._done: set[tuple[tuple[int, int], ...]] = set()
 
+    def _waiting(self, c: Collective) -> Any:
+        """This rank blocked on the other members of ``c`` (:func:`pipelab.distributed.waiting`)."""
+        return waiting((m for m in c.members if m != self.rank), f"the {c.kind} of stage {c.stage}, step {c.step}")
+
     def _bucket(self, c: Collective, executors: Mapping[int, StageExecutor]) -> tuple[tuple[int, int], ...]:
         def size(k: int) -> int:
             return sum(p.numel() * p.element_size() for p in executors[k].params)
@@ -130,15 +134,17 @@ class DistributedCollectives:
             self.counter.add(c._replace(stage=k, step=t), self.rank, sum(x.numel() * x.element_size() for x in g),
                              calls=int(i == 0))
         flats = flatten(grads)
-        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.groups[c.members], async_op=async_op)
-                 for buf in flats]
+        with self._waiting(c):
+            works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.groups[c.members], async_op=async_op)
+                     for buf in flats]
         self._inflight[parts] = (works if async_op else [], flats, grads)
 
     def _finish(self, c: Collective, parts: tuple[tuple[int, int], ...],
                 executors: Mapping[int, StageExecutor]) -> None:
         works, flats, grads = self._inflight.pop(parts)
-        for w in works:
-            w.wait()
+        with self._waiting(c):
+            for w in works:
+                w.wait()
         self._done.add(parts)
         if self.rank in c.holders:
             sums = unflatten(flats, grads)
@@ -177,8 +183,9 @@ class DistributedCollectives:
             flats = flatten(tensors) if self.rank == c.root else [
                 torch.empty(sum(t.numel() for t in tensors if t.dtype == d), dtype=d, device=tensors[0].device)
                 for d in dict.fromkeys(t.dtype for t in tensors)]
-            for buf in flats:
-                dist.broadcast(buf, src=c.root, group=group)
+            with self._waiting(c):
+                for buf in flats:
+                    dist.broadcast(buf, src=c.root, group=group)
             if self.rank != c.root:
                 if not isinstance(ex, FetchedStage):
                     raise RuntimeError(f"rank {self.rank} receives stage {c.stage}'s weights but holds them")
@@ -186,8 +193,9 @@ class DistributedCollectives:
         else:
             grads = step_gradient(ex, c.step)
             flats = flatten(grads)
-            for buf in flats:
-                dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
+            with self._waiting(c):
+                for buf in flats:
+                    dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
             if self.rank in c.holders:
                 ex.acc[c.step] = unflatten(flats, grads)
         self.counter.add(c, self.rank, sum(b.numel() * b.element_size() for b in flats))

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device
+from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device, waiting
 from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
@@ -383,7 +383,8 @@ class PipelineRuntime:
         losses = [math.nan] * self.steps
         parts: list[dict[int, float] | None] = [None] * self.world
         if dist.is_initialized():
-            dist.all_gather_object(parts, self.state.losses)
+            with waiting(range(self.world), "the gathering of the losses"):
+                dist.all_gather_object(parts, self.state.losses)
         else:
             parts = [self.state.losses]
         done: set[int] = set()
