@@ -320,3 +320,44 @@ def test_output_directory_holding_code_is_not_excluded(repo: Path) -> None:
     (repo / "src" / "m.py").write_text("x = 2\n")
     figures.save("model_stages", _output(), repo / "src", "tiny")  # --out src: its code is still looked at
     assert json.loads((repo / "src" / "model_stages.json").read_text())["code_clean"] is False
+
+
+# ------------------------------------------------------------------------------- figure files
+
+
+def _figure(values: list[float]) -> figures.FigureOutput:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot(values)
+    return figures.FigureOutput(fig, config={"values": values}, tables={"csv": "x\n" + "\n".join(map(str, values))})
+
+
+def test_a_failed_redraw_keeps_the_previous_figure_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """savefig wrote straight into NAME.png and NAME.pdf: a redraw failing in the PDF left a new PNG beside a
+    truncated PDF and the old sidecar. Every file now goes through a temporary, all renamed once all are
+    written, the sidecar last."""
+    spec = figures.FigureSpec("atomic_probe", lambda preset, progress=False: _figure([]), "probe", __name__)
+    monkeypatch.setitem(figures._REGISTRY, "atomic_probe", spec)
+    first = figures.save("atomic_probe", _figure([1.0, 2.0]), tmp_path, "tiny")
+    before = {p.name: p.read_bytes() for p in first}
+    assert sorted(before) == ["atomic_probe.csv", "atomic_probe.json", "atomic_probe.pdf", "atomic_probe.png"]
+
+    redraw = _figure([3.0, 1.0, 2.0])
+    savefig = redraw.figure.savefig
+
+    def failing(target: Any, **kw: Any) -> None:
+        if kw.get("format") == "pdf" or str(target).endswith(".pdf"):
+            if hasattr(target, "write"):
+                target.write(b"%PDF-1.4 partial")
+            else:
+                Path(target).write_bytes(b"%PDF-1.4 partial")
+            raise OSError(28, "No space left on device")
+        savefig(target, **kw)
+
+    monkeypatch.setattr(redraw.figure, "savefig", failing)
+    with pytest.raises(OSError, match="No space left"):
+        figures.save("atomic_probe", redraw, tmp_path, "tiny")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing replaced, no temporary left
+    assert figures.save("atomic_probe", _figure([3.0, 1.0, 2.0]), tmp_path, "tiny") == first
+    assert (tmp_path / "atomic_probe.png").read_bytes() != before["atomic_probe.png"]
