@@ -8,6 +8,7 @@ module fixture) and every check on them runs in this process (a runtime built wi
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -432,6 +433,69 @@ def test_the_entry_module_is_not_imported_by_the_package() -> None:
     import pipelab
 
     assert pipelab.train_distributed.__module__ == "pipelab.run" and pipelab.RunConfig is RunConfig
+
+
+ARGS = ["--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "64", "--n-test", "32",
+        "--batch-size", "16", "--dtype", "float64"]
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # torchrun's @record under pytest's capture
+@pytest.mark.parametrize("flag, kind", [("--out", "dir"), ("--checkpoint", "file"), ("--out", "under-a-file")])
+def test_unwritable_outputs_are_refused_before_training(flag: str, kind: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """They were found only once the run was over (a directory given as --out: IsADirectoryError after
+    training); now before the ranks join (no process group here: the check comes first)."""
+    from pipelab.run import main
+
+    monkeypatch.delenv("RANK", raising=False)
+    (tmp_path / "a-file").write_text("")
+    path = {"dir": tmp_path, "file": tmp_path / "a-file", "under-a-file": tmp_path / "a-file" / "out.json"}[kind]
+    assert main([*ARGS, flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    expected = {"dir": "is a directory; a file is expected there", "file": "is a file; a directory is expected",
+                "under-a-file": "is a file, so the file cannot be created"}[kind]
+    assert f"error: {flag} {path}" in err and expected in err, err
+
+
+def _summary_without_out_dir(rank: int, world: int, out: str, tmp: str) -> tuple[object, str, str]:
+    """pipelab.run's main on a spawned rank; once training is over, rank 0 finds --out's folder gone."""
+    import contextlib
+    import io
+    import tempfile
+
+    import pipelab.run as run
+
+    tempfile.tempdir = tmp
+    train = run.train
+
+    def training_then_losing_the_folder(*args: object, **kwargs: object) -> object:
+        summary = train(*args, **kwargs)
+        if rank == 0:
+            shutil.rmtree(Path(out).parent)
+            Path(out).parent.write_text("a file where the folder was")
+        return summary
+
+    run.train = training_then_losing_the_folder  # type: ignore[assignment]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code: object = run.main([*ARGS, "--out", out])
+        except Exception as exc:
+            code = repr(exc)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_summary_that_cannot_be_written_is_saved_elsewhere(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "summary.json"
+    out.parent.mkdir()
+    code, printed, err = spawn(_summary_without_out_dir, 2, (str(out), str(tmp_path)), timeout_s=100)[0]
+    assert code == 1 and f"error: cannot write --out {out}" in err, (code, err)
+    saved = Path(err.split("saved to ")[1].split()[0])
+    assert saved.parent == tmp_path and json.loads(saved.read_text()) == json.loads(printed)
+    assert json.loads(printed)["steps_done"] == 4
 
 
 # ----------------------------------------------------------------------------------------- 9: RunConfig
