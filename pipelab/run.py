@@ -185,7 +185,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-@record  # under torchrun, the failing rank's error (a StalledRank naming the stalled peer) is its summary's cause
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:  # before joining: CUDA without CUDA, fewer GPUs than this machine's ranks, or outputs that could not
@@ -235,4 +234,6 @@ def _save_elsewhere(text: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # record: under torchrun, the failing rank's error (a StalledRank naming the stalled peer) becomes the cause
+    # in torchrun's summary; applied here only, as it installs a fault handler on the process's stderr
+    sys.exit(record(main)())

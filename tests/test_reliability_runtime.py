@@ -376,8 +376,8 @@ def _torchrun_stalling(tmp_path: Path, how: str) -> tuple[subprocess.CompletedPr
             f"        os.kill(os.getpid(), signal.SIGSTOP) if {how == 'stop'} else time.sleep(3600)\n"
             "    return forward(self, t, j, *args, **kwargs)\n"
             "stage.StageExecutor.forward = stalling\n"
-            "from pipelab.run import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
+            "import runpy\n"
+            "runpy.run_module('pipelab.run', run_name='__main__', alter_sys=True)\n")  # as `-m pipelab.run`
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", sys.executable, "-c", code,
            "--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "256", "--n-test",
            "128", "--batch-size", "32", "--comm-timeout", "3"]
@@ -439,7 +439,6 @@ ARGS = ["--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "
         "--batch-size", "16", "--dtype", "float64"]
 
 
-@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # torchrun's @record under pytest's capture
 @pytest.mark.parametrize("flag, kind", [("--out", "dir"), ("--checkpoint", "file"), ("--out", "under-a-file")])
 def test_unwritable_outputs_are_refused_before_training(flag: str, kind: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
