@@ -40,12 +40,13 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .config import config_hash
 
-__all__ = ["ResultCache", "CacheWarning", "cached", "run_sweep", "default_cache_root", "code_hash"]
+__all__ = ["ResultCache", "CacheWarning", "cached", "run_sweep", "SweepError", "default_cache_root", "code_hash"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -58,6 +59,28 @@ _store_warned: set[str] = set()
 
 class CacheWarning(UserWarning):
     """The cache could not read or write an entry; the computation went on without it."""
+
+
+class SweepError(RuntimeError):
+    """A config of :func:`run_sweep` failed; the error is the ``__cause__`` (with the worker's traceback).
+
+    Attributes:
+        name: the sweep; configs: the failed job's configs (a batch holds several); indices: their positions
+        in the sweep; cached: how many of the sweep's results are in the cache now (every one that finished).
+    """
+
+    def __init__(self, name: str, configs: list[Any], indices: list[int], cached: int, total: int,
+                 error: BaseException) -> None:
+        self.name, self.configs, self.indices, self.cached = name, configs, indices, cached
+        which = (f"config {indices[0]} of {total}" if len(indices) == 1
+                 else f"the batch of configs {indices} of {total}")
+        died = isinstance(error, BrokenProcessPool)  # the job's worker died: no traceback to report
+        super().__init__(
+            f"sweep {name!r}: {which} failed ({type(error).__name__}: {error})"
+            + (" - a worker process died (killed, out of memory?) while it ran" if died else "") + "\n"
+            + "\n".join(f"  config {i}: {c!r}" for i, c in zip(indices, configs))
+            + f"\n{cached} of the {total} results are cached (every one that finished); running the sweep "
+            "again computes only the others")
 
 
 # ------------------------------------------------------------------------------------------ code hash
@@ -348,6 +371,11 @@ def run_sweep(
         workers: processes that compute the missing results in parallel (``1``: in this process). Workers are
             spawned, so ``fn`` and ``batch_fn`` must be module-level functions; each result is stored as soon as
             its batch ends, so an interrupted parallel sweep resumes too.
+
+    Raises:
+        SweepError: a config failed (raised an ``Exception``; in parallel also a worker that died), naming the
+            config and chained to its error. Jobs not started yet are cancelled, the jobs running finish, and
+            every result that finished is stored first, so running the sweep again resumes after them.
     """
     configs = list(configs)
     cache = cache if cache is not None else ResultCache()
@@ -357,10 +385,12 @@ def run_sweep(
         raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
     results: list[Any] = [None] * len(configs)
     missing: list[int] = []
+    finished: list[int] = []  # results in the cache (found there, or computed and stored)
     for i, c in enumerate(configs):
         hit, result = cache.load(name, c, fn)
         if hit:
             results[i] = result
+            finished.append(i)
         else:
             missing.append(i)
     jobs: list[list[int]] = []
@@ -379,16 +409,23 @@ def run_sweep(
         bar = tqdm(total=len(configs), initial=len(configs) - len(missing), desc=desc or name, unit="run")
 
     def done(job: list[int], out: list[Any]) -> None:
+        finished.extend(job)
         for i, result in zip(job, out):
             cache.store(name, configs[i], result, fn)
             results[i] = result
         if bar is not None:
             bar.update(len(job))
 
+    failed: tuple[list[int], BaseException] | None = None
     try:
         if workers == 1 or len(jobs) <= 1:
             for job in jobs:
-                done(job, _run_job(fn, batch_fn, [configs[i] for i in job]))
+                try:
+                    out = _run_job(fn, batch_fn, [configs[i] for i in job])
+                except Exception as exc:
+                    failed = (job, exc)
+                    break
+                done(job, out)
         else:
             import concurrent.futures
             import multiprocessing
@@ -397,10 +434,24 @@ def run_sweep(
                                                         mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = {pool.submit(_run_job, fn, batch_fn, [configs[i] for i in job]): job for job in jobs}
                 for future in concurrent.futures.as_completed(futures):
-                    done(futures[future], future.result())
+                    if future.cancelled():
+                        continue
+                    try:
+                        out = future.result()
+                    except Exception as exc:  # the jobs still running finish and are stored as they end
+                        if failed is None:
+                            failed = (futures[future], exc)
+                            for other in futures:
+                                other.cancel()  # those not started yet
+                        continue
+                    done(futures[future], out)
     finally:
         if bar is not None:
             bar.close()
+    if failed is not None:
+        job, error = failed
+        raise SweepError(name, [configs[i] for i in job], job, len(finished) if cache.root is not None else 0,
+                         len(configs), error) from error
     return results
 
 

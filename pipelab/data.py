@@ -26,12 +26,17 @@ MNIST-1D", ICML 2024.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import http.client
 import logging
+import math
 import os
+import socket
 import struct
 import tempfile
+import threading
 import time
 import urllib.request
 import zlib
@@ -139,9 +144,32 @@ class Dataset:
                        self.num_classes)
 
     def subset(self, n_train: int | None = None, n_test: int | None = None) -> Dataset:
-        """The first ``n_train``/``n_test`` examples (the split stays fixed)."""
+        """The first ``n_train``/``n_test`` examples (``None``: all; a size beyond the split keeps it whole).
+
+        Raises:
+            ValueError: a size that is not ``None`` or an int >= 0 (a negative size would drop examples
+                from the end instead).
+        """
+        for name, n in (("n_train", n_train), ("n_test", n_test)):
+            if n is not None:
+                _check_int(name, n, 0, "None or ")
         return Dataset(self.name, self.x_train[:n_train], self.y_train[:n_train], self.x_test[:n_test],
                        self.y_test[:n_test], self.num_classes)
+
+
+def _check_int(name: str, value: object, low: int, alternatives: str = "") -> None:
+    """Refuse ``value`` unless it is an int >= ``low`` (``alternatives``: what else the message allows)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be {alternatives}an int >= {low}, got {value!r}")
+
+
+def _check_real(name: str, value: object, low: float, *, above: bool = False, below: float | None = None) -> None:
+    """Refuse ``value`` unless it is a finite real number >= ``low`` (``> low`` with ``above``; ``< below``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        value > low if above else value >= low) and (below is None or value < below)
+    if not ok:
+        bounds = f"{'>' if above else '>='} {low:g}" + (f" and < {below:g}" if below is not None else "")
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------- IDX
@@ -301,11 +329,41 @@ _RETRY_BACKOFF_S = 1.0
 _READ_TIMEOUT_S = 60.0
 
 
+def _shutdown_at(deadline: float, response: object) -> Callable[[], None]:
+    """Shut ``response``'s socket down at ``deadline``; return the function that cancels this (call it).
+
+    A socket timeout bounds each read, not the transfer: a server that trickles a byte now and then never
+    lets one expire, and ``read(n)`` waits for all n bytes. Shutting the socket down from another thread
+    ends the blocked read at once (it returns what arrived, or fails), so no transfer outlives the deadline.
+    A response without a socket (nothing to shut down) gets a no-op.
+    """
+    try:
+        conn = socket.socket(fileno=os.dup(response.fileno()))  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return lambda: None
+
+    def shut() -> None:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), shut)
+    timer.daemon = True
+    timer.start()
+
+    def cancel() -> None:
+        timer.cancel()
+        timer.join()
+        conn.close()  # the duplicate descriptor only; the response closes its own
+
+    return cancel
+
+
 def _download(url: str, out: Path, md5: str, deadline: float, retries: int) -> None:
     """Download ``url`` to ``out`` through a ``.part-*`` temporary, verified against ``md5``, before ``deadline``.
 
     Failed attempts (network error, checksum mismatch) are retried ``retries`` times while time is left; the
-    temporary file never outlives an attempt.
+    temporary file never outlives an attempt. The deadline holds during the transfer however slowly the
+    bytes arrive (:func:`_shutdown_at`); connecting and reading the headers are bounded by the socket timeout.
     """
     problem = "no attempt started before the deadline"
     for attempt in range(retries + 1):
@@ -313,21 +371,28 @@ def _download(url: str, out: Path, md5: str, deadline: float, retries: int) -> N
         if remaining <= 0:
             break
         fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".part-")
+        cancel: Callable[[], None] = lambda: None  # noqa: E731
         try:
             with os.fdopen(fd, "wb") as fh, urllib.request.urlopen(url, timeout=min(_READ_TIMEOUT_S, remaining)) as r:
+                cancel = _shutdown_at(deadline, r)
                 while chunk := r.read(1 << 16):
                     fh.write(chunk)
                     if time.monotonic() > deadline:
                         raise TimeoutError("deadline reached during the transfer")
+                if time.monotonic() > deadline:  # the read ended because the socket was shut down
+                    raise TimeoutError("deadline reached during the transfer")
             got = _md5(Path(tmp))
             if got != md5:
                 raise DataError(f"MD5 {got} does not match the published {md5}")
             os.replace(tmp, out)
             return
-        except OSError as exc:  # URLError, socket timeouts, DataError
+        except (OSError, http.client.HTTPException) as exc:  # URLError, socket timeouts, DataError, IncompleteRead
             problem = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                problem = f"deadline reached during the transfer ({problem})"
             log.info("download of %s failed (attempt %d): %s", url, attempt + 1, problem)
         finally:
+            cancel()
             Path(tmp).unlink(missing_ok=True)
         if attempt < retries:
             time.sleep(max(0.0, min(_RETRY_BACKOFF_S * 2**attempt, deadline - time.monotonic())))
@@ -386,8 +451,18 @@ def fetch_fashion_mnist(dest: str | os.PathLike[str] | None = None, *, timeout: 
 
 
 def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
-    perm = np.random.default_rng(seed).permutation(len(y))
+    """``round(N · test_fraction)`` of the N examples, drawn by ``seed``, for testing; the others for training.
+
+    Raises:
+        ValueError: ``test_fraction`` outside (0, 1) or leaving a split empty; ``seed`` not an int >= 0.
+    """
+    _check_real("test_fraction", test_fraction, 0.0, above=True, below=1.0)
+    _check_int("split_seed", seed, 0)
     n_test = int(round(len(y) * test_fraction))
+    if not 0 < n_test < len(y):
+        raise ValueError(f"test_fraction={test_fraction!r} holds out {n_test} of the {len(y)} examples, leaving "
+                         "a split empty")
+    perm = np.random.default_rng(seed).permutation(len(y))
     test, train = perm[:n_test], perm[n_test:]
     return x[train], y[train], x[test], y[test]
 
@@ -399,7 +474,10 @@ def load_digits(
     """scikit-learn's bundled 8×8 digits (1797 images, 10 classes), standardised, fixed split.
 
     Images are ``(N, 1, 8, 8)`` (or ``(N, 64)``), x ← x/16 scaled to zero mean and unit variance
-    using training statistics.
+    using training statistics; ``round(1797 · test_fraction)`` images are held out for testing.
+
+    Raises:
+        ValueError: ``test_fraction`` outside (0, 1) or leaving a split empty; ``split_seed`` not an int >= 0.
     """
     from sklearn.datasets import load_digits as _sk_digits
 
@@ -432,9 +510,15 @@ def load_mnist1d(
 ) -> Dataset:
     """MNIST-1D generated locally with ``mnist1d.data.make_dataset``: 40-sample signals, 10 classes.
 
-    ``num_samples`` examples split 80/20 by the generator itself; inputs are ``(N, 40)``. The RNG state
-    of numpy is saved and restored around generation, so loading has no side effect on the caller.
+    ``num_samples`` examples split 80/20 by the generator itself (it makes ``num_samples // 10`` of each
+    class); inputs are ``(N, 40)``. The RNG state of numpy is saved and restored around generation, so
+    loading has no side effect on the caller.
+
+    Raises:
+        ValueError: ``num_samples`` not an int >= 10 (one example per class); ``seed`` not an int >= 0.
     """
+    _check_int("num_samples", num_samples, 10)
+    _check_int("seed", seed, 0)
     state = np.random.get_state()
     try:
         xtr, ytr, xte, yte = _mnist1d_arrays(num_samples, seed)
@@ -459,6 +543,15 @@ def _teacher(d_in: int, hidden: int, d_out: int, gen: torch.Generator) -> Callab
     return lambda x: torch.tanh(x @ w1) @ w2
 
 
+def _check_teacher(n_train: int, n_test: int, d_in: int, hidden: int, seed: int, out: tuple[str, int, int]) -> None:
+    """The sizes every teacher-student task shares, and its output size ``(name, value, least)``."""
+    for name, value, low in (("n_train", n_train, 1), ("n_test", n_test, 0), ("d_in", d_in, 1),
+                             ("hidden", hidden, 1), out):
+        _check_int(name, value, low)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+
+
 def teacher_student_regression(
     *, n_train: int = 4096, n_test: int = 1024, d_in: int = 32, d_out: int = 1, hidden: int = 64,
     noise: float = 0.1, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -466,7 +559,12 @@ def teacher_student_regression(
     """Regression targets from a random one-hidden-layer tanh teacher: y = tanh(x W₁) W₂ + σ ε.
 
     Inputs x ~ N(0, I); W₁, W₂ Gaussian with 1/√fan-in scale; ε ~ N(0, I), σ = ``noise``.
+
+    Raises:
+        ValueError: a size below 1 (``n_test``: below 0), a negative or non-finite ``noise``, a non-int ``seed``.
     """
+    _check_teacher(n_train, n_test, d_in, hidden, seed, ("d_out", d_out, 1))
+    _check_real("noise", noise, 0.0)
     gen = torch.Generator().manual_seed(seed)
     teacher = _teacher(d_in, hidden, d_out, gen)
     x = torch.randn(n_train + n_test, d_in, generator=gen, dtype=torch.float64)
@@ -482,7 +580,13 @@ def teacher_student_classification(
     """Labels sampled from a random teacher: y ~ softmax(tanh(x W₁) W₂ / T).
 
     Small ``temperature`` makes the labels nearly deterministic (argmax of the teacher's logits).
+
+    Raises:
+        ValueError: a size below 1 (``n_test``: below 0), fewer than 2 classes, a ``temperature`` that is not
+            a finite number > 0, a non-int ``seed``.
     """
+    _check_teacher(n_train, n_test, d_in, hidden, seed, ("num_classes", num_classes, 2))
+    _check_real("temperature", temperature, 0.0, above=True)
     gen = torch.Generator().manual_seed(seed)
     teacher = _teacher(d_in, hidden, num_classes, gen)
     x = torch.randn(n_train + n_test, d_in, generator=gen, dtype=torch.float64)
@@ -553,7 +657,8 @@ def _select(state: tuple[tuple[str, str, float, int], ...], min_len: int, max_le
             tuple(chosen[k][n_train + j] for j in range(n_test) for k in range(K)))
 
 
-def _check_wordlang_args(languages: Sequence[str], min_len: int, max_len: int, n_train: int, n_test: int) -> None:
+def _check_wordlang_args(languages: Sequence[str], min_len: int, max_len: int, n_train: int, n_test: int,
+                         seed: int) -> None:
     if isinstance(languages, str) or not languages:
         raise ValueError(f"languages must be a non-empty sequence of codes from {', '.join(WORDLANG_LISTS)}, "
                          f"got {languages!r}")
@@ -562,9 +667,8 @@ def _check_wordlang_args(languages: Sequence[str], min_len: int, max_len: int, n
         raise ValueError(f"languages={list(languages)!r}: each must be one of {', '.join(WORDLANG_LISTS)}, "
                          "without repeats")
     for name, value, low in (("min_len", min_len, 1), ("max_len", max_len, 1), ("n_train", n_train, 1),
-                             ("n_test", n_test, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                             ("n_test", n_test, 0), ("seed", seed, 0)):
+        _check_int(name, value, low)
     if min_len > max_len:
         raise ValueError(f"min_len={min_len} must not exceed max_len={max_len}")
 
@@ -625,7 +729,7 @@ def wordlang_words(
         ValueError: a bad argument, or a language with fewer than ``n_train + n_test`` usable words.
     """
     languages = tuple(languages)
-    _check_wordlang_args(languages, min_len, max_len, n_train, n_test)
+    _check_wordlang_args(languages, min_len, max_len, n_train, n_test, seed)
     paths = find_wordlists(root, languages)
     state = tuple((lang, str(path), path.stat().st_mtime, path.stat().st_size) for lang, path in paths.items())
     train, test = _select(state, min_len, max_len, n_train, n_test, seed)
@@ -641,8 +745,10 @@ def encode_words(words: Sequence[str], max_len: int = 16, *, dtype: torch.dtype 
     Shape ``(N, max_len, V)`` with ``V = len(WORDLANG_ALPHABET)``; positions past a word's end are all-zero rows.
 
     Raises:
-        ValueError: a word longer than ``max_len`` or with a character outside :data:`WORDLANG_ALPHABET`.
+        ValueError: ``max_len`` not an int >= 1; a word longer than ``max_len`` or with a character outside
+            :data:`WORDLANG_ALPHABET`.
     """
+    _check_int("max_len", max_len, 1)
     V = len(WORDLANG_ALPHABET)
     idx = np.full((len(words), max_len), -1, dtype=np.int64)
     for n, w in enumerate(words):

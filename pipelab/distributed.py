@@ -10,11 +10,18 @@ Two ways to get ranks:
 
 Failures are bounded in time, never a hang: every process group is created with a timeout; a rank that
 raises tears its process group down (so peers blocked in a receive fail at once instead of waiting for
-the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks and raises
-:class:`RankFailure` naming the rank that failed first. A rank that dies without reporting (killed,
-``os._exit``) is detected by its exit code. A rank that *hangs* (alive, silent) makes its peers' receives
-time out; :func:`spawn` then names it as unresponsive, with the last progress it reported through
-:func:`heartbeat` (the runtime reports its program position), rather than the peer whose receive timed out.
+the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks (killing those
+that do not exit, a stopped process included) and raises :class:`RankFailure` naming the rank that failed
+first. A rank that dies without reporting (killed, ``os._exit``) is detected by its exit code. A rank that
+*hangs* (alive, silent, or stopped) makes its peers' receives time out (collectives too: every group has the
+run's timeout, :func:`comm_timeout`); :func:`spawn` then names it as unresponsive, with the last progress it
+reported through :func:`heartbeat` (the runtime reports its program position), rather than the peer whose
+receive timed out.
+
+Without a parent watching the ranks (``torchrun``), the ranks name it themselves: each publishes its
+progress, and whether it is blocked in a communication call (:func:`waiting`), to the process group's store
+(torchrun's agent hosts it, as :func:`spawn` does; it outlives every rank), and a rank whose call fails raises
+:class:`StalledRank` naming the peers that stopped publishing or make no progress outside communication.
 
 Backends: ``gloo`` on CPU, ``nccl`` on CUDA (:func:`default_backend`). Devices: :func:`resolve_device` is the
 one place a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``) becomes a ``torch.device``, for the
@@ -24,9 +31,11 @@ pass instead when CUDA is absent; :func:`check_nccl_devices` refuses NCCL with f
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import io
+import json
 import math
 import os
 import queue as queue_mod
@@ -34,15 +43,16 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 __all__ = ["RankFailure", "default_backend", "free_port", "init_from_env", "spawn", "check_consistent", "differences",
-           "describe_differences", "heartbeat", "resolve_device", "check_nccl_devices", "DEVICE_NAMES"]
+           "describe_differences", "heartbeat", "resolve_device", "check_nccl_devices", "DEVICE_NAMES", "comm_timeout",
+           "waiting", "StalledRank"]
 
 #: the device names :func:`resolve_device` accepts (``cuda:N``: the N-th visible GPU)
 DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
@@ -142,7 +152,8 @@ def free_port() -> int:
 def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment; return ``(rank, world_size)``.
 
-    On CUDA, each process uses the GPU ``LOCAL_RANK``. Joining is bounded by ``timeout_s``: torch's store
+    On CUDA, each process uses the GPU ``LOCAL_RANK``. Once joined, a thread publishes this rank's progress
+    to the group's store (:func:`heartbeat`, :func:`waiting`). Joining is bounded by ``timeout_s``: torch's store
     client waits without limit when ``MASTER_PORT`` is held by a program that is not a torch.distributed
     store, so the join runs in a helper thread and a ``TimeoutError`` naming ``MASTER_ADDR:MASTER_PORT``
     is raised when it has not finished ``timeout_s`` (+ 1 s, for torch's own timeout to report first) later.
@@ -163,6 +174,7 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
         check_nccl_devices(int(os.environ.get("LOCAL_WORLD_SIZE", world)), local_rank)
         torch.cuda.set_device(local_rank)
     if dist.is_initialized():
+        _publish_progress(rank, comm_timeout().total_seconds())
         return rank, world
     where = f"MASTER_ADDR:MASTER_PORT = {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     outcome: dict[str, BaseException] = {}
@@ -189,7 +201,21 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
             raise RuntimeError(f"rank {rank} cannot host the process group's store at {where}: the port is busy "
                                "(held by another program); choose a free MASTER_PORT") from exc
         raise exc
+    _publish_progress(rank, timeout_s)
     return rank, world
+
+
+def comm_timeout() -> datetime.timedelta:
+    """The default process group's timeout: how long one collective or point-to-point operation may wait.
+
+    Every other process group pipelab creates (the placements' sub-groups, :mod:`pipelab.runtime.collectives`)
+    is given this timeout, so a rank stalled inside any collective is detected within the same bound as in
+    point-to-point transport; ``dist.new_group`` alone would give torch's default, 30 minutes. torch has no
+    public getter: the value is read from the default group's backend options.
+    """
+    device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+    timeout: datetime.timedelta = dist.group.WORLD._get_backend(device).options._timeout  # type: ignore[union-attr]
+    return timeout
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
@@ -237,7 +263,8 @@ def check_consistent(obj: Any, what: str = "config") -> None:
     names each field that differs, with its value on rank 0 and on the ranks that disagree.
     """
     objs: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(objs, obj)
+    with waiting(range(len(objs)), f"the exchange of the {what}"):
+        dist.all_gather_object(objs, obj)
     groups: list[tuple[Any, list[int]]] = []  # distinct configurations and the ranks that hold each
     for r, o in enumerate(objs):
         for ref, ranks in groups:
@@ -256,15 +283,185 @@ def check_consistent(obj: Any, what: str = "config") -> None:
 _BEAT: Any = None  # this spawned rank's shared [progress, time of the last progress]; None outside spawn
 
 
+class _State(NamedTuple):
+    """What this rank publishes about itself (:func:`heartbeat`, :func:`waiting`); times are ``time.monotonic``."""
+
+    position: int = -1  # last position reported by heartbeat (-1: none yet)
+    progress_at: float = 0.0  # when it was reported (or when the process group was joined)
+    peers: tuple[int, ...] | None = None  # the ranks it is blocked on in a communication call, else None
+    what: str = ""  # that call, in words
+    since: float = 0.0  # when the call started
+
+
+_STATE = _State(progress_at=time.monotonic())  # replaced whole, so the publisher always reads a consistent one
+_PREFIX = "pipelab/progress/"  # store key of rank r: _PREFIX + str(r)
+
+
 def heartbeat(progress: int) -> None:
     """Record that this rank made progress (e.g. reached position ``progress`` of its program).
 
-    Under :func:`spawn` the parent reads it to name a hung rank and say where it stopped; elsewhere
-    (torchrun, plain processes) it does nothing. Cheap: two writes to shared memory.
+    Under :func:`spawn` the parent reads it to name a hung rank and say where it stopped. In a process group
+    joined with :func:`init_from_env` (``torchrun`` included) it is also published to the group's store,
+    with what :func:`waiting` records, for the other ranks to name a stalled peer (:class:`StalledRank`).
+    Cheap: two writes to shared memory and one tuple, no communication (a thread publishes).
     """
+    global _STATE
     if _BEAT is not None:
         _BEAT[0] = float(progress)
         _BEAT[1] = time.monotonic()
+    _STATE = _STATE._replace(position=int(progress), progress_at=time.monotonic())
+
+
+class StalledRank(RuntimeError):
+    """A communication call failed (timed out, or a peer left); ``ranks`` are the peers found stalled.
+
+    The message says which call failed and how, names each stalled peer, and gives every rank's published
+    progress (:func:`waiting`); the backend's error is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+@contextlib.contextmanager
+def waiting(peers: Iterable[int], what: str) -> Iterator[None]:
+    """Mark this rank as blocked on ``peers`` (itself left out) in a communication call (``what``) while inside.
+
+    The mark is published with the rank's progress (:func:`heartbeat`), so that a peer whose own call fails
+    can tell ranks that wait from a rank that stalls. If the call raises, the other ranks' progress is read
+    from the store and :class:`StalledRank` is raised from the error, naming the stalled peers: a peer that
+    no longer publishes (stopped, killed, exited) or that is outside any communication call without
+    progress for at least half the communication timeout (stuck or sleeping in its own code). Wrap only
+    the call that communicates: an error raised inside is reported as that call's failure.
+    """
+    global _STATE
+    members = tuple(sorted(set(peers) - {dist.get_rank() if dist.is_initialized() else -1}))
+    _STATE = _STATE._replace(peers=members, what=what, since=time.monotonic())
+    try:
+        yield
+    except Exception as exc:
+        if not dist.is_initialized():
+            raise
+        raise _stalled(exc, members, what, time.monotonic() - _STATE.since) from exc
+    finally:
+        _STATE = _STATE._replace(peers=None, what="")
+
+
+def _interval(timeout_s: float) -> float:
+    """Seconds between two publications of a rank's progress: a twentieth of the timeout, 0.05 to 1 s."""
+    return min(1.0, max(0.05, timeout_s / 20))
+
+
+def _store(timeout_s: float) -> Any:
+    """A client of the process group's TCP store at ``MASTER_ADDR:MASTER_PORT`` (hosted by torchrun's agent,
+    by :func:`spawn`, or by rank 0 in a group joined without either)."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class _Publisher(threading.Thread):
+    """Publishes this rank's :class:`_State` to the store every ``interval`` seconds, with a sequence number.
+
+    The sequence number shows the other ranks that this process still runs; ages are sent as durations
+    measured here, so no clock is compared across machines. Stops at the first store error (the group was
+    destroyed, its store's host exited) and at interpreter exit.
+    """
+
+    def __init__(self, rank: int, interval: float, timeout_s: float) -> None:
+        super().__init__(name="pipelab-progress", daemon=True)
+        self.rank, self.interval, self.timeout_s = rank, interval, timeout_s
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            store = _store(self.timeout_s)
+            seq = 0
+            while not self.stop.is_set():
+                seq += 1
+                st, now = _STATE, time.monotonic()
+                record = {"seq": seq, "interval_s": self.interval, "position": st.position,
+                          "idle_s": now - st.progress_at, "peers": st.peers, "what": st.what,
+                          "waited_s": now - st.since if st.peers is not None else 0.0}
+                store.set(_PREFIX + str(self.rank), json.dumps(record))
+                self.stop.wait(self.interval)
+        except Exception:  # no store, nothing to publish; the run itself reports its errors
+            return
+
+
+_PUBLISHER: _Publisher | None = None
+
+
+def _publish_progress(rank: int, timeout_s: float) -> None:
+    """Start publishing this rank's progress (once per process); ``timeout_s``: the group's timeout."""
+    global _PUBLISHER, _STATE
+    if _PUBLISHER is not None:
+        return
+    _STATE = _STATE._replace(progress_at=time.monotonic())  # silence counts from joining the group
+    _PUBLISHER = publisher = _Publisher(rank, _interval(timeout_s), timeout_s)
+    publisher.start()
+
+    def stop() -> None:  # before the interpreter finalises, not inside a store call
+        publisher.stop.set()
+        publisher.join(timeout=publisher.interval + 1.0)
+
+    atexit.register(stop)
+
+
+def _read_progress(world: int, me: int) -> tuple[dict[int, dict[str, Any]], set[int], str]:
+    """Every other rank's published record, the ranks that stopped publishing, and a problem ('' if none).
+
+    Read twice, 2.5 publication intervals apart: a rank whose sequence number did not move no longer runs.
+    """
+    try:
+        store = _store(2.0)
+        keys = {r: _PREFIX + str(r) for r in range(world) if r != me}
+
+        def read() -> dict[int, dict[str, Any]]:
+            return {r: json.loads(store.get(k)) for r, k in keys.items() if store.check([k])}
+
+        first = read()
+        time.sleep(2.5 * max((rec["interval_s"] for rec in first.values()), default=0.0) + 0.05)
+        second = read()
+    except Exception as exc:  # the diagnosis must not hide the error it explains
+        return {}, set(), f"the other ranks' progress could not be read from the store ({type(exc).__name__}: {exc})"
+    silent = {r for r in keys if r not in second or first.get(r, {}).get("seq") == second[r]["seq"]}
+    return second, silent, ""
+
+
+def _stalled(exc: Exception, peers: tuple[int, ...], what: str, waited_s: float) -> StalledRank:
+    """The :class:`StalledRank` explaining why ``what`` with ``peers`` failed after ``waited_s`` seconds."""
+    me, world = dist.get_rank(), dist.get_world_size()
+    cause = (str(exc).strip().splitlines() or [""])[-1]
+    head = (f"rank {me}: {what} with rank(s) {list(peers)} failed after {waited_s:.1f} s "
+            f"({type(exc).__name__}: {cause})")
+    records, silent, problem = _read_progress(world, me)
+    if problem:
+        return StalledRank(f"{head}\n{problem}", [])
+    half = comm_timeout().total_seconds() / 2
+    stalled = sorted(r for r in range(world) if r != me and (
+        r in silent or (records[r]["peers"] is None and records[r]["idle_s"] >= half)))
+
+    def describe(r: int) -> str:
+        if r not in records:
+            return f"rank {r}: published no progress (stopped, killed or exited before it could)"
+        rec = records[r]
+        at_least = "at least " if r in silent else ""
+        where = (f"no progress reported in the {at_least}{rec['idle_s']:.1f} s since it joined" if rec["position"] < 0
+                 else f"last progress: position {rec['position']} of its program, {at_least}{rec['idle_s']:.1f} s ago")
+        state = (f"waiting in {rec['what']} with rank(s) {rec['peers']} for {at_least}{rec['waited_s']:.1f} s"
+                 if rec["peers"] is not None else "not in a communication call")
+        alive = "; NOT RESPONDING (stopped, killed or exited)" if r in silent else ""
+        return f"rank {r}: {where}; {state}{alive}"
+
+    if stalled:
+        verdict = "stalled: " + "; ".join(describe(r) for r in stalled)
+    else:
+        verdict = ("no other rank is stalled: each responds and is either communicating or made progress in "
+                   "the last half of the communication timeout (a deadlock, or the network failed)")
+    others = [describe(r) for r in range(world) if r != me and r not in stalled]
+    listing = "\n  ".join(others[:16] + ([f"... and {len(others) - 16} more"] if len(others) > 16 else []))
+    return StalledRank(f"{head}\n" + (f"the other ranks:\n  {listing}\n" if others else "") + verdict, stalled)
 
 
 def _to_bytes(obj: Any) -> bytes:
@@ -280,7 +477,7 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
     if beat is not None:
         beat[1] = time.monotonic()  # silence is measured from the start until the first heartbeat
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True")  # the store is spawn's
     # ranks share the machine's cores; a spawned process sets its own count once at start (not scoped with
     # pipelab.threads.torch_threads: the process exists for this one job, there is no caller's count to restore)
     torch.set_num_threads(1)
@@ -300,6 +497,26 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
         dist.destroy_process_group()
 
 
+def _end(procs: list[Any], grace_s: float) -> None:
+    """Terminate the processes still running, and kill those still alive ``grace_s`` later.
+
+    SIGTERM first lets a rank clean up; SIGKILL after the grace period ends what SIGTERM cannot: a stopped
+    process (SIGSTOP, a debugger) holds SIGTERM until it is continued, and one that ignores or handles it may
+    not exit. Without this, the caller's interpreter would hang at exit, where multiprocessing joins its
+    children without a timeout.
+    """
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = 300.0, comm_timeout_s: float = 60.0, grace_s: float = 5.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return results by rank.
@@ -309,7 +526,9 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
         backend: ``gloo`` (CPU) or ``nccl`` (one GPU per rank).
         timeout_s: bound on the whole run; past it every rank is terminated and ``TimeoutError`` raised.
         comm_timeout_s: the process group's timeout for a single collective/point-to-point operation.
-        grace_s: after the first failure, how long the other ranks get to report before being terminated.
+        grace_s: after the first failure, how long the other ranks get to report before being terminated
+            (SIGTERM), and how long a terminated rank gets to exit before it is killed (SIGKILL), so that
+            this call, and the caller's process, always end.
 
     Raises:
         ValueError: ``nccl`` with fewer visible GPUs than ``world_size`` (before any process starts).
@@ -326,7 +545,11 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
         check_nccl_devices(world_size)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
+    # The process group's store lives here, as torchrun's agent hosts it: it outlives every rank (one that is
+    # stopped or gone included), so the ranks can always read each other's progress (waiting()).
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=comm_timeout_s))
+    port = store.port
     beats = [ctx.RawArray("d", [-1.0, time.monotonic()]) for _ in range(world_size)]  # see heartbeat()
     procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, comm_timeout_s, args, results,
                                                beats[r]), daemon=True) for r in range(world_size)]
@@ -372,11 +595,9 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
                        f"({progress(r)})"
                     for r, p in enumerate(procs) if p.is_alive() and r not in done and r not in errors
                     and r not in dead and time.monotonic() - beats[r][1] >= comm_timeout_s}
-        for p in procs:
+        for p in procs:  # a rank that reported exits by itself
             p.join(timeout=0.5 if errors else 10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
+        _end(procs, grace_s)
     drain()
     dead = {r: d for r, d in dead.items() if r not in errors and r not in done}
     hung = {r: d for r, d in hung.items() if r not in errors and r not in done}

@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from .files import atomic_write
+
 __all__ = ["strip_notebook", "notebooks_with_outputs"]
 
 
@@ -22,8 +24,8 @@ def strip_notebook(path: str | Path) -> bool:
         if cell.get("outputs") or cell.get("execution_count") is not None:
             changed = True
         cell["outputs"], cell["execution_count"] = [], None
-    if changed:
-        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    if changed:  # through a temporary: an interrupted strip never truncates the notebook
+        atomic_write(path, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     return changed
 
 

@@ -15,7 +15,13 @@ rendezvous, e.g. on each of two nodes with two GPUs each::
 state; ``--resume DIR`` continues such a run identically (a different configuration — learning rate,
 seed, batch size, ... — is refused, naming what differs; so are ranks launched with different arguments).
 Rank 0 prints a JSON summary (final losses, test accuracy, throughput, per-rank memory, divergence) and
-writes it to ``--out`` if given.
+writes it to ``--out`` if given. ``--out`` and ``--checkpoint`` are checked before the ranks join (a
+directory where the summary file should go, no permission, ...); if ``--out`` still cannot be written at
+the end, the summary is saved in the temporary directory and the error says where.
+
+Each communication call waits at most ``--comm-timeout`` seconds; a rank whose call fails raises
+:class:`pipelab.distributed.StalledRank` naming the stalled peer (one that stopped, or makes no progress
+outside communication), which torchrun reports as the root cause.
 
 From Python (tests, notebooks), :func:`train_distributed` spawns the ranks locally and returns the summary.
 The arm is described by :class:`pipelab.learning_curves.RunConfig` and built by
@@ -28,15 +34,20 @@ import argparse
 import copy
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from .distributed import default_backend, init_from_env, resolve_device, spawn
+from .distributed import default_backend, init_from_env, resolve_device, spawn, waiting
+from .files import atomic_write, check_writable
 from .learning_curves import ARM_POLICIES, ARM_SCHEDULES, TASKS, RunConfig, prepare
 from .optim import available_optimizers
 
@@ -63,12 +74,18 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         the final weights and
         ``samples_per_s`` (NaN when diverged: neither means anything for NaN weights), ``seconds``,
         ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
+
+    Raises:
+        ValueError: the sequential arm; a ``checkpoint`` directory that could not be written (checked before
+            the run, :func:`pipelab.files.check_writable`).
     """
     from .emulator import evaluate
     from .runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 
     if cfg.policy == "sequential":
         raise ValueError("the sequential arm has no pipeline; run it with pipelab.learning_curves.run")
+    if checkpoint is not None:  # before the run, not after it
+        check_writable(checkpoint, "checkpoint", directory=True)
     rank, world = dist.get_rank(), dist.get_world_size()
     prep = prepare(cfg)
     shared = {k: v for k, v in asdict(cfg).items() if k != "device"}  # each rank has its own device
@@ -78,15 +95,19 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
                          precision=precision)
     if resume is not None:
         load_checkpoint(rt, resume)
-    dist.barrier()
+    everyone = range(world)
+    with waiting(everyone, "the barrier before the run"):
+        dist.barrier()
     start = time.perf_counter()
     res = rt.run(prep.batch, stop_at_step=stop_at_step)
-    dist.barrier()
+    with waiting(everyone, "the barrier after the run"):
+        dist.barrier()
     seconds = time.perf_counter() - start
     if checkpoint is not None:
         save_checkpoint(rt, checkpoint)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
+    with waiting(everyone, "the gathering of the results"):
+        dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
     if rank != 0:
         return None
     weights = {k: W for part in gathered for k, W in part[0].items()}
@@ -161,14 +182,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute precision (autocast) with fp32 master weights; fp16 adds a loss scaler and "
                         "needs a flushed schedule")
     p.add_argument("--out", default=None, help="write rank 0's JSON summary here")
+    p.add_argument("--comm-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="bound on one communication call; a rank whose call times out names the stalled peer")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:  # before joining: CUDA without CUDA, or fewer GPUs than this machine's ranks, is said plainly
+    try:  # before joining: CUDA without CUDA, fewer GPUs than this machine's ranks, or outputs that could not
+        # be written at the end of the run, are said plainly
         backend = default_backend(resolve_device(args.device, argument="--device"))
-        rank, world = init_from_env(backend)
+        if args.out and os.environ.get("RANK", "0") == "0":  # only rank 0 writes the summary
+            check_writable(args.out, "--out")
+        if args.checkpoint is not None:
+            check_writable(args.checkpoint, "--checkpoint", directory=True)
+        rank, world = init_from_env(backend, timeout_s=args.comm_timeout)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -179,16 +207,35 @@ def main(argv: list[str] | None = None) -> int:
                     n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device, schedule=args.schedule)
     out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume,
                 precision=args.precision)
+    code = 0
     if out is not None:
         out.pop("weights")
         text = json.dumps(out, indent=2, default=str)
         print(text)
         if args.out:
-            with open(args.out, "w") as fh:
-                fh.write(text + "\n")
+            try:
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(args.out, text + "\n")
+            except OSError as exc:  # the run is done: keep its summary somewhere, and say where
+                print(f"error: cannot write --out {args.out} ({type(exc).__name__}: {exc}); the summary is printed "
+                      f"above and {_save_elsewhere(text)}", file=sys.stderr)
+                code = 1
     dist.destroy_process_group()
-    return 0
+    return code
+
+
+def _save_elsewhere(text: str) -> str:
+    """Save a summary that could not go to ``--out`` in the temporary directory; say where (or that it failed)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="pipelab-run-summary-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        return f"could not be saved elsewhere either ({type(exc).__name__}: {exc})"
+    return f"saved to {path}"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # record: under torchrun, the failing rank's error (a StalledRank naming the stalled peer) becomes the cause
+    # in torchrun's summary; applied here only, as it installs a fault handler on the process's stderr
+    sys.exit(record(main)())

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from probes import Probe
 from pipelab import cache as cache_module
 from pipelab import figures
 from pipelab.__main__ import main
-from pipelab.cache import CacheWarning, ResultCache, cached, run_sweep
+from pipelab.cache import CacheWarning, ResultCache, SweepError, cached, run_sweep
 from pipelab.config import config_hash, config_to_dict
 
 
@@ -114,6 +115,39 @@ def test_failing_rename_keeps_the_result_and_leaves_no_temporary(tmp_path: Path,
         assert cached("exp", Small(3), _square, cache=cache) == 9
     assert not list(tmp_path.rglob(".tmp-*"))
     assert cache.load("exp", Small(3), _square) == (False, None)
+
+
+@dataclass(frozen=True)
+class Marked:
+    n: int
+    marks: str  # a directory where each run that returns leaves a file
+
+
+def _fail_on_1(cfg: Marked) -> int:
+    if cfg.n == 1:
+        raise ValueError("config 1 is broken")
+    time.sleep(0.5)  # config 1 fails while the others run
+    Path(cfg.marks, str(cfg.n)).touch()
+    return cfg.n**2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_config_keeps_every_finished_result(tmp_path: Path, workers: int) -> None:
+    """In parallel, the first failure raised at once and the pool then finished the running jobs without storing
+    them: their results were lost. Now every result that finished is cached, and the error names the config."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    configs = [Marked(n, str(marks)) for n in range(6)]
+    cache = ResultCache(tmp_path / "cache", version="1")
+    with pytest.raises(SweepError, match=r"sweep 'sq': config 1 of 6 failed \(ValueError: config 1 is broken\)"
+                                         r"\n  config 1: Marked\(n=1") as err:
+        run_sweep("sq", configs, _fail_on_1, cache=cache, workers=workers)
+    assert isinstance(err.value.__cause__, ValueError) and err.value.indices == [1]
+    ran = sorted(int(p.name) for p in marks.iterdir())
+    assert ran and all(cache.load("sq", configs[n], _fail_on_1) == (True, n**2) for n in ran), ran
+    assert f"{len(ran)} of the 6 results are cached" in str(err.value)
+    assert 1 not in ran and cache.load("sq", configs[1], _fail_on_1) == (False, None)
 
 
 def test_directory_in_place_of_an_entry_is_a_miss(tmp_path: Path) -> None:
@@ -286,3 +320,44 @@ def test_output_directory_holding_code_is_not_excluded(repo: Path) -> None:
     (repo / "src" / "m.py").write_text("x = 2\n")
     figures.save("model_stages", _output(), repo / "src", "tiny")  # --out src: its code is still looked at
     assert json.loads((repo / "src" / "model_stages.json").read_text())["code_clean"] is False
+
+
+# ------------------------------------------------------------------------------- figure files
+
+
+def _figure(values: list[float]) -> figures.FigureOutput:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot(values)
+    return figures.FigureOutput(fig, config={"values": values}, tables={"csv": "x\n" + "\n".join(map(str, values))})
+
+
+def test_a_failed_redraw_keeps_the_previous_figure_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """savefig wrote straight into NAME.png and NAME.pdf: a redraw failing in the PDF left a new PNG beside a
+    truncated PDF and the old sidecar. Every file now goes through a temporary, all renamed once all are
+    written, the sidecar last."""
+    spec = figures.FigureSpec("atomic_probe", lambda preset, progress=False: _figure([]), "probe", __name__)
+    monkeypatch.setitem(figures._REGISTRY, "atomic_probe", spec)
+    first = figures.save("atomic_probe", _figure([1.0, 2.0]), tmp_path, "tiny")
+    before = {p.name: p.read_bytes() for p in first}
+    assert sorted(before) == ["atomic_probe.csv", "atomic_probe.json", "atomic_probe.pdf", "atomic_probe.png"]
+
+    redraw = _figure([3.0, 1.0, 2.0])
+    savefig = redraw.figure.savefig
+
+    def failing(target: Any, **kw: Any) -> None:
+        if kw.get("format") == "pdf" or str(target).endswith(".pdf"):
+            if hasattr(target, "write"):
+                target.write(b"%PDF-1.4 partial")
+            else:
+                Path(target).write_bytes(b"%PDF-1.4 partial")
+            raise OSError(28, "No space left on device")
+        savefig(target, **kw)
+
+    monkeypatch.setattr(redraw.figure, "savefig", failing)
+    with pytest.raises(OSError, match="No space left"):
+        figures.save("atomic_probe", redraw, tmp_path, "tiny")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing replaced, no temporary left
+    assert figures.save("atomic_probe", _figure([3.0, 1.0, 2.0]), tmp_path, "tiny") == first
+    assert (tmp_path / "atomic_probe.png").read_bytes() != before["atomic_probe.png"]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import http.server
 import io
 import struct
 import subprocess
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,8 @@ from probes import Probe
 from pipelab import data
 from pipelab.__main__ import main
 from pipelab.data import FASHION_MNIST_FILES, DataError
+
+URLOPEN = urllib.request.urlopen  # the real one (the fixture below replaces it by an offline stub)
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +62,38 @@ PROBES = [
     Probe("fetch-timeout-zero", lambda: data.fetch_fashion_mnist("/nonexistent", timeout=0), ValueError, "timeout"),
     Probe("fetch-retries-negative", lambda: data.fetch_fashion_mnist("/nonexistent", retries=-1), ValueError,
           "retries"),
+    # impossible sizes were accepted: empty or sliced-from-the-end splits, NaN labels, raw numpy/torch errors
+    Probe("digits-test-fraction-0", lambda: data.load_digits(test_fraction=0), ValueError,
+          r"test_fraction must be a finite number > 0 and < 1, got 0"),
+    Probe("digits-test-fraction-1.5", lambda: data.load_digits(test_fraction=1.5), ValueError, r"got 1\.5"),
+    Probe("digits-test-fraction-negative", lambda: data.load_digits(test_fraction=-0.1), ValueError, "> 0 and < 1"),
+    Probe("digits-test-fraction-empty-split", lambda: data.load_digits(test_fraction=1e-4), ValueError,
+          r"holds out 0 of the 1797 examples, leaving a split empty"),
+    Probe("digits-split-seed-negative", lambda: data.load_digits(split_seed=-1), ValueError, r"split_seed .* got -1"),
+    Probe("subset-negative", lambda: data.teacher_student_regression(n_train=8, n_test=4).subset(-5), ValueError,
+          r"n_train must be None or an int >= 0, got -5"),
+    Probe("subset-float", lambda: data.teacher_student_regression(n_train=8, n_test=4).subset(None, 2.5), ValueError,
+          r"n_test must be None or an int >= 0, got 2\.5"),
+    Probe("teacher-d-in-0", lambda: data.teacher_student_regression(d_in=0), ValueError, r"d_in must be an int >= 1"),
+    Probe("teacher-n-train-0", lambda: data.teacher_student_regression(n_train=0), ValueError, r"n_train .* got 0"),
+    Probe("teacher-n-test-negative", lambda: data.teacher_student_regression(n_test=-1), ValueError,
+          r"n_test must be an int >= 0, got -1"),
+    Probe("teacher-hidden-0", lambda: data.teacher_student_classification(hidden=0), ValueError, "hidden must be"),
+    Probe("teacher-d-out-0", lambda: data.teacher_student_regression(d_out=0), ValueError, "d_out must be"),
+    Probe("teacher-noise-negative", lambda: data.teacher_student_regression(noise=-1.0), ValueError,
+          r"noise must be a finite number >= 0, got -1\.0"),
+    Probe("teacher-one-class", lambda: data.teacher_student_classification(num_classes=1), ValueError,
+          r"num_classes must be an int >= 2, got 1"),
+    Probe("teacher-temperature-0", lambda: data.teacher_student_classification(temperature=0.0), ValueError,
+          r"temperature must be a finite number > 0"),
+    Probe("teacher-temperature-negative", lambda: data.teacher_student_classification(temperature=-1.0), ValueError,
+          "temperature"),
+    Probe("mnist1d-too-few", lambda: data.load_mnist1d(num_samples=5), ValueError,
+          r"num_samples must be an int >= 10, got 5"),
+    Probe("mnist1d-seed-negative", lambda: data.load_mnist1d(seed=-1), ValueError, r"seed must be an int >= 0"),
+    Probe("wordlang-seed-negative", lambda: data.wordlang_words(seed=-1), ValueError, r"seed must be an int >= 0"),
+    Probe("encode-words-max-len-0", lambda: data.encode_words([], max_len=0), ValueError,
+          r"max_len must be an int >= 1, got 0"),
 ]
 
 
@@ -129,6 +167,47 @@ def test_download_has_an_overall_deadline(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(DataError, match="deadline"):
         data.fetch_fashion_mnist(tmp_path / "dest", timeout=0.5)
     assert time.monotonic() - start < 2.0
+    assert not list((tmp_path / "dest").glob(".part-*"))
+
+
+class Trickling(http.server.BaseHTTPRequestHandler):
+    """Promises a megabyte and sends one byte every 50 ms (for a minute at most): no single read ever waits
+    long enough for a socket timeout, so only an overall deadline ends the transfer."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        end = time.monotonic() + 60
+        with contextlib.suppress(OSError):
+            while time.monotonic() < end:
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.05)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_a_trickling_server_does_not_extend_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each read got bytes before its socket timeout and waited for 64 KiB: a transfer of 1 byte / 50 ms ran
+    for hours past the deadline."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickling)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(data.urllib.request, "urlopen", URLOPEN)  # the real one, on this local server
+    monkeypatch.setenv("no_proxy", "*")
+    monkeypatch.setattr(data, "FASHION_MNIST_URL", f"http://127.0.0.1:{server.server_address[1]}/")
+    try:
+        start = time.monotonic()
+        with pytest.raises(DataError, match="deadline"):
+            data.fetch_fashion_mnist(tmp_path / "dest", timeout=1.0)
+        elapsed = time.monotonic() - start
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert elapsed < 3.0, elapsed
     assert not list((tmp_path / "dest").glob(".part-*"))
 
 

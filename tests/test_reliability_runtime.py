@@ -8,9 +8,12 @@ module fixture) and every check on them runs in this process (a runtime built wi
 
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +30,7 @@ from pipelab.distributed import RankFailure, describe_differences, differences, 
 from pipelab.learning_curves import RunConfig
 from pipelab.models import deep_mlp
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
-from pipelab.schedules import pipedream
+from pipelab.schedules import ddp, dualpipe, fsdp, hybrid, lpp, pipedream
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -227,6 +230,175 @@ def test_a_hung_rank_is_named() -> None:
     assert time.monotonic() - start < 60
 
 
+# ------------------------------------------------------------------ 5b: a rank stalled in a collective or transfer
+
+#: where a rank stalls: point-to-point (PipeDream, 2 ranks) or a placed schedule's collectives
+STALLS = {"p2p": (2, None),
+          "ddp": (2, lambda: ddp(D=2, M=4, W=2, steps=3)),
+          "fsdp": (2, lambda: fsdp(D=2, M=4, W=2, steps=3)),
+          "lpp": (2, lambda: lpp(D=2, M=4, G=2, R=1, steps=3)),
+          "dualpipe": (2, lambda: dualpipe(W=2, M=4, steps=2)),
+          "hybrid": (4, lambda: hybrid(D=2, M=4, R=2, steps=3))}
+
+
+class _Stalling:
+    """``torch.distributed`` whose ``n``-th call of one of ``names`` stalls this process: SIGSTOP (``stop``)
+    or a sleep of an hour (``sleep``), after writing the wall time to ``stamp``."""
+
+    def __init__(self, names: tuple[str, ...], n: int, how: str, stamp: str) -> None:
+        self.names, self.n, self.how, self.stamp, self.calls = names, n, how, stamp, 0
+
+    def tick(self) -> None:
+        """Count a call; the ``n``-th stalls."""
+        self.calls += 1
+        if self.calls == self.n:
+            Path(self.stamp).write_text(repr(time.time()))
+            if self.how == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(3600)
+
+    def __getattr__(self, name: str) -> object:
+        fn = getattr(dist, name)
+        if name not in self.names:
+            return fn
+
+        def call(*args: object, **kwargs: object) -> object:
+            self.tick()
+            return fn(*args, **kwargs)
+
+        return call
+
+
+def _stall(rank: int, world: int, kind: str, stalled: int, how: str, stamp: str) -> None:
+    """Rank ``stalled`` stalls at its fourth transfer (``p2p``) or its second collective (placed kinds): stopped
+    inside the call, or sleeping before it."""
+    import pipelab.runtime.collectives as collectives
+    import pipelab.runtime.p2p as p2p
+    from pipelab.pipeline.placement import Launch
+
+    make = STALLS[kind][1]
+    if make is None:
+        rt = runtime()
+    else:
+        schedule = make()
+        torch.manual_seed(0)
+        model = deep_mlp(in_features=6, width=8, depth=schedule.D + 1, num_classes=4).double()
+        rt = PipelineRuntime(model, schedule=schedule, policy="gpipe", D=schedule.D,
+                             optimizer=lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
+    if rank == stalled and make is None:
+        p2p.dist = _Stalling(("isend", "irecv"), 4, how, stamp)  # type: ignore[assignment]
+    elif rank == stalled and how == "stop":
+        collectives.dist = _Stalling(("all_reduce", "broadcast", "reduce"), 2, how, stamp)  # type: ignore[assignment]
+    elif rank == stalled:
+        stall = _Stalling((), 2, how, stamp)
+        run = collectives.DistributedCollectives.__call__
+
+        def before(self: object, c: object, executors: object) -> None:
+            if not isinstance(c, Launch):
+                stall.tick()
+            run(self, c, executors)  # type: ignore[arg-type]
+
+        collectives.DistributedCollectives.__call__ = before  # type: ignore[method-assign]
+    rt.run(batches())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind, how", [("p2p", "stop"), ("ddp", "stop"), ("fsdp", "sleep"), ("lpp", "stop"),
+                                       ("dualpipe", "sleep"), ("hybrid", "stop")])
+def test_a_rank_stalled_in_a_collective_or_transfer_is_named(kind: str, how: str, tmp_path: Path) -> None:
+    """Every process group has the run's communication timeout (torch's default for a sub-group is 30 minutes):
+    the stalled rank is named by spawn, and by its peers from the progress the ranks publish, within the
+    timeout plus the grace periods; a stopped rank is killed, so no process outlives the call."""
+    world, comm, grace = STALLS[kind][0], 3.0, 2.0
+    stalled, stamp = world - 1, tmp_path / "stalled_at"
+    with pytest.raises(RankFailure) as err:
+        spawn(_stall, world, (kind, stalled, how, str(stamp)), timeout_s=45, comm_timeout_s=comm, grace_s=grace)
+    detected = time.time() - float(stamp.read_text())
+    assert err.value.rank == stalled and "unresponsive" in err.value.details, str(err.value)
+    named = [r for r, d in err.value.others.items() if f"stalled: rank {stalled}:" in d]
+    assert named, str(err.value)  # a peer's own error names it, from the published progress
+    if how == "stop":
+        assert "NOT RESPONDING" in err.value.others[named[0]]
+    assert detected < comm + 3 * grace + 10, detected
+    assert not multiprocessing.active_children()
+
+
+def _stop_rank_1(rank: int, world: int) -> None:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    raise RuntimeError(f"rank {rank} fails")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_stopped_rank_does_not_hang_the_caller_at_exit() -> None:
+    """A SIGSTOPped rank ignores SIGTERM until continued; multiprocessing joins its children without a timeout at
+    interpreter exit, so the caller (a test session, a notebook kernel) hung there unless spawn kills the rank."""
+    code = ("from test_reliability_runtime import _stop_rank_1\n"
+            "from pipelab.distributed import RankFailure, spawn\n"
+            "try:\n    spawn(_stop_rank_1, 2, timeout_s=60, comm_timeout_s=3, grace_s=1)\n"
+            "except RankFailure as exc:\n    print('named rank', exc.rank)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, errors = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the caller and the stopped rank
+        proc.communicate()
+        pytest.fail("the calling process hung at exit: the stopped rank was not killed")
+    assert proc.returncode == 0 and "named rank 0" in out, errors[-2000:]
+    for _ in range(50):  # no rank outlives the caller (multiprocessing's resource tracker leaves soon after it)
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("a process of the caller's session outlived it")
+
+
+def _torchrun_stalling(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``torchrun -m pipelab.run`` on 2 ranks whose rank 1 stalls in its forward of step 2; the seconds from
+    the stall to the end of torchrun."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not found")
+    stamp = tmp_path / "stalled_at"
+    code = ("import os, signal, sys, time\n"
+            "from pipelab.pipeline import stage\n"
+            "forward = stage.StageExecutor.forward\n"
+            "def stalling(self, t, j, *args, **kwargs):\n"
+            "    if t == 2 and os.environ['RANK'] == '1':\n"
+            f"        open({str(stamp)!r}, 'w').write(repr(time.time()))\n"
+            f"        os.kill(os.getpid(), signal.SIGSTOP) if {how == 'stop'} else time.sleep(3600)\n"
+            "    return forward(self, t, j, *args, **kwargs)\n"
+            "stage.StageExecutor.forward = stalling\n"
+            "import runpy\n"
+            "runpy.run_module('pipelab.run', run_name='__main__', alter_sys=True)\n")  # as `-m pipelab.run`
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", sys.executable, "-c", code,
+           "--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "256", "--n-test",
+           "128", "--batch-size", "32", "--comm-timeout", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env, cwd=ROOT)
+    return proc, time.time() - float(stamp.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_torchrun_names_the_stalled_rank_not_its_peer(tmp_path: Path) -> None:
+    """Under torchrun (no spawn parent to watch the ranks) rank 0's receive times out after --comm-timeout and
+    its error, torchrun's root cause, names rank 1 from the progress published to torchrun's store."""
+    proc, seconds = _torchrun_stalling(tmp_path, "sleep")
+    assert proc.returncode != 0
+    cause = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "rank      : 0" in cause and "StalledRank: rank 0: the receive" in cause, proc.stderr[-3000:]
+    assert "stalled: rank 1: last progress: position" in cause and "not in a communication call" in cause, cause
+    assert seconds < 3 + 30, seconds  # the timeout, the diagnosis, torchrun's own teardown
+
+
 # ----------------------------------------------------------------------------------------- 6: busy port
 
 def _init_with_busy_port(rank: int, port: int) -> subprocess.CompletedProcess:
@@ -261,6 +433,68 @@ def test_the_entry_module_is_not_imported_by_the_package() -> None:
     import pipelab
 
     assert pipelab.train_distributed.__module__ == "pipelab.run" and pipelab.RunConfig is RunConfig
+
+
+ARGS = ["--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "64", "--n-test", "32",
+        "--batch-size", "16", "--dtype", "float64"]
+
+
+@pytest.mark.parametrize("flag, kind", [("--out", "dir"), ("--checkpoint", "file"), ("--out", "under-a-file")])
+def test_unwritable_outputs_are_refused_before_training(flag: str, kind: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """They were found only once the run was over (a directory given as --out: IsADirectoryError after
+    training); now before the ranks join (no process group here: the check comes first)."""
+    from pipelab.run import main
+
+    monkeypatch.delenv("RANK", raising=False)
+    (tmp_path / "a-file").write_text("")
+    path = {"dir": tmp_path, "file": tmp_path / "a-file", "under-a-file": tmp_path / "a-file" / "out.json"}[kind]
+    assert main([*ARGS, flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    expected = {"dir": "is a directory; a file is expected there", "file": "is a file; a directory is expected",
+                "under-a-file": "is a file, so the file cannot be created"}[kind]
+    assert f"error: {flag} {path}" in err and expected in err, err
+
+
+def _summary_without_out_dir(rank: int, world: int, out: str, tmp: str) -> tuple[object, str, str]:
+    """pipelab.run's main on a spawned rank; once training is over, rank 0 finds --out's folder gone."""
+    import contextlib
+    import io
+    import tempfile
+
+    import pipelab.run as run
+
+    tempfile.tempdir = tmp
+    train = run.train
+
+    def training_then_losing_the_folder(*args: object, **kwargs: object) -> object:
+        summary = train(*args, **kwargs)
+        if rank == 0:
+            shutil.rmtree(Path(out).parent)
+            Path(out).parent.write_text("a file where the folder was")
+        return summary
+
+    run.train = training_then_losing_the_folder  # type: ignore[assignment]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code: object = run.main([*ARGS, "--out", out])
+        except Exception as exc:
+            code = repr(exc)
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_summary_that_cannot_be_written_is_saved_elsewhere(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "summary.json"
+    out.parent.mkdir()
+    code, printed, err = spawn(_summary_without_out_dir, 2, (str(out), str(tmp_path)), timeout_s=100)[0]
+    assert code == 1 and f"error: cannot write --out {out}" in err, (code, err)
+    saved = Path(err.split("saved to ")[1].split()[0])
+    assert saved.parent == tmp_path and json.loads(saved.read_text()) == json.loads(printed)
+    assert json.loads(printed)["steps_done"] == 4
 
 
 # ----------------------------------------------------------------------------------------- 9: RunConfig

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import config_to_dict, resolve_preset
+from ..files import Writer, replace_files
 
 __all__ = ["FigureOutput", "FigureSpec", "register", "available", "get", "make", "save", "render", "CodeState",
            "code_state", "check_outdir", "ProvenanceError", "footer_text", "add_footer", "FIGURES_DIR"]
@@ -270,7 +271,10 @@ def add_footer(figure: Any, preset: str, state: CodeState) -> None:
 
 
 def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow_dirty: bool = False) -> list[Path]:
-    """Write ``out`` as ``NAME.png``, ``NAME.pdf``, ``NAME.json`` and ``NAME.<suffix>`` tables.
+    """Write ``out`` as ``NAME.png``, ``NAME.pdf``, ``NAME.<suffix>`` tables and ``NAME.json``.
+
+    Every file is written to a temporary before any is renamed into place, the sidecar last
+    (:func:`pipelab.files.replace_files`): a redraw that fails keeps the previous files whole.
 
     The sidecar records ``commit``, ``code_clean``, ``code_diff_sha256`` and ``allow_dirty`` (see
     :func:`code_state`); each image carries :func:`footer_text`. Writing into the repository's ``figures/``
@@ -286,19 +290,18 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     add_footer(out.figure, preset, state)
-    paths = []
-    for ext in ("png", "pdf"):
-        path = outdir / f"{name}.{ext}"
+
+    def image(ext: str) -> Writer:
         # Fixed metadata keeps the files reproducible (no creation dates in the PDF); the style's savefig
         # settings (tight bounding box, dpi) apply, so legends placed outside the axes are kept.
         meta = {"CreationDate": None} if ext == "pdf" else {"Software": None}
-        with context():
-            out.figure.savefig(path, metadata=meta)
-        paths.append(path)
-    for suffix, text in out.tables.items():
-        path = outdir / f"{name}.{suffix}"
-        path.write_text(text)
-        paths.append(path)
+        return lambda fh: out.figure.savefig(fh, format=ext, metadata=meta)
+
+    def text(content: str) -> Writer:
+        return lambda fh: fh.write(content.encode())
+
+    files: list[tuple[Path, Writer]] = [(outdir / f"{name}.{ext}", image(ext)) for ext in ("png", "pdf")]
+    files += [(outdir / f"{name}.{suffix}", text(table)) for suffix, table in out.tables.items()]
     spec = get(name)
     sidecar = {
         "name": name,
@@ -316,9 +319,9 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow
         "torch_version": torch.__version__,
         "matplotlib_version": matplotlib.__version__,
     }
-    path = outdir / f"{name}.json"
-    path.write_text(json.dumps(sidecar, indent=2, sort_keys=True, default=repr) + "\n")
-    paths.append(path)
+    files.append((outdir / f"{name}.json", text(json.dumps(sidecar, indent=2, sort_keys=True, default=repr) + "\n")))
+    with context():  # all written before any is replaced, the sidecar last: a failed redraw keeps the old set
+        paths = replace_files(files)
     plt.close(out.figure)
     return paths
 

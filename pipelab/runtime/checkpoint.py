@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..distributed import describe_differences, differences
+from ..files import atomic_write
 
 if TYPE_CHECKING:  # the runtime is used through its public state_dict()/load_state_dict() only
     from .runtime import PipelineRuntime
@@ -63,8 +64,8 @@ def _digest(meta: dict[str, Any], payload: bytes) -> str:
 def save_checkpoint(runtime: PipelineRuntime, directory: str | os.PathLike[str]) -> Path:
     """Write this rank's state (call after ``runtime.run(..., stop_at_step=c)``) and return the file.
 
-    The file is written to a temporary name, flushed to disk and renamed, so a crash never leaves a
-    half-written ``rank<r>.pt``.
+    The file is written to a temporary name, flushed to disk and renamed (:func:`pipelab.files.atomic_write`),
+    so a crash never leaves a half-written ``rank<r>.pt``.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -75,15 +76,8 @@ def save_checkpoint(runtime: PipelineRuntime, directory: str | os.PathLike[str])
     meta = {"rank": state["rank"], "world_size": runtime.world, "step": state["cut_step"],
             "position": state["position"], "fingerprint": runtime.fingerprint(), "payload_bytes": len(payload)}
     header = dict(meta, sha256=_digest(meta, payload))
-    path = directory / f"rank{runtime.rank}.pt"
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n")
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    return atomic_write(directory / f"rank{runtime.rank}.pt",
+                        MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload)
 
 
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:

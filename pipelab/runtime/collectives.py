@@ -9,7 +9,9 @@ lists, in one global sequence every rank derives identically, the collectives of
 
 :class:`DistributedCollectives` creates one process group per distinct member set (``dist.new_group``,
 called by every rank, members or not, in the order the sets first appear in the sequence, so every rank
-creates the same groups in the same order) and runs each collective on its group when the rank's program
+creates the same groups in the same order; each with the run's communication timeout,
+:func:`pipelab.distributed.comm_timeout`, so a rank stalled inside a collective is detected as in point-to-point
+transport) and runs each collective on its group when the rank's program
 reaches it, on flat buffers (one per dtype) of the stage's tensors, on the rank's device (gloo on CPU, NCCL
 on GPUs: nothing here is device-specific). Reduces and broadcasts block. All-reduces are bucketed and
 overlapped like torch's DDP (the rules are in :mod:`pipelab.pipeline.placement`): the parts of a run are cut
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..distributed import comm_timeout, waiting
 from ..pipeline.placement import (
     Collective,
     CollectiveCounter,
@@ -102,13 +105,19 @@ class DistributedCollectives:
             raise ValueError(f"bucket_bytes must be a non-negative int, got {bucket_bytes!r}")
         self.overlap = bool(overlap)
         self.groups: dict[tuple[int, ...], Any] = {}
+        timeout = comm_timeout() if dist.is_initialized() else None
         for e in sequence:
             if isinstance(e, Collective) and e.members not in self.groups:
-                self.groups[e.members] = dist.new_group(list(e.members)) if dist.is_initialized() else None
+                self.groups[e.members] = (dist.new_group(list(e.members), timeout=timeout) if dist.is_initialized()
+                                          else None)
         self.counter = CollectiveCounter()
         self._launched: dict[tuple[tuple[int, int], ...], set[tuple[int, int]]] = {}
         self._inflight: dict[tuple[tuple[int, int], ...], tuple[list[Any], list[Tensor], list[Tensor]]] = {}
         self._done: set[tuple[tuple[int, int], ...]] = set()
+
+    def _waiting(self, c: Collective) -> Any:
+        """This rank blocked on the other members of ``c`` (:func:`pipelab.distributed.waiting`)."""
+        return waiting((m for m in c.members if m != self.rank), f"the {c.kind} of stage {c.stage}, step {c.step}")
 
     def _bucket(self, c: Collective, executors: Mapping[int, StageExecutor]) -> tuple[tuple[int, int], ...]:
         def size(k: int) -> int:
@@ -125,15 +134,17 @@ class DistributedCollectives:
             self.counter.add(c._replace(stage=k, step=t), self.rank, sum(x.numel() * x.element_size() for x in g),
                              calls=int(i == 0))
         flats = flatten(grads)
-        works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.groups[c.members], async_op=async_op)
-                 for buf in flats]
+        with self._waiting(c):
+            works = [dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.groups[c.members], async_op=async_op)
+                     for buf in flats]
         self._inflight[parts] = (works if async_op else [], flats, grads)
 
     def _finish(self, c: Collective, parts: tuple[tuple[int, int], ...],
                 executors: Mapping[int, StageExecutor]) -> None:
         works, flats, grads = self._inflight.pop(parts)
-        for w in works:
-            w.wait()
+        with self._waiting(c):
+            for w in works:
+                w.wait()
         self._done.add(parts)
         if self.rank in c.holders:
             sums = unflatten(flats, grads)
@@ -172,8 +183,9 @@ class DistributedCollectives:
             flats = flatten(tensors) if self.rank == c.root else [
                 torch.empty(sum(t.numel() for t in tensors if t.dtype == d), dtype=d, device=tensors[0].device)
                 for d in dict.fromkeys(t.dtype for t in tensors)]
-            for buf in flats:
-                dist.broadcast(buf, src=c.root, group=group)
+            with self._waiting(c):
+                for buf in flats:
+                    dist.broadcast(buf, src=c.root, group=group)
             if self.rank != c.root:
                 if not isinstance(ex, FetchedStage):
                     raise RuntimeError(f"rank {self.rank} receives stage {c.stage}'s weights but holds them")
@@ -181,8 +193,9 @@ class DistributedCollectives:
         else:
             grads = step_gradient(ex, c.step)
             flats = flatten(grads)
-            for buf in flats:
-                dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
+            with self._waiting(c):
+                for buf in flats:
+                    dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
             if self.rank in c.holders:
                 ex.acc[c.step] = unflatten(flats, grads)
         self.counter.add(c, self.rank, sum(b.numel() * b.element_size() for b in flats))

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..distributed import waiting
 from ..pipeline.transport import Layout, pack
 from ..schedules.dependencies import Job
 from ..schedules.transfers import ACT, GRAD, channel, channels, messages
@@ -224,7 +225,9 @@ class P2PTransport:
         return 0 if self.backend == "nccl" else op.channel  # NCCL has no tags: pairs match in issue order
 
     def _wait(self, work: Any, op: Op) -> None:
-        _wait(work)
+        kind = "receive" if op.kind == "recv" else "send"
+        with waiting((op.peer,), f"the {kind} of step {op.t}, micro-batch {op.j} (channel {op.channel})"):
+            _wait(work)
         if self.record:
             self.log.append(Wait(op))
 

@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device
+from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device, waiting
 from ..pipeline.driver import Batch, DriverState, MiniBatches, all_finite, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
@@ -429,7 +429,8 @@ class PipelineRuntime:
         mine = (self.state.losses, bool(all_finite(held)))
         parts: list[tuple[dict[int, float], bool] | None] = [None] * self.world
         if dist.is_initialized():
-            dist.all_gather_object(parts, mine)
+            with waiting(range(self.world), "the gathering of the losses"):
+                dist.all_gather_object(parts, mine)
         else:
             parts = [mine]
         done: set[int] = set()

@@ -1,0 +1,92 @@
+"""Output files written whole or not at all: each goes to a temporary file beside it, then is renamed over it.
+
+A reader, or a later run, sees either the previous file or the complete new one, never a truncated one: a
+failure while writing (an exception in the code that draws or serialises, a full disk, an interrupt) leaves
+the previous file as it was and removes the temporary. :func:`replace_files` writes a set of files (a
+figure's PNG and PDF, its tables and its sidecar) before renaming any, and renames them in the order given,
+so a set is replaced only when every member was written, and a crash between two renames leaves the last
+file (the sidecar that describes the others) old.
+
+``os.replace`` is atomic on POSIX when source and target are on the same file system, which a temporary in
+the target's directory ensures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["replace_files", "atomic_write", "check_writable", "Writer"]
+
+#: writes a file's content to the open binary file it is given
+Writer = Callable[[BinaryIO], object]
+
+
+def replace_files(files: Sequence[tuple[str | os.PathLike[str], Writer]]) -> list[Path]:
+    """Write every ``(path, writer)`` to a temporary beside ``path``, then rename each over its path, in order.
+
+    Each temporary (``.NAME.<random>.tmp``, mode ``0o666`` less the umask, as ``open`` gives) is flushed to
+    disk before the renames start. Returns the paths.
+
+    Raises:
+        whatever a writer raises, or ``OSError``: no file is replaced and no temporary is left.
+    """
+    paths = [Path(p) for p, _ in files]
+    temps: list[Path] = []
+    try:
+        for path, (_, write) in zip(paths, files):
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        for tmp, path in zip(temps, paths):
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps:  # what was not renamed (after a failure)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return paths
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Replace ``path`` by ``data`` (``str``: UTF-8) through a temporary (:func:`replace_files`); return it."""
+    blob = data.encode() if isinstance(data, str) else data
+    return replace_files([(path, lambda fh: fh.write(blob))])[0]
+
+
+def check_writable(path: str | os.PathLike[str], argument: str, *, directory: bool = False) -> Path:
+    """Refuse, before any work, a ``path`` where a file (``directory``: a directory) could not be written.
+
+    The path must not be the other kind (a directory where a file is expected, or a file where a directory
+    is); if it exists it must be writable; if not, its nearest existing ancestor must be a writable
+    directory, so that it (and missing parents) can be created. ``argument`` names the setting in the error
+    (``--out``, ``checkpoint``, ...). Returns the path.
+
+    Raises:
+        ValueError: naming ``argument``, the path and what is wrong.
+    """
+    path = Path(path)
+    kind = "directory" if directory else "file"
+    if path.exists():
+        if path.is_dir() != directory:
+            other = "a directory" if path.is_dir() else "a file"
+            raise ValueError(f"{argument} {path} is {other}; a {kind} is expected there")
+        target = path if directory else path.parent
+        if not os.access(path, os.W_OK) or not os.access(target, os.W_OK | os.X_OK):
+            raise ValueError(f"{argument} {path}: no permission to write it")
+        return path
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"{argument} {path}: {ancestor} is a file, so the {kind} cannot be created")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{argument} {path}: cannot create it, {ancestor} is not writable")
+    return path
