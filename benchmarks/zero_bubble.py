@@ -119,12 +119,12 @@ from benchmarks.runtime import (  # noqa: E402
     timed_pipelab_run,
 )
 from pipelab.distributed import spawn  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.partition import split  # noqa: E402
 from pipelab.profiling import profile_stage, transfer_times  # noqa: E402
 from pipelab.schedules import Schedule, dualpipe_v, interleaved_zero_bubble, one_f_one_b, zb_h1, zb_v  # noqa: E402
 from pipelab.schedules.torch_actions import from_torch  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 
 __all__ = ["ZBConfig", "Row", "ZBResult", "SCHEDULES", "rows_of", "forecast_costs", "run_benchmark",
            "format_report", "main"]

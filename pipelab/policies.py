@@ -799,7 +799,7 @@ class PolicyInfo:
         name: registry name; title: legend label; schedule: schedule family (:data:`SCHEDULE_FAMILIES`);
         synchronous: needs a flushed schedule; uses_predictor: its specs include :class:`Predicted`;
         default_predictor: the predictor used when none is given; emulation_only: not runnable in a real
-        pipeline (no learning-curve arm, no ``pipelab.run`` choice); summary: one line on what it does.
+        pipeline (no learning-curve arm, no ``pipelab.studies.run`` choice); summary: one line on what it does.
     """
 
     name: str
@@ -815,7 +815,7 @@ class PolicyInfo:
 def policy_info(name: str) -> PolicyInfo:
     """The metadata of the registered policy ``name`` (read from the policy built with default options).
 
-    Figures, the learning-curve arms and the ``pipelab.run`` choices read labels and schedule families here
+    Figures, the learning-curve arms and the ``pipelab.studies.run`` choices read labels and schedule families here
     instead of retyping them.
 
     Example:

@@ -22,8 +22,10 @@ from run to run; sizes are exact and repeat.
 
 Example:
     >>> import torch
-    >>> from pipelab import deep_mlp, split, simulate, one_f_one_b
-    >>> stages = split(deep_mlp(in_features=8, width=16, depth=4), 2)
+    >>> from pipelab import split, simulate
+    >>> from pipelab.schedules import one_f_one_b
+    >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10)])
+    >>> stages = split(model, 2)
     >>> prof = profile_stages(stages, torch.randn(4, 8), torch.randint(0, 10, (4,)), reps=3)
     >>> len(prof.f_cost), prof.weight_bytes == [sum(p.numel() * 4 for p in s.parameters()) for s in stages]
     (2, True)

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.emulator import count_work, main, schedule_of  # noqa: E402
 from pipelab.emulator import Emulator  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
 from pipelab.policies import Predicted, Stored  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 
 D, STEPS = 3, 6
 

@@ -10,22 +10,14 @@ import pytest
 import torch
 
 from pipelab.calibration import (
-    KINDS,
-    CalibrationCase,
-    CalibrationConfig,
     boundary_bytes,
-    calibrate,
     forecast_costs,
-    format_rows,
     measured_costs,
     optimizer_state_slots,
-    rows_csv,
-    schedule_for,
     simulated_collectives,
     simulated_traffic,
 )
 from pipelab.emulator import Emulator
-from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.pipeline.placement import COLLECTIVE_KINDS
 from pipelab.runtime.trace import JobRecord, Timeline
@@ -43,6 +35,16 @@ from pipelab.schedules import (
     zb_h1,
 )
 from pipelab.simulator import simulate
+from pipelab.studies.calibration import (
+    KINDS,
+    CalibrationCase,
+    CalibrationConfig,
+    calibrate,
+    format_rows,
+    rows_csv,
+    schedule_for,
+)
+from pipelab.studies.models import deep_mlp
 
 
 @pytest.mark.parametrize("sched", [one_f_one_b(3, 4, 2), interleaved_1f1b(2, 2, 4, 2), zb_h1(3, 4),

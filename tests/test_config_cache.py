@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelab import cache as cache_module
-from pipelab import learning_curves
-from pipelab.cache import ResultCache, cached, code_hash, run_sweep
-from pipelab.config import config_hash, config_to_dict, from_preset, resolve_preset
+from pipelab.studies import cache as cache_module
+from pipelab.studies import learning_curves
+from pipelab.studies.cache import ResultCache, cached, code_hash, run_sweep
+from pipelab.studies.config import config_hash, config_to_dict, from_preset, resolve_preset
 
 
 @dataclass(frozen=True)
@@ -136,10 +136,10 @@ def _edit(edits: dict[str, bytes], module: str) -> None:
 
 
 @pytest.mark.parametrize("module, changes", [
-    ("pipelab.learning_curves", True),   # defines the experiment
+    ("pipelab.studies.learning_curves", True),   # defines the experiment
     ("pipelab.policies", True),          # imported by it through the emulator
     ("pipelab.schedules.builders", True),
-    ("pipelab.figures.learning_curves", False),  # the figure module: colours, labels
+    ("pipelab.studies.figures.learning_curves", False),  # the figure module: colours, labels
     ("pipelab.stability.methods", False),
 ])
 def test_code_hash_follows_the_modules_an_experiment_imports(edits: dict[str, bytes], module: str,
@@ -163,9 +163,9 @@ def test_editing_used_code_invalidates_the_cache_but_unrelated_code_does_not(tmp
         return _experiment(cfg)
 
     assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 1
-    _edit(edits, "pipelab.figures.stability")  # not imported by this module: entry still valid
+    _edit(edits, "pipelab.studies.figures.stability")  # not imported by this module: entry still valid
     assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 1
-    _edit(edits, "pipelab.config")  # imported by this test module: recomputed
+    _edit(edits, "pipelab.studies.config")  # imported by this test module: recomputed
     assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 2
     _edit(edits, __name__)  # the module defining the experiment itself
     assert cached("exp", Cfg(), fn, cache=cache) == 30 and len(calls) == 3

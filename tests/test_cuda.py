@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from pipelab.config import ENV_DEVICE, from_preset
 from pipelab.distributed import check_nccl_devices, resolve_device, spawn
+from pipelab.studies.config import ENV_DEVICE, from_preset
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is "
@@ -108,14 +108,14 @@ def _never_called(rank: int, world: int) -> None:
 
 
 def test_runners_refuse_cuda_without_cuda(no_cuda: None, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelab.learning_curves import RunConfig, prepare
-    from pipelab.learning_curves import run as run_arm
-    from pipelab.models import deep_mlp
-    from pipelab.prediction_error import PredictionErrorConfig, run_prediction_error
-    from pipelab.run import main as run_main
-    from pipelab.run import train_distributed
     from pipelab.runtime import PipelineRuntime
     from pipelab.schedules import gpipe
+    from pipelab.studies.learning_curves import RunConfig, prepare
+    from pipelab.studies.learning_curves import run as run_arm
+    from pipelab.studies.models import deep_mlp
+    from pipelab.studies.prediction_error import PredictionErrorConfig, run_prediction_error
+    from pipelab.studies.run import main as run_main
+    from pipelab.studies.run import train_distributed
 
     cfg = RunConfig(task="digits_mlp", policy="gpipe", optimizer="sgdm", D=2, seed=0, device="cuda")
     for fn in (prepare, run_arm, train_distributed):
@@ -133,7 +133,7 @@ def test_runners_refuse_cuda_without_cuda(no_cuda: None, capsys: pytest.CaptureF
 
 def test_figure_cli_device_flag(no_cuda: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelab.__main__ import main
+    from pipelab.studies.cli import main
 
     monkeypatch.setenv(ENV_DEVICE, "")  # restored after the test (the CLI sets it)
     assert main(["figures", "prediction_rmse_sgdm", "--preset", "tiny", "--device", "cuda",
@@ -143,9 +143,9 @@ def test_figure_cli_device_flag(no_cuda: None, monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_figure_cli_device_sets_every_config(one_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelab.__main__ import main
-    from pipelab.figures.learning_curves import _presets
-    from pipelab.figures.prediction import IN_PIPELINE_CONFIGS, PRESET_CONFIGS
+    from pipelab.studies.cli import main
+    from pipelab.studies.figures.learning_curves import _presets
+    from pipelab.studies.figures.prediction import IN_PIPELINE_CONFIGS, PRESET_CONFIGS
 
     monkeypatch.setenv(ENV_DEVICE, "")
     assert main(["figures", "no_such_figure", "--device", "cuda"]) == 2  # the name is refused after the device
@@ -203,7 +203,7 @@ def test_benchmark_runs_on_cpu(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- on a GPU
 
 def _policy_optimizer(policy: str) -> str:
-    from pipelab.learning_curves import serves
+    from pipelab.studies.learning_curves import serves
 
     return next(o for o in ("sgdm", "adam", "nadam") if serves(policy, o))
 
@@ -211,7 +211,7 @@ def _policy_optimizer(policy: str) -> str:
 def _losses(policy: str, device: str, dtype: str) -> list[float]:
     """Mini-batch losses of a short run of ``policy`` (digits MLP, D = 4) in the emulator on ``device``."""
     from pipelab.emulator import Emulator
-    from pipelab.learning_curves import RunConfig, prepare
+    from pipelab.studies.learning_curves import RunConfig, prepare
 
     cfg = RunConfig(task="digits_mlp", policy=policy, optimizer=_policy_optimizer(policy), D=4, seed=0, epochs=1,
                     batch_size=32, M=4, n_train=256, n_test=64, dtype=dtype, device=device)
@@ -223,7 +223,7 @@ def _losses(policy: str, device: str, dtype: str) -> list[float]:
 
 
 def _arm_policies() -> list[str]:
-    from pipelab.learning_curves import ARM_POLICIES
+    from pipelab.studies.learning_curves import ARM_POLICIES
 
     return [p for p, family in ARM_POLICIES.items() if family != "sequential"]
 
@@ -285,8 +285,8 @@ def test_every_predictor_on_device_equals_cpu(device: str, opt_name: str) -> Non
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_learning_curve_runner_on_cuda(device: str) -> None:
-    from pipelab.learning_curves import RunConfig
-    from pipelab.learning_curves import run as run_arm
+    from pipelab.studies.learning_curves import RunConfig
+    from pipelab.studies.learning_curves import run as run_arm
 
     rec = run_arm(RunConfig(task="digits_mlp", policy="pipeoptim", optimizer="adam", D=4, seed=0, epochs=1,
                             n_train=512, n_test=128, device=device))
@@ -305,8 +305,8 @@ def test_figure_cli_on_cuda(device: str, tmp_path: Path) -> None:
 
 
 def _nccl_rank(rank: int, world: int, schedule: Any, policy: str) -> Any:
-    from pipelab.models import deep_mlp
     from pipelab.runtime import PipelineRuntime
+    from pipelab.studies.models import deep_mlp
 
     torch.manual_seed(0)
     model = deep_mlp(in_features=6, width=8, depth=max(schedule.D, 2), num_classes=4).double()
@@ -327,9 +327,9 @@ def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_runtime_on_nccl_equals_the_emulator(device: str) -> None:
     from pipelab.emulator import Emulator
-    from pipelab.models import deep_mlp
     from pipelab.runtime import check_order
     from pipelab.schedules import gpipe, one_f_one_b, pipedream
+    from pipelab.studies.models import deep_mlp
 
     world = torch.cuda.device_count()
     cases = [(gpipe(1, 4, 3), "gpipe")] if world == 1 else [(one_f_one_b(world, 2 * world, 3), "1f1b"),

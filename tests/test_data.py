@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipelab import data
-from pipelab.data import FASHION_MNIST_FILES, DataError, find_fashion_mnist, load_dataset, load_fashion_mnist, read_idx
+from pipelab.studies import data
+from pipelab.studies.data import (
+    FASHION_MNIST_FILES,
+    DataError,
+    find_fashion_mnist,
+    load_dataset,
+    load_fashion_mnist,
+    read_idx,
+)
 
 
 def write_idx(path: Path, array: np.ndarray, *, compress: bool = True, magic: bytes | None = None) -> Path:

@@ -11,11 +11,11 @@ from torch import nn
 from torch.func import functional_call
 
 from pipelab.emulator import Emulator, train_plain
-from pipelab.models import deep_mlp, small_cnn
 from pipelab.optim import optimizer_factory
 from pipelab.partition import split
 from pipelab.policies import PipeMarePolicy, available_policies, make_policy
 from pipelab.schedules import gpipe, naive, one_f_one_b, pipedream, pipedream_2bw
+from pipelab.studies.models import deep_mlp, small_cnn
 
 TOL = 1e-10
 

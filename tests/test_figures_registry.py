@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelab import figures
-from pipelab.__main__ import main
+from pipelab.studies import figures
+from pipelab.studies.cli import main
 
 
 def test_registry_lists_discovered_modules() -> None:

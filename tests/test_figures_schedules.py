@@ -18,8 +18,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from pipelab import figures  # noqa: E402
-from pipelab.figures.schedules import (  # noqa: E402
+from pipelab.schedules import Schedule, fslpp, gpipe, lpp, pipedream  # noqa: E402
+from pipelab.simulator import simulate  # noqa: E402
+from pipelab.studies import figures  # noqa: E402
+from pipelab.studies.figures.schedules import (  # noqa: E402
     _RAHIMI,
     LPP_PRIORITIES,
     RAHIMI_PRIORITIES,
@@ -31,8 +33,6 @@ from pipelab.figures.schedules import (  # noqa: E402
     rahimi_table_markdown,
     throughput_bound_markdown,
 )
-from pipelab.schedules import Schedule, fslpp, gpipe, lpp, pipedream  # noqa: E402
-from pipelab.simulator import simulate  # noqa: E402
 
 _CELL = re.compile(r"^([FBIW])(\d+)\n(?:s\d+\n)?v(\d+)$")
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from pipelab import learning_curves as lc
-from pipelab.learning_curves import RunConfig, grid, run, sweep
+from pipelab.studies import learning_curves as lc
+from pipelab.studies.learning_curves import RunConfig, grid, run, sweep
 
 SMALL = dict(task="digits_mlp", optimizer="adam", D=4, seed=0, epochs=2, batch_size=32, n_train=256, n_test=100,
              n_eval_train=100)
@@ -85,7 +85,7 @@ def test_sweep_is_cached_and_resumes(monkeypatch: pytest.MonkeyPatch, tmp_path) 
 
 
 def test_figures_under_tiny() -> None:
-    from pipelab import figures
+    from pipelab.studies import figures
 
     out = figures.make("final_accuracy_table", "tiny")
     header = out.tables["csv"].splitlines()[0]
@@ -176,7 +176,7 @@ def test_validation_metrics_are_recorded_and_n_test_is_the_evaluated_size() -> N
     assert all(math.isfinite(v) for v in r["val_loss"]) and all(0.0 <= v <= 1.0 for v in r["val_acc"])
     assert all(abs(64 * v - round(64 * v)) < 1e-9 for v in r["val_acc"])  # a fraction of the 64 held-out examples
     assert r["val_loss"][-1] < r["val_loss"][0]  # it learns something the held-out examples show
-    from pipelab.data import load_dataset
+    from pipelab.studies.data import load_dataset
 
     assert r["n_test"] == load_dataset("digits", flatten=True).x_test.shape[0]  # None: all test images, counted
 
@@ -213,7 +213,7 @@ def test_summary_rows_intervals_and_resolved_winner() -> None:
     import numpy as np
     from scipy import stats
 
-    from pipelab.figures import learning_curves as F
+    from pipelab.studies.figures import learning_curves as F
 
     rows = {r["policy"]: r for r in F.summary_rows(_synthetic())}
     x = np.array([0.80, 0.86, 0.83, 0.89]) + 0.03 + np.array([0.001, -0.002, 0.0015, -0.001])
@@ -239,7 +239,7 @@ def test_summary_rows_intervals_and_resolved_winner() -> None:
 def test_gap_rows_are_paired_by_seed() -> None:
     from scipy import stats
 
-    from pipelab.figures import learning_curves as F
+    from pipelab.studies.figures import learning_curves as F
 
     recs = _synthetic()
     g = {r["policy"]: r["gap"] for r in F.gap_rows(recs)}
@@ -256,7 +256,7 @@ def test_gap_rows_are_paired_by_seed() -> None:
 
 
 def test_claims_verdicts() -> None:
-    from pipelab.figures import learning_curves as F
+    from pipelab.studies.figures import learning_curves as F
 
     rows = F.summary_rows(_synthetic())
     md = F.claims_markdown(rows)
@@ -273,7 +273,7 @@ def test_claims_verdicts() -> None:
 
 
 def test_figure_titles_state_lr_preset_and_test_size() -> None:
-    from pipelab import figures
+    from pipelab.studies import figures
 
     for name in ("learning_curves", "final_accuracy_table", "accuracy_gap_vs_depth"):
         fig = figures.make(name, "tiny").figure
@@ -302,7 +302,7 @@ def test_notebook_04_prose_states_no_hard_coded_results() -> None:
 
 
 def test_policy_memory_measured_against_the_papers_stated_copies() -> None:
-    from pipelab.figures.learning_curves import memory_rows
+    from pipelab.studies.figures.learning_curves import memory_rows
 
     rows = memory_rows("digits_mlp", "sgdm", 4, ["vanilla", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare"],
                        batch_size=16)
@@ -324,7 +324,7 @@ def test_policy_memory_measured_against_the_papers_stated_copies() -> None:
 
 
 def test_step_times_count_each_policys_extra_work() -> None:
-    from pipelab.figures.learning_curves import step_times
+    from pipelab.studies.figures.learning_curves import step_times
 
     out = step_times("digits_mlp", "sgdm", 4, ["sequential", "vanilla", "stashing", "pipeoptim"], 32, reps=1)
     assert all(v["period"] > 0 for v in out.values())
@@ -337,7 +337,7 @@ def test_step_times_count_each_policys_extra_work() -> None:
 
 
 def test_the_grid_skips_arms_a_policy_cannot_serve() -> None:
-    from pipelab.learning_curves import grid, serves
+    from pipelab.studies.learning_curves import grid, serves
 
     assert serves("spectrain", "sgdm") and not serves("spectrain", "adam")
     assert serves("nesterov_async", "nadam") and not serves("nesterov_async", "adam")

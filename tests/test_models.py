@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipelab.models import build_model, deep_mlp, small_cnn, small_resnet, transformer_classifier
 from pipelab.partition import balanced_partition, split, stage_sizes
+from pipelab.studies.models import build_model, deep_mlp, small_cnn, small_resnet, transformer_classifier
 
 CASES = [
     ("deep_mlp", dict(depth=8, width=32), (3, 1, 28, 28)),
@@ -138,7 +138,7 @@ def test_split_accepts_numpy_integers() -> None:
 
 
 def test_bias_free_mlp_is_the_mlp_with_zero_biases_and_muon_trains_all_of_it() -> None:
-    from pipelab.models import he_init
+    from pipelab.studies.models import he_init
 
     with_bias = build_model("deep_mlp", seed=1, dtype=torch.float64, in_features=12, width=8, depth=4)
     bare = build_model("deep_mlp", seed=1, dtype=torch.float64, in_features=12, width=8, depth=4, bias=False)
@@ -160,7 +160,7 @@ def test_bias_free_mlp_is_the_mlp_with_zero_biases_and_muon_trains_all_of_it() -
 
 
 def test_the_bias_free_learning_curve_task_runs_muon() -> None:
-    from pipelab.learning_curves import RunConfig, run
+    from pipelab.studies.learning_curves import RunConfig, run
 
     rec = run(RunConfig(task="fashion_mnist_mlp_nobias", policy="2bw", optimizer="muon", D=4, seed=0, epochs=1,
                         batch_size=32, n_train=128, n_test=64, n_eval_train=64, lr=0.02))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipelab.figures.modern_optimizers import (
+from pipelab.studies.figures.modern_optimizers import (
     CLAIMS,
     LOSS_MARGIN,
     PRESETS,
@@ -123,7 +123,7 @@ def test_the_grid_runs_only_served_pairs_and_muons_policies() -> None:
 
 
 def test_tiny_preset_end_to_end(tmp_path: Path) -> None:
-    from pipelab import figures
+    from pipelab.studies import figures
 
     out = figures.make("modern_optimizers", preset="tiny")
     records = out.data["records"]

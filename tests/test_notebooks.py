@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelab.notebook_tools import notebooks_with_outputs
+from pipelab.studies.notebook_tools import notebooks_with_outputs
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks() -> None:
@@ -31,6 +32,8 @@ def test_notebook_runs_under_tiny(path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setenv("PIPELAB_PRESET", "tiny")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    # the kernel imports this checkout's pipelab, not whichever one the environment has installed
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute()

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-from pipelab.learning_curves import RunConfig, arm_optimizer
 from pipelab.optim import (
     OPTIMIZERS,
     OptimizerSpec,
@@ -25,8 +24,9 @@ from pipelab.optim import (
     optimizer_hyperparameters,
     optimizer_label,
 )
-from pipelab.prediction_error import prediction_optimizer
 from pipelab.stability.practice import _sgd
+from pipelab.studies.learning_curves import RunConfig, arm_optimizer
+from pipelab.studies.prediction_error import prediction_optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import predictors as bench_predictors  # noqa: E402
@@ -48,7 +48,7 @@ PREDICTION_ERROR_BEFORE: dict[str, tuple[type, dict[str, Any]]] = {
     "radam": (torch.optim.RAdam, {"lr": 1e-3}),
     "adamax": (torch.optim.Adamax, {"lr": 2e-3}),
 }
-#: pipelab.learning_curves.OPTIMIZERS before the registry (PipeOptim §V-A)
+#: pipelab.studies.learning_curves.OPTIMIZERS before the registry (PipeOptim §V-A)
 LEARNING_CURVES_BEFORE = {
     "sgdm": (SGD, {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4}),
     "adam": (Adam, {"lr": 1e-3}),
@@ -151,7 +151,7 @@ def test_errors_name_the_choices():
 
 
 def test_run_config_and_cli_accept_every_registered_optimizer():
-    from pipelab.run import _parser
+    from pipelab.studies.run import _parser
 
     action = next(a for a in _parser()._actions if a.dest == "optimizer")
     assert list(action.choices) == available_optimizers()

@@ -17,7 +17,6 @@ from torch import nn
 import pipelab.emulator.emulator as emulator_module
 import pipelab.pipeline.placement as placement
 from pipelab.emulator import Emulator, train_plain
-from pipelab.models import deep_mlp
 from pipelab.optim import optimizer_factory
 from pipelab.pipeline.placement import (
     Collective,
@@ -31,6 +30,7 @@ from pipelab.pipeline.placement import (
 )
 from pipelab.schedules import BUILDERS, ddp, dualpipe, fsdp, fslpp, gpipe, hybrid, lpp, one_f_one_b, pipedream
 from pipelab.simulator import simulate
+from pipelab.studies.models import deep_mlp
 
 TOL = 1e-10
 OPTIMIZERS = {"sgdm": optimizer_factory("sgd", lr=0.05, momentum=0.9), "adam": optimizer_factory("adam", lr=1e-2)}

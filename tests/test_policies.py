@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from pipelab.emulator import DeadlockError, Emulator
-from pipelab.models import deep_mlp
 from pipelab.optim import optimizer_factory
 from pipelab.policies import PipeMarePolicy, Predicted, Stored, make_policy
 from pipelab.schedules import (
@@ -21,6 +20,7 @@ from pipelab.schedules import (
     spectrain_version_difference,
 )
 from pipelab.simulator import simulate
+from pipelab.studies.models import deep_mlp
 
 OPTIMIZERS = {
     "nesterov": optimizer_factory("nesterov", lr=0.05, weight_decay=1e-3),
@@ -175,7 +175,7 @@ def test_model_is_trained_in_place_and_copies_are_independent() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["pipelab.policies", "pipelab.emulator", "pipelab.learning_curves"])
+@pytest.mark.parametrize("module", ["pipelab.policies", "pipelab.emulator", "pipelab.studies.learning_curves"])
 def test_modules_import_first(module) -> None:
     import subprocess
     import sys
@@ -197,10 +197,10 @@ def test_paper_staleness_options_use_the_schedule_helpers_and_match_the_table() 
 
 
 def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> None:
-    from pipelab.figures.learning_curves import LABELS, POLICY_ORDER
-    from pipelab.learning_curves import ARM_POLICIES
     from pipelab.policies import SCHEDULE_FAMILIES, available_policies, policy_info
-    from pipelab.run import PIPELINE_POLICIES
+    from pipelab.studies.figures.learning_curves import LABELS, POLICY_ORDER
+    from pipelab.studies.learning_curves import ARM_POLICIES
+    from pipelab.studies.run import PIPELINE_POLICIES
 
     for name in available_policies():
         info, pol = policy_info(name), make_policy(name)

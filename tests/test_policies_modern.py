@@ -379,7 +379,7 @@ def test_policies_without_an_optimizer_list_serve_any_optimizer() -> None:
 def test_the_corrections_buffers_are_counted_in_the_measured_and_stated_memory() -> None:
     """Error feedback keeps g_{t−1} and DC-ASGD the step's backward weights on every stage: one weight-sized buffer
     each, on top of their base policy's versions, in the emulator's count (policy_memory) and the stated one."""
-    from pipelab.figures.learning_curves import memory_rows
+    from pipelab.studies.figures.learning_curves import memory_rows
 
     rows = memory_rows("digits_mlp", "sgdm", 4, ["2bw", "error_feedback", "stashing", "dc_asgd"], batch_size=16)
     by = {(r["policy"], r["stage"]): r for r in rows}

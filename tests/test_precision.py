@@ -17,13 +17,13 @@ import torch
 from pipelab import LossScaling, PipelineSpec, Precision
 from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
-from pipelab.models import deep_mlp
 from pipelab.pipeline import build_pipeline
 from pipelab.policies import POLICIES, policy_info
 from pipelab.precision import LossScaler, as_precision, check_precision, defer_updates, weight_memory
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import gpipe, interleaved_1f1b, one_f_one_b, pipedream, pipedream_2bw, zb_h1
 from pipelab.simulator import simulate
+from pipelab.studies.models import deep_mlp
 
 D, M, BATCH = 3, 2, 12
 SGDM: Callable[[Any], torch.optim.Optimizer] = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731

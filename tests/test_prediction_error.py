@@ -10,14 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipelab.data import DataError
-from pipelab.prediction_error import (
-    PredictionErrorConfig,
-    WeightRing,
-    measure_prediction_error,
-    prediction_optimizer,
-    run_prediction_error,
-)
+from pipelab.prediction_error import WeightRing, measure_prediction_error
+from pipelab.studies.data import DataError
+from pipelab.studies.prediction_error import PredictionErrorConfig, prediction_optimizer, run_prediction_error
 
 DT = torch.float64
 
@@ -166,7 +161,7 @@ def test_sgdm_run_of_the_figures_leaves_chance_early():
     """The SGDM figure's quick run (8x128 ReLU MLP, batch 128, lr 0.05): He init (the default) leaves chance
     level within a few dozen steps; PyTorch's default init sits at ln 10 for ~100 steps, the plateau behind
     the jump near step 110 the old figure showed."""
-    from pipelab.figures.prediction import PRESET_CONFIGS
+    from pipelab.studies.figures.prediction import PRESET_CONFIGS
 
     base = dataclasses.replace(PRESET_CONFIGS["quick"].base, optimizer="sgdm", steps=60, predictors=("stale",))
     try:
@@ -183,7 +178,7 @@ def test_sgdm_run_of_the_figures_leaves_chance_early():
 
 
 def test_prediction_figures_name_lr_init_and_preset():
-    from pipelab import figures
+    from pipelab.studies import figures
 
     try:
         out = figures.make("prediction_rmse_sgdm", "tiny")
@@ -312,11 +307,12 @@ def test_in_pipeline_rows_and_csv_agree_with_the_events():
 
     from pipelab.optim import optimizer_factory
     from pipelab.prediction_error import measure_in_pipeline
+    from pipelab.studies.prediction_error import rows_to_csv
 
     res = measure_in_pipeline(_linear_stages(), _batches(12), policy="pipeoptim",
                               optimizer=optimizer_factory("adam", lr=1e-2), D=3)
     rows = res.rows(phases=3)
-    parsed = list(csv.DictReader(io.StringIO(res.to_csv(phases=3))))
+    parsed = list(csv.DictReader(io.StringIO(rows_to_csv(res.rows(phases=3)))))
     assert len(parsed) == len(rows) == 3 * 4
     for r, p in zip(rows, parsed):
         li = res.layers.index(r["layer"])
@@ -333,7 +329,8 @@ def test_in_pipeline_rows_and_csv_agree_with_the_events():
 
 def test_in_pipeline_bad_arguments():
     from pipelab.optim import optimizer_factory
-    from pipelab.prediction_error import InPipelineConfig, measure_in_pipeline
+    from pipelab.prediction_error import measure_in_pipeline
+    from pipelab.studies.prediction_error import InPipelineConfig
 
     with pytest.raises(ValueError, match="policy must predict"):
         measure_in_pipeline(_linear_stages(), _batches(3), policy="stashing", optimizer=optimizer_factory("sgd"), D=2)
@@ -353,9 +350,9 @@ def test_prediction_in_pipeline_figure_csv_and_markdown():
     import io
     import re
 
-    from pipelab import figures
-    from pipelab.figures.prediction import in_pipeline_markdown
-    from pipelab.prediction_error import read_rows_csv
+    from pipelab.studies import figures
+    from pipelab.studies.figures.prediction import in_pipeline_markdown
+    from pipelab.studies.prediction_error import read_rows_csv
 
     try:
         out = figures.make("prediction_in_pipeline", "tiny")
@@ -477,8 +474,8 @@ def test_gradient_correction_in_pipeline_pins_on_a_hand_computed_run(name):
 
 
 def test_muon_runs_on_the_bias_free_mlp_in_every_prediction_figure():
-    from pipelab import figures
-    from pipelab.figures.prediction import IN_PIPELINE_CONFIGS, PRESET_CONFIGS, model_for
+    from pipelab.studies import figures
+    from pipelab.studies.figures.prediction import IN_PIPELINE_CONFIGS, PRESET_CONFIGS, model_for
 
     assert model_for("adam", "deep_mlp", (("depth", 4),)) == ("deep_mlp", (("depth", 4),))
     assert model_for("muon", "deep_mlp", (("depth", 4), ("bias", True))) == ("deep_mlp", (("depth", 4),
@@ -502,9 +499,9 @@ def test_gradient_correction_figure_csv_and_markdown():
     stage, stashing's D − k − 1); the notebook's sentences quote exactly the CSV's stage means."""
     import re
 
-    from pipelab import figures
-    from pipelab.figures.prediction import correction_markdown
-    from pipelab.prediction_error import read_rows_csv
+    from pipelab.studies import figures
+    from pipelab.studies.figures.prediction import correction_markdown
+    from pipelab.studies.prediction_error import read_rows_csv
 
     try:
         out = figures.make("gradient_correction_in_pipeline", "tiny")

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.profiling import StageProfile, profile_stage, profile_stages
 from pipelab.schedules import Schedule, gpipe, one_f_one_b
 from pipelab.simulator import costs_from_profile, simulate
+from pipelab.studies.models import deep_mlp
 
 D = 3
 

@@ -1,4 +1,4 @@
-"""Rahimi's Table 1 on real processes (pipelab.calibration.rahimi_measured) beside the note and the simulator,
+"""Rahimi's Table 1 on real processes (pipelab.studies.calibration.rahimi_measured) beside the note and the simulator,
 and the two counts of weight transfers: Rahimi's one per F job, the runtime's one per (stage, version, worker).
 
 Counted columns (activation and weight transfers, activation and weight storage) must equal the simulator's
@@ -15,11 +15,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelab.calibration import RAHIMI_RUNS, RahimiRunConfig, rahimi_measured, runtime_table_row
 from pipelab.runtime.trace import JobRecord, Timeline
 from pipelab.schedules import ddp, fsdp, fslpp, gpipe, hybrid, lpp
 from pipelab.schedules.rahimi import COLUMNS
 from pipelab.simulator import simulate
+from pipelab.studies.calibration import RAHIMI_RUNS, RahimiRunConfig, rahimi_measured, runtime_table_row
 
 COUNTED = ("W", "activation_xmit", "weight_xmit", "activation_storage", "weight_storage")
 
@@ -116,8 +116,8 @@ def test_table_1_on_four_ranks() -> None:
 
 @pytest.mark.slow
 def test_figure_tiny_has_every_cell_and_its_markdown_reads_the_rows() -> None:
-    from pipelab import figures
-    from pipelab.figures.runtime import rahimi_measured_markdown
+    from pipelab.studies import figures
+    from pipelab.studies.figures.runtime import rahimi_measured_markdown
 
     out = figures.make("schedules_rahimi_measured", "tiny")
     lines = out.tables["csv"].strip().splitlines()

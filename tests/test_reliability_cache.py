@@ -18,11 +18,11 @@ import pytest
 import torch
 from probes import Probe
 
-from pipelab import cache as cache_module
-from pipelab import figures
-from pipelab.__main__ import main
-from pipelab.cache import CacheWarning, ResultCache, SweepError, cached, run_sweep
-from pipelab.config import config_hash, config_to_dict
+from pipelab.studies import cache as cache_module
+from pipelab.studies import figures
+from pipelab.studies.cache import CacheWarning, ResultCache, SweepError, cached, run_sweep
+from pipelab.studies.cli import main
+from pipelab.studies.config import config_hash, config_to_dict
 
 
 @dataclass(frozen=True)

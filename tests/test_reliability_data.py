@@ -19,9 +19,9 @@ import probes
 import pytest
 from probes import Probe
 
-from pipelab import data
-from pipelab.__main__ import main
-from pipelab.data import FASHION_MNIST_FILES, DataError
+from pipelab.studies import data
+from pipelab.studies.cli import main
+from pipelab.studies.data import FASHION_MNIST_FILES, DataError
 
 URLOPEN = urllib.request.urlopen  # the real one (the fixture below replaces it by an offline stub)
 

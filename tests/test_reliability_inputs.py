@@ -276,7 +276,7 @@ INF, NAN = float("inf"), float("nan")
 
 
 def _calibration(**kw: object) -> None:
-    from pipelab.calibration import CalibrationCase, CalibrationConfig
+    from pipelab.studies.calibration import CalibrationCase, CalibrationConfig
 
     if "policy" in kw:
         kw = {"cases": (CalibrationCase("gpipe", policy=kw.pop("policy")),), **kw}
@@ -302,14 +302,14 @@ def _zb(name: str, **kw: float) -> object:
 
 
 def _zb_table(**kw: float) -> object:
-    from pipelab.zero_bubble_tables import zero_bubble_table
+    from pipelab.studies.zero_bubble_tables import zero_bubble_table
 
     return zero_bubble_table([2], [4], **kw)
 
 
 def _steady(**kw: float) -> object:
     from pipelab.schedules import zb_h1
-    from pipelab.zero_bubble_tables import steady_state
+    from pipelab.studies.zero_bubble_tables import steady_state
 
     return steady_state(zb_h1, 2, 4, **kw)
 
@@ -349,8 +349,8 @@ def test_validation_probe(probe: Probe) -> None:
 @pytest.mark.parametrize("out", ["", "  ", "afile"])
 def test_figures_out_empty_or_a_file_is_refused_before_any_experiment(out: str, tmp_path, monkeypatch, capsys) -> None:
     """``--out ''`` wrote the figures into the current directory; a file as --out failed only after the figure."""
-    from pipelab import figures
-    from pipelab.__main__ import main
+    from pipelab.studies import figures
+    from pipelab.studies.cli import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("keep")

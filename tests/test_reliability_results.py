@@ -10,6 +10,7 @@ import itertools
 import math
 import random
 from fractions import Fraction
+from importlib import import_module
 
 import probes
 import pytest
@@ -85,7 +86,7 @@ def test_balanced_partition_property_over_random_costs() -> None:
 # (3e5: finite weights, overflowing logits) non-finite; main reported diverged=False and accuracies 0.08-0.16.
 
 def _one_step(lr: float, **kw: object):
-    from pipelab.learning_curves import RunConfig
+    from pipelab.studies.learning_curves import RunConfig
 
     args = {"task": "digits_mlp", "policy": "sequential", "optimizer": "sgd", "D": 1, "seed": 0, "epochs": 1,
             "n_train": 64, "batch_size": 64, "n_val": 0, "lr": lr} | kw
@@ -139,7 +140,7 @@ def test_evaluation_probe(probe: Probe) -> None:
 
 
 def test_evaluate_arms_flags_only_the_arm_with_non_finite_weights() -> None:
-    from pipelab.stacking import evaluate_arms, stack_models
+    from pipelab.studies.stacking import evaluate_arms, stack_models
 
     torch.manual_seed(0)
     arms = [nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double() for _ in range(3)]
@@ -157,7 +158,7 @@ def test_evaluate_arms_flags_only_the_arm_with_non_finite_weights() -> None:
 @pytest.mark.parametrize("lr", [1e6, 3e5])
 @pytest.mark.parametrize("policy", ["sequential", "gpipe"])
 def test_run_arm_flags_divergence_seen_only_by_the_evaluation(policy: str, lr: float) -> None:
-    from pipelab.learning_curves import run
+    from pipelab.studies.learning_curves import run
 
     rec = run(_one_step(lr, policy=policy, D=2 if policy == "gpipe" else 1, M=1))
     assert math.isfinite(rec["train_loss"][0]) and math.isfinite(rec["running_loss"][1])  # training saw nothing
@@ -167,7 +168,7 @@ def test_run_arm_flags_divergence_seen_only_by_the_evaluation(policy: str, lr: f
 
 
 def test_stacked_arms_flag_evaluation_divergence_like_single_runs() -> None:
-    from pipelab.learning_curves import run, run_stacked
+    from pipelab.studies.learning_curves import run, run_stacked
 
     cfgs = [_one_step(3e5, seed=s) for s in (0, 1)]
     for single, stacked in zip([run(c) for c in cfgs], run_stacked(cfgs)):
@@ -212,7 +213,7 @@ def test_runtime_result_flags_non_finite_final_weights() -> None:
 
 @pytest.mark.slow
 def test_train_distributed_flags_outputs_that_overflow_at_finite_weights() -> None:
-    from pipelab.run import train_distributed
+    from pipelab.studies.run import train_distributed
 
     out = train_distributed(_one_step(3e5, policy="stashing", optimizer="sgd", D=2), timeout_s=120)
     assert out["steps_done"] == 1 and math.isfinite(out["losses"][0])
@@ -234,8 +235,8 @@ def _stub_run(diverges_from: dict[float, int]):
 
 
 def _halving(diverges_from: dict[float, int], monkeypatch: pytest.MonkeyPatch):
-    from pipelab.learning_curves import RunConfig
-    from pipelab.tuning import successive_halving
+    from pipelab.studies.learning_curves import RunConfig
+    from pipelab.studies.tuning import successive_halving
 
     monkeypatch.setenv("PIPELAB_CACHE", "off")
     cfgs = [RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=s, epochs=9, n_val=16,
@@ -246,7 +247,7 @@ def _halving(diverges_from: dict[float, int], monkeypatch: pytest.MonkeyPatch):
 
 def test_tuning_where_every_rate_diverges_selects_none(monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to select the smallest rate (the tie-break among −∞ scores) and run the later rounds anyway."""
-    from pipelab.tuning import selected_configs
+    from pipelab.studies.tuning import selected_configs
 
     h = _halving(dict.fromkeys((0.01, 0.03, 0.1, 0.3, 1.0), 1), monkeypatch)
     assert h.lr is None and h.all_diverged
@@ -333,11 +334,11 @@ EMPTY_BATCH_PROBES = [
     Probe("emulator-empty-batch", lambda: _emulate(1, _empty_batches()), ValueError, EMPTY),
     Probe("emulator-empty-batch-M2", lambda: _emulate(2, _empty_batches()), ValueError, EMPTY),
     Probe("prediction-error-empty-batch", _measure_empty, ValueError, EMPTY),
-    Probe("prediction-config-batch-0", lambda: __import__("pipelab.prediction_error").prediction_error
+    Probe("prediction-config-batch-0", lambda: import_module("pipelab.studies.prediction_error")
           .PredictionErrorConfig(batch_size=0), ValueError, "batch_size must be an int >= 1, got 0"),
-    Probe("in-pipeline-config-batch-0", lambda: __import__("pipelab.prediction_error").prediction_error
+    Probe("in-pipeline-config-batch-0", lambda: import_module("pipelab.studies.prediction_error")
           .InPipelineConfig(batch_size=0), ValueError, "batch_size must be an int >= 1, got 0"),
-    Probe("prediction-config-empty-subset", lambda: __import__("pipelab.prediction_error").prediction_error
+    Probe("prediction-config-empty-subset", lambda: import_module("pipelab.studies.prediction_error")
           .PredictionErrorConfig(train_subset=0), ValueError, "train_subset must be an int >= 1, got 0"),
     Probe("evaluate-batch-size-0", lambda: _evaluate_chunks(0), ValueError, "batch_size must be an int >= 1, got 0"),
 ]

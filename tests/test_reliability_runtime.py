@@ -27,10 +27,10 @@ import torch.distributed as dist
 from probes import Probe
 
 from pipelab.distributed import RankFailure, describe_differences, differences, spawn
-from pipelab.learning_curves import RunConfig
-from pipelab.models import deep_mlp
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import ddp, dualpipe, fsdp, hybrid, lpp, pipedream
+from pipelab.studies.learning_curves import RunConfig
+from pipelab.studies.models import deep_mlp
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -141,7 +141,7 @@ def test_fingerprints_name_what_differs() -> None:
 
 def _disagreeing_ranks(rank: int, world: int) -> dict[str, str]:
     """In one process group: ranks with different predictors, then ranks launched with different batch sizes."""
-    from pipelab.run import train
+    from pipelab.studies.run import train
 
     out = {}
     try:
@@ -199,7 +199,7 @@ def test_a_stop_step_before_the_resume_point_is_refused(cuts: Path) -> None:
 
 @pytest.mark.slow
 def test_divergence_is_reported() -> None:
-    from pipelab.run import train_distributed
+    from pipelab.studies.run import train_distributed
 
     cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1, n_train=64,
                     n_test=32, batch_size=16, lr=1e8, dtype="float64")
@@ -361,7 +361,7 @@ def test_a_stopped_rank_does_not_hang_the_caller_at_exit() -> None:
 
 
 def _torchrun_stalling(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, float]:
-    """``torchrun -m pipelab.run`` on 2 ranks whose rank 1 stalls in its forward of step 2; the seconds from
+    """``torchrun -m pipelab.studies.run`` on 2 ranks whose rank 1 stalls in its forward of step 2; the seconds from
     the stall to the end of torchrun."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     if torchrun is None:
@@ -377,7 +377,7 @@ def _torchrun_stalling(tmp_path: Path, how: str) -> tuple[subprocess.CompletedPr
             "    return forward(self, t, j, *args, **kwargs)\n"
             "stage.StageExecutor.forward = stalling\n"
             "import runpy\n"
-            "runpy.run_module('pipelab.run', run_name='__main__', alter_sys=True)\n")  # as `-m pipelab.run`
+            "runpy.run_module('pipelab.studies.run', run_name='__main__', alter_sys=True)\n")  # as `-m ...run`
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", sys.executable, "-c", code,
            "--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "256", "--n-test",
            "128", "--batch-size", "32", "--comm-timeout", "3"]
@@ -427,12 +427,9 @@ def test_a_busy_master_port_fails_in_bounded_time() -> None:
 
 @pytest.mark.slow
 def test_the_entry_module_is_not_imported_by_the_package() -> None:
-    proc = subprocess.run([sys.executable, "-W", "error", "-m", "pipelab.run", "--help"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-W", "error", "-m", "pipelab.studies.run", "--help"], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and "RuntimeWarning" not in proc.stderr, proc.stderr[-2000:]
-    import pipelab
-
-    assert pipelab.train_distributed.__module__ == "pipelab.run" and pipelab.RunConfig is RunConfig
 
 
 ARGS = ["--task", "digits_mlp", "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "64", "--n-test", "32",
@@ -445,7 +442,7 @@ def test_unwritable_outputs_are_refused_before_training(flag: str, kind: str, tm
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """They were found only once the run was over (a directory given as --out: IsADirectoryError after
     training); now before the ranks join (no process group here: the check comes first)."""
-    from pipelab.run import main
+    from pipelab.studies.run import main
 
     monkeypatch.delenv("RANK", raising=False)
     (tmp_path / "a-file").write_text("")
@@ -458,12 +455,12 @@ def test_unwritable_outputs_are_refused_before_training(flag: str, kind: str, tm
 
 
 def _summary_without_out_dir(rank: int, world: int, out: str, tmp: str) -> tuple[object, str, str]:
-    """pipelab.run's main on a spawned rank; once training is over, rank 0 finds --out's folder gone."""
+    """pipelab.studies.run's main on a spawned rank; once training is over, rank 0 finds --out's folder gone."""
     import contextlib
     import io
     import tempfile
 
-    import pipelab.run as run
+    import pipelab.studies.run as run
 
     tempfile.tempdir = tmp
     train = run.train

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from pipelab.emulator import Emulator
-from pipelab.learning_curves import RunConfig, prepare
-from pipelab.run import train_distributed
+from pipelab.studies.learning_curves import RunConfig, prepare
+from pipelab.studies.run import train_distributed
 
 CFG = RunConfig(task="digits_mlp", policy="pipeoptim", optimizer="adam", D=2, seed=0, epochs=1, n_train=256,
                 n_test=128, batch_size=32, dtype="float64")
@@ -41,7 +41,7 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
     if torchrun is None:
         pytest.skip("torchrun not found")
     out = tmp_path / "summary.json"
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.run", "--task", "digits_mlp",
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.studies.run", "--task", "digits_mlp",
            "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "256", "--n-test", "128", "--batch-size", "32",
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -10,9 +10,9 @@ import torch
 
 from pipelab.distributed import RankFailure, spawn
 from pipelab.emulator import Emulator
-from pipelab.models import deep_mlp
 from pipelab.runtime import PipelineRuntime, channels, consistent_cut, load_checkpoint, save_checkpoint
 from pipelab.schedules import gpipe, interleaved_1f1b, one_f_one_b, pipedream, pipedream_2bw
+from pipelab.studies.models import deep_mlp
 
 TOL = 1e-12
 BATCH = 8

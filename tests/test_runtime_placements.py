@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from pipelab.distributed import RankFailure, spawn
 from pipelab.emulator import Emulator, train_plain
-from pipelab.models import deep_mlp
 from pipelab.runtime import PipelineRuntime
 from pipelab.schedules import ddp, dualpipe, fsdp, fslpp, hybrid, lpp
+from pipelab.studies.models import deep_mlp
 
 TOL = 1e-10
 BATCH = 8

@@ -14,7 +14,6 @@ import torch
 
 from pipelab.calibration import boundary_bytes, compare_memory, simulated_collectives, simulated_traffic
 from pipelab.distributed import spawn
-from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.runtime import PipelineRuntime
 from pipelab.runtime.trace import JobClock, MeasuredTransport, Timeline
@@ -31,6 +30,7 @@ from pipelab.schedules import (
     pipedream_2bw,
 )
 from pipelab.simulator import simulate
+from pipelab.studies.models import deep_mlp
 
 BATCH, IN, WIDTH, CLASSES = 8, 6, 12, 4
 

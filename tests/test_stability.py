@@ -289,7 +289,7 @@ def test_bad_arguments_raise():
 def test_stability_figures_render_under_tiny(tmp_path, monkeypatch):
     """Every stability figure draws under `tiny`; the recorded numbers agree with the theory."""
     monkeypatch.setenv("PIPELAB_CACHE", "off")
-    from pipelab import figures
+    from pipelab.studies import figures
 
     names = [s.name for s in figures.available() if s.module.endswith(".stability")]
     assert len(names) == 8

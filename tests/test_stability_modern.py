@@ -262,7 +262,7 @@ def test_momentum_delay_figure_tables(monkeypatch):
 
     import pandas as pd
 
-    from pipelab import figures
+    from pipelab.studies import figures
 
     monkeypatch.setenv("PIPELAB_CACHE", "off")
     out = figures.make("stability_momentum_delay", "tiny")
@@ -286,7 +286,7 @@ def test_momentum_delay_figure_tables(monkeypatch):
             ok = e < zs
             assert tmax == (len(zs) - 1 if ok.all() else int(np.argmin(ok)) - 1)
     # the notebook's sentences carry the CSV's numbers
-    from pipelab.figures.stability import momentum_claims_markdown
+    from pipelab.studies.figures.stability import momentum_claims_markdown
 
     md = momentum_claims_markdown(out.tables["csv"], out.tables["stable_delay.csv"], 0.1)
     row = df[(df["beta"] == 0.9)].set_index("tau")
@@ -301,7 +301,7 @@ def test_modern_vs_delay_figure_table(monkeypatch):
 
     import pandas as pd
 
-    from pipelab import figures
+    from pipelab.studies import figures
 
     monkeypatch.setenv("PIPELAB_CACHE", "off")
     out = figures.make("stability_modern_vs_delay", "tiny")
@@ -313,7 +313,7 @@ def test_modern_vs_delay_figure_table(monkeypatch):
     np.testing.assert_allclose(df["EF α=τ (= prediction s=τ)"][1:],
                                [max_stable_step(predicted_momentum(0.0, t)) for t in range(1, 9)], rtol=1e-8)
     assert df["DC λc=0.9"][1] == pytest.approx(2.5, rel=1e-9)   # τ = 1 closed form min(1/(1−λc), 2/(2λc−1))
-    from pipelab.figures.stability import modern_thresholds_markdown
+    from pipelab.studies.figures.stability import modern_thresholds_markdown
 
     md = modern_thresholds_markdown(out.tables["csv"]).splitlines()
     assert len(md) == 2 + len(df.columns) - 1

@@ -1,6 +1,6 @@
-"""Stacked arms (pipelab.stacking): K seeds of one arm trained as one model equal K separate runs.
+"""Stacked arms (pipelab.studies.stacking): K seeds of one arm trained as one model equal K separate runs.
 
-References: each arm's separate run (``pipelab.learning_curves.run``), plain ``nn.Module`` forwards, and
+References: each arm's separate run (``pipelab.studies.learning_curves.run``), plain ``nn.Module`` forwards, and
 ``pipelab.emulator.evaluate``; float64, explicit tolerances.
 """
 
@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from pipelab.emulator import Emulator, evaluate
-from pipelab.learning_curves import ARM_POLICIES, RunConfig, run, run_stacked, with_
-from pipelab.models import deep_mlp, he_init, small_cnn, transformer_classifier
 from pipelab.schedules import pipedream
-from pipelab.stacking import Stacked, check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss
+from pipelab.studies.learning_curves import ARM_POLICIES, RunConfig, run, run_stacked, with_
+from pipelab.studies.models import deep_mlp, he_init, small_cnn, transformer_classifier
+from pipelab.studies.stacking import Stacked, check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss
 
 TOL = 1e-10
 METRICS = ("train_loss", "running_loss", "test_loss", "test_acc", "val_loss", "val_acc")
@@ -165,7 +165,7 @@ def _tiny(seed: int, **kw) -> RunConfig:
 
 
 def test_sweep_stacks_seeds_and_caches_each_run_under_its_own_key(tmp_path, monkeypatch) -> None:
-    from pipelab.learning_curves import sweep
+    from pipelab.studies.learning_curves import sweep
 
     monkeypatch.setenv("PIPELAB_CACHE", str(tmp_path))
     cfgs = [_tiny(s) for s in range(3)] + [_tiny(0, lr=0.05)]
@@ -179,7 +179,7 @@ def test_sweep_stacks_seeds_and_caches_each_run_under_its_own_key(tmp_path, monk
 
 @pytest.mark.slow
 def test_sweep_with_worker_processes_equals_the_serial_sweep(tmp_path, monkeypatch) -> None:
-    from pipelab.learning_curves import sweep
+    from pipelab.studies.learning_curves import sweep
 
     monkeypatch.setenv("PIPELAB_CACHE", "off")
     cfgs = [_tiny(s) for s in range(2)] + [_tiny(s, lr=0.05) for s in range(2)]
@@ -191,8 +191,8 @@ def test_sweep_with_worker_processes_equals_the_serial_sweep(tmp_path, monkeypat
 
 
 def test_bad_worker_counts_are_refused(monkeypatch) -> None:
-    from pipelab.cache import run_sweep
-    from pipelab.learning_curves import sweep
+    from pipelab.studies.cache import run_sweep
+    from pipelab.studies.learning_curves import sweep
 
     with pytest.raises(ValueError, match="workers"):
         run_sweep("x", [], lambda c: c, workers=0)

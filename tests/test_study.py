@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelab.figures.learning_curves import STUDY_TUNING, Tuning, _config, _runs, tuned_arms
-from pipelab.figures.study import STUDY_FIGURES, lr_map_rows, threshold_lrs, tuned_rows
 from pipelab.stability import heavy_ball_threshold
-from pipelab.tuning import Halving, HalvingRound
+from pipelab.studies.figures.learning_curves import STUDY_TUNING, Tuning, _config, _runs, tuned_arms
+from pipelab.studies.figures.study import STUDY_FIGURES, lr_map_rows, threshold_lrs, tuned_rows
+from pipelab.studies.tuning import Halving, HalvingRound
 
 
 def test_threshold_lrs_are_the_heavy_ball_thresholds_over_the_eigenvalue() -> None:
@@ -41,7 +41,7 @@ def test_the_study_preset_is_full_scale_with_tuning_and_five_seeds() -> None:
     assert "fashion_mnist_cnn" in cfg.tasks and cfg.optimizers_of("fashion_mnist_cnn") == ("adam",)
     assert "wordlang_transformer" in cfg.tasks
     assert cfg.epochs_of("fashion_mnist_mlp") == cfg.epochs and cfg.plan("fashion_mnist_mlp").n_train is None
-    from pipelab.figures.learning_curves import arm_configs
+    from pipelab.studies.figures.learning_curves import arm_configs
 
     arms = arm_configs(cfg, cfg.depths, cfg.tasks)
     mlp = [c for c in arms if c.task == "fashion_mnist_mlp"]
@@ -52,7 +52,7 @@ def test_the_study_preset_is_full_scale_with_tuning_and_five_seeds() -> None:
 
 
 def _halving(policy: str, lrs: list[float], scores: list[float], kept: list[float], selected: float) -> Halving:
-    from pipelab.learning_curves import RunConfig
+    from pipelab.studies.learning_curves import RunConfig
 
     base = RunConfig(task="digits_mlp", policy=policy, optimizer="sgdm", D=4, seed=100, n_val=10)
     rounds = (HalvingRound(1, tuple(lrs), tuple(scores), tuple(kept)),
@@ -111,8 +111,7 @@ def test_the_tiny_preset_selects_each_arm_on_the_validation_split(tmp_path: Path
 
 
 def test_the_cli_draws_the_study_figures_into_figures_study(monkeypatch, tmp_path: Path) -> None:
-    from pipelab import __main__ as cli
-    from pipelab import figures
+    from pipelab.studies import cli, figures
 
     drawn: list[tuple[str, str, str]] = []
     monkeypatch.setattr(figures, "render", lambda names, preset, out, **kw: drawn.append((names[0], preset, out)))
@@ -133,7 +132,7 @@ def test_the_cli_draws_the_study_figures_into_figures_study(monkeypatch, tmp_pat
 
 @pytest.mark.slow
 def test_study_figures_render_under_tiny(tmp_path: Path, monkeypatch) -> None:
-    from pipelab import figures
+    from pipelab.studies import figures
 
     monkeypatch.setenv("PIPELAB_CACHE", str(tmp_path / "cache"))
     for name in ("study_lr_map", "study_tuned_table"):
@@ -154,7 +153,7 @@ def _run(policy: str, seed: int, acc: list[float], val: list[float], D: int = 4)
 
 
 def test_runs_csv_round_trips_what_the_notebook_reads(tmp_path: Path) -> None:
-    from pipelab.figures.learning_curves import read_runs, runs_csv, summary_rows
+    from pipelab.studies.figures.learning_curves import read_runs, runs_csv, summary_rows
 
     recs = [_run("sequential", 0, [0.1, 0.5, 0.7], [0.1, 0.52, 0.69]), _run("stashing", 0, [0.1, 0.4, 0.6],
                                                                             [0.1, 0.41, 0.62])]
@@ -169,7 +168,7 @@ def test_runs_csv_round_trips_what_the_notebook_reads(tmp_path: Path) -> None:
 
 
 def test_convergence_reads_the_last_epoch_of_the_sequential_validation_curve() -> None:
-    from pipelab.figures.study import convergence_markdown
+    from pipelab.studies.figures.study import convergence_markdown
 
     flat = [_run("sequential", s, [0.1, 0.8, 0.85], [0.1, 0.800, 0.803]) for s in (0, 1)]
     rising = [_run("sequential", s, [0.1, 0.8, 0.85], [0.1, 0.80, 0.83]) for s in (0, 1)]
@@ -179,7 +178,7 @@ def test_convergence_reads_the_last_epoch_of_the_sequential_validation_curve() -
 
 
 def test_time_to_target_uses_the_first_epoch_at_the_target_and_the_forecast_period() -> None:
-    from pipelab.figures.study import time_to_target_markdown, time_to_target_rows
+    from pipelab.studies.figures.study import time_to_target_markdown, time_to_target_rows
 
     recs = [_run("sequential", s, [0.1, 0.6, 0.8], [0] * 3) for s in (0, 1)]
     recs += [_run("stashing", s, [0.1, 0.795, 0.79], [0] * 3) for s in (0, 1)]

@@ -48,7 +48,7 @@ def test_bad_counts_are_refused_before_anything_changes(n: object, exc: type[Exc
 
 def test_library_runs_leave_the_callers_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """learning_curves.run sets one thread for its CPU run only; the caller's count survives, even on error."""
-    from pipelab import learning_curves as lc
+    from pipelab.studies import learning_curves as lc
 
     before = torch.get_num_threads()
     inner = 2 if before == 1 else 1

@@ -20,7 +20,6 @@ from torch.distributed.pipelining import schedules as ts
 
 from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
-from pipelab.models import deep_mlp
 from pipelab.partition import split
 from pipelab.runtime.torch_pipelining import run_torch_pipelining
 from pipelab.schedules import Schedule, ScheduleError, gpipe, interleaved_1f1b, one_f_one_b, pipedream, validate
@@ -35,6 +34,7 @@ from pipelab.schedules.torch_actions import (
 )
 from pipelab.schedules.transfers import messages
 from pipelab.simulator import simulate
+from pipelab.studies.models import deep_mlp
 
 V_SHAPED = (ts.ScheduleZBVZeroBubble, ts.ScheduleDualPipeV)
 

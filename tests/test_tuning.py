@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelab import learning_curves as lc
-from pipelab.learning_curves import RunConfig
-from pipelab.tuning import final_val_acc, halving_schedule, lr_grid, selected_configs, successive_halving
+from pipelab.studies import learning_curves as lc
+from pipelab.studies.learning_curves import RunConfig
+from pipelab.studies.tuning import final_val_acc, halving_schedule, lr_grid, selected_configs, successive_halving
 
 ARM = dict(task="digits_mlp", optimizer="sgdm", D=4, epochs=9, n_train=256, n_test=100, n_eval_train=100,
            batch_size=32, n_val=64)

@@ -31,7 +31,7 @@ from pipelab.schedules.v_shape import (
     zb_v,
 )
 from pipelab.simulator import SimResult, simulate
-from pipelab.zero_bubble_tables import v_shape_table
+from pipelab.studies.zero_bubble_tables import v_shape_table
 
 pipelining = pytest.importorskip("torch.distributed.pipelining.schedules")
 

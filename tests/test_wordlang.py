@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipelab import data
-from pipelab.__main__ import main
-from pipelab.data import (
+from pipelab.studies import data
+from pipelab.studies.cli import main
+from pipelab.studies.data import (
     WORDLANG_ALPHABET,
     WORDLANG_LISTS,
     DataError,
@@ -269,7 +269,7 @@ def test_real_lists_balanced_disjoint_and_faithful(real_lists: Path) -> None:
 
 @pytest.mark.slow
 def test_wordlang_transformer_learns_above_chance(real_lists: Path) -> None:
-    from pipelab.learning_curves import RunConfig, _blocks, run
+    from pipelab.studies.learning_curves import RunConfig, _blocks, run
 
     assert _blocks("wordlang_transformer") >= 8  # D = 8 is possible
     rec = run(RunConfig(task="wordlang_transformer", policy="sequential", optimizer="adam", D=4, seed=0, epochs=2,

@@ -24,7 +24,7 @@ from pipelab.schedules.zero_bubble import (
     zb_h2,
 )
 from pipelab.simulator import SimResult, simulate
-from pipelab.zero_bubble_tables import zero_bubble_table
+from pipelab.studies.zero_bubble_tables import zero_bubble_table
 
 
 def _order(s: Schedule, w: int) -> str:

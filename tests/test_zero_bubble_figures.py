@@ -9,9 +9,9 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from pipelab import figures  # noqa: E402
-from pipelab.figures.zero_bubble import async_split_rows, family  # noqa: E402
-from pipelab.zero_bubble_tables import steady_state  # noqa: E402
+from pipelab.studies import figures  # noqa: E402
+from pipelab.studies.figures.zero_bubble import async_split_rows, family  # noqa: E402
+from pipelab.studies.zero_bubble_tables import steady_state  # noqa: E402
 
 NAMES = ["schedules_zero_bubble", "schedules_zero_bubble_bubble", "schedules_zero_bubble_frontier",
          "schedules_async_split", "schedules_async_split_gantt"]

@@ -12,7 +12,6 @@ from torch import nn
 
 from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
-from pipelab.figures.zero_bubble import ZERO_BUBBLE, family
 from pipelab.runtime import PipelineRuntime
 from pipelab.schedules import (
     Schedule,
@@ -21,6 +20,7 @@ from pipelab.schedules import (
     zb_async,
     zb_v,
 )
+from pipelab.studies.figures.zero_bubble import ZERO_BUBBLE, family
 
 TOL = 1e-10
 

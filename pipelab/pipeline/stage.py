@@ -531,7 +531,7 @@ def _input_grad(x_in: Any, grads: Sequence[Tensor | None]) -> Any:
 
 def _seed(out: Any, g_out: Any) -> Any:
     """The gradient the backward starts from: the received one, or on the last stage (``None``) the implicit 1 of a
-    scalar loss; a vector of independent arms' losses (:mod:`pipelab.stacking`) is seeded with ones, i.e. the
+    scalar loss; a vector of independent arms' losses (:mod:`pipelab.studies.stacking`) is seeded with ones, i.e. the
     backward of their sum, whose gradient with respect to each arm's weights is that arm's own."""
     if g_out is None and isinstance(out, Tensor) and out.ndim:
         return torch.ones_like(out)

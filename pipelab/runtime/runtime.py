@@ -39,7 +39,7 @@ that use them and their gradients reduced onto the owner. Each rank reports the 
 per collective kind (:attr:`RuntimeResult.collectives`). Checkpoints (``stop_at_step``) are not supported
 for placed schedules.
 
-Launch: ``torchrun --nproc-per-node N -m pipelab.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
+Launch: ``torchrun --nproc-per-node N -m pipelab.studies.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
 torchrun's rendezvous), or :func:`pipelab.distributed.spawn` from Python.
 """
 
@@ -135,7 +135,7 @@ class PipelineRuntime:
         rank, world_size: default to the initialised process group's (then every rank's
             :meth:`fingerprint` is compared at construction).
         config: the caller's settings every rank must share and a resumed run must keep (JSON-able; e.g.
-            :mod:`pipelab.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
+            :mod:`pipelab.studies.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
         record: measure each run (:mod:`pipelab.runtime.trace`): every job's start and end after a barrier,
             and the bytes sent and received per rank, returned as ``RuntimeResult.timeline``.
 

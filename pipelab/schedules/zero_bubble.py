@@ -29,7 +29,7 @@ post-validation: no global synchronisation before the optimizer step, §4), cons
 no bubble at all.
 
 The paper's bubble is per worker, from its first to its last pass of a step (the period of back-to-back
-steps). :func:`pipelab.zero_bubble_tables.zero_bubble_table` measures it on the simulated timeline the same
+steps). :func:`pipelab.studies.zero_bubble_tables.zero_bubble_table` measures it on the simulated timeline the same
 way and lists the closed form beside it: equal (to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as
 max(0, formula), which covers T_F = T_I = T_W.
 
@@ -51,7 +51,7 @@ from .compiled import check_cost
 
 __all__ = ["split_order", "zb_h1", "zb_h2", "zb_async", "ZB_SCHEDULES", "paper_closed_form"]
 
-#: Schedules of :func:`pipelab.zero_bubble_tables.zero_bubble_table`, in the order of the paper's Table 1.
+#: Schedules of :func:`pipelab.studies.zero_bubble_tables.zero_bubble_table`, in the order of the paper's Table 1.
 ZB_SCHEDULES: tuple[str, ...] = ("1F1B", "ZB-H1", "ZB-H2")
 
 

@@ -19,8 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from ..config import from_preset
-from ..schedules import (
+from ...schedules import (
     Schedule,
     ddp,
     folded,
@@ -36,8 +35,9 @@ from ..schedules import (
     pipeoptim_staleness,
     spectrain_version_difference,
 )
-from ..schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_worker
-from ..simulator import SimResult, simulate
+from ...schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_worker
+from ...simulator import SimResult, simulate
+from ..config import from_preset
 from . import FigureOutput, register
 
 __all__ = ["draw_gantt", "GanttConfig", "SweepConfig", "StalenessConfig", "RahimiConfig", "lpp_bubble",

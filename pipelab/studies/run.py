@@ -1,15 +1,15 @@
-"""Train one learning-curve arm for real with the multi-process runtime: ``torchrun -m pipelab.run``.
+"""Train one learning-curve arm for real with the multi-process runtime: ``torchrun -m pipelab.studies.run``.
 
 One process per pipeline worker (``--nproc-per-node`` = D for the GPipe, 1F1B, PipeDream and 2BW arms):
 
-    torchrun --standalone --nproc-per-node 4 -m pipelab.run --task fashion_mnist_mlp \\
+    torchrun --standalone --nproc-per-node 4 -m pipelab.studies.run --task fashion_mnist_mlp \\
         --policy pipeoptim --optimizer adam --D 4 --epochs 1
 
 On GPUs pass ``--device cuda`` (NCCL; rank r uses GPU ``LOCAL_RANK``). Across machines use torchrun's
 rendezvous, e.g. on each of two nodes with two GPUs each::
 
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-        -m pipelab.run --task fashion_mnist_mlp --policy stashing --optimizer sgdm --D 4 --device cuda
+        -m pipelab.studies.run --task fashion_mnist_mlp --policy stashing --optimizer sgdm --D 4 --device cuda
 
 ``--stop-at-step N --checkpoint DIR`` stops at the consistent cut of mini-batch N and saves every rank's
 state; ``--resume DIR`` continues such a run identically (a different configuration — learning rate,
@@ -24,8 +24,8 @@ Each communication call waits at most ``--comm-timeout`` seconds; a rank whose c
 outside communication), which torchrun reports as the root cause.
 
 From Python (tests, notebooks), :func:`train_distributed` spawns the ranks locally and returns the summary.
-The arm is described by :class:`pipelab.learning_curves.RunConfig` and built by
-:func:`pipelab.learning_curves.prepare`, exactly as the emulator's learning curves build it.
+The arm is described by :class:`pipelab.studies.learning_curves.RunConfig` and built by
+:func:`pipelab.studies.learning_curves.prepare`, exactly as the emulator's learning curves build it.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .distributed import default_backend, init_from_env, resolve_device, spawn, waiting
-from .files import atomic_write, check_writable
+from ..distributed import default_backend, init_from_env, resolve_device, spawn, waiting
+from ..files import atomic_write, check_writable
+from ..optim import available_optimizers
 from .learning_curves import ARM_POLICIES, ARM_SCHEDULES, TASKS, RunConfig, prepare
-from .optim import available_optimizers
 
 __all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
 
@@ -79,11 +79,11 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         ValueError: the sequential arm; a ``checkpoint`` directory that could not be written (checked before
             the run, :func:`pipelab.files.check_writable`).
     """
-    from .emulator import evaluate
-    from .runtime import PipelineRuntime, load_checkpoint, save_checkpoint
+    from ..emulator import evaluate
+    from ..runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 
     if cfg.policy == "sequential":
-        raise ValueError("the sequential arm has no pipeline; run it with pipelab.learning_curves.run")
+        raise ValueError("the sequential arm has no pipeline; run it with pipelab.studies.learning_curves.run")
     if checkpoint is not None:  # before the run, not after it
         check_writable(checkpoint, "checkpoint", directory=True)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -157,7 +157,7 @@ def train_distributed(cfg: RunConfig, world_size: int | None = None, *, backend:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node D -m pipelab.run", description=__doc__,
+    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node D -m pipelab.studies.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="fashion_mnist_mlp", choices=sorted(TASKS))
     p.add_argument("--policy", default="pipeoptim", choices=PIPELINE_POLICIES)

@@ -1,7 +1,7 @@
 """pipelab's matplotlib/seaborn style, shipped as ``pipelab.mplstyle``.
 
 Example:
-    >>> from pipelab import style
+    >>> from pipelab.studies import style
     >>> with style.context():
     ...     pass  # figures drawn here use the style
 """

@@ -28,7 +28,7 @@ and are the only ones trained on (and the ones the epoch-end training loss is me
 An epoch ends when every stage has applied that epoch's last update (version e·N, N steps per epoch);
 the evaluation uses exactly those weights.
 
-:func:`sweep` runs a grid through :func:`pipelab.cache.run_sweep` (cached per run under the hash of its
+:func:`sweep` runs a grid through :func:`pipelab.studies.cache.run_sweep` (cached per run under the hash of its
 config; an interrupted sweep resumes).
 
 Example:
@@ -55,14 +55,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from ..distributed import resolve_device
+from ..optim import OPTIMIZERS, optimizer_factory
+from ..policies import available_policies, policy_info
+from ..schedules.actions import Schedule, check_int
+from ..threads import torch_threads
 from .cache import run_sweep
 from .data import Dataset, load_dataset
-from .distributed import resolve_device
 from .models import build_model, he_init
-from .optim import OPTIMIZERS, optimizer_factory
-from .policies import available_policies, policy_info
-from .schedules.actions import Schedule, check_int
-from .threads import torch_threads
 
 __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "ARM_SCHEDULES", "run",
            "run_stacked", "sweep", "serves", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
@@ -70,8 +70,8 @@ __all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLIC
 log = logging.getLogger(__name__)
 
 #: task name -> (dataset, dataset kwargs, model, model kwargs). ``*_mlp_nobias``: the MLP without
-#: biases (:func:`pipelab.models.deep_mlp` ``bias=False``): every parameter a matrix, so Muon (2-D parameters only)
-#: trains all of it; pipelab has no Muon + AdamW hybrid as arXiv:2606.30634 uses for non-matrix parameters.
+#: biases (:func:`pipelab.studies.models.deep_mlp` ``bias=False``): every parameter a matrix, so Muon (2-D parameters
+#: only) trains all of it; pipelab has no Muon + AdamW hybrid as arXiv:2606.30634 uses for non-matrix parameters.
 TASKS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
     "fashion_mnist_mlp": ("fashion_mnist", {"flatten": True}, "deep_mlp",
                           {"in_features": 784, "width": 128, "depth": 8}),
@@ -185,7 +185,7 @@ def arm_optimizer(name: str, lr: float | None = None) -> Callable[[Any], torch.o
 
 
 def _schedule(cfg: RunConfig, steps: int) -> Schedule:
-    from .schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw, zb_async, zb_h1
+    from ..schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw, zb_async, zb_h1
 
     if cfg.schedule == "zb_h1":
         return zb_h1(cfg.D, cfg.M, steps)
@@ -246,8 +246,8 @@ class Prepared:
 
 def prepare(cfg: RunConfig) -> Prepared:
     """Data, batches, initial stages, optimizer factory, schedule and policy of one arm."""
-    from .partition import split
-    from .policies import make_policy
+    from ..partition import split
+    from ..policies import make_policy
 
     dtype = getattr(torch, cfg.dtype)
     device = resolve_device(cfg.device, argument="RunConfig.device")  # CUDA without CUDA: says what to pass
@@ -300,7 +300,7 @@ def _carve_validation(ds: Any, n_val: int, seed: int) -> tuple[Any, tuple[torch.
 
 
 def run_stacked(configs: Sequence[RunConfig]) -> list[dict[str, Any]]:
-    """Train several seeds of one arm as one stacked model (:mod:`pipelab.stacking`); one record per config.
+    """Train several seeds of one arm as one stacked model (:mod:`pipelab.studies.stacking`); one record per config.
 
     The configs must be equal except for ``seed``. Each record is what :func:`run` returns for that config, up to
     floating-point rounding (the tests check 1e-10 in float64 for every policy), plus ``stacked_arms`` = K; its
@@ -309,7 +309,7 @@ def run_stacked(configs: Sequence[RunConfig]) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: configs that differ in more than the seed, or an arm that cannot be stacked
-            (:func:`pipelab.stacking.check_stackable`: Muon, buffers, dropout).
+            (:func:`pipelab.studies.stacking.check_stackable`: Muon, buffers, dropout).
     """
     configs = list(configs)
     if not configs:
@@ -323,7 +323,7 @@ def run_stacked(configs: Sequence[RunConfig]) -> list[dict[str, Any]]:
 
 def _run(cfgs: Sequence[RunConfig]) -> Any:
     """The K arms ``cfgs`` (K = 1: one plain run; K > 1: seeds of one arm, stacked). Returns one record, or a list."""
-    from .emulator import Emulator, evaluate, train_plain
+    from ..emulator import Emulator, evaluate, train_plain
     from .stacking import check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss
 
     t0 = time.perf_counter()
@@ -458,7 +458,7 @@ def serves(policy: str, optimizer: str) -> bool:
     (:func:`pipelab.pipeline.build_pipeline`: the policy's :meth:`~pipelab.policies.Policy.check_optimizer`, e.g. the
     Nesterov policy's NAdam, and its predictor's, e.g. SpecTrain's SGD momentum, which PipeOptim §II-C2 calls "no
     longer applicable" otherwise), on a two-stage bias-free linear model and the policy's own schedule."""
-    from .pipeline import build_pipeline
+    from ..pipeline import build_pipeline
 
     if ARM_POLICIES[policy] == "sequential":  # plain training: no pipeline, any optimizer
         return True

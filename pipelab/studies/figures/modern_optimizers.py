@@ -11,9 +11,11 @@ Three papers say how much staleness costs depends on the optimizer, and that che
 - Zheng et al., "Asynchronous Stochastic Gradient Descent with Delay Compensation" (ICML 2017): DC-ASGD beats
   uncompensated asynchronous SGD.
 
-The runs: the learning-curve runner (:func:`pipelab.learning_curves.sweep`, exact emulator, cached per run) on the
+The runs: the learning-curve runner (:func:`pipelab.studies.learning_curves.sweep`, exact emulator, cached per run) on
+the
 bias-free Fashion-MNIST MLP (``fashion_mnist_mlp_nobias``: torch's Muon takes only matrices, and every optimizer
-runs on the same net), every (policy, optimizer) pair the registry serves (:func:`~pipelab.learning_curves.serves`:
+runs on the same net), every (policy, optimizer) pair the registry serves
+(:func:`~pipelab.studies.learning_curves.serves`:
 the Nesterov policy takes NAdam), D stages, the same seeds for every arm (same initial weights, same mini-batches),
 so that every comparison is paired by seed. The metric is the held-out loss at the end of training (the final
 epoch's test loss, never used to select anything: the papers' validation loss), with the final test accuracy
@@ -22,7 +24,8 @@ beside it.
 Every comparison is a paired difference over seeds with its 95% Student-t interval
 (:func:`pipelab.statistics.paired_difference`; ``*``: resolved, the interval excludes 0). The claims
 (:data:`CLAIMS`) are decided per (optimizer, D) row and then over the rows, as notebook 04's claims are
-(:mod:`pipelab.figures.learning_curves`): *beats*: reproduced when a's loss is resolved lower than b's in every row,
+(:mod:`pipelab.studies.figures.learning_curves`): *beats*: reproduced when a's loss is resolved lower than b's in every
+row,
 refuted when resolved higher in one; *small gap*: reproduced when the interval of the loss gap lies below
 :data:`LOSS_MARGIN` (0.01, the paper's "≈ 0.01") in every row, refuted when it lies above it in one; *closes most*:
 error feedback's loss is resolved lower than 2BW's and the mean gap it removes is at least half of 2BW's mean gap,
@@ -30,9 +33,9 @@ in every row; otherwise inconclusive. Runs that diverge are counted and left out
 
 Learning rates: one per optimizer, the same for every policy, so that a gap is the price of staleness at the rate
 that trains the synchronous baseline. ``quick`` uses each optimizer's common rate (SGDM 0.01, AdamW 1e-3, NAdam
-2e-3, Muon 0.02, Jordan et al.'s); with a :class:`~pipelab.figures.learning_curves.Tuning` (``tiny`` for SGDM,
+2e-3, Muon 0.02, Jordan et al.'s); with a :class:`~pipelab.studies.figures.learning_curves.Tuning` (``tiny`` for SGDM,
 ``study``) the rate is selected by successive halving on the *sequential* arm's validation split
-(:func:`pipelab.tuning.successive_halving`). Muon runs alone (not stacked) and torch's Newton–Schulz iteration
+(:func:`pipelab.studies.tuning.successive_halving`). Muon runs alone (not stacked) and torch's Newton–Schulz iteration
 runs in bfloat16, about 18 times slower than float32 on a CPU, so ``quick`` runs Muon under the arms claim (i)
 needs (sequential, 2BW, error feedback) only.
 """
@@ -49,10 +52,10 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ...optim import optimizer_label
+from ...statistics import PairedDifference, paired_difference, resolved, t_interval
 from ..config import from_preset
 from ..learning_curves import RunConfig, grid, sweep, with_
-from ..optim import optimizer_label
-from ..statistics import PairedDifference, paired_difference, resolved, t_interval
 from . import FigureOutput, register
 from .learning_curves import LABELS, Tuning, _colors, _lr, lr_label, test_set_size
 
@@ -69,12 +72,14 @@ LOSS_MARGIN = 0.01
 
 @dataclass(frozen=True)
 class ModernConfig:
-    """The runs of ``modern_optimizers`` (the run fields mean what they mean in :class:`~pipelab.learning_curves.
+    """The runs of ``modern_optimizers`` (the run fields mean what they mean in
+    :class:`~pipelab.studies.learning_curves.
     RunConfig`).
 
     Attributes:
         task: a task whose parameters are all matrices (Muon); optimizers, policies: the grid (only the pairs
-            :func:`~pipelab.learning_curves.serves` accepts run); muon_policies: the policies Muon runs (``None``:
+            :func:`~pipelab.studies.learning_curves.serves` accepts run); muon_policies: the policies Muon runs
+            (``None``:
             all); only: other optimizers' policy lists, ``((optimizer, policies), ...)`` (the β1 = 0.99 NAdam
             runs the asynchronous-Nesterov claim's arms only); depths, seeds: D values and seeds; lrs: each
             optimizer's common rate; tuning: select each optimizer's rate on the sequential arm instead (its grids

@@ -20,12 +20,13 @@ Every arm (task × optimizer × policy × D) gets its own learning rate, chosen 
 
 Selection reads only ``val_acc``/``diverged`` (the validation split is carved from the training set, see
 ``RunConfig.n_val``); the test set is never used to select. Every round is one sweep through
-:func:`pipelab.learning_curves.sweep` (so :func:`pipelab.cache.run_sweep`: cached per run, resumable), and
+:func:`pipelab.studies.learning_curves.sweep` (so :func:`pipelab.studies.cache.run_sweep`: cached per run, resumable),
+and
 because an arm's first e epochs do not depend on its total epoch count, a longer round repeats the shorter
 one's prefix exactly.
 
 Example:
-    >>> from pipelab.learning_curves import RunConfig
+    >>> from pipelab.studies.learning_curves import RunConfig
     >>> lrs = lr_grid(1e-3, 1e-1, 5)
     >>> [round(x, 6) for x in lrs]
     [0.001, 0.003162, 0.01, 0.031623, 0.1]
@@ -174,7 +175,7 @@ def successive_halving(configs: Iterable[RunConfig], run_fn: RunFn | None = None
             are one arm. Every config needs ``n_val >= 1`` and an explicit ``lr``; within an arm every rate
             must come with the same seeds and the same ``epochs`` (the full-run budget, which caps the rounds'
             budgets unless ``max_epochs`` is given).
-        run_fn: runs one config (default :func:`pipelab.learning_curves.run`), through the result cache.
+        run_fn: runs one config (default :func:`pipelab.studies.learning_curves.run`), through the result cache.
         eta: the reduction factor (>= 2); min_epochs: the first round's budget; max_epochs: the largest budget;
         rounds: at most this many rounds (``None``: until one rate is left).
         metric: score of a record (higher is better; ``−inf`` for a diverged run).

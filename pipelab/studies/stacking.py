@@ -209,8 +209,8 @@ def evaluate_arms(stages: Sequence[nn.Module], x: Tensor, y: Tensor, K: int,
     if not per_arm:
         x = x.unsqueeze(1).expand(x.shape[0], K, *x.shape[1:])
         y = y.unsqueeze(1).expand(y.shape[0], K, *y.shape[1:])
-    from .emulator.reference import forward_batches
-    from .pipeline.driver import all_finite
+    from ..emulator.reference import forward_batches
+    from ..pipeline.driver import all_finite
 
     base = loss_fn or nn.functional.cross_entropy
     n = x.shape[0]

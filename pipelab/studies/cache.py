@@ -53,7 +53,7 @@ R = TypeVar("R")
 _MAGIC = b"pipelab-cache-v1\n"
 _FILE_MODE, _DIR_MODE = 0o644, 0o755
 _PKG = __name__.partition(".")[0]
-_PKG_DIR = Path(__file__).resolve().parent
+_PKG_DIR = Path(__file__).resolve().parents[__name__.count(".") - 1]  # the top package's directory: pipelab/
 _store_warned: set[str] = set()
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from .schedules.actions import Schedule, check_int
-from .schedules.builders import one_f_one_b
-from .schedules.compiled import OP_CODE, check_cost
-from .schedules.v_shape import (
+from ..schedules.actions import Schedule, check_int
+from ..schedules.builders import one_f_one_b
+from ..schedules.compiled import OP_CODE, check_cost
+from ..schedules.v_shape import (
     PAPER_FORMULAS,
     V_BUILDERS,
     dualpipe,
@@ -26,8 +26,8 @@ from .schedules.v_shape import (
     paper_bubble,
     paper_memory,
 )
-from .schedules.zero_bubble import ZB_SCHEDULES, paper_closed_form, zb_h1, zb_h2
-from .simulator import simulate
+from ..schedules.zero_bubble import ZB_SCHEDULES, paper_closed_form, zb_h1, zb_h2
+from ..simulator import simulate
 
 __all__ = ["SteadyState", "steady_state", "zero_bubble_table", "v_shape_table"]
 

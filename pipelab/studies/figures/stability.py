@@ -11,9 +11,7 @@ import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
 
-from ..cache import cached
-from ..config import from_preset
-from ..stability import (
+from ...stability import (
     LinearMethod,
     delay_compensated,
     delayed_gd,
@@ -30,7 +28,9 @@ from ..stability import (
     region_mask,
     stationary_variance,
 )
-from ..stability.practice import least_squares_problem, max_stable_lr
+from ...stability.practice import least_squares_problem, max_stable_lr
+from ..cache import cached
+from ..config import from_preset
 from . import FigureOutput, register
 
 __all__ = ["RegionsConfig", "ThresholdConfig", "BisectionConfig", "MomentumMapConfig", "MomentumDelayConfig",

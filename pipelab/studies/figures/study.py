@@ -9,7 +9,7 @@
   λ_max the top Hessian eigenvalue of the task's training loss at initialisation (:func:`curvature`). Adam has no
   such line: its threshold is in preconditioned units (notebook 03).
 - ``study_tuned_table``: each arm's best test accuracy at its tuned rate beside the common rate's
-  (:data:`pipelab.learning_curves.OPTIMIZER_SETTINGS`), mean ± 95% t over the seeds, and the paired difference.
+  (:data:`pipelab.studies.learning_curves.OPTIMIZER_SETTINGS`), mean ± 95% t over the seeds, and the paired difference.
 
 :data:`STUDY_FIGURES` lists what ``pipelab figures --preset study`` draws (into ``figures/study/``).
 """
@@ -24,9 +24,9 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ...optim import optimizer_label
+from ...statistics import paired_difference, resolved, t_interval
 from ..cache import cached
-from ..optim import optimizer_label
-from ..statistics import paired_difference, resolved, t_interval
 from . import FigureOutput, register
 from .learning_curves import LABELS, POLICY_ORDER, _best, _config, _lr, _runs, test_set_size, tuned_arms
 
@@ -53,8 +53,8 @@ class CurvatureConfig:
 def _curvature(cfg: CurvatureConfig) -> float:
     import torch
 
+    from ...stability import top_eigenvalue
     from ..learning_curves import RunConfig, prepare
-    from ..stability import top_eigenvalue
 
     prep = prepare(RunConfig(task=cfg.task, policy="sequential", optimizer="sgd", D=1, seed=cfg.seed, epochs=1,
                              batch_size=1, n_train=cfg.n_examples, n_test=1, dtype="float64"))
@@ -71,7 +71,7 @@ def curvature(task: str, seed: int = 0, n_examples: int = 1024) -> float:
 def threshold_lrs(eigenvalue: float, D: int, beta: float = 0.9) -> dict[int, float]:
     """``τ -> η*``: the heavy-ball learning rate at which the quadratic with curvature ``eigenvalue`` turns unstable
     under gradient delay τ, for τ = 0 and τ = D − 1 (:func:`~pipelab.stability.max_stable_step`)."""
-    from ..stability import heavy_ball, lr_threshold, max_stable_step
+    from ...stability import heavy_ball, lr_threshold, max_stable_step
 
     return {tau: lr_threshold(max_stable_step(heavy_ball(beta, tau)), eigenvalue) for tau in sorted({0, D - 1})}
 

@@ -1,7 +1,7 @@
 """Measured vs simulated runs of the multi-process runtime: per-rank timelines and the makespan forecast error,
 and Rahimi's Table 1 read off real processes.
 
-Figure ``runtime_timeline``: :func:`pipelab.calibration.calibrate` profiles each stage (F, B, I/W, U)
+Figure ``runtime_timeline``: :func:`pipelab.studies.calibration.calibrate` profiles each stage (F, B, I/W, U)
 and the transfer between ranks on the machine at hand, forecasts every schedule's makespan with
 :func:`pipelab.simulator.simulate`, and runs it for real (gloo, one process per rank, 1 thread each) with
 the runtime's trace (:mod:`pipelab.runtime.trace`). Top row: for one schedule per rank count, the measured
@@ -13,7 +13,7 @@ LPP, FSLPP, hybrid) run with their collectives, profiled for the forecast and me
 charged to the updates. The CSV has every row (a schedule the runtime refuses would be marked not runnable).
 
 Figure ``schedules_rahimi_measured``: Rahimi's Table 1 three ways — the note's formulas, the simulator, and
-real processes (:func:`pipelab.calibration.rahimi_measured`: DDP, FSDP, PP, LPP and FSLPP run one step each
+real processes (:func:`pipelab.studies.calibration.rahimi_measured`: DDP, FSDP, PP, LPP and FSLPP run one step each
 through the traced runtime on gloo ranks; latency from the timeline in units of one stage's measured F+B,
 transfers from the byte counters, storage from the memory report). Weight transfers are shown by both
 counts: Rahimi's (one per F job) and the runtime's (one per fetched stage version), which differ by the
@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
+from ...schedules.rahimi import COLUMNS
 from ..calibration import (
     CalibrationCase,
     CalibrationConfig,
@@ -47,7 +48,6 @@ from ..calibration import (
     rows_csv,
 )
 from ..config import from_preset
-from ..schedules.rahimi import COLUMNS
 from . import FigureOutput, register
 
 __all__ = ["RuntimeFigureConfig", "OP_COLORS", "draw_timelines", "rahimi_measured_csv", "rahimi_measured_markdown"]
@@ -58,9 +58,10 @@ OP_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "U"
 
 @dataclass(frozen=True)
 class RuntimeFigureConfig:
-    """ranks: the rank counts (one column each); kinds: the schedules (:data:`pipelab.calibration.KINDS`);
+    """ranks: the rank counts (one column each); kinds: the schedules (:data:`pipelab.studies.calibration.KINDS`);
     gantt: the schedule whose timeline is drawn; run: the model, micro-batches, steps, repeats and profiling of
-    every calibration (:class:`~pipelab.calibration.CalibrationConfig`; its ranks and cases are set per column)."""
+    every calibration (:class:`~pipelab.studies.calibration.CalibrationConfig`; its ranks and cases are set per
+    column)."""
 
     ranks: tuple[int, ...] = (2, 4)
     kinds: tuple[str, ...] = ("gpipe", "1f1b", "pipedream", "2bw", "interleaved", "zb_h1", "ddp", "fsdp", "lpp",
@@ -191,7 +192,7 @@ def rahimi_measured_csv(rows: list[dict[str, Any]]) -> str:
 
 def rahimi_measured_markdown(rows: list[dict[str, Any]], preset: str) -> str:
     """Markdown for notebook 01: per scheme, the latency three ways and the counted columns that match, and the
-    two weight-transfer counts — every number from ``rows`` (:func:`pipelab.calibration.rahimi_measured`)."""
+    two weight-transfer counts — every number from ``rows`` (:func:`pipelab.studies.calibration.rahimi_measured`)."""
     p = rows[0]["params"]
     lines = [f"Measured on {int(rows[0]['runtime']['W'])} gloo ranks (S = {p['S']}, B = {p['B']}, `{preset}` "
              "preset; latency the median of the repeats):", ""]

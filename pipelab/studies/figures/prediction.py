@@ -13,9 +13,10 @@
   current weights, per stage at its real staleness and per layer, with its CSV (:func:`correction_markdown`).
 
 Muon (``torch.optim.Muon``) takes only matrices, so its runs use the MLP without biases
-(:func:`pipelab.models.deep_mlp` ``bias=False``, :func:`model_for`); the other optimizers keep the MLP with biases.
+(:func:`pipelab.studies.models.deep_mlp` ``bias=False``, :func:`model_for`); the other optimizers keep the MLP with
+biases.
 
-All runs go through :func:`pipelab.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
+All runs go through :func:`pipelab.studies.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
 summary and the per-optimizer figures share them. Every figure names its learning rate(s), the weight
 initialisation and the preset.
 
@@ -38,14 +39,13 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.image import AxesImage
 
+from ...optim import available_optimizers, optimizer_label
+from ...prediction_error import InPipelineResult, PredictionErrorResult
 from ..cache import cached
 from ..config import from_preset
-from ..optim import available_optimizers, optimizer_label
 from ..prediction_error import (
     InPipelineConfig,
-    InPipelineResult,
     PredictionErrorConfig,
-    PredictionErrorResult,
     prediction_optimizer,
     rows_to_csv,
     run_in_pipeline,
@@ -234,7 +234,7 @@ def prediction_rmse_muon(preset: str, *, progress: bool = False) -> FigureOutput
 def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, progress: bool = False
                   ) -> tuple[list[str], list[str], np.ndarray]:
     """``(predictors, optimizers, ratio[P, O, S])``, NaN where a predictor does not apply."""
-    from ..predictors import available_predictors
+    from ...predictors import available_predictors
 
     preds = [p for p in available_predictors() if p in cfg.base.predictors]
     opts = list(cfg.optimizers)
@@ -312,7 +312,7 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
 class InPipelineFigureConfig:
     """Runs behind ``prediction_in_pipeline``: a base run, the (policy, optimizer) panels, the lr per optimizer.
 
-    ``lrs`` overrides :data:`~pipelab.prediction_error.OPTIMIZER_SETTINGS`' learning rate per optimizer (SGDM
+    ``lrs`` overrides :data:`~pipelab.studies.prediction_error.OPTIMIZER_SETTINGS`' learning rate per optimizer (SGDM
     0.01: at 0.05, this experiment's plain-training rate, PipeOptim and SpecTrain diverge at D = 4); ``phases``
     windows of the run are the heatmap's columns, plus one for the whole run.
     """
@@ -368,7 +368,7 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
     over the stage's layers, at the stage's s), the layer where prediction helps most and least, and whether
     the ratio rises or falls from the first to the last window.
     """
-    from ..policies import policy_info
+    from ...policies import policy_info
 
     panels: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -452,7 +452,7 @@ def gradient_correction_in_pipeline(preset: str, *, progress: bool = False) -> F
 def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, label: str, title: str) -> FigureOutput:
     """One heatmap per (policy, optimizer) arm of :func:`measure_in_pipeline` results: layers × windows of the run
     (and the whole run), the ratio of the policy's error to the baseline's; the CSV holds every panel's rows."""
-    from ..policies import policy_info
+    from ...policies import policy_info
 
     policies = list(dict.fromkeys(p for p, _ in cfg.arms))
     optimizers = list(dict.fromkeys(o for _, o in cfg.arms))
@@ -529,7 +529,7 @@ def correction_markdown(rows: list[dict]) -> str:
     """Statements for notebook 02, written from the CSV rows of ``gradient_correction_in_pipeline``: per panel
     (policy × optimizer), each stage's whole-run ratio corrected/uncorrected gradient error (mean over its layers)
     at its staleness s, and the range over the panel's stages."""
-    from ..policies import policy_info
+    from ...policies import policy_info
 
     panels: dict[tuple[str, str], list[dict]] = {}
     for r in rows:

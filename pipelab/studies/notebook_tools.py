@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .files import atomic_write
+from ..files import atomic_write
 
 __all__ = ["strip_notebook", "notebooks_with_outputs"]
 

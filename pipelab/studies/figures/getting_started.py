@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ...partition import stage_sizes
 from ..config import from_preset
 from ..data import FASHION_MNIST_CLASSES, load_digits, load_fashion_mnist, load_mnist1d
 from ..models import build_model
-from ..partition import stage_sizes
 from . import FigureOutput, register
 
 

@@ -14,7 +14,7 @@ accepts figures from clean code (:class:`ProvenanceError` otherwise, unless ``al
 carries a small footer ``pipelab <preset> preset · <short commit>``.
 
 Example:
-    >>> from pipelab import figures
+    >>> from pipelab.studies import figures
     >>> names = [spec.name for spec in figures.available()]   # doctest: +SKIP
     >>> out = figures.make("model_stages", preset="tiny")      # doctest: +SKIP
     >>> out.figure                                              # doctest: +SKIP
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...files import Writer, replace_files
 from ..config import config_to_dict, resolve_preset
-from ..files import Writer, replace_files
 
 __all__ = ["FigureOutput", "FigureSpec", "register", "available", "get", "make", "save", "render", "CodeState",
            "code_state", "check_outdir", "ProvenanceError", "footer_text", "add_footer", "FIGURES_DIR"]
@@ -95,7 +95,7 @@ def register(name: str, description: str, *, presets: tuple[str, ...] | None = N
     """Decorator registering a figure function under ``name`` (letters, digits, ``_`` and ``-``).
 
     ``presets``: the presets the figure is drawn for when the CLI is given no names (``None``: all but ``study``,
-    whose figures are :data:`pipelab.figures.study.STUDY_FIGURES`).
+    whose figures are :data:`pipelab.studies.figures.study.STUDY_FIGURES`).
     """
     if not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"figure name {name!r} must use only letters, digits, '_' and '-'")
@@ -310,7 +310,7 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow
         "config": config_to_dict(out.config) if out.config is not None else None,
         "seed": out.seed,
         "notes": out.notes,
-        # Read without an import statement of the package facade (see pipelab.cache.code_hash).
+        # Read without an import statement of the package facade (see pipelab.studies.cache.code_hash).
         "pipelab_version": str(sys.modules[__name__.partition(".")[0]].__version__),
         "commit": state.commit,
         "code_clean": state.clean,

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..config import from_preset
-from ..schedules import (
+from ...schedules import (
     Schedule,
     dualpipe,
     dualpipe_v,
@@ -34,7 +33,8 @@ from ..schedules import (
     zb_h2,
     zb_v,
 )
-from ..simulator import SimResult, simulate
+from ...simulator import SimResult, simulate
+from ..config import from_preset
 from ..zero_bubble_tables import steady_state
 from . import FigureOutput, register
 from .schedules import GanttConfig, _gantt_figure

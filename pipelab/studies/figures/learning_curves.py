@@ -20,7 +20,7 @@ Every figure states the preset, the learning rate(s) and the test-set size. The 
 (:func:`ranking_markdown`, :func:`comparison_markdown`, :func:`gap_markdown`, :func:`claims_markdown`)
 write notebook 04's statements from the same rows, so its prose cannot drift from the CSV.
 
-All runs go through :func:`pipelab.learning_curves.sweep` (cached per run), so the three figures share
+All runs go through :func:`pipelab.studies.learning_curves.sweep` (cached per run), so the three figures share
 their D=4 runs.
 """
 
@@ -37,12 +37,12 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ...optim import optimizer_label
+from ...policies import policy_info
+from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
 from ..config import from_preset
 from ..data import load_dataset
 from ..learning_curves import ARM_POLICIES, OPTIMIZER_SETTINGS, OPTIMIZERS, TASKS, grid, sweep, with_
-from ..optim import optimizer_label
-from ..policies import policy_info
-from ..statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
 from . import FigureOutput, register
 
 #: the learning-curve arms in registry order, and their legend labels (:attr:`pipelab.policies.Policy.title`)
@@ -51,14 +51,15 @@ LABELS = {p: policy_info(p).title for p in POLICY_ORDER}
 
 
 def _device() -> str:
-    from ..distributed import resolve_device
+    from ...distributed import resolve_device
 
     return str(resolve_device("auto"))
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """Per-arm learning-rate selection of a preset (:mod:`pipelab.tuning`): successive halving on the validation split.
+    """Per-arm learning-rate selection of a preset (:mod:`pipelab.studies.tuning`): successive halving on the
+    validation split.
 
     Attributes:
         grids: ``(optimizer, low, high, n)``: each optimizer's log-spaced grid of n >= 5 rates (:func:`lr_grid`).
@@ -94,7 +95,7 @@ class TaskPlan:
 
 @dataclass(frozen=True)
 class LearningCurvesConfig:
-    """The learning-curve grid (see :class:`pipelab.learning_curves.RunConfig` for the run fields).
+    """The learning-curve grid (see :class:`pipelab.studies.learning_curves.RunConfig` for the run fields).
 
     ``tasks_apart`` gives some tasks their own plan (:class:`TaskPlan`: optimizers, depths, epochs, training-set
     size); the others use the fields above. With ``tuning``, every arm runs at its own learning rate, selected on an
@@ -190,8 +191,9 @@ def arm_configs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str
 
 def tuned_arms(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...],
                progress: bool = False) -> list[Any]:
-    """Successive halving (:func:`pipelab.tuning.successive_halving`) of every arm of the grid over its optimizer's
-    grid (:class:`Tuning`), on the validation split; one :class:`~pipelab.tuning.Halving` per arm."""
+    """Successive halving (:func:`pipelab.studies.tuning.successive_halving`) of every arm of the grid over its
+    optimizer's
+    grid (:class:`Tuning`), on the validation split; one :class:`~pipelab.studies.tuning.Halving` per arm."""
     from ..tuning import successive_halving
 
     if cfg.tuning is None:
@@ -496,9 +498,9 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
     versions and copies kept as bf16 working copies beside fp32 masters (``Precision("bf16", versions="compute")``,
     :func:`pipelab.precision.weight_memory`; PipeDream-2BW's half-precision copy), the run itself being fp32.
     """
-    from ..emulator import Emulator
+    from ...emulator import Emulator
+    from ...precision import Precision, weight_memory
     from ..learning_curves import prepare
-    from ..precision import Precision, weight_memory
 
     half = Precision("bf16", versions="compute")
 
@@ -593,11 +595,11 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
     (F_k + B_k + U_k). Wall-clock profiles vary from run to run by a few percent; the ranking they give is the
     figure's point.
     """
+    from ...pipeline import build_pipeline
+    from ...policies import Predicted, Stored
+    from ...profiling import profile_stages
+    from ...simulator import simulate
     from ..learning_curves import _schedule, prepare
-    from ..pipeline import build_pipeline
-    from ..policies import Predicted, Stored
-    from ..profiling import profile_stages
-    from ..simulator import simulate
 
     out: dict[str, dict[str, Any]] = {}
     profiles: dict[int, Any] = {}
