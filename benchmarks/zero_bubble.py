@@ -30,7 +30,7 @@ for the others, so every rank does the same work per mini-batch in every row. to
 torch scales the accumulated gradient by 1/M). pipelab rows: a fresh ``PipelineRuntime`` on the flushed
 builder over all the run's mini-batches, policy ``"1f1b"`` (flushed: every job uses the current weights).
 torch has no ZB-H1 class; ``ScheduleInterleavedZeroBubble`` with one stage per rank runs ZB-H1's order
-(``tests/test_zero_bubble.py``), so it is the torch ZB-H1 row. Each torch row's action lists are
+(``tests/core/test_zero_bubble.py``), so it is the torch ZB-H1 row. Each torch row's action lists are
 imported (:func:`pipelab.schedules.torch_actions.from_torch`) and compared with the pipelab builder's
 program (``same_order`` in the result): the two rows of a pair run the same jobs in the same order per
 rank. torch runs ``OVERLAP_F_B`` (DualPipeV) as its F then its B, pipelab's order.

@@ -28,7 +28,7 @@ from pipelab.stability.practice import _sgd
 from pipelab.studies.learning_curves import RunConfig, arm_optimizer
 from pipelab.studies.prediction_error import prediction_optimizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import predictors as bench_predictors  # noqa: E402
 from benchmarks.runtime import _make_optimizer as bench_runtime_optimizer  # noqa: E402
 

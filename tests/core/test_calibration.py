@@ -188,7 +188,7 @@ def _placements():  # noqa: ANN202
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spawned ranks import benchmarks.placements too
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # spawned ranks import benchmarks.placements too
     import benchmarks.placements as bp
 
     return bp

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spawned ranks import benchmarks.runtime too
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # spawned ranks import benchmarks.runtime too
 
 from benchmarks.runtime import BenchConfig, format_report, rows_of, run_benchmark  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402

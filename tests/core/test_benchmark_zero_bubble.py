@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # spawned ranks import benchmarks.zero_bubble too
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # spawned ranks import benchmarks.zero_bubble too
 
 from benchmarks.zero_bubble import (  # noqa: E402
     SCHEDULES,

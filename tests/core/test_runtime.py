@@ -264,7 +264,7 @@ def test_start_up_errors() -> None:
     from pipelab.schedules import hybrid
 
     model = deep_mlp(in_features=6, width=8, depth=2).double()
-    # placed schedules run (tests/test_runtime_placements.py), but not with a per-copy gradient correction
+    # placed schedules run (tests/core/test_runtime_placements.py), but not with a per-copy gradient correction
     placed = hybrid(2, 2, 2, steps=2, asynchronous=True)
     with pytest.raises(ValueError, match="placed schedules"):
         PipelineRuntime(model, schedule=placed, policy="error_feedback",

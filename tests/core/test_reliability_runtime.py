@@ -32,7 +32,7 @@ from pipelab.schedules import ddp, dualpipe, fsdp, hybrid, lpp, pipedream
 from pipelab.studies.learning_curves import RunConfig
 from pipelab.studies.models import deep_mlp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 BATCH = 8
 

@@ -26,7 +26,7 @@ from pipelab.studies.config import ENV_DEVICE, from_preset
 HAS_CUDA = torch.cuda.is_available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is "
                                                                  "False)")]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: float32 on the GPU against float64 on the CPU: relative difference of every mini-batch loss over a short run
 #: (8 steps, D = 4). Measured on the CPU in float32: at most 1.8e-7 over the 12 policies (PipeOptim); the GPU sums
 #: in other orders (TF32 stays off: torch's default for matmul), so 50x that; not yet measured on a GPU

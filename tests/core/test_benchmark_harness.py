@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._harness import Side, add_thread_argument, alternate, header, paired_ratio  # noqa: E402
 

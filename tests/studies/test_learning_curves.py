@@ -293,7 +293,7 @@ def test_notebook_04_prose_states_no_hard_coded_results() -> None:
     import re
     from pathlib import Path
 
-    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_learning_curves.ipynb").read_text())
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "04_learning_curves.ipynb").read_text())
     result_number = re.compile(r"\d+(\.\d+)?\s*(%|pp\b|percentage point)")
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":

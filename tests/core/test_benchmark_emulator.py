@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.emulator import count_work, main, schedule_of  # noqa: E402
 from pipelab.emulator import Emulator  # noqa: E402

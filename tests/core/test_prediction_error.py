@@ -411,7 +411,7 @@ def test_notebook_02_per_layer_prose_is_generated_or_marked_plain():
     import re
     from pathlib import Path
 
-    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "02_prediction_error.ipynb").read_text())
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "02_prediction_error.ipynb").read_text())
     layer_number = re.compile(r"(\bL\d\b|\blayers?\b|classifier head)[^.\n]{0,60}?\b\d\.\d\d", re.IGNORECASE)
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":

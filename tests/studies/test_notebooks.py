@@ -9,7 +9,7 @@ import pytest
 
 from pipelab.studies.notebook_tools import notebooks_with_outputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
