@@ -59,8 +59,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..policies import GradientContext, Policy, Stored, WeightSpec
-from ..precision import FP32, LossScaler, Precision
+from ..precision import FP32, Precision
 from ..schedules.dependencies import Job
+from .loss_scale import LossScaler
 from .rings import VersionRing
 from .transport import check_handover, describe_handover, grad_leaves, map_tensors, tensors_of
 

@@ -39,9 +39,10 @@ def test_pyproject_pins_torch_and_lists_required_packages() -> None:
     proj = pyproject()["project"]
     assert "torch==2.13.0" in proj["dependencies"]
     names = {re.split(r"[=<>!~\[ ]", d)[0].lower() for d in proj["dependencies"]}
-    assert {"numpy", "scipy", "matplotlib", "seaborn", "jupyterlab", "tqdm", "scikit-learn", "mnist1d"} <= names
-    dev = {re.split(r"[=<>!~\[ ]", d)[0].lower() for d in proj["optional-dependencies"]["dev"]}
-    assert {"pytest", "nbclient"} <= dev
+    assert names == {"torch", "numpy", "scipy"}  # the core's only runtime dependencies
+    extras = {k: {re.split(r"[=<>!~\[ ]", d)[0].lower() for d in v} for k, v in proj["optional-dependencies"].items()}
+    assert {"matplotlib", "seaborn", "jupyterlab", "ipywidgets", "tqdm", "scikit-learn", "mnist1d"} <= extras["studies"]
+    assert {"pytest", "nbclient", "import-linter", "radon", "nbstripout"} <= extras["dev"]
 
 
 def test_readme_has_exactly_the_two_setup_commands() -> None:

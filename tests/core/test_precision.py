@@ -18,8 +18,9 @@ from pipelab import LossScaling, PipelineSpec, Precision
 from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
 from pipelab.pipeline import build_pipeline
+from pipelab.pipeline.loss_scale import LossScaler, defer_updates
 from pipelab.policies import POLICIES, policy_info
-from pipelab.precision import LossScaler, as_precision, check_precision, defer_updates, weight_memory
+from pipelab.precision import as_precision, check_precision, weight_memory
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import gpipe, interleaved_1f1b, one_f_one_b, pipedream, pipedream_2bw, zb_h1
 from pipelab.simulator import simulate
