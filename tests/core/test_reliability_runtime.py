@@ -339,7 +339,8 @@ def test_a_stopped_rank_does_not_hang_the_caller_at_exit() -> None:
             "from pipelab.distributed import RankFailure, spawn\n"
             "try:\n    spawn(_stop_rank_1, 2, timeout_s=60, comm_timeout_s=3, grace_s=1)\n"
             "except RankFailure as exc:\n    print('named rank', exc.rank)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    here = Path(__file__).resolve().parent  # the helper, and probes.py one folder up
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(here), str(here.parent)])}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
