@@ -61,7 +61,8 @@ from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, hea
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
 from pipelab.policies import Predicted, policy_info  # noqa: E402
-from pipelab.schedules import Schedule, gpipe, one_f_one_b, pipedream, pipedream_2bw  # noqa: E402
+from pipelab.schedules import Schedule  # noqa: E402
+from pipelab.schedules.builders import BUILDERS  # noqa: E402
 from pipelab.studies.learning_curves import serves  # noqa: E402
 from pipelab.studies.models import deep_mlp  # noqa: E402
 from pipelab.threads import torch_threads  # noqa: E402
@@ -76,15 +77,9 @@ def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
     """The schedule of the policy's family (:func:`pipelab.policies.policy_info`): flushed GPipe / 1F1B and 2BW with M
     micro-batches, asynchronous 1F1B (PipeDream) with one."""
     family = policy_info(policy).schedule
-    if family == "gpipe":
-        return gpipe(D, M, steps)
-    if family == "1f1b":
-        return one_f_one_b(D, M, steps)
-    if family == "2bw":
-        return pipedream_2bw(D, M, steps)
-    if family == "async_1f1b":
-        return pipedream(D, 1, steps)
-    raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
+    if family == "sequential":
+        raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
+    return BUILDERS[family](D, 1 if family == "pipedream" else M, steps)
 
 
 @dataclass

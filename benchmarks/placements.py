@@ -80,7 +80,7 @@ from pipelab.studies.models import deep_mlp  # noqa: E402
 __all__ = ["PlacementConfig", "PIPELAB_ROWS", "TORCH_ROWS", "run_benchmark", "format_report", "main",
            "torch_ddp_run", "torch_fsdp_run"]
 
-#: the pipelab rows: (label, kind of :data:`pipelab.studies.calibration.KINDS`)
+#: the pipelab rows: (label, kind of :data:`pipelab.studies.settings.CALIBRATION_KINDS`)
 PIPELAB_ROWS = (("DDP", "ddp"), ("DDP, one stage", "ddp_whole"), ("FSDP", "fsdp"), ("GPipe", "gpipe"),
                 ("1F1B", "1f1b"), ("LPP", "lpp"),
                 ("FSLPP", "fslpp"), ("Hybrid", "hybrid"))

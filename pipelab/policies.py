@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from .schedules.versions import pipeoptim_staleness, spectrain_version_difference
+from .papers import pipeoptim_staleness, spectrain_version_difference
 
 if TYPE_CHECKING:
     from .schedules.dependencies import Job
@@ -130,8 +130,9 @@ class GradientContext:
         """Mean staleness of the step's gradient: ``version − mean_j used_versions[j]`` (0 when not delayed)."""
         return self.version - sum(self.used_versions) / max(1, len(self.used_versions))
 
-#: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms.
-SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "async_1f1b", "2bw")
+#: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms: builder names of
+#: :data:`~pipelab.schedules.builders.BUILDERS`, and ``"sequential"`` (no pipeline).
+SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "pipedream", "2bw")
 
 
 class Policy:
@@ -140,7 +141,7 @@ class Policy:
     Class attributes:
         name, title: registry name and legend label (figures and tables print ``title``).
         schedule: the schedule family the policy is meant for, one of :data:`SCHEDULE_FAMILIES`
-            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"async_1f1b"``: PipeDream's
+            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"pipedream"``: PipeDream's
             asynchronous 1F1B, one update per mini-batch; ``"2bw"``: PipeDream-2BW).
         synchronous: the policy requires a schedule without staleness (checked against the table).
         uses_predictor: the policy's specs include :class:`Predicted` (a predictor must be given).
@@ -157,7 +158,7 @@ class Policy:
 
     name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
     title: str = ""
-    schedule: str = "async_1f1b"
+    schedule: str = "pipedream"
     synchronous: ClassVar[bool] = False
     uses_predictor: ClassVar[bool] = False
     default_predictor: ClassVar[str | None] = None
@@ -268,7 +269,7 @@ class Sync(Policy):
 class Vanilla(Sync):
     """No mitigation: each job uses whatever version is current when it runs (VJP at newer weights)."""
 
-    name, title, schedule = "vanilla", "vanilla async", "async_1f1b"
+    name, title, schedule = "vanilla", "vanilla async", "pipedream"
     synchronous = False
     summary = "forward at cur(F), backward at cur(B) (no mitigation; backward recomputed at cur(B))"
 

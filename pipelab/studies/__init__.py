@@ -3,8 +3,9 @@
 Everything here answers the project's questions with figures (``python -m pipelab figures``, the notebooks); the
 core (:mod:`pipelab` minus this package) never imports it. Modules:
 
-- :mod:`~pipelab.studies.config` (presets, canonical configs), :mod:`~pipelab.studies.cache` (results keyed by
-  config and code);
+- :mod:`~pipelab.studies.settings` (every study setting: tasks, optimizer overrides, learning-rate and tuning
+  grids, policy ↔ schedule arms), :mod:`~pipelab.studies.config` (presets, canonical configs),
+  :mod:`~pipelab.studies.cache` (results keyed by config and code);
 - :mod:`~pipelab.studies.data` (loaders and downloads), :mod:`~pipelab.studies.models` (reference models);
 - :mod:`~pipelab.studies.learning_curves`, :mod:`~pipelab.studies.stacking`, :mod:`~pipelab.studies.tuning`
   (learning-curve runs, stacked seeds, learning-rate search), :mod:`~pipelab.studies.prediction_error` and

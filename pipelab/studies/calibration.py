@@ -26,54 +26,20 @@ from torch import Tensor, nn
 
 from ..calibration import forecast_costs, measured_costs
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
-from ..schedules import (
-    ddp,
-    fsdp,
-    fslpp,
-    gpipe,
-    hybrid,
-    interleaved_1f1b,
-    lpp,
-    one_f_one_b,
-    pipedream,
-    pipedream_2bw,
-    zb_h1,
-)
 from ..schedules.actions import Schedule, check_int
+from ..schedules.builders import BUILDERS
 from ..simulator import SimResult, simulate
+from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
-__all__ = ["KINDS", "schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "RAHIMI_RUNS", "RahimiRunConfig",
+__all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
+           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
 
-#: the schedules :func:`calibrate` knows, by kind: (builder of (W ranks, M, steps), stages per rank, policy);
-#: LPP and FSLPP use G = 2 groups of R = W / 2 workers (on 2 ranks R = 1: each group one worker holding every
-#: stage, replicated (LPP) or fetched from the owner (FSLPP)); hybrid: D = W / 2 stages × R = 2 replicas
-#: (on 2 ranks one stage, data parallel)
-KINDS: dict[str, tuple[Callable[[int, int, int], Schedule], int, str]] = {
-    "gpipe": (lambda W, M, s: gpipe(W, M, s), 1, "gpipe"),
-    "1f1b": (lambda W, M, s: one_f_one_b(W, M, s), 1, "1f1b"),
-    "pipedream": (lambda W, M, s: pipedream(W, M, s), 1, "stashing"),
-    "2bw": (lambda W, M, s: pipedream_2bw(W, M, s), 1, "2bw"),
-    "interleaved": (lambda W, M, s: interleaved_1f1b(W, 2, M, s), 2, "1f1b"),
-    "zb_h1": (lambda W, M, s: zb_h1(W, M, s), 1, "1f1b"),
-    "ddp": (lambda W, M, s: ddp(2 * W, M, W, s), 2, "1f1b"),
-    "ddp_whole": (lambda W, M, s: ddp(1, M, W, s), 1, "1f1b"),
-    "fsdp": (lambda W, M, s: fsdp(2 * W, M, W, s), 2, "1f1b"),
-    "lpp": (lambda W, M, s: lpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
-    "fslpp": (lambda W, M, s: fslpp(2 * W, M, 2, max(W // 2, 1), s), 2, "1f1b"),
-    "hybrid": (lambda W, M, s: hybrid(max(W // 2, 1), M, 2, s), 1, "1f1b"),
-}
-
-
-def _kinds() -> dict[str, tuple[Callable[[int, int, int], Schedule], int, str]]:
-    return KINDS
-
-
 def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
-    """The schedule of ``kind`` (a key of :data:`KINDS`: gpipe, 1f1b, pipedream, 2bw, interleaved, zb_h1, ddp,
+    """The schedule of ``kind`` (a key of :data:`~pipelab.studies.settings.CALIBRATION_KINDS`: gpipe, 1f1b, pipedream,
+    2bw, interleaved, zb_h1, ddp,
     ddp_whole, fsdp, lpp, fslpp, hybrid) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the
     model is cut into ``ranks`` stages, 2·``ranks`` for interleaved and the data-parallel and looped placements,
     ranks/2 for hybrid (2 replicas), and not at all for ``ddp_whole`` (one stage: the cut torch's DDP runs).
@@ -81,10 +47,10 @@ def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
     Raises:
         ValueError: an unknown kind (the message lists the known ones).
     """
-    kinds = _kinds()
-    if kind not in kinds:
-        raise ValueError(f"kind must be one of {', '.join(kinds)}; got {kind!r}")
-    return kinds[kind][0](ranks, M, steps)
+    if kind not in CALIBRATION_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(CALIBRATION_KINDS)}; got {kind!r}")
+    name, args, _, _ = CALIBRATION_KINDS[kind]
+    return BUILDERS[name](*args(ranks, M, steps))
 
 
 @dataclass(frozen=True)
@@ -97,7 +63,7 @@ class CalibrationCase:
     label: str | None = None
 
     def resolved_policy(self) -> str:
-        return self.policy if self.policy is not None else _kinds()[self.kind][2]
+        return self.policy if self.policy is not None else CALIBRATION_KINDS[self.kind][3]
 
 
 @dataclass(frozen=True)
@@ -146,8 +112,8 @@ class CalibrationConfig:
             check_int("microbatches", self.microbatches)
         check_int("seed", self.seed, 0)
         for c in self.cases:
-            if c.kind not in _kinds():
-                raise ValueError(f"case kind must be one of {', '.join(_kinds())}; got {c.kind!r}")
+            if c.kind not in CALIBRATION_KINDS:
+                raise ValueError(f"case kind must be one of {', '.join(CALIBRATION_KINDS)}; got {c.kind!r}")
             if c.policy is not None and c.policy not in POLICIES:
                 raise ValueError(f"case {c.kind!r}: policy must be one of {', '.join(POLICIES)}; got {c.policy!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -458,28 +424,16 @@ def rows_csv(rows: Sequence[CalibrationRow]) -> str:
 
 # ---------------------------------------------------------------------------------- Rahimi's Table 1, measured
 
-#: Rahimi's schemes on real processes: scheme -> (builder of (S, B, G, R, steps), policy). DDP and FSDP on
-#: W = B workers (one micro-batch each, the note's setting), PP as 1F1B (the order whose activation storage is
-#: the note's min(S, B)), LPP and FSLPP under the forward-first priority the note's latency assumes.
-RAHIMI_RUNS: dict[str, tuple[Callable[[int, int, int, int, int], Schedule], str]] = {
-    "DDP": (lambda S, B, G, R, t: ddp(S, B, B, t), "gpipe"),
-    "FSDP": (lambda S, B, G, R, t: fsdp(S, B, B, t), "gpipe"),
-    "PP": (lambda S, B, G, R, t: one_f_one_b(S, B, t), "1f1b"),
-    "LPP": (lambda S, B, G, R, t: lpp(S, B, G, R, t, priority="forward_first"), "gpipe"),
-    "FSLPP": (lambda S, B, G, R, t: fslpp(S, B, G, R, t, priority="forward_first"), "gpipe"),
-}
-
-
 @dataclass(frozen=True)
 class RahimiRunConfig:
     """Rahimi's Table 1 on real processes (:func:`rahimi_measured`).
 
     Attributes:
         S: stages; B: micro-batches per step; G, R: groups and workers per group (LPP, FSLPP); schemes: which of
-        :data:`RAHIMI_RUNS`; width: the ``deep_mlp``'s width, also its input and class count, so that every
-        stage holds the same weights (width² + width) and every boundary tensor is micro × width (the note's
-        unit weights and unit activations); micro: samples per micro-batch; repeats: runs per scheme (the
-        latency is their median); seed; timeout_s: bound on each spawn.
+        :data:`~pipelab.studies.settings.RAHIMI_RUNS`; width: the ``deep_mlp``'s width, also its input and class
+        count, so that every stage holds the same weights (width² + width) and every boundary tensor is micro ×
+        width (the note's unit weights and unit activations); micro: samples per micro-batch; repeats: runs per
+        scheme (the latency is their median); seed; timeout_s: bound on each spawn.
     """
 
     S: int = 4
@@ -497,7 +451,8 @@ class RahimiRunConfig:
         """The scheme's one-step schedule (raises ``ValueError`` naming the known schemes)."""
         if scheme not in RAHIMI_RUNS:
             raise ValueError(f"scheme must be one of {', '.join(RAHIMI_RUNS)}; got {scheme!r}")
-        return RAHIMI_RUNS[scheme][0](self.S, self.B, self.G, self.R, 1)
+        name, args, kwargs, _ = RAHIMI_RUNS[scheme]
+        return BUILDERS[name](*args(self.S, self.B, self.G, self.R, 1), **kwargs)
 
 
 def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[str]) -> list[list[dict[str, Any]]]:
@@ -515,7 +470,7 @@ def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[
     for scheme in schemes:
         runs = []
         for _ in range(cfg.repeats):
-            rt = PipelineRuntime(copy.deepcopy(base), schedule=cfg.schedule(scheme), policy=RAHIMI_RUNS[scheme][1],
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=cfg.schedule(scheme), policy=RAHIMI_RUNS[scheme][3],
                                  optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01), record=True)
             res = rt.run([batch])
             runs.append({"timeline": res.timeline, "memory": res.memory, "collectives": res.collectives})
@@ -524,8 +479,8 @@ def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[
 
 
 def runtime_table_row(parts: Sequence[dict[str, Any]], activation_unit: int, weight_unit: int) -> dict[str, float]:
-    """Rahimi's Table 1 columns read off one measured run (max over ranks, as :func:`~pipelab.schedules.rahimi.
-    measured_row` reads a simulation).
+    """Rahimi's Table 1 columns read off one measured run (max over ranks, as
+    :func:`~pipelab.papers.rahimi_measured_row` reads a simulation).
 
     Args:
         parts: every rank's ``{"timeline", "memory", "collectives"}`` of the run (index = rank).
@@ -569,8 +524,8 @@ def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo"
 
     Returns:
         one row per scheme: ``scheme``, ``schedule`` (its name), ``params`` (S, B, G, R), ``policy``,
-        ``note`` (:func:`~pipelab.schedules.rahimi.table_row`), ``simulated``
-        (:func:`~pipelab.schedules.rahimi.measured_row`: weight transfers by Rahimi's per-F-job count),
+        ``note`` (:func:`~pipelab.papers.rahimi_row`), ``simulated``
+        (:func:`~pipelab.papers.rahimi_measured_row`: weight transfers by Rahimi's per-F-job count),
         ``simulated_fetches`` (the simulator's max :attr:`~pipelab.simulator.SimResult.weight_fetches`, the
         runtime's count), ``runtime`` (the measured columns; latency the median over repeats),
         ``latency_all`` (every repeat's), ``units`` (activation and weight bytes of one unit).
@@ -579,7 +534,7 @@ def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo"
         ValueError: an unknown scheme, or a configuration a builder refuses.
     """
     from ..distributed import spawn
-    from ..schedules.rahimi import measured_row, table_row
+    from ..papers import rahimi_measured_row, rahimi_row
 
     cfg = cfg or RahimiRunConfig()
     scheds = {s: cfg.schedule(s) for s in cfg.schemes}
@@ -602,8 +557,8 @@ def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo"
         sim = simulate(sched)
         G, R = (cfg.G, cfg.R) if s in ("LPP", "FSLPP") else (1, 1)
         rows.append({"scheme": s, "schedule": sched.name, "params": {"S": cfg.S, "B": cfg.B, "G": G, "R": R},
-                     "policy": RAHIMI_RUNS[s][1], "note": table_row(s, cfg.S, cfg.B, G, R),
-                     "simulated": measured_row(sim), "simulated_fetches": float(sim.weight_fetches.max()),
+                     "policy": RAHIMI_RUNS[s][3], "note": rahimi_row(s, cfg.S, cfg.B, G, R),
+                     "simulated": rahimi_measured_row(sim), "simulated_fetches": float(sim.weight_fetches.max()),
                      "runtime": row, "latency_all": [r["latency"] for r in runs],
                      "counted": [{k: v for k, v in r.items() if k != "latency"} for r in runs],
                      "units": {"activation_bytes": act_unit, "weight_bytes": weight_unit}})

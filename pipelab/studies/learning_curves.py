@@ -16,9 +16,10 @@ Arms:
   1F1B (PipeDream, one update per mini-batch, M = 1);
 - ``2bw`` runs PipeDream-2BW with M = D micro-batches per update.
 
-``RunConfig.schedule`` runs an arm on another schedule of its policy's kind (:data:`ARM_SCHEDULES`): the
-zero-bubble ZB-H1 (flushed, split backward) for the flushed policies, or the no-flush split-backward
-``zb_async`` for the asynchronous ones, whose deferred W passes change every job's version.
+``RunConfig.schedule`` runs an arm on another schedule of its policy's kind
+(:data:`~pipelab.studies.settings.ARM_SCHEDULES`): the zero-bubble ZB-H1 (flushed, split backward) for the flushed
+policies, or the no-flush split-backward ``zb_async`` for the asynchronous ones, whose deferred W passes change every
+job's version. Tasks, optimizer settings and arms are :mod:`pipelab.studies.settings`'.
 
 The validation split: ``n_val`` examples of the training subset, drawn by a permutation seeded with the run's
 seed (the same for every arm of that seed), are held out; the remaining training examples keep their order
@@ -57,70 +58,37 @@ import torch
 
 from ..distributed import resolve_device
 from ..optim import OPTIMIZERS, optimizer_factory
-from ..policies import available_policies, policy_info
-from ..schedules.actions import Schedule, check_int
+from ..schedules.actions import check_int
 from ..threads import torch_threads
 from .cache import run_sweep
 from .data import Dataset, load_dataset
 from .models import build_model, he_init
+from .settings import ARM_OPTIMIZER_SETTINGS, ARM_POLICIES, ARM_SCHEDULES, TASKS, arm_schedule
 
-__all__ = ["RunConfig", "Prepared", "prepare", "TASKS", "OPTIMIZERS", "ARM_POLICIES", "ARM_SCHEDULES", "run",
-           "run_stacked", "sweep", "serves", "OPTIMIZER_SETTINGS", "arm_optimizer", "grid", "with_"]
+__all__ = ["RunConfig", "Prepared", "prepare", "run", "run_stacked", "sweep", "serves", "arm_optimizer", "grid",
+           "with_"]
 
 log = logging.getLogger(__name__)
-
-#: task name -> (dataset, dataset kwargs, model, model kwargs). ``*_mlp_nobias``: the MLP without
-#: biases (:func:`pipelab.studies.models.deep_mlp` ``bias=False``): every parameter a matrix, so Muon (2-D parameters
-#: only) trains all of it; pipelab has no Muon + AdamW hybrid as arXiv:2606.30634 uses for non-matrix parameters.
-TASKS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
-    "fashion_mnist_mlp": ("fashion_mnist", {"flatten": True}, "deep_mlp",
-                          {"in_features": 784, "width": 128, "depth": 8}),
-    "fashion_mnist_mlp_nobias": ("fashion_mnist", {"flatten": True}, "deep_mlp",
-                                 {"in_features": 784, "width": 128, "depth": 8, "bias": False}),
-    "fashion_mnist_cnn": ("fashion_mnist", {}, "small_cnn", {"width": 16}),
-    "fashion_mnist_resnet": ("fashion_mnist", {}, "small_resnet", {"width": 8, "blocks_per_stage": 2}),
-    "mnist1d_mlp": ("mnist1d", {}, "deep_mlp", {"in_features": 40, "width": 128, "depth": 8}),
-    "digits_mlp": ("digits", {"flatten": True}, "deep_mlp", {"in_features": 64, "width": 64, "depth": 8}),
-    "digits_mlp_nobias": ("digits", {"flatten": True}, "deep_mlp",
-                          {"in_features": 64, "width": 64, "depth": 8, "bias": False}),
-    "wordlang_transformer": ("wordlang", {}, "transformer", {"in_features": 16 * 49, "seq_len": 8, "num_classes": 5,
-                             "d_model": 16, "nhead": 1, "num_layers": 6, "dim_feedforward": 32}),
-}
-
-#: This experiment's optimizer settings where they differ from the registry's defaults (:data:`OPTIMIZERS`,
-#: re-exported from :mod:`pipelab.optim`): PipeOptim §V-A, SGDM with lr 0.01, momentum 0.9 and weight decay
-#: 5e-4; Adam/AdamW with betas (0.9, 0.999) and lr 1e-3 (the defaults; AdamW's decay 1e-2 too).
-OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
-    "sgdm": {"lr": 0.01, "weight_decay": 5e-4},
-}
-
-#: policy -> schedule family of its arm (:attr:`pipelab.policies.Policy.schedule`), read from the policy
-#: registry: every registered policy that a real pipeline can run (all but the emulation-only oracle).
-ARM_POLICIES: dict[str, str] = {name: info.schedule for name, info in
-                                ((n, policy_info(n)) for n in available_policies()) if not info.emulation_only}
-
-#: schedule -> the policy families it serves: schedules an arm may run instead of its policy's own family
-#: (``RunConfig.schedule``). ``zb_h1``: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), flushed, M
-#: micro-batches; ``zb_async``: its no-flush variant with PipeDream's one update per mini-batch (M = 1).
-ARM_SCHEDULES: dict[str, tuple[str, ...]] = {"zb_h1": ("gpipe", "1f1b"), "zb_async": ("async_1f1b",)}
-
 
 @dataclass(frozen=True)
 class RunConfig:
     """One training run.
 
     Attributes:
-        task: one of :data:`TASKS`; policy: one of :data:`ARM_POLICIES`; optimizer: one of :data:`OPTIMIZERS`.
+        task: one of :data:`~pipelab.studies.settings.TASKS`; policy: one of
+            :data:`~pipelab.studies.settings.ARM_POLICIES`; optimizer: one of :data:`pipelab.optim.OPTIMIZERS`.
         D: pipeline stages; seed: initial weights and data order; epochs: passes over the training subset.
         batch_size: mini-batch size (one optimizer step); M: micro-batches for gpipe/1f1b (2BW uses M = D).
         n_train, n_test: training/test subset sizes (``None``: all); n_eval_train: training examples on which
             the epoch-end training loss is measured.
         n_val: validation examples carved out of the ``n_train`` training subset (0: no validation split); the
             run trains on the other ``n_train − n_val``.
-        lr: learning rate (``None``: :data:`OPTIMIZER_SETTINGS`', else the registry's default).
+        lr: learning rate (``None``: :data:`~pipelab.studies.settings.ARM_OPTIMIZER_SETTINGS`', else the registry's
+            default).
         dtype, device: computation precision and device (``cpu``, ``cuda``, ``cuda:N`` or ``auto``, checked by
             :func:`pipelab.distributed.resolve_device` when the run is prepared).
-        schedule: ``None`` (the policy's family) or one of :data:`ARM_SCHEDULES` serving that family.
+        schedule: ``None`` (the policy's family) or one of :data:`~pipelab.studies.settings.ARM_SCHEDULES`
+            serving that family.
 
     Raises:
         ValueError: an unknown task/policy/optimizer/dtype; a count (``D``, ``epochs``, ``batch_size``,
@@ -180,27 +148,9 @@ class RunConfig:
 
 
 def arm_optimizer(name: str, lr: float | None = None) -> Callable[[Any], torch.optim.Optimizer]:
-    """Factory ``params -> optimizer``: the registry's ``name`` with :data:`OPTIMIZER_SETTINGS`, ``lr`` if given."""
-    return optimizer_factory(name, **{**OPTIMIZER_SETTINGS.get(name, {}), **({"lr": lr} if lr is not None else {})})
-
-
-def _schedule(cfg: RunConfig, steps: int) -> Schedule:
-    from ..schedules import gpipe, one_f_one_b, pipedream, pipedream_2bw, zb_async, zb_h1
-
-    if cfg.schedule == "zb_h1":
-        return zb_h1(cfg.D, cfg.M, steps)
-    if cfg.schedule == "zb_async":
-        return zb_async(cfg.D, 1, steps)
-    family = ARM_POLICIES[cfg.policy]
-    if family == "gpipe":
-        return gpipe(cfg.D, cfg.M, steps)
-    if family == "1f1b":
-        return one_f_one_b(cfg.D, cfg.M, steps)
-    if family == "2bw":
-        return pipedream_2bw(cfg.D, cfg.D, steps)
-    if family == "async_1f1b":
-        return pipedream(cfg.D, 1, steps)
-    raise ValueError(f"policy {cfg.policy!r}: no pipeline schedule for family {family!r}")
+    """Factory ``params -> optimizer``: the registry's ``name`` with
+    :data:`~pipelab.studies.settings.ARM_OPTIMIZER_SETTINGS`, ``lr`` if given."""
+    return optimizer_factory(name, **{**ARM_OPTIMIZER_SETTINGS.get(name, {}), **({"lr": lr} if lr is not None else {})})
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
@@ -276,7 +226,8 @@ def prepare(cfg: RunConfig) -> Prepared:
     if cfg.policy == "sequential":
         return Prepared(ds, batch, stages, opt, steps, per_epoch, None, None, val)
     policy = make_policy(cfg.policy, **({"anneal_steps": per_epoch} if cfg.policy == "pipemare" else {}))
-    return Prepared(ds, batch, stages, opt, steps, per_epoch, _schedule(cfg, steps), policy, val)
+    schedule = arm_schedule(cfg.policy, cfg.D, cfg.M, steps, cfg.schedule)
+    return Prepared(ds, batch, stages, opt, steps, per_epoch, schedule, policy, val)
 
 
 def _carve_validation(ds: Any, n_val: int, seed: int) -> tuple[Any, tuple[torch.Tensor, torch.Tensor] | None]:
@@ -465,7 +416,8 @@ def serves(policy: str, optimizer: str) -> bool:
     probe = RunConfig(task="digits_mlp", policy=policy, optimizer=optimizer, D=2, seed=0, M=1)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2, bias=False))
     try:
-        build_pipeline(model, schedule=_schedule(probe, 2), policy=policy, optimizer=arm_optimizer(optimizer))
+        build_pipeline(model, schedule=arm_schedule(policy, probe.D, probe.M, 2), policy=policy,
+                       optimizer=arm_optimizer(optimizer))
     except ValueError:
         return False
     return True

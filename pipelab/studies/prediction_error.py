@@ -30,31 +30,15 @@ from ..prediction_error import (
 )
 from ..predictors import make_predictor
 from ..threads import torch_threads
+from .settings import PREDICTION_OPTIMIZER_SETTINGS
 
-__all__ = ["OPTIMIZER_SETTINGS", "INITS", "prediction_optimizer", "PredictionErrorConfig", "run_prediction_error",
+__all__ = ["INITS", "prediction_optimizer", "PredictionErrorConfig", "run_prediction_error",
            "InPipelineConfig", "run_in_pipeline", "rows_to_csv", "read_rows_csv"]
 
 log = logging.getLogger(__name__)
 
 #: Weight initialisations of :class:`PredictionErrorConfig` (``init``).
 INITS = ("he", "torch")
-
-#: This experiment's hyper-parameters where they differ from the registry's defaults
-#: (:data:`pipelab.optim.OPTIMIZERS`): the learning rates its figures were made with (SGD 0.05, RMSprop
-#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3, Muon 0.02 as in Jordan et al.'s post and the learning curves) and
-#: AdamW's decay 0.05; adam, radam and adamax use the defaults.
-OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
-    "sgd": {"lr": 0.05},
-    "sgdm": {"lr": 0.05},
-    "nesterov": {"lr": 0.05},
-    "adamw": {"weight_decay": 0.05},
-    "rmsprop": {"lr": 3e-4},
-    "rmsprop_momentum": {"lr": 1e-4},
-    "adagrad": {"lr": 0.02},
-    "nadam": {"lr": 1e-3},
-    "muon": {"lr": 0.02},
-}
-
 
 def prediction_optimizer(name: str, params: Iterable[Tensor], **overrides: Any) -> torch.optim.Optimizer:
     """The registry's optimizer ``name`` with this experiment's settings, then ``overrides``, applied.
@@ -63,15 +47,16 @@ def prediction_optimizer(name: str, params: Iterable[Tensor], **overrides: Any) 
         ValueError: ``name`` is not in :data:`pipelab.optim.OPTIMIZERS`.
         TypeError: an override the ``torch.optim`` class does not accept.
     """
-    return make_optimizer(name, params, **{**OPTIMIZER_SETTINGS.get(name, {}), **overrides})
+    return make_optimizer(name, params, **{**PREDICTION_OPTIMIZER_SETTINGS.get(name, {}), **overrides})
 
 
 @dataclass(frozen=True)
 class PredictionErrorConfig:
     """One prediction-error run: model × data × optimizer × predictors.
 
-    ``optimizer`` is a name of :data:`pipelab.optim.OPTIMIZERS`, built with :data:`OPTIMIZER_SETTINGS`;
-    ``optimizer_options`` are ``(name, value)`` pairs overriding both;
+    ``optimizer`` is a name of :data:`pipelab.optim.OPTIMIZERS`, built with
+    :data:`~pipelab.studies.settings.PREDICTION_OPTIMIZER_SETTINGS`; ``optimizer_options`` are ``(name, value)`` pairs
+    overriding both;
     ``model_options`` likewise for :func:`pipelab.studies.models.build_model`.
     ``init`` (one of :data:`INITS`): ``"he"`` re-initialises Linear/Conv weights He-normal, W ~ N(0, 2/fan_in),
     zero biases (He et al., ICCV 2015; the learning curves' initialisation), seeded by ``seed``; ``"torch"``
@@ -192,10 +177,11 @@ class InPipelineConfig:
     """One in-pipeline prediction-error run: model × data × optimizer × predicting policy × D.
 
     The fields mean what they mean in :class:`PredictionErrorConfig` (the optimizer is built with
-    :data:`OPTIMIZER_SETTINGS`, then ``optimizer_options``; ``init="he"`` re-initialises He-normal); ``policy``
-    is one of :data:`IN_PIPELINE_POLICIES` (SpecTrain needs SGD with momentum), run on asynchronous 1F1B with
-    ``D`` stages and M = 1 for ``steps`` mini-batches, or one of :data:`CORRECTING_POLICIES`, run on its own
-    schedule family (error feedback: PipeDream-2BW, M = D); ``anneal_steps`` is PipeMare's K.
+    :data:`~pipelab.studies.settings.PREDICTION_OPTIMIZER_SETTINGS`, then ``optimizer_options``; ``init="he"``
+    re-initialises He-normal); ``policy`` is one of :data:`IN_PIPELINE_POLICIES` (SpecTrain needs SGD with momentum),
+    run on asynchronous 1F1B with ``D`` stages and M = 1 for ``steps`` mini-batches, or one of
+    :data:`CORRECTING_POLICIES`, run on its own schedule family (error feedback: PipeDream-2BW, M = D);
+    ``anneal_steps`` is PipeMare's K.
     """
 
     policy: str = "pipeoptim"
@@ -247,7 +233,7 @@ def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
     model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device, **dict(cfg.model_options))
     if cfg.init == "he":
         he_init(model, cfg.seed)
-    factory = optimizer_factory(cfg.optimizer, **{**OPTIMIZER_SETTINGS.get(cfg.optimizer, {}),
+    factory = optimizer_factory(cfg.optimizer, **{**PREDICTION_OPTIMIZER_SETTINGS.get(cfg.optimizer, {}),
                                                   **dict(cfg.optimizer_options)})
     policy = make_policy(cfg.policy, **({"anneal_steps": cfg.anneal_steps} if cfg.policy == "pipemare" else {}))
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -49,7 +49,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ..distributed import default_backend, init_from_env, resolve_device, spawn, waiting
 from ..files import atomic_write, check_writable
 from ..optim import available_optimizers
-from .learning_curves import ARM_POLICIES, ARM_SCHEDULES, TASKS, RunConfig, prepare
+from .learning_curves import RunConfig, prepare
+from .settings import ARM_POLICIES, ARM_SCHEDULES, TASKS
 
 __all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
 

@@ -21,9 +21,8 @@ Every arm (task × optimizer × policy × D) gets its own learning rate, chosen 
 Selection reads only ``val_acc``/``diverged`` (the validation split is carved from the training set, see
 ``RunConfig.n_val``); the test set is never used to select. Every round is one sweep through
 :func:`pipelab.studies.learning_curves.sweep` (so :func:`pipelab.studies.cache.run_sweep`: cached per run, resumable),
-and
-because an arm's first e epochs do not depend on its total epoch count, a longer round repeats the shorter
-one's prefix exactly.
+and because an arm's first e epochs do not depend on its total epoch count, a longer round repeats the shorter one's
+prefix exactly.
 
 Example:
     >>> from pipelab.studies.learning_curves import RunConfig

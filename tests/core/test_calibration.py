@@ -36,7 +36,6 @@ from pipelab.schedules import (
 )
 from pipelab.simulator import simulate
 from pipelab.studies.calibration import (
-    KINDS,
     CalibrationCase,
     CalibrationConfig,
     calibrate,
@@ -45,6 +44,7 @@ from pipelab.studies.calibration import (
     schedule_for,
 )
 from pipelab.studies.models import deep_mlp
+from pipelab.studies.settings import CALIBRATION_KINDS
 
 
 @pytest.mark.parametrize("sched", [one_f_one_b(3, 4, 2), interleaved_1f1b(2, 2, 4, 2), zb_h1(3, 4),
@@ -125,7 +125,7 @@ def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:
 
 
 def test_schedule_for_and_config_errors() -> None:
-    for kind in KINDS:
+    for kind in CALIBRATION_KINDS:
         s = schedule_for(kind, 2, 4, 2)
         assert s.W == 2 and s.M == 4 and s.steps == 2
     with pytest.raises(ValueError, match="kind must be one of"):

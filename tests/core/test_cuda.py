@@ -223,7 +223,7 @@ def _losses(policy: str, device: str, dtype: str) -> list[float]:
 
 
 def _arm_policies() -> list[str]:
-    from pipelab.studies.learning_curves import ARM_POLICIES
+    from pipelab.studies.settings import ARM_POLICIES
 
     return [p for p, family in ARM_POLICIES.items() if family != "sequential"]
 

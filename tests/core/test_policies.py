@@ -10,15 +10,9 @@ import torch
 
 from pipelab.emulator import DeadlockError, Emulator
 from pipelab.optim import optimizer_factory
+from pipelab.papers import pipeoptim_staleness, spectrain_version_difference
 from pipelab.policies import PipeMarePolicy, Predicted, Stored, make_policy
-from pipelab.schedules import (
-    gpipe,
-    interleaved_1f1b,
-    pipedream,
-    pipedream_2bw,
-    pipeoptim_staleness,
-    spectrain_version_difference,
-)
+from pipelab.schedules import gpipe, interleaved_1f1b, pipedream, pipedream_2bw
 from pipelab.simulator import simulate
 from pipelab.studies.models import deep_mlp
 
@@ -198,9 +192,9 @@ def test_paper_staleness_options_use_the_schedule_helpers_and_match_the_table() 
 
 def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> None:
     from pipelab.policies import SCHEDULE_FAMILIES, available_policies, policy_info
-    from pipelab.studies.figures.learning_curves import LABELS, POLICY_ORDER
-    from pipelab.studies.learning_curves import ARM_POLICIES
+    from pipelab.studies.figures.learning_curves import LABELS
     from pipelab.studies.run import PIPELINE_POLICIES
+    from pipelab.studies.settings import ARM_POLICIES, POLICY_ORDER
 
     for name in available_policies():
         info, pol = policy_info(name), make_policy(name)
@@ -211,7 +205,7 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
         assert info.synchronous == (info.schedule in ("sequential", "gpipe", "1f1b"))
     assert [n for n in available_policies() if policy_info(n).emulation_only] == ["oracle"]
     assert list(ARM_POLICIES) == list(POLICY_ORDER) == [n for n in available_policies() if n != "oracle"]
-    assert ARM_POLICIES["vanilla"] == "async_1f1b" and ARM_POLICIES["2bw"] == "2bw"
+    assert ARM_POLICIES["vanilla"] == "pipedream" and ARM_POLICIES["2bw"] == "2bw"
     # the figures' legend texts (unchanged: the registry's titles are today's labels)
     assert LABELS == {"sequential": "sequential", "gpipe": "GPipe", "1f1b": "1F1B (flushed)",
                       "vanilla": "vanilla async", "stashing": "PipeDream (stashing)", "vertical_sync": "vertical sync",

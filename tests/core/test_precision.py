@@ -120,7 +120,7 @@ def _arm(name: str, steps: int) -> tuple[Any, Any]:
     """The policy's own schedule family and an optimizer it serves (SGD momentum, else NAdam)."""
     family = policy_info(name).schedule
     sched = {"gpipe": gpipe(D, M, steps), "1f1b": one_f_one_b(D, M, steps), "2bw": pipedream_2bw(D, D, steps),
-             "async_1f1b": pipedream(D, 1, steps), "sequential": gpipe(D, M, steps)}[family]
+             "pipedream": pipedream(D, 1, steps), "sequential": gpipe(D, M, steps)}[family]
     for opt in (SGDM, NADAM):
         try:
             build_pipeline(model(), schedule=sched, policy=name, optimizer=opt)

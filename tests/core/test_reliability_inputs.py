@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.pipelining import schedules as ts
 
 from pipelab.emulator import Emulator, build_pipeline
+from pipelab.papers import rahimi_row
 from pipelab.pipeline import PipelineSpec
 from pipelab.schedules import (
     actions,
@@ -35,7 +36,6 @@ from pipelab.schedules import (
     pipedream,
     pipedream_2bw,
 )
-from pipelab.schedules.rahimi import table_row
 from pipelab.schedules.torch_actions import from_torch, from_torch_csv
 
 BIG = 10**9
@@ -55,7 +55,7 @@ SCHEDULE_PROBES = [
     Probe("gpipe-bool-D", lambda: gpipe(True, 2), ValueError, "D must be an int"),
     Probe("gpipe-float-M", lambda: gpipe(2, 2.0), ValueError, "M must be an int"),
     Probe("gpipe-numpy-bool", lambda: gpipe(np.bool_(True), 2), ValueError, "D must be an int"),
-    Probe("table-row-zero-stages", lambda: table_row("PP", 0, 4), ValueError, "S must be an int"),
+    Probe("table-row-zero-stages", lambda: rahimi_row("PP", 0, 4), ValueError, "S must be an int"),
     Probe("from-torch-absurd-steps", lambda: from_torch({0: ["0F0", "0B0"]}, n_stages=1, n_microbatches=1, steps=BIG),
           ValueError, "too large.*MAX_JOBS"),
     Probe("from-torch-absurd-microbatches", lambda: from_torch({0: ["0F0", "0B0"]}, n_stages=1, n_microbatches=10**12),
@@ -296,20 +296,20 @@ def _hybrid(**kw: object) -> object:
 
 
 def _zb(name: str, **kw: float) -> object:
-    from pipelab.schedules.zero_bubble import paper_closed_form
+    from pipelab.papers import zero_bubble_closed_form
 
-    return paper_closed_form(name, 4, **kw)
+    return zero_bubble_closed_form(name, 4, **kw)
 
 
 def _zb_table(**kw: float) -> object:
-    from pipelab.studies.zero_bubble_tables import zero_bubble_table
+    from pipelab.studies.figures.zero_bubble import zero_bubble_table
 
     return zero_bubble_table([2], [4], **kw)
 
 
 def _steady(**kw: float) -> object:
     from pipelab.schedules import zb_h1
-    from pipelab.studies.zero_bubble_tables import steady_state
+    from pipelab.simulator import steady_state
 
     return steady_state(zb_h1, 2, 4, **kw)
 

@@ -8,9 +8,16 @@ import dataclasses
 import numpy as np
 import pytest
 
+from pipelab.papers import (
+    async_1f1b_staleness,
+    pipeoptim_staleness,
+    rahimi_measured_row,
+    rahimi_row,
+    rahimi_throughput,
+    spectrain_version_difference,
+)
 from pipelab.schedules import (
     ScheduleError,
-    async_1f1b_staleness,
     ddp,
     folded,
     fsdp,
@@ -22,11 +29,8 @@ from pipelab.schedules import (
     one_f_one_b,
     pipedream,
     pipedream_2bw,
-    pipeoptim_staleness,
-    spectrain_version_difference,
     validate,
 )
-from pipelab.schedules.rahimi import measured_row, table_row, throughput_per_worker
 from pipelab.simulator import SimResult, costs_from_profile, simulate
 
 
@@ -252,14 +256,14 @@ def test_version_table_accessors() -> None:
 # ----------------------------------------------------------------------------- Rahimi's Table 1
 def test_rahimi_table_rows_that_hold() -> None:
     S, B = 4, 8
-    assert measured_row(simulate(ddp(S, B))) == table_row("DDP", S, B)
-    assert measured_row(simulate(fsdp(S, S))) == table_row("FSDP", S, S)  # W = B = S: one shard per worker
-    pp = measured_row(simulate(one_f_one_b(S, B)))  # PP with the 1F1B order
-    assert pp == table_row("PP", S, B)
+    assert rahimi_measured_row(simulate(ddp(S, B))) == rahimi_row("DDP", S, B)
+    assert rahimi_measured_row(simulate(fsdp(S, S))) == rahimi_row("FSDP", S, S)  # W = B = S: one shard per worker
+    pp = rahimi_measured_row(simulate(one_f_one_b(S, B)))  # PP with the 1F1B order
+    assert pp == rahimi_row("PP", S, B)
     # LPP with R = S is G independent pipelines over B/G micro-batches each.
     G = 2
-    m = measured_row(simulate(lpp(S, B, G=G, R=S)))
-    t = table_row("LPP", S, B, G=G, R=S)
+    m = rahimi_measured_row(simulate(lpp(S, B, G=G, R=S)))
+    t = rahimi_row("LPP", S, B, G=G, R=S)
     for col in ("W", "latency", "weight_xmit", "weight_storage"):
         assert m[col] == pytest.approx(t[col])
 
@@ -267,13 +271,14 @@ def test_rahimi_table_rows_that_hold() -> None:
 def test_rahimi_table_cells_that_do_not_hold() -> None:
     S, B = 4, 8
     # GPipe's forward-first order keeps all B activations, not min(S, B).
-    assert measured_row(simulate(gpipe(S, B)))["activation_storage"] == B > table_row("PP", S, B)["activation_storage"]
+    gpipe_storage = rahimi_measured_row(simulate(gpipe(S, B)))["activation_storage"]
+    assert gpipe_storage == B > rahimi_row("PP", S, B)["activation_storage"]
     # FSDP with W = B > S: workers S..W−1 own no shard and fetch all S stages, not S − 1.
-    assert measured_row(simulate(fsdp(S, B)))["weight_xmit"] == S > table_row("FSDP", S, B)["weight_xmit"]
+    assert rahimi_measured_row(simulate(fsdp(S, B)))["weight_xmit"] == S > rahimi_row("FSDP", S, B)["weight_xmit"]
     # LPP with 1 < R < S: each worker has (S/R)(B/G) units of work, above the note's S + B/G − 1.
     G, R = 2, 2
-    m = measured_row(simulate(lpp(S, B, G=G, R=R)))
-    assert m["latency"] >= (S / R) * (B / G) > table_row("LPP", S, B, G=G, R=R)["latency"]
+    m = rahimi_measured_row(simulate(lpp(S, B, G=G, R=R)))
+    assert m["latency"] >= (S / R) * (B / G) > rahimi_row("LPP", S, B, G=G, R=R)["latency"]
 
 
 def test_throughput_bound_rho_le_M_over_S_over_a_grid() -> None:
@@ -285,7 +290,7 @@ def test_throughput_bound_rho_le_M_over_S_over_a_grid() -> None:
             cands += [lpp(D, M, G, R) for G in (1, 2) for R in (1, 2, D) if D % R == 0 and M % G == 0]
             cands += [interleaved_1f1b(2, D // 2, M)] if D % 2 == 0 and M % 2 == 0 else []
             for s in cands:
-                rho, bound = throughput_per_worker(simulate(s))
+                rho, bound = rahimi_throughput(simulate(s))
                 assert rho <= bound + 1e-12, s.name
                 n_tight += rho > bound - 1e-12
     assert n_tight > 0  # the bound is attained (DDP, naive), so the check can fail

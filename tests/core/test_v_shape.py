@@ -15,23 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from pipelab.papers import v_shape_bubble, v_shape_memory
 from pipelab.schedules import BUILDERS, Schedule, one_f_one_b, validate, zb_h1
 from pipelab.schedules.compiled import OP_CODE
 from pipelab.schedules.torch_actions import from_torch
-from pipelab.schedules.v_shape import (
-    PAPER_FORMULAS,
-    dualpipe,
-    dualpipe_v,
-    interleaved_zero_bubble,
-    paper_bubble,
-    paper_memory,
-    v_half,
-    v_min,
-    v_stage,
-    zb_v,
-)
+from pipelab.schedules.v_shape import dualpipe, dualpipe_v, interleaved_zero_bubble, v_half, v_min, v_stage, zb_v
 from pipelab.simulator import SimResult, simulate
-from pipelab.studies.zero_bubble_tables import v_shape_table
 
 pipelining = pytest.importorskip("torch.distributed.pipelining.schedules")
 
@@ -40,7 +29,7 @@ UNIT = {"f_cost": 1.0, "b_cost": 2.0, "i_cost": 1.0, "w_cost": 1.0}  # T_F = T_I
 
 
 def build(name: str, W: int, M: int, steps: int = 1, V: int = 2) -> Schedule:
-    if name == "interleaved_zero_bubble":
+    if name == "interleaved_zb":
         return interleaved_zero_bubble(W, V, M, steps)
     return V_SHAPED[name](W, M, steps)
 
@@ -71,7 +60,7 @@ def longest_span_idle(r: SimResult) -> float:
 
 
 # ------------------------------------------------------------------------------ 1. validity, placement
-@pytest.mark.parametrize("name", [*V_SHAPED, "interleaved_zero_bubble"])
+@pytest.mark.parametrize("name", [*V_SHAPED, "interleaved_zb"])
 @pytest.mark.parametrize("W", [1, 2, 3, 4])
 def test_every_builder_validates_flushed_with_updates_after_the_last_weight_gradient(name, W):
     for M in (1, 2, 3, 2 * W, 2 * W + 1, 4 * W):
@@ -79,7 +68,7 @@ def test_every_builder_validates_flushed_with_updates_after_the_last_weight_grad
             try:
                 s = build(name, W, M, steps)
             except ValueError:
-                assert (name == "dualpipe_v" and M < 2 * W) or name == "interleaved_zero_bubble"
+                assert (name == "dualpipe_v" and M < 2 * W) or name == "interleaved_zb"
                 continue
             validate(s)
             validate(simulate(s, **UNIT))
@@ -104,7 +93,7 @@ def test_every_builder_validates_flushed_with_updates_after_the_last_weight_grad
                 assert [a._replace(step=0) for a in pt if a.step == steps - 1] == list(p1)
 
 
-@pytest.mark.parametrize("name", [*V_SHAPED, "interleaved_zero_bubble", "dualpipe"])
+@pytest.mark.parametrize("name", [*V_SHAPED, "interleaved_zb", "dualpipe"])
 def test_synchronous_every_f_i_w_job_of_step_t_sees_exactly_t_updates(name):
     """Flushed: in the simulated timeline every F, I, W (and B) job of stage k in step t starts after
     exactly t updates of stage k on its worker have ended (no staleness), also at unequal costs."""
@@ -248,16 +237,16 @@ def test_peak_memory_held_from_f_to_w_equals_the_papers(W):
         for name in V_SHAPED:
             r = simulate(build(name, W, M), **UNIT)
             peak = peak_f_to_w(r, 0.5)
-            assert peak.max() == paper_memory(name, W), (name, W, M, peak.tolist())
+            assert peak.max() == v_shape_memory(name, W), (name, W, M, peak.tolist())
     # DualPipe: PP + 1 stage activations on every worker (PP = W ranks = D stages), for even W
     if W % 2 == 0:
         r = simulate(dualpipe(W, 2 * W), **UNIT)
-        assert peak_f_to_w(r, 1.0).tolist() == [paper_memory("dualpipe", W)] * W == [W + 1] * W
+        assert peak_f_to_w(r, 1.0).tolist() == [v_shape_memory("dualpipe", W)] * W == [W + 1] * W
     # ZB-H1 (interleaved ZB with one chunk) keeps 1F1B's memory, W micro-batches on worker 0.
     r = simulate(interleaved_zero_bubble(W, 1, 2 * W), **UNIT)
-    assert peak_f_to_w(r, 1.0).max() == paper_memory("interleaved_zero_bubble", W, 1) == W
+    assert peak_f_to_w(r, 1.0).max() == v_shape_memory("interleaved_zb", W, 1) == W
     # the ordering of the family's memory: V-Min <= V-Half <= ZB-V = 1F1B
-    mem = [float(paper_memory(name, W) or 0) for name in ("v_min", "v_half", "zb_v")]
+    mem = [float(v_shape_memory(name, W) or 0) for name in ("v_min", "v_half", "zb_v")]
     assert mem == sorted(mem) and mem[-1] == W
 
 
@@ -274,22 +263,22 @@ def test_bubble_against_the_papers_formulas(W, mult):
         return longest_span_idle(r)
 
     # exact: ZB-V has no bubble (ZB paper §6); 1F1B (W−1)/(M+W−1); ZB-H1 idle (W−1)(T_F+T_I−T_W) = W−1
-    assert idle("zb_v") == 0.0 == paper_bubble("zb_v", W, M)
+    assert idle("zb_v") == 0.0 == v_shape_bubble("zb_v", W, M)
     r = simulate(one_f_one_b(W, M), **UNIT)
     assert 1 - r.busy.max() / (r.busy.max() + longest_span_idle(r)) == pytest.approx(
-        paper_bubble("1f1b", W, M), abs=1e-12)
+        v_shape_bubble("1f1b", W, M), abs=1e-12)
     for V in (1, 2, 3):
         r = simulate(interleaved_zero_bubble(W, V, M), **UNIT)
         assert longest_span_idle(r) == W - 1
         assert 1 - r.busy.max() / (r.busy.max() + W - 1) == pytest.approx(
-            paper_bubble("interleaved_zero_bubble", W, M, V), abs=1e-12)
+            v_shape_bubble("interleaved_zb", W, M, V), abs=1e-12)
     # approximate ("~" in the paper: the leading term of the ramps' idle, 4W for V-Min, 3W for V-Half):
     # measured 4W − 5 (4W − 3 when 3 | W) and 3W − 3 (3W − 4 for odd W), the O(1) terms of the ramps.
     vmin, vhalf = idle("v_min"), idle("v_half")
     assert vmin == (4 * W - 3 if W % 3 == 0 else 4 * W - 5)
     assert vhalf == (3 * W - 3 if W % 2 == 0 else 3 * W - 4)
     assert 4 * W - 5 <= vmin <= 4 * W and 3 * W - 4 <= vhalf <= 3 * W
-    assert 1 - busy / (busy + 4 * W) == pytest.approx(1 - 1 / (1 + paper_bubble("v_min", W, M)), abs=1e-12)
+    assert 1 - busy / (busy + 4 * W) == pytest.approx(1 - 1 / (1 + v_shape_bubble("v_min", W, M)), abs=1e-12)
     # DualPipeV: DeepSeek's bubble (D/2 − 1)(F&B + B − 3W) with F&B = F + B is a bound; measured: one T_F
     # per hop, W − 1 in all
     dpv = idle("dualpipe_v")
@@ -299,7 +288,7 @@ def test_bubble_against_the_papers_formulas(W, mult):
     if W % 2 == 0:
         r = simulate(dualpipe(W, M), **UNIT)
         assert r.busy.max() == 3 * M and longest_span_idle(r) == W // 2 - 1 <= (W // 2 - 1) * 2
-        assert paper_bubble("dualpipe", W, M) == pytest.approx((W - 2) / (3 * M + W - 2))
+        assert v_shape_bubble("dualpipe", W, M) == pytest.approx((W - 2) / (3 * M + W - 2))
     # the trade-off: less memory costs bubble, and all of them beat 1F1B's 3(W − 1)
     assert 0 == idle("zb_v") < dpv < vhalf <= vmin
 
@@ -341,25 +330,6 @@ def test_overlap_model_is_named():
         dualpipe(2, 4, overlap="overlapped")
 
 
-def test_v_shape_table_rows_and_columns():
-    rows = v_shape_table([2, 4], [8, 16])
-    assert {r["schedule"] for r in rows} == {*PAPER_FORMULAS}
-    assert len(rows) == 2 * 2 * 7
-    for r in rows:
-        busy = 3 * r["M"] * (1 if r["schedule"] in ("1f1b", "dualpipe") else 2)
-        assert r["bubble"] == pytest.approx(r["idle"] / (r["idle"] + busy))
-        if r["exact"] and r["schedule"] != "dualpipe_v":
-            assert r["bubble"] == pytest.approx(r["paper_bubble"], abs=1e-12), r
-    assert [r["W"] for r in rows if r["schedule"] == "zb_v"] == [2, 2, 4, 4]
-    assert v_shape_table([2], [3]) and all(r["schedule"] != "dualpipe_v" for r in v_shape_table([2], [3]))
-
-
-def test_v_shape_table_memory_column_equals_the_papers():
-    rows = v_shape_table([2, 3, 4, 8], [16])
-    for r in rows:
-        if r["paper_memory"] is not None:
-            assert r["peak_memory"] == pytest.approx(r["paper_memory"]), r
-
 
 # ------------------------------------------------------------------------------------ 4. bad input
 def test_clear_errors_for_sizes_the_builders_cannot_handle():
@@ -382,9 +352,9 @@ def test_clear_errors_for_sizes_the_builders_cannot_handle():
     with pytest.raises(ValueError, match=r"chunk must be 0 or 1"):
         v_stage(0, 2, 4)
     with pytest.raises(ValueError, match=r"name must be one of"):
-        paper_bubble("gpipe", 2, 4)
+        v_shape_bubble("gpipe", 2, 4)
     with pytest.raises(ValueError, match=r"name must be one of"):
-        paper_memory("gpipe", 2)
+        v_shape_memory("gpipe", 2)
     with pytest.raises(ValueError, match=r"compute jobs, too large"):
         zb_v(10**4, 10**4)
 

@@ -14,17 +14,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipelab.papers import zero_bubble_closed_form
 from pipelab.schedules import Action, Schedule, ScheduleError, one_f_one_b, pipedream, validate
 from pipelab.schedules.builders import BUILDERS
 from pipelab.schedules.zero_bubble import (
-    paper_closed_form,
     split_order,
     zb_async,
     zb_h1,
     zb_h2,
 )
 from pipelab.simulator import SimResult, simulate
-from pipelab.studies.zero_bubble_tables import zero_bubble_table
 
 
 def _order(s: Schedule, w: int) -> str:
@@ -104,54 +103,12 @@ def test_zb_h1_equals_torch_zero_bubble_with_one_stage_per_rank(D: int) -> None:
 
 
 # --------------------------------------------------------------------------- Table 1: bubble and memory
-def test_table_1_bubble_and_peak_memory_equal_the_closed_form() -> None:
-    """T_F = T_I = T_W: the simulated bubble per step (period of back-to-back steps minus the work) and the peak
-    resident micro-batches equal the paper's Table 1 exactly for 1F1B, ZB-H1 and ZB-H2, D in {2,3,4,8}, M in
-    {D, 2D, 3D}; ZB-H2 with M < 2D-1 is refused (its zero bubble needs 2D-1 warm-up forwards on worker 0)."""
-    rows = zero_bubble_table([2, 3, 4, 8])
-    assert len(rows) == 4 * 3 * 3
-    measured = 0
-    for r in rows:
-        D, M = r["D"], r["M"]
-        if r["schedule"] == "ZB-H2" and M < 2 * D - 1:
-            assert r["bubble"] is None and "2D-1" in r["note"]
-            continue
-        measured += 1
-        assert r["bubble"] == r["paper_bubble"], r
-        assert r["peak_activations"] == r["paper_peak"], r
-        assert r["bubble_fraction"] == pytest.approx(r["paper_bubble_fraction"], abs=1e-12), r
-        # One flushed step alone adds only the fill skew: D-1 idle slots per worker for the ZB schedules.
-        one_step_idle = {"1F1B": 3 * (D - 1), "ZB-H1": D - 1, "ZB-H2": D - 1}[r["schedule"]]
-        assert r["one_step_bubble_fraction"] == pytest.approx(one_step_idle / (3 * M + one_step_idle), abs=1e-12)
-    assert measured == 4 * 3 * 3 - 4  # only ZB-H2 at M = D is left out
-    # the three schedules differ, so the comparison discriminates
-    d4 = {r["schedule"]: r["bubble"] for r in rows if (r["D"], r["M"]) == (4, 8)}
-    assert d4 == {"1F1B": 9.0, "ZB-H1": 3.0, "ZB-H2": 0.0}
 
 
-@pytest.mark.parametrize("costs", [(1.0, 1.0, 0.5), (1.0, 1.5, 0.5), (1.2, 1.0, 0.8), (2.0, 1.0, 1.0),
-                                   (1.0, 2.0, 1.0), (1.0, 0.5, 1.0)])
-def test_table_1_bubble_with_unequal_pass_times(costs: tuple[float, float, float]) -> None:
-    """General T_F, T_I, T_W with T_W <= T_F: ZB-H1's bubble is exactly (D-1)(T_F+T_I-T_W) and ZB-H2's is
-    max(0, (D-1)(T_F+T_I-2T_W)) (the closed form is negative when 2T_W > T_F+T_I; no bubble is then left);
-    1F1B's is (D-1)(T_F+T_I+T_W). Tolerance 1e-9 (float sums)."""
-    t_f, t_i, t_w = costs
-    for r in zero_bubble_table([3, 4], [9, 12], t_f=t_f, t_i=t_i, t_w=t_w):
-        expected = max(0.0, r["paper_bubble"]) if r["schedule"] == "ZB-H2" else r["paper_bubble"]
-        assert r["bubble"] == pytest.approx(expected, abs=1e-9), r
 
-
-def test_zb_h1_closed_form_assumes_weight_pass_not_longer_than_forward() -> None:
-    """Outside the stated domain (T_W > T_F) ZB-H1's closed form undercounts: measured (D-1)(T_F+T_I-T_F) =
-    (D-1)T_I against the formula's (D-1)(T_F+T_I-T_W); the check is real, not vacuous."""
-    (row,) = [r for r in zero_bubble_table([4], [8], t_f=1.0, t_i=1.0, t_w=1.5) if r["schedule"] == "ZB-H1"]
-    assert row["paper_bubble"] == pytest.approx(1.5)
-    assert row["bubble"] == pytest.approx(3.0)
-
-
-def test_paper_closed_form_refuses_unknown_schedule() -> None:
+def test_zero_bubble_closed_form_refuses_unknown_schedule() -> None:
     with pytest.raises(ValueError, match="schedule must be one of"):
-        paper_closed_form("ZB-V", 4)
+        zero_bubble_closed_form("ZB-V", 4)
 
 
 # --------------------------------------------------------------------------- the order rule and bad input

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
+from pipelab.papers import rahimi_row  # noqa: E402
 from pipelab.schedules import Schedule, fslpp, gpipe, lpp, pipedream  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
 from pipelab.studies import figures  # noqa: E402
@@ -159,11 +160,6 @@ def _weight_fetches_from_programs(s: Schedule) -> int:
                for w, prog in enumerate(s.programs))
 
 
-def _note(S: int, B: int, G: int, R: int) -> dict[str, float]:
-    """Rahimi's Table 1 LPP row, written out here (not read from pipelab.schedules.rahimi)."""
-    return {"latency": S + B / G - 1, "activation_storage": S / R * min(S, B / G), "weight_xmit": 0.0}
-
-
 @pytest.mark.parametrize("preset", ["tiny", "quick", "paper"])
 def test_rahimi_lpp_rows_pinned_to_the_note(preset: str) -> None:
     cfg = _RAHIMI[preset]
@@ -173,7 +169,7 @@ def test_rahimi_lpp_rows_pinned_to_the_note(preset: str) -> None:
     assert len(looped) == 6 and {r["priority"] for r in looped} == set(RAHIMI_PRIORITIES)
     for r in looped:
         R = r["params"]["R"]
-        note, sim = _note(S, B, G, R), r["simulated"]
+        note, sim = rahimi_row("LPP", S, B, G, R), r["simulated"]
         build = lpp if r["scheme"] == "LPP" else fslpp
         s = build(S, B, G, R, priority=r["priority"])
         assert sim["activation_storage"] == _peak_from_programs(s), r["case"]
@@ -206,7 +202,7 @@ def test_lpp_latency_closed_form_and_errors() -> None:
     for S, B, G, R in [(4, 8, 2, 4), (4, 8, 2, 2), (8, 16, 4, 4), (8, 16, 4, 8), (8, 8, 1, 2), (6, 12, 2, 3)]:
         r = simulate(lpp(S, B, G, R, priority="forward_first"))
         assert r.latency_units == pytest.approx(lpp_latency(S, B, G, R)), (S, B, G, R)
-    assert lpp_latency(4, 8, 2, 2) == 9.0 > _note(4, 8, 2, 2)["latency"]
+    assert lpp_latency(4, 8, 2, 2) == 9.0 > rahimi_row("LPP", 4, 8, 2, 2)["latency"]
     with pytest.raises(ValueError, match="R | S"):
         lpp_latency(8, 4, 2, 3)
     with pytest.raises(ValueError, match="priority must be"):

@@ -15,11 +15,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipelab.papers import RAHIMI_COLUMNS
 from pipelab.runtime.trace import JobRecord, Timeline
 from pipelab.schedules import ddp, fsdp, fslpp, gpipe, hybrid, lpp
-from pipelab.schedules.rahimi import COLUMNS
 from pipelab.simulator import simulate
-from pipelab.studies.calibration import RAHIMI_RUNS, RahimiRunConfig, rahimi_measured, runtime_table_row
+from pipelab.studies.calibration import RahimiRunConfig, rahimi_measured, runtime_table_row
+from pipelab.studies.settings import RAHIMI_RUNS
 
 COUNTED = ("W", "activation_xmit", "weight_xmit", "activation_storage", "weight_storage")
 
@@ -65,7 +66,7 @@ def test_runtime_table_row_reads_the_columns_off_a_measurement() -> None:
     # unit = mean F (1.0) + mean B (2.0) = 3; makespan = 5.5 (rank 0's last end)
     assert row == {"W": 2.0, "latency": 5.5 / 3.0, "activation_xmit": 3.0, "weight_xmit": 3.0,
                    "activation_storage": 2.0, "weight_storage": 2.0}
-    assert set(row) == set(COLUMNS)
+    assert set(row) == set(RAHIMI_COLUMNS)
     with pytest.raises(ValueError, match="positive"):
         runtime_table_row(parts, 0, 100)
     with pytest.raises(ValueError, match="record=True"):
@@ -122,7 +123,7 @@ def test_figure_tiny_has_every_cell_and_its_markdown_reads_the_rows() -> None:
     out = figures.make("schedules_rahimi_measured", "tiny")
     lines = out.tables["csv"].strip().splitlines()
     assert lines[0].startswith("scheme,schedule,column,note,simulated,simulated_fetches,runtime,counted_equal")
-    assert len(lines) == 1 + 5 * len(COLUMNS)
+    assert len(lines) == 1 + 5 * len(RAHIMI_COLUMNS)
     assert out.notes["counted_columns_equal"] is True
     assert all(line.endswith(",True") for line in lines[1:] if ",latency," not in line)
     md = rahimi_measured_markdown(out.data, "tiny")

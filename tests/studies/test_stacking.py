@@ -14,8 +14,9 @@ from torch import nn
 
 from pipelab.emulator import Emulator, evaluate
 from pipelab.schedules import pipedream
-from pipelab.studies.learning_curves import ARM_POLICIES, RunConfig, run, run_stacked, with_
+from pipelab.studies.learning_curves import RunConfig, run, run_stacked, with_
 from pipelab.studies.models import deep_mlp, he_init, small_cnn, transformer_classifier
+from pipelab.studies.settings import ARM_POLICIES
 from pipelab.studies.stacking import Stacked, check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss
 
 TOL = 1e-10

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipelab.stability import heavy_ball_threshold
-from pipelab.studies.figures.learning_curves import STUDY_TUNING, Tuning, _config, _runs, tuned_arms
+from pipelab.studies.figures.learning_curves import _config, _runs, tuned_arms
 from pipelab.studies.figures.study import STUDY_FIGURES, lr_map_rows, threshold_lrs, tuned_rows
+from pipelab.studies.settings import STUDY_TUNING, Tuning
 from pipelab.studies.tuning import Halving, HalvingRound
 
 

@@ -37,16 +37,16 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ...optim import optimizer_label
+from ...optim import OPTIMIZERS, optimizer_label
 from ...policies import policy_info
 from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
 from ..config import from_preset
 from ..data import load_dataset
-from ..learning_curves import ARM_POLICIES, OPTIMIZER_SETTINGS, OPTIMIZERS, TASKS, grid, sweep, with_
+from ..learning_curves import grid, sweep, with_
+from ..settings import ARM_OPTIMIZER_SETTINGS, POLICY_ORDER, QUICK_POLICIES, STUDY_TUNING, TASKS, TINY_TUNING, Tuning
 from . import FigureOutput, register
 
-#: the learning-curve arms in registry order, and their legend labels (:attr:`pipelab.policies.Policy.title`)
-POLICY_ORDER = tuple(ARM_POLICIES)
+#: the learning-curve arms' legend labels (:attr:`pipelab.policies.Policy.title`)
 LABELS = {p: policy_info(p).title for p in POLICY_ORDER}
 
 
@@ -54,32 +54,6 @@ def _device() -> str:
     from ...distributed import resolve_device
 
     return str(resolve_device("auto"))
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """Per-arm learning-rate selection of a preset (:mod:`pipelab.studies.tuning`): successive halving on the
-    validation split.
-
-    Attributes:
-        grids: ``(optimizer, low, high, n)``: each optimizer's log-spaced grid of n >= 5 rates (:func:`lr_grid`).
-        seeds: the tuning seeds; eta, min_epochs, max_epochs: the halving's rounds.
-    """
-
-    grids: tuple[tuple[str, float, float, int], ...]
-    seeds: tuple[int, ...] = (0,)
-    eta: int = 3
-    min_epochs: int = 1
-    max_epochs: int = 3
-
-    def lrs(self, optimizer: str) -> list[float]:
-        from ..tuning import lr_grid
-
-        for name, low, high, n in self.grids:
-            if name == optimizer:
-                return lr_grid(low, high, n)
-        raise ValueError(f"no learning-rate grid for optimizer {optimizer!r}; the grids cover "
-                         f"{', '.join(g[0] for g in self.grids)}")
 
 
 @dataclass(frozen=True)
@@ -99,7 +73,8 @@ class LearningCurvesConfig:
 
     ``tasks_apart`` gives some tasks their own plan (:class:`TaskPlan`: optimizers, depths, epochs, training-set
     size); the others use the fields above. With ``tuning``, every arm runs at its own learning rate, selected on an
-    ``n_val`` validation split (:class:`Tuning`); the common-rate runs (:data:`OPTIMIZER_SETTINGS`' rates, same
+    ``n_val`` validation split (:class:`~pipelab.studies.settings.Tuning`); the common-rate runs
+    (:data:`~pipelab.studies.settings.ARM_OPTIMIZER_SETTINGS`' rates, same
     splits and seeds) are made for ``common_tasks`` and ``common_optimizers`` (``None``: all) for comparison.
     """
 
@@ -136,28 +111,18 @@ class LearningCurvesConfig:
         return self.plan(task).epochs or self.epochs
 
 
-_QUICK_POLICIES = ("sequential", "vanilla", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare")
-
-#: The study's learning-rate grids. SGDM: 6 rates from 1e-4 to 1e-1, which straddle the heavy-ball thresholds
-#: z*(β = 0.9, τ)/λ_max of the Fashion-MNIST MLP (λ_max ≈ 90 at initialisation): ≈ 4e-2 without delay, ≈ 4e-4 for
-#: τ = 3 and ≈ 2e-4 for τ = 7 (figure ``study_lr_map`` draws them; notebook 03 derives z*). Adam: 5 rates over two
-#: decades around its usual 1e-3 (its threshold is in preconditioned units, which the study does not measure).
-STUDY_TUNING = Tuning(grids=(("sgdm", 1e-4, 1e-1, 6), ("adam", 1e-4, 1e-2, 5)), seeds=(100,), eta=3, min_epochs=1,
-                      max_epochs=3)
-
-
 def _presets() -> dict[str, LearningCurvesConfig]:
     return {
         "tiny": LearningCurvesConfig(("digits_mlp",), ("sgdm",), ("sequential", "stashing", "pipeoptim"), 4, (0,),
                                      epochs=1, batch_size=32, n_train=512, n_test=200, n_eval_train=200,
                                      depths=(4,), gap_tasks=("digits_mlp",), n_val=64,
-                                     tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1, 5),), seeds=(100,), max_epochs=1)),
+                                     tuning=TINY_TUNING),
         "quick": LearningCurvesConfig(("fashion_mnist_mlp", "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"),
-                                      _QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
+                                      QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
                                       n_test=2000, n_eval_train=2000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp",)),
         "study": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "wordlang_transformer"),
-                                      ("adam", "sgdm"), _QUICK_POLICIES, 4, (0, 1, 2, 3, 4), epochs=6, batch_size=128,
+                                      ("adam", "sgdm"), QUICK_POLICIES, 4, (0, 1, 2, 3, 4), epochs=6, batch_size=128,
                                       n_train=None, n_test=None, n_eval_train=5000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp",), n_val=5000, tuning=STUDY_TUNING,
                                       tasks_apart=(("fashion_mnist_cnn", TaskPlan(("adam",), (4,), 3, 20_000)),
@@ -192,8 +157,8 @@ def arm_configs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str
 def tuned_arms(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...],
                progress: bool = False) -> list[Any]:
     """Successive halving (:func:`pipelab.studies.tuning.successive_halving`) of every arm of the grid over its
-    optimizer's
-    grid (:class:`Tuning`), on the validation split; one :class:`~pipelab.studies.tuning.Halving` per arm."""
+    optimizer's grid (:class:`Tuning`), on the validation split; one :class:`~pipelab.studies.tuning.Halving` per
+    arm."""
     from ..tuning import successive_halving
 
     if cfg.tuning is None:
@@ -283,7 +248,7 @@ def _lr(r: dict) -> float:
     if r.get("lr") is not None:
         return float(r["lr"])
     opt = r["optimizer"]
-    return float(OPTIMIZER_SETTINGS.get(opt, {}).get("lr", OPTIMIZERS[opt].defaults["lr"]))
+    return float(ARM_OPTIMIZER_SETTINGS.get(opt, {}).get("lr", OPTIMIZERS[opt].defaults["lr"]))
 
 
 def lr_label(records: Sequence[dict]) -> str:
@@ -599,7 +564,8 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
     from ...policies import Predicted, Stored
     from ...profiling import profile_stages
     from ...simulator import simulate
-    from ..learning_curves import _schedule, prepare
+    from ..learning_curves import prepare
+    from ..settings import arm_schedule
 
     out: dict[str, dict[str, Any]] = {}
     profiles: dict[int, Any] = {}
@@ -617,7 +583,7 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
             out[pol] = {"period": float((f + b + u).sum()), "recompute": [0.0] * D, "predictions": [0.0] * D,
                         "copies": [0] * D}
             continue
-        sched = _schedule(cfg, 6 * D)
+        sched = arm_schedule(cfg.policy, cfg.D, cfg.M, 6 * D, cfg.schedule)
         plan = build_pipeline(prep.stages, schedule=sched, policy=prep.policy, optimizer=prep.optimizer)
         steady = [(k, t, j) for (k, t, j) in plan.specs if D <= t < 5 * D]
         r, p = np.zeros(D), np.zeros(D)

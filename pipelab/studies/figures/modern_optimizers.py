@@ -11,29 +11,26 @@ Three papers say how much staleness costs depends on the optimizer, and that che
 - Zheng et al., "Asynchronous Stochastic Gradient Descent with Delay Compensation" (ICML 2017): DC-ASGD beats
   uncompensated asynchronous SGD.
 
-The runs: the learning-curve runner (:func:`pipelab.studies.learning_curves.sweep`, exact emulator, cached per run) on
-the
-bias-free Fashion-MNIST MLP (``fashion_mnist_mlp_nobias``: torch's Muon takes only matrices, and every optimizer
-runs on the same net), every (policy, optimizer) pair the registry serves
-(:func:`~pipelab.studies.learning_curves.serves`:
-the Nesterov policy takes NAdam), D stages, the same seeds for every arm (same initial weights, same mini-batches),
-so that every comparison is paired by seed. The metric is the held-out loss at the end of training (the final
-epoch's test loss, never used to select anything: the papers' validation loss), with the final test accuracy
-beside it.
+The runs: the learning-curve runner (:func:`pipelab.studies.learning_curves.sweep`, exact emulator, cached per run)
+on the bias-free Fashion-MNIST MLP (``fashion_mnist_mlp_nobias``: torch's Muon takes only matrices, and every
+optimizer runs on the same net), every (policy, optimizer) pair the registry serves
+(:func:`~pipelab.studies.learning_curves.serves`: the Nesterov policy takes NAdam), D stages, the same seeds for
+every arm (same initial weights, same mini-batches), so that every comparison is paired by seed. The metric is the
+held-out loss at the end of training (the final epoch's test loss, never used to select anything: the papers'
+validation loss), with the final test accuracy beside it.
 
 Every comparison is a paired difference over seeds with its 95% Student-t interval
 (:func:`pipelab.statistics.paired_difference`; ``*``: resolved, the interval excludes 0). The claims
 (:data:`CLAIMS`) are decided per (optimizer, D) row and then over the rows, as notebook 04's claims are
-(:mod:`pipelab.studies.figures.learning_curves`): *beats*: reproduced when a's loss is resolved lower than b's in every
-row,
-refuted when resolved higher in one; *small gap*: reproduced when the interval of the loss gap lies below
+(:mod:`pipelab.studies.figures.learning_curves`): *beats*: reproduced when a's loss is resolved lower than b's in
+every row, refuted when resolved higher in one; *small gap*: reproduced when the interval of the loss gap lies below
 :data:`LOSS_MARGIN` (0.01, the paper's "≈ 0.01") in every row, refuted when it lies above it in one; *closes most*:
 error feedback's loss is resolved lower than 2BW's and the mean gap it removes is at least half of 2BW's mean gap,
 in every row; otherwise inconclusive. Runs that diverge are counted and left out of the pairs.
 
 Learning rates: one per optimizer, the same for every policy, so that a gap is the price of staleness at the rate
 that trains the synchronous baseline. ``quick`` uses each optimizer's common rate (SGDM 0.01, AdamW 1e-3, NAdam
-2e-3, Muon 0.02, Jordan et al.'s); with a :class:`~pipelab.studies.figures.learning_curves.Tuning` (``tiny`` for SGDM,
+2e-3, Muon 0.02, Jordan et al.'s); with a :class:`~pipelab.studies.settings.Tuning` (``tiny`` for SGDM,
 ``study``) the rate is selected by successive halving on the *sequential* arm's validation split
 (:func:`pipelab.studies.tuning.successive_halving`). Muon runs alone (not stacked) and torch's Newton–Schulz iteration
 runs in bfloat16, about 18 times slower than float32 on a CPU, so ``quick`` runs Muon under the arms claim (i)
@@ -56,31 +53,36 @@ from ...optim import optimizer_label
 from ...statistics import PairedDifference, paired_difference, resolved, t_interval
 from ..config import from_preset
 from ..learning_curves import RunConfig, grid, sweep, with_
+from ..settings import (
+    MODERN_LRS,
+    MODERN_ONLY,
+    MODERN_OPTIMIZERS,
+    MODERN_POLICIES,
+    MODERN_TUNING,
+    MUON_POLICIES,
+    TINY_TUNING,
+    Tuning,
+)
 from . import FigureOutput, register
-from .learning_curves import LABELS, Tuning, _colors, _lr, lr_label, test_set_size
+from .learning_curves import LABELS, _colors, _lr, lr_label, test_set_size
 
-__all__ = ["ModernConfig", "PRESETS", "CLAIMS", "LOSS_MARGIN", "modern_configs", "modern_rates", "modern_runs",
-           "gap_rows", "claim_rows", "claim_verdicts", "claims_markdown", "gaps_markdown", "read_modern_runs",
-           "parse_modern_runs", "modern_runs_csv", "setup_markdown"]
-
-#: the policies of the comparison, in drawing order
-POLICIES = ("sequential", "2bw", "error_feedback", "vanilla", "stashing", "dc_asgd", "nesterov_async")
+__all__ = ["ModernOptimizersConfig", "PRESETS", "CLAIMS", "LOSS_MARGIN", "modern_configs", "modern_rates",
+           "modern_runs", "gap_rows", "claim_rows", "claim_verdicts", "claims_markdown", "gaps_markdown",
+           "read_modern_runs", "parse_modern_runs", "modern_runs_csv", "setup_markdown"]
 
 #: the largest held-out-loss gap called "small" (nats): the paper's Muon gap, ≈ 0.01
 LOSS_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
-class ModernConfig:
+class ModernOptimizersConfig:
     """The runs of ``modern_optimizers`` (the run fields mean what they mean in
-    :class:`~pipelab.studies.learning_curves.
-    RunConfig`).
+    :class:`~pipelab.studies.learning_curves.RunConfig`).
 
     Attributes:
         task: a task whose parameters are all matrices (Muon); optimizers, policies: the grid (only the pairs
             :func:`~pipelab.studies.learning_curves.serves` accepts run); muon_policies: the policies Muon runs
-            (``None``:
-            all); only: other optimizers' policy lists, ``((optimizer, policies), ...)`` (the β1 = 0.99 NAdam
+            (``None``: all); only: other optimizers' policy lists, ``((optimizer, policies), ...)`` (the β1 = 0.99 NAdam
             runs the asynchronous-Nesterov claim's arms only); depths, seeds: D values and seeds; lrs: each
             optimizer's common rate; tuning: select each optimizer's rate on the sequential arm instead (its grids
             name the optimizers tuned; the others keep
@@ -109,34 +111,26 @@ class ModernConfig:
                     n_eval_train=self.n_eval_train, n_val=self.n_val, device=self.device)
 
 
-_OPTIMIZERS = ("sgdm", "adamw", "nadam", "nadam_async", "muon")
-_LRS = (("sgdm", 0.01), ("adamw", 1e-3), ("nadam", 2e-3), ("nadam_async", 2e-3), ("muon", 0.02))
-#: NAdam with the paper's β1 = 0.99 (2505.01099's run script) runs the arms of its claim and vanilla for scale
-_ONLY = (("nadam_async", ("sequential", "vanilla", "nesterov_async")),)
-_MUON_POLICIES = ("sequential", "2bw", "error_feedback")
-
-PRESETS: dict[str, ModernConfig] = {
-    "tiny": ModernConfig("digits_mlp_nobias", _OPTIMIZERS, POLICIES, (4,), (0, 1), epochs=1, batch_size=32,
-                         n_train=192, n_test=100, n_eval_train=64, lrs=_LRS, muon_policies=_MUON_POLICIES, only=_ONLY,
-                         tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1, 5),), seeds=(100,), max_epochs=1), n_val=64),
-    "quick": ModernConfig("fashion_mnist_mlp_nobias", _OPTIMIZERS, POLICIES, (4,), (0, 1, 2, 3, 4), epochs=3,
-                          batch_size=64, n_train=4096, n_test=2000, n_eval_train=2000, lrs=_LRS,
-                          muon_policies=_MUON_POLICIES, only=_ONLY),
-    "study": ModernConfig("fashion_mnist_mlp_nobias", _OPTIMIZERS, POLICIES, (4, 8), (0, 1, 2, 3, 4), epochs=6,
-                          batch_size=128, n_train=None, n_test=None, n_eval_train=5000, lrs=_LRS, only=_ONLY,
-                          tuning=Tuning(grids=(("sgdm", 1e-3, 1e-1, 5), ("adamw", 1e-4, 1e-2, 5),
-                                               ("nadam", 1e-4, 1e-2, 5), ("nadam_async", 1e-4, 1e-2, 5),
-                                               ("muon", 2e-3, 2e-1, 5)), seeds=(100,)),
-                          n_val=5000),
+PRESETS: dict[str, ModernOptimizersConfig] = {
+    "tiny": ModernOptimizersConfig("digits_mlp_nobias", MODERN_OPTIMIZERS, MODERN_POLICIES, (4,), (0, 1), epochs=1,
+                                   batch_size=32, n_train=192, n_test=100, n_eval_train=64, lrs=MODERN_LRS,
+                                   muon_policies=MUON_POLICIES, only=MODERN_ONLY, tuning=TINY_TUNING, n_val=64),
+    "quick": ModernOptimizersConfig("fashion_mnist_mlp_nobias", MODERN_OPTIMIZERS, MODERN_POLICIES, (4,),
+                                    (0, 1, 2, 3, 4), epochs=3, batch_size=64, n_train=4096, n_test=2000,
+                                    n_eval_train=2000, lrs=MODERN_LRS, muon_policies=MUON_POLICIES, only=MODERN_ONLY),
+    "study": ModernOptimizersConfig("fashion_mnist_mlp_nobias", MODERN_OPTIMIZERS, MODERN_POLICIES, (4, 8),
+                                    (0, 1, 2, 3, 4), epochs=6, batch_size=128, n_train=None, n_test=None,
+                                    n_eval_train=5000, lrs=MODERN_LRS, only=MODERN_ONLY, tuning=MODERN_TUNING,
+                                    n_val=5000),
 }
 PRESETS["paper"] = PRESETS["study"]
 
 
-def _config(preset: str) -> ModernConfig:
+def _config(preset: str) -> ModernOptimizersConfig:
     return from_preset(PRESETS, preset)
 
 
-def modern_configs(cfg: ModernConfig, lrs: dict[str, float] | None = None) -> list[RunConfig]:
+def modern_configs(cfg: ModernOptimizersConfig, lrs: dict[str, float] | None = None) -> list[RunConfig]:
     """Every run of the grid that can run (served pairs, Muon's policies), each at its optimizer's rate."""
     rates = {**dict(cfg.lrs), **(lrs or {})}
     out = []
@@ -150,7 +144,7 @@ def modern_configs(cfg: ModernConfig, lrs: dict[str, float] | None = None) -> li
     return out
 
 
-def modern_rates(cfg: ModernConfig, progress: bool = False) -> dict[str, tuple[float, str]]:
+def modern_rates(cfg: ModernOptimizersConfig, progress: bool = False) -> dict[str, tuple[float, str]]:
     """Each optimizer's rate and how it was chosen: ``"common"``, or ``"tuned"`` by successive halving of its
     grid (:class:`Tuning`) on the sequential arm (first depth, tuning seeds; validation accuracy)."""
     from ..tuning import check_selected, successive_halving
@@ -169,7 +163,7 @@ def modern_rates(cfg: ModernConfig, progress: bool = False) -> dict[str, tuple[f
     return out
 
 
-def modern_runs(cfg: ModernConfig, progress: bool = False) -> tuple[list[dict], dict[str, tuple[float, str]]]:
+def modern_runs(cfg: ModernOptimizersConfig, progress: bool = False) -> tuple[list[dict], dict[str, tuple[float, str]]]:
     """The records of every run (through the learning-curve cache) and the rates they ran at."""
     rates = modern_rates(cfg, progress)
     records = sweep(modern_configs(cfg, {o: r for o, (r, _) in rates.items()}), progress=progress,
@@ -219,7 +213,7 @@ def gap_rows(records: Sequence[dict]) -> list[dict]:
                      "loss_gap": dl.mean, "loss_gap_ci95": dl.half_width, "loss_gap_resolved": resolved(dl),
                      "acc_gap_pp": 100 * da.mean, "acc_gap_ci95_pp": 100 * da.half_width,
                      "acc_gap_resolved": resolved(da)})
-    order = {p: i for i, p in enumerate(POLICIES)}
+    order = {p: i for i, p in enumerate(MODERN_POLICIES)}
     return sorted(rows, key=lambda r: (r["D"], r["optimizer"], order.get(r["policy"], len(order))))
 
 
@@ -470,14 +464,14 @@ def modern_optimizers(preset: str, *, progress: bool = False) -> FigureOutput:
     verdicts = claim_verdicts(claims)
     D = cfg.depths[0]
     opts = [o for o in cfg.optimizers if any(r["optimizer"] == o for r in records)]
-    colors = _colors(POLICIES)
-    pipelined = [p for p in POLICIES if p != "sequential" and any(g["policy"] == p for g in gaps)]
+    colors = _colors(MODERN_POLICIES)
+    pipelined = [p for p in MODERN_POLICIES if p != "sequential" and any(g["policy"] == p for g in gaps)]
     fig, axes = plt.subplots(2, len(opts), figsize=(3.4 * len(opts) + 1.6, 7.2), squeeze=False,
                              gridspec_kw={"height_ratios": (1.1, 1.0)})
     handles: dict[str, Any] = {}
     for i, opt in enumerate(opts):
         ax = axes[0, i]
-        for pol in POLICIES:
+        for pol in MODERN_POLICIES:
             rs = [r for r in records if r["optimizer"] == opt and r["D"] == D and r["policy"] == pol]
             if not rs:
                 continue
@@ -515,8 +509,9 @@ def modern_optimizers(preset: str, *, progress: bool = False) -> FigureOutput:
     fig.suptitle(f"Modern optimizers under pipeline staleness: {cfg.task}, {len(cfg.seeds)} seeds, {cfg.epochs} "
                  f"epochs, n_test={n_test}, preset {preset}; filled dot: gap resolved; grey band: |gap| < "
                  f"{LOSS_MARGIN:g}\n{text}", fontsize=8.5)
-    fig.legend([handles[p] for p in POLICIES if p in handles], [LABELS[p] for p in POLICIES if p in handles],
-               loc="lower center", ncol=4, fontsize=8, frameon=False)
+    drawn = [p for p in MODERN_POLICIES if p in handles]
+    fig.legend([handles[p] for p in drawn], [LABELS[p] for p in drawn], loc="lower center", ncol=4, fontsize=8,
+               frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 0.93))
     notes = {"runs": len(records), "seconds": round(sum(float(r["seconds"]) for r in records), 1),
              "lr": lr_label(records), "rates": {o: {"lr": lr, "how": how} for o, (lr, how) in rates.items()},

@@ -13,8 +13,8 @@
   current weights, per stage at its real staleness and per layer, with its CSV (:func:`correction_markdown`).
 
 Muon (``torch.optim.Muon``) takes only matrices, so its runs use the MLP without biases
-(:func:`pipelab.studies.models.deep_mlp` ``bias=False``, :func:`model_for`); the other optimizers keep the MLP with
-biases.
+(:func:`pipelab.studies.models.deep_mlp` ``bias=False``, :func:`model_for`); the other optimizers keep the MLP
+with biases.
 
 All runs go through :func:`pipelab.studies.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
 summary and the per-optimizer figures share them. Every figure names its learning rate(s), the weight
@@ -51,6 +51,7 @@ from ..prediction_error import (
     run_in_pipeline,
     run_prediction_error,
 )
+from ..settings import CORRECTION_ARMS, IN_PIPELINE_ARMS, IN_PIPELINE_LRS
 from . import FigureOutput, register
 
 __all__ = ["PredictionFigureConfig", "PRESET_CONFIGS", "prediction_run", "PREDICTOR_LABELS", "run_lr",
@@ -312,16 +313,14 @@ def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOu
 class InPipelineFigureConfig:
     """Runs behind ``prediction_in_pipeline``: a base run, the (policy, optimizer) panels, the lr per optimizer.
 
-    ``lrs`` overrides :data:`~pipelab.studies.prediction_error.OPTIMIZER_SETTINGS`' learning rate per optimizer (SGDM
-    0.01: at 0.05, this experiment's plain-training rate, PipeOptim and SpecTrain diverge at D = 4); ``phases``
-    windows of the run are the heatmap's columns, plus one for the whole run.
+    ``lrs`` overrides :data:`~pipelab.studies.settings.PREDICTION_OPTIMIZER_SETTINGS`' learning rate per optimizer
+    (:data:`~pipelab.studies.settings.IN_PIPELINE_LRS`); ``phases`` windows of the run are the heatmap's columns,
+    plus one for the whole run.
     """
 
     base: InPipelineConfig
-    arms: tuple[tuple[str, str], ...] = (("pipeoptim", "sgdm"), ("spectrain", "sgdm"), ("pipemare", "sgdm"),
-                                         ("pipeoptim", "adam"), ("pipemare", "adam"), ("pipeoptim", "nadam"),
-                                         ("pipeoptim", "muon"))
-    lrs: tuple[tuple[str, float], ...] = (("sgdm", 0.01),)
+    arms: tuple[tuple[str, str], ...] = IN_PIPELINE_ARMS
+    lrs: tuple[tuple[str, float], ...] = IN_PIPELINE_LRS
     phases: int = 5
 
     def run_config(self, policy: str, optimizer: str) -> InPipelineConfig:
@@ -349,11 +348,9 @@ IN_PIPELINE_CONFIGS = {
 }
 IN_PIPELINE_CONFIGS["study"] = IN_PIPELINE_CONFIGS["quick"]
 
-#: the gradient-correcting policies' panels (each on its own schedule family: error feedback on PipeDream-2BW with
-#: M = D, DC-ASGD on weight stashing's asynchronous 1F1B), at the in-pipeline figure's runs and rates
-_CORRECTION_ARMS = (("error_feedback", "sgdm"), ("error_feedback", "adamw"), ("error_feedback", "muon"),
-                    ("dc_asgd", "sgdm"), ("dc_asgd", "adamw"))
-CORRECTION_CONFIGS = {name: replace(c, arms=_CORRECTION_ARMS) for name, c in IN_PIPELINE_CONFIGS.items()}
+#: the gradient-correcting policies' panels (:data:`~pipelab.studies.settings.CORRECTION_ARMS`), at the in-pipeline
+#: figure's runs and rates
+CORRECTION_CONFIGS = {name: replace(c, arms=CORRECTION_ARMS) for name, c in IN_PIPELINE_CONFIGS.items()}
 
 
 def in_pipeline_run(cfg: InPipelineFigureConfig, policy: str, optimizer: str) -> InPipelineResult:

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ...schedules.rahimi import COLUMNS
+from ...papers import RAHIMI_COLUMNS
 from ..calibration import (
     CalibrationCase,
     CalibrationConfig,
@@ -182,7 +182,7 @@ def rahimi_measured_csv(rows: list[dict[str, Any]]) -> str:
     every column but latency)."""
     out = ["scheme,schedule,column,note,simulated,simulated_fetches,runtime,counted_equal"]
     for r in rows:
-        for c in COLUMNS:
+        for c in RAHIMI_COLUMNS:
             fetch = f"{r['simulated_fetches']:g}" if c == "weight_xmit" else ""
             eq = "" if c == "latency" else str(r["runtime"][c] == _simulated(r, c))
             out.append(f'{r["scheme"]},"{r["schedule"]}",{c},{r["note"][c]:g},{r["simulated"][c]:g},{fetch},'
@@ -197,7 +197,7 @@ def rahimi_measured_markdown(rows: list[dict[str, Any]], preset: str) -> str:
     lines = [f"Measured on {int(rows[0]['runtime']['W'])} gloo ranks (S = {p['S']}, B = {p['B']}, `{preset}` "
              "preset; latency the median of the repeats):", ""]
     for r in rows:
-        counted = [c for c in COLUMNS if c != "latency"]
+        counted = [c for c in RAHIMI_COLUMNS if c != "latency"]
         same = [_HEAD[c] for c in counted if r["runtime"][c] == _simulated(r, c)]
         diff = [f"{_HEAD[c]} {r['runtime'][c]:g} vs {_simulated(r, c):g}" for c in counted
                 if r["runtime"][c] != _simulated(r, c)]
@@ -222,7 +222,7 @@ def schedules_rahimi_measured(preset: str, *, progress: bool = False) -> FigureO
     cell_text, colours = [], []
     for r in rows:
         line, cl = [], []
-        for c in COLUMNS:
+        for c in RAHIMI_COLUMNS:
             sim = f"{r['simulated'][c]:g}" + (f" ({r['simulated_fetches']:g})" if c == "weight_xmit" else "")
             run = r["runtime"][c]
             line.append(f"{r['note'][c]:g} | {sim} | {run:.1f}" if c == "latency" else
@@ -236,7 +236,7 @@ def schedules_rahimi_measured(preset: str, *, progress: bool = False) -> FigureO
     fig, ax = plt.subplots(figsize=(13, 0.3 * len(rows) + 0.9))
     ax.axis("off")
     tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["schedule"] for r in rows],
-                   colLabels=[_HEAD[c] for c in COLUMNS], loc="upper center", cellLoc="center")
+                   colLabels=[_HEAD[c] for c in RAHIMI_COLUMNS], loc="upper center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(8.5)
     tab.scale(1, 1.35)
@@ -249,7 +249,7 @@ def schedules_rahimi_measured(preset: str, *, progress: bool = False) -> FigureO
              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
              "latency_measured_over_simulated": {r["scheme"]: round(r["runtime"]["latency"] /
                                                                     r["simulated"]["latency"], 3) for r in rows},
-             "counted_columns_equal": all(r["runtime"][c] == _simulated(r, c) for r in rows for c in COLUMNS
+             "counted_columns_equal": all(r["runtime"][c] == _simulated(r, c) for r in rows for c in RAHIMI_COLUMNS
                                           if c != "latency"),
              "rows": rows}
     return FigureOutput(fig, cfg, seed=cfg.seed, tables={"csv": rahimi_measured_csv(rows)}, notes=notes, data=rows)

@@ -19,6 +19,14 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from ...papers import (
+    RAHIMI_COLUMNS,
+    pipeoptim_staleness,
+    rahimi_measured_row,
+    rahimi_row,
+    rahimi_throughput,
+    spectrain_version_difference,
+)
 from ...schedules import (
     Schedule,
     ddp,
@@ -32,10 +40,7 @@ from ...schedules import (
     one_f_one_b,
     pipedream,
     pipedream_2bw,
-    pipeoptim_staleness,
-    spectrain_version_difference,
 )
-from ...schedules.rahimi import COLUMNS, measured_row, table_row, throughput_per_worker
 from ...simulator import SimResult, simulate
 from ..config import from_preset
 from . import FigureOutput, register
@@ -464,7 +469,7 @@ def rahimi_rows(cfg: RahimiConfig) -> list[dict]:
     PP is shown in its two orders (1F1B, GPipe); LPP and FSLPP once per rule of :data:`RAHIMI_PRIORITIES`,
     forward-first (the note's) first. Each row: ``case`` (the label, naming the rule), ``scheme``,
     ``priority`` (the rule's name, None for DDP/FSDP/PP), ``params`` (S, B, G, R), ``note`` and ``simulated``
-    (dicts over :data:`~pipelab.schedules.rahimi.COLUMNS`).
+    (dicts over :data:`~pipelab.papers.RAHIMI_COLUMNS`).
     """
     S, B, G = cfg.S, cfg.B, cfg.G
     cases: list[tuple[str, str, Schedule, dict[str, int], str | None]] = [
@@ -480,8 +485,8 @@ def rahimi_rows(cfg: RahimiConfig) -> list[dict]:
     for label, scheme, s, kw, prio in cases:
         args = {"S": S, "B": B, "G": 1, "R": 1} | kw
         rows.append({"case": label, "scheme": scheme, "priority": prio, "params": args,
-                     "note": table_row(scheme, S, args["B"], args["G"], args["R"]),
-                     "simulated": measured_row(simulate(s))})
+                     "note": rahimi_row(scheme, S, args["B"], args["G"], args["R"]),
+                     "simulated": rahimi_measured_row(simulate(s))})
     return rows
 
 
@@ -497,7 +502,7 @@ def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutp
     cell_text, colours = [], []
     for r in rows:
         line, cl = [], []
-        for col in COLUMNS:
+        for col in RAHIMI_COLUMNS:
             a, b = r["note"][col], r["simulated"][col]
             line.append(f"{a:g} | {b:g}")
             cl.append("#f4c7c3" if abs(a - b) > 1e-9 else "#d9ead3")
@@ -506,7 +511,7 @@ def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutp
     fig, ax = plt.subplots(figsize=(12, 0.3 * len(rows) + 0.6))
     ax.axis("off")
     tab = ax.table(cellText=cell_text, cellColours=colours, rowLabels=[r["case"] for r in rows],
-                   colLabels=[_HEAD[c] for c in COLUMNS], loc="upper center", cellLoc="center")
+                   colLabels=[_HEAD[c] for c in RAHIMI_COLUMNS], loc="upper center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(8.5)
     tab.scale(1, 1.35)
@@ -519,7 +524,7 @@ def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutp
     writer = csv_module.writer(buf, lineterminator="\n")
     writer.writerow(["case", "priority", "column", "note", "simulated"])
     writer.writerows([r["case"], r["priority"] or "", c, f"{r['note'][c]:g}", f"{r['simulated'][c]:g}"]
-                     for r in rows for c in COLUMNS)
+                     for r in rows for c in RAHIMI_COLUMNS)
     csv = buf.getvalue()
     notes: dict[str, Any] = {r["case"]: r for r in rows}
     notes["priorities"] = {p: LPP_PRIORITIES[p] for p in RAHIMI_PRIORITIES}
@@ -536,8 +541,8 @@ def rahimi_table_markdown(rows: Sequence[dict], preset: str) -> str:
         if r["priority"] is None:
             continue
         p = r["params"]
-        same = [_HEAD[c] for c in COLUMNS if abs(r["note"][c] - r["simulated"][c]) <= 1e-9]
-        diff = [f"{_HEAD[c]} {r['note'][c]:g} vs {r['simulated'][c]:g}" for c in COLUMNS
+        same = [_HEAD[c] for c in RAHIMI_COLUMNS if abs(r["note"][c] - r["simulated"][c]) <= 1e-9]
+        diff = [f"{_HEAD[c]} {r['note'][c]:g} vs {r['simulated'][c]:g}" for c in RAHIMI_COLUMNS
                 if abs(r["note"][c] - r["simulated"][c]) > 1e-9]
         work = (p["S"] // p["R"]) * (p["B"] // p["G"])
         lat = r["simulated"]["latency"]
@@ -577,10 +582,10 @@ def schedules_throughput_bound(preset: str, *, progress: bool = False) -> Figure
                 for G in (1, 2):
                     for R in sorted({1, 2, D}):
                         if D % R == 0 and M % G == 0:
-                            rho, bound = throughput_per_worker(simulate(lpp(D, M, G, R, priority=prio)))
+                            rho, bound = rahimi_throughput(simulate(lpp(D, M, G, R, priority=prio)))
                             pts.setdefault(f"LPP, {LPP_PRIORITIES[prio]}", []).append((bound, rho))
             for name, s in cands.items():
-                rho, bound = throughput_per_worker(simulate(s))
+                rho, bound = rahimi_throughput(simulate(s))
                 pts.setdefault(name, []).append((bound, rho))
     fig, ax = plt.subplots(figsize=(6.8, 4.6))
     allb = np.array([b for p in pts.values() for b, _ in p])

@@ -35,7 +35,7 @@ from . import FigureOutput, register
 
 __all__ = ["RegionsConfig", "ThresholdConfig", "BisectionConfig", "MomentumMapConfig", "MomentumDelayConfig",
            "momentum_claims_markdown", "modern_thresholds_markdown",
-           "ModernConfig"]
+           "ModernStabilityConfig"]
 
 
 @dataclass(frozen=True)
@@ -412,13 +412,14 @@ def stability_momentum_delay(preset: str, *, progress: bool = False) -> FigureOu
 
 
 @dataclass(frozen=True)
-class ModernConfig:
+class ModernStabilityConfig:
     taus: int = 9                 # τ = 0..taus−1
     grid: int = 500               # region grid points per axis
     tau_region: int = 1           # delay of the region panel (PipeDream-2BW's one-step delay)
 
 
-_MODERN = {"tiny": ModernConfig(grid=120), "quick": ModernConfig(), "paper": ModernConfig(grid=1000)}
+_MODERN = {"tiny": ModernStabilityConfig(grid=120), "quick": ModernStabilityConfig(),
+           "paper": ModernStabilityConfig(grid=1000)}
 
 
 def _modern_methods() -> dict[str, Any]:

@@ -9,7 +9,7 @@
   λ_max the top Hessian eigenvalue of the task's training loss at initialisation (:func:`curvature`). Adam has no
   such line: its threshold is in preconditioned units (notebook 03).
 - ``study_tuned_table``: each arm's best test accuracy at its tuned rate beside the common rate's
-  (:data:`pipelab.studies.learning_curves.OPTIMIZER_SETTINGS`), mean ± 95% t over the seeds, and the paired difference.
+  (:data:`pipelab.studies.settings.ARM_OPTIMIZER_SETTINGS`), mean ± 95% t over the seeds, and the paired difference.
 
 :data:`STUDY_FIGURES` lists what ``pipelab figures --preset study`` draws (into ``figures/study/``).
 """

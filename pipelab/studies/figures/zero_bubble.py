@@ -1,5 +1,6 @@
 """Figures of the zero-bubble family: Gantt charts with the split backward, bubbles vs M, the memory–bubble
-frontier, and what a split backward does to staleness when the pipeline does not flush.
+frontier, and what a split backward does to staleness when the pipeline does not flush; and the papers' numbers
+beside the simulation (:func:`zero_bubble_table`, :func:`v_shape_table`).
 
 Costs: forward 1, backward 2 split into I = W = 1 (the papers' T_F = T_B = T_W), per *stage*; schedules
 that cut the model into 2W chunks on W workers (V-shape, interleaved) run chunks of half the cost and half
@@ -11,35 +12,25 @@ Controllable Memory" (NeurIPS 2024); DeepSeek-V3 technical report (DualPipe) and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ...schedules import (
-    Schedule,
-    dualpipe,
-    dualpipe_v,
-    gpipe,
-    interleaved_1f1b,
-    interleaved_zero_bubble,
-    one_f_one_b,
-    pipedream,
-    v_half,
-    v_min,
-    zb_async,
-    zb_h1,
-    zb_h2,
-    zb_v,
-)
-from ...simulator import SimResult, simulate
+from ...papers import V_SHAPE_FORMULAS, ZB_SCHEDULES, v_shape_bubble, v_shape_memory, zero_bubble_closed_form
+from ...schedules import Schedule, pipedream, zb_async
+from ...schedules.actions import check_int
+from ...schedules.builders import BUILDERS
+from ...schedules.compiled import OP_CODE, check_cost
+from ...simulator import SimResult, simulate, steady_state
 from ..config import from_preset
-from ..zero_bubble_tables import steady_state
 from . import FigureOutput, register
 from .schedules import GanttConfig, _gantt_figure
 
-__all__ = ["FamilyConfig", "family", "ZERO_BUBBLE", "AsyncSplitConfig", "async_variants", "async_split_rows"]
+__all__ = ["FamilyConfig", "family", "ZERO_BUBBLE", "AsyncSplitConfig", "async_variants", "async_split_rows",
+           "zero_bubble_table", "v_shape_table"]
 
 #: a builder of (W workers, M micro-batches, steps)
 Builder = Callable[[int, int, int], Schedule]
@@ -49,22 +40,25 @@ ZERO_BUBBLE = ("ZB-H1", "ZB-H2", "ZB-V", "V-Half", "V-Min", "interleaved ZB (V=2
                "DualPipe (2 weight copies)")
 
 
+#: label -> (builder name in :data:`~pipelab.schedules.builders.BUILDERS`, chunks V of an interleaved builder or
+#: None, stage-cost scale): 1F1B-style baselines and the zero-bubble family; a schedule of 2W half-size chunks on W
+#: workers has scale 1/2, so all train the same model
+_SCHEDULES: dict[str, tuple[str, int | None, float]] = {
+    "GPipe": ("gpipe", None, 1.0), "1F1B": ("1f1b", None, 1.0), "interleaved 1F1B (V=2)": ("interleaved", 2, 0.5),
+    "ZB-H1": ("zb_h1", None, 1.0), "ZB-H2": ("zb_h2", None, 1.0), "ZB-V": ("zb_v", None, 0.5),
+    "V-Half": ("v_half", None, 0.5), "V-Min": ("v_min", None, 0.5), "interleaved ZB (V=2)": ("interleaved_zb", 2, 0.5),
+    "DualPipeV": ("dualpipe_v", None, 0.5), "DualPipe (2 weight copies)": ("dualpipe", None, 1.0),
+}
+
+
 def family() -> dict[str, tuple[Builder, float]]:
-    """The schedules compared, name -> (builder, stage-cost scale): 1F1B-style baselines and the zero-bubble
-    family; a schedule of 2W half-size chunks on W workers has scale 1/2, so all train the same model."""
-    return {
-        "GPipe": (lambda w, m, t: gpipe(w, m, t), 1.0),
-        "1F1B": (lambda w, m, t: one_f_one_b(w, m, t), 1.0),
-        "interleaved 1F1B (V=2)": (lambda w, m, t: interleaved_1f1b(w, 2, m, t), 0.5),
-        "ZB-H1": (lambda w, m, t: zb_h1(w, m, t), 1.0),
-        "ZB-H2": (lambda w, m, t: zb_h2(w, m, t), 1.0),
-        "ZB-V": (lambda w, m, t: zb_v(w, m, t), 0.5),
-        "V-Half": (lambda w, m, t: v_half(w, m, t), 0.5),
-        "V-Min": (lambda w, m, t: v_min(w, m, t), 0.5),
-        "interleaved ZB (V=2)": (lambda w, m, t: interleaved_zero_bubble(w, 2, m, t), 0.5),
-        "DualPipeV": (lambda w, m, t: dualpipe_v(w, m, t), 0.5),
-        "DualPipe (2 weight copies)": (lambda w, m, t: dualpipe(w, m, t), 1.0),
-    }
+    """The schedules compared, label -> (builder of (W, M, steps), stage-cost scale) (:data:`_SCHEDULES`)."""
+    def builder(name: str, V: int | None) -> Builder:
+        if V is None:
+            return lambda w, m, t: BUILDERS[name](w, m, t)
+        return lambda w, m, t: BUILDERS[name](w, V, m, t)
+
+    return {label: (builder(name, V), scale) for label, (name, V, scale) in _SCHEDULES.items()}
 
 
 def _sim(s: Schedule, scale: float) -> SimResult:
@@ -262,3 +256,129 @@ def schedules_async_split_gantt(preset: str, *, progress: bool = False) -> Figur
     return _gantt_figure(entries, GanttConfig(D, 1, T, T, b_over_f=2.0), "No flush, one update per mini-batch; "
                          "vN = the job uses weight version $W^{(N)}$ (vanilla: current at F and at I; W reuses I's)",
                          versions=True)
+
+
+# ------------------------------------------------------------------------------ the papers beside the simulation
+def zero_bubble_table(D_values: Sequence[int], M_values: Sequence[int] | None = None, *, t_f: float = 1.0,
+                      t_i: float = 1.0, t_w: float = 1.0) -> list[dict[str, Any]]:
+    """Table 1 of the zero-bubble paper, pipelab's simulation beside the paper's closed form.
+
+    For every D, M (M ≥ D) and schedule of :data:`~pipelab.papers.ZB_SCHEDULES`, the schedule is simulated with
+    f_cost = T_F, b_cost = T_I + T_W (1F1B's fused B), i_cost = T_I, w_cost = T_W (default all 1):
+
+    - ``bubble``: the paper's bubble per step, measured: the period of back-to-back steps minus one step's
+      work, P − M(T_F+T_I+T_W), with P = makespan(3 steps) − makespan(2 steps) (equal, for these schedules,
+      to the longest span of one worker within a step minus its work);
+    - ``bubble_fraction``: bubble / P (the paper's "bubble rate"); ``paper_bubble_fraction`` likewise from
+      the closed form (``paper_bubble`` / (``paper_bubble`` + M(T_F+T_I+T_W)));
+    - ``one_step_bubble_fraction``: :attr:`SimResult.bubble` of a single flushed step (includes the fill
+      skew of the parallelogram, D−1, that back-to-back steps overlap);
+    - ``peak_activations`` / ``paper_peak``: the most micro-batches resident on any worker.
+
+    A schedule that cannot be built for (D, M) (ZB-H2 with M < 2D − 1) gets ``None`` numbers and a ``note``.
+
+    Args:
+        D_values: pipeline depths; M_values: micro-batches per step (default: D, 2D, 3D for each D).
+        t_f, t_i, t_w: per-stage costs of F, I and W (finite, > 0).
+
+    Returns:
+        One dict per (schedule, D, M) with keys schedule, D, M, bubble, paper_bubble, bubble_fraction,
+        paper_bubble_fraction, one_step_bubble_fraction, peak_activations, paper_peak, note.
+
+    Example:
+        >>> [(r["schedule"], r["bubble"], r["paper_bubble"]) for r in zero_bubble_table([4], [8])]
+        [('1F1B', 9.0, 9.0), ('ZB-H1', 3.0, 3.0), ('ZB-H2', 0.0, 0.0)]
+
+    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 1 and §2.
+    """
+    builders = {"1F1B": BUILDERS["1f1b"], "ZB-H1": BUILDERS["zb_h1"], "ZB-H2": BUILDERS["zb_h2"]}
+    t_f, t_i, t_w = (check_cost(n, v, positive=True) for n, v in (("t_f", t_f), ("t_i", t_i), ("t_w", t_w)))
+    work = t_f + t_i + t_w
+    rows = []
+    for D in D_values:
+        D = check_int("D", D)
+        for M in (M_values if M_values is not None else (D, 2 * D, 3 * D)):
+            M = check_int("M", M)
+            if M < D:
+                continue
+            for name in ZB_SCHEDULES:
+                paper_bubble, paper_peak = zero_bubble_closed_form(name, D, t_f, t_i, t_w)
+                row: dict[str, Any] = {"schedule": name, "D": D, "M": M, "paper_bubble": paper_bubble,
+                                       "paper_bubble_fraction": paper_bubble / (paper_bubble + M * work),
+                                       "paper_peak": paper_peak, "note": ""}
+                try:
+                    builders[name](D, M)
+                except ValueError as e:
+                    row.update(bubble=None, bubble_fraction=None, one_step_bubble_fraction=None,
+                               peak_activations=None, note=str(e).split(":")[0])
+                    rows.append(row)
+                    continue
+                st = steady_state(builders[name], D, M, t_f=t_f, t_i=t_i, t_w=t_w)
+                assert st is not None  # built above
+                one = simulate(builders[name](D, M, 1), t_f, t_i + t_w, i_cost=t_i, w_cost=t_w)
+                row.update(bubble=st.period - M * work, bubble_fraction=st.bubble,
+                           one_step_bubble_fraction=one.bubble, peak_activations=int(one.peak_activations.max()))
+                rows.append(row)
+    return rows
+
+
+def v_shape_table(W_values: Iterable[int], M_values: Iterable[int], V: int = 2) -> list[dict[str, Any]]:
+    """Simulated bubble and peak activation memory of the V-shape family beside the papers' numbers.
+
+    For every W in ``W_values`` and M in ``M_values`` (sizes a builder refuses are skipped) simulates
+    1F1B (W stages, fused B of cost 2), ZB-V, V-Half, V-Min, DualPipeV, interleaved ZB with ``V`` chunks
+    and DualPipe (W stages, each on two workers)
+    at f_cost = 1, b_cost = 2, i_cost = w_cost = 1 (T_F = T_I = T_W) and reports
+
+    - ``bubble``: the papers' rate 1 − busy/span of the longest worker span (first start to last end);
+    - ``bubble_makespan``: :attr:`SimResult.bubble` (idle share of the common makespan, mean over workers);
+    - ``idle``: longest worker span − busiest worker's compute, in units of T_F;
+    - ``peak_memory``: the simulator's peak activation memory of the worst worker, in micro-batches of a
+      full worker's layers (``activation_bytes`` = 1/chunks per worker), under the simulator's memory
+      model (the papers hold an activation from F to its W);
+    - ``paper_bubble``, ``paper_memory``, ``exact``, ``source``: :func:`~pipelab.papers.v_shape_bubble`,
+      :func:`~pipelab.papers.v_shape_memory` and :data:`~pipelab.papers.V_SHAPE_FORMULAS`.
+
+    Example:
+        >>> rows = v_shape_table([2], [8])
+        >>> [(r["schedule"], round(r["bubble"], 3), r["paper_bubble"]) for r in rows][:2]
+        [('1f1b', 0.111, 0.1111111111111111), ('zb_v', 0.0, 0.0)]
+    """
+    V = check_int("V", V)
+    rows: list[dict[str, Any]] = []
+    for W in W_values:
+        for M in M_values:
+            W, M = check_int("W", W), check_int("M", M)
+            cases: list[tuple[str, Any, float, int]] = [("1f1b", lambda W=W, M=M: BUILDERS["1f1b"](W, M), 1.0, 1)]
+            cases += [(n, lambda b=BUILDERS[n], W=W, M=M: b(W, M), 0.5, 2)
+                      for n in ("zb_v", "v_half", "v_min", "dualpipe_v")]
+            cases.append(("interleaved_zb", lambda W=W, M=M: BUILDERS["interleaved_zb"](W, V, M), 1 / V, V))
+            cases.append(("dualpipe", lambda W=W, M=M: BUILDERS["dualpipe"](W, M), 1.0, 2))
+            for name, build, act, chunks in cases:
+                try:
+                    s = build()
+                except ValueError:
+                    continue
+                r = simulate(s, 1.0, 2.0, i_cost=1.0, w_cost=1.0, activation_bytes=act)
+                span, busy = _longest_span(r), float(r.busy.max())
+                peak = r.peak_activation_bytes
+                rows.append({
+                    "schedule": name, "W": W, "D": s.D, "M": M, "bubble": 1.0 - busy / span,
+                    "bubble_makespan": r.bubble, "idle": span - busy,
+                    "peak_memory": None if peak is None else float(peak.max()),
+                    "paper_bubble": v_shape_bubble(name, W, M, chunks),
+                    "paper_memory": v_shape_memory(name, W, chunks),
+                    "exact": V_SHAPE_FORMULAS[name][2], "source": V_SHAPE_FORMULAS[name][3],
+                })
+    return rows
+
+
+def _longest_span(r: Any) -> float:
+    """Longest worker span of a simulated schedule: a worker's last compute end − its first compute start."""
+    c = r.compiled
+    spans = []
+    for w in range(r.schedule.W):
+        m = (c.worker == w) & (c.op != OP_CODE["U"])
+        if m.any():
+            spans.append(float(r.end[m].max() - r.start[m].min()))
+    return max(spans)
