@@ -77,6 +77,7 @@ from torch import Tensor, nn
 from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
+from .schedules.dependencies import received_from
 from .simulator import SimResult, simulate
 
 __all__ = ["boundary_bytes", "simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
@@ -361,9 +362,9 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
     for tl in timelines:
         prev_end = 0.0
         for r in tl.jobs:
-            if r.received:
-                producers = ([("F", r.stage - 1, r.step, r.micro)] if r.op == "F" else
-                             [(op, r.stage + 1, r.step, r.micro) for op in ("B", "I")])
+            if r.received:  # its producer: the previous stage's F, or the next stage's gradient job (B or I)
+                job = (r.op, r.stage, r.step, r.micro)
+                producers = received_from(job, D, split=False) + received_from(job, D, split=True)
                 end = next((ends[p] for p in producers if p in ends), None)
                 if end is not None and prev_end <= end <= r.start:
                     waits.append(r.start - end)

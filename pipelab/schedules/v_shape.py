@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .constructor import construct
 
 __all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "OVERLAP_MODELS"]
 
@@ -434,58 +435,33 @@ def _peak_in_flight(program: Sequence[_Job]) -> int:
     return peak
 
 
-def _squeeze_and_reorder(W: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
+def _squeeze_and_reorder(W: int, M: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
     """The paper's "squeeze" and "reorder" steps (NeurIPS 2024, building a pipeline) as list scheduling.
 
-    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of
-    time after another, runs on each worker: its next F or I job as soon as its dependencies have ended
-    (an F only while the worker holds fewer activations than the nominal program's peak, so the peak
-    memory is never raised), otherwise its oldest pending W, otherwise nothing. In the steady phase this
-    is the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
+    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of time after
+    another, runs on each worker its next F or I job as soon as its dependencies have ended (an F only while the
+    worker holds fewer activations than the nominal program's peak, so the peak memory is never raised), otherwise
+    its oldest pending W, otherwise nothing: :func:`~pipelab.schedules.constructor.construct` with that order,
+    admission by activations and W passes ranked after F and I, first in, first out. In the steady phase this is
+    the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
     """
-    D = 2 * W
-    queues = [deque(job for job in prog if job[0] != "W") for prog in nominal]
-    caps = [_peak_in_flight(prog) for prog in nominal]
-    held = [0] * W
-    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(W)]
-    ended: dict[tuple[str, int, int], int] = {}
-    out: list[list[_Job]] = [[] for _ in range(W)]
-    total = sum(len(p) for p in nominal)
-    now = 0
+    order = [[("F" if op == "F" else "I", k, 0, j) for op, k, j in prog if op != "W"] for prog in nominal]
+    position = {job: i for jobs in order for i, job in enumerate(jobs)}
 
-    def ready(op: str, k: int, j: int) -> bool:
-        if op == "F":
-            return k == 0 or ended.get(("F", k - 1, j), now + 1) <= now
-        return (ended.get(("F", k, j), now + 1) <= now
-                and (k == D - 1 or ended.get(("I", k + 1, j), now + 1) <= now))
+    def priority(a: Action, M: int) -> tuple:
+        return (1, position[("I", a.stage, 0, a.micro)]) if a.op == "W" else (0,)
 
-    while sum(len(p) for p in out) < total:
-        if now > 4 * total:  # the nominal program is itself a feasible order, so this cannot happen
-            raise AssertionError("V-shape list scheduling made no progress")
-        for w in range(W):
-            head = queues[w][0] if queues[w] else None
-            if head is not None and ready(*head) and (head[0] == "I" or held[w] < caps[w]):
-                job = queues[w].popleft()
-                if job[0] == "I":
-                    pending[w].append((job[1], job[2]))
-                else:
-                    held[w] += 1
-            elif pending[w]:
-                job = ("W", *pending[w].popleft())
-                held[w] -= 1
-            else:
-                continue
-            out[w].append(job)
-            ended[job] = now + 1
-        now += 1
-    return out
+    s = construct(2 * W, M, W, compute=lambda k, b, d: min(k, 2 * W - 1 - k), priority=priority,
+                  max_in_flight=[_peak_in_flight(p) for p in nominal], admission="activations", split=True,
+                  order=order, b_cost=2.0, name="V-shape squeeze")
+    return [[(a.op, a.stage, a.micro) for a in prog if a.op != "U"] for prog in s.programs]
 
 
 def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Schedule:
     W, M, steps = _v_sizes(f"v_{kind}", W, M, steps)
     blocks = _v_block(kind, W)
     nominal = [_v_block_worker(w, W, M, blocks[w]) for w in range(W)]
-    return _v_schedule(f"v_{kind}", label, _squeeze_and_reorder(W, nominal), W, M, steps)
+    return _v_schedule(f"v_{kind}", label, _squeeze_and_reorder(W, M, nominal), W, M, steps)
 
 
 @gc_paused
