@@ -72,6 +72,28 @@ def test_closed_form_builders_equal_the_general_constructor(D: int, M: int, T: i
     assert construct(D, M, D, compute=stage, max_in_flight=1, steps=T).programs == naive(D, M, T).programs
 
 
+def test_construct_splits_the_backward_counts_activations_and_keeps_a_fixed_order() -> None:
+    """split=True: every B becomes an I and a W on B's worker; admission="activations" counts every F until its W
+    (two stages of one micro-batch on one worker are two activations, one micro-batch); ``order`` is kept."""
+    both = lambda s, b, d: 0  # noqa: E731  (one worker computes both stages)
+    s = construct(2, 2, 1, compute=both, split=True, b_cost=2.0)
+    validate(s)
+    assert {a.op for a in s.programs[0]} == {"F", "I", "W", "U"} and s.split_backward
+    assert [str(a) for a in s.programs[0]][:3] == ["F0.0", "F1.0", "I1.0"]  # a micro-batch already resident
+    with pytest.raises(ScheduleError, match="deadlocked"):  # F1.0 would be a second activation: never admitted
+        construct(2, 2, 1, compute=both, split=True, max_in_flight=1, admission="activations")
+    assert construct(2, 2, 1, compute=both, split=True, max_in_flight=2, admission="activations").programs == \
+        s.programs
+    reverse = [[("F", 0, 0, 1), ("F", 0, 0, 0)], []]
+    stage = lambda k, b, d: k  # noqa: E731
+    assert [str(a) for a in construct(2, 2, 2, compute=stage, order=reverse).programs[0] if a.op == "F"] == \
+        ["F0.1", "F0.0"]
+    with pytest.raises(ValueError, match="admission must be"):
+        construct(2, 2, 2, compute=stage, admission="bytes")
+    with pytest.raises(ValueError, match="do not run on worker 1"):
+        construct(2, 2, 2, compute=stage, order=[[], [("F", 0, 0, 0), ("F", 0, 0, 1)]])
+
+
 def test_one_f_one_b_order_and_pipedream_warmup() -> None:
     assert [str(a) for a in one_f_one_b(3, 4).programs[0]] == \
         ["F0.0", "F0.1", "F0.2", "B0.0", "F0.3", "B0.1", "B0.2", "B0.3", "U0"]
