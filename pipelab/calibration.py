@@ -75,6 +75,7 @@ import torch
 from torch import Tensor, nn
 
 from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
+from .precision import tensor_bytes
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
 from .schedules.dependencies import received_from
@@ -99,11 +100,11 @@ def boundary_bytes(stages: Sequence[nn.Module], x: Tensor) -> list[int]:
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a micro-batch tensor, got {type(x).__name__}")
     h = torch.empty(x.shape, dtype=x.dtype, device="meta")
-    out = [x.numel() * x.element_size()]
+    out = [tensor_bytes([x])]
     with torch.no_grad():
         for stage in list(stages)[:-1]:
             h = copy.deepcopy(stage).to("meta")(h)
-            out.append(h.numel() * h.element_size())
+            out.append(tensor_bytes([h]))
     return out
 
 
@@ -183,7 +184,7 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
     if any(getattr(r, "timeline", None) is None for r in results):
         raise ValueError("results have no timeline: run the PipelineRuntime with record=True")
     sizes = boundary_bytes(stages, x)
-    weight_bytes = [sum(p.numel() * p.element_size() for p in s.parameters()) for s in stages]
+    weight_bytes = [tensor_bytes(s.parameters()) for s in stages]
     n_tensors = [sum(1 for _ in s.parameters()) for s in stages]
     sim = simulate(schedule, activation_bytes=sizes, weight_bytes=weight_bytes)
     table = sim.version_table

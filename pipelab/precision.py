@@ -66,14 +66,15 @@ import contextlib
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Precision", "LossScaling", "as_precision", "check_precision", "weight_memory", "PRECISIONS", "FP32"]
+__all__ = ["Precision", "LossScaling", "as_precision", "check_precision", "weight_memory", "tensor_bytes",
+           "optimizer_state_bytes", "PRECISIONS", "FP32"]
 
 #: compute names and their dtypes (``None``: no autocast)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -264,6 +265,16 @@ def _autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
 
 # ------------------------------------------------------------------------------------------- memory
 
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Σ numel·element_size: the bytes ``tensors`` hold (a stage's weights, its gradients, a hand-over)."""
+    return sum(x.numel() * x.element_size() for x in tensors)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the state tensors ``optimizer`` holds now (its scalar step counters included)."""
+    return tensor_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+
+
 def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, predicted: int,
                   optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes stage k holds for its weights in ``precision`` (the model :attr:`PipelinePlan.weight_copies` counts).
@@ -279,17 +290,14 @@ def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, p
 
     Autocast's per-op casts of a weight are transient and not counted.
     """
-    master = sum(w.numel() * w.element_size() for w in params)
+    master = tensor_bytes(params)
     vdtype = precision.version_dtype()
     copy = master if vdtype is None else sum(w.numel() * _itemsize(vdtype) for w in params)
     if copies <= 1:
         versions = 0
     else:
         versions = (copies - 1) * master if vdtype is None else copies * copy
-    opt = 0
-    if optimizer is not None:
-        opt = sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
-                  if torch.is_tensor(v))
+    opt = 0 if optimizer is None else optimizer_state_bytes(optimizer)
     out = {"masters": master, "versions": versions, "predicted": predicted * copy, "optimizer_state": opt}
     out["total"] = sum(out.values())
     return out

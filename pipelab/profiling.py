@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .optim import OptimizerFactory
+from .precision import tensor_bytes
 from .threads import torch_threads
 
 __all__ = ["StageCosts", "StageProfile", "profile_stage", "profile_stages", "transfer_times"]
@@ -215,7 +216,7 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
     copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, reps, warmup)
     return StageCosts(f=statistics.median(f_times[warmup:]), b=statistics.median(b_times[warmup:]), u=u,
                       copy=copy_t, activation_bytes=activation_bytes,
-                      weight_bytes=sum(p.numel() * p.element_size() for p in mod.parameters()),
+                      weight_bytes=tensor_bytes(mod.parameters()),
                       i=statistics.median(i_times[warmup:]), w=statistics.median(w_times[warmup:]))
 
 

@@ -65,6 +65,7 @@ from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
 from ..pipeline.transport import Layout, check_handover
+from ..precision import optimizer_state_bytes, tensor_bytes
 from ..schedules.transfers import consistent_cut
 from .collectives import DistributedCollectives
 from .p2p import P2PTransport
@@ -442,10 +443,9 @@ class PipelineRuntime:
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
         if not bad and done and not all(part[1] for part in parts if part):
             bad = [max(done)]  # finite losses, but the last update done made some rank's weights non-finite
-        stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
+        stage_bytes = {k: tensor_bytes(e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
-        opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
-                        for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+        opt_bytes = sum(optimizer_state_bytes(e.optimizer) for e in self.executors.values() if e.optimizer is not None)
         fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
         memory: dict[str, Any] = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors if k not in fetched),

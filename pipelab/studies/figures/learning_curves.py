@@ -464,7 +464,7 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
     :func:`pipelab.precision.weight_memory`; PipeDream-2BW's half-precision copy), the run itself being fp32.
     """
     from ...emulator import Emulator
-    from ...precision import Precision, weight_memory
+    from ...precision import FP32, Precision, weight_memory
     from ..learning_curves import prepare
 
     half = Precision("bf16", versions="compute")
@@ -476,12 +476,10 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
         emu = Emulator(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer)
         res = emu.run(prep.batch)
         for k, st in enumerate(emu.stages):
-            wbytes = sum(p.numel() * p.element_size() for p in st.params)
-            opt_bytes = 0 if st.optimizer is None else sum(
-                v.numel() * v.element_size() for state in st.optimizer.state.values() for v in state.values()
-                if hasattr(v, "numel"))
             versions = res.extra["ring_peak"][k]
             copies = res.weight_copies[k]
+            fp32 = weight_memory(FP32, st.params, versions, copies - versions, st.optimizer)
+            wbytes, opt_bytes = fp32["masters"], fp32["optimizer_state"]
             bf16 = weight_memory(half, st.params, versions, copies - versions)
             rows.append({"task": task, "optimizer": optimizer, "D": D, "policy": pol, "stage": k,
                          "weight_bytes": wbytes, "versions": versions, "extra_copies": copies - versions,
