@@ -43,7 +43,7 @@ import numbers
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -100,10 +100,6 @@ class StageProfile:
         return {"f_cost": list(self.f_cost), "b_cost": list(self.b_cost), "u_cost": list(self.u_cost),
                 "i_cost": list(self.i_cost), "w_cost": list(self.w_cost),
                 "activation_bytes": list(self.activation_bytes), "weight_bytes": list(self.weight_bytes)}
-
-    def as_dict(self) -> dict[str, Any]:
-        """All fields as a JSON-able dict."""
-        return asdict(self)
 
 
 def _check_counts(reps: object, warmup: object) -> None:
