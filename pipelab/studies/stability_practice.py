@@ -1,10 +1,10 @@
-"""Stale-gradient training in practice: the largest stable learning rate of a real optimizer, by bisection.
+"""The stability study in practice: the largest stable learning rate of a real optimizer under delay, by bisection.
 
 A least-squares problem ``f(w) = ½‖Xw − y‖²`` with a prescribed Hessian spectrum ``XᵀX = V·diag(λ)·Vᵀ``
 is trained with a ``torch.optim`` optimizer whose gradient is *delayed*: the gradient applied at step t
 is computed at the weights of τ updates earlier, kept in a ring buffer of past weights (and, for
 prediction, past momentum buffers). On every eigen-direction this is exactly a linear recurrence of
-:mod:`.methods`, so the largest stable learning rate is ``η* = z*/λ_max`` with ``z*`` from
+:mod:`pipelab.stability.methods`, so the largest stable learning rate is ``η* = z*/λ_max`` with ``z*`` from
 :func:`pipelab.stability.max_stable_step` — the theory is checked against the real optimizer.
 
 Two trainers produce the delayed gradient: :func:`delayed_training`, a small explicit loop, and

@@ -24,7 +24,6 @@ from pipelab.optim import (
     optimizer_hyperparameters,
     optimizer_label,
 )
-from pipelab.stability.practice import _sgd
 from pipelab.studies.learning_curves import RunConfig, arm_optimizer
 from pipelab.studies.prediction_error import prediction_optimizer
 
@@ -91,13 +90,6 @@ def test_learning_curves_build_todays_optimizers(name):
     assert_same_optimizer(arm_optimizer(name)(_params()), cls, hp)
     assert_same_optimizer(arm_optimizer(name, 0.123)(_params()), cls, {**hp, "lr": 0.123})
 
-
-def test_stability_practice_builds_todays_sgd():
-    for lr, mom, nest in [(0.1, 0.0, False), (0.05, 0.9, True)]:
-        assert_same_optimizer(_sgd("sgd", lr, mom, nest)(_params()), SGD,
-                              {"lr": lr, "momentum": mom, "nesterov": nest})
-    with pytest.raises(ValueError, match="'sgd'"):
-        _sgd("adam", 0.1, 0.0, False)
 
 
 def test_benchmarks_build_todays_optimizers():

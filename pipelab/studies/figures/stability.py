@@ -28,9 +28,9 @@ from ...stability import (
     region_mask,
     stationary_variance,
 )
-from ...stability.practice import least_squares_problem, max_stable_lr
 from ..cache import cached
 from ..config import from_preset
+from ..stability_practice import least_squares_problem, max_stable_lr
 from . import FigureOutput, register
 
 __all__ = ["RegionsConfig", "ThresholdConfig", "BisectionConfig", "MomentumMapConfig", "MomentumDelayConfig",
