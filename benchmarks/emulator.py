@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, header  # noqa: E402
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
-from pipelab.policies import Predicted, policy_info  # noqa: E402
+from pipelab.policies import Predicted, make_policy  # noqa: E402
 from pipelab.schedules import Schedule  # noqa: E402
 from pipelab.schedules.builders import BUILDERS  # noqa: E402
 from pipelab.studies.learning_curves import serves  # noqa: E402
@@ -74,9 +74,9 @@ GOAL = 1.10
 
 
 def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
-    """The schedule of the policy's family (:func:`pipelab.policies.policy_info`): flushed GPipe / 1F1B and 2BW with M
+    """The schedule of the policy's family (``make_policy(policy).schedule``): flushed GPipe / 1F1B and 2BW with M
     micro-batches, asynchronous 1F1B (PipeDream) with one."""
-    family = policy_info(policy).schedule
+    family = make_policy(policy).schedule
     if family == "sequential":
         raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
     return BUILDERS[family](D, 1 if family == "pipedream" else M, steps)

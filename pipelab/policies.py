@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",
     "Sync", "Vanilla", "Stashing", "VerticalSync", "TwoBW", "SpecTrainPolicy", "PipeOptimPolicy",
-    "PipeMarePolicy", "Oracle", "PolicyInfo", "policy_info", "SCHEDULE_FAMILIES",
+    "PipeMarePolicy", "Oracle", "SCHEDULE_FAMILIES",
     "GradientContext", "NesterovAsyncPolicy", "ErrorFeedbackPolicy", "DelayCompensationPolicy",
 ]
 
@@ -137,6 +137,9 @@ SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "pipedream", "2bw")
 
 class Policy:
     """Base class. Subclasses set the class attributes and :meth:`forward`/:meth:`backward`.
+
+    The class attributes are the one source of a policy's label, schedule family and needs: figures, the
+    learning-curve arms and the ``pipelab.studies.run`` choices read them from ``make_policy(name)``.
 
     Class attributes:
         name, title: registry name and legend label (figures and tables print ``title``).
@@ -790,41 +793,3 @@ def make_policy(name: str | Policy, **options: object) -> Policy:
         return cls(**fixed, **options)
     except TypeError as exc:
         raise TypeError(f"policy {name!r}: {exc}") from None
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    """What the registry says about a policy: the one source of its label, schedule family and needs.
-
-    Attributes:
-        name: registry name; title: legend label; schedule: schedule family (:data:`SCHEDULE_FAMILIES`);
-        synchronous: needs a flushed schedule; uses_predictor: its specs include :class:`Predicted`;
-        default_predictor: the predictor used when none is given; emulation_only: not runnable in a real
-        pipeline (no learning-curve arm, no ``pipelab.studies.run`` choice); summary: one line on what it does.
-    """
-
-    name: str
-    title: str
-    schedule: str
-    synchronous: bool
-    uses_predictor: bool
-    default_predictor: str | None
-    emulation_only: bool
-    summary: str
-
-
-def policy_info(name: str) -> PolicyInfo:
-    """The metadata of the registered policy ``name`` (read from the policy built with default options).
-
-    Figures, the learning-curve arms and the ``pipelab.studies.run`` choices read labels and schedule families here
-    instead of retyping them.
-
-    Example:
-        >>> info = policy_info("2bw")
-        >>> info.title, info.schedule, info.uses_predictor
-        ('PipeDream-2BW', '2bw', False)
-    """
-    p = make_policy(name)
-    return PolicyInfo(name=p.name, title=p.title, schedule=p.schedule, synchronous=p.synchronous,
-                      uses_predictor=p.uses_predictor, default_predictor=p.default_predictor,
-                      emulation_only=p.emulation_only, summary=p.summary)

@@ -153,50 +153,12 @@ class PredictionErrorResult:
         below = np.flatnonzero(trailing < fraction * math.log(classes))
         return int(below[0]) + window if below.size else None
 
-    def layer_text(self, s: int = 1, skip_fraction: float = 0.1) -> str:
-        """A text table of the per-layer RMSE ratio to stale at staleness ``s`` (rows: predictors)."""
-        if not 1 <= s <= self.max_s:
-            raise ValueError(f"s must be in 1..{self.max_s}, got {s}")
-        r = self.summary_ratio(skip_fraction, per_layer=True)[:, s - 1]
-        width = max(len(n) for n in self.predictors)
-        cols = [f"L{n}" for n in self.layers] + ["all"]
-        lines = [f"{'predictor':<{width}}  " + " ".join(f"{c:>6s}" for c in cols)]
-        for i, n in enumerate(self.predictors):
-            lines.append(f"{n:<{width}}  " + " ".join(f"{v:6.2f}" for v in r[i]))
-        return "\n".join(lines)
-
     def summary_cosine(self, skip_fraction: float = 0.1) -> np.ndarray:
         """``[P, S]``: mean overall cosine between predicted and true displacement."""
         start = int(len(self.origins) * skip_fraction)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the stale predictor's cosine is undefined (NaN)
             return np.nanmean(self.cosine[:, :, start:, -1], axis=2)
-
-    def summary_text(self, skip_fraction: float = 0.1) -> str:
-        """A text table: per predictor, the RMSE ratio to stale and the mean cosine for each s."""
-        ratio, cos = self.summary_ratio(skip_fraction), self.summary_cosine(skip_fraction)
-        S = self.max_s
-        width = max(len(n) for n in self.predictors)
-        head = (f"{'predictor':<{width}}  " + " ".join(f"ratio s={s + 1:<2d}" for s in range(S)) + "   "
-                + " ".join(f"cos s={s + 1:<2d}" for s in range(S)))
-        lines = [head]
-        for i, n in enumerate(self.predictors):
-            lines.append(f"{n:<{width}}  " + " ".join(f"{ratio[i, s]:>10.3f}" for s in range(S)) + "   "
-                         + " ".join(f"{cos[i, s]:>8.3f}" for s in range(S)))
-        return "\n".join(lines)
-
-    def to_csv(self) -> str:
-        """Long-form CSV of the overall metrics: predictor, s, origin, rmse, stale, ratio, cosine."""
-        rows = ["predictor,s,origin,rmse,stale_rmse,ratio,cosine"]
-        ratio = self.ratio()
-        for pi, name in enumerate(self.predictors):
-            for si in range(self.max_s):
-                for ti, t in enumerate(self.origins):
-                    r = self.rmse[pi, si, ti, -1]
-                    if np.isfinite(r):
-                        rows.append(f"{name},{si + 1},{t},{r:.6g},{self.stale[si, ti, -1]:.6g},"
-                                    f"{ratio[pi, si, ti, -1]:.6g},{self.cosine[pi, si, ti, -1]:.6g}")
-        return "\n".join(rows) + "\n"
 
 
 def _per_param_sq(xs: list[Tensor]) -> list[Tensor]:
@@ -464,7 +426,7 @@ def measure_in_pipeline(
     """
     from .emulator import Emulator
     from .policies import make_policy
-    from .schedules import pipedream
+    from .schedules import pipedream, pipedream_2bw
 
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"model must be an nn.Sequential (its positions are the layers), got {type(model).__name__}")
@@ -476,18 +438,37 @@ def measure_in_pipeline(
     steps = len(batches)
     if steps < 1:
         raise ValueError("batches must hold at least one mini-batch")
-    if pol.corrects_gradient:
-        return _measure_correction(model, batches, pol, optimizer, D, predictor, loss_fn)
-    fields: dict[str, Any] = {"D": D, "schedule": pipedream(D, 1, steps), "policy": pol, "optimizer": optimizer}
-    if predictor is not None:
-        fields["predictor"] = predictor
-    if loss_fn is not None:
-        fields["loss_fn"] = loss_fn
-    emu = Emulator(model, **fields)
-
+    schedule = pipedream_2bw(D, D, steps) if pol.corrects_gradient and pol.schedule == "2bw" else pipedream(D, 1, steps)
+    given = {"predictor": predictor, "loss_fn": loss_fn}
+    emu = Emulator(model, D=D, schedule=schedule, policy=pol, optimizer=optimizer,
+                   **{k: v for k, v in given.items() if v is not None})
     layers, layer_stage, index = _layer_index(model, emu)
     L = len(layers)
+    observe = _observe_corrections if pol.corrects_gradient else _observe_weights
+    events, res = observe(emu, batches, index, L)
+    n = len(events)
+    opt_name = getattr(optimizer, "name", None) or type(next(st.optimizer for st in emu.stages
+                                                              if st.optimizer)).__name__
+    meta = {"policy_options": pol.options(), "ring_capacity": res.ring_capacity}
+    if pol.corrects_gradient:
+        meta["schedule"] = pol.schedule
+    return InPipelineResult(
+        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
+        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
+        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
+        pred=np.array([e[4] for e in events]).reshape(n, L), stale=np.array([e[5] for e in events]).reshape(n, L),
+        losses=np.asarray(res.losses, float), diverged_at=res.diverged_at, meta=meta)
 
+
+#: one measured job: (op, stage k, step t, version difference s, RMSE per layer of its weights, of the stale ones)
+_Event = tuple[str, int, int, int, np.ndarray, np.ndarray]
+
+
+def _observe_weights(emu: Any, batches: Sequence[tuple[Tensor, Tensor]], index: dict[int, tuple[Tensor, Tensor]],
+                     L: int) -> tuple[list[_Event], Any]:
+    """Run ``emu``, observing every watched job's weights through the stages' ``on_weights`` hooks and each stage's
+    true versions through post-step hooks on its optimizer (see :func:`measure_in_pipeline`)."""
+    D = emu.D
     def watched(op: str, spec: WeightSpec) -> bool:
         return op == "F" or isinstance(spec, Predicted)
 
@@ -504,7 +485,7 @@ def measure_in_pipeline(
     truth: list[dict[int, list[Tensor]]] = [{} for _ in range(D)]
     version = [0] * D
     pending: list[dict[int, list[tuple]]] = [{} for _ in range(D)]
-    events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
+    events: list[_Event] = []
 
     def rmse(k: int, a: Sequence[Tensor], b: Sequence[Tensor]) -> np.ndarray:
         return _layer_rmse(index[k], L, a, b)
@@ -562,16 +543,7 @@ def measure_in_pipeline(
             h.remove()
         for st in emu.stages:
             st.on_weights = None
-    n = len(events)
-    pred = np.array([e[4] for e in events]).reshape(n, L)
-    stale = np.array([e[5] for e in events]).reshape(n, L)
-    opt_name = getattr(optimizer, "name", None) or type(emu.stages[0].optimizer).__name__
-    return InPipelineResult(
-        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
-        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
-        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
-        pred=pred, stale=stale, losses=np.asarray(res.losses, float), diverged_at=res.diverged_at,
-        meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity})
+    return events, res
 
 
 def _layer_index(model: nn.Module, emu: Any) -> tuple[list[str], list[int], dict[int, tuple[Tensor, Tensor]]]:
@@ -598,32 +570,18 @@ def _layer_rmse(index: tuple[Tensor, Tensor], L: int, a: Sequence[Tensor], b: Se
     return torch.where(numel > 0, (out / numel.clamp(min=1)).sqrt(), torch.full_like(out, math.nan)).cpu().numpy()
 
 
-def _measure_correction(model: nn.Sequential, batches: Sequence[tuple[Tensor, Tensor]], pol: Any,
-                        optimizer: Callable[[Any], torch.optim.Optimizer], D: int, predictor: Any,
-                        loss_fn: Callable[[Tensor, Tensor], Tensor] | None) -> InPipelineResult:
-    """:func:`measure_in_pipeline` for a gradient-correcting policy, on its own schedule family (PipeDream-2BW with
-    M = D, or asynchronous 1F1B with M = 1).
+def _observe_corrections(emu: Any, batches: Sequence[tuple[Tensor, Tensor]],
+                         index: dict[int, tuple[Tensor, Tensor]], L: int) -> tuple[list[_Event], Any]:
+    """Run ``emu`` of a gradient-correcting policy (on its own schedule family: PipeDream-2BW with M = D, or
+    asynchronous 1F1B with M = 1), observing its corrections.
 
     The policy's ``correct_gradient`` is observed for the run (an instance attribute over the method, removed
     afterwards): at U(k, t) it records the uncorrected ``g`` and the corrected ``g̃``, and the reference
     ``∇_{W_k} f_t`` of mini-batch t's mean loss through all stages at their live weights, i.e. the gradient
     sequential training would take at the weights the pipeline holds when stage k applies its update.
     """
-    from .emulator import Emulator
-    from .schedules import pipedream, pipedream_2bw
-
-    steps = len(batches)
-    schedule = pipedream_2bw(D, D, steps) if pol.schedule == "2bw" else pipedream(D, 1, steps)
-    fields: dict[str, Any] = {"D": D, "schedule": schedule, "policy": pol, "optimizer": optimizer}
-    if predictor is not None:
-        fields["predictor"] = predictor
-    if loss_fn is not None:
-        fields["loss_fn"] = loss_fn
-    emu = Emulator(model, **fields)
-    layers, layer_stage, index = _layer_index(model, emu)
-    L = len(layers)
-    stages = emu.stages
-    events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
+    stages, pol = emu.stages, emu.policy
+    events: list[_Event] = []
     original = pol.correct_gradient
 
     def reference(k: int, t: int) -> list[Tensor]:
@@ -647,12 +605,4 @@ def _measure_correction(model: nn.Sequential, batches: Sequence[tuple[Tensor, Te
         res = emu.run(batches)
     finally:
         delattr(pol, "correct_gradient")
-    n = len(events)
-    opt_name = getattr(optimizer, "name", None) or type(next(st.optimizer for st in stages if st.optimizer)).__name__
-    return InPipelineResult(
-        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
-        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
-        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
-        pred=np.array([e[4] for e in events]).reshape(n, L), stale=np.array([e[5] for e in events]).reshape(n, L),
-        losses=np.asarray(res.losses, float), diverged_at=res.diverged_at,
-        meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity, "schedule": pol.schedule})
+    return events, res

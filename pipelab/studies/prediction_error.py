@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,7 +34,8 @@ from ..threads import torch_threads
 from .settings import PREDICTION_OPTIMIZER_SETTINGS
 
 __all__ = ["INITS", "prediction_optimizer", "PredictionErrorConfig", "run_prediction_error",
-           "InPipelineConfig", "run_in_pipeline", "rows_to_csv", "read_rows_csv"]
+           "InPipelineConfig", "run_in_pipeline", "rows_to_csv", "read_rows_csv", "layer_text", "summary_text",
+           "result_csv"]
 
 log = logging.getLogger(__name__)
 
@@ -245,3 +247,45 @@ def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
         res = measure_in_pipeline(model, batches, policy=policy, optimizer=factory, D=cfg.D)
     res.meta.update({"lr": cfg.lr, "init": cfg.init, "model": cfg.model, "dataset": cfg.dataset, "device": device})
     return res
+
+# ----------------------------------------------------------------------------------- tables of a measurement
+
+def layer_text(res: PredictionErrorResult, s: int = 1, skip_fraction: float = 0.1) -> str:
+    """A text table of the per-layer RMSE ratio to stale at staleness ``s`` (rows: predictors)."""
+    if not 1 <= s <= res.max_s:
+        raise ValueError(f"s must be in 1..{res.max_s}, got {s}")
+    r = res.summary_ratio(skip_fraction, per_layer=True)[:, s - 1]
+    width = max(len(n) for n in res.predictors)
+    cols = [f"L{n}" for n in res.layers] + ["all"]
+    lines = [f"{'predictor':<{width}}  " + " ".join(f"{c:>6s}" for c in cols)]
+    for i, n in enumerate(res.predictors):
+        lines.append(f"{n:<{width}}  " + " ".join(f"{v:6.2f}" for v in r[i]))
+    return "\n".join(lines)
+
+
+def summary_text(res: PredictionErrorResult, skip_fraction: float = 0.1) -> str:
+    """A text table: per predictor, the RMSE ratio to stale and the mean cosine for each s."""
+    ratio, cos = res.summary_ratio(skip_fraction), res.summary_cosine(skip_fraction)
+    S = res.max_s
+    width = max(len(n) for n in res.predictors)
+    head = (f"{'predictor':<{width}}  " + " ".join(f"ratio s={s + 1:<2d}" for s in range(S)) + "   "
+            + " ".join(f"cos s={s + 1:<2d}" for s in range(S)))
+    lines = [head]
+    for i, n in enumerate(res.predictors):
+        lines.append(f"{n:<{width}}  " + " ".join(f"{ratio[i, s]:>10.3f}" for s in range(S)) + "   "
+                     + " ".join(f"{cos[i, s]:>8.3f}" for s in range(S)))
+    return "\n".join(lines)
+
+
+def result_csv(res: PredictionErrorResult) -> str:
+    """Long-form CSV of the overall metrics: predictor, s, origin, rmse, stale, ratio, cosine."""
+    rows = ["predictor,s,origin,rmse,stale_rmse,ratio,cosine"]
+    ratio = res.ratio()
+    for pi, name in enumerate(res.predictors):
+        for si in range(res.max_s):
+            for ti, t in enumerate(res.origins):
+                r = res.rmse[pi, si, ti, -1]
+                if np.isfinite(r):
+                    rows.append(f"{name},{si + 1},{t},{r:.6g},{res.stale[si, ti, -1]:.6g},"
+                                f"{ratio[pi, si, ti, -1]:.6g},{res.cosine[pi, si, ti, -1]:.6g}")
+    return "\n".join(rows) + "\n"

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..policies import available_policies, policy_info
+from ..policies import available_policies, make_policy
 from ..schedules.actions import Schedule
 from ..schedules.builders import BUILDERS
 
@@ -134,7 +134,7 @@ MODERN_TUNING = Tuning(grids=(("sgdm", 1e-3, 1e-1, 5), ("adamw", 1e-4, 1e-2, 5),
 #: policy -> schedule family of its arm (:attr:`pipelab.policies.Policy.schedule`), read from the policy registry:
 #: every registered policy that a real pipeline can run (all but the emulation-only oracle).
 ARM_POLICIES: dict[str, str] = {name: info.schedule for name, info in
-                                ((n, policy_info(n)) for n in available_policies()) if not info.emulation_only}
+                                ((n, make_policy(n)) for n in available_policies()) if not info.emulation_only}
 
 #: schedule -> the policy families it serves: schedules an arm may run instead of its policy's own family
 #: (``RunConfig.schedule``). ``zb_h1``: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), flushed, M

@@ -191,19 +191,19 @@ def test_paper_staleness_options_use_the_schedule_helpers_and_match_the_table() 
 
 
 def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> None:
-    from pipelab.policies import SCHEDULE_FAMILIES, available_policies, policy_info
+    from pipelab.policies import SCHEDULE_FAMILIES, available_policies
+    from pipelab.schedules.builders import BUILDERS
     from pipelab.studies.figures.learning_curves import LABELS
     from pipelab.studies.run import PIPELINE_POLICIES
     from pipelab.studies.settings import ARM_POLICIES, POLICY_ORDER
 
     for name in available_policies():
-        info, pol = policy_info(name), make_policy(name)
-        assert (info.name, info.title, info.schedule, info.uses_predictor) == (name, pol.title, pol.schedule,
-                                                                               pol.uses_predictor)
-        assert info.title and info.summary and info.schedule in SCHEDULE_FAMILIES
+        info = make_policy(name)
+        assert info.name == name and info.title and info.summary and info.schedule in SCHEDULE_FAMILIES
         assert info.uses_predictor == (info.default_predictor is not None)
         assert info.synchronous == (info.schedule in ("sequential", "gpipe", "1f1b"))
-    assert [n for n in available_policies() if policy_info(n).emulation_only] == ["oracle"]
+    assert [n for n in available_policies() if make_policy(n).emulation_only] == ["oracle"]
+    assert set(SCHEDULE_FAMILIES) - {"sequential"} <= set(BUILDERS)  # families are builder names
     assert list(ARM_POLICIES) == list(POLICY_ORDER) == [n for n in available_policies() if n != "oracle"]
     assert ARM_POLICIES["vanilla"] == "pipedream" and ARM_POLICIES["2bw"] == "2bw"
     # the figures' legend texts (unchanged: the registry's titles are today's labels)
@@ -215,4 +215,4 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
                       "dc_asgd": "DC-ASGD (delay compensation)"}
     assert PIPELINE_POLICIES == [n for n in POLICY_ORDER if n != "sequential"]
     with pytest.raises(ValueError, match="unknown policy"):
-        policy_info("nope")
+        make_policy("nope")

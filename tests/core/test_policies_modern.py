@@ -23,7 +23,6 @@ from pipelab.policies import (
     NesterovAsyncPolicy,
     available_policies,
     make_policy,
-    policy_info,
 )
 from pipelab.schedules import gpipe, pipedream, pipedream_2bw
 
@@ -325,10 +324,10 @@ def test_registered_with_metadata_and_options() -> None:
     for name, cls in (("nesterov_async", NesterovAsyncPolicy), ("error_feedback", ErrorFeedbackPolicy),
                       ("dc_asgd", DelayCompensationPolicy)):
         assert name in available_policies() and isinstance(make_policy(name), cls)
-        info = policy_info(name)
+        info = make_policy(name)
         assert info.title and info.summary and not info.emulation_only and not info.uses_predictor
-    assert policy_info("error_feedback").schedule == "2bw"  # the paper's schedule
-    assert policy_info("dc_asgd").schedule == policy_info("nesterov_async").schedule == "pipedream"
+    assert make_policy("error_feedback").schedule == "2bw"  # the paper's schedule
+    assert make_policy("dc_asgd").schedule == make_policy("nesterov_async").schedule == "pipedream"
     assert make_policy("dc_asgd", base="2bw", adaptive=True).schedule == "2bw"
     assert make_policy("error_feedback").stated_weight_copies(0, 4) == 3  # 2BW's two versions + g_{t−1}
     assert make_policy("dc_asgd").stated_weight_copies(0, 4) == 5  # stashing's D − k + W_used

@@ -19,7 +19,7 @@ from pipelab.distributed import spawn
 from pipelab.emulator import Emulator, train_plain
 from pipelab.pipeline import build_pipeline
 from pipelab.pipeline.loss_scale import LossScaler, defer_updates
-from pipelab.policies import POLICIES, policy_info
+from pipelab.policies import POLICIES, make_policy
 from pipelab.precision import as_precision, check_precision, weight_memory
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import gpipe, interleaved_1f1b, one_f_one_b, pipedream, pipedream_2bw, zb_h1
@@ -118,7 +118,7 @@ def test_activations_cross_in_the_compute_dtype() -> None:
 
 def _arm(name: str, steps: int) -> tuple[Any, Any]:
     """The policy's own schedule family and an optimizer it serves (SGD momentum, else NAdam)."""
-    family = policy_info(name).schedule
+    family = make_policy(name).schedule
     sched = {"gpipe": gpipe(D, M, steps), "1f1b": one_f_one_b(D, M, steps), "2bw": pipedream_2bw(D, D, steps),
              "pipedream": pipedream(D, 1, steps), "sequential": gpipe(D, M, steps)}[family]
     for opt in (SGDM, NADAM):

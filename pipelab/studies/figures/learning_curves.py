@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ...optim import OPTIMIZERS, optimizer_label
-from ...policies import policy_info
+from ...policies import make_policy
 from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
 from ..config import from_preset
 from ..data import load_dataset
@@ -47,7 +47,7 @@ from ..settings import ARM_OPTIMIZER_SETTINGS, POLICY_ORDER, QUICK_POLICIES, STU
 from . import FigureOutput, register
 
 #: the learning-curve arms' legend labels (:attr:`pipelab.policies.Policy.title`)
-LABELS = {p: policy_info(p).title for p in POLICY_ORDER}
+LABELS = {p: make_policy(p).title for p in POLICY_ORDER}
 
 
 def _device() -> str:

@@ -47,6 +47,7 @@ from ..prediction_error import (
     InPipelineConfig,
     PredictionErrorConfig,
     prediction_optimizer,
+    result_csv,
     rows_to_csv,
     run_in_pipeline,
     run_prediction_error,
@@ -196,7 +197,7 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     notes["lr"] = lr
     notes["init"] = cfg.base.init
     notes["left_chance_at"] = left
-    return FigureOutput(fig, replace(cfg.base, optimizer=optimizer), cfg.base.seed, tables={"csv": res.to_csv()},
+    return FigureOutput(fig, replace(cfg.base, optimizer=optimizer), cfg.base.seed, tables={"csv": result_csv(res)},
                         notes=notes, data=res)
 
 
@@ -365,7 +366,7 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
     over the stage's layers, at the stage's s), the layer where prediction helps most and least, and whether
     the ratio rises or falls from the first to the last window.
     """
-    from ...policies import policy_info
+    from ...policies import make_policy
 
     panels: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -390,7 +391,7 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
     for (pol, opt), rs in panels.items():
         whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
         if not whole:
-            lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}**: no stage predicted anything.")
+            lines.append(f"- **{make_policy(pol).title} · {optimizer_label(opt)}**: no stage predicted anything.")
             continue
         parts = []
         for k in sorted({r["stage"] for r in rs}):
@@ -411,7 +412,7 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
         if first and last and last_phase > 0:
             trend = (f"; mean over layers {np.mean(first):.2f} in the first window of steps, "
                      f"{np.mean(last):.2f} in the last")
-        lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}** ({whole[0]['op']} jobs; "
+        lines.append(f"- **{make_policy(pol).title} · {optimizer_label(opt)}** ({whole[0]['op']} jobs; "
                      f"ratio predicted/stale per stage, range over its layers): {'; '.join(parts)}. Most help at "
                      f"layer `L{best['layer']}` ({best['ratio']:.2f}), least at `L{worst['layer']}` "
                      f"({worst['ratio']:.2f}){trend}.")
@@ -449,7 +450,7 @@ def gradient_correction_in_pipeline(preset: str, *, progress: bool = False) -> F
 def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, label: str, title: str) -> FigureOutput:
     """One heatmap per (policy, optimizer) arm of :func:`measure_in_pipeline` results: layers × windows of the run
     (and the whole run), the ratio of the policy's error to the baseline's; the CSV holds every panel's rows."""
-    from ...policies import policy_info
+    from ...policies import make_policy
 
     policies = list(dict.fromkeys(p for p, _ in cfg.arms))
     optimizers = list(dict.fromkeys(o for _, o in cfg.arms))
@@ -476,7 +477,7 @@ def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, labe
             res = results.get((pol, opt))
             if res is None:
                 ax.set_axis_off()
-                ax.text(0.5, 0.5, f"{policy_info(pol).title} · {optimizer_label(opt)}:\nnot run"
+                ax.text(0.5, 0.5, f"{make_policy(pol).title} · {optimizer_label(opt)}:\nnot run"
                         + ("\n(SpecTrain needs SGD momentum)" if pol == "spectrain" else ""),
                         ha="center", va="center", transform=ax.transAxes, fontsize=8)
                 continue
@@ -506,7 +507,7 @@ def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, labe
             div = f", diverged at {res.diverged_at}" if res.diverged_at is not None else ""
             lr = float(res.meta.get("lr", math.nan))
             jobs = "updates' gradients" if res.predicted_op == "G" else f"{res.predicted_op} jobs"
-            ax.set_title(f"{policy_info(pol).title} · {optimizer_label(opt)}, lr {lr:g}\n({jobs}{div})", fontsize=8)
+            ax.set_title(f"{make_policy(pol).title} · {optimizer_label(opt)}, lr {lr:g}\n({jobs}{div})", fontsize=8)
             whole = ratio[:, -1]
             for k in range(res.D):
                 vals = whole[[li for li in range(L) if res.layer_stage[li] == k]]
@@ -526,7 +527,7 @@ def correction_markdown(rows: list[dict]) -> str:
     """Statements for notebook 02, written from the CSV rows of ``gradient_correction_in_pipeline``: per panel
     (policy × optimizer), each stage's whole-run ratio corrected/uncorrected gradient error (mean over its layers)
     at its staleness s, and the range over the panel's stages."""
-    from ...policies import policy_info
+    from ...policies import make_policy
 
     panels: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -535,7 +536,7 @@ def correction_markdown(rows: list[dict]) -> str:
     for (pol, opt), rs in panels.items():
         whole = [r for r in rs if r["phase"] == "all" and np.isfinite(r["ratio"])]
         if not whole:
-            lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}**: no delayed update.")
+            lines.append(f"- **{make_policy(pol).title} · {optimizer_label(opt)}**: no delayed update.")
             continue
         parts = []
         for k in sorted({r["stage"] for r in whole}):
@@ -548,7 +549,7 @@ def correction_markdown(rows: list[dict]) -> str:
                    "the correction brings every stage's gradient closer to the current weights' one"
                    if max(means) < 1 else "the correction moves every stage's gradient away from the current weights' "
                    "one" if min(means) > 1 else "the correction helps some stages and hurts others")
-        lines.append(f"- **{policy_info(pol).title} · {optimizer_label(opt)}** (ratio corrected/uncorrected gradient "
+        lines.append(f"- **{make_policy(pol).title} · {optimizer_label(opt)}** (ratio corrected/uncorrected gradient "
                      f"RMSE, mean over each stage's layers): {'; '.join(parts)} — {verdict}.")
     return "\n".join(lines)
 
