@@ -137,22 +137,6 @@ class PredictionErrorResult:
             den = np.nanmean(self.stale[:, start:, sel], axis=1)
             return num / den[None]
 
-    def left_chance_at(self, classes: int = 10, window: int = 10, fraction: float = 0.9) -> int | None:
-        """First step t whose trailing mean loss, over steps t − window + 1 .. t, is below fraction · ln(classes).
-
-        ln(classes) is the cross-entropy of a uniform guess (chance level); a run that starts on the plateau
-        there leaves it at the returned step (``None``: never, or diverged first). Steps count from 1.
-        """
-        if classes < 2 or window < 1 or not 0 < fraction < 1:
-            raise ValueError(f"need classes >= 2, window >= 1 and 0 < fraction < 1, got {classes}, {window}, "
-                             f"{fraction}")
-        loss = np.asarray(self.loss, float)
-        if len(loss) < window:
-            return None
-        trailing = np.convolve(loss, np.ones(window) / window, mode="valid")  # trailing[i]: steps i+1..i+window
-        below = np.flatnonzero(trailing < fraction * math.log(classes))
-        return int(below[0]) + window if below.size else None
-
     def summary_cosine(self, skip_fraction: float = 0.1) -> np.ndarray:
         """``[P, S]``: mean overall cosine between predicted and true displacement."""
         start = int(len(self.origins) * skip_fraction)
@@ -334,57 +318,6 @@ class InPipelineResult:
         for k in range(self.D):
             vals, counts = np.unique(self.s[(self.stage == k) & (self.op == op)], return_counts=True)
             out.append(int(vals[np.argmax(counts)]) if vals.size else 0)
-        return out
-
-    def phase_edges(self, phases: int) -> np.ndarray:
-        """``phases + 1`` step boundaries cutting the run into equal windows ``[edges[i], edges[i+1])``."""
-        if not isinstance(phases, int) or phases < 1:
-            raise ValueError(f"phases must be a positive integer, got {phases!r}")
-        return np.linspace(0, self.steps, phases + 1).round().astype(int)
-
-    def window_means(self, phases: int = 5, op: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(pred, stale, count)``, each ``[layers, phases + 1]``: mean RMSEs over the predicted jobs (s ≠ 0) of
-        ``op`` in each window of steps; the last column is the whole run. The ratio of the means is the
-        time-averaged RMSE over the time-averaged stale RMSE, as :meth:`PredictionErrorResult.summary_ratio`."""
-        op = op or self.predicted_op
-        edges = self.phase_edges(phases)
-        L = len(self.layers)
-        pred, stale, count = (np.full((L, phases + 1), np.nan) for _ in range(3))
-        sel = (self.op == op) & (self.s != 0)
-        for w in range(phases + 1):
-            inw = sel if w == phases else sel & (self.step >= edges[w]) & (self.step < edges[w + 1])
-            for li in range(L):
-                v = inw & np.isfinite(self.pred[:, li])
-                count[li, w] = v.sum()
-                if v.any():
-                    pred[li, w] = self.pred[v, li].mean()
-                    stale[li, w] = self.stale[v, li].mean()
-        return pred, stale, count
-
-    def window_ratio(self, phases: int = 5, op: str | None = None) -> np.ndarray:
-        """``[layers, phases + 1]``: RMSE predicted / stale per window (< 1: prediction helps); NaN where nothing
-        was predicted (or the stale weights were exact)."""
-        pred, stale, _ = self.window_means(phases, op)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(stale > 0, pred / stale, np.nan)
-
-    def rows(self, phases: int = 5) -> list[dict[str, Any]]:
-        """One row per stage × layer × window (and ``"all"``) of the predicted op: the CSV's records."""
-        op = self.predicted_op
-        pred, stale, count = self.window_means(phases, op)
-        edges, ss = self.phase_edges(phases), self.stage_s(op)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(stale > 0, pred / stale, np.nan)
-        out = []
-        for li, name in enumerate(self.layers):
-            k = self.layer_stage[li]
-            for w in range(phases + 1):
-                first, last = (0, self.steps) if w == phases else (int(edges[w]), int(edges[w + 1]))
-                out.append({"policy": self.policy, "optimizer": self.optimizer, "D": self.D, "stage": k,
-                            "s": ss[k], "op": op, "layer": name, "phase": "all" if w == phases else str(w),
-                            "step_from": first, "step_to": last, "jobs": int(count[li, w]),
-                            "rmse_predicted": float(pred[li, w]), "rmse_stale": float(stale[li, w]),
-                            "ratio": float(ratio[li, w])})
         return out
 
 

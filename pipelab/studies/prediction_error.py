@@ -35,7 +35,7 @@ from .settings import PREDICTION_OPTIMIZER_SETTINGS
 
 __all__ = ["INITS", "prediction_optimizer", "PredictionErrorConfig", "run_prediction_error",
            "InPipelineConfig", "run_in_pipeline", "rows_to_csv", "read_rows_csv", "layer_text", "summary_text",
-           "result_csv"]
+           "result_csv", "phase_edges", "window_means", "window_ratio", "in_pipeline_rows", "left_chance_at"]
 
 log = logging.getLogger(__name__)
 
@@ -289,3 +289,80 @@ def result_csv(res: PredictionErrorResult) -> str:
                     rows.append(f"{name},{si + 1},{t},{r:.6g},{res.stale[si, ti, -1]:.6g},"
                                 f"{ratio[pi, si, ti, -1]:.6g},{res.cosine[pi, si, ti, -1]:.6g}")
     return "\n".join(rows) + "\n"
+
+
+# ------------------------------------------------------------------ windows and rows of an in-pipeline run
+
+def phase_edges(res: InPipelineResult, phases: int) -> np.ndarray:
+    """``phases + 1`` step boundaries cutting the run into equal windows ``[edges[i], edges[i+1])``."""
+    if not isinstance(phases, int) or phases < 1:
+        raise ValueError(f"phases must be a positive integer, got {phases!r}")
+    return np.linspace(0, res.steps, phases + 1).round().astype(int)
+
+
+def window_means(res: InPipelineResult, phases: int = 5, op: str | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(pred, stale, count)``, each ``[layers, phases + 1]``: mean RMSEs over the predicted jobs (s ≠ 0) of
+    ``op`` in each window of steps; the last column is the whole run. The ratio of the means is the
+    time-averaged RMSE over the time-averaged stale RMSE, as
+    :meth:`~pipelab.prediction_error.PredictionErrorResult.summary_ratio`."""
+    op = op or res.predicted_op
+    edges = phase_edges(res, phases)
+    L = len(res.layers)
+    pred, stale, count = (np.full((L, phases + 1), np.nan) for _ in range(3))
+    sel = (res.op == op) & (res.s != 0)
+    for w in range(phases + 1):
+        inw = sel if w == phases else sel & (res.step >= edges[w]) & (res.step < edges[w + 1])
+        for li in range(L):
+            v = inw & np.isfinite(res.pred[:, li])
+            count[li, w] = v.sum()
+            if v.any():
+                pred[li, w] = res.pred[v, li].mean()
+                stale[li, w] = res.stale[v, li].mean()
+    return pred, stale, count
+
+
+def window_ratio(res: InPipelineResult, phases: int = 5, op: str | None = None) -> np.ndarray:
+    """``[layers, phases + 1]``: RMSE predicted / stale per window (< 1: prediction helps); NaN where nothing
+    was predicted (or the stale weights were exact)."""
+    pred, stale, _ = window_means(res, phases, op)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(stale > 0, pred / stale, np.nan)
+
+
+def in_pipeline_rows(res: InPipelineResult, phases: int = 5) -> list[dict[str, Any]]:
+    """One row per stage × layer × window (and ``"all"``) of the predicted op: the CSV's records."""
+    op = res.predicted_op
+    pred, stale, count = window_means(res, phases, op)
+    edges, ss = phase_edges(res, phases), res.stage_s(op)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(stale > 0, pred / stale, np.nan)
+    out = []
+    for li, name in enumerate(res.layers):
+        k = res.layer_stage[li]
+        for w in range(phases + 1):
+            first, last = (0, res.steps) if w == phases else (int(edges[w]), int(edges[w + 1]))
+            out.append({"policy": res.policy, "optimizer": res.optimizer, "D": res.D, "stage": k,
+                        "s": ss[k], "op": op, "layer": name, "phase": "all" if w == phases else str(w),
+                        "step_from": first, "step_to": last, "jobs": int(count[li, w]),
+                        "rmse_predicted": float(pred[li, w]), "rmse_stale": float(stale[li, w]),
+                        "ratio": float(ratio[li, w])})
+    return out
+
+
+def left_chance_at(res: PredictionErrorResult, classes: int = 10, window: int = 10, fraction: float = 0.9
+                   ) -> int | None:
+    """First step t whose trailing mean loss, over steps t − window + 1 .. t, is below fraction · ln(classes).
+
+    ln(classes) is the cross-entropy of a uniform guess (chance level); a run that starts on the plateau
+    there leaves it at the returned step (``None``: never, or diverged first). Steps count from 1.
+    """
+    if classes < 2 or window < 1 or not 0 < fraction < 1:
+        raise ValueError(f"need classes >= 2, window >= 1 and 0 < fraction < 1, got {classes}, {window}, "
+                         f"{fraction}")
+    loss = np.asarray(res.loss, float)
+    if len(loss) < window:
+        return None
+    trailing = np.convolve(loss, np.ones(window) / window, mode="valid")  # trailing[i]: steps i+1..i+window
+    below = np.flatnonzero(trailing < fraction * math.log(classes))
+    return int(below[0]) + window if below.size else None

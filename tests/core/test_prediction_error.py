@@ -14,11 +14,14 @@ from pipelab.prediction_error import WeightRing, measure_prediction_error
 from pipelab.studies.data import DataError
 from pipelab.studies.prediction_error import (
     PredictionErrorConfig,
+    in_pipeline_rows,
     layer_text,
+    left_chance_at,
     prediction_optimizer,
     result_csv,
     run_prediction_error,
     summary_text,
+    window_ratio,
 )
 
 DT = torch.float64
@@ -152,11 +155,11 @@ def test_left_chance_at_matches_a_direct_scan():
     res = measure_prediction_error(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), _batches(3), ["stale"])
     res.loss = loss
     want = next(t for t in range(10, len(loss) + 1) if loss[t - 10:t].mean() < 0.9 * np.log(10))
-    assert res.left_chance_at() == want == 32  # 2 of the 10 steps after the plateau pull the mean below
+    assert left_chance_at(res) == want == 32  # 2 of the 10 steps after the plateau pull the mean below
     res.loss = np.full(50, np.log(10))
-    assert res.left_chance_at() is None
+    assert left_chance_at(res) is None
     with pytest.raises(ValueError, match="fraction"):
-        res.left_chance_at(fraction=1.5)
+        left_chance_at(res, fraction=1.5)
 
 
 def test_config_init_is_checked():
@@ -177,10 +180,10 @@ def test_sgdm_run_of_the_figures_leaves_chance_early():
         pytest.skip("Fashion-MNIST not installed")
     torch_init = run_prediction_error(dataclasses.replace(base, init="torch"))
     assert base.init == "he" and he.meta["init"] == "he" and he.meta["lr"] == 0.05
-    left = he.left_chance_at()
+    left = left_chance_at(he)
     assert left is not None and left <= 30
     assert np.mean(he.loss[40:60]) < 0.6 * np.log(10)
-    assert torch_init.left_chance_at() is None  # still on the plateau after 60 steps
+    assert left_chance_at(torch_init) is None  # still on the plateau after 60 steps
     assert np.mean(torch_init.loss[40:60]) == pytest.approx(np.log(10), abs=0.02)
 
 
@@ -264,7 +267,7 @@ def test_in_pipeline_error_pins_on_hand_computed_pipeoptim_sgd():
         assert np.isnan(np.delete(res.pred[i], k)).all()
         checked += s > 0 and res.stale[i, k] > 0
     assert checked >= 10  # the steady state, where the stale weights are really off
-    ratio = res.window_ratio(2)
+    ratio = window_ratio(res, 2)
     assert np.isnan(ratio[2]).all() and np.isfinite(ratio[:2]).all()  # the last stage predicts nothing
 
 
@@ -302,8 +305,8 @@ def test_in_pipeline_without_staleness_has_zero_stale_error():
                               optimizer=optimizer_factory("sgdm", lr=0.1), D=1)
     assert len(res.op) == 6 and (res.s == 0).all() and res.stage_s() == [0]
     assert np.array_equal(res.stale, np.zeros((6, 3))) and np.array_equal(res.pred, np.zeros((6, 3)))
-    assert np.isnan(res.window_ratio(3)).all()  # nothing predicted: no ratio
-    rows = res.rows(3)
+    assert np.isnan(window_ratio(res, 3)).all()  # nothing predicted: no ratio
+    rows = in_pipeline_rows(res, 3)
     assert len(rows) == 3 * 4 and all(r["jobs"] == 0 and r["s"] == 0 for r in rows)
 
 
@@ -318,8 +321,8 @@ def test_in_pipeline_rows_and_csv_agree_with_the_events():
 
     res = measure_in_pipeline(_linear_stages(), _batches(12), policy="pipeoptim",
                               optimizer=optimizer_factory("adam", lr=1e-2), D=3)
-    rows = res.rows(phases=3)
-    parsed = list(csv.DictReader(io.StringIO(rows_to_csv(res.rows(phases=3)))))
+    rows = in_pipeline_rows(res, phases=3)
+    parsed = list(csv.DictReader(io.StringIO(rows_to_csv(in_pipeline_rows(res, phases=3)))))
     assert len(parsed) == len(rows) == 3 * 4
     for r, p in zip(rows, parsed):
         li = res.layers.index(r["layer"])
@@ -476,7 +479,7 @@ def test_gradient_correction_in_pipeline_pins_on_a_hand_computed_run(name):
     assert res.stale[:, 0] == pytest.approx(want_stale, rel=1e-9, abs=1e-15)
     assert res.stale[0, 0] < 1e-15 and res.pred[1, 0] != res.stale[1, 0]  # step 0 is fresh; later ones corrected
     assert torch.allclose(model[0].weight.detach(), W[-1], rtol=0, atol=1e-12)
-    rows = res.rows(phases=2)
+    rows = in_pipeline_rows(res, phases=2)
     assert {r["op"] for r in rows} == {"G"} and rows[-1]["jobs"] == 5  # the five delayed updates
 
 

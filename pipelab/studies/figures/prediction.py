@@ -46,11 +46,14 @@ from ..config import from_preset
 from ..prediction_error import (
     InPipelineConfig,
     PredictionErrorConfig,
+    in_pipeline_rows,
+    left_chance_at,
     prediction_optimizer,
     result_csv,
     rows_to_csv,
     run_in_pipeline,
     run_prediction_error,
+    window_ratio,
 )
 from ..settings import CORRECTION_ARMS, IN_PIPELINE_ARMS, IN_PIPELINE_LRS
 from . import FigureOutput, register
@@ -183,7 +186,7 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
     label = optimizer_label(optimizer)
     lr = run_lr(cfg, optimizer)
     div = f", diverged at step {res.diverged_at}" if res.diverged_at else ""
-    left = res.left_chance_at()
+    left = left_chance_at(res)
     chance = (f"loss below 0.9·ln 10 from step {left}" if left is not None
               else f"loss never below 0.9·ln 10 in {res.meta['steps']} steps")
     model = cfg.base.model + (" without biases" if optimizer in MATRIX_ONLY_OPTIMIZERS else "")
@@ -481,8 +484,8 @@ def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, labe
                         + ("\n(SpecTrain needs SGD momentum)" if pol == "spectrain" else ""),
                         ha="center", va="center", transform=ax.transAxes, fontsize=8)
                 continue
-            rows += res.rows(P)
-            ratio = res.window_ratio(P)
+            rows += in_pipeline_rows(res, P)
+            ratio = window_ratio(res, P)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 im = ax.imshow(ratio, cmap="RdBu_r", norm=norm, aspect="auto")
