@@ -137,6 +137,7 @@ def _edit(edits: dict[str, bytes], module: str) -> None:
 
 @pytest.mark.parametrize("module, changes", [
     ("pipelab.studies.learning_curves", True),   # defines the experiment
+    ("pipelab.studies.settings", True),  # the arms' tasks, optimizer settings and schedules
     ("pipelab.policies", True),          # imported by it through the emulator
     ("pipelab.schedules.builders", True),
     ("pipelab.studies.figures.learning_curves", False),  # the figure module: colours, labels
