@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	# torch first, pinned: the local CPU wheel, not the CUDA build of an open range.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ".[studies,dev]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -36,10 +36,12 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
 
-# Lint (ruff: style, import order, bug patterns) and types (mypy); configured in pyproject.toml.
+# Lint (ruff: style, import order, bug patterns), types (mypy) and the import contracts (import-linter: the core
+# never imports the studies; the core's layers); configured in pyproject.toml.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy pipelab
+	$(VENV)/bin/lint-imports
 
 notebooks-strip: venv
 	$(PY) -m pipelab strip-notebooks notebooks

@@ -59,11 +59,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 
 from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, header  # noqa: E402
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
-from pipelab.learning_curves import serves  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
-from pipelab.policies import Predicted, policy_info  # noqa: E402
-from pipelab.schedules import Schedule, gpipe, one_f_one_b, pipedream, pipedream_2bw  # noqa: E402
+from pipelab.policies import Predicted, make_policy  # noqa: E402
+from pipelab.schedules import Schedule  # noqa: E402
+from pipelab.schedules.builders import BUILDERS  # noqa: E402
+from pipelab.studies.learning_curves import serves  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 from pipelab.threads import torch_threads  # noqa: E402
 
 #: the policies compared, in the order of the table
@@ -73,18 +74,12 @@ GOAL = 1.10
 
 
 def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
-    """The schedule of the policy's family (:func:`pipelab.policy_info`): flushed GPipe / 1F1B and 2BW with M
+    """The schedule of the policy's family (``make_policy(policy).schedule``): flushed GPipe / 1F1B and 2BW with M
     micro-batches, asynchronous 1F1B (PipeDream) with one."""
-    family = policy_info(policy).schedule
-    if family == "gpipe":
-        return gpipe(D, M, steps)
-    if family == "1f1b":
-        return one_f_one_b(D, M, steps)
-    if family == "2bw":
-        return pipedream_2bw(D, M, steps)
-    if family == "async_1f1b":
-        return pipedream(D, 1, steps)
-    raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
+    family = make_policy(policy).schedule
+    if family == "sequential":
+        raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
+    return BUILDERS[family](D, 1 if family == "pipedream" else M, steps)
 
 
 @dataclass
@@ -276,7 +271,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         print(f"deep_mlp width {args.width} depth {args.depth} float32, batch {args.batch}, {args.optimizer}, "
               f"{args.steps} steps per run; per step: median of {args.rounds} alternated rounds")
         for p in sorted(set(args.policies) - set(policies), key=args.policies.index):
-            print(f"{p}: not run, it cannot follow {args.optimizer} (pipelab.learning_curves.serves)")
+            print(f"{p}: not run, it cannot follow {args.optimizer} (pipelab.studies.learning_curves.serves)")
         for device in devices:
             torch.manual_seed(0)
             base = deep_mlp(in_features=784, width=args.width, depth=args.depth).to(device)

@@ -7,8 +7,9 @@ All ratios come from this one run, on one device (``--device cuda``, or ``--devi
 (b) **emulator vs plain PyTorch**, per training step, for the policies whose forward and backward use the same weights
     (GPipe, flushed; weight stashing), D = 4; target ≤ 1.10. The GPipe run's weights are checked against plain
     training (float64, same device): they agree to rounding.
-(c) **sweep throughput**: the seeds of one arm trained as one stacked model (:mod:`pipelab.stacking`) vs one seed at a
-    time, through :func:`pipelab.learning_curves.sweep` with the cache off; arm·steps per second and their ratio.
+(c) **sweep throughput**: the seeds of one arm trained as one stacked model (:mod:`pipelab.studies.stacking`) vs one
+    seed at a time, through :func:`pipelab.studies.learning_curves.sweep` with the cache off; arm·steps per second and
+    their ratio.
 (d) **runtime**: :class:`pipelab.runtime.PipelineRuntime` on as many ranks as GPUs (NCCL; on CPU: 2 gloo ranks), 1F1B
     with D = ranks, in the NCCL-safe order (:mod:`pipelab.runtime.nccl_order`) plain, with ``prefetch`` and with
     ``prefetch + batch`` (communication overlap, measured, not assumed), per-rank peak memory
@@ -46,11 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, header, load_average  # noqa: E402
 from pipelab.distributed import spawn  # noqa: E402
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
-from pipelab.learning_curves import RunConfig, sweep  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.optim import make_optimizer  # noqa: E402
 from pipelab.predictors import make_predictor  # noqa: E402
 from pipelab.schedules import gpipe, one_f_one_b, pipedream  # noqa: E402
+from pipelab.studies.learning_curves import RunConfig, sweep  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 from pipelab.threads import torch_threads  # noqa: E402
 
 #: (optimizer, predictor) pairs of (a): each predictor with an optimizer it serves

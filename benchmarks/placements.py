@@ -4,7 +4,7 @@ against torch's
 
 What runs: for each ``--ranks`` value W, one :func:`pipelab.distributed.spawn` of W processes (gloo, 1 thread
 each; start-up never timed). Every rank builds the same ``deep_mlp`` from the same seed and runs
-:func:`pipelab.calibration.calibrate_rank`: it profiles every stage (F, B, U) and the transfer between
+:func:`pipelab.studies.calibration.calibrate_rank`: it profiles every stage (F, B, U) and the transfer between
 ranks, then, ``--repeats`` times, runs each pipelab row with the runtime's trace and, at the end of the same
 repeat, the torch rows — so that pipelab's and torch's figures come from one run, interleaved:
 
@@ -66,21 +66,21 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/placements.py` finds the harness
 
 from benchmarks._harness import Ratio, header, load_average, paired_ratio  # noqa: E402
-from pipelab.calibration import (  # noqa: E402
+from pipelab.distributed import spawn  # noqa: E402
+from pipelab.optim import optimizer_factory  # noqa: E402
+from pipelab.studies.calibration import (  # noqa: E402
     CalibrationCase,
     CalibrationConfig,
     CalibrationRow,
     calibrate_rank,
     calibration_rows,
 )
-from pipelab.distributed import spawn  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
-from pipelab.optim import optimizer_factory  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 
 __all__ = ["PlacementConfig", "PIPELAB_ROWS", "TORCH_ROWS", "run_benchmark", "format_report", "main",
            "torch_ddp_run", "torch_fsdp_run"]
 
-#: the pipelab rows: (label, kind of :data:`pipelab.calibration.KINDS`)
+#: the pipelab rows: (label, kind of :data:`pipelab.studies.settings.CALIBRATION_KINDS`)
 PIPELAB_ROWS = (("DDP", "ddp"), ("DDP, one stage", "ddp_whole"), ("FSDP", "fsdp"), ("GPipe", "gpipe"),
                 ("1F1B", "1f1b"), ("LPP", "lpp"),
                 ("FSLPP", "fslpp"), ("Hybrid", "hybrid"))
@@ -91,7 +91,7 @@ TORCH_ROWS = (("torch DDP", "DDP"), ("torch DDP", "DDP, one stage"), ("torch FSD
 @dataclass(frozen=True)
 class PlacementConfig:
     """ranks: the world sizes to run; the model (``deep_mlp`` float32), micro-batch, steps and repeats as in
-    :class:`~pipelab.calibration.CalibrationConfig` (M = 2·ranks micro-batches per step)."""
+    :class:`~pipelab.studies.calibration.CalibrationConfig` (M = 2·ranks micro-batches per step)."""
 
     ranks: tuple[int, ...] = (2, 4)
     width: int = 512
@@ -201,7 +201,7 @@ def _rank_main(rank: int, world: int, cfg: CalibrationConfig, torch_rows: bool) 
 
 @dataclass
 class Result:
-    """Per world size: the pipelab rows (:class:`~pipelab.calibration.CalibrationRow`), the torch rows
+    """Per world size: the pipelab rows (:class:`~pipelab.studies.calibration.CalibrationRow`), the torch rows
     (name → every repeat's makespan in seconds, or the reason it did not run), the ratios
     (:class:`~benchmarks._harness.Ratio`, or why not measured), rank 0's load average at the end of each repeat,
     and the spawn's seconds."""

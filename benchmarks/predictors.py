@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/predictors.py` finds the harness
 
 from benchmarks._harness import Ratio, add_thread_argument, alternate, header  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.optim import make_optimizer, optimizer_label  # noqa: E402
 from pipelab.predictors import make_predictor  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 from pipelab.threads import torch_threads  # noqa: E402
 
 #: registry name -> this benchmark's overrides of the registry's defaults (pipelab.optim.OPTIMIZERS)

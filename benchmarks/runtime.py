@@ -95,13 +95,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 
 from benchmarks._harness import Ratio, header, load_average, paired_ratio  # noqa: E402
 from pipelab.distributed import spawn  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
 from pipelab.partition import split  # noqa: E402
 from pipelab.profiling import profile_stage, transfer_times  # noqa: E402
 from pipelab.runtime import PipelineRuntime  # noqa: E402
 from pipelab.schedules import gpipe, one_f_one_b, pipedream  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 
 __all__ = ["RunSetting", "BenchConfig", "Row", "Result", "rows_of", "run_benchmark", "format_report", "main",
            "measured_window", "simulated_window", "add_model_and_run_arguments", "timed_pipelab_run", "report_header",

@@ -1,18 +1,18 @@
 """Throughput of a learning-curve sweep: arms·steps per second, one arm at a time vs stacked seeds and processes.
 
 The same grid (``--policies`` × ``--seeds`` of one task, optimizer and D, one epoch of ``--n-train`` examples) is run
-through :func:`pipelab.learning_curves.sweep` with the result cache off, four ways, all in this one run:
+through :func:`pipelab.studies.learning_curves.sweep` with the result cache off, four ways, all in this one run:
 
 - ``one at a time``: every arm alone, in this process (``stack=1, workers=1``) — how sweeps ran before stacking;
 - ``processes``: every arm alone, ``--workers`` worker processes;
-- ``stacked``: the seeds of each arm as one stacked model (:mod:`pipelab.stacking`), in this process;
+- ``stacked``: the seeds of each arm as one stacked model (:mod:`pipelab.studies.stacking`), in this process;
 - ``stacked + processes``: both.
 
 The four ways run in turn, round after round (``--rounds``, :mod:`benchmarks._harness`), so that a change of the
 machine's load hits all of them alike. It prints each way's median wall time, arms·steps per second and the ratio to
 ``one at a time`` (the median of the per-round ratios, with its interquartile range and the load average of the
 rounds), and checks that every way computed the same runs (largest difference of the final test loss; stacking
-changes float32 rounding only). Every arm runs one intra-op thread (:func:`pipelab.learning_curves.run`), so
+changes float32 rounding only). Every arm runs one intra-op thread (:func:`pipelab.studies.learning_curves.run`), so
 ``--threads`` only sets this process's count.
 
 Usage:
@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/sweep.py` finds the harness
 
 from benchmarks._harness import add_thread_argument, alternate, header  # noqa: E402
-from pipelab.learning_curves import RunConfig, sweep  # noqa: E402
+from pipelab.studies.learning_curves import RunConfig, sweep  # noqa: E402
 from pipelab.threads import torch_threads  # noqa: E402
 
 

@@ -30,7 +30,7 @@ for the others, so every rank does the same work per mini-batch in every row. to
 torch scales the accumulated gradient by 1/M). pipelab rows: a fresh ``PipelineRuntime`` on the flushed
 builder over all the run's mini-batches, policy ``"1f1b"`` (flushed: every job uses the current weights).
 torch has no ZB-H1 class; ``ScheduleInterleavedZeroBubble`` with one stage per rank runs ZB-H1's order
-(``tests/test_zero_bubble.py``), so it is the torch ZB-H1 row. Each torch row's action lists are
+(``tests/core/test_zero_bubble.py``), so it is the torch ZB-H1 row. Each torch row's action lists are
 imported (:func:`pipelab.schedules.torch_actions.from_torch`) and compared with the pipelab builder's
 program (``same_order`` in the result): the two rows of a pair run the same jobs in the same order per
 rank. torch runs ``OVERLAP_F_B`` (DualPipeV) as its F then its B, pipelab's order.
@@ -119,12 +119,12 @@ from benchmarks.runtime import (  # noqa: E402
     timed_pipelab_run,
 )
 from pipelab.distributed import spawn  # noqa: E402
-from pipelab.models import deep_mlp  # noqa: E402
 from pipelab.partition import split  # noqa: E402
 from pipelab.profiling import profile_stage, transfer_times  # noqa: E402
 from pipelab.schedules import Schedule, dualpipe_v, interleaved_zero_bubble, one_f_one_b, zb_h1, zb_v  # noqa: E402
 from pipelab.schedules.torch_actions import from_torch  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
 
 __all__ = ["ZBConfig", "Row", "ZBResult", "SCHEDULES", "rows_of", "forecast_costs", "run_benchmark",
            "format_report", "main"]

@@ -2,7 +2,7 @@
 
 Two ways to get ranks:
 
-- ``torchrun --nproc-per-node N [--nnodes ... --rdzv-endpoint ...] -m pipelab.run ...``: each process calls
+- ``torchrun --nproc-per-node N [--nnodes ... --rdzv-endpoint ...] -m pipelab.studies.run ...``: each process calls
   :func:`init_from_env`, which reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` (set by
   torchrun, so the same code runs on one machine or across machines);
 - :func:`spawn` (tests, notebooks, benchmarks): starts ``world_size`` local processes on a free port,
@@ -166,7 +166,7 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise RuntimeError(f"environment variables {missing} are not set: launch with "
-                           "`torchrun --nproc-per-node N -m pipelab.run ...` or use pipelab.distributed.spawn")
+                           "`torchrun --nproc-per-node N -m pipelab.studies.run ...` or use pipelab.distributed.spawn")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = backend or default_backend()
     if backend == "nccl":

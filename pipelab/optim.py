@@ -165,11 +165,6 @@ class RegisteredFactory:
     def __call__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> torch.optim.Optimizer:
         return make_optimizer(self.name, params, **self.overrides)
 
-    @property
-    def hyperparameters(self) -> dict[str, Any]:
-        """The keyword arguments the optimizer is built with."""
-        return optimizer_hyperparameters(self.name, **self.overrides)
-
 
 def optimizer_factory(name: str, **overrides: Any) -> Callable[[Any], torch.optim.Optimizer]:
     """A factory ``params -> optimizer`` for ``name`` with ``overrides``; names and overrides are checked now."""

@@ -134,8 +134,8 @@ def split(model: nn.Sequential, D: int,
         ValueError: bad D or balance, or a parameter shared by blocks of two stages (:func:`check_unshared`).
 
     Example:
-        >>> from pipelab.models import deep_mlp
-        >>> [len(s) for s in split(deep_mlp(depth=10), 4)]
+        >>> model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(10)])
+        >>> [len(s) for s in split(model, 4)]
         [2, 2, 3, 3]
     """
     sizes = stage_sizes(model, D, balance)

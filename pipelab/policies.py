@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from .schedules.versions import pipeoptim_staleness, spectrain_version_difference
+from .papers import pipeoptim_staleness, spectrain_version_difference
 
 if TYPE_CHECKING:
     from .schedules.dependencies import Job
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Stored", "Predicted", "WeightSpec", "Policy", "POLICIES", "make_policy", "available_policies",
     "Sync", "Vanilla", "Stashing", "VerticalSync", "TwoBW", "SpecTrainPolicy", "PipeOptimPolicy",
-    "PipeMarePolicy", "Oracle", "PolicyInfo", "policy_info", "SCHEDULE_FAMILIES",
+    "PipeMarePolicy", "Oracle", "SCHEDULE_FAMILIES",
     "GradientContext", "NesterovAsyncPolicy", "ErrorFeedbackPolicy", "DelayCompensationPolicy",
 ]
 
@@ -130,17 +130,21 @@ class GradientContext:
         """Mean staleness of the step's gradient: ``version − mean_j used_versions[j]`` (0 when not delayed)."""
         return self.version - sum(self.used_versions) / max(1, len(self.used_versions))
 
-#: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms.
-SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "async_1f1b", "2bw")
+#: Schedule families a policy can be meant for (:attr:`Policy.schedule`), in the order of the arms: builder names of
+#: :data:`~pipelab.schedules.builders.BUILDERS`, and ``"sequential"`` (no pipeline).
+SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "pipedream", "2bw")
 
 
 class Policy:
     """Base class. Subclasses set the class attributes and :meth:`forward`/:meth:`backward`.
 
+    The class attributes are the one source of a policy's label, schedule family and needs: figures, the
+    learning-curve arms and the ``pipelab.studies.run`` choices read them from ``make_policy(name)``.
+
     Class attributes:
         name, title: registry name and legend label (figures and tables print ``title``).
         schedule: the schedule family the policy is meant for, one of :data:`SCHEDULE_FAMILIES`
-            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"async_1f1b"``: PipeDream's
+            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"pipedream"``: PipeDream's
             asynchronous 1F1B, one update per mini-batch; ``"2bw"``: PipeDream-2BW).
         synchronous: the policy requires a schedule without staleness (checked against the table).
         uses_predictor: the policy's specs include :class:`Predicted` (a predictor must be given).
@@ -157,7 +161,7 @@ class Policy:
 
     name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
     title: str = ""
-    schedule: str = "async_1f1b"
+    schedule: str = "pipedream"
     synchronous: ClassVar[bool] = False
     uses_predictor: ClassVar[bool] = False
     default_predictor: ClassVar[str | None] = None
@@ -268,7 +272,7 @@ class Sync(Policy):
 class Vanilla(Sync):
     """No mitigation: each job uses whatever version is current when it runs (VJP at newer weights)."""
 
-    name, title, schedule = "vanilla", "vanilla async", "async_1f1b"
+    name, title, schedule = "vanilla", "vanilla async", "pipedream"
     synchronous = False
     summary = "forward at cur(F), backward at cur(B) (no mitigation; backward recomputed at cur(B))"
 
@@ -789,41 +793,3 @@ def make_policy(name: str | Policy, **options: object) -> Policy:
         return cls(**fixed, **options)
     except TypeError as exc:
         raise TypeError(f"policy {name!r}: {exc}") from None
-
-
-@dataclass(frozen=True)
-class PolicyInfo:
-    """What the registry says about a policy: the one source of its label, schedule family and needs.
-
-    Attributes:
-        name: registry name; title: legend label; schedule: schedule family (:data:`SCHEDULE_FAMILIES`);
-        synchronous: needs a flushed schedule; uses_predictor: its specs include :class:`Predicted`;
-        default_predictor: the predictor used when none is given; emulation_only: not runnable in a real
-        pipeline (no learning-curve arm, no ``pipelab.run`` choice); summary: one line on what it does.
-    """
-
-    name: str
-    title: str
-    schedule: str
-    synchronous: bool
-    uses_predictor: bool
-    default_predictor: str | None
-    emulation_only: bool
-    summary: str
-
-
-def policy_info(name: str) -> PolicyInfo:
-    """The metadata of the registered policy ``name`` (read from the policy built with default options).
-
-    Figures, the learning-curve arms and the ``pipelab.run`` choices read labels and schedule families here
-    instead of retyping them.
-
-    Example:
-        >>> info = policy_info("2bw")
-        >>> info.title, info.schedule, info.uses_predictor
-        ('PipeDream-2BW', '2bw', False)
-    """
-    p = make_policy(name)
-    return PolicyInfo(name=p.name, title=p.title, schedule=p.schedule, synchronous=p.synchronous,
-                      uses_predictor=p.uses_predictor, default_predictor=p.default_predictor,
-                      emulation_only=p.emulation_only, summary=p.summary)

@@ -34,14 +34,16 @@ Same skip decision on every stage. The decision of step t needs every stage's gr
 
 - *Flushed schedules* (GPipe, 1F1B, interleaved, zero bubble with a flush): every job that uses version t+1 of a
   stage runs after the last backward (B, I, W) of step t on all stages, so each U(·, t) can wait for the flush
-  without changing any job's version. pipelab moves every U(·, t) to the flush (:func:`defer_updates`, in the
+  without changing any job's version. pipelab moves every U(·, t) to the flush
+  (:func:`~pipelab.pipeline.loss_scale.defer_updates`, in the
   emulator's execution order); the first U of step t then reads the non-finite flags of all stages (emulator) or
   of the rank's stages, combined over ranks by one ``all_reduce(MAX)`` per step (runtime), as Megatron-LM and
   DeepSpeed all-reduce ``found_inf`` over the pipeline group before their optimizer step.
 - *Asynchronous schedules* (PipeDream, 2BW, zb_async): U(k, t) of a later stage runs before stage 0 has finished
   step t's backward, and its new version is used at once; no decision there can know an earlier stage's overflow
   without waiting for it, which would be a flush. pipelab therefore refuses fp16 loss scaling on them
-  (:func:`defer_updates` raises, naming the first job that would use a version before the flush); run them in bf16,
+  (:func:`~pipelab.pipeline.loss_scale.defer_updates` raises, naming the first job that would use a version before
+  the flush); run them in bf16,
   which needs no scaler. (A per-stage scaler would let one stage skip a step the others took: a model no schedule
   describes.)
 
@@ -64,18 +66,15 @@ import contextlib
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .pipeline.stage import StageExecutor
-
-__all__ = ["Precision", "LossScaling", "LossScaler", "as_precision", "check_precision", "defer_updates",
-           "weight_memory", "PRECISIONS", "FP32"]
+__all__ = ["Precision", "LossScaling", "as_precision", "check_precision", "weight_memory", "tensor_bytes",
+           "optimizer_state_bytes", "PRECISIONS", "FP32"]
 
 #: compute names and their dtypes (``None``: no autocast)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -264,145 +263,17 @@ def _autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
         return False
 
 
-# ------------------------------------------------------------------------------------------- loss scaling
-
-Job = tuple[str, int, int, int]
-
-
-def defer_updates(order: Sequence[Job]) -> list[Job]:
-    """The execution order with every ``U(k, t)`` moved to step t's flush (after the last B/I/W of step t).
-
-    This keeps every job's version when the schedule is flushed: no job of stage k may lie between ``U(k, t)``
-    and the flush (then the stage's own event sequence, and so a runtime rank's program, is unchanged too).
-
-    Raises:
-        ValueError: the schedule is not flushed (an asynchronous one): the message names the first job that
-            runs between an update and its step's flush.
-    """
-    flush: dict[int, int] = {}
-    for i, (op, _, t, _) in enumerate(order):
-        if op in ("B", "I", "W"):
-            flush[t] = i
-    out: list[Job] = []
-    held: dict[int, list[Job]] = {}
-    waiting: dict[int, Job] = {}  # stage -> its update still waiting for the flush
-    for i, job in enumerate(order):
-        op, k, t, _ = job
-        if op == "U" and flush.get(t, -1) > i:
-            held.setdefault(t, []).append(job)
-            waiting[k] = job
-            continue
-        if k in waiting and op != "U":
-            raise ValueError(f"fp16 loss scaling needs a flushed schedule: {job} of stage {k} runs after "
-                             f"{waiting[k]} and before the last backward of step {waiting[k][2]}, so no skip "
-                             "decision taken by every stage can precede it; use precision='bf16' (no loss scaling) "
-                             "for asynchronous schedules")
-        out.append(job)
-        for u in held.pop(t, []) if flush.get(t) == i else []:
-            out.append(u)
-            waiting.pop(u[1], None)
-    return out
-
-
-class LossScaler:
-    """The run's dynamic loss scale and its per-step skip decisions, shared by the stage executors of a process.
-
-    Args:
-        scaling: the settings. ``D``: the pipeline's stage count (when this process's :attr:`members` cover fewer
-            stages, the decision is combined over ranks with ``torch.distributed.all_reduce(MAX)``).
-
-    Attributes:
-        scale: the current S (a float32 value); members: the executors whose gradients this process checks;
-        history: ``(t, S used, skipped)`` of every decided step; local: ``t -> whether this process's stages
-            found a non-finite gradient`` (before the agreement with the other ranks).
-    """
-
-    def __init__(self, scaling: LossScaling, D: int) -> None:
-        self.scaling, self.D = scaling, D
-        self.scale = _f32(scaling.init_scale)
-        self.growth_tracker = 0
-        self.members: list[StageExecutor] = []
-        self.decisions: dict[int, tuple[bool, float]] = {}
-        self.seeded: dict[int, float] = {}
-        self.history: list[tuple[int, float, bool]] = []
-        self.local: dict[int, bool] = {}
-        #: combines this process's overflow flag with the other ranks' (default: all_reduce MAX when needed)
-        self.agree: Callable[[bool], bool] = self._all_reduce
-
-    def seed(self, t: int) -> float:
-        """S for a backward of step t (the last stage's seed); the same for all of step t's micro-batches."""
-        s = self.seeded.setdefault(t, self.scale)
-        if s != self.scale:
-            raise RuntimeError(f"loss scale changed within step {t} ({s} -> {self.scale}): the schedule is not flushed")
-        return s
-
-    def decide(self, t: int) -> tuple[bool, float]:
-        """``(skipped, S)`` of step t: taken at the first update of step t, then read by the others."""
-        if t not in self.decisions:
-            for ex in self.members:
-                left = []
-                for e in ex.events[ex.position:]:  # a flushed stage's jobs of step t come before those of t + 1
-                    if e[1] > t:
-                        break
-                    if e[0] != "U" and e[1] == t:
-                        left.append(e)
-                if left:
-                    raise RuntimeError(f"fp16 loss scaling: stage {ex.k} updates step {t} before its jobs {left[:3]} "
-                                       "ran; the skip decision needs every backward of the step (a flushed schedule "
-                                       "whose updates follow the flush on every worker)")
-            local = any(not bool(torch.isfinite(g).all()) for ex in self.members for g in ex.acc.get(t, ()))
-            self.local[t] = local
-            skipped = self.agree(local)
-            used = self.seeded.pop(t, self.scale)
-            self.decisions[t] = (skipped, used)
-            self.history.append((t, used, skipped))
-            self._update(skipped)
-        return self.decisions[t]
-
-    def unscale(self, t: int, grads: Sequence[Tensor]) -> list[Tensor]:
-        """``g · (1/S)`` with GradScaler's reciprocal (float64 1/S rounded to float32), in each gradient's dtype."""
-        inv = torch.tensor(self.decisions[t][1], dtype=torch.float64).reciprocal().float()
-        return [g * inv.to(g.device) for g in grads]
-
-    def _update(self, skipped: bool) -> None:
-        """GradScaler's update: back off on overflow, grow after ``growth_interval`` clean steps."""
-        sc = self.scaling
-        if skipped:
-            self.scale, self.growth_tracker = _f32(self.scale * sc.backoff_factor), 0
-            return
-        self.growth_tracker += 1
-        if self.growth_tracker == sc.growth_interval:
-            self.scale, self.growth_tracker = _f32(self.scale * sc.growth_factor), 0
-
-    def _all_reduce(self, local: bool) -> bool:
-        covered = {ex.k for ex in self.members}
-        if len(covered) >= self.D:
-            return local
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise RuntimeError(f"fp16 loss scaling over stages {sorted(covered)} of {self.D} needs the other stages' "
-                               "overflow flags: initialise torch.distributed (the runtime) or build every stage")
-        device = next((p.device for ex in self.members for p in ex.params), torch.device("cpu"))
-        flag = torch.tensor([1.0 if local else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "decisions": dict(self.decisions),
-                "history": list(self.history), "local": dict(self.local), "seeded": dict(self.seeded)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scale, self.growth_tracker = state["scale"], state["growth_tracker"]
-        self.decisions, self.history = dict(state["decisions"]), list(state["history"])
-        self.local, self.seeded = dict(state.get("local", {})), dict(state.get("seeded", {}))
-
-
-def _f32(x: float) -> float:
-    return float(torch.tensor(x, dtype=torch.float32))
-
-
 # ------------------------------------------------------------------------------------------- memory
+
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Σ numel·element_size: the bytes ``tensors`` hold (a stage's weights, its gradients, a hand-over)."""
+    return sum(x.numel() * x.element_size() for x in tensors)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the state tensors ``optimizer`` holds now (its scalar step counters included)."""
+    return tensor_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+
 
 def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, predicted: int,
                   optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
@@ -419,17 +290,14 @@ def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, p
 
     Autocast's per-op casts of a weight are transient and not counted.
     """
-    master = sum(w.numel() * w.element_size() for w in params)
+    master = tensor_bytes(params)
     vdtype = precision.version_dtype()
     copy = master if vdtype is None else sum(w.numel() * _itemsize(vdtype) for w in params)
     if copies <= 1:
         versions = 0
     else:
         versions = (copies - 1) * master if vdtype is None else copies * copy
-    opt = 0
-    if optimizer is not None:
-        opt = sum(v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values()
-                  if torch.is_tensor(v))
+    opt = 0 if optimizer is None else optimizer_state_bytes(optimizer)
     out = {"masters": master, "versions": versions, "predicted": predicted * copy, "optimizer_state": opt}
     out["total"] = sum(out.values())
     return out

@@ -9,11 +9,11 @@ true weights ``W_{t+s}``:
   prediction, SpecTrain Fig. 8's reference curve); ``ratio = rmse / stale`` (< 1: prediction helps);
 - ``cosine[p, s, t] = cos(Ŵ_{t+s} − W_t, W_{t+s} − W_t)`` between predicted and true displacement.
 
-*Inside the pipeline* (:func:`measure_in_pipeline`, :class:`InPipelineConfig`, :func:`run_in_pipeline`):
+*Inside the pipeline* (:func:`measure_in_pipeline`):
 the same errors measured during real pipelined training in the exact emulator (asynchronous 1F1B), for the
 weights a predicting policy (PipeOptim, SpecTrain, PipeMare) hands to each job of stage k, against the version
 ``base + s`` they stand for — s from the version table, i.e. each stage's real staleness — per layer, with the
-stale version ``W^(base)`` as baseline (:class:`InPipelineResult`, its ``rows()``/``to_csv()``).
+stale version ``W^(base)`` as baseline (:class:`InPipelineResult`, its ``rows()``).
 
 *Gradient corrections inside the pipeline* (the same :func:`measure_in_pipeline`, for a policy that corrects the
 delayed gradient instead of predicting weights: error feedback, DC-ASGD): at each update U(k, t) the step's
@@ -28,8 +28,8 @@ pending predictions are at most ``P·S·⌈S/measure_every⌉`` weight copies (`
 
 Example:
     >>> import torch
-    >>> from pipelab.models import deep_mlp
-    >>> model = deep_mlp(in_features=8, width=16, depth=3)
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 10))
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     >>> data = [(torch.randn(16, 8), torch.randint(0, 10, (16,))) for _ in range(20)]
     >>> res = measure_prediction_error(model, opt, data, ["stale", "spectrain"], max_s=2)
@@ -53,49 +53,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .distributed import resolve_device
-from .optim import make_optimizer
 from .pipeline.driver import check_examples
 from .policies import Predicted, Stored, WeightSpec
 from .predictors import Predictor, make_predictor
 from .predictors.base import flat_params
-from .threads import torch_threads
 
-__all__ = ["OPTIMIZER_SETTINGS", "INITS", "prediction_optimizer", "WeightRing", "PredictionErrorResult",
-           "measure_prediction_error", "PredictionErrorConfig", "run_prediction_error", "layer_names",
-           "IN_PIPELINE_POLICIES", "CORRECTING_POLICIES", "InPipelineResult", "measure_in_pipeline", "rows_to_csv",
-           "read_rows_csv", "InPipelineConfig", "run_in_pipeline"]
+__all__ = ["WeightRing", "PredictionErrorResult", "measure_prediction_error", "layer_names",
+           "IN_PIPELINE_POLICIES", "CORRECTING_POLICIES", "InPipelineResult", "measure_in_pipeline"]
 
 log = logging.getLogger(__name__)
-
-#: Weight initialisations of :class:`PredictionErrorConfig` (``init``).
-INITS = ("he", "torch")
-
-#: This experiment's hyper-parameters where they differ from the registry's defaults
-#: (:data:`pipelab.optim.OPTIMIZERS`): the learning rates its figures were made with (SGD 0.05, RMSprop
-#: 3e-4 / 1e-4, Adagrad 0.02, NAdam 1e-3, Muon 0.02 as in Jordan et al.'s post and the learning curves) and
-#: AdamW's decay 0.05; adam, radam and adamax use the defaults.
-OPTIMIZER_SETTINGS: dict[str, dict[str, Any]] = {
-    "sgd": {"lr": 0.05},
-    "sgdm": {"lr": 0.05},
-    "nesterov": {"lr": 0.05},
-    "adamw": {"weight_decay": 0.05},
-    "rmsprop": {"lr": 3e-4},
-    "rmsprop_momentum": {"lr": 1e-4},
-    "adagrad": {"lr": 0.02},
-    "nadam": {"lr": 1e-3},
-    "muon": {"lr": 0.02},
-}
-
-
-def prediction_optimizer(name: str, params: Iterable[Tensor], **overrides: Any) -> torch.optim.Optimizer:
-    """The registry's optimizer ``name`` with this experiment's settings, then ``overrides``, applied.
-
-    Raises:
-        ValueError: ``name`` is not in :data:`pipelab.optim.OPTIMIZERS`.
-        TypeError: an override the ``torch.optim`` class does not accept.
-    """
-    return make_optimizer(name, params, **{**OPTIMIZER_SETTINGS.get(name, {}), **overrides})
 
 
 class WeightRing:
@@ -171,66 +137,12 @@ class PredictionErrorResult:
             den = np.nanmean(self.stale[:, start:, sel], axis=1)
             return num / den[None]
 
-    def left_chance_at(self, classes: int = 10, window: int = 10, fraction: float = 0.9) -> int | None:
-        """First step t whose trailing mean loss, over steps t − window + 1 .. t, is below fraction · ln(classes).
-
-        ln(classes) is the cross-entropy of a uniform guess (chance level); a run that starts on the plateau
-        there leaves it at the returned step (``None``: never, or diverged first). Steps count from 1.
-        """
-        if classes < 2 or window < 1 or not 0 < fraction < 1:
-            raise ValueError(f"need classes >= 2, window >= 1 and 0 < fraction < 1, got {classes}, {window}, "
-                             f"{fraction}")
-        loss = np.asarray(self.loss, float)
-        if len(loss) < window:
-            return None
-        trailing = np.convolve(loss, np.ones(window) / window, mode="valid")  # trailing[i]: steps i+1..i+window
-        below = np.flatnonzero(trailing < fraction * math.log(classes))
-        return int(below[0]) + window if below.size else None
-
-    def layer_text(self, s: int = 1, skip_fraction: float = 0.1) -> str:
-        """A text table of the per-layer RMSE ratio to stale at staleness ``s`` (rows: predictors)."""
-        if not 1 <= s <= self.max_s:
-            raise ValueError(f"s must be in 1..{self.max_s}, got {s}")
-        r = self.summary_ratio(skip_fraction, per_layer=True)[:, s - 1]
-        width = max(len(n) for n in self.predictors)
-        cols = [f"L{n}" for n in self.layers] + ["all"]
-        lines = [f"{'predictor':<{width}}  " + " ".join(f"{c:>6s}" for c in cols)]
-        for i, n in enumerate(self.predictors):
-            lines.append(f"{n:<{width}}  " + " ".join(f"{v:6.2f}" for v in r[i]))
-        return "\n".join(lines)
-
     def summary_cosine(self, skip_fraction: float = 0.1) -> np.ndarray:
         """``[P, S]``: mean overall cosine between predicted and true displacement."""
         start = int(len(self.origins) * skip_fraction)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the stale predictor's cosine is undefined (NaN)
             return np.nanmean(self.cosine[:, :, start:, -1], axis=2)
-
-    def summary_text(self, skip_fraction: float = 0.1) -> str:
-        """A text table: per predictor, the RMSE ratio to stale and the mean cosine for each s."""
-        ratio, cos = self.summary_ratio(skip_fraction), self.summary_cosine(skip_fraction)
-        S = self.max_s
-        width = max(len(n) for n in self.predictors)
-        head = (f"{'predictor':<{width}}  " + " ".join(f"ratio s={s + 1:<2d}" for s in range(S)) + "   "
-                + " ".join(f"cos s={s + 1:<2d}" for s in range(S)))
-        lines = [head]
-        for i, n in enumerate(self.predictors):
-            lines.append(f"{n:<{width}}  " + " ".join(f"{ratio[i, s]:>10.3f}" for s in range(S)) + "   "
-                         + " ".join(f"{cos[i, s]:>8.3f}" for s in range(S)))
-        return "\n".join(lines)
-
-    def to_csv(self) -> str:
-        """Long-form CSV of the overall metrics: predictor, s, origin, rmse, stale, ratio, cosine."""
-        rows = ["predictor,s,origin,rmse,stale_rmse,ratio,cosine"]
-        ratio = self.ratio()
-        for pi, name in enumerate(self.predictors):
-            for si in range(self.max_s):
-                for ti, t in enumerate(self.origins):
-                    r = self.rmse[pi, si, ti, -1]
-                    if np.isfinite(r):
-                        rows.append(f"{name},{si + 1},{t},{r:.6g},{self.stale[si, ti, -1]:.6g},"
-                                    f"{ratio[pi, si, ti, -1]:.6g},{self.cosine[pi, si, ti, -1]:.6g}")
-        return "\n".join(rows) + "\n"
 
 
 def _per_param_sq(xs: list[Tensor]) -> list[Tensor]:
@@ -339,96 +251,6 @@ def measure_prediction_error(
     return PredictionErrorResult(names, layers, origins, rmse, stale, cosine, losses, diverged_at, meta)
 
 
-@dataclass(frozen=True)
-class PredictionErrorConfig:
-    """One prediction-error run: model × data × optimizer × predictors.
-
-    ``optimizer`` is a name of :data:`pipelab.optim.OPTIMIZERS`, built with :data:`OPTIMIZER_SETTINGS`;
-    ``optimizer_options`` are ``(name, value)`` pairs overriding both;
-    ``model_options`` likewise for :func:`pipelab.models.build_model`.
-    ``init`` (one of :data:`INITS`): ``"he"`` re-initialises Linear/Conv weights He-normal, W ~ N(0, 2/fan_in),
-    zero biases (He et al., ICCV 2015; the learning curves' initialisation), seeded by ``seed``; ``"torch"``
-    keeps PyTorch's default U(±1/sqrt(fan_in)), under which the 8-block ReLU MLP of the figures sits at
-    chance (loss ln 10) for about 100 steps with SGDM at lr 0.05 — and never leaves it with plain SGD in
-    600 steps — so its weights barely move and then jump (the step-110 jump of the old SGDM figure).
-    """
-
-    optimizer: str = "sgdm"
-    optimizer_options: tuple[tuple[str, Any], ...] = ()
-    model: str = "deep_mlp"
-    model_options: tuple[tuple[str, Any], ...] = (("depth", 8), ("width", 128))
-    dataset: str = "fashion_mnist"
-    train_subset: int | None = None
-    batch_size: int = 128
-    steps: int = 600
-    max_s: int = 3
-    measure_every: int = 4
-    predictors: tuple[str, ...] = ("stale", "spectrain", "spectrain_code", "pipeoptim", "pipeoptim_code",
-                                   "repeat", "zero_grad_rollout", "linear", "pipemare")
-    dtype: str = "float32"
-    device: str = "cpu"  # or "auto": CUDA when available
-    seed: int = 0
-    #: CPU threads during the run (restored after); 1 avoids the thread contention that makes small
-    #: element-wise ops orders of magnitude slower on a loaded machine. ``None`` keeps torch's setting.
-    threads: int | None = 1
-    init: str = "he"
-
-    def __post_init__(self) -> None:
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        _check_sizes(self)
-
-
-def _check_sizes(cfg: PredictionErrorConfig | InPipelineConfig) -> None:
-    """Refuse a batch size, step count or training subset that would make an empty (NaN-loss) mini-batch."""
-    from .schedules.actions import check_int
-
-    for name in ("batch_size", "steps"):
-        check_int(name, getattr(cfg, name))
-    if cfg.train_subset is not None:
-        check_int("train_subset", cfg.train_subset)
-
-
-def run_prediction_error(cfg: PredictionErrorConfig) -> PredictionErrorResult:
-    """Build data, model and optimizer from ``cfg`` and run :func:`measure_prediction_error`.
-
-    Predictors that cannot follow the optimizer (SpecTrain without SGD momentum) are left out and
-    listed in ``result.meta["skipped"]``.
-    """
-    from .data import load_dataset
-    from .models import build_model, he_init
-
-    dtype = getattr(torch, cfg.dtype)
-    device = str(resolve_device(cfg.device, argument="device"))  # "auto": CUDA when available
-    ds = load_dataset(cfg.dataset).to(device, dtype)
-    if cfg.train_subset is not None:
-        ds = ds.subset(cfg.train_subset)
-    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device,
-                        **dict(cfg.model_options))
-    if cfg.init == "he":
-        he_init(model, cfg.seed)
-    opt = prediction_optimizer(cfg.optimizer, model.parameters(), **dict(cfg.optimizer_options))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    n = len(ds.x_train)
-    idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen).to(device) for _ in range(cfg.steps)]
-    batches = [(ds.x_train[i], ds.y_train[i]) for i in idx]
-    usable, skipped = [], []
-    for name in cfg.predictors:
-        try:
-            make_predictor(name).check(opt)
-            usable.append(name)
-        except (TypeError, ValueError) as exc:
-            skipped.append(name)
-            log.info("predictor %s skipped for %s: %s", name, cfg.optimizer, exc)
-    with torch_threads(cfg.threads), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        res = measure_prediction_error(model, opt, batches, usable, max_s=cfg.max_s,
-                                       measure_every=cfg.measure_every)
-    res.meta.update({"config_optimizer": cfg.optimizer, "skipped": skipped, "device": device, "init": cfg.init,
-                     "lr": float(opt.param_groups[0]["lr"])})
-    return res
-
-
 # --------------------------------------------------------------------------------- inside the pipeline
 
 #: Policies whose weights :func:`measure_in_pipeline` measures (those that predict weights).
@@ -498,92 +320,6 @@ class InPipelineResult:
             out.append(int(vals[np.argmax(counts)]) if vals.size else 0)
         return out
 
-    def phase_edges(self, phases: int) -> np.ndarray:
-        """``phases + 1`` step boundaries cutting the run into equal windows ``[edges[i], edges[i+1])``."""
-        if not isinstance(phases, int) or phases < 1:
-            raise ValueError(f"phases must be a positive integer, got {phases!r}")
-        return np.linspace(0, self.steps, phases + 1).round().astype(int)
-
-    def window_means(self, phases: int = 5, op: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(pred, stale, count)``, each ``[layers, phases + 1]``: mean RMSEs over the predicted jobs (s ≠ 0) of
-        ``op`` in each window of steps; the last column is the whole run. The ratio of the means is the
-        time-averaged RMSE over the time-averaged stale RMSE, as :meth:`PredictionErrorResult.summary_ratio`."""
-        op = op or self.predicted_op
-        edges = self.phase_edges(phases)
-        L = len(self.layers)
-        pred, stale, count = (np.full((L, phases + 1), np.nan) for _ in range(3))
-        sel = (self.op == op) & (self.s != 0)
-        for w in range(phases + 1):
-            inw = sel if w == phases else sel & (self.step >= edges[w]) & (self.step < edges[w + 1])
-            for li in range(L):
-                v = inw & np.isfinite(self.pred[:, li])
-                count[li, w] = v.sum()
-                if v.any():
-                    pred[li, w] = self.pred[v, li].mean()
-                    stale[li, w] = self.stale[v, li].mean()
-        return pred, stale, count
-
-    def window_ratio(self, phases: int = 5, op: str | None = None) -> np.ndarray:
-        """``[layers, phases + 1]``: RMSE predicted / stale per window (< 1: prediction helps); NaN where nothing
-        was predicted (or the stale weights were exact)."""
-        pred, stale, _ = self.window_means(phases, op)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(stale > 0, pred / stale, np.nan)
-
-    def rows(self, phases: int = 5) -> list[dict[str, Any]]:
-        """One row per stage × layer × window (and ``"all"``) of the predicted op: the CSV's records."""
-        op = self.predicted_op
-        pred, stale, count = self.window_means(phases, op)
-        edges, ss = self.phase_edges(phases), self.stage_s(op)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(stale > 0, pred / stale, np.nan)
-        out = []
-        for li, name in enumerate(self.layers):
-            k = self.layer_stage[li]
-            for w in range(phases + 1):
-                first, last = (0, self.steps) if w == phases else (int(edges[w]), int(edges[w + 1]))
-                out.append({"policy": self.policy, "optimizer": self.optimizer, "D": self.D, "stage": k,
-                            "s": ss[k], "op": op, "layer": name, "phase": "all" if w == phases else str(w),
-                            "step_from": first, "step_to": last, "jobs": int(count[li, w]),
-                            "rmse_predicted": float(pred[li, w]), "rmse_stale": float(stale[li, w]),
-                            "ratio": float(ratio[li, w])})
-        return out
-
-    def to_csv(self, phases: int = 5) -> str:
-        """:meth:`rows` as CSV (empty cells where nothing was predicted)."""
-        return rows_to_csv(self.rows(phases))
-
-
-_ROW_FIELDS = ("policy", "optimizer", "D", "stage", "s", "op", "layer", "phase", "step_from", "step_to", "jobs",
-               "rmse_predicted", "rmse_stale", "ratio")
-
-
-def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
-    """CSV of :meth:`InPipelineResult.rows` (several results' rows may be concatenated); NaN as an empty cell."""
-
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.6g}" if math.isfinite(v) else ""
-        return str(v)
-
-    return "\n".join([",".join(_ROW_FIELDS)] + [",".join(cell(r[f]) for f in _ROW_FIELDS) for r in rows]) + "\n"
-
-
-def read_rows_csv(text: str) -> list[dict[str, Any]]:
-    """The rows of a :func:`rows_to_csv` text, typed again (integers, floats; an empty cell is NaN)."""
-    import csv
-    import io
-
-    ints = {"D", "stage", "s", "step_from", "step_to", "jobs"}
-    floats = {"rmse_predicted", "rmse_stale", "ratio"}
-    out = []
-    for r in csv.DictReader(io.StringIO(text)):
-        if set(r) != set(_ROW_FIELDS):
-            raise ValueError(f"text is not an in-pipeline CSV: columns {sorted(r)}, expected {list(_ROW_FIELDS)}")
-        out.append({f: int(v) if f in ints else (float(v) if v else math.nan) if f in floats else v
-                    for f, v in r.items()})
-    return out
-
 
 def measure_in_pipeline(
     model: nn.Sequential,
@@ -623,7 +359,7 @@ def measure_in_pipeline(
     """
     from .emulator import Emulator
     from .policies import make_policy
-    from .schedules import pipedream
+    from .schedules import pipedream, pipedream_2bw
 
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"model must be an nn.Sequential (its positions are the layers), got {type(model).__name__}")
@@ -635,18 +371,37 @@ def measure_in_pipeline(
     steps = len(batches)
     if steps < 1:
         raise ValueError("batches must hold at least one mini-batch")
-    if pol.corrects_gradient:
-        return _measure_correction(model, batches, pol, optimizer, D, predictor, loss_fn)
-    fields: dict[str, Any] = {"D": D, "schedule": pipedream(D, 1, steps), "policy": pol, "optimizer": optimizer}
-    if predictor is not None:
-        fields["predictor"] = predictor
-    if loss_fn is not None:
-        fields["loss_fn"] = loss_fn
-    emu = Emulator(model, **fields)
-
+    schedule = pipedream_2bw(D, D, steps) if pol.corrects_gradient and pol.schedule == "2bw" else pipedream(D, 1, steps)
+    given = {"predictor": predictor, "loss_fn": loss_fn}
+    emu = Emulator(model, D=D, schedule=schedule, policy=pol, optimizer=optimizer,
+                   **{k: v for k, v in given.items() if v is not None})
     layers, layer_stage, index = _layer_index(model, emu)
     L = len(layers)
+    observe = _observe_corrections if pol.corrects_gradient else _observe_weights
+    events, res = observe(emu, batches, index, L)
+    n = len(events)
+    opt_name = getattr(optimizer, "name", None) or type(next(st.optimizer for st in emu.stages
+                                                              if st.optimizer)).__name__
+    meta = {"policy_options": pol.options(), "ring_capacity": res.ring_capacity}
+    if pol.corrects_gradient:
+        meta["schedule"] = pol.schedule
+    return InPipelineResult(
+        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
+        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
+        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
+        pred=np.array([e[4] for e in events]).reshape(n, L), stale=np.array([e[5] for e in events]).reshape(n, L),
+        losses=np.asarray(res.losses, float), diverged_at=res.diverged_at, meta=meta)
 
+
+#: one measured job: (op, stage k, step t, version difference s, RMSE per layer of its weights, of the stale ones)
+_Event = tuple[str, int, int, int, np.ndarray, np.ndarray]
+
+
+def _observe_weights(emu: Any, batches: Sequence[tuple[Tensor, Tensor]], index: dict[int, tuple[Tensor, Tensor]],
+                     L: int) -> tuple[list[_Event], Any]:
+    """Run ``emu``, observing every watched job's weights through the stages' ``on_weights`` hooks and each stage's
+    true versions through post-step hooks on its optimizer (see :func:`measure_in_pipeline`)."""
+    D = emu.D
     def watched(op: str, spec: WeightSpec) -> bool:
         return op == "F" or isinstance(spec, Predicted)
 
@@ -663,7 +418,7 @@ def measure_in_pipeline(
     truth: list[dict[int, list[Tensor]]] = [{} for _ in range(D)]
     version = [0] * D
     pending: list[dict[int, list[tuple]]] = [{} for _ in range(D)]
-    events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
+    events: list[_Event] = []
 
     def rmse(k: int, a: Sequence[Tensor], b: Sequence[Tensor]) -> np.ndarray:
         return _layer_rmse(index[k], L, a, b)
@@ -721,16 +476,7 @@ def measure_in_pipeline(
             h.remove()
         for st in emu.stages:
             st.on_weights = None
-    n = len(events)
-    pred = np.array([e[4] for e in events]).reshape(n, L)
-    stale = np.array([e[5] for e in events]).reshape(n, L)
-    opt_name = getattr(optimizer, "name", None) or type(emu.stages[0].optimizer).__name__
-    return InPipelineResult(
-        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
-        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
-        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
-        pred=pred, stale=stale, losses=np.asarray(res.losses, float), diverged_at=res.diverged_at,
-        meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity})
+    return events, res
 
 
 def _layer_index(model: nn.Module, emu: Any) -> tuple[list[str], list[int], dict[int, tuple[Tensor, Tensor]]]:
@@ -757,32 +503,18 @@ def _layer_rmse(index: tuple[Tensor, Tensor], L: int, a: Sequence[Tensor], b: Se
     return torch.where(numel > 0, (out / numel.clamp(min=1)).sqrt(), torch.full_like(out, math.nan)).cpu().numpy()
 
 
-def _measure_correction(model: nn.Sequential, batches: Sequence[tuple[Tensor, Tensor]], pol: Any,
-                        optimizer: Callable[[Any], torch.optim.Optimizer], D: int, predictor: Any,
-                        loss_fn: Callable[[Tensor, Tensor], Tensor] | None) -> InPipelineResult:
-    """:func:`measure_in_pipeline` for a gradient-correcting policy, on its own schedule family (PipeDream-2BW with
-    M = D, or asynchronous 1F1B with M = 1).
+def _observe_corrections(emu: Any, batches: Sequence[tuple[Tensor, Tensor]],
+                         index: dict[int, tuple[Tensor, Tensor]], L: int) -> tuple[list[_Event], Any]:
+    """Run ``emu`` of a gradient-correcting policy (on its own schedule family: PipeDream-2BW with M = D, or
+    asynchronous 1F1B with M = 1), observing its corrections.
 
     The policy's ``correct_gradient`` is observed for the run (an instance attribute over the method, removed
     afterwards): at U(k, t) it records the uncorrected ``g`` and the corrected ``g̃``, and the reference
     ``∇_{W_k} f_t`` of mini-batch t's mean loss through all stages at their live weights, i.e. the gradient
     sequential training would take at the weights the pipeline holds when stage k applies its update.
     """
-    from .emulator import Emulator
-    from .schedules import pipedream, pipedream_2bw
-
-    steps = len(batches)
-    schedule = pipedream_2bw(D, D, steps) if pol.schedule == "2bw" else pipedream(D, 1, steps)
-    fields: dict[str, Any] = {"D": D, "schedule": schedule, "policy": pol, "optimizer": optimizer}
-    if predictor is not None:
-        fields["predictor"] = predictor
-    if loss_fn is not None:
-        fields["loss_fn"] = loss_fn
-    emu = Emulator(model, **fields)
-    layers, layer_stage, index = _layer_index(model, emu)
-    L = len(layers)
-    stages = emu.stages
-    events: list[tuple[str, int, int, int, np.ndarray, np.ndarray]] = []
+    stages, pol = emu.stages, emu.policy
+    events: list[_Event] = []
     original = pol.correct_gradient
 
     def reference(k: int, t: int) -> list[Tensor]:
@@ -806,86 +538,4 @@ def _measure_correction(model: nn.Sequential, batches: Sequence[tuple[Tensor, Te
         res = emu.run(batches)
     finally:
         delattr(pol, "correct_gradient")
-    n = len(events)
-    opt_name = getattr(optimizer, "name", None) or type(next(st.optimizer for st in stages if st.optimizer)).__name__
-    return InPipelineResult(
-        policy=pol.name, optimizer=opt_name, D=D, steps=steps, layers=layers, layer_stage=layer_stage,
-        op=np.array([e[0] for e in events], dtype="<U1"), stage=np.array([e[1] for e in events], dtype=int),
-        step=np.array([e[2] for e in events], dtype=int), s=np.array([e[3] for e in events], dtype=int),
-        pred=np.array([e[4] for e in events]).reshape(n, L), stale=np.array([e[5] for e in events]).reshape(n, L),
-        losses=np.asarray(res.losses, float), diverged_at=res.diverged_at,
-        meta={"policy_options": pol.options(), "ring_capacity": res.ring_capacity, "schedule": pol.schedule})
-
-
-@dataclass(frozen=True)
-class InPipelineConfig:
-    """One in-pipeline prediction-error run: model × data × optimizer × predicting policy × D.
-
-    The fields mean what they mean in :class:`PredictionErrorConfig` (the optimizer is built with
-    :data:`OPTIMIZER_SETTINGS`, then ``optimizer_options``; ``init="he"`` re-initialises He-normal); ``policy``
-    is one of :data:`IN_PIPELINE_POLICIES` (SpecTrain needs SGD with momentum), run on asynchronous 1F1B with
-    ``D`` stages and M = 1 for ``steps`` mini-batches, or one of :data:`CORRECTING_POLICIES`, run on its own
-    schedule family (error feedback: PipeDream-2BW, M = D); ``anneal_steps`` is PipeMare's K.
-    """
-
-    policy: str = "pipeoptim"
-    optimizer: str = "sgdm"
-    D: int = 4
-    optimizer_options: tuple[tuple[str, Any], ...] = ()
-    model: str = "deep_mlp"
-    model_options: tuple[tuple[str, Any], ...] = (("depth", 8), ("width", 128))
-    dataset: str = "fashion_mnist"
-    train_subset: int | None = None
-    batch_size: int = 128
-    steps: int = 300
-    anneal_steps: int = 100
-    dtype: str = "float32"
-    device: str = "cpu"  # or "auto": CUDA when available
-    seed: int = 0
-    threads: int | None = 1
-    init: str = "he"
-
-    def __post_init__(self) -> None:
-        if self.policy not in IN_PIPELINE_POLICIES + CORRECTING_POLICIES:
-            raise ValueError(f"policy must be one of {IN_PIPELINE_POLICIES + CORRECTING_POLICIES}, got {self.policy!r}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if not isinstance(self.D, int) or self.D < 1:
-            raise ValueError(f"D must be a positive integer, got {self.D!r}")
-        _check_sizes(self)
-
-    @property
-    def lr(self) -> float:
-        """The learning rate the run's optimizer uses."""
-        opt = prediction_optimizer(self.optimizer, [torch.zeros(1, 1, requires_grad=True)],
-                                   **dict(self.optimizer_options))
-        return float(opt.param_groups[0]["lr"])
-
-
-def run_in_pipeline(cfg: InPipelineConfig) -> InPipelineResult:
-    """Build data, model, optimizer factory and policy from ``cfg`` and run :func:`measure_in_pipeline`."""
-    from .data import load_dataset
-    from .models import build_model, he_init
-    from .optim import optimizer_factory
-    from .policies import make_policy
-
-    dtype = getattr(torch, cfg.dtype)
-    device = str(resolve_device(cfg.device, argument="device"))  # "auto": CUDA when available
-    ds = load_dataset(cfg.dataset).to(device, dtype)
-    if cfg.train_subset is not None:
-        ds = ds.subset(cfg.train_subset)
-    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype, device=device, **dict(cfg.model_options))
-    if cfg.init == "he":
-        he_init(model, cfg.seed)
-    factory = optimizer_factory(cfg.optimizer, **{**OPTIMIZER_SETTINGS.get(cfg.optimizer, {}),
-                                                  **dict(cfg.optimizer_options)})
-    policy = make_policy(cfg.policy, **({"anneal_steps": cfg.anneal_steps} if cfg.policy == "pipemare" else {}))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    n = len(ds.x_train)
-    idx = [torch.randint(0, n, (cfg.batch_size,), generator=gen).to(device) for _ in range(cfg.steps)]
-    batches = [(ds.x_train[i], ds.y_train[i]) for i in idx]
-    with torch_threads(cfg.threads), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        res = measure_in_pipeline(model, batches, policy=policy, optimizer=factory, D=cfg.D)
-    res.meta.update({"lr": cfg.lr, "init": cfg.init, "model": cfg.model, "dataset": cfg.dataset, "device": device})
-    return res
+    return events, res

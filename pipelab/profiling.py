@@ -22,8 +22,10 @@ from run to run; sizes are exact and repeat.
 
 Example:
     >>> import torch
-    >>> from pipelab import deep_mlp, split, simulate, one_f_one_b
-    >>> stages = split(deep_mlp(in_features=8, width=16, depth=4), 2)
+    >>> from pipelab import split, simulate
+    >>> from pipelab.schedules import one_f_one_b
+    >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10)])
+    >>> stages = split(model, 2)
     >>> prof = profile_stages(stages, torch.randn(4, 8), torch.randint(0, 10, (4,)), reps=3)
     >>> len(prof.f_cost), prof.weight_bytes == [sum(p.numel() * 4 for p in s.parameters()) for s in stages]
     (2, True)
@@ -41,7 +43,7 @@ import numbers
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,6 +51,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .optim import OptimizerFactory
+from .precision import tensor_bytes
 from .threads import torch_threads
 
 __all__ = ["StageCosts", "StageProfile", "profile_stage", "profile_stages", "transfer_times"]
@@ -97,10 +100,6 @@ class StageProfile:
         return {"f_cost": list(self.f_cost), "b_cost": list(self.b_cost), "u_cost": list(self.u_cost),
                 "i_cost": list(self.i_cost), "w_cost": list(self.w_cost),
                 "activation_bytes": list(self.activation_bytes), "weight_bytes": list(self.weight_bytes)}
-
-    def as_dict(self) -> dict[str, Any]:
-        """All fields as a JSON-able dict."""
-        return asdict(self)
 
 
 def _check_counts(reps: object, warmup: object) -> None:
@@ -213,7 +212,7 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
     copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, reps, warmup)
     return StageCosts(f=statistics.median(f_times[warmup:]), b=statistics.median(b_times[warmup:]), u=u,
                       copy=copy_t, activation_bytes=activation_bytes,
-                      weight_bytes=sum(p.numel() * p.element_size() for p in mod.parameters()),
+                      weight_bytes=tensor_bytes(mod.parameters()),
                       i=statistics.median(i_times[warmup:]), w=statistics.median(w_times[warmup:]))
 
 

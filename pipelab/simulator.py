@@ -11,6 +11,8 @@ The resolution is linear in the number of actions (per-worker cursors with a wai
 Outputs (:class:`SimResult`): per-action start/end, makespan, bubble fraction per worker (idle share of
 the makespan), peak activation memory per worker (count; bytes with ``activation_bytes``), activations,
 gradients and weights received per worker, and the :class:`~pipelab.schedules.versions.VersionTable`.
+:func:`steady_state` runs a flushed schedule step after step (the next step's fill overlapping the previous
+step's drain, as in training) and measures the period and bubble of one step, the papers' bubble.
 
 Cost model (all per stage: a scalar, a list of D values, or a profile):
     ``f_cost``, ``b_cost`` > 0; ``u_cost`` ≥ 0 (update, default 0); ``i_cost``/``w_cost`` for a split backward
@@ -37,20 +39,20 @@ Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (202
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .schedules.actions import Action, Schedule, gc_paused
-from .schedules.compiled import OP_CODE, Compiled, _per_stage, compile_schedule, job_costs, run
+from .schedules.compiled import OP_CODE, Compiled, _per_stage, check_cost, compile_schedule, job_costs, run
 from .schedules.dependencies import Job
 from .schedules.validate import ScheduleError, format_grid
 from .schedules.versions import VersionTable
 
-__all__ = ["simulate", "SimResult", "costs_from_profile"]
+__all__ = ["simulate", "SimResult", "costs_from_profile", "steady_state", "SteadyState"]
 
 _F, _B, _U, _I, _W = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
 Cost = float | Sequence[float] | np.ndarray
@@ -455,3 +457,49 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
     ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
     wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
     return SimResult(schedule, c, start, end, cost, (lat1, lat2, lat3), seq, ab, wb)
+
+
+class SteadyState(NamedTuple):
+    """A flushed schedule step after step: bubble fraction per step, peak activations of the busiest worker
+    (in units of ``activation``), and the period of one step."""
+
+    bubble: float
+    peak: float
+    period: float
+
+
+def steady_state(build: Callable[[int, int, int], Schedule], W: int, M: int, *, t_f: float = 1.0,
+                 t_i: float = 1.0, t_w: float = 1.0, scale: float = 1.0, activation: float | None = None
+                 ) -> SteadyState | None:
+    """Measure ``build(W, M, steps)`` run step after step, or ``None`` where the builder refuses the size.
+
+    Costs per stage: F = ``t_f``, I = ``t_i``, W = ``t_w`` (a fused B: ``t_i + t_w``), all times ``scale`` (a
+    schedule of 2W half-size chunks on W workers: 0.5); activation size per stage ``activation`` (default
+    ``scale``). period = makespan(3 steps) − makespan(2 steps); bubble = 1 − (work per worker per step) /
+    period, the work averaged over the workers.
+
+    Raises:
+        ValueError: a cost or ``scale`` that is NaN, ±inf or not > 0 (the simulator's F, I and W costs), an
+            ``activation`` that is NaN, ±inf or negative. TypeError: one of them not a number.
+
+    Example:
+        >>> from pipelab.schedules import zb_h2
+        >>> steady_state(zb_h2, 4, 8)
+        SteadyState(bubble=0.0, peak=7.0, period=24.0)
+    """
+    t_f, t_i, t_w, scale = (check_cost(n, v, positive=True) for n, v in (("t_f", t_f), ("t_i", t_i), ("t_w", t_w),
+                                                                           ("scale", scale)))
+    if activation is not None:
+        activation = check_cost("activation", activation)
+    try:
+        two, three = build(W, M, 2), build(W, M, 3)
+    except ValueError:
+        return None
+    act = scale if activation is None else activation
+    r2, r3 = (simulate(s, t_f * scale, (t_i + t_w) * scale, i_cost=t_i * scale, w_cost=t_w * scale,
+                       activation_bytes=act) for s in (two, three))
+    period = r3.makespan - r2.makespan
+    c = r3.compiled
+    work = float(r3.cost[(c.step == 0) & (c.op != OP_CODE["U"])].sum()) / W
+    assert r3.peak_activation_bytes is not None  # activation_bytes given
+    return SteadyState(1.0 - work / period, float(r3.peak_activation_bytes.max()), period)

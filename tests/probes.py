@@ -2,8 +2,8 @@
 
 A probe is one call that once misbehaved (a silent wrong result, a hang, a raw traceback) together with
 what it must do now: raise a given exception whose message matches a pattern, or warn. Each area keeps
-its probes in ``tests/test_reliability_<area>.py`` as a list handed to :func:`parametrize`, so the next
-probe is one more line there::
+its probes in ``tests/core/test_reliability_<area>.py`` (``tests/studies/`` for a study's) as a list handed to
+:func:`parametrize`, so the next probe is one more line there::
 
     PROBES = [
         Probe("gpipe-absurd-size", lambda: gpipe(10**9, 1), ValueError, "too large"),

@@ -55,9 +55,8 @@ the whole execution order in one process and hands tensors over in memory.
 
 Example:
     >>> import torch
-    >>> from pipelab.models import deep_mlp
     >>> from pipelab.schedules import gpipe
-    >>> model = deep_mlp(in_features=8, width=16, depth=4).double()
+    >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)], torch.nn.Linear(8, 10)).double()
     >>> emu = Emulator(model, D=2, schedule=gpipe(D=2, M=2, steps=3), policy="gpipe",
     ...                optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))        # doctest: +SKIP
     >>> data = [(torch.randn(4, 8, dtype=torch.float64), torch.randint(0, 10, (4,))) for _ in range(3)]
@@ -109,7 +108,7 @@ class EmulatorResult:
             ``stage_activation_peak`` (the same per stage); for a placed schedule ``copies`` (``(worker,
             stage) -> final weights`` of every holder's copy) and ``collectives`` (per rank: ``bytes_sent``,
             ``bytes_received`` and ``calls`` per collective kind); ``arm_losses`` (per step, the per-arm losses when the
-            loss is a vector of stacked arms' losses, :mod:`pipelab.stacking`; ``None`` entries otherwise).
+            loss is a vector of stacked arms' losses, :mod:`pipelab.studies.stacking`; ``None`` entries otherwise).
     """
 
     losses: list[float]

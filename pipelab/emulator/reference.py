@@ -18,8 +18,7 @@ must reproduce this exactly.
 
 Example:
     >>> import torch
-    >>> from pipelab.models import deep_mlp
-    >>> model = deep_mlp(in_features=4, width=8, depth=3)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 10))
     >>> data = [(torch.randn(8, 4), torch.randint(0, 10, (8,)))]
     >>> losses = train_plain(model, D=3, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batches=data)
     >>> len(losses)
@@ -72,7 +71,7 @@ def train_plain(
         record: if given a list, ``record[k][v]`` receives stage k's weights after v updates.
         stop_on_divergence: stop at the first non-finite loss (later losses are NaN).
         callback: called with v = t + 1 after the update of step t (e.g. to evaluate at epoch ends).
-        arm_losses: if given a list and the loss is a vector of stacked arms' losses (:mod:`pipelab.stacking`),
+        arm_losses: if given a list and the loss is a vector of stacked arms' losses (:mod:`pipelab.studies.stacking`),
             receives each step's per-arm losses; the returned loss is then their sum.
         micro_batches: M: split each mini-batch into M equal micro-batches and accumulate the gradients of
             their losses ℓ_j/M (the returned loss is Σ_j ℓ_j/M); default: one backward of the whole mini-batch.
@@ -123,7 +122,7 @@ def train_plain(
         losses[t] = float(per_arm.sum())
         if per_arm.ndim and arm_losses is not None:
             arm_losses.append(per_arm.tolist())
-        # stacked arms (a loss vector, :mod:`pipelab.stacking`) diverge one by one: stop once all of them have
+        # stacked arms (a loss vector, :mod:`pipelab.studies.stacking`) diverge one by one: stop once all of them have
         if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
             break
         if micro:

@@ -56,13 +56,13 @@ def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
     """The divergence test: whether no tensor holds a NaN or ±inf, as a CPU bool tensor.
 
     A run has diverged once a loss it computed, an output it evaluated or a weight it holds is non-finite:
-    :func:`~pipelab.emulator.evaluate` (hence the learning curves and :mod:`pipelab.run`) and the runtime's
+    :func:`~pipelab.emulator.evaluate` (hence the learning curves and :mod:`pipelab.studies.run`) and the runtime's
     result ask this one function.
 
     Args:
         tensors: losses, outputs, weights (any devices; integer tensors are always finite).
         arm_dim: ``None``: one 0-d bool over every element; ``d``: one bool per stacked arm
-            (:mod:`pipelab.stacking`), the arms along axis d of every tensor.
+            (:mod:`pipelab.studies.stacking`), the arms along axis d of every tensor.
 
     Example:
         >>> all_finite([torch.ones(2), torch.tensor([1.0, float("nan")])])
@@ -192,7 +192,7 @@ class DriverState:
         position: index of the next job of the program.
         partial: ``t -> [ℓ_j/M, ...]`` losses of mini-batch t's micro-batches computed so far.
         losses: ``t -> Σ_j ℓ_j/M``, the mean loss of every completed mini-batch (summed over arms when the loss
-            is a vector of stacked arms' losses, :mod:`pipelab.stacking`).
+            is a vector of stacked arms' losses, :mod:`pipelab.studies.stacking`).
         arm_losses: ``t -> [Σ_j ℓ_{j,a}/M for each arm a]`` when the loss is such a vector (else empty).
         act_bytes, act_peak: bytes of stage inputs saved for a backward, now and at the peak.
         stage_act_bytes, stage_act_peak: the same per stage (``k -> bytes``).

@@ -86,6 +86,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from ..precision import tensor_bytes
 from ..schedules.dependencies import Job
 from .stage import StageExecutor, trainable_parameters
 
@@ -514,7 +515,7 @@ def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExec
     if c.kind == "broadcast":
         src = copies[(c.root, k)]
         W = src.ring.get(c.version)
-        nbytes = sum(w.numel() * w.element_size() for w in W)
+        nbytes = tensor_bytes(W)
         for w in c.holders:
             cast_copy = copies[(w, k)]
             assert isinstance(cast_copy, FetchedStage)
@@ -525,14 +526,14 @@ def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExec
         for g in grads[1:]:
             if total:
                 torch._foreach_add_(total, g)
-        nbytes = sum(g.numel() * g.element_size() for g in total)
+        nbytes = tensor_bytes(total)
         for w in c.holders:
             copies[(w, k)].acc[c.step] = [g.clone() for g in total]
     if counter is not None:
         calls = 1
         if c.bucket:
             def size(stage: int) -> int:
-                return sum(p.numel() * p.element_size() for p in copies[(c.members[0], stage)].params)
+                return tensor_bytes(copies[(c.members[0], stage)].params)
             calls = int(bucket_parts(c, size, bucket_bytes)[0] == (c.stage, c.step))
         for w in c.members:
             counter.add(c, w, nbytes, calls)

@@ -22,9 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
-from ..precision import FP32, LossScaler, Precision, check_precision, defer_updates, weight_memory
+from ..precision import FP32, Precision, check_precision, weight_memory
 from ..schedules import VersionTable
 from ..schedules.dependencies import Job
+from .loss_scale import LossScaler, defer_updates
 from .order import resolve_order
 from .placement import (
     Collective,

@@ -59,8 +59,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..policies import GradientContext, Policy, Stored, WeightSpec
-from ..precision import FP32, LossScaler, Precision
+from ..precision import FP32, Precision
 from ..schedules.dependencies import Job
+from .loss_scale import LossScaler
 from .rings import VersionRing
 from .transport import check_handover, describe_handover, grad_leaves, map_tensors, tensors_of
 
@@ -531,7 +532,7 @@ def _input_grad(x_in: Any, grads: Sequence[Tensor | None]) -> Any:
 
 def _seed(out: Any, g_out: Any) -> Any:
     """The gradient the backward starts from: the received one, or on the last stage (``None``) the implicit 1 of a
-    scalar loss; a vector of independent arms' losses (:mod:`pipelab.stacking`) is seeded with ones, i.e. the
+    scalar loss; a vector of independent arms' losses (:mod:`pipelab.studies.stacking`) is seeded with ones, i.e. the
     backward of their sum, whose gradient with respect to each arm's weights is that arm's own."""
     if g_out is None and isinstance(out, Tensor) and out.ndim:
         return torch.ones_like(out)

@@ -41,6 +41,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from ..precision import tensor_bytes
 from ..schedules.dependencies import Job
 
 __all__ = ["Transport", "InMemoryTransport", "Layout", "check_handover", "tensors_of", "grad_leaves", "map_tensors",
@@ -112,7 +113,7 @@ def map_tensors(fn: Callable[[Tensor], Tensor], value: Any) -> Any:
 
 def handover_bytes(value: Any) -> int:
     """Bytes of a hand-over's tensors."""
-    return sum(x.numel() * x.element_size() for x in tensors_of(value))
+    return tensor_bytes(tensors_of(value))
 
 
 def describe_handover(value: Any) -> str:

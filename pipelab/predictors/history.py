@@ -124,7 +124,7 @@ class HistoryPredictor(Predictor):
         h = self._histories.get(check_optimizer(optimizer))
         return 0 if h is None else h.count
 
-    def _predict(self, optimizer, s, W):
+    def _predict(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor]) -> list[Tensor]:
         if s == 0:
             return [w.clone() for w in W]
         h = self._histories.get(optimizer)
@@ -137,7 +137,7 @@ class HistoryPredictor(Predictor):
                              "(param groups changed?): observe(optimizer) again after the change")
         if h.delta is None:  # one observation: no weight change seen yet, zero velocity
             return [w.clone() for w in W]
-        return torch._foreach_add(W, h.delta, alpha=float(s))
+        return list(torch._foreach_add(W, h.delta, alpha=float(s)))
 
 
 class LinearExtrapolation(HistoryPredictor):

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -69,7 +70,7 @@ class Stale(Predictor):
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         check_optimizer(optimizer)
 
-    def _predict(self, optimizer, s, W):
+    def _predict(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor]) -> list[Tensor]:
         return [w.clone() for w in W]
 
 
@@ -108,7 +109,7 @@ class SpecTrain(Predictor):
     def supported_optimizers(self) -> list[str]:
         return ["SGD with momentum > 0"]
 
-    def check(self, optimizer):
+    def check(self, optimizer: torch.optim.Optimizer) -> None:
         rule = rule_for(optimizer)
         if not isinstance(rule, SGDRule):
             raise ValueError(f"SpecTrain extrapolates SGD's momentum buffer and supports only torch.optim.SGD "
@@ -119,7 +120,7 @@ class SpecTrain(Predictor):
                 raise ValueError(f"SpecTrain needs SGD with momentum > 0 (param group {gi} has momentum=0); "
                                  "use 'pipeoptim' or 'repeat', which follow plain SGD")
 
-    def _predict(self, optimizer, s, W):
+    def _predict(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor]) -> list[Tensor]:
         self.check(optimizer)
         out: list[Tensor | None] = [None] * len(W)
         if s == 0:
@@ -188,7 +189,7 @@ class PipeOptim(Predictor):
         return {"weight_decay": self.last.weight_decay, "bias_step": self.last.bias_step, "eps": self.last.eps,
                 "eps_placement": self.last.eps_placement, "extra_steps": self.extra_steps, **super().options()}
 
-    def _predict(self, optimizer, s, W):
+    def _predict(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor]) -> list[Tensor]:
         s = s + self.extra_steps
         out: list[Tensor | None] = [None] * len(W)
         if s == 0:
@@ -238,10 +239,11 @@ class Rollout(Predictor):
     def options(self) -> dict[str, Any]:
         return {"gradient": self.gradient, "weight_decay": self.weight_decay, **super().options()}
 
-    def _predict(self, optimizer, s, W):
+    def _predict(self, optimizer: torch.optim.Optimizer, s: int, W: list[Tensor]) -> list[Tensor]:
         return self._rollout(optimizer, s, W, keep_all=False)[-1] if s > 0 else [w.clone() for w in W]
 
-    def predict_all(self, optimizer, max_s, params=None):
+    def predict_all(self, optimizer: torch.optim.Optimizer, max_s: int, params: Sequence[Tensor] | None = None
+                    ) -> list[list[Tensor]]:
         check_optimizer(optimizer)
         max_s = check_steps(max_s)
         if max_s == 0:

@@ -143,6 +143,11 @@ class BucketState:
     tensors: dict[str, Sequence[Tensor | None]]
     scalars: dict[str, Tensor] = field(default_factory=dict)
 
+    def present(self, key: str) -> list[Tensor]:
+        """The tensors of ``key`` where every one exists: a state ``torch.optim`` creates whole at the first step
+        (Adam's moments, RMSprop's averages, ...), or that :meth:`UpdateRule.init_state` filled in."""
+        return cast(list[Tensor], self.tensors[key])
+
 
 def denominator(x: list[Tensor], scale: float, eps: float, placement: str) -> list[Tensor]:
     """``sqrt(x / scale) + eps`` (``placement="outside"``) or ``sqrt(x / scale + eps)`` (``"inside"``)."""
@@ -525,7 +530,7 @@ class SGDRule(UpdateRule):
     def needs_grad_for(self, hp: dict[str, Any]) -> str:
         return "SGD with nesterov=True or momentum=0"
 
-    def advance(self, hp, st, g, own):
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         mu, bufs = hp["momentum"], st.tensors["momentum_buffer"]
         if mu == 0:
             return BucketState(st.step + 1, st.tensors)
@@ -536,7 +541,8 @@ class SGDRule(UpdateRule):
             torch._foreach_add_(new_bufs, g, alpha=1 - hp["dampening"])
         return BucketState(st.step + 1, {"momentum_buffer": list(new_bufs)})
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         mu, bufs = hp["momentum"], st.tensors["momentum_buffer"]
         have = all(b is not None for b in bufs)
         if mu != 0 and not hp["nesterov"]:
@@ -559,14 +565,14 @@ class RMSpropRule(UpdateRule):
     optimizer_types = (torch.optim.RMSprop,)
     options = ("alpha", "eps", "momentum", "centered")
 
-    def hyper(self, group):
+    def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         hp = super().hyper(group)
         for k in ("alpha", "eps", "momentum"):
             hp[k] = scalar(hp[k])
         hp["centered"] = bool(hp["centered"])
         return hp
 
-    def state_keys(self, hp):
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         keys = ["square_avg"]
         if hp["momentum"] > 0:
             keys.append("momentum_buffer")
@@ -574,7 +580,7 @@ class RMSpropRule(UpdateRule):
             keys.append("grad_avg")
         return tuple(keys)
 
-    def init_state(self, hp, p):
+    def init_state(self, hp: dict[str, Any], p: Tensor) -> dict[str, Any]:
         st: dict[str, Any] = {"step": torch.tensor(0.0), "square_avg": torch.zeros_like(p)}
         if hp["momentum"] > 0:
             st["momentum_buffer"] = torch.zeros_like(p)
@@ -582,35 +588,36 @@ class RMSpropRule(UpdateRule):
             st["grad_avg"] = torch.zeros_like(p)
         return st
 
-    def needs_grad_for(self, hp):
+    def needs_grad_for(self, hp: dict[str, Any]) -> str:
         return "RMSprop without momentum"
 
-    def _avg(self, hp, st, opts):
+    def _avg(self, hp: dict[str, Any], st: BucketState, opts: LastUpdateOptions | None) -> list[Tensor]:
         """``a = sqrt(v − ḡ²) + eps`` (centered) or ``sqrt(v) + eps``, a new list."""
         eps = hp["eps"] if opts is None or opts.eps is None else opts.eps
         placement = "outside" if opts is None else opts.eps_placement
-        sq = st.tensors["square_avg"]
+        sq = st.present("square_avg")
         if hp["centered"]:
-            ga = st.tensors["grad_avg"]
-            sq = torch._foreach_addcmul(sq, ga, ga, value=-1)
+            ga = st.present("grad_avg")
+            sq = list(torch._foreach_addcmul(sq, ga, ga, value=-1))
         return denominator(sq, 1.0, eps, placement)
 
-    def advance(self, hp, st, g, own):
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         a = hp["alpha"]
-        sq = fmul(st.tensors["square_avg"], a, own)
+        sq = fmul(st.present("square_avg"), a, own)
         torch._foreach_addcmul_(sq, g, g, value=1 - a)
         new = BucketState(st.step + 1, {"square_avg": sq})
         if hp["centered"]:
-            new.tensors["grad_avg"] = flerp(st.tensors["grad_avg"], g, 1 - a, own)
+            new.tensors["grad_avg"] = flerp(st.present("grad_avg"), g, 1 - a, own)
         if hp["momentum"] > 0:
-            buf = fmul(st.tensors["momentum_buffer"], hp["momentum"], own)
+            buf = fmul(st.present("momentum_buffer"), hp["momentum"], own)
             torch._foreach_addcdiv_(buf, g, self._avg(hp, new, None))
             new.tensors["momentum_buffer"] = buf
         return new
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         if hp["momentum"] > 0:
-            return Direction(lr, [(1.0, st.tensors["momentum_buffer"])])
+            return Direction(lr, [(1.0, st.present("momentum_buffer"))])
         return Direction(lr, [(1.0, grad())], self._avg(hp, st, opts))
 
 
@@ -626,28 +633,29 @@ class AdagradRule(UpdateRule):
     optimizer_types = (torch.optim.Adagrad,)
     options = ("eps", "lr_decay", "initial_accumulator_value")
 
-    def hyper(self, group):
+    def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         hp = super().hyper(group)
         for k in self.options:
             hp[k] = scalar(hp[k])
         return hp
 
-    def state_keys(self, hp):
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("sum",)
 
-    def init_state(self, hp, p):
+    def init_state(self, hp: dict[str, Any], p: Tensor) -> dict[str, Any]:
         return {"step": torch.tensor(0.0), "sum": torch.full_like(p, hp["initial_accumulator_value"])}
 
-    def advance(self, hp, st, g, own):
-        return BucketState(st.step + 1, {"sum": faddcmul(st.tensors["sum"], g, g, 1, own)})
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
+        return BucketState(st.step + 1, {"sum": faddcmul(st.present("sum"), g, g, 1, own)})
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         if st.step == 0:
             return None
         step = st.step if opts is None else opts.step_for_bias(st.step)
         clr = lr / (1 + (step - 1) * hp["lr_decay"])
         eps = hp["eps"] if opts is None or opts.eps is None else opts.eps
-        den = denominator(st.tensors["sum"], 1.0, eps, "outside" if opts is None else opts.eps_placement)
+        den = denominator(st.present("sum"), 1.0, eps, "outside" if opts is None else opts.eps_placement)
         return Direction(clr, [(1.0, grad())], den)
 
 

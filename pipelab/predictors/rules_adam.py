@@ -21,11 +21,24 @@ Regularization" (ICLR 2019); Dozat, "Incorporating Nesterov Momentum into Adam" 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from .rules import BucketState, Direction, UpdateRule, denominator, flerp, fmaximum, fmul, register_rule, scalar
+from .rules import (
+    BucketState,
+    Direction,
+    LastUpdateOptions,
+    UpdateRule,
+    denominator,
+    flerp,
+    fmaximum,
+    fmul,
+    register_rule,
+    scalar,
+)
 
 __all__ = ["AdamRule", "NAdamRule", "RAdamRule", "AdamaxRule"]
 
@@ -39,19 +52,20 @@ class _AdamLike(UpdateRule):
         hp["decoupled_weight_decay"] = bool(group.get("decoupled_weight_decay", False))
         return hp
 
-    def init_state(self, hp, p):
+    def init_state(self, hp: dict[str, Any], p: Tensor) -> dict[str, Any]:
         return {"step": torch.tensor(0.0), **{k: torch.zeros_like(p) for k in self.state_keys(hp)}}
 
     @staticmethod
-    def _moments(hp, st, g, own, second="exp_avg_sq"):
+    def _moments(hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool, second: str = "exp_avg_sq"
+                 ) -> tuple[list[Tensor], list[Tensor]]:
         """``m ← lerp(m, g, 1−β1)``, ``v ← β2·v + (1−β2)·g²``: the new (first, second) moments."""
-        m = flerp(st.tensors["exp_avg"], g, 1 - hp["beta1"], own)
-        v = fmul(st.tensors[second], hp["beta2"], own)
+        m = flerp(st.present("exp_avg"), g, 1 - hp["beta1"], own)
+        v = fmul(st.present(second), hp["beta2"], own)
         torch._foreach_addcmul_(v, g, g, value=1 - hp["beta2"])
         return m, v
 
     @staticmethod
-    def _eps(hp, opts):
+    def _eps(hp: dict[str, Any], opts: LastUpdateOptions | None) -> tuple[float, str]:
         """(eps, placement) of the step (``opts=None``) or of a rebuild with ``opts``."""
         if opts is None:
             return hp["eps"], "outside"
@@ -72,28 +86,29 @@ class AdamRule(_AdamLike):
     optimizer_types = (torch.optim.Adam, torch.optim.AdamW)
     options = ("amsgrad",)
 
-    def hyper(self, group):
+    def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         hp = super().hyper(group)
         hp["amsgrad"] = bool(group.get("amsgrad", False))
         return hp
 
-    def state_keys(self, hp):
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if hp["amsgrad"] else ("exp_avg", "exp_avg_sq")
 
-    def advance(self, hp, st, g, own):
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         m, v = self._moments(hp, st, g, own)
         new = BucketState(st.step + 1, {"exp_avg": m, "exp_avg_sq": v})
         if hp["amsgrad"]:
-            new.tensors["max_exp_avg_sq"] = fmaximum(st.tensors["max_exp_avg_sq"], v, own)
+            new.tensors["max_exp_avg_sq"] = fmaximum(st.present("max_exp_avg_sq"), v, own)
         return new
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         if st.step == 0:
             return None
         tau = st.step if opts is None else opts.step_for_bias(st.step)
-        v = st.tensors["max_exp_avg_sq" if hp["amsgrad"] else "exp_avg_sq"]
+        v = st.present("max_exp_avg_sq" if hp["amsgrad"] else "exp_avg_sq")
         den = denominator(v, 1 - hp["beta2"] ** tau, *self._eps(hp, opts))
-        return Direction(lr, [(1.0, st.tensors["exp_avg"])], den, k=1 - hp["beta1"] ** tau)
+        return Direction(lr, [(1.0, st.present("exp_avg"))], den, k=1 - hp["beta1"] ** tau)
 
 
 class NAdamRule(_AdamLike):
@@ -108,35 +123,36 @@ class NAdamRule(_AdamLike):
     name = "NAdam"
     optimizer_types = (torch.optim.NAdam,)
 
-    def hyper(self, group):
+    def hyper(self, group: dict[str, Any]) -> dict[str, Any]:
         hp = super().hyper(group)
         hp["momentum_decay"] = scalar(group["momentum_decay"])
         return hp
 
-    def bucket_key(self, state):
+    def bucket_key(self, state: dict[str, Any] | None) -> tuple:
         if not state or "step" not in state:
             return (0.0, 1.0)
         return (scalar(state["step"]), scalar(state["mu_product"]))
 
-    def state_keys(self, hp):
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def read_scalars(self, states):
+    def read_scalars(self, states: list[dict[str, Any]]) -> dict[str, Tensor]:
         return {"mu_product": states[0]["mu_product"]}
 
-    def init_state(self, hp, p):
+    def init_state(self, hp: dict[str, Any], p: Tensor) -> dict[str, Any]:
         return {**super().init_state(hp, p), "mu_product": torch.tensor(1.0)}
 
     @staticmethod
-    def _mu(hp, step):
+    def _mu(hp: dict[str, Any], step: float | Tensor) -> Any:
         return hp["beta1"] * (1.0 - 0.5 * (0.96 ** (step * hp["momentum_decay"])))
 
-    def advance(self, hp, st, g, own):
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         m, v = self._moments(hp, st, g, own)
         mp = st.scalars["mu_product"] * self._mu(hp, st.step + 1)  # a tensor in the state's dtype, as torch's
         return BucketState(st.step + 1, {"exp_avg": m, "exp_avg_sq": v}, {"mu_product": mp})
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         if st.step == 0:
             return None
         tau = st.step if opts is None else opts.step_for_bias(st.step)
@@ -147,13 +163,13 @@ class NAdamRule(_AdamLike):
         mu_next = self._mu(hp, tau + 1)
         bc2 = 1 - hp["beta2"] ** tau
         if opts is None:  # torch.optim's order: sqrt(v/(1−β2^t)) + eps
-            den = list(torch._foreach_div(st.tensors["exp_avg_sq"], bc2))
+            den = list(torch._foreach_div(st.present("exp_avg_sq"), bc2))
             torch._foreach_sqrt_(den)
             torch._foreach_add_(den, hp["eps"])
         else:
-            den = denominator(st.tensors["exp_avg_sq"], bc2, *self._eps(hp, opts))
+            den = denominator(st.present("exp_avg_sq"), bc2, *self._eps(hp, opts))
         a, b = lr * (1.0 - mu) / (1.0 - mp), lr * mu_next / (1.0 - mp * mu_next)
-        return Direction(1.0, [(a, grad()), (b, st.tensors["exp_avg"])], den, fuse=False)
+        return Direction(1.0, [(a, grad()), (b, st.present("exp_avg"))], den, fuse=False)
 
 
 class RAdamRule(_AdamLike):
@@ -168,11 +184,11 @@ class RAdamRule(_AdamLike):
     name = "RAdam"
     optimizer_types = (torch.optim.RAdam,)
 
-    def state_keys(self, hp):
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
     @staticmethod
-    def _rho(b2, step, bc2):
+    def _rho(b2: float, step: float, bc2: float) -> float | None:
         rho_inf = 2 / (1 - b2) - 1
         rho_t = rho_inf - 2 * step * (b2 ** step) / bc2
         rect = None
@@ -180,15 +196,16 @@ class RAdamRule(_AdamLike):
             rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5
         return rect
 
-    def advance(self, hp, st, g, own):
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         m, v = self._moments(hp, st, g, own)
         return BucketState(st.step + 1, {"exp_avg": m, "exp_avg_sq": v})
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         if st.step == 0:
             return None
         tau = st.step if opts is None else opts.step_for_bias(st.step)
-        m, v = st.tensors["exp_avg"], st.tensors["exp_avg_sq"]
+        m, v = st.present("exp_avg"), st.present("exp_avg_sq")
         bc1, bc2 = 1 - hp["beta1"] ** tau, 1 - hp["beta2"] ** tau
         rect = self._rho(hp["beta2"], tau, bc2)
         eps, placement = self._eps(hp, opts)
@@ -219,23 +236,24 @@ class AdamaxRule(_AdamLike):
     name = "Adamax"
     optimizer_types = (torch.optim.Adamax,)
 
-    def state_keys(self, hp):
+    def state_keys(self, hp: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_inf")
 
-    def advance(self, hp, st, g, own):
-        m = flerp(st.tensors["exp_avg"], g, 1 - hp["beta1"], own)
-        u = fmul(st.tensors["exp_inf"], hp["beta2"], own)
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
+        m = flerp(st.present("exp_avg"), g, 1 - hp["beta1"], own)
+        u = fmul(st.present("exp_inf"), hp["beta2"], own)
         a = torch._foreach_abs(g)
         torch._foreach_add_(a, hp["eps"])
         torch._foreach_maximum_(u, a)
         return BucketState(st.step + 1, {"exp_avg": m, "exp_inf": u})
 
-    def direction(self, hp, lr, st, grad, opts):
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
         if st.step == 0:
             return None
         tau = st.step if opts is None else opts.step_for_bias(st.step)
         # u is the optimizer's own state tensor: no gradient term, so nothing ever writes to it
-        return Direction(lr / (1 - hp["beta1"] ** tau), [(1.0, st.tensors["exp_avg"])], st.tensors["exp_inf"])
+        return Direction(lr / (1 - hp["beta1"] ** tau), [(1.0, st.present("exp_avg"))], st.present("exp_inf"))
 
 
 register_rule(AdamRule())

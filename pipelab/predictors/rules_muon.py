@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .rules import BucketState, Direction, UpdateRule, register_rule, scalar
+from .rules import BucketState, Direction, LastUpdateOptions, UpdateRule, register_rule, scalar
 
 __all__ = ["MuonRule", "newton_schulz", "lr_ratio", "ADJUST_LR_FNS"]
 
@@ -135,16 +135,17 @@ class MuonRule(UpdateRule):
     def needs_grad_for(self, hp: dict[str, Any]) -> str:
         return "Muon with nesterov=True"
 
-    def advance(self, hp, st, g, own):
+    def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         keep = 1 - hp["momentum"]
         bufs: list[Tensor] = []
-        for b, x in zip(st.tensors["momentum_buffer"], g):
+        for b, x in zip(st.present("momentum_buffer"), g):
             b = torch.zeros_like(x) if b is None else (b if own else b.clone())
             bufs.append(b.lerp_(x, keep))
         return BucketState(st.step + 1, {"momentum_buffer": bufs})
 
-    def direction(self, hp, lr, st, grad, opts):
-        bufs = st.tensors["momentum_buffer"]
+    def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
+                  opts: LastUpdateOptions | None) -> Direction | None:
+        bufs = st.present("momentum_buffer")
         if any(b is None for b in bufs):
             return None  # no step yet: no update
         have: list[Tensor] = [b for b in bufs if b is not None]

@@ -10,7 +10,7 @@
   through :meth:`PipelineRuntime.state_dict`; the cut is :func:`~pipelab.schedules.consistent_cut`;
 - :func:`run_torch_pipelining` (:mod:`.torch_pipelining`): a flushed schedule exported to, and run by,
   ``torch.distributed.pipelining``'s own runtime (the torch-equivalence reference);
-- launch with ``torchrun -m pipelab.run`` or :func:`pipelab.distributed.spawn`.
+- launch with ``torchrun -m pipelab.studies.run`` or :func:`pipelab.distributed.spawn`.
 """
 
 from __future__ import annotations

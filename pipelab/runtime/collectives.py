@@ -49,6 +49,7 @@ from ..pipeline.placement import (
     step_gradient,
 )
 from ..pipeline.stage import StageExecutor
+from ..precision import tensor_bytes
 
 __all__ = ["DistributedCollectives", "flatten", "unflatten"]
 
@@ -121,7 +122,7 @@ class DistributedCollectives:
 
     def _bucket(self, c: Collective, executors: Mapping[int, StageExecutor]) -> tuple[tuple[int, int], ...]:
         def size(k: int) -> int:
-            return sum(p.numel() * p.element_size() for p in executors[k].params)
+            return tensor_bytes(executors[k].params)
         return bucket_parts(c, size, self.bucket_bytes)
 
     def _start(self, c: Collective, parts: tuple[tuple[int, int], ...], executors: Mapping[int, StageExecutor],
@@ -131,7 +132,7 @@ class DistributedCollectives:
         for i, (k, t) in enumerate(parts):
             g = step_gradient(executors[k], t)
             grads.extend(g)
-            self.counter.add(c._replace(stage=k, step=t), self.rank, sum(x.numel() * x.element_size() for x in g),
+            self.counter.add(c._replace(stage=k, step=t), self.rank, tensor_bytes(g),
                              calls=int(i == 0))
         flats = flatten(grads)
         with self._waiting(c):
@@ -198,7 +199,7 @@ class DistributedCollectives:
                     dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
             if self.rank in c.holders:
                 ex.acc[c.step] = unflatten(flats, grads)
-        self.counter.add(c, self.rank, sum(b.numel() * b.element_size() for b in flats))
+        self.counter.add(c, self.rank, tensor_bytes(flats))
 
     def stats(self) -> dict[str, dict[str, int]]:
         """This rank's ``{"bytes_sent": {kind: bytes}, "bytes_received": {...}, "calls": {...}}``."""

@@ -246,10 +246,6 @@ class RankOrder:
         self.issued.update(op.key for op in group)
         return [group] if group else []
 
-    def pending_sends(self) -> int:
-        """Sends produced but not issued yet."""
-        return len(self.ready - self.issued)
-
     def _take(self) -> Op:
         op = self.ops[self.cursor]
         self.cursor += 1

@@ -39,7 +39,7 @@ that use them and their gradients reduced onto the owner. Each rank reports the 
 per collective kind (:attr:`RuntimeResult.collectives`). Checkpoints (``stop_at_step``) are not supported
 for placed schedules.
 
-Launch: ``torchrun --nproc-per-node N -m pipelab.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
+Launch: ``torchrun --nproc-per-node N -m pipelab.studies.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
 torchrun's rendezvous), or :func:`pipelab.distributed.spawn` from Python.
 """
 
@@ -65,6 +65,7 @@ from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
 from ..pipeline.transport import Layout, check_handover
+from ..precision import optimizer_state_bytes, tensor_bytes
 from ..schedules.transfers import consistent_cut
 from .collectives import DistributedCollectives
 from .p2p import P2PTransport
@@ -135,7 +136,7 @@ class PipelineRuntime:
         rank, world_size: default to the initialised process group's (then every rank's
             :meth:`fingerprint` is compared at construction).
         config: the caller's settings every rank must share and a resumed run must keep (JSON-able; e.g.
-            :mod:`pipelab.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
+            :mod:`pipelab.studies.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
         record: measure each run (:mod:`pipelab.runtime.trace`): every job's start and end after a barrier,
             and the bytes sent and received per rank, returned as ``RuntimeResult.timeline``.
 
@@ -442,10 +443,9 @@ class PipelineRuntime:
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
         if not bad and done and not all(part[1] for part in parts if part):
             bad = [max(done)]  # finite losses, but the last update done made some rank's weights non-finite
-        stage_bytes = {k: sum(p.numel() * p.element_size() for p in e.params) for k, e in self.executors.items()}
+        stage_bytes = {k: tensor_bytes(e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
-        opt_bytes = sum(v.numel() * v.element_size() for e in self.executors.values() if e.optimizer is not None
-                        for state in e.optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+        opt_bytes = sum(optimizer_state_bytes(e.optimizer) for e in self.executors.values() if e.optimizer is not None)
         fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
         memory: dict[str, Any] = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors if k not in fetched),

@@ -119,10 +119,6 @@ class Timeline:
     def bytes_received(self) -> int:
         return sum(self.received.values())
 
-    def by_job(self) -> dict[tuple[str, int, int, int], JobRecord]:
-        """The records keyed by job ``(op, stage, step, micro)``."""
-        return {r.job: r for r in self.jobs}
-
 
 class MeasuredTransport:
     """A transport wrapper that counts cross-rank bytes and notes receive times (see the module docstring).

@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import gc
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
@@ -310,8 +310,3 @@ def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:
     if jobs > limit:
         raise ValueError(f"{name} would have {jobs:,} compute jobs, too large: the limit is MAX_JOBS={limit:,} "
                          "(pipelab.schedules.actions.MAX_JOBS); use fewer stages, micro-batches or steps")
-
-
-def as_programs(programs: Sequence[Sequence[Action]]) -> tuple[tuple[Action, ...], ...]:
-    """Freeze nested sequences of actions into the tuple-of-tuples form of ``Schedule.programs``."""
-    return tuple(tuple(p) for p in programs)

@@ -55,9 +55,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .constructor import construct
 
-__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "OVERLAP_MODELS",
-           "PAPER_FORMULAS", "paper_bubble", "paper_memory", "V_BUILDERS"]
+__all__ = ["v_stage", "zb_v", "v_half", "v_min", "interleaved_zero_bubble", "dualpipe_v", "dualpipe", "OVERLAP_MODELS"]
 
 _FLUSH = ("U(k,t) right after worker w's last weight-gradient job (W, or B) of stage k in step t; step t+1 "
           "starts after it (flush)")
@@ -435,58 +435,33 @@ def _peak_in_flight(program: Sequence[_Job]) -> int:
     return peak
 
 
-def _squeeze_and_reorder(W: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
+def _squeeze_and_reorder(W: int, M: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
     """The paper's "squeeze" and "reorder" steps (NeurIPS 2024, building a pipeline) as list scheduling.
 
-    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of
-    time after another, runs on each worker: its next F or I job as soon as its dependencies have ended
-    (an F only while the worker holds fewer activations than the nominal program's peak, so the peak
-    memory is never raised), otherwise its oldest pending W, otherwise nothing. In the steady phase this
-    is the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
+    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of time after
+    another, runs on each worker its next F or I job as soon as its dependencies have ended (an F only while the
+    worker holds fewer activations than the nominal program's peak, so the peak memory is never raised), otherwise
+    its oldest pending W, otherwise nothing: :func:`~pipelab.schedules.constructor.construct` with that order,
+    admission by activations and W passes ranked after F and I, first in, first out. In the steady phase this is
+    the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
     """
-    D = 2 * W
-    queues = [deque(job for job in prog if job[0] != "W") for prog in nominal]
-    caps = [_peak_in_flight(prog) for prog in nominal]
-    held = [0] * W
-    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(W)]
-    ended: dict[tuple[str, int, int], int] = {}
-    out: list[list[_Job]] = [[] for _ in range(W)]
-    total = sum(len(p) for p in nominal)
-    now = 0
+    order = [[("F" if op == "F" else "I", k, 0, j) for op, k, j in prog if op != "W"] for prog in nominal]
+    position = {job: i for jobs in order for i, job in enumerate(jobs)}
 
-    def ready(op: str, k: int, j: int) -> bool:
-        if op == "F":
-            return k == 0 or ended.get(("F", k - 1, j), now + 1) <= now
-        return (ended.get(("F", k, j), now + 1) <= now
-                and (k == D - 1 or ended.get(("I", k + 1, j), now + 1) <= now))
+    def priority(a: Action, M: int) -> tuple:
+        return (1, position[("I", a.stage, 0, a.micro)]) if a.op == "W" else (0,)
 
-    while sum(len(p) for p in out) < total:
-        if now > 4 * total:  # the nominal program is itself a feasible order, so this cannot happen
-            raise AssertionError("V-shape list scheduling made no progress")
-        for w in range(W):
-            head = queues[w][0] if queues[w] else None
-            if head is not None and ready(*head) and (head[0] == "I" or held[w] < caps[w]):
-                job = queues[w].popleft()
-                if job[0] == "I":
-                    pending[w].append((job[1], job[2]))
-                else:
-                    held[w] += 1
-            elif pending[w]:
-                job = ("W", *pending[w].popleft())
-                held[w] -= 1
-            else:
-                continue
-            out[w].append(job)
-            ended[job] = now + 1
-        now += 1
-    return out
+    s = construct(2 * W, M, W, compute=lambda k, b, d: min(k, 2 * W - 1 - k), priority=priority,
+                  max_in_flight=[_peak_in_flight(p) for p in nominal], admission="activations", split=True,
+                  order=order, b_cost=2.0, name="V-shape squeeze")
+    return [[(a.op, a.stage, a.micro) for a in prog if a.op != "U"] for prog in s.programs]
 
 
 def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Schedule:
     W, M, steps = _v_sizes(f"v_{kind}", W, M, steps)
     blocks = _v_block(kind, W)
     nominal = [_v_block_worker(w, W, M, blocks[w]) for w in range(W)]
-    return _v_schedule(f"v_{kind}", label, _squeeze_and_reorder(W, nominal), W, M, steps)
+    return _v_schedule(f"v_{kind}", label, _squeeze_and_reorder(W, M, nominal), W, M, steps)
 
 
 @gc_paused
@@ -595,80 +570,3 @@ def dualpipe(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Sch
     return _assemble(f"DualPipe(W={W}, M={M}" + ("" if overlap == "pipelab" else f", {overlap} overlap") + ")",
                      programs, W, M, steps, [(k, W - 1 - k) for k in range(W)], [int(k >= half) for k in range(W)],
                      {"W": W, "M": M, "builder": "dualpipe", "overlap": overlap}, late)
-
-
-# ------------------------------------------------------------------------------ the papers' numbers
-#: Builder name → (bubble formula, activation-memory formula, whether the bubble formula is exact, source).
-#: Bubble rate as the papers define it: 1 − (compute of the busiest worker) / (longest worker span), at
-#: T_F = T_I = T_W = 1 per stage (chunk), B = I + W; memory in micro-batches of a full worker's layers
-#: (2 chunk activations in a V, V in the interleaved order), an activation held from F to its W.
-PAPER_FORMULAS: dict[str, tuple[str, str, bool, str]] = {
-    "1f1b": ("(W−1)/(M+W−1)", "W", True, "ZB paper Table/README (1F1B baseline)"),
-    "zb_v": ("0", "W", True, "ZB paper §6 (ZB-V); NeurIPS 2024 summary (V-ZB)"),
-    "v_half": ("≈ W/(2M)", "(W+2)//2", False, "NeurIPS 2024 summary table (V-Half)"),
-    "v_min": ("≈ 2W/(3M)", "(W+4)//3", False, "NeurIPS 2024 summary table (V-Min)"),
-    "interleaved_zero_bubble": ("idle (W−1)(T_F+T_I−T_W)", "W (V=1 only)", True,
-                                "ZB paper §2.1 (ZB-H1), per chunk for V>1"),
-    "dualpipe_v": ("idle ≤ (D/2−1)(F&B+B−3W)", "(D+1)/2", False, "DeepSeek-V3 Table 2 (DualPipe), D = 2W"),
-    "dualpipe": ("idle ≤ (W/2−1)(F&B+B−3W)", "W+1", False, "DeepSeek-V3 Table 2 (DualPipe), PP = D = W"),
-}
-
-
-def paper_bubble(name: str, W: int, M: int, V: int = 2) -> float:
-    """The paper's bubble rate for builder ``name`` at T_F = T_I = T_W = 1 (see :data:`PAPER_FORMULAS`).
-
-    Rates are 1 − busy / (busy + idle) with busy = 3·M·(chunks per worker) unit jobs per worker and the
-    paper's idle: 1F1B (W−1)·3 (F + B = 3 units per stage), ZB-V 0, V-Half ≈ 3W (rate W/(2M)), V-Min ≈ 4W
-    (rate 2W/(3M)), interleaved ZB (ZB-H1) (W−1)(T_F + T_I − T_W) = W − 1, DualPipeV (D/2 − 1)(F&B + B
-    − 3W) = 2(W − 1) with the overlapped F&B taken as F + B (pipelab runs them one after the other);
-    DualPipe (W/2 − 1)(F&B + B − 3W) = 2(W/2 − 1) with busy 3M (M/2 micro-batches per direction, two
-    stages per worker).
-
-    Example:
-        >>> paper_bubble("1f1b", W=4, M=8), paper_bubble("zb_v", 4, 8), paper_bubble("v_half", 4, 8)
-        (0.2727272727272727, 0.0, 0.25)
-    """
-    W, M, V = check_int("W", W), check_int("M", M), check_int("V", V)
-    if name == "1f1b":
-        return (W - 1) / (M + W - 1)
-    if name == "zb_v":
-        return 0.0
-    if name == "v_half":
-        return W / (2 * M)
-    if name == "v_min":
-        return 2 * W / (3 * M)
-    if name == "interleaved_zero_bubble":
-        return (W - 1) / (3 * V * M + W - 1)
-    if name == "dualpipe_v":
-        return 2 * (W - 1) / (6 * M + 2 * (W - 1))
-    if name == "dualpipe":
-        idle = 2 * (W // 2 - 1)
-        return idle / (3 * M + idle)
-    raise ValueError(f"name must be one of {sorted(PAPER_FORMULAS)}, got {name!r}")
-
-
-def paper_memory(name: str, W: int, V: int = 2) -> float | None:
-    """The paper's peak activation memory of builder ``name``, in micro-batches of a full worker's layers.
-
-    1F1B, ZB-V: W; V-Half: (W+2)//2; V-Min: (W+4)//3; DualPipeV: D + 1 chunk activations = W + 1/2;
-    DualPipe: PP + 1 = W + 1 stage activations (a stage being a 1F1B worker's share);
-    interleaved ZB: W for V = 1 (ZB-H1 keeps 1F1B's memory), ``None`` for V > 1 (no published number).
-
-    Example:
-        >>> [paper_memory(n, 8) for n in ("zb_v", "v_half", "v_min", "dualpipe_v")]
-        [8, 5, 4, 8.5]
-    """
-    W, V = check_int("W", W), check_int("V", V)
-    table: dict[str, float | None] = {"1f1b": W, "zb_v": W, "v_half": (W + 2) // 2, "v_min": (W + 4) // 3,
-                                      "dualpipe_v": W + 0.5, "dualpipe": W + 1,
-                                      "interleaved_zero_bubble": W if V == 1 else None}
-    if name not in table:
-        raise ValueError(f"name must be one of {sorted(PAPER_FORMULAS)}, got {name!r}")
-    return table[name]
-
-
-#: The builders of this module by registry name.
-V_BUILDERS: dict[str, Any] = {"zb_v": zb_v, "v_half": v_half, "v_min": v_min,
-                              "interleaved_zero_bubble": interleaved_zero_bubble, "dualpipe_v": dualpipe_v,
-                              "dualpipe": dualpipe}
-

@@ -25,12 +25,8 @@ of step t's jobs at every stage use the version the input stage had at step t's 
 M ≥ D), ``"stage_step_first"`` (not 2BW: the version at stage k's own first forward of step t) or ``"stash"``
 (weight stashing: the backward uses the version its forward used).
 
-Named presets from the papers, to compare with the derived values (tests do):
-
-- :func:`pipeoptim_staleness`: PipeOptim's s = D − k − 1 (forward staleness of asynchronous 1F1B, M=1);
-- :func:`spectrain_version_difference`: SpecTrain's s = ⌊k/2⌋ + D − k − 1 (forward) and ⌊k/2⌋ (backward),
-  the number of stage-k updates between the job and the end of the micro-batch's round trip;
-- :func:`async_1f1b_staleness`: the closed form for asynchronous 1F1B with M micro-batches per update.
+The papers' formulas for these staleness values (PipeOptim's s = D − k − 1, SpecTrain's round trip, the closed
+form of asynchronous 1F1B) are :mod:`pipelab.papers`' presets; the tests compare the table with them.
 
 Example:
     >>> from pipelab.schedules import pipedream
@@ -54,63 +50,10 @@ import numpy as np
 
 from .dependencies import Job
 
-__all__ = ["VersionTable", "pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness",
-           "USED_RULES"]
+__all__ = ["VersionTable", "USED_RULES"]
 
 #: Rules for the version a job uses (see :meth:`VersionTable.used`).
 USED_RULES = ("current", "double_buffer", "stage_step_first", "stash")
-
-
-def pipeoptim_staleness(D: int, k: int | np.ndarray) -> int | np.ndarray:
-    """PipeOptim's weight version difference s = D − k − 1 at stage (rank) k (PipeOptim Eq. 4).
-
-    Equals the forward staleness of asynchronous 1F1B with one micro-batch per update in steady state.
-
-    Example:
-        >>> [pipeoptim_staleness(4, k) for k in range(4)]
-        [3, 2, 1, 0]
-    """
-    _check_stage(D, k)
-    return D - np.asarray(k) - 1 if isinstance(k, np.ndarray) else D - k - 1
-
-
-def spectrain_version_difference(D: int, k: int | np.ndarray, op: str = "F") -> int | np.ndarray:
-    """SpecTrain's version difference: ⌊k/2⌋ + D − k − 1 for a forward, ⌊k/2⌋ for a backward (Eqs. 5–6).
-
-    It counts stage-k updates from the job to the end of the micro-batch's round trip (its backward at
-    stage 0), assuming unit-time F and B slots. :meth:`VersionTable.round_trip_difference` derives it.
-
-    Example:
-        >>> [spectrain_version_difference(4, k) for k in range(4)], spectrain_version_difference(4, 3, "B")
-        ([3, 2, 2, 1], 1)
-    """
-    _check_stage(D, k)
-    if op not in ("F", "B"):
-        raise ValueError(f"op must be 'F' or 'B', got {op!r}")
-    kk = np.asarray(k)
-    out = kk // 2 + (D - kk - 1 if op == "F" else 0)
-    return out if isinstance(k, np.ndarray) else int(out)
-
-
-def async_1f1b_staleness(D: int, M: int, k: int, t: int, j: int) -> int:
-    """Forward staleness of micro-batch (t, j) at stage k in asynchronous 1F1B with M micro-batches/update.
-
-    Worker k keeps D−k micro-batches in flight, so F(k, g) runs right after B(k, g−D+k) and sees the
-    updates of the steps completed by then:  staleness = t − max(0, ⌊(g − D + k + 1)/M⌋), g = t·M + j.
-    M = 1 gives PipeOptim's D − k − 1 once g ≥ D − k − 1.
-
-    Example:
-        >>> async_1f1b_staleness(4, 1, 0, 10, 0), async_1f1b_staleness(4, 2, 0, 10, 0)
-        (3, 2)
-    """
-    g = t * M + j
-    return t - max(0, (g - D + k + 1) // M)
-
-
-def _check_stage(D: int, k: int | np.ndarray) -> None:
-    kk = np.asarray(k)
-    if D < 1 or np.any(kk < 0) or np.any(kk >= D):
-        raise ValueError(f"stage k must lie in 0..D-1 (D={D}), got {k}")
 
 
 @dataclass

@@ -29,8 +29,8 @@ post-validation: no global synchronisation before the optimizer step, §4), cons
 no bubble at all.
 
 The paper's bubble is per worker, from its first to its last pass of a step (the period of back-to-back
-steps). :func:`pipelab.zero_bubble_tables.zero_bubble_table` measures it on the simulated timeline the same
-way and lists the closed form beside it: equal (to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as
+steps, :func:`pipelab.simulator.steady_state`); measured on the simulated timeline it equals the closed form
+(:func:`pipelab.papers.zero_bubble_closed_form`, to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as
 max(0, formula), which covers T_F = T_I = T_W.
 
 Example:
@@ -47,12 +47,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
-from .compiled import check_cost
 
-__all__ = ["split_order", "zb_h1", "zb_h2", "zb_async", "ZB_SCHEDULES", "paper_closed_form"]
-
-#: Schedules of :func:`pipelab.zero_bubble_tables.zero_bubble_table`, in the order of the paper's Table 1.
-ZB_SCHEDULES: tuple[str, ...] = ("1F1B", "ZB-H1", "ZB-H2")
+__all__ = ["split_order", "zb_h1", "zb_h2", "zb_async"]
 
 
 def split_order(n: int, warm: int, defer: int) -> list[tuple[str, int]]:
@@ -227,31 +223,3 @@ def zb_async(D: int, M: int = 1, steps: int = 8, defer: int | Sequence[int] | No
             f"{lags} micro-batches and updates interleave with later forwards")
     return Schedule(f"ZB-async(D={D}, M={M}, T={steps})", tuple(progs), D, M, steps,
                     tuple((k,) for k in range(D)), None, "current", rule, {"D": D, "M": M, "defer": tuple(lags)})
-
-
-def paper_closed_form(schedule: str, D: int, t_f: float = 1.0, t_i: float = 1.0, t_w: float = 1.0
-                      ) -> tuple[float, int]:
-    """The paper's Table 1: (bubble per step, peak resident micro-batches) of 1F1B, ZB-H1 and ZB-H2.
-
-    Bubble (p = D, T_B = T_I the input-gradient pass): 1F1B (p−1)(T_F+T_B+T_W); ZB-H1 (p−1)(T_F+T_B−T_W);
-    ZB-H2 (p−1)(T_F+T_B−2T_W). Peak memory in units of one micro-batch's stage activations M_B: p, p, 2p−1.
-
-    Example:
-        >>> paper_closed_form("ZB-H1", 4), paper_closed_form("ZB-H2", 4)
-        ((3.0, 4), (0.0, 7))
-
-    Raises:
-        ValueError: an unknown schedule, D not an int >= 1, a cost that is NaN, ±inf or negative.
-        TypeError: a cost that is not a number.
-
-    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 1.
-    """
-    D = check_int("D", D)
-    t_f, t_i, t_w = (check_cost(n, v) for n, v in (("t_f", t_f), ("t_i", t_i), ("t_w", t_w)))
-    if schedule == "1F1B":
-        return (D - 1) * (t_f + t_i + t_w), D
-    if schedule == "ZB-H1":
-        return (D - 1) * (t_f + t_i - t_w), D
-    if schedule == "ZB-H2":
-        return (D - 1) * (t_f + t_i - 2 * t_w), 2 * D - 1
-    raise ValueError(f"schedule must be one of {ZB_SCHEDULES}, got {schedule!r}")

@@ -8,10 +8,11 @@
   (batched eigenvalues), boundary locus, and the area of a region (Green's theorem on the locus).
 - :mod:`.thresholds` — largest stable real step by root-finding on the boundary locus; closed forms.
 - :mod:`.noise` — stationary variance under gradient noise (the noise floor of a stable step; Lyapunov).
-- :mod:`.practice` — delayed training with ``torch.optim`` on a least-squares problem with a known
-  spectrum, and bisection for its largest stable learning rate.
 - :mod:`.hessian` — a real model's top Hessian eigenvalue λ_max (power iteration on Hessian-vector
   products) and ``lr_threshold(z*, λ_max) = z*/λ_max``: the stability threshold as a learning rate.
+
+The theory checked against real delayed training with ``torch.optim`` is a study:
+:mod:`pipelab.studies.stability_practice`.
 
 Example:
     >>> from pipelab.stability import delayed_gd, max_stable_step

@@ -1,0 +1,465 @@
+"""Result cache keyed by the full config, the code that computes the result, and the package version.
+
+A sweep calls :func:`cached` (or :func:`run_sweep`) once per config; results are stored as
+``<root>/<name>/<key>.pkl`` with
+
+    key = SHA-256( canonical JSON of the config  ‖  version  ‖  code_hash(fn) ).
+
+The code hash (:func:`code_hash`) covers the source of the module that defines the experiment function
+``fn`` plus every pipelab module it imports, transitively: the import statements are read from the source
+files (imports inside functions included), so a change to any code that computes a result recomputes it,
+while a change elsewhere (say the colours of a figure module the experiment does not import) keeps the
+entries. It is computed once per module per process. A function without a source file (a notebook cell)
+is keyed on its own source plus every pipelab module. Modules outside pipelab that the defining module
+imports (torch, numpy, your own helpers) are not hashed: clear the cache after changing those.
+
+Each file starts with the SHA-256 of its pickled payload, so a truncated or otherwise corrupt entry is
+detected on load, logged, removed and recomputed, never silently used. Writes are atomic (temporary file
++ ``os.replace``), so an interrupted sweep leaves only complete entries and resumes where it stopped;
+entries are created with mode 0o644 (directories 0o755) whatever the umask, so a cache can be shared.
+The cache never aborts a computation: an unreadable entry (no permission, a directory in its place) is a
+miss with a :class:`CacheWarning`, and a store that fails (read-only or full disk) keeps the computed
+result and warns once per cache directory.
+
+The cache root is ``$PIPELAB_CACHE`` if set, else ``$XDG_CACHE_HOME/pipelab`` (``~/.cache/pipelab``).
+Set ``PIPELAB_CACHE=off`` to disable caching.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import hashlib
+import inspect
+import logging
+import marshal
+import os
+import pickle
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .config import config_hash
+
+__all__ = ["ResultCache", "CacheWarning", "cached", "run_sweep", "SweepError", "default_cache_root", "code_hash"]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+_MAGIC = b"pipelab-cache-v1\n"
+_FILE_MODE, _DIR_MODE = 0o644, 0o755
+_PKG = __name__.partition(".")[0]
+_PKG_DIR = Path(__file__).resolve().parents[__name__.count(".") - 1]  # the top package's directory: pipelab/
+_store_warned: set[str] = set()
+
+
+class CacheWarning(UserWarning):
+    """The cache could not read or write an entry; the computation went on without it."""
+
+
+class SweepError(RuntimeError):
+    """A config of :func:`run_sweep` failed; the error is the ``__cause__`` (with the worker's traceback).
+
+    Attributes:
+        name: the sweep; configs: the failed job's configs (a batch holds several); indices: their positions
+        in the sweep; cached: how many of the sweep's results are in the cache now (every one that finished).
+    """
+
+    def __init__(self, name: str, configs: list[Any], indices: list[int], cached: int, total: int,
+                 error: BaseException) -> None:
+        self.name, self.configs, self.indices, self.cached = name, configs, indices, cached
+        which = (f"config {indices[0]} of {total}" if len(indices) == 1
+                 else f"the batch of configs {indices} of {total}")
+        died = isinstance(error, BrokenProcessPool)  # the job's worker died: no traceback to report
+        super().__init__(
+            f"sweep {name!r}: {which} failed ({type(error).__name__}: {error})"
+            + (" - a worker process died (killed, out of memory?) while it ran" if died else "") + "\n"
+            + "\n".join(f"  config {i}: {c!r}" for i, c in zip(indices, configs))
+            + f"\n{cached} of the {total} results are cached (every one that finished); running the sweep "
+            "again computes only the others")
+
+
+# ------------------------------------------------------------------------------------------ code hash
+
+
+def _module_file(name: str) -> Path | None:
+    """Source file of module ``name``: pipelab modules from this package's directory, others from sys.modules."""
+    if _is_pipelab(name):
+        rel = name.split(".")[1:]
+        base = _PKG_DIR.joinpath(*rel)
+        for cand in ((base / "__init__.py",) if not rel else (base / "__init__.py", base.with_suffix(".py"))):
+            if cand.is_file():
+                return cand
+        return None
+    file = getattr(sys.modules.get(name), "__file__", None)
+    return Path(file) if file and str(file).endswith(".py") and Path(file).is_file() else None
+
+
+def _read_source(name: str) -> bytes:
+    """The bytes that a module's code hash covers (the seam tests patch to simulate an edit)."""
+    path = _module_file(name)
+    if path is None:
+        raise FileNotFoundError(f"no source file for module {name!r}")
+    return path.read_bytes()
+
+
+def _is_pipelab(name: str) -> bool:
+    return name == _PKG or name.startswith(_PKG + ".")
+
+
+@functools.cache
+def _module_digest(name: str) -> str:
+    return hashlib.sha256(_read_source(name)).hexdigest()
+
+
+@functools.cache
+def _direct_imports(name: str) -> frozenset[str]:
+    """pipelab modules named by the import statements of module ``name`` (at any depth of its source)."""
+    path = _module_file(name)
+    package = name if path is not None and path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(_read_source(name))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 > len(parts):
+                    continue
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                module = f"{base}.{node.module}" if node.module and base else (node.module or base)
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)  # kept only when a submodule
+    return frozenset(m for m in found if _is_pipelab(m) and _module_file(m) is not None)
+
+
+@functools.cache
+def _module_code_hash(name: str) -> str:
+    """Hash of module ``name`` and the pipelab modules it imports, transitively."""
+    seen, todo = {name}, [name]
+    while todo:
+        for dep in _direct_imports(todo.pop()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    lines = "\n".join(f"{m} {_module_digest(m)}" for m in sorted(seen))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _package_code_hash() -> str:
+    """Hash of every module of the pipelab package (the fallback when the imports are unknown)."""
+    names = sorted(".".join((_PKG, *p.relative_to(_PKG_DIR).with_suffix("").parts)).removesuffix(".__init__")
+                   for p in _PKG_DIR.rglob("*.py"))
+    return hashlib.sha256("\n".join(f"{m} {_module_digest(m)}" for m in names).encode()).hexdigest()
+
+
+def _unwrap(fn: Any) -> Any:
+    while True:
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif inspect.ismethod(fn):
+            fn = fn.__func__
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        else:
+            return fn
+
+
+def code_hash(fn: Callable[..., Any]) -> str:
+    """SHA-256 identifying the code behind ``fn``: its module and the pipelab modules that module imports.
+
+    The rule: ``code_hash(fn) = SHA-256(sorted (module, SHA-256(source)) over the closure of pipelab imports of
+    fn's module)``. Partials, bound methods and ``functools.wraps`` wrappers are unwrapped; a callable object
+    is hashed by its class. A function without a source file (defined in a notebook or the REPL) is hashed by
+    its own source (or bytecode) together with every pipelab module. Computed once per module per process.
+    """
+    fn = _unwrap(fn)
+    if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
+        fn = type(fn)
+    module = getattr(fn, "__module__", None)
+    if module and _module_file(module) is not None:
+        return _module_code_hash(module)
+    try:
+        own = inspect.getsource(fn).encode()
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        own = marshal.dumps(code) if code is not None else repr(fn).encode()
+    return hashlib.sha256(own + _package_code_hash().encode()).hexdigest()
+
+
+def _clear_code_hashes() -> None:
+    """Forget the per-process code hashes (after editing source in a running session, and in tests)."""
+    for f in (_module_digest, _direct_imports, _module_code_hash, _package_code_hash):
+        f.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------- store
+
+
+def _makedirs(directory: Path) -> None:
+    """``mkdir -p`` giving the directories it creates mode 0o755 whatever the umask."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if d.is_dir():
+                continue
+            raise
+        os.chmod(d, _DIR_MODE)
+
+
+def default_cache_root() -> Path | None:
+    """The cache directory, or ``None`` when ``$PIPELAB_CACHE`` is ``off``."""
+    env = os.environ.get("PIPELAB_CACHE")
+    if env is not None:
+        return None if env.lower() in {"off", "0", "none", ""} else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pipelab"
+
+
+class ResultCache:
+    """Pickle store of results keyed by ``config_hash(config, salt=version + code_hash(fn))``.
+
+    Args:
+        root: directory of the store; ``None`` uses :func:`default_cache_root`.
+        version: extra salt of every key; defaults to ``pipelab.__version__``. The code behind a result is
+            keyed separately (see :func:`code_hash`), so edits recompute without a version bump.
+
+    ``path``, ``load`` and ``store`` take the experiment function ``fn`` whose code keys the entry; without it
+    (``fn=None``) an entry is keyed on the config and version only.
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, version: str | None = None) -> None:
+        # The package's version, read without an import statement: importing the package facade would make
+        # every module look like a dependency of code that imports the cache (see code_hash).
+        self.version = version if version is not None else str(sys.modules[_PKG].__version__)
+        self.root = Path(root) if root is not None else default_cache_root()
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def path(self, name: str, config: Any, fn: Callable[..., Any] | None = None) -> Path:
+        if self.root is None:
+            raise RuntimeError("the result cache is disabled (PIPELAB_CACHE=off)")
+        salt = self.version if fn is None else f"{self.version}/code:{code_hash(fn)}"
+        return self.root / name / f"{config_hash(config, salt=salt)}.pkl"
+
+    def load(self, name: str, config: Any, fn: Callable[..., Any] | None = None) -> tuple[bool, Any]:
+        """Return ``(True, result)`` for a valid entry, ``(False, None)`` when missing, corrupt or unreadable."""
+        if self.root is None:
+            return False, None
+        path = self.path(name, config, fn)
+        try:
+            raw = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):  # no entry (a file in a folder's place: store reports it)
+            return False, None
+        except OSError as exc:  # no permission, a directory in the entry's place, an I/O error
+            warnings.warn(f"cache entry {path} cannot be read ({type(exc).__name__}: {exc}); recomputing",
+                          CacheWarning, stacklevel=3)
+            return False, None
+        header_len = len(_MAGIC) + 64 + 1
+        digest = raw[len(_MAGIC) : len(_MAGIC) + 64].decode("ascii", "replace")
+        payload = raw[header_len:]
+        if not raw.startswith(_MAGIC) or hashlib.sha256(payload).hexdigest() != digest:
+            log.warning("corrupt cache entry %s (checksum mismatch); recomputing", path)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return False, None
+        try:
+            return True, pickle.loads(payload)
+        except Exception as exc:  # unpicklable after a code change: treat as a miss
+            log.warning("unreadable cache entry %s (%s); recomputing", path, exc)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return False, None
+
+    def store(self, name: str, config: Any, result: Any, fn: Callable[..., Any] | None = None) -> Path | None:
+        """Write ``result`` atomically (mode 0o644); return its path, or ``None`` when disabled or it failed.
+
+        A failing write (read-only or unwritable directory, full disk, a directory in the entry's place) or an
+        unpicklable result does not raise: the caller keeps its result and a :class:`CacheWarning` says so
+        (for write failures, once per cache directory).
+        """
+        if self.root is None:
+            return None
+        path = self.path(name, config, fn)
+        try:
+            payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # e.g. a lambda inside the result
+            warnings.warn(f"result for {name}/{path.name} cannot be pickled ({exc}); not cached", CacheWarning,
+                          stacklevel=3)
+            return None
+        blob = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        tmp: str | None = None
+        try:
+            _makedirs(path.parent)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pkl")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+            os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0o600; a shared cache must be readable
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as exc:
+            if str(self.root) not in _store_warned:
+                _store_warned.add(str(self.root))
+                warnings.warn(f"result cache {self.root} cannot store {path.name} ({type(exc).__name__}: {exc}); "
+                              "results are kept in memory but not cached (further failures here are not reported)",
+                              CacheWarning, stacklevel=3)
+            return None
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        return path
+
+
+def cached(name: str, config: Any, fn: Callable[[Any], R], *, cache: ResultCache | None = None) -> R:
+    """Return ``fn(config)``, from the cache when a valid entry exists, else computed and stored.
+
+    The entry is keyed on the config and on the code of ``fn`` (:func:`code_hash`), so editing the code
+    that computes a result recomputes it.
+
+    Args:
+        name: namespace of the experiment (a folder of the store).
+        config: a frozen dataclass (or mapping); its canonical JSON is the key.
+        fn: computes the result from the config; must be deterministic given the config and its code.
+        cache: the store; defaults to ``ResultCache()``.
+    """
+    cache = cache if cache is not None else ResultCache()
+    hit, result = cache.load(name, config, fn)
+    if hit:
+        log.debug("cache hit %s %s", name, config)
+        return result
+    result = fn(config)
+    cache.store(name, config, result, fn)
+    return result
+
+
+def run_sweep(
+    name: str,
+    configs: Iterable[Any],
+    fn: Callable[[Any], R],
+    *,
+    cache: ResultCache | None = None,
+    progress: bool = False,
+    desc: str | None = None,
+    batch_fn: Callable[[list[Any]], list[R]] | None = None,
+    group: Callable[[Any], Any] | None = None,
+    max_batch: int = 8,
+    workers: int = 1,
+) -> list[R]:
+    """Run ``fn`` over ``configs`` through the cache, in order; an interrupted sweep resumes.
+
+    Args:
+        progress: show a tqdm progress bar (the CLI and notebooks turn it on; library code leaves it off).
+        batch_fn: computes several configs' results at once, ``batch_fn(cs)[i] == fn(cs[i])`` (up to floating-point
+            rounding); the missing configs with equal ``group(config)`` are handed to it together, at most
+            ``max_batch`` at a time (a group of one goes to ``fn``). Every result is stored under ``fn``'s key, so a
+            result computed in a batch and one computed alone are the same entry.
+        workers: processes that compute the missing results in parallel (``1``: in this process). Workers are
+            spawned, so ``fn`` and ``batch_fn`` must be module-level functions; each result is stored as soon as
+            its batch ends, so an interrupted parallel sweep resumes too.
+
+    Raises:
+        SweepError: a config failed (raised an ``Exception``; in parallel also a worker that died), naming the
+            config and chained to its error. Jobs not started yet are cancelled, the jobs running finish, and
+            every result that finished is stored first, so running the sweep again resumes after them.
+    """
+    configs = list(configs)
+    cache = cache if cache is not None else ResultCache()
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    results: list[Any] = [None] * len(configs)
+    missing: list[int] = []
+    finished: list[int] = []  # results in the cache (found there, or computed and stored)
+    for i, c in enumerate(configs):
+        hit, result = cache.load(name, c, fn)
+        if hit:
+            results[i] = result
+            finished.append(i)
+        else:
+            missing.append(i)
+    jobs: list[list[int]] = []
+    if batch_fn is not None and group is not None:
+        groups: dict[Any, list[int]] = {}
+        for i in missing:
+            groups.setdefault(group(configs[i]), []).append(i)
+        for members in groups.values():
+            jobs += [members[a:a + max_batch] for a in range(0, len(members), max_batch)]
+    else:
+        jobs = [[i] for i in missing]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(configs), initial=len(configs) - len(missing), desc=desc or name, unit="run")
+
+    def done(job: list[int], out: list[Any]) -> None:
+        finished.extend(job)
+        for i, result in zip(job, out):
+            cache.store(name, configs[i], result, fn)
+            results[i] = result
+        if bar is not None:
+            bar.update(len(job))
+
+    failed: tuple[list[int], BaseException] | None = None
+    try:
+        if workers == 1 or len(jobs) <= 1:
+            for job in jobs:
+                try:
+                    out = _run_job(fn, batch_fn, [configs[i] for i in job])
+                except Exception as exc:
+                    failed = (job, exc)
+                    break
+                done(job, out)
+        else:
+            import concurrent.futures
+            import multiprocessing
+
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                                        mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(_run_job, fn, batch_fn, [configs[i] for i in job]): job for job in jobs}
+                for future in concurrent.futures.as_completed(futures):
+                    if future.cancelled():
+                        continue
+                    try:
+                        out = future.result()
+                    except Exception as exc:  # the jobs still running finish and are stored as they end
+                        if failed is None:
+                            failed = (futures[future], exc)
+                            for other in futures:
+                                other.cancel()  # those not started yet
+                        continue
+                    done(futures[future], out)
+    finally:
+        if bar is not None:
+            bar.close()
+    if failed is not None:
+        job, error = failed
+        raise SweepError(name, [configs[i] for i in job], job, len(finished) if cache.root is not None else 0,
+                         len(configs), error) from error
+    return results
+
+
+def _run_job(fn: Callable[[Any], R], batch_fn: Callable[[list[Any]], list[R]] | None, configs: list[Any]) -> list[R]:
+    """One job of :func:`run_sweep`: a batch through ``batch_fn``, a single config through ``fn``."""
+    if batch_fn is not None and len(configs) > 1:
+        out = batch_fn(configs)
+        if len(out) != len(configs):
+            raise RuntimeError(f"batch_fn returned {len(out)} results for {len(configs)} configs")
+        return out
+    return [fn(c) for c in configs]

@@ -1,0 +1,565 @@
+"""The calibration study: profile, forecast and measure schedules on spawned ranks; Rahimi's Table 1 measured.
+
+:func:`calibrate` runs every case of a :class:`CalibrationConfig` on real processes: each rank profiles its stages
+(:func:`calibrate_rank`), the simulator forecasts the makespan from those costs
+(:func:`pipelab.calibration.forecast_costs`), the traced runtime measures it, and
+:func:`pipelab.calibration.measured_costs` replays the run's own costs; one :class:`CalibrationRow` per case
+(:func:`format_rows`, :func:`rows_csv`). :func:`rahimi_measured` reads Rahimi's Table 1 off real processes
+beside the note's formulas and the simulator. The comparisons themselves are :mod:`pipelab.calibration`'s.
+
+References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1; PipeDream
+(Narayanan et al., SOSP 2019, §3.1: profile, then plan).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..calibration import forecast_costs, measured_costs
+from ..pipeline.placement import COLLECTIVE_KINDS, Collective
+from ..schedules.actions import Schedule, check_int
+from ..schedules.builders import BUILDERS
+from ..simulator import SimResult, simulate
+from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
+
+__all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
+           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "RahimiRunConfig",
+           "runtime_table_row", "rahimi_measured"]
+
+# ---------------------------------------------------------------------------------------------------- makespan
+
+def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
+    """The schedule of ``kind`` (a key of :data:`~pipelab.studies.settings.CALIBRATION_KINDS`: gpipe, 1f1b, pipedream,
+    2bw, interleaved, zb_h1, ddp,
+    ddp_whole, fsdp, lpp, fslpp, hybrid) on ``ranks`` workers, M micro-batches per step, over ``steps`` steps; the
+    model is cut into ``ranks`` stages, 2·``ranks`` for interleaved and the data-parallel and looped placements,
+    ranks/2 for hybrid (2 replicas), and not at all for ``ddp_whole`` (one stage: the cut torch's DDP runs).
+
+    Raises:
+        ValueError: an unknown kind (the message lists the known ones).
+    """
+    if kind not in CALIBRATION_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(CALIBRATION_KINDS)}; got {kind!r}")
+    name, args, _, _ = CALIBRATION_KINDS[kind]
+    return BUILDERS[name](*args(ranks, M, steps))
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    """One schedule to calibrate: ``kind`` (see :func:`schedule_for`), its ``policy`` (default: the kind's),
+    a row ``label`` (default: the schedule's name)."""
+
+    kind: str
+    policy: str | None = None
+    label: str | None = None
+
+    def resolved_policy(self) -> str:
+        return self.policy if self.policy is not None else CALIBRATION_KINDS[self.kind][3]
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """What one calibration depends on.
+
+    Attributes:
+        ranks: processes (workers W); cases: the schedules; width, depth, in_features: the ``deep_mlp``
+        (float32; depth ≥ the most stages a case cuts it into); micro: samples per micro-batch; M: micro-batches
+        per step (default 2·ranks); steps: steps per run; repeats: timed runs per case (median); profile_reps:
+        repeats of each profiled job (median, after 2 discarded); optimizer: a :mod:`pipelab.optim` name;
+        seed: model and data seed; timeout_s: bound on the spawn.
+    """
+
+    ranks: int = 2
+    cases: tuple[CalibrationCase, ...] = tuple(CalibrationCase(k) for k in ("gpipe", "1f1b", "pipedream", "2bw",
+                                                                           "interleaved", "zb_h1"))
+    width: int = 512
+    depth: int = 8
+    in_features: int = 64
+    micro: int = 32
+    microbatches: int | None = None
+    steps: int = 4
+    repeats: int = 3
+    profile_reps: int = 10
+    optimizer: str = "sgdm"
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    @property
+    def M(self) -> int:
+        return 2 * self.ranks if self.microbatches is None else self.microbatches
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first bad field, before any process is spawned.
+
+        Counts must be ints (``ranks=2.0`` is refused, not truncated); a case's policy and the optimizer must be
+        registered names (an unknown policy would otherwise only turn its row into "not runnable").
+        """
+        from ..optim import OPTIMIZERS
+        from ..policies import POLICIES
+
+        for name in ("ranks", "width", "depth", "in_features", "micro", "steps", "repeats", "profile_reps"):
+            check_int(name, getattr(self, name))
+        if self.microbatches is not None:
+            check_int("microbatches", self.microbatches)
+        check_int("seed", self.seed, 0)
+        for c in self.cases:
+            if c.kind not in CALIBRATION_KINDS:
+                raise ValueError(f"case kind must be one of {', '.join(CALIBRATION_KINDS)}; got {c.kind!r}")
+            if c.policy is not None and c.policy not in POLICIES:
+                raise ValueError(f"case {c.kind!r}: policy must be one of {', '.join(POLICIES)}; got {c.policy!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}")
+        if self.depth < 2 * self.ranks:
+            raise ValueError(f"depth ({self.depth}) must be >= 2 × ranks ({2 * self.ranks}): a block per stage")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
+                or not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
+
+
+@dataclass
+class CalibrationRow:
+    """One schedule's forecast against its measurement.
+
+    Attributes:
+        label, kind, policy, ranks, schedule (its name); runnable: whether the runtime ran it (``note`` says why
+        not); measured_s: median over repeats of the measured makespan (t0 after a barrier to the last job's
+        end on any rank), measured_all: every repeat's; forecast_s: the simulator's makespan with the profiled
+        costs; error: forecast / measured − 1; busy_error: the same for the busiest rank's compute time (sum of
+        job durations), which separates profiling error from waiting and transfer; samples: per run;
+        timelines: every rank's :class:`~pipelab.runtime.trace.Timeline` of the median repeat; costs: the
+        keyword arguments given to :func:`~pipelab.simulator.simulate`.
+        measured_costs, replay_s, replay_error: the same forecast with each stage's F/B/I/W/U cost taken as
+        the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
+        latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
+        one fixed latency per transfer, no time between jobs), not the profile.
+        collective_s: the most time any rank of the median run spent in collectives (placed schedules).
+        collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
+        update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
+    """
+
+    label: str
+    kind: str
+    policy: str
+    ranks: int
+    schedule: str = ""
+    runnable: bool = True
+    note: str = ""
+    measured_s: float = math.nan
+    measured_all: list[float] = field(default_factory=list)
+    forecast_s: float = math.nan
+    error: float = math.nan
+    busy_error: float = math.nan
+    samples: int = 0
+    timelines: list[Any] = field(default_factory=list)
+    costs: dict[str, Any] = field(default_factory=dict)
+    measured_costs: dict[str, Any] = field(default_factory=dict)
+    replay_s: float = math.nan
+    replay_error: float = math.nan
+    collective_s: float = 0.0
+    collective_cost: list[float] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second of the median run (NaN when not runnable)."""
+        return self.samples / self.measured_s if self.runnable else math.nan
+
+    sim_schedule: Any = field(default=None, repr=False)
+
+    def simulate(self) -> SimResult:
+        """The forecast's simulation (for the timeline figure)."""
+        if self.sim_schedule is None or not self.runnable:
+            raise ValueError(f"row {self.label!r} has no forecast (not runnable: {self.note})")
+        return simulate(self.sim_schedule, **self.costs)
+
+
+def _micro_data(cfg: CalibrationConfig, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    n = cfg.M * cfg.micro
+    return [(torch.randn(n, cfg.in_features, generator=g).to(device),
+             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(2)]
+
+
+def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: CalibrationConfig, x: Tensor,
+                   y: Tensor) -> dict[str, list[float]]:
+    """Every stage's F, B, I, W, U and weight-copy times when ``base`` is cut into D stages; stage k is profiled
+    by rank k mod world, all ranks at once (sharing the cores as in the run), then gathered. Each time is the
+    *mean* of ``profile_reps`` single measurements (:func:`~pipelab.profiling.profile_stage` with one
+    repetition, after a warm-up call), as the makespan sums job times (see :func:`measured_costs`)."""
+    from ..optim import optimizer_factory
+    from ..partition import split
+    from ..profiling import profile_stage
+
+    stages = split(copy.deepcopy(base), D)
+    keys = {"f_cost": "f", "b_cost": "b", "i_cost": "i", "w_cost": "w", "u_cost": "u", "copy_cost": "copy"}
+    mine: dict[int, dict[str, float]] = {}
+    h = x
+    for k, s in enumerate(stages):
+        if k % world == rank:
+            def once(warmup: int, s: nn.Module = s, h: Tensor = h, k: int = k) -> Any:
+                return profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
+                                     reps=1, warmup=warmup, input_grad=k > 0)
+
+            once(2)
+            samples = [once(0) for _ in range(cfg.profile_reps)]
+            mine[k] = {name: float(statistics.fmean(getattr(c, a) for c in samples)) for name, a in keys.items()}
+        with torch.no_grad():
+            h = s(h)
+    parts: list[Any] = [mine]
+    if dist.is_initialized():
+        parts = [None] * world
+        dist.all_gather_object(parts, mine)
+    every = {k: c for p in parts for k, c in p.items()}
+    return {name: [every[k][name] for k in range(D)] for name in keys}
+
+
+def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
+    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks: the *mean*
+    of single ping-pongs / 2 over boundaries and repeats (a makespan sums latencies along its critical path, so
+    their mean, heavy tail of descheduled wake-ups included, is what it sees, not their median)."""
+    from ..profiling import transfer_times
+
+    if world < 2:
+        return 0.0
+    act = torch.zeros(cfg.micro, cfg.width)
+    out, inp = (act if rank < world - 1 else None), (act if rank > 0 else None)
+    transfer_times(out, inp, reps=2, warmup=1)  # connections set up, buffers touched
+    samples = [t for _ in range(cfg.profile_reps) for t in transfer_times(out, inp, reps=1, warmup=0)]
+    return float(statistics.fmean(samples))
+
+
+def _profile_collectives(rt: Any, sched: Schedule, cfg: CalibrationConfig) -> list[float]:
+    """Per stage k, the time the collectives of one step of k take, profiled on this machine: every distinct
+    collective of the placed schedule's sequence (kind, members, stage) is run ``profile_reps`` times (after one
+    warm-up) on its process group with a payload of the stage's bytes, every rank taking part in the same
+    order; its time is the slowest member's mean. Stage k's cost is the sum over its collectives in the
+    sequence divided by the steps (what :func:`forecast_costs` charges to U(k, t), as :func:`measured_costs`
+    does with the measured ones). Collective: every rank calls it with the same arguments."""
+    import time
+
+    coll = rt.collectives
+    seq = [e for e in rt.plan.sequence if isinstance(e, Collective)]
+    numel = _stage_numels(sched.D, cfg)
+    distinct = list(dict.fromkeys((c.kind, c.members, c.root, c.stage) for c in seq))
+    times: dict[tuple[str, tuple[int, ...], int, int], float] = {}
+    for kind, members, root, k in distinct:
+        mine = coll.rank in members
+        buf = torch.zeros(numel[k])
+        samples = []
+        for rep in range(cfg.profile_reps + 1):
+            t0 = time.perf_counter()
+            if mine:
+                group = coll.groups[members]
+                if kind == "all_reduce":
+                    dist.all_reduce(buf, group=group)
+                elif kind == "reduce":
+                    dist.reduce(buf, dst=root, group=group)
+                else:
+                    dist.broadcast(buf, src=root, group=group)
+            if rep:
+                samples.append(time.perf_counter() - t0)
+        times[(kind, members, root, k)] = float(statistics.fmean(samples)) if mine else 0.0
+    parts: list[Any] = [times]
+    if dist.is_initialized():
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, times)
+    slowest = {key: max(p[key] for p in parts) for key in times}
+    out = [0.0] * sched.D
+    for c in seq:
+        out[c.stage] += slowest[(c.kind, c.members, c.root, c.stage)] / sched.steps
+    return out
+
+
+def _stage_numels(D: int, cfg: CalibrationConfig) -> list[int]:
+    """Parameters of each of the D stages the calibration's ``deep_mlp`` is cut into (float32 payloads)."""
+    from ..partition import split
+    from .models import deep_mlp
+
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    return [sum(p.numel() for p in s.parameters()) for s in split(base, D)]
+
+
+def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
+                   extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
+
+    Cases are interleaved within a repeat, so that load from other processes hits them alike; ``extra(rep)``
+    (e.g. a benchmark's reference runs) is called at the end of every repeat, its results returned under
+    ``"extra"``. Collective: every rank of the default process group calls it with the same arguments.
+    Combine the ranks' returns with :func:`calibration_rows`.
+    """
+    from ..optim import optimizer_factory
+    from ..runtime import PipelineRuntime
+    from .models import deep_mlp
+
+    device = torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    data = _micro_data(cfg, device)
+    x0, y0 = data[0][0][:cfg.micro], data[0][1][:cfg.micro]
+    transfer = _transfer(cfg, rank, world)
+    profiles: dict[int, dict[str, list[float]]] = {}
+    cases: list[dict[str, Any]] = []
+    runtimes: list[Any] = []
+    for case in cfg.cases:
+        sched = schedule_for(case.kind, world, cfg.M, cfg.steps)
+        info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": []}
+        try:
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
+                                 optimizer=optimizer_factory(cfg.optimizer), record=True)
+        except ValueError as exc:  # e.g. a placement the runtime does not execute yet
+            info.update(runnable=False, note=str(exc).splitlines()[0])
+            rt = None
+        if rt is not None:
+            info["capacity"] = list(rt.plan.capacity)
+            if sched.D not in profiles:
+                profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
+            if rt.collectives is not None:
+                info["collective_cost"] = _profile_collectives(rt, sched, cfg)
+        cases.append(info)
+        runtimes.append(rt)
+    extras: list[Any] = []
+    for rep in range(cfg.repeats):
+        for case, info, rt in zip(cfg.cases, cases, runtimes):
+            if rt is None:
+                continue
+            if rep > 0:  # a fresh run from the same weights
+                rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
+                                     optimizer=optimizer_factory(cfg.optimizer), record=True)
+            res = rt.run(lambda t: data[t % len(data)])
+            info["timelines"].append(res.timeline)
+        if extra is not None:
+            extras.append(extra(rep))
+    return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases, "extra": extras}
+
+
+def calibrate(cfg: CalibrationConfig | None = None, *, backend: str = "gloo") -> list[CalibrationRow]:
+    """Profile, forecast and measure every case of ``cfg`` on ``cfg.ranks`` spawned processes (see the module
+    docstring); one :class:`CalibrationRow` per case, in order, the not-runnable ones included.
+
+    Raises:
+        ValueError: a bad configuration (:meth:`CalibrationConfig.check`).
+    """
+    from ..distributed import spawn
+
+    cfg = cfg or CalibrationConfig()
+    cfg.check()
+    per_rank = spawn(calibrate_rank, cfg.ranks, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+                     comm_timeout_s=120.0)
+    return calibration_rows(per_rank, cfg)
+
+
+def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig) -> list[CalibrationRow]:
+    """The rows of a calibration from every rank's :func:`calibrate_rank` result (index = rank)."""
+    rows = []
+    transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
+    for i, case in enumerate(cfg.cases):
+        info = per_rank[0]["cases"][i]
+        sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
+        row = CalibrationRow(case.label or sched.name, case.kind, case.resolved_policy(), cfg.ranks, sched.name,
+                             info["runnable"], info["note"], samples=cfg.steps * cfg.M * cfg.micro)
+        row.sim_schedule = sched
+        rows.append(row)
+        if not info["runnable"]:
+            continue
+        reps = [[p["cases"][i]["timelines"][r] for p in per_rank] for r in range(cfg.repeats)]
+        spans = [max(tl.makespan for tl in tls) for tls in reps]
+        order = sorted(range(len(spans)), key=spans.__getitem__)
+        mid = order[len(order) // 2]
+        row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
+        row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
+                                   bool(sched.split_set), info.get("collective_cost"))
+        row.collective_cost = list(info.get("collective_cost", []))
+        sim = simulate(sched, **row.costs)
+        row.forecast_s = sim.makespan
+        row.error = row.forecast_s / row.measured_s - 1.0
+        busy = max(tl.busy for tl in row.timelines)
+        row.busy_error = float(sim.busy.max()) / busy - 1.0
+        row.collective_s = max(sum(j.duration for j in tl.jobs if j.op in COLLECTIVE_KINDS) for tl in row.timelines)
+        row.measured_costs = measured_costs(row.timelines, sched.D, transfer)
+        row.replay_s = simulate(sched, **row.measured_costs).makespan
+        row.replay_error = row.replay_s / row.measured_s - 1.0
+    return rows
+
+
+def format_rows(rows: Sequence[CalibrationRow], target: float = 0.10) -> str:
+    """A table of the forecast against the measurement, one line per schedule (misses and not-runnable rows
+    included)."""
+    lines = [f"{'schedule':<34} {'policy':<9} {'ranks':>5} {'measured ms':>11} {'forecast ms':>11} {'error':>7} "
+             f"{'busy err':>8} {'replay':>7}  within ±{100 * target:.0f}%"]
+    for r in rows:
+        if not r.runnable:
+            lines.append(f"{r.label:<34} {r.policy:<9} {r.ranks:>5} not runnable: {r.note}")
+            continue
+        ok = "yes" if abs(r.error) <= target else "MISSED"
+        lines.append(f"{r.label:<34} {r.policy:<9} {r.ranks:>5} {1e3 * r.measured_s:>11.1f} "
+                     f"{1e3 * r.forecast_s:>11.1f} {100 * r.error:>+6.1f}% {100 * r.busy_error:>+7.1f}% "
+                     f"{100 * r.replay_error:>+6.1f}%  {ok}")
+    return "\n".join(lines)
+
+
+def rows_csv(rows: Sequence[CalibrationRow]) -> str:
+    """The rows as CSV: label, kind, policy, ranks, runnable, measured_s (median), measured_min, measured_max,
+    forecast_s, error, busy_error, replay_s, replay_error, samples_per_s, collective_s, note."""
+    head = ("label,kind,policy,ranks,runnable,measured_s,measured_min_s,measured_max_s,forecast_s,error,busy_error,"
+            "replay_s,replay_error,samples_per_s,collective_s,note")
+    out = [head]
+    for r in rows:
+        lo = min(r.measured_all) if r.measured_all else math.nan
+        hi = max(r.measured_all) if r.measured_all else math.nan
+        note = r.note.replace('"', "'")
+        out.append(f'"{r.label}",{r.kind},{r.policy},{r.ranks},{r.runnable},{r.measured_s:.6g},{lo:.6g},{hi:.6g},'
+                   f'{r.forecast_s:.6g},{r.error:.4f},{r.busy_error:.4f},{r.replay_s:.6g},{r.replay_error:.4f},'
+                   f'{r.throughput:.6g},{r.collective_s:.6g},"{note}"')
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------- Rahimi's Table 1, measured
+
+@dataclass(frozen=True)
+class RahimiRunConfig:
+    """Rahimi's Table 1 on real processes (:func:`rahimi_measured`).
+
+    Attributes:
+        S: stages; B: micro-batches per step; G, R: groups and workers per group (LPP, FSLPP); schemes: which of
+        :data:`~pipelab.studies.settings.RAHIMI_RUNS`; width: the ``deep_mlp``'s width, also its input and class
+        count, so that every stage holds the same weights (width² + width) and every boundary tensor is micro ×
+        width (the note's unit weights and unit activations); micro: samples per micro-batch; repeats: runs per
+        scheme (the latency is their median); seed; timeout_s: bound on each spawn.
+    """
+
+    S: int = 4
+    B: int = 4
+    G: int = 2
+    R: int = 2
+    schemes: tuple[str, ...] = ("DDP", "FSDP", "PP", "LPP", "FSLPP")
+    width: int = 512
+    micro: int = 256
+    repeats: int = 3
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    def schedule(self, scheme: str) -> Schedule:
+        """The scheme's one-step schedule (raises ``ValueError`` naming the known schemes)."""
+        if scheme not in RAHIMI_RUNS:
+            raise ValueError(f"scheme must be one of {', '.join(RAHIMI_RUNS)}; got {scheme!r}")
+        name, args, kwargs, _ = RAHIMI_RUNS[scheme]
+        return BUILDERS[name](*args(self.S, self.B, self.G, self.R, 1), **kwargs)
+
+
+def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """Each scheme of ``schemes`` (all on ``world`` workers) ``cfg.repeats`` times with the trace; per run this
+    rank's timeline, memory report and collective counters."""
+    from ..runtime import PipelineRuntime
+    from .models import deep_mlp
+
+    torch.manual_seed(cfg.seed)
+    base = deep_mlp(in_features=cfg.width, width=cfg.width, depth=cfg.S, num_classes=cfg.width)
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    n = cfg.B * cfg.micro
+    batch = (torch.randn(n, cfg.width, generator=g), torch.randint(0, cfg.width, (n,), generator=g))
+    out = []
+    for scheme in schemes:
+        runs = []
+        for _ in range(cfg.repeats):
+            rt = PipelineRuntime(copy.deepcopy(base), schedule=cfg.schedule(scheme), policy=RAHIMI_RUNS[scheme][3],
+                                 optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01), record=True)
+            res = rt.run([batch])
+            runs.append({"timeline": res.timeline, "memory": res.memory, "collectives": res.collectives})
+        out.append(runs)
+    return out
+
+
+def runtime_table_row(parts: Sequence[dict[str, Any]], activation_unit: int, weight_unit: int) -> dict[str, float]:
+    """Rahimi's Table 1 columns read off one measured run (max over ranks, as
+    :func:`~pipelab.papers.rahimi_measured_row` reads a simulation).
+
+    Args:
+        parts: every rank's ``{"timeline", "memory", "collectives"}`` of the run (index = rank).
+        activation_unit: bytes of one stage-boundary tensor; weight_unit: bytes of one stage's weights.
+
+    Returns:
+        ``W``; ``latency``: the run's makespan (first start to last end over ranks, one host clock) over the
+        mean F job duration plus the mean B job duration of all ranks (one stage's F+B, measured);
+        ``activation_xmit``: activation bytes received / ``activation_unit``; ``weight_xmit``: weight bytes
+        received by broadcast / ``weight_unit`` (one per fetched (stage, version): the runtime's count,
+        :attr:`~pipelab.simulator.SimResult.weight_fetches`); ``activation_storage``: peak saved stage inputs
+        / ``activation_unit``; ``weight_storage``: peak bytes of own weight versions / ``weight_unit``.
+    """
+    if activation_unit <= 0 or weight_unit <= 0:
+        raise ValueError(f"activation_unit and weight_unit must be positive, got {activation_unit}, {weight_unit}")
+    tls = [p["timeline"] for p in parts]
+    if any(tl is None for tl in tls):
+        raise ValueError("parts have no timeline: run the PipelineRuntime with record=True")
+    f = [r.duration for tl in tls for r in tl.jobs if r.op == "F"]
+    b = [r.duration for tl in tls for r in tl.jobs if r.op in ("B",)]
+    if not f or not b:
+        raise ValueError("the run has no F or no fused B job: latency in F+B units is undefined")
+    unit = statistics.fmean(f) + statistics.fmean(b)
+    return {
+        "W": float(len(parts)),
+        "latency": max(tl.makespan for tl in tls) / unit,
+        "activation_xmit": max(tl.received["activation"] for tl in tls) / activation_unit,
+        "weight_xmit": max((p["collectives"] or {}).get("bytes_received", {}).get("broadcast", 0)
+                           for p in parts) / weight_unit,
+        "activation_storage": max(p["memory"]["activations"] for p in parts) / activation_unit,
+        "weight_storage": max(p["memory"]["weight_versions"] for p in parts) / weight_unit,
+    }
+
+
+def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo") -> list[dict[str, Any]]:
+    """Rahimi's Table 1 rows three ways: the note's formulas, the simulator, and real processes.
+
+    Every scheme of ``cfg`` runs one step through :class:`~pipelab.runtime.PipelineRuntime` with ``record=True``
+    on W spawned ranks (one spawn per distinct W), ``cfg.repeats`` times; its columns are read off the
+    measurement (:func:`runtime_table_row`).
+
+    Returns:
+        one row per scheme: ``scheme``, ``schedule`` (its name), ``params`` (S, B, G, R), ``policy``,
+        ``note`` (:func:`~pipelab.papers.rahimi_row`), ``simulated``
+        (:func:`~pipelab.papers.rahimi_measured_row`: weight transfers by Rahimi's per-F-job count),
+        ``simulated_fetches`` (the simulator's max :attr:`~pipelab.simulator.SimResult.weight_fetches`, the
+        runtime's count), ``runtime`` (the measured columns; latency the median over repeats),
+        ``latency_all`` (every repeat's), ``units`` (activation and weight bytes of one unit).
+
+    Raises:
+        ValueError: an unknown scheme, or a configuration a builder refuses.
+    """
+    from ..distributed import spawn
+    from ..papers import rahimi_measured_row, rahimi_row
+
+    cfg = cfg or RahimiRunConfig()
+    scheds = {s: cfg.schedule(s) for s in cfg.schemes}
+    act_unit = cfg.micro * cfg.width * 4
+    weight_unit = (cfg.width * cfg.width + cfg.width) * 4
+    by_world: dict[int, list[str]] = {}
+    for s, sched in scheds.items():
+        by_world.setdefault(sched.W, []).append(s)
+    measured: dict[str, list[list[dict[str, Any]]]] = {}
+    for world, names in by_world.items():
+        per_rank = spawn(_rahimi_rank, world, (cfg, names), backend=backend, timeout_s=cfg.timeout_s,
+                         comm_timeout_s=120.0)
+        for i, name in enumerate(names):
+            measured[name] = [[per_rank[w][i][rep] for w in range(world)] for rep in range(cfg.repeats)]
+    rows = []
+    for s, sched in scheds.items():
+        runs = [runtime_table_row(parts, act_unit, weight_unit) for parts in measured[s]]
+        row = dict(runs[0])
+        row["latency"] = float(statistics.median(r["latency"] for r in runs))
+        sim = simulate(sched)
+        G, R = (cfg.G, cfg.R) if s in ("LPP", "FSLPP") else (1, 1)
+        rows.append({"scheme": s, "schedule": sched.name, "params": {"S": cfg.S, "B": cfg.B, "G": G, "R": R},
+                     "policy": RAHIMI_RUNS[s][3], "note": rahimi_row(s, cfg.S, cfg.B, G, R),
+                     "simulated": rahimi_measured_row(sim), "simulated_fetches": float(sim.weight_fetches.max()),
+                     "runtime": row, "latency_all": [r["latency"] for r in runs],
+                     "counted": [{k: v for k, v in r.items() if k != "latency"} for r in runs],
+                     "units": {"activation_bytes": act_unit, "weight_bytes": weight_unit}})
+    return rows

@@ -1,0 +1,204 @@
+"""The studies' command line: ``python -m pipelab figures | data | strip-notebooks`` (:mod:`pipelab.studies.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import PRESETS
+
+
+def _figures(args: argparse.Namespace) -> int:
+    from . import figures
+
+    if args.list:
+        for spec in figures.available():
+            print(f"{spec.name:32s} {spec.module.rsplit('.', 1)[-1]:20s} {spec.description}")
+        return 0
+    if args.workers is not None:
+        if args.workers < 1:
+            print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+            return 2
+        os.environ["PIPELAB_WORKERS"] = str(args.workers)  # read by the learning-curve sweeps
+    if args.device is not None:
+        from ..distributed import resolve_device
+        from .config import ENV_DEVICE
+
+        try:  # before any experiment runs: "cuda" without CUDA is said plainly, with what to pass instead
+            device = resolve_device(args.device, argument="--device")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        os.environ[ENV_DEVICE] = str(device)  # every figure config's device (pipelab.studies.config.from_preset)
+    if args.out is None:
+        args.out = "figures/study" if args.preset == "study" else "figures"
+    if args.names:
+        names = args.names
+    elif args.preset == "study":
+        from .figures.study import STUDY_FIGURES
+
+        names = list(STUDY_FIGURES)
+    else:
+        names = [s.name for s in figures.available() if s.runs_under(args.preset)]
+    try:
+        specs = [figures.get(n) for n in names]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:  # before any experiment runs: provenance of figures written into the repository's figures/
+        figures.check_outdir(args.out, allow_dirty=args.allow_dirty)
+    except (figures.ProvenanceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    bar = tqdm(specs, desc=f"figures ({args.preset})", unit="fig")
+    failed = []
+    for spec in bar:
+        bar.set_postfix_str(spec.name)
+        start = time.perf_counter()
+        try:
+            figures.render([spec.name], args.preset, args.out, progress=True, allow_dirty=args.allow_dirty)
+        except Exception:
+            logging.getLogger("pipelab").exception("figure %s failed", spec.name)
+            failed.append(spec.name)
+            continue
+        tqdm.write(f"  {spec.name}: {time.perf_counter() - start:.1f} s -> {Path(args.out) / spec.name}.png")
+    if failed:
+        print(f"error: {len(failed)} figure(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _apt_install(deadline: float, packages: tuple[str, ...] = ("dataset-fashion-mnist",)) -> str | None:
+    """Install Debian ``packages`` with apt-get as root, before ``deadline``; the problem or None."""
+    apt = shutil.which("apt-get")
+    names = " ".join(packages)
+    if not apt or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return f"apt-get unavailable or not running as root: skipped Debian's {names}"
+    logging.getLogger("pipelab").info("installing Debian packages %s", names)
+    for cmd in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", *packages]):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return f"`{' '.join(cmd)}` not started: the --timeout deadline had passed"
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=remaining, check=False,
+                                  env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        except subprocess.TimeoutExpired:
+            return f"`{' '.join(cmd)}` did not finish before the --timeout deadline"
+        except OSError as exc:
+            return f"`{' '.join(cmd)}` could not run: {exc}"
+        if proc.returncode != 0:
+            return f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-300:]}"
+    return None
+
+
+def _data(args: argparse.Namespace) -> int:
+    """Verify Fashion-MNIST (every file read in full); with --fetch obtain it first when missing or damaged.
+
+    The word lists of the ``wordlang`` task are checked too (and, with --fetch, installed in the same apt-get
+    call); missing ones only warn, since that task alone needs them.
+    """
+    from .data import DataError, fetch_fashion_mnist, missing_wordlist_packages, verify_fashion_mnist
+
+    if not args.timeout > 0:
+        print(f"error: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
+        return 2
+    words_missing = tuple(missing_wordlist_packages())
+    apt_tried = False
+    try:
+        where = verify_fashion_mnist(args.root)
+    except DataError as exc:
+        if not args.fetch:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        deadline = time.monotonic() + args.timeout
+        problem = _apt_install(deadline, ("dataset-fashion-mnist", *words_missing))
+        apt_tried = True
+        try:
+            if problem is None:
+                where = verify_fashion_mnist(args.root)
+            else:
+                raise DataError(problem)
+        except DataError as apt_exc:
+            try:
+                where = fetch_fashion_mnist(args.root, timeout=max(deadline - time.monotonic(), 1e-3))
+            except DataError as fetch_exc:
+                print(f"error: {apt_exc}\n{fetch_exc}", file=sys.stderr)
+                return 1
+    print(f"Fashion-MNIST: {where} (verified)")
+    if args.fetch and words_missing and not apt_tried:
+        problem = _apt_install(time.monotonic() + args.timeout, words_missing)
+        if problem is not None:
+            print(f"warning: {problem}", file=sys.stderr)
+    _report_wordlists()
+    return 0
+
+
+def _report_wordlists() -> None:
+    """Print where the word lists are (read in full), or warn how to install the missing ones."""
+    from .data import DataError, verify_wordlists
+
+    try:
+        print(f"word lists: {verify_wordlists()} (verified)")
+    except DataError as exc:
+        print(f"warning: only the wordlang task needs them: {exc}", file=sys.stderr)
+
+
+def _strip(args: argparse.Namespace) -> int:
+    from .notebook_tools import strip_notebook
+
+    paths = [p for arg in args.paths
+             for p in (sorted(Path(arg).glob("*.ipynb")) if Path(arg).is_dir() else [Path(arg)])]
+    for path in paths:
+        if strip_notebook(path):
+            print(f"stripped {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelab", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("figures", help="regenerate figures (all registered ones by default)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="figure names (see --list)")
+    p.add_argument("--preset", default="quick", choices=PRESETS, help="experiment size (default: quick)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: figures/, and figures/study/ for the study preset)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes running learning-curve arms in parallel (default: $PIPELAB_WORKERS, else 1)")
+    p.add_argument("--device", default=None,
+                   help="run the experiments on cpu, cuda, cuda:N or auto (CUDA when present); sets the device of "
+                        "every figure's config, so the cache and the sidecars record it (default: each preset's)")
+    p.add_argument("--list", action="store_true", help="list registered figures and exit")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into the repository's figures/ although code outside it has uncommitted changes "
+                        "(warns; the sidecars record code_clean=false and a hash of the diff)")
+    p.set_defaults(func=_figures)
+
+    p = sub.add_parser("data", help="locate and verify (with --fetch: obtain) Fashion-MNIST and the word lists")
+    p.add_argument("--fetch", action="store_true", help="install/download it when missing or damaged")
+    p.add_argument("--root", default=None, help="directory to look in / download to")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="overall deadline in seconds for --fetch, retries included (default: 300)")
+    p.set_defaults(func=_data)
+
+    p = sub.add_parser("strip-notebooks", help="remove outputs from notebooks before committing")
+    p.add_argument("paths", nargs="+", help="notebooks or directories of notebooks")
+    p.set_defaults(func=_strip)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Train one learning-curve arm for real with the multi-process runtime: ``torchrun -m pipelab.studies.run``.
+
+One process per pipeline worker (``--nproc-per-node`` = D for the GPipe, 1F1B, PipeDream and 2BW arms):
+
+    torchrun --standalone --nproc-per-node 4 -m pipelab.studies.run --task fashion_mnist_mlp \\
+        --policy pipeoptim --optimizer adam --D 4 --epochs 1
+
+On GPUs pass ``--device cuda`` (NCCL; rank r uses GPU ``LOCAL_RANK``). Across machines use torchrun's
+rendezvous, e.g. on each of two nodes with two GPUs each::
+
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m pipelab.studies.run --task fashion_mnist_mlp --policy stashing --optimizer sgdm --D 4 --device cuda
+
+``--stop-at-step N --checkpoint DIR`` stops at the consistent cut of mini-batch N and saves every rank's
+state; ``--resume DIR`` continues such a run identically (a different configuration — learning rate,
+seed, batch size, ... — is refused, naming what differs; so are ranks launched with different arguments).
+Rank 0 prints a JSON summary (final losses, test accuracy, throughput, per-rank memory, divergence) and
+writes it to ``--out`` if given. ``--out`` and ``--checkpoint`` are checked before the ranks join (a
+directory where the summary file should go, no permission, ...); if ``--out`` still cannot be written at
+the end, the summary is saved in the temporary directory and the error says where.
+
+Each communication call waits at most ``--comm-timeout`` seconds; a rank whose call fails raises
+:class:`pipelab.distributed.StalledRank` naming the stalled peer (one that stopped, or makes no progress
+outside communication), which torchrun reports as the root cause.
+
+From Python (tests, notebooks), :func:`train_distributed` spawns the ranks locally and returns the summary.
+The arm is described by :class:`pipelab.studies.learning_curves.RunConfig` and built by
+:func:`pipelab.studies.learning_curves.prepare`, exactly as the emulator's learning curves build it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ..distributed import default_backend, init_from_env, resolve_device, spawn, waiting
+from ..files import atomic_write, check_writable
+from ..optim import available_optimizers
+from .learning_curves import RunConfig, prepare
+from .settings import ARM_POLICIES, ARM_SCHEDULES, TASKS
+
+__all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
+
+#: ``--policy`` choices: the learning-curve arms that have a pipeline (all but the sequential arm), from the
+#: policy registry.
+PIPELINE_POLICIES = [p for p, family in ARM_POLICIES.items() if family != "sequential"]
+
+
+def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | None = None,
+          resume: str | None = None, precision: str = "fp32") -> dict[str, Any] | None:
+    """Run ``cfg`` on this rank of an initialised process group; rank 0 returns the summary.
+
+    ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"``: :class:`~pipelab.precision.Precision`) is the compute
+    precision, with fp32 master weights and optimizer state; it is not a field of :class:`RunConfig`, whose
+    fields key the learning curves' result cache.
+
+    Returns:
+        On rank 0: the config, ``losses`` per step (NaN where not reached or diverged), ``steps_done``
+        (mini-batches whose loss was computed, finite or not), ``diverged`` (a loss, a final weight or an
+        output of the test evaluation is NaN/inf) and ``diverged_step`` (first non-finite loss; the last step
+        done when only the final weights or outputs are non-finite; ``None``), ``test_loss``/``test_acc`` of
+        the final weights and
+        ``samples_per_s`` (NaN when diverged: neither means anything for NaN weights), ``seconds``,
+        ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
+
+    Raises:
+        ValueError: the sequential arm; a ``checkpoint`` directory that could not be written (checked before
+            the run, :func:`pipelab.files.check_writable`).
+    """
+    from ..emulator import evaluate
+    from ..runtime import PipelineRuntime, load_checkpoint, save_checkpoint
+
+    if cfg.policy == "sequential":
+        raise ValueError("the sequential arm has no pipeline; run it with pipelab.studies.learning_curves.run")
+    if checkpoint is not None:  # before the run, not after it
+        check_writable(checkpoint, "checkpoint", directory=True)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    prep = prepare(cfg)
+    shared = {k: v for k, v in asdict(cfg).items() if k != "device"}  # each rank has its own device
+    # "cuda"/"auto" under NCCL: this rank's GPU (LOCAL_RANK); an explicit "cuda:N" or "cpu" as given
+    rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
+                         device=cfg.device if cfg.device not in ("cuda", "auto") else None, config=shared,
+                         precision=precision)
+    if resume is not None:
+        load_checkpoint(rt, resume)
+    everyone = range(world)
+    with waiting(everyone, "the barrier before the run"):
+        dist.barrier()
+    start = time.perf_counter()
+    res = rt.run(prep.batch, stop_at_step=stop_at_step)
+    with waiting(everyone, "the barrier after the run"):
+        dist.barrier()
+    seconds = time.perf_counter() - start
+    if checkpoint is not None:
+        save_checkpoint(rt, checkpoint)
+    gathered: list[Any] = [None] * world
+    with waiting(everyone, "the gathering of the results"):
+        dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
+    if rank != 0:
+        return None
+    weights = {k: W for part in gathered for k, W in part[0].items()}
+    stages = [copy.deepcopy(m).cpu() for m in rt.modules]
+    ds = prep.data
+    done = res.steps_done
+    diverged, diverged_step = res.diverged, res.diverged_step  # a loss or a final weight non-finite
+    nan = float("nan")
+    if diverged or ds.x_test.shape[0] == 0:
+        test_loss, test_acc = nan, nan
+    else:
+        test_loss, test_acc = evaluate(stages, ds.x_test.cpu(), ds.y_test.cpu(),
+                                       [weights[k] for k in range(len(stages))])
+        if not math.isfinite(test_loss):  # finite weights, non-finite outputs: evaluate()'s rule
+            diverged, diverged_step = True, done - 1
+    return {
+        "config": asdict(cfg), "precision": precision, "world_size": world, "schedule": prep.schedule.name,
+        "losses": res.losses, "steps_done": done, "diverged": diverged, "diverged_step": diverged_step,
+        "test_loss": test_loss, "test_acc": test_acc, "seconds": seconds,
+        "samples_per_s": done * cfg.batch_size / seconds if seconds > 0 and not diverged else nan,
+        "memory": {r: part[1] for r, part in enumerate(gathered)},
+        "position": {r: part[2] for r, part in enumerate(gathered)},
+        "weights": weights,
+    }
+
+
+def _spawned(rank: int, world: int, cfg: RunConfig, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    return train(cfg, **kwargs)
+
+
+def train_distributed(cfg: RunConfig, world_size: int | None = None, *, backend: str | None = None,
+                      timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
+    """Spawn the ranks of ``cfg`` locally (``world_size`` defaults to the schedule's workers, D) and train.
+
+    Raises:
+        ValueError: a CUDA device without CUDA, or NCCL with fewer visible GPUs than ranks (before spawning).
+
+    Example:
+        >>> cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1)
+        >>> out = train_distributed(cfg)          # doctest: +SKIP
+        >>> out["test_acc"], out["samples_per_s"]  # doctest: +SKIP
+    """
+    world = world_size or cfg.D
+    device = resolve_device(cfg.device, argument="RunConfig.device")  # before any process starts
+    backend = backend or default_backend(device)
+    return spawn(_spawned, world, (cfg, kwargs), backend=backend, timeout_s=timeout_s)[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node D -m pipelab.studies.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="fashion_mnist_mlp", choices=sorted(TASKS))
+    p.add_argument("--policy", default="pipeoptim", choices=PIPELINE_POLICIES)
+    p.add_argument("--optimizer", default="adam", choices=available_optimizers())
+    p.add_argument("--D", type=int, default=None, help="stages (default: the world size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--M", type=int, default=4, help="micro-batches per step (GPipe/1F1B)")
+    p.add_argument("--n-train", type=int, default=10_000)
+    p.add_argument("--n-test", type=int, default=2_000)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--schedule", default=None, choices=sorted(ARM_SCHEDULES),
+                   help="run the policy on this schedule instead of its family's (e.g. zb_async: split backward)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (gloo), cuda (NCCL, rank r on GPU LOCAL_RANK; one GPU per rank) or auto")
+    p.add_argument("--checkpoint", default=None, help="directory to save every rank's state at the end")
+    p.add_argument("--stop-at-step", type=int, default=None, help="stop at the consistent cut of this step")
+    p.add_argument("--resume", default=None, help="directory of a checkpoint to continue from")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="compute precision (autocast) with fp32 master weights; fp16 adds a loss scaler and "
+                        "needs a flushed schedule")
+    p.add_argument("--out", default=None, help="write rank 0's JSON summary here")
+    p.add_argument("--comm-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="bound on one communication call; a rank whose call times out names the stalled peer")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:  # before joining: CUDA without CUDA, fewer GPUs than this machine's ranks, or outputs that could not
+        # be written at the end of the run, are said plainly
+        backend = default_backend(resolve_device(args.device, argument="--device"))
+        if args.out and os.environ.get("RANK", "0") == "0":  # only rank 0 writes the summary
+            check_writable(args.out, "--out")
+        if args.checkpoint is not None:
+            check_writable(args.checkpoint, "--checkpoint", directory=True)
+        rank, world = init_from_env(backend, timeout_s=args.comm_timeout)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.device in ("cuda", "auto") and backend == "nccl":
+        args.device = f"cuda:{torch.cuda.current_device()}"
+    cfg = RunConfig(task=args.task, policy=args.policy, optimizer=args.optimizer, D=args.D or world, seed=args.seed,
+                    epochs=args.epochs, batch_size=args.batch_size, M=args.M, n_train=args.n_train,
+                    n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device, schedule=args.schedule)
+    out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume,
+                precision=args.precision)
+    code = 0
+    if out is not None:
+        out.pop("weights")
+        text = json.dumps(out, indent=2, default=str)
+        print(text)
+        if args.out:
+            try:
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(args.out, text + "\n")
+            except OSError as exc:  # the run is done: keep its summary somewhere, and say where
+                print(f"error: cannot write --out {args.out} ({type(exc).__name__}: {exc}); the summary is printed "
+                      f"above and {_save_elsewhere(text)}", file=sys.stderr)
+                code = 1
+    dist.destroy_process_group()
+    return code
+
+
+def _save_elsewhere(text: str) -> str:
+    """Save a summary that could not go to ``--out`` in the temporary directory; say where (or that it failed)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="pipelab-run-summary-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        return f"could not be saved elsewhere either ({type(exc).__name__}: {exc})"
+    return f"saved to {path}"
+
+
+if __name__ == "__main__":
+    # record: under torchrun, the failing rank's error (a StalledRank naming the stalled peer) becomes the cause
+    # in torchrun's summary; applied here only, as it installs a fault handler on the process's stderr
+    sys.exit(record(main)())

@@ -1,0 +1,299 @@
+"""Fair learning-rate tuning: a log-spaced grid, successive halving on the validation split, then full seeds.
+
+Every arm (task × optimizer × policy × D) gets its own learning rate, chosen the same way for all:
+
+1. a log-spaced grid (:func:`lr_grid`) ``η_i = low·(high/low)^(i/(n−1))``, i = 0..n−1, n ≥ 5;
+2. successive halving (:func:`successive_halving`; Jamieson & Talwalkar 2016, the inner loop of Li et al.'s
+   Hyperband): round r runs every surviving rate for a budget of
+
+       epochs_r = min(min_epochs·ηₑ^r, max_epochs)          (ηₑ = ``eta``, r = 0, 1, ...)
+
+   scores each by the validation accuracy at the end of its budget (:func:`final_val_acc`, averaged over
+   the tuning seeds; a diverged run scores −∞, the worst), and keeps the best ``⌈n_r/ηₑ⌉``; it stops when
+   one rate is left (or after ``rounds`` rounds, keeping the best of the last). With n candidates the
+   rounds run ``n_0 = n, n_{r+1} = ⌈n_r/ηₑ⌉`` rates (:func:`halving_schedule`); e.g. 9 rates, ηₑ = 3,
+   min_epochs = 1: 9 rates × 1 epoch, then 3 × 3 epochs, then the winner. Ties go to the smaller rate
+   (the more stable one). When every rate of a round diverges no rate is selected (``Halving.lr`` is
+   ``None``, :attr:`Halving.all_diverged`, :attr:`Halving.message` says so) and the arm runs no further
+   round (a longer run repeats the diverged prefix);
+3. the full runs, every seed, only for the selected rate (:func:`selected_configs`).
+
+Selection reads only ``val_acc``/``diverged`` (the validation split is carved from the training set, see
+``RunConfig.n_val``); the test set is never used to select. Every round is one sweep through
+:func:`pipelab.studies.learning_curves.sweep` (so :func:`pipelab.studies.cache.run_sweep`: cached per run, resumable),
+and because an arm's first e epochs do not depend on its total epoch count, a longer round repeats the shorter one's
+prefix exactly.
+
+Example:
+    >>> from pipelab.studies.learning_curves import RunConfig
+    >>> lrs = lr_grid(1e-3, 1e-1, 5)
+    >>> [round(x, 6) for x in lrs]
+    [0.001, 0.003162, 0.01, 0.031623, 0.1]
+    >>> cfgs = [RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=4, seed=0, epochs=6,
+    ...                   n_val=200, lr=lr) for lr in lrs]
+    >>> halving_schedule(len(cfgs), eta=3, min_epochs=1, max_epochs=6)
+    [(5, 1), (2, 3)]
+    >>> [h.lr for h in successive_halving(cfgs)]                      # doctest: +SKIP
+    >>> finals = selected_configs(successive_halving(cfgs), seeds=range(5))  # doctest: +SKIP
+
+References: K. Jamieson and A. Talwalkar, "Non-stochastic best arm identification and hyperparameter
+optimization", AISTATS 2016; L. Li et al., "Hyperband", JMLR 18 (2018).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .learning_curves import RunConfig, sweep
+
+__all__ = ["lr_grid", "halving_schedule", "final_val_acc", "HalvingRound", "Halving", "successive_halving",
+           "check_selected", "selected_configs"]
+
+RunFn = Callable[[RunConfig], dict[str, Any]]
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _int(name: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    return int(value)
+
+
+def lr_grid(low: float, high: float, n: int = 5) -> list[float]:
+    """``n`` log-spaced learning rates from ``low`` to ``high`` (both included): ``low·(high/low)^(i/(n−1))``.
+
+    Raises:
+        ValueError: ``low``/``high`` not finite, ``low <= 0`` or ``high <= low``; ``n`` not an int >= 5
+            (fewer points cannot show where the optimum lies between two divergent or slow ends).
+    """
+    lo, hi = _real("low", low), _real("high", high)
+    if lo <= 0 or hi <= lo:
+        raise ValueError(f"need 0 < low < high, got low={low!r}, high={high!r}")
+    n = _int("n", n, 5)
+    ratio = math.log(hi / lo)
+    return [lo] + [lo * math.exp(ratio * i / (n - 1)) for i in range(1, n - 1)] + [hi]
+
+
+def halving_schedule(n: int, *, eta: int = 3, min_epochs: int = 1, max_epochs: int | None = None,
+                     rounds: int | None = None) -> list[tuple[int, int]]:
+    """``(rates run, epochs)`` of each round: ``n_0 = n``, ``n_{r+1} = ⌈n_r/eta⌉``, ``epochs_r =
+    min(min_epochs·eta^r, max_epochs)``, while ``n_r > 1`` (and ``r < rounds``). One candidate: no rounds."""
+    n, eta, min_epochs = _int("n", n, 1), _int("eta", eta, 2), _int("min_epochs", min_epochs, 1)
+    if max_epochs is not None:
+        max_epochs = _int("max_epochs", max_epochs, min_epochs)
+    if rounds is not None:
+        rounds = _int("rounds", rounds, 1)
+    out: list[tuple[int, int]] = []
+    while n > 1 and (rounds is None or len(out) < rounds):
+        epochs = min_epochs * eta ** len(out)
+        out.append((n, epochs if max_epochs is None else min(epochs, max_epochs)))
+        n = -(-n // eta)
+    return out
+
+
+def final_val_acc(record: dict[str, Any]) -> float:
+    """Selection score of one run: validation accuracy after its last epoch; ``−inf`` if it diverged (or is NaN).
+
+    Raises:
+        ValueError: a record without a validation split (``n_val = 0``): selecting on the test set is not fair.
+    """
+    if not record.get("n_val"):
+        raise ValueError("the record has no validation split (n_val = 0); tune with RunConfig(n_val > 0)")
+    value = float(record["val_acc"][-1])
+    return -math.inf if record["diverged"] or not math.isfinite(value) else value
+
+
+@dataclass(frozen=True)
+class HalvingRound:
+    """One round: the rates run (ascending), their scores (mean over the seeds), the survivors (best first)."""
+
+    epochs: int
+    lrs: tuple[float, ...]
+    scores: tuple[float, ...]
+    kept: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Halving:
+    """Successive halving of one arm.
+
+    Attributes:
+        base: the arm's config as given (its ``epochs`` is the full-run budget), with ``lr=None``.
+        seeds: the tuning seeds (each rate ran with all of them).
+        lr: the selected learning rate; ``None`` when every rate of the last round diverged
+            (:attr:`all_diverged`; :attr:`message` says which rates and budget).
+        rounds: every round, in order.
+        records: every run's record, in the order run.
+    """
+
+    base: RunConfig
+    seeds: tuple[int, ...]
+    lr: float | None
+    rounds: tuple[HalvingRound, ...]
+    records: list[dict[str, Any]] = field(repr=False)
+
+    @property
+    def all_diverged(self) -> bool:
+        """Whether no rate was selected because every rate of the last round diverged (on some seed)."""
+        return self.lr is None
+
+    @property
+    def message(self) -> str:
+        """One line on the outcome: the selected rate, or that (and where) every rate diverged."""
+        b = self.base
+        name = f"arm {b.task}/{b.optimizer}/{b.policy}/D={b.D}"
+        if self.lr is not None:
+            return f"{name}: selected lr={self.lr:.4g}"
+        last = self.rounds[-1]
+        return (f"{name}: no learning rate selected: every rate of round {len(self.rounds) - 1} "
+                f"({', '.join(f'{lr:.4g}' for lr in last.lrs)}) diverged within {last.epochs} epoch(s) on some "
+                f"seed of {list(self.seeds)}; tune over smaller rates")
+
+
+def _arm_key(cfg: RunConfig) -> RunConfig:
+    return replace(cfg, lr=None, seed=0, epochs=1)
+
+
+def successive_halving(configs: Iterable[RunConfig], run_fn: RunFn | None = None, *, eta: int = 3,
+                       min_epochs: int = 1, max_epochs: int | None = None, rounds: int | None = None,
+                       metric: Callable[[dict[str, Any]], float] = final_val_acc,
+                       progress: bool = False) -> list[Halving]:
+    """Select a learning rate per arm by successive halving on the validation split (see the module docstring).
+
+    Args:
+        configs: one :class:`RunConfig` per (arm, rate, seed); configs that differ only in ``lr`` and ``seed``
+            are one arm. Every config needs ``n_val >= 1`` and an explicit ``lr``; within an arm every rate
+            must come with the same seeds and the same ``epochs`` (the full-run budget, which caps the rounds'
+            budgets unless ``max_epochs`` is given).
+        run_fn: runs one config (default :func:`pipelab.studies.learning_curves.run`), through the result cache.
+        eta: the reduction factor (>= 2); min_epochs: the first round's budget; max_epochs: the largest budget;
+        rounds: at most this many rounds (``None``: until one rate is left).
+        metric: score of a record (higher is better; ``−inf`` for a diverged run).
+        progress: show a progress bar per round.
+
+    Returns:
+        one :class:`Halving` per arm, in the order the arms first appear.
+
+    Raises:
+        ValueError: an empty ``configs``, a config without a validation split or without an lr, an arm whose
+            rates have different seeds or epochs, bad ``eta``/``min_epochs``/``max_epochs``/``rounds``.
+    """
+    configs = list(configs)
+    if not configs:
+        raise ValueError("configs is empty: give one RunConfig per (arm, learning rate, seed)")
+    arms: dict[RunConfig, list[RunConfig]] = {}
+    for c in configs:
+        if not isinstance(c, RunConfig):
+            raise TypeError(f"configs must be RunConfig instances, got {type(c).__name__}")
+        if c.lr is None:
+            raise ValueError(f"every config needs an explicit lr to tune over, got lr=None in {c}")
+        if c.n_val < 1:
+            raise ValueError(f"tuning selects on the validation split: every config needs n_val >= 1, got {c}")
+        arms.setdefault(_arm_key(c), []).append(c)
+    plans = []
+    for key, members in arms.items():
+        lrs = sorted({float(c.lr) for c in members if c.lr is not None})
+        seeds = sorted({int(c.seed) for c in members})
+        have = {(float(c.lr), int(c.seed)) for c in members if c.lr is not None}
+        name = f"arm {key.task}/{key.optimizer}/{key.policy}/D={key.D}"
+        if have != {(lr, s) for lr in lrs for s in seeds}:
+            raise ValueError(f"{name}: every lr needs the same seeds {seeds}")
+        if len({c.epochs for c in members}) > 1:
+            raise ValueError(f"{name}: the configs disagree on epochs (the full-run budget): "
+                             f"{sorted({c.epochs for c in members})}")
+        cap = members[0].epochs if max_epochs is None else max_epochs
+        plans.append(_Plan(key, members[0], tuple(seeds), lrs,
+                           halving_schedule(len(lrs), eta=eta, min_epochs=min_epochs, max_epochs=cap, rounds=rounds)))
+    for r in range(max(len(p.schedule) for p in plans)):
+        active = [p for p in plans if r < len(p.schedule)]
+        batch = [replace(p.key, lr=lr, seed=s, epochs=p.schedule[r][1]) for p in active for lr in p.alive
+                 for s in p.seeds]
+        records = iter(sweep(batch, progress=progress, desc=f"lr halving, round {r}", run_fn=run_fn))
+        for p in active:
+            p.advance(r, [[next(records) for _ in p.seeds] for _ in p.alive], metric, eta)
+    return [p.result() for p in plans]
+
+
+@dataclass
+class _Plan:
+    """The running state of one arm's halving."""
+
+    key: RunConfig
+    first: RunConfig
+    seeds: tuple[int, ...]
+    alive: list[float]
+    schedule: list[tuple[int, int]]
+    rounds: list[HalvingRound] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    best: float | None = None
+
+    def __post_init__(self) -> None:
+        self.best = self.alive[0]  # a single candidate needs no round
+
+    def advance(self, r: int, recs: list[list[dict[str, Any]]], metric: Callable[[dict[str, Any]], float],
+                eta: int) -> None:
+        scores = []
+        for per_seed in recs:
+            vals = [float(metric(rec)) for rec in per_seed]
+            vals = [-math.inf if math.isnan(v) else v for v in vals]
+            scores.append(-math.inf if -math.inf in vals else sum(vals) / len(vals))
+            self.records += per_seed
+        order = sorted(range(len(self.alive)), key=lambda i: (-scores[i], self.alive[i]))
+        keep = [self.alive[i] for i in order[: -(-len(self.alive) // eta)]]
+        self.rounds.append(HalvingRound(self.schedule[r][1], tuple(self.alive), tuple(scores), tuple(keep)))
+        self.alive = sorted(keep)
+        if max(scores) == -math.inf:  # every rate diverged: none is selected, and longer runs diverge as well
+            self.best = None
+            del self.schedule[r + 1:]
+        else:
+            self.best = keep[0]
+
+    def result(self) -> Halving:
+        return Halving(replace(self.first, lr=None), self.seeds, self.best, tuple(self.rounds), self.records)
+
+
+def check_selected(halvings: Iterable[Halving]) -> list[Halving]:
+    """The halvings, after checking that every arm selected a rate.
+
+    Raises:
+        ValueError: listing :attr:`Halving.message` of every arm whose rates all diverged (running it at some
+            other rate, e.g. the optimizer's default, would not be a tuned result).
+    """
+    halvings = list(halvings)
+    failed = [h.message for h in halvings if h.lr is None]
+    if failed:
+        raise ValueError("\n".join(failed))
+    return halvings
+
+
+def selected_configs(halvings: Iterable[Halving], seeds: Iterable[int], *, epochs: int | None = None,
+                     **changes: Any) -> list[RunConfig]:
+    """The full runs: for every arm, its selected lr with every seed in ``seeds``.
+
+    Each config is the arm's ``base`` (same task, policy, D, ``n_val`` — the training set the rate was tuned
+    on) with ``lr`` = the selected rate, ``seed`` = s, ``epochs`` (default: the base's, the full budget) and any
+    other field in ``changes``.
+
+    Raises:
+        ValueError: an arm without a selected rate (:func:`check_selected`), or no seeds.
+    """
+    halvings = check_selected(halvings)
+    seeds = list(seeds)
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in seeds):
+        raise ValueError(f"seeds must be ints, got {seeds!r}")
+    if not seeds:
+        raise ValueError("seeds is empty: the full runs need at least one seed")
+    out: list[RunConfig] = []
+    for h in halvings:
+        ep = h.base.epochs if epochs is None else epochs
+        out += [replace(h.base, lr=h.lr, seed=s, epochs=ep, **changes) for s in seeds]
+    return out

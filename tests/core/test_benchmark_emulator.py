@@ -1,0 +1,66 @@
+"""``benchmarks/emulator.py``: the work it counts per policy is the plan's, and the benchmark runs at a toy size.
+
+The count wraps stage methods of the emulator from outside the library; if the library stops calling them, the
+counts would silently drop to zero and "inherent work" would shrink to a plain step. These tests compare the
+counts with the plan's weight specs, which say independently where the policy recomputes and predicts.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.emulator import count_work, main, schedule_of  # noqa: E402
+from pipelab.emulator import Emulator  # noqa: E402
+from pipelab.optim import optimizer_factory  # noqa: E402
+from pipelab.policies import Predicted, Stored  # noqa: E402
+from pipelab.studies.models import deep_mlp  # noqa: E402
+
+D, STEPS = 3, 6
+
+
+def _counted(policy: str) -> tuple[Emulator, object]:
+    torch.manual_seed(0)
+    emu = Emulator(deep_mlp(in_features=5, width=8, depth=D), schedule=schedule_of(policy, D, D, STEPS),
+                   policy=policy, optimizer=optimizer_factory("sgdm"))
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(6, 5, generator=g), torch.randint(0, 10, (6,), generator=g)) for _ in range(STEPS)]
+    return emu, count_work(emu, data)
+
+
+@pytest.mark.parametrize("policy", ["gpipe", "stashing", "2bw", "spectrain", "pipeoptim", "pipemare"])
+def test_counted_work_is_the_plans(policy: str) -> None:
+    emu, work = _counted(policy)
+    specs = emu.plan.specs.items()
+    recompute = Counter(k for (k, _, _), (f, b) in specs if not (f == b and isinstance(f, Stored)))
+    # a backward's predicted weights are fetched only by its recompute, and a predicted backward always recomputes
+    predicted = sum(isinstance(f, Predicted) + isinstance(b, Predicted) for _, (f, b) in specs)
+    assert work.recomputes == dict(recompute)
+    assert len(work.predictions) == predicted
+    history = policy == "pipemare"  # PipeMare's δ: one observe per update of each stage that predicts
+    assert work.observes == ({k: STEPS for k in emu.plan.predicted_stages} if history else {})
+    if policy in ("spectrain", "pipeoptim", "pipemare"):
+        assert work.recomputes and work.predictions  # the asynchronous predicting policies do both
+    else:
+        assert not work.recomputes and not work.predictor_calls
+    for st in emu.stages:  # the wrappers are gone: the classes' methods again
+        assert "weights" not in vars(st) and (st.predictor is None or "observe" not in vars(st.predictor))
+
+
+def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = main(["--width", "16", "--depth", "4", "--batch", "8", "--steps", "4", "--rounds", "2", "--device", "cpu",
+                 "--policies", "stashing", "pipemare", "--profile", "worst", "--profile-top", "3"])
+    assert [r.policy for r in rows] == ["stashing", "pipemare"]
+    for r in rows:
+        assert len(r.vs_inherent.values) == 2 and math.isfinite(r.vs_inherent.median) and r.vs_inherent.median > 0
+        assert r.inherent == pytest.approx(r.plain + r.recompute + r.predictions)
+    assert rows[0].recompute == rows[0].predictions == 0.0 and rows[1].recompute > 0 and rows[1].predictions > 0
+    out = capsys.readouterr().out
+    assert "1 intra-op thread" in out and "emulator / inherent" in out and "cProfile" in out

@@ -1,0 +1,104 @@
+"""``benchmarks/_harness.py``: alternated rounds and the median of per-round ratios, on a fake clock."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks._harness import Side, add_thread_argument, alternate, header, paired_ratio  # noqa: E402
+
+
+class FakeClock:
+    """A clock that only the sides move: each call of a side advances it by that side's next duration."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.log: list[str] = []
+        self.syncs = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def side(self, name: str, durations: list[float]) -> object:
+        it = iter(durations)
+
+        def run(*args: object) -> None:
+            self.log.append(name)
+            self.now += next(it)
+
+        return run
+
+
+def test_sides_alternate_round_by_round_and_the_ratio_is_the_median_of_per_round_ratios() -> None:
+    clock = FakeClock()
+    # a warm-up round (9.0, 9.0: not timed), then 5 rounds; in rounds 3 and 4 the machine is slower for both sides
+    a = [9.0, 2.0, 4.5, 6.0, 8.0, 2.125]  # binary fractions: the fake clock's sums are exact
+    b = [9.0, 1.0, 1.0, 2.0, 2.0, 1.0]
+    loads = iter([0.5, 1.5, 2.5, 3.5, 4.5])
+    r = alternate({"a": clock.side("a", a), "b": clock.side("b", b)}, rounds=5, warmup=1, clock=clock,
+                  load=lambda: next(loads))
+    assert clock.log == ["a", "b"] * 6  # A, B, A, B, ...: warm-up round included
+    assert r.seconds == {"a": a[1:], "b": b[1:]}
+    assert r.loads == [0.5, 1.5, 2.5, 3.5, 4.5]
+    ratio = r.ratio("a", "b")
+    assert ratio.values == (2.0, 4.5, 3.0, 4.0, 2.125)
+    assert ratio.median == 3.0  # the per-round median; the ratio of medians would be 4.5 / 1, of sums 22.625 / 7
+    assert (ratio.q1, ratio.q3) == (2.125, 4.0)
+    assert ratio.load == 2.5
+    assert r.median("a") == 4.5 and r.median("b") == 1.0
+    assert r.ratio("b", "a").median == pytest.approx(1 / 3.0)
+
+
+def test_several_sides_summed_within_a_round_and_set_up_untimed() -> None:
+    clock = FakeClock()
+    made = []
+
+    def setup() -> str:
+        clock.now += 100.0  # set-up time must not count
+        made.append(len(made))
+        return "model"
+
+    def syncing() -> None:
+        clock.syncs += 1
+
+    sides = {"emu": Side(clock.side("emu", [4.0, 6.0]), setup=setup), "plain": clock.side("plain", [2.0, 2.0]),
+             "extra": clock.side("extra", [1.0, 1.0])}
+    r = alternate(sides, rounds=2, warmup=0, clock=clock, sync=syncing, load=lambda: 0.0)
+    assert clock.log == ["emu", "plain", "extra"] * 2 and made == [0, 1] and clock.syncs == 2 * 3 * 2
+    assert r.seconds["emu"] == [4.0, 6.0]
+    assert r.ratio("emu", ["plain", "extra"]).values == (4.0 / 3.0, 2.0)
+    with pytest.raises(ValueError, match="unknown side"):
+        r.ratio("emu", "nope")
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(rounds=0), "rounds"), (dict(rounds=2, warmup=-1), "warmup"),
+                                           (dict(rounds=True), "rounds")])
+def test_bad_rounds_are_refused(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        alternate({"a": lambda: None}, **kwargs)
+    with pytest.raises(ValueError, match="sides"):
+        alternate({}, rounds=1)
+
+
+def test_paired_ratio_of_one_round_and_mismatched_rounds() -> None:
+    one = paired_ratio([3.0], [2.0], [1.0], scale=2.0)
+    assert (one.median, one.q1, one.q3, one.load) == (3.0, 3.0, 3.0, 1.0)
+    with pytest.raises(ValueError, match="same number"):
+        paired_ratio([1.0, 2.0], [1.0])
+    assert "IQR" in str(one)
+
+
+def test_one_thread_by_default_and_the_header_names_what_the_numbers_depend_on() -> None:
+    ap = argparse.ArgumentParser()
+    add_thread_argument(ap)
+    assert ap.parse_args([]).threads == 1 and ap.parse_args(["--threads", "2"]).threads == 2
+    text = header("bench")
+    assert text.startswith("bench — torch " + torch.__version__)
+    assert "intra-op thread" in text and "allocator: " in text and " cores, load average " in text
+    assert "malloc" in text

@@ -1,0 +1,43 @@
+"""Every notebook runs top to bottom under the `tiny` preset, and is committed without outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelab.studies.notebook_tools import notebooks_with_outputs
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks() -> None:
+    assert any(p.name.startswith("00_") for p in NOTEBOOKS), NOTEBOOKS
+
+
+def test_committed_notebooks_have_no_outputs() -> None:
+    bad = notebooks_with_outputs(NOTEBOOKS)
+    assert not bad, f"strip them with `python -m pipelab strip-notebooks notebooks`: {bad}"
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_under_tiny(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("PIPELAB_PRESET", "tiny")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # the kernel imports this checkout's pipelab, not whichever one the environment has installed
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+    assert os.environ["PIPELAB_PRESET"] == "tiny"
