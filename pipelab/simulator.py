@@ -479,12 +479,12 @@ class SimResult:
                 msg[ok] = mid[ok]
 
         parts = np.stack([m.ready - m.send, m.begin - m.ready, m.arrival - m.begin])
-        mkind = np.where(parts.max(axis=0) > 0, 3 + parts.argmax(axis=0), 2)
-        mid = np.full((2, n), -1)
-        mid[m.kind, m.consumer] = np.arange(len(m.consumer))
-        for s in (0, 1):
-            i = mid[s]
-            bind((i >= 0) & (self.start == m.arrival[i]), mkind[i], m.sender[i], i)
+        mkind = np.append(np.where(parts.max(axis=0) > 0, 3 + parts.argmax(axis=0), 2), 0)
+        arrival, sender, none = np.append(m.arrival, np.nan), np.append(m.sender, -1), len(m.send)
+        mid = np.full((2, n), none)  # index ``none``: not a message (NaN arrival)
+        mid[m.kind, m.consumer] = np.arange(none)
+        for i in mid:
+            bind(self.start == arrival[i], mkind[i], sender[i], np.where(i < none, i, -1))
         d3 = c.dep3
         bind((d3 >= 0) & (self.start == self.end[d3] + self.latency[2]), 2, d3)
         if c.u_ids.size:
