@@ -49,7 +49,7 @@ M/G for FSLPP: the micro-batches a worker runs per step). The bytes compare agai
 The simulator's activation *count* holds (k, g) from the start of F(k, g) to the end of its backward, and
 the runtime holds the stage input from the end of F to the start of B; within one worker the program order
 fixes which activations are resident at each job, so the peaks agree exactly. The simulator's
-``activation_bytes`` must then be the stage *input* bytes (:func:`boundary_bytes`), what the runtime
+``activation_bytes`` must then be the stage *input* bytes (:func:`pipelab.links.boundary_bytes`), what the runtime
 counts, not :func:`pipelab.profiling.profile_stages`' saved-tensor bytes.
 
 **Makespan**: :func:`forecast_costs` turns every stage's profiled F, B (I, W when the schedule splits the
@@ -65,7 +65,6 @@ activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §
 
 from __future__ import annotations
 
-import copy
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,6 +73,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .links import boundary_bytes
 from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
 from .precision import tensor_bytes
 from .schedules.actions import Schedule
@@ -81,7 +81,7 @@ from .schedules.compiled import OP_CODE
 from .schedules.dependencies import received_from
 from .simulator import SimResult, simulate
 
-__all__ = ["boundary_bytes", "simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
+__all__ = ["simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
            "EXACT_VERSION_POLICIES", "forecast_costs", "measured_costs"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
@@ -89,23 +89,6 @@ _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 #: policies whose stages keep exactly the weight versions their jobs use, as the version table counts them
 #: (flushed: one; weight stashing: the forward's version until its backward; 2BW: double buffering)
 EXACT_VERSION_POLICIES = ("sequential", "gpipe", "1f1b", "stashing", "2bw")
-
-
-def boundary_bytes(stages: Sequence[nn.Module], x: Tensor) -> list[int]:
-    """Bytes of each stage's input for the micro-batch ``x`` (index k: input of stage k; index 0 is ``x``).
-
-    The tensor crossing from stage k−1 to k (an activation forward, its gradient backward, same size).
-    Shapes come from running copies of the stages on the ``meta`` device, so nothing is computed.
-    """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a micro-batch tensor, got {type(x).__name__}")
-    h = torch.empty(x.shape, dtype=x.dtype, device="meta")
-    out = [tensor_bytes([x])]
-    with torch.no_grad():
-        for stage in list(stages)[:-1]:
-            h = copy.deepcopy(stage).to("meta")(h)
-            out.append(tensor_bytes([h]))
-    return out
 
 
 def simulated_traffic(sim: SimResult, sizes: Sequence[int]) -> list[dict[str, dict[str, int]]]:

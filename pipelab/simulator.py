@@ -40,19 +40,21 @@ Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (202
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .links import MessageBytes, Network, collective_time
 from .schedules.actions import Action, Schedule, gc_paused
-from .schedules.compiled import OP_CODE, Compiled, _per_stage, check_cost, compile_schedule, job_costs, run
+from .schedules.compiled import OP_CODE, Compiled, Wires, _per_stage, check_cost, compile_schedule, job_costs, run
 from .schedules.dependencies import Job
 from .schedules.validate import ScheduleError, format_grid
 from .schedules.versions import VersionTable
 
-__all__ = ["simulate", "SimResult", "costs_from_profile", "steady_state", "SteadyState"]
+__all__ = ["simulate", "SimResult", "Messages", "Binding", "BINDINGS", "costs_from_profile", "steady_state",
+           "SteadyState"]
 
 _F, _B, _U, _I, _W = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
 Cost = float | Sequence[float] | np.ndarray
@@ -84,6 +86,37 @@ def costs_from_profile(profile: Any) -> dict[str, Any]:
     return out
 
 
+class Messages(NamedTuple):
+    """The messages of a simulation, per message m: the job that receives it (``consumer``) and the one whose end
+    sends it (``sender``), its ``boundary`` k and ``kind`` (0: activation, stage k → k+1; 1: gradient, back), the
+    receiving ``wire`` (the consumer's worker w; 2w + kind when duplex), ``nbytes``, and its times: ``send``,
+    ``ready`` = send + α, ``begin`` (its wire free) and ``arrival`` = begin + n/β (:mod:`pipelab.links`)."""
+
+    consumer: np.ndarray
+    sender: np.ndarray
+    boundary: np.ndarray
+    kind: np.ndarray
+    wire: np.ndarray
+    nbytes: np.ndarray
+    send: np.ndarray
+    ready: np.ndarray
+    begin: np.ndarray
+    arrival: np.ndarray
+
+
+#: what can bind a job's start (:attr:`SimResult.binding`)
+BINDINGS: tuple[str, ...] = ("start", "worker", "dependency", "latency", "queueing", "transmission")
+
+
+class Binding(NamedTuple):
+    """Per job: ``kind`` (an index into :data:`BINDINGS`), the ``job`` whose end bound its start (a message's
+    sender; −1 for "start") and the ``message`` (−1: none)."""
+
+    kind: np.ndarray
+    job: np.ndarray
+    message: np.ndarray
+
+
 @dataclass(eq=False)
 class SimResult:
     """Timeline and metrics of one simulated schedule.
@@ -97,6 +130,9 @@ class SimResult:
         cost: duration of each action; latency: (lat1, lat2, lat3) added to each dependency.
         seq: the order in which the simulator timed the actions (a valid topological order).
         activation_bytes, weight_bytes: per-stage sizes (or None) used for the byte metrics.
+        network, message_bytes: the link model (or None) and the bytes per boundary (activation, gradient).
+        wire_times: with wires, the :class:`~pipelab.schedules.compiled.Wires` and each message's begin and
+            arrival (None: no message occupied a wire; a message arrives at send + latency).
     """
 
     schedule: Schedule
@@ -108,7 +144,9 @@ class SimResult:
     seq: np.ndarray
     activation_bytes: np.ndarray | None = None
     weight_bytes: np.ndarray | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
+    network: Network | None = None
+    message_bytes: tuple[np.ndarray, np.ndarray] | None = None
+    wire_times: tuple[Wires, np.ndarray, np.ndarray] | None = None
 
     # ------------------------------------------------------------ time
     @property
@@ -379,6 +417,120 @@ class SimResult:
             out.append((a.op, a.stage, a.step, a.micro))
         return out
 
+    # ------------------------------------------------------------ links
+    @cached_property
+    def messages(self) -> Messages:
+        """Every message (a tensor crossing to another worker), in the order of :class:`Messages`."""
+        c = self.compiled
+        if self.wire_times is not None:
+            wires, begin, arrival = self.wire_times
+            consumer, slot, latency = wires.consumer, wires.slot, wires.latency
+        else:
+            consumer, slot, _ = _message_edges(c)
+            latency = np.where(slot == 1, self.latency[0][consumer], self.latency[1][consumer])
+        kind = slot - 1
+        boundary = c.stage[consumer] - 1 + kind
+        sender = np.where(slot == 1, c.dep1[consumer], c.dep2[consumer])
+        send = self.end[sender]
+        ready = send + latency
+        if self.wire_times is None:
+            begin = arrival = ready
+        wire = c.worker[consumer] * 2 + kind if self.network is not None and self.network.duplex else c.worker[consumer]
+        nbytes = np.zeros(len(consumer)) if self.message_bytes is None else np.stack(self.message_bytes)[kind, boundary]
+        return Messages(consumer, sender, boundary, kind, wire, nbytes, send, ready, begin, arrival)
+
+    @cached_property
+    def link_busy(self) -> np.ndarray:
+        """Transmission time per boundary and direction (Σ n/β of its messages), shape [D−1, 2] (forward, backward)."""
+        m = self.messages
+        out = np.zeros((self.schedule.D - 1, 2))
+        np.add.at(out, (m.boundary, m.kind), m.arrival - m.begin)
+        return out
+
+    @property
+    def link_utilisation(self) -> np.ndarray:
+        """:attr:`link_busy` / (makespan × the wires its messages reach, at least 1), in [0, 1], shape [D−1, 2]."""
+        m = self.messages
+        wires = np.zeros((self.schedule.D - 1, 2))
+        for b, k in set(zip(m.boundary.tolist(), m.kind.tolist())):
+            wires[b, k] = len(np.unique(m.wire[(m.boundary == b) & (m.kind == k)]))
+        return self.link_busy / (self.makespan * np.maximum(wires, 1))
+
+    @property
+    def wire_utilisation(self) -> np.ndarray:
+        """Busy share of each inbound wire (transmitting / makespan), shape [W] (duplex: [2W], 2w + kind)."""
+        m, n = self.messages, self.schedule.W * (2 if self.network is not None and self.network.duplex else 1)
+        return np.bincount(m.wire, weights=m.arrival - m.begin, minlength=n) / self.makespan
+
+    @cached_property
+    def binding(self) -> Binding:
+        """What bound each job's start (:data:`BINDINGS`), by priority: a message (kind "latency", "queueing" or
+        "transmission": the largest part of its send → arrival, "dependency" when it took no time), a weight
+        barrier or an update's gradient jobs ("dependency"), the worker's previous job ("worker"), a dependency
+        earlier on the worker ("dependency"); "start" for a job at time 0 that nothing delayed."""
+        c, m, n = self.compiled, self.messages, self.compiled.n
+        kind, job, msg, free = np.zeros(n, np.int64), np.full(n, -1), np.full(n, -1), np.ones(n, bool)
+
+        def bind(ok: np.ndarray, k: np.ndarray | int, by: np.ndarray, mid: np.ndarray | None = None) -> None:
+            ok &= free
+            kind[ok] = k[ok] if isinstance(k, np.ndarray) else k
+            job[ok], free[ok] = by[ok], False
+            if mid is not None:
+                msg[ok] = mid[ok]
+
+        parts = np.stack([m.ready - m.send, m.begin - m.ready, m.arrival - m.begin])
+        mkind = np.append(np.where(parts.max(axis=0) > 0, 3 + parts.argmax(axis=0), 2), 0)
+        arrival, sender, none = np.append(m.arrival, np.nan), np.append(m.sender, -1), len(m.send)
+        mid = np.full((2, n), none)  # index ``none``: not a message (NaN arrival)
+        mid[m.kind, m.consumer] = np.arange(none)
+        for i in mid:
+            bind(self.start == arrival[i], mkind[i], sender[i], np.where(i < none, i, -1))
+        d3 = c.dep3
+        bind((d3 >= 0) & (self.start == self.end[d3] + self.latency[2]), 2, d3)
+        if c.u_ids.size:
+            last = c.udeps[np.arange(len(c.u_ids)), self.end[c.udeps].argmax(axis=1)]
+            by = np.full(n, -1)
+            by[c.u_ids] = last
+            bind((by >= 0) & (self.start == self.end[by]), 2, by)
+        prev = np.arange(n) - 1
+        prev[c.offsets[:-1]] = -1
+        bind((prev >= 0) & (self.start == self.end[prev]), 1, prev)
+        for d in (c.dep1, c.dep2):
+            bind((d >= 0) & (self.start == self.end[d]), 2, d)
+        return Binding(kind, job, msg)
+
+    def critical_path(self) -> list[tuple[str, int, float]]:
+        """The chain that bounds the makespan, first to last: ``("job", id, cost)``, and for a message m that bound
+        a start ``("latency", m, α)`` then ``("transmission", m, n/β)``; a message that waited on its wire follows
+        the message ahead of it (whose arrival began its transmission); ``("latency", -1, ℓ)`` for a dependency's
+        fixed latency (a weight fetch). Durations sum to the makespan; zero ones are left out."""
+        b, m = self.binding, self.messages
+        o = np.lexsort((m.begin, m.wire))
+        ahead = np.full(len(o), -1)
+        ahead[o[1:]] = np.where(m.wire[o[1:]] == m.wire[o[:-1]], o[:-1], -1)
+        out: list[tuple[str, int, float]] = []
+        i = int(np.argmax(self.end))
+        while i >= 0:
+            out.append(("job", i, float(self.cost[i])))
+            j, mm = int(b.job[i]), int(b.message[i])
+            while mm >= 0:
+                out.append(("transmission", mm, float(m.arrival[mm] - m.begin[mm])))
+                if m.begin[mm] > m.ready[mm]:
+                    mm = int(ahead[mm])
+                    continue
+                out.append(("latency", mm, float(m.ready[mm] - m.send[mm])))
+                j, mm = int(m.sender[mm]), -1
+            if j >= 0 and b.message[i] < 0 and self.start[i] > self.end[j]:
+                out.append(("latency", -1, float(self.start[i] - self.end[j])))
+            i = j
+        return [x for x in out[::-1] if x[0] == "job" or x[2] > 0]
+
+    @property
+    def link_time(self) -> float:
+        """The share of the makespan that the critical path spends in messages and fetches (not computing): run
+        enough steps and it is the share of a steady step spent waiting on links."""
+        return sum(d for what, _, d in self.critical_path() if what != "job") / self.makespan
+
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a JSON-able dict."""
         return {"schedule": self.schedule.name, "W": self.schedule.W, "D": self.schedule.D,
@@ -392,8 +544,9 @@ class SimResult:
 def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_cost: Cost = 0.0,
              i_cost: Cost | None = None, w_cost: Cost | None = None, transfer_cost: Cost = 0.0,
              weight_transfer_cost: Cost = 0.0, activation_bytes: Cost | None = None,
-             weight_bytes: Cost | None = None, profile: Any = None) -> SimResult:
-    """Simulate ``schedule`` under a per-stage cost model.
+             weight_bytes: Cost | None = None, profile: Any = None, network: Network | None = None,
+             message_bytes: MessageBytes | Cost | None = None) -> SimResult:
+    """Simulate ``schedule`` under a per-stage cost model, and optionally a link model.
 
     Args:
         schedule: the schedule (its per-worker order is kept; only times are computed).
@@ -405,13 +558,31 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
         weight_transfer_cost: ≥ 0, time to fetch stage k's updated weights from another worker.
         activation_bytes, weight_bytes: optional per-stage sizes for the byte metrics.
         profile: mapping/object supplying f_cost, b_cost (and sizes); see :func:`costs_from_profile`.
+        network: a :class:`~pipelab.links.Network` (instead of ``transfer_cost``): messages take α + n/β and
+            queue on their receiver's wire (:mod:`pipelab.links`); with ``weight_bytes`` a placed schedule's
+            collectives cost their α–β time too (instead of ``weight_transfer_cost``): the gradient reduction
+            of (k, t) lengthens each holder's U(k, t), a weight broadcast precedes a job reading stage k
+            elsewhere.
+        message_bytes: the bytes of each boundary's messages (:func:`pipelab.links.message_bytes`, or one
+            number / D−1 numbers for both directions); needed when a link's bandwidth is finite.
 
     Returns:
         :class:`SimResult`.
 
     Raises:
-        ValueError: non-positive F/B costs, negative other costs, wrong lengths.
+        ValueError: non-positive F/B costs, negative other costs, wrong lengths, a network with
+            ``transfer_cost``, of another D, or with finite bandwidth but no ``message_bytes``.
         ScheduleError: the schedule is malformed or its orders deadlock (grid printed, cell marked).
+
+    ===========  =================================================================================
+    step         what it does
+    ===========  =================================================================================
+    compile      the schedule as arrays (:func:`~pipelab.schedules.compiled.compile_schedule`)
+    job_costs    every action's duration from the per-stage costs
+    _links       the messages (cross-worker data edges) and each dependency slot's latency: transfer_cost,
+                 or the network's α with wires when a message takes time on one; collectives
+    run          the timing loop (:func:`~pipelab.schedules.compiled.run`); a deadlock → ScheduleError
+    ===========  =================================================================================
 
     Example:
         >>> from pipelab.schedules import ddp
@@ -431,32 +602,121 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
         msg, where = c.problems[0]
         raise ScheduleError(f"cannot simulate {schedule.name!r}: {msg}\n" + format_grid(schedule, where))
     cost = job_costs(c, f_cost, b_cost, u_cost, i_cost, w_cost)
-    tc = np.asarray(transfer_cost, dtype=np.float64).reshape(-1)
-    if tc.size == 1:
-        tc = np.full(D, float(tc[0]))
-    elif tc.size == D - 1:
-        tc = np.concatenate([tc, [0.0]])
-    tc = _per_stage("transfer_cost", tc, D, positive=False)
-    wc = _per_stage("weight_transfer_cost", weight_transfer_cost, D, positive=False)
-    n = c.n
-    lat1, lat2, lat3 = np.zeros(n), np.zeros(n), np.zeros(n)
-    cross1 = (c.dep1 >= 0) & (c.worker[np.maximum(c.dep1, 0)] != c.worker)
-    cross2 = (c.dep2 >= 0) & (c.worker[np.maximum(c.dep2, 0)] != c.worker)
-    # Input activation of stage k crosses boundary k−1; the gradient from stage k+1 crosses boundary k.
-    fin = (c.op == _F) | (c.op == _B) | (c.op == _I)
-    lat1[cross1 & fin & (c.stage > 0)] = tc[np.maximum(c.stage - 1, 0)][cross1 & fin & (c.stage > 0)]
-    lat2[cross2] = tc[c.stage][cross2]
-    cross3 = (c.dep3 >= 0) & (c.src != c.worker)
-    lat3[cross3] = wc[c.stage][cross3]
-    start, end, seq, blocked = run(c, cost, lat1, lat2, lat3)
-    if blocked:
-        w, pos = blocked[0]
+    ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
+    wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
+    lat, wires, mb = _links(c, cost, transfer_cost, weight_transfer_cost, network, message_bytes, wb)
+    t = run(c, cost, *lat, wires)
+    if t.blocked:
+        w, pos = t.blocked[0]
         raise ScheduleError(f"cannot simulate {schedule.name!r}: worker {w}'s action {schedule.programs[w][pos]} "
                             f"(position {pos}) can never run (deadlock; run validate() for details)\n"
                             + format_grid(schedule, (w, pos)))
-    ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
-    wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
-    return SimResult(schedule, c, start, end, cost, (lat1, lat2, lat3), seq, ab, wb)
+    wire_times = None if wires is None else (wires, t.begin, t.arrival)
+    return SimResult(schedule, c, t.start, t.end, cost, lat, t.seq, ab, wb, network, mb, wire_times)
+
+
+def _message_edges(c: Compiled) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The messages: per cross-worker data edge its consumer, slot (1: stage k's input, crossing boundary k−1
+    forward; 2: the gradient from stage k+1, crossing boundary k backward) and boundary, slot 1's first."""
+    fin = (c.op == _F) | (c.op == _B) | (c.op == _I)
+    cross1 = (c.dep1 >= 0) & (c.worker[np.maximum(c.dep1, 0)] != c.worker) & fin & (c.stage > 0)
+    cross2 = (c.dep2 >= 0) & (c.worker[np.maximum(c.dep2, 0)] != c.worker)
+    one, two = np.flatnonzero(cross1), np.flatnonzero(cross2)
+    return (np.concatenate([one, two]), np.repeat([1, 2], [len(one), len(two)]),
+            np.concatenate([c.stage[one] - 1, c.stage[two]]))
+
+
+def _links(c: Compiled, cost: np.ndarray, transfer_cost: Cost, weight_transfer_cost: Cost, network: Network | None,
+           message_bytes: MessageBytes | Cost | None, wb: np.ndarray | None
+           ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], Wires | None, tuple[np.ndarray, np.ndarray] | None]:
+    """Latency per dependency slot, the wires (or None) and the bytes per boundary (activation, gradient);
+    charges the collectives to ``cost`` (see :func:`simulate`)."""
+    D, n = c.schedule.D, c.n
+    lat = (np.zeros(n), np.zeros(n), np.zeros(n))
+    wc = _per_stage("weight_transfer_cost", weight_transfer_cost, D, positive=False)
+    cross3 = (c.dep3 >= 0) & (c.src != c.worker)
+    lat[2][cross3] = wc[c.stage[cross3]]
+    consumer, slot, boundary = _message_edges(c)
+    if network is None:
+        tc = np.asarray(transfer_cost, dtype=np.float64).reshape(-1)
+        tc = _per_stage("transfer_cost", np.full(D, tc[0]) if tc.size == 1 else np.append(tc, 0.0)
+                        if tc.size == D - 1 else tc, D, positive=False)
+        for s in (1, 2):
+            lat[s - 1][consumer[slot == s]] = tc[boundary[slot == s]]
+        return lat, None, None
+    if not isinstance(network, Network) or network.D != D:
+        raise ValueError(f"network must be a pipelab.links.Network for D={D} stages, got {network!r}")
+    if np.any(np.asarray(transfer_cost) != 0):
+        raise ValueError(f"give the network or transfer_cost, not both (transfer_cost={transfer_cost!r})")
+    links = np.array([[x.latency, x.bandwidth] for x in network.forward + network.backward]).reshape(2, D - 1, 2)
+    if message_bytes is None and np.isfinite(links[:, :, 1]).any():
+        raise ValueError("the network has a finite bandwidth: pass message_bytes (pipelab.links.message_bytes)")
+    mb = _boundary_bytes(message_bytes, D)
+    kind = slot - 1
+    alpha, beta = links[kind, boundary, 0], links[kind, boundary, 1]
+    tx = mb[kind, boundary] / beta
+    if wb is not None:
+        if wc.any():
+            raise ValueError("with a network and weight_bytes the collectives are costed from the links: leave "
+                             f"weight_transfer_cost at 0, got {weight_transfer_cost!r}")
+        _collectives(c, network, wb, cost, lat[2])
+    if not tx.any():  # nothing occupies a wire: arrival = send + α
+        for s in (1, 2):
+            lat[s - 1][consumer[slot == s]] = alpha[slot == s]
+        return lat, None, (mb[0], mb[1])
+    wire = c.worker[consumer] * 2 + kind if network.duplex else c.worker[consumer]
+    for s in (1, 2):  # a lower bound (α + n/β) for the validator; the loop reads the wires
+        lat[s - 1][consumer[slot == s]] = (alpha + tx)[slot == s]
+    return lat, Wires(consumer, slot, wire, alpha, tx), (mb[0], mb[1])
+
+
+def _boundary_bytes(message_bytes: MessageBytes | Cost | None, D: int) -> np.ndarray:
+    """[activation, gradient] bytes per boundary, shape [2, D−1]."""
+    if message_bytes is None:
+        return np.zeros((2, D - 1))
+    pair = message_bytes if isinstance(message_bytes, MessageBytes) else (message_bytes, message_bytes)
+    arrs = [np.broadcast_to(np.asarray(x, dtype=np.float64), (D - 1,)) if np.ndim(x) == 0 else
+            np.asarray(x, dtype=np.float64) for x in pair]
+    if any(a.shape != (D - 1,) or not np.all(np.isfinite(a) & (a >= 0)) for a in arrs):
+        raise ValueError(f"message_bytes must be >= 0 and finite, one number or one per boundary (D-1={D - 1}), "
+                         f"got {message_bytes!r}")
+    return np.stack(arrs)
+
+
+def _collectives(c: Compiled, network: Network, wb: np.ndarray, cost: np.ndarray, lat3: np.ndarray) -> None:
+    """A placed schedule's collectives under α–β (:func:`pipelab.links.collective_time`) on the link of the
+    boundaries next to the stages their members compute: the gradient reduction of (k, t) among its holders and
+    the workers that computed its gradients (a reduce to one holder, else a ring all-reduce) added to each
+    U(k, t); the broadcast of stage k's weights from its first holder to the workers computing k without holding
+    it, as the latency of every job that reads them there (dep3)."""
+    s = c.schedule
+    comp = c.op != _U
+    computes: list[set[int]] = [set() for _ in range(s.D)]
+    for k, w in zip(c.stage[comp].tolist(), c.worker[comp].tolist()):
+        computes[k].add(w)
+    near: list[set[int]] = [set() for _ in range(s.W)]
+    for k, ws in enumerate(computes):
+        for w in ws:
+            near[w].update(b for b in (k - 1, k) if 0 <= b < s.D - 1)
+
+    def time(kind: str, members: frozenset[int], k: int) -> float:
+        link = network.collective_link(set().union(*(near[w] for w in members)), float(wb[k]))
+        return collective_time(kind, len(members), float(wb[k]), link)
+
+    groups: dict[tuple[int, frozenset[int]], float] = {}
+    placed = [computes[k] != set(hs) or len(hs) > 1 for k, hs in enumerate(s.weight_holders)]
+    for u, row in zip(c.u_ids.tolist(), c.udeps.tolist()):
+        k = int(c.stage[u])
+        if placed[k]:
+            hs = s.weight_holders[k]
+            members = frozenset(hs) | frozenset(c.worker[row].tolist())
+            if (k, members) not in groups:
+                groups[(k, members)] = time("reduce" if len(hs) == 1 else "all_reduce", members, k)
+            cost[u] += groups[(k, members)]
+    fetch = (c.dep3 >= 0) & (c.src != c.worker)
+    for k in np.unique(c.stage[fetch]).tolist():
+        hs = s.weight_holders[k]
+        lat3[fetch & (c.stage == k)] = time("broadcast", frozenset({hs[0]} | (computes[k] - set(hs))), k)
 
 
 class SteadyState(NamedTuple):

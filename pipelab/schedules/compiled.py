@@ -24,15 +24,22 @@ Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (202
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from array import array
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from heapq import heappop, heappush
+from itertools import chain
+from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
 from .actions import OPS, Schedule
 from .dependencies import barrier_step, edges_into
 
-__all__ = ["Compiled", "compile_schedule", "run", "OP_CODE", "check_cost"]
+__all__ = ["Compiled", "compile_schedule", "run", "Wires", "Timing", "OP_CODE", "check_cost"]
 
 OP_CODE: dict[str, int] = {op: i for i, op in enumerate(OPS)}
 F, B, U, Iop, Wop = (OP_CODE[o] for o in ("F", "B", "U", "I", "W"))
@@ -80,178 +87,175 @@ class Compiled:
 
 
 def compile_schedule(s: Schedule) -> Compiled:
-    """Flatten ``s`` into arrays, look up dependencies, and collect structural problems (never raises)."""
-    D, M, T, Wn = s.D, s.M, s.steps, s.W
-    G = T * M
+    """Flatten ``s`` into arrays, look up dependencies, and collect structural problems (never raises).
+
+    ================  ====================================================================================
+    step              what it does
+    ================  ====================================================================================
+    _flatten          programs → op, stage, step, micro, worker per action; actions out of range
+    _job_table        table[op, k, g] of the compute jobs; duplicated jobs, missing F, B (or I and W)
+    _update_table     U(k, t) on each holder of stage k; updates on non-holders, twice, or missing
+    _data_edges       dep1/dep2 from the one rule, moved to the departure job of ``Schedule.send_after``
+    _weight_edges     each compute job's weight source, its barrier dep3, and each update's gradient jobs
+    ================  ====================================================================================
+    """
+    c, ok = _flatten(s)
+    if c.n:
+        _job_table(c, ok)
+        u_tab, hidx = _update_table(c, ok)
+        _data_edges(c, ok)
+        _weight_edges(c, ok, u_tab, hidx)
+    return c
+
+
+def _flatten(s: Schedule) -> tuple[Compiled, np.ndarray]:
+    D, M, T = s.D, s.M, s.steps
     lens = [len(p) for p in s.programs]
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    flat = [a for p in s.programs for a in p]
+    flat = list(chain.from_iterable(s.programs))
     n = len(flat)
-    problems: list[tuple[str, tuple[int, int] | None]] = []
-    if n == 0:
-        z = np.zeros(0, np.int64)
-        return Compiled(s, z, z, z, z, z, z, offsets, np.full((5, D, G), -1), z, z, z, z,
-                        np.zeros((0, M), np.int64), z, [("the schedule has no actions", None)])
-    ops, stages, steps, micros, _ = (list(c) for c in zip(*flat))
-    try:
-        op = np.array([OP_CODE[o] for o in ops], np.int64)
-    except KeyError:
-        first_bad = next(i for i, o in enumerate(ops) if o not in OP_CODE)
-        op = np.array([OP_CODE.get(o, -1) for o in ops], np.int64)
-        problems.append((f"unknown op {ops[first_bad]!r} (allowed: {', '.join(OPS)})", None))
-    stage = np.asarray(stages, np.int64)
-    step = np.asarray(steps, np.int64)
-    micro = np.asarray(micros, np.int64)
-    worker = np.repeat(np.arange(Wn, dtype=np.int64), lens)
-    ids = np.arange(n, dtype=np.int64)
-
-    def where(i: int) -> tuple[int, int]:
-        w = int(worker[i])
-        return w, int(i - offsets[w])
-
+    codes = defaultdict(lambda: -1, OP_CODE)
+    op = np.fromiter(map(codes.__getitem__, map(itemgetter(0), flat)), np.int64, n)
+    stage, step, micro = (np.fromiter(map(itemgetter(f), flat), np.int64, n) for f in (1, 2, 3))
+    z = np.full(n, -1, np.int64)
+    c = Compiled(s, op, stage, step, micro, np.repeat(np.arange(s.W, dtype=np.int64), lens), z, offsets,
+                 np.full((5, D, T * M), -1, np.int64), z.copy(), z.copy(), z.copy(), z[:0], np.zeros((0, M), np.int64),
+                 z.copy(), [] if n else [("the schedule has no actions", None)])
+    if (op < 0).any():
+        bad = flat[int(np.argmax(op < 0))].op
+        c.problems.append((f"unknown op {bad!r} (allowed: {', '.join(OPS)})", None))
     isu = op == U
-    bad = (op < 0) | (stage < 0) | (stage >= D) | (step < 0) | (step >= T) | np.where(isu, micro != -1,
-                                                                                        (micro < 0) | (micro >= M))
-    for i in np.flatnonzero(bad)[:3]:
-        problems.append((f"action {flat[i]} is out of range (D={D}, steps={T}, M={M}; U has micro=-1)", where(i)))
-    ok = ~bad
-    g = np.where(isu, -1, step * M + micro)
+    wrong = (op < 0) | (stage < 0) | (stage >= D) | (step < 0) | (step >= T) | np.where(isu, micro != -1,
+                                                                                          (micro < 0) | (micro >= M))
+    for i in np.flatnonzero(wrong)[:3].tolist():
+        c.problems.append((f"action {flat[i]} is out of range (D={D}, steps={T}, M={M}; U has micro=-1)",
+                           c.position(i)))
+    c.g = np.where(isu, -1, step * M + micro)
+    return c, ~wrong
 
-    # Compute jobs: each (op, k, g) at most once.
-    table = np.full((5, D, G), -1, np.int64)
-    comp = ok & ~isu
-    ci = ids[comp]
-    keys = (op[ci] * D + stage[ci]) * G + g[ci]
+
+def _job_table(c: Compiled, ok: np.ndarray) -> None:
+    """Each compute job (op, k, g) at most once; F always, and B or I and W."""
+    D, G, M = c.table.shape[1], c.table.shape[2], c.schedule.M
+    ci = np.flatnonzero(ok & (c.op != U))
+    keys = (c.op[ci] * D + c.stage[ci]) * G + c.g[ci]
     order = np.argsort(keys, kind="stable")
-    dup = np.flatnonzero(keys[order][1:] == keys[order][:-1])
-    for d in dup[:3]:
-        i = ci[order][d + 1]
-        problems.append((f"job {flat[i]} of step {step[i]} appears more than once", where(i)))
+    for d in np.flatnonzero(keys[order][1:] == keys[order][:-1])[:3].tolist():
+        i = int(ci[order][d + 1])
+        c.problems.append((f"job {c.schedule.programs[c.worker[i]][c.position(i)[1]]} of step {c.step[i]} appears "
+                           "more than once", c.position(i)))
     uniq, first = np.unique(keys, return_index=True)
-    table.reshape(-1)[uniq] = ci[first]  # the first occurrence counts; later duplicates are reported
-    has = table >= 0
-    split = has[Iop] | has[Wop]
-    # Completeness: F always; B, or I and W.
-    miss = []
-    if not has[F].all():
-        miss.append(("F", np.argwhere(~has[F])))
-    if (split & has[B]).any():
-        k, gg = np.argwhere(split & has[B])[0]
-        problems.append((f"stage {k} micro-batch g={gg} has both B and I/W", where(int(table[B, k, gg]))))
-    if not (has[B] | (has[Iop] & has[Wop])).all():
-        miss.append(("B (or I and W)", np.argwhere(~(has[B] | (has[Iop] & has[Wop])))))
-    for name, where_missing in miss:
-        k, gg = where_missing[0]
-        problems.append((f"{len(where_missing)} {name} job(s) missing, e.g. stage {k} of step {gg // M} "
-                         f"micro-batch {gg % M}", None))
+    c.table.reshape(-1)[uniq] = ci[first]  # the first occurrence counts; later duplicates are reported
+    has = c.table >= 0
+    both = (has[Iop] | has[Wop]) & has[B]
+    if both.any():
+        k, gg = np.argwhere(both)[0]
+        c.problems.append((f"stage {k} micro-batch g={gg} has both B and I/W", c.position(int(c.table[B, k, gg]))))
+    for name, missing in (("F", ~has[F]), ("B (or I and W)", ~(has[B] | (has[Iop] & has[Wop])))):
+        if missing.any():
+            k, gg = np.argwhere(missing)[0]
+            c.problems.append((f"{int(missing.sum())} {name} job(s) missing, e.g. stage {k} of step {gg // M} "
+                               f"micro-batch {gg % M}", None))
 
-    # Updates: U(k, t) exactly once on each holder of stage k.
-    hidx = np.full((D, Wn), -1, np.int64)
+
+def _update_table(c: Compiled, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """U(k, t) exactly once on each holder of stage k: returns u_tab[k, t, h] (the update's id on the h-th holder)
+    and hidx[k, w] (w's rank among stage k's holders, −1 if none); sets ``u_ids`` in (k, t, holder) order."""
+    s, stage, step, worker = c.schedule, c.stage, c.step, c.worker
+    D, T = s.D, s.steps
+    hidx = np.full((D, s.W), -1, np.int64)
     for k, hs in enumerate(s.weight_holders):
         hidx[k, list(hs)] = np.arange(len(hs))
     H = max(len(h) for h in s.weight_holders)
     u_tab = np.full((D, T, H), -1, np.int64)
-    ui = ids[ok & isu]
+    ui = np.flatnonzero(ok & (c.op == U))
     hpos = hidx[stage[ui], worker[ui]]
-    for i in ui[hpos < 0][:3]:
-        problems.append((f"update U{stage[i]} of step {step[i]} on worker {worker[i]}, which does not hold "
-                         f"stage {stage[i]}'s weights (holders {s.weight_holders[stage[i]]})", where(i)))
+    for i in ui[hpos < 0][:3].tolist():
+        c.problems.append((f"update U{stage[i]} of step {step[i]} on worker {worker[i]}, which does not hold "
+                           f"stage {stage[i]}'s weights (holders {s.weight_holders[stage[i]]})", c.position(i)))
     ui, hpos = ui[hpos >= 0], hpos[hpos >= 0]
     ukeys = (stage[ui] * T + step[ui]) * H + hpos
     uorder = np.argsort(ukeys, kind="stable")
-    for d in np.flatnonzero(ukeys[uorder][1:] == ukeys[uorder][:-1])[:3]:
-        i = ui[uorder][d + 1]
-        problems.append((f"update U{stage[i]} of step {step[i]} appears twice on worker {worker[i]}", where(i)))
+    for d in np.flatnonzero(ukeys[uorder][1:] == ukeys[uorder][:-1])[:3].tolist():
+        i = int(ui[uorder][d + 1])
+        c.problems.append((f"update U{stage[i]} of step {step[i]} appears twice on worker {worker[i]}",
+                           c.position(i)))
     uq, ufirst = np.unique(ukeys, return_index=True)
     u_tab.reshape(-1)[uq] = ui[ufirst]
-    n_needed = sum(len(h) for h in s.weight_holders) * T
-    if (u_tab >= 0).sum() < n_needed:
-        for k, hs in enumerate(s.weight_holders):
-            for t in range(T):
-                for hi, h in enumerate(hs):
-                    if u_tab[k, t, hi] < 0:
-                        problems.append((f"update U{k} of step {t} missing on holder worker {h}", None))
-                        break
-                else:
-                    continue
-                break
-            else:
-                continue
-            break
+    needed = np.arange(H)[None, None, :] < np.array([len(h) for h in s.weight_holders])[:, None, None]
+    if (needed & (u_tab < 0)).any():
+        k, t, h = np.argwhere(needed & (u_tab < 0))[0]
+        c.problems.append((f"update U{k} of step {t} missing on holder worker {s.weight_holders[k][h]}", None))
+    c.u_ids = ui[uorder]
+    return u_tab, hidx
 
-    # Dependencies: the data edges of the one rule, vectorised per op and slot.
-    dep1 = np.full(n, -1, np.int64)
-    dep2 = np.full(n, -1, np.int64)
-    dep3 = np.full(n, -1, np.int64)
-    gradjob = np.where(has[B], table[B], table[Iop])  # the job that sends stage k's input gradient
-    wjob = np.where(has[B], table[B], table[Wop])  # the job that finishes stage k's weight gradient
-    depart = _departures(s, table, worker, ids, problems, where)
+
+def _data_edges(c: Compiled, ok: np.ndarray) -> None:
+    """dep1/dep2: the data edges of the one rule (:func:`edges_into`), vectorised per op and slot."""
+    D, has = c.schedule.D, c.table >= 0
+    gradjob = np.where(has[B], c.table[B], c.table[Iop])  # the job that sends stage k's input gradient
+    depart = _departures(c)
     for name in ("F", "B", "I", "W"):
-        sel = ids[ok & (op == OP_CODE[name])]
-        k, gg = stage[sel], g[sel]
-        for slot, edge in zip((dep1, dep2), edges_into(name)):
+        sel = np.flatnonzero(ok & (c.op == OP_CODE[name]))
+        k, gg = c.stage[sel], c.g[sel]
+        for slot, edge in zip((c.dep1, c.dep2), edges_into(name)):
             kk = k + edge.stage
             m = (kk >= 0) & (kk < D)
-            producer = gradjob if edge.on == "grad" else table[OP_CODE[edge.on]]
-            p = producer[kk[m], gg[m]]
+            p = (gradjob if edge.on == "grad" else c.table[OP_CODE[edge.on]])[kk[m], gg[m]]
             if depart is not None and edge.carries is not None:
                 # a tensor for another worker leaves at its departure job (Schedule.send_after)
-                cross = (p >= 0) & (worker[np.maximum(p, 0)] != worker[sel[m]])
+                cross = (p >= 0) & (c.worker[np.maximum(p, 0)] != c.worker[sel[m]])
                 p = np.where(cross, depart[np.maximum(p, 0)], p)
             slot[sel[m]] = p
-    src = worker.copy()
-    comp_ids = ids[comp]
-    if comp_ids.size:
-        k, w = stage[comp_ids], worker[comp_ids]
-        first = np.array([hs[0] for hs in s.weight_holders], np.int64)
-        own = hidx[k, w] >= 0
-        src[comp_ids] = np.where(own, w, first[k])
-        if s.sync_lag is not None:
-            tt = barrier_step(step[comp_ids], s.sync_lag)
-            m = tt >= 0
-            sel = comp_ids[m]
-            dep3[sel] = u_tab[k[m], tt[m], hidx[k[m], src[sel]]]
-    u_ids = ui[uorder] if ui.size else ui
-    if u_ids.size:
-        ks, ts = stage[u_ids], step[u_ids]
-        udeps = wjob[ks[:, None], ts[:, None] * M + np.arange(M)[None, :]]
-    else:
-        udeps = np.zeros((0, M), np.int64)
-    return Compiled(s, op, stage, step, micro, worker, g, offsets, table, dep1, dep2, dep3, u_ids, udeps, src,
-                    problems)
 
 
-def _departures(s: Schedule, table: np.ndarray, worker: np.ndarray, ids: np.ndarray,
-                problems: list[tuple[str, tuple[int, int] | None]], where: Callable[[int], tuple[int, int]]
-                ) -> np.ndarray | None:
+def _weight_edges(c: Compiled, ok: np.ndarray, u_tab: np.ndarray, hidx: np.ndarray) -> None:
+    """A compute job reads its stage's weights at its own worker if it holds them, else at the first holder
+    (``src``); with ``sync_lag`` L it waits for U(k, t−1−L) there (dep3). An update waits for the weight-gradient
+    jobs of its step (``udeps``)."""
+    s, has = c.schedule, c.table >= 0
+    c.src = c.worker.copy()
+    comp = np.flatnonzero(ok & (c.op != U))
+    k, w = c.stage[comp], c.worker[comp]
+    first = np.array([hs[0] for hs in s.weight_holders], np.int64)
+    c.src[comp] = np.where(hidx[k, w] >= 0, w, first[k])
+    if s.sync_lag is not None:
+        tt = barrier_step(c.step[comp], s.sync_lag)
+        m = tt >= 0
+        c.dep3[comp[m]] = u_tab[k[m], tt[m], hidx[k[m], c.src[comp[m]]]]
+    wjob = np.where(has[B], c.table[B], c.table[Wop])  # the job that finishes stage k's weight gradient
+    ks, ts = c.stage[c.u_ids], c.step[c.u_ids]
+    c.udeps = wjob[ks[:, None], ts[:, None] * s.M + np.arange(s.M)[None, :]]
+
+
+def _departures(c: Compiled) -> np.ndarray | None:
     """For every action id, the id of the job whose end sends its tensor to another worker: itself, or
     ``Schedule.send_after``'s later job (which must exist, on the same worker, not before it); None when
     the schedule has no ``send_after``."""
+    s, table, worker = c.schedule, c.table, c.worker
     if not s.send_after:
         return None
     D, G = table.shape[1], table.shape[2]
-    depart = ids.copy()
+    depart = np.arange(c.n, dtype=np.int64)
 
     def find(job: tuple[str, int, int, int]) -> int:
         op, k, t, j = job
         gg = t * s.M + j
-        ok = 0 <= k < D and 0 <= j < s.M and 0 <= gg < G
-        return int(table[OP_CODE[op], k, gg]) if ok else -1
+        return int(table[OP_CODE[op], k, gg]) if 0 <= k < D and 0 <= j < s.M and 0 <= gg < G else -1
 
     for job, later in s.send_after.items():
         i, d = find(job), find(later)
         if i < 0 or d < 0:
             missing = job if i < 0 else later
-            problems.append((f"send_after names {missing[0]}{missing[1]}.{missing[3]} of step {missing[2]}, which "
-                             f"is not a job of the schedule", None if i < 0 else where(i)))
-            continue
-        if worker[d] != worker[i] or d < i:
-            problems.append((f"send_after: {s.programs[worker[i]][where(i)[1]]} (step {job[2]}) cannot send after "
-                             f"{later[0]}{later[1]}.{later[3]} (step {later[2]}), which is "
-                             + ("on another worker" if worker[d] != worker[i] else "earlier on its worker"),
-                             where(i)))
-            continue
-        depart[i] = d
+            c.problems.append((f"send_after names {missing[0]}{missing[1]}.{missing[3]} of step {missing[2]}, "
+                               "which is not a job of the schedule", None if i < 0 else c.position(i)))
+        elif worker[d] != worker[i] or d < i:
+            c.problems.append((f"send_after: {s.programs[worker[i]][c.position(i)[1]]} (step {job[2]}) cannot send "
+                               f"after {later[0]}{later[1]}.{later[3]} (step {later[2]}), which is "
+                               + ("on another worker" if worker[d] != worker[i] else "earlier on its worker"),
+                               c.position(i)))
+        else:
+            depart[i] = d
     return depart
 
 
@@ -308,85 +312,188 @@ def job_costs(c: Compiled, f_cost: Cost, b_cost: Cost, u_cost: Cost, i_cost: Cos
     return table[np.clip(c.op, 0, 4), np.clip(c.stage, 0, D - 1)]
 
 
-def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3: np.ndarray
-        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
-    """Time every action of ``c`` (see the module docstring).
+class Wires(NamedTuple):
+    """Messages that queue on inbound wires (:mod:`pipelab.links`): message m is the tensor job ``consumer[m]``
+    receives in dependency slot ``slot[m]`` (1 or 2) on wire ``wire[m]``, after latency ``latency[m]`` and a
+    transmission of ``transmission[m]``; one wire carries one message at a time, in order of ready time."""
 
-    Args:
-        cost: duration of each action.
-        lat1, lat2, lat3: latency added to dep1/dep2/dep3's end (transfers between workers).
+    consumer: np.ndarray
+    slot: np.ndarray
+    wire: np.ndarray
+    latency: np.ndarray
+    transmission: np.ndarray
 
-    Returns:
-        (start, end, seq, blocked): times, the order in which jobs were timed (a dependency-respecting
-        topological order), and for a deadlock the list of (worker, program position) that can never run
-        (empty when everything ran; then start/end are complete).
+
+class Timing(NamedTuple):
+    """What :func:`run` returns: per action start and end (−1: never ran), the order it timed them (a topological
+    order), the (worker, position) of every blocked worker (a deadlock; empty when all ran), and with wires per
+    message the time its transmission began and its arrival (empty without wires)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    seq: np.ndarray
+    blocked: list[tuple[int, int]]
+    begin: np.ndarray = np.zeros(0)
+    arrival: np.ndarray = np.zeros(0)
+
+
+def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3: np.ndarray,
+        wires: Wires | None = None) -> Timing:
+    """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end.
+
+    ============  =================================================================================================
+    step          what it does
+    ============  =================================================================================================
+    _loop_inputs  per action its three dependencies (a message on a wire: pseudo-job n + m, whose end is its
+                  arrival), their latencies and its cost, as lists; a dependency that ended before the job's worker
+                  reaches it (earlier on that worker, no latency) is dropped, and so is an update's wait when its
+                  gradient jobs all ran before it on its worker
+    worker loop   a worker advances while its next job's dependencies have ended (start = one max over the slots:
+                  ``end`` is ∞ until a job is timed, −∞ at the "no dependency" index), else parks on the first
+                  unfinished one and is resumed when it ends; an update waiting for its step's gradient jobs
+                  (slot 1 = the sentinel ``us``) scans them with a cursor kept between resumptions
+    wire step     when no worker can advance, the earliest ready message (heap key: ready, send, sender worker,
+                  m) crosses its wire: arrival = max(ready, wire free) + transmission. Every message ready
+                  earlier is in the heap by then (a job starts no earlier than the messages it waited for), so
+                  each wire serves its messages in ready order
+    ============  =================================================================================================
+
+    The loop reads shared objects where it can (one int object per id, one float per distinct cost): it
+    jumps between workers, and 10^5 distinct objects miss the cache where a few shared ones do not.
     """
-    n = c.n
-    W = c.schedule.W
-    start = [0.0] * n
-    end = [-1.0] * n
-    seqs = [0] * n
-    d1, d2, d3 = c.dep1.tolist(), c.dep2.tolist(), c.dep3.tolist()
-    l1, l2, l3 = lat1.tolist(), lat2.tolist(), lat3.tolist()
-    cst = cost.tolist()
-    slots = ((d1, l1), (d2, l2), (d3, l3))
-    udeps = {int(u): row for u, row in zip(c.u_ids.tolist(), c.udeps.tolist())}
-    ucursor: dict[int, tuple[int, float]] = {}
+    L = _loop_inputs(c, cost, (lat1, lat2, lat3), wires)
+    n, W, us, inf = c.n, c.schedule.W, L.us, math.inf
+    dd1, dd2, dd3, ll1, ll2, ll3, cst, sends, urows = L.d1, L.d2, L.d3, L.l1, L.l2, L.l3, L.cost, L.sends, L.urows
+    al, tx, wi = L.latency, L.transmission, L.wire
+    end = [inf] * (us + 1) + [-inf]
+    start, ends = array("d", bytes(8 * n)), array("d", [-1.0]) * n
     offs = c.offsets.tolist()
-    ptr = offs[:-1]
-    stop = offs[1:]
-    free = [0.0] * W
-    waiting: dict[int, list[int]] = {}
-    stack = list(range(W - 1, -1, -1))
-    seq = 0
-    while stack:
-        w = stack.pop()
-        i = ptr[w]
-        e_w = stop[w]
-        t_free = free[w]
-        while i < e_w:
-            t0 = t_free
-            blocked_on = -1
-            for deps, lats in slots:  # dep1..dep3: the data edges and the weight barrier
-                j = deps[i]
-                if j >= 0:
-                    e = end[j]
-                    if e < 0:
-                        blocked_on = j
+    ptr, stop, free = offs[:-1], offs[1:], [0.0] * W
+    order: list[int] = []
+    append = order.append
+    waiting: list[list[int] | None] = [None] * us
+    ucur: dict[int, tuple[int, float]] = {}
+    stack, heap = list(range(W - 1, -1, -1)), []  # type: list[int], list[tuple[float, float, int, int]]
+    wfree, begin = [0.0] * (max(wi, default=-1) + 1), [0.0] * (us - n)
+    while True:
+        while stack:
+            w = stack.pop()
+            i, e_w, t_free = ptr[w], stop[w], free[w]
+            while i < e_w:
+                t0 = t_free
+                e = end[dd1[i]] + ll1[i]
+                if e > t0:
+                    t0 = e
+                e = end[dd2[i]] + ll2[i]
+                if e > t0:
+                    t0 = e
+                e = end[dd3[i]] + ll3[i]
+                if e > t0:
+                    t0 = e
+                if t0 == inf:  # it waits, or it is an update
+                    j = dd1[i]
+                    if j == us:
+                        row = urows[i]
+                        p0, t0 = ucur.pop(i, (0, t_free))
+                        for p in range(p0, len(row)):
+                            e = end[row[p]]
+                            if e == inf:
+                                ucur[i] = (p, t0)
+                                j = row[p]
+                                break
+                            if e > t0:
+                                t0 = e
+                        else:
+                            j = -1
+                    elif end[j] != inf:
+                        j = dd2[i] if end[dd2[i]] == inf else dd3[i]
+                    if j >= 0:
+                        ws = waiting[j]
+                        if ws is None:
+                            waiting[j] = [w]
+                        else:
+                            ws.append(w)
                         break
-                    e += lats[i]
-                    if e > t0:
-                        t0 = e
-            if blocked_on >= 0:
-                waiting.setdefault(blocked_on, []).append(w)
-                break
-            row = udeps.get(i)
-            if row is not None:
-                pos, tmax = ucursor.pop(i, (0, 0.0))
-                blocked = False
-                for p in range(pos, len(row)):
-                    e = end[row[p]]
-                    if e < 0:
-                        ucursor[i] = (p, tmax)
-                        waiting.setdefault(row[p], []).append(w)
-                        blocked = True
-                        break
-                    if e > tmax:
-                        tmax = e
-                if blocked:
-                    break
-                if tmax > t0:
-                    t0 = tmax
-            start[i] = t0
-            t_free = t0 + cst[i]
-            end[i] = t_free
-            seqs[i] = seq
-            seq += 1
-            ws = waiting.pop(i, None)
-            if ws is not None:
-                stack.extend(ws)
-            i += 1
-        ptr[w] = i
-        free[w] = t_free
+                start[i] = t0
+                t_free = t0 + cst[i]
+                end[i] = ends[i] = t_free
+                append(i)
+                ws = waiting[i]
+                if ws is not None:
+                    stack.extend(ws)
+                ms = sends[i]
+                if ms is not None:
+                    for m in ms:
+                        heappush(heap, (t_free + al[m], t_free, w, m))
+                i += 1
+            ptr[w], free[w] = i, t_free
+        if not heap:
+            break
+        ready, _, _, m = heappop(heap)
+        r = wi[m]
+        b = begin[m] = wfree[r] if wfree[r] > ready else ready
+        wfree[r] = end[n + m] = b + tx[m]
+        ws = waiting[n + m]
+        if ws is not None:
+            stack.extend(ws)
+    seq = np.zeros(n, np.int64)
+    seq[order] = np.arange(len(order))
     stuck = [(w, ptr[w] - offs[w]) for w in range(W) if ptr[w] < stop[w]]
-    return np.asarray(start), np.asarray(end), np.asarray(seqs), stuck
+    timing = Timing(np.frombuffer(start), np.frombuffer(ends), seq, stuck)
+    return timing if wires is None else timing._replace(begin=np.asarray(begin), arrival=np.asarray(end[n:us]))
+
+
+class _Loop(NamedTuple):
+    d1: list[int]
+    d2: list[int]
+    d3: list[int]
+    l1: list[float]
+    l2: list[float]
+    l3: list[float]
+    cost: list[float]
+    sends: list[list[int] | None]
+    urows: dict[int, list[int]]
+    us: int
+    latency: list[float]
+    transmission: list[float]
+    wire: list[int]
+
+
+def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wires: Wires | None) -> _Loop:
+    """The lists :func:`run`'s loop reads (its step table)."""
+    n, ids = c.n, np.arange(c.n)
+    us = n + (0 if wires is None else len(wires.consumer))
+    deps = [c.dep1.copy(), c.dep2.copy(), c.dep3.copy()]
+    lat = [x.copy() for x in lats]
+    sends: list[list[int] | None] = [None] * n
+    if wires is not None:
+        for slot in (1, 2):
+            m = np.flatnonzero(wires.slot == slot)
+            d, cons = deps[slot - 1], wires.consumer[m]
+            for mm, dep in zip(m.tolist(), d[cons].tolist()):
+                sends[dep] = (sends[dep] or []) + [mm]
+            d[cons], lat[slot - 1][cons] = n + m, 0.0
+    for d, x in zip(deps, lat):
+        d[(d < ids) & (x == 0) & (c.worker[np.clip(d, 0, n - 1)] == c.worker)] = -1
+    own = (c.udeps >= 0) & (c.udeps < c.u_ids[:, None]) & (c.worker[c.udeps] == c.worker[c.u_ids][:, None])
+    waits = ~own.all(axis=1)
+    deps[0][c.u_ids[waits]] = us
+    pool = np.arange(us + 2).astype(object)
+    d1, d2, d3 = (pool[np.where(d < 0, us + 1, d)].tolist() for d in deps)
+    stage = np.clip(c.stage, 0, c.schedule.D - 1)
+    l1, l2, l3 = (_floats(x, np.where(x != 0, stage + 1, 0)) for x in lat)
+    urows = dict(zip(c.u_ids[waits].tolist(), c.udeps[waits].tolist()))
+    cst = _floats(cost, np.clip(c.op, 0, 4) * c.schedule.D + stage)
+    if wires is None:
+        return _Loop(d1, d2, d3, l1, l2, l3, cst, sends, urows, us, [], [], [])
+    return _Loop(d1, d2, d3, l1, l2, l3, cst, sends, urows, us, wires.latency.tolist(), wires.transmission.tolist(),
+                 wires.wire.tolist())
+
+
+def _floats(values: np.ndarray, codes: np.ndarray) -> list[float]:
+    """``values.tolist()``, one shared float object per code where ``values`` is constant within each code."""
+    table = np.zeros(int(codes.max(initial=0)) + 1)
+    table[codes] = values
+    if not np.array_equal(table[codes], values):
+        return values.tolist()
+    return np.array(table.tolist(), dtype=object)[codes].tolist()

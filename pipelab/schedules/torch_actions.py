@@ -449,7 +449,8 @@ def _export_lists(schedule: Schedule, comms: bool) -> list[list[TorchAction]]:
     validate(s)
     if not comms:
         return [_overlapped(s, [a for a in prog if a.op != "U"]) for prog in s.programs]
-    c, (_, _, seq, _) = unit_timeline(s)
+    c, timing = unit_timeline(s)
+    seq = timing.seq
     position = {(a.op, a.stage, a.step, a.micro): pos for prog in s.programs for pos, a in enumerate(prog)}
     by_send: dict[tuple[int, int], list[Message]] = defaultdict(list)
     for m in messages(s):  # each SEND after the job whose end sends the tensor (Schedule.send_after)

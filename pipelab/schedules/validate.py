@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .actions import Schedule, gc_paused
-from .compiled import Compiled, compile_schedule, job_costs, run
+from .compiled import Compiled, Timing, compile_schedule, job_costs, run
 from .dependencies import received_from
 
 __all__ = ["ScheduleError", "validate", "format_grid", "unit_timeline"]
@@ -36,8 +36,7 @@ class ScheduleError(ValueError):
     """A schedule violates an invariant; the message includes the worker × time grid."""
 
 
-def unit_timeline(s: Schedule, c: Compiled | None = None
-                  ) -> tuple[Compiled, tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]]:
+def unit_timeline(s: Schedule, c: Compiled | None = None) -> tuple[Compiled, Timing]:
     """Time ``s`` with unit F/B/I/W costs, zero-cost updates and no latency (for grids and checks)."""
     c = compile_schedule(s) if c is None else c
     cost = job_costs(c, 1.0, 1.0, 0.0, 1.0, 1.0)
@@ -55,7 +54,7 @@ def format_grid(s: Schedule, mark: tuple[int, int] | None = None, *, max_cols: i
             drawn after the worker's last job.
         max_cols, max_rows: window size; the window is centred on the mark.
     """
-    c, (start, end, _, blocked) = unit_timeline(s) if timeline is None else timeline
+    c, (start, end, _, blocked, *_) = unit_timeline(s) if timeline is None else timeline
     ran = end >= 0
     W = s.W
     horizon = int(np.ceil(end[ran].max())) if ran.any() else 0

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from pipelab.calibration import (
-    boundary_bytes,
     forecast_costs,
     measured_costs,
     optimizer_state_slots,
@@ -66,16 +65,6 @@ def test_simulated_traffic_equals_a_count_over_the_schedules_messages(sched) -> 
 def test_simulated_traffic_checks_sizes() -> None:
     with pytest.raises(ValueError, match="one entry per stage"):
         simulated_traffic(simulate(one_f_one_b(2, 2)), [1, 2, 3])
-
-
-def test_boundary_bytes_are_the_stage_inputs() -> None:
-    stages = split(deep_mlp(in_features=5, width=7, depth=3, num_classes=2), 3)
-    x = torch.zeros(4, 5)
-    want, h = [], x
-    for s in stages:
-        want.append(h.numel() * h.element_size())
-        h = s(h)
-    assert boundary_bytes(stages, x) == want == [80, 112, 112]
 
 
 @pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1),

@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
-from pipelab.calibration import boundary_bytes, compare_memory, simulated_collectives, simulated_traffic
+from pipelab.calibration import compare_memory, simulated_collectives, simulated_traffic
 from pipelab.distributed import spawn
+from pipelab.links import boundary_bytes
 from pipelab.partition import split
 from pipelab.runtime import PipelineRuntime
 from pipelab.runtime.trace import JobClock, MeasuredTransport, Timeline
