@@ -6,11 +6,11 @@ communication model, passed to :func:`~pipelab.simulator.simulate` unchanged (``
 A plan: a schedule (V stages per device when interleaved or V-shaped), M micro-batches of B/M samples (block times
 and bytes scale linearly), a policy, recompute or not, and the n blocks cut into D = V·W contiguous stages. Its step
 time is the steady period T = (E[a + r] − E[a]) / r, E[t] the end of step t's last job: a = r = 1 of three steps if
-flushed (:func:`~pipelab.simulator.steady_state`'s period); if asynchronous, the mean over r = W steps between fill
-and drain (within 1 % of a long run's). Objective: T, or T × ``steps_to_target(schedule, policy)``. A plan fits when
-each device's peak bytes are under the cap: simulated peak activations (with recompute: stage inputs), a receive
-buffer per inbound channel, the weights with their stashed copies (:func:`~pipelab.precision.weight_memory`; copies:
-the version table's stash depth), a gradient and the optimizer state.
+flushed (:func:`~pipelab.simulator.steady_state`'s period); if asynchronous, a = ⌈W/M⌉ past the fill, r = 2a before
+the drain (within 1 % of a long run's, measured). Objective: T, or T × ``steps_to_target(schedule, policy)``. A plan
+fits when each device's peak bytes are under the cap: simulated peak activations (with recompute: stage inputs), a
+receive buffer per inbound channel, the weights with their stashed copies (:func:`~pipelab.precision.weight_memory`;
+copies: the version table's stash depth), a gradient and the optimizer state.
 
 Search per schedule × M × recompute: (1) the min-max partition of F + B (:func:`~pipelab.partition.balanced_partition`);
 (2) move a block across a boundary of a stage the critical path computes longest (over the cap: of the device most
@@ -143,8 +143,7 @@ def _binding(sim: SimResult, j: int, tol: float) -> int:
 def critical_path(sim: SimResult, start: float | None = None, end: float | None = None) -> CriticalPath:
     """The critical path of ``sim`` in ``[start, end]`` (default: the whole run), found post hoc: from the job that
     ends at ``end`` back, each job's binding predecessor (:func:`_binding`)."""
-    t0 = float(sim.start.min()) if start is None else start
-    t1 = float(sim.end.max()) if end is None else end
+    t0, t1 = float(sim.start.min()) if start is None else start, float(sim.end.max()) if end is None else end
     tol = 1e-9 * max(abs(t1), 1.0)
     j, jobs = int(np.flatnonzero(np.abs(sim.end - t1) <= tol)[-1]), []
     while j >= 0 and sim.end[j] > t0 + tol:
@@ -178,8 +177,7 @@ class Plan:
 
     def explain(self) -> str:
         """One line: the plan, its step time and memory, and what bounds it."""
-        V = f":{len(self.sizes) // len(self.memory)}" if "interleaved" in self.schedule else ""
-        return (f"{self.schedule}{V} M={self.M} {self.policy}{' recompute' if self.recompute else ''} stages "
+        return (f"{self.schedule} M={self.M} {self.policy}{' recompute' if self.recompute else ''} stages "
                 f"{list(self.sizes)}: step {self.step_time:.4g} s, bubble {self.bubble:.0%}, peak "
                 f"{max(self.peak_memory) / 2**20:.1f} MiB; relieve {self.critical.relieve()}")
 
@@ -197,9 +195,11 @@ class _Search:
     """A :func:`plan` call's state; ``seen``: (arm, policy, sizes) → (objective, bytes over the cap, peak bytes)."""
 
     def __init__(self, blocks: Blocks, W: int, memory: Any, batch: int, link: Link, optimizer: Any, precision: Any,
-                 budget: int) -> None:
+                 budget: int, partition: Sequence[int] | None) -> None:
         _count("devices", W, f"the model has {len(blocks.f)} blocks and every device needs one", len(blocks.f))
         _count("global_batch", batch, "samples per step")
+        if partition is not None and (sum(partition) != len(blocks.f) or min(partition) < 1):
+            raise ValueError(f"partition={list(partition)} must be positive block counts summing to {len(blocks.f)}")
         slots = optimizer if isinstance(optimizer, int) else optimizer_state_slots(
             optimizer([nn.Parameter(torch.empty(1, device="meta"))]))
         if slots is None:
@@ -209,6 +209,7 @@ class _Search:
         self.cap = np.broadcast_to(np.asarray(memory, dtype=np.float64), (W,)).copy()
         self.precision, self.simulations, self.best = as_precision(precision), 0, math.inf
         self.seen: dict[tuple[_Arm, int, tuple[int, ...]], tuple[float, float, int]] = {}
+        self.partition, self.skipped = partition, dict[str, str]()
 
 
 class _Arm:
@@ -220,13 +221,14 @@ class _Arm:
         self.policies, self.factors = policies, factors
         self.scale = ctx.batch / (M * ctx.blocks.batch)  # samples per micro-batch / profiled samples
         T, self.a, self.r = 3, 1, 1
-        if name in ("pipedream", "2bw"):  # past the fill, W steps, then the drain
-            self.a, self.r = -(-ctx.W // M), ctx.W
+        if name in ("pipedream", "2bw"):  # past the fill, 2⌈W/M⌉ steps, then the drain
+            self.a, self.r = -(-ctx.W // M), -(-ctx.W // M) * 2
             T = self.a + self.r + 1 - (-(ctx.W - 1) // M)
         self.schedule = BUILDERS[name](*((ctx.W, V, M, T) if "interleaved" in name else (ctx.W, M, T)))
         self.D = self.schedule.D
-        if self.D > len(ctx.blocks.f):
-            raise ValueError(f"{self.D} stages need {self.D} blocks, the model has {len(ctx.blocks.f)}")
+        if self.D > len(ctx.blocks.f) or (ctx.partition is not None and len(ctx.partition) != self.D):
+            raise ValueError(f"{self.D} stages need {self.D} blocks, the model has {len(ctx.blocks.f)}" if
+                             ctx.partition is None else f"{self.D} stages, the partition has {len(ctx.partition)}")
         self.holder = np.array([h[0] for h in self.schedule.weight_holders])
         # versions follow each device's program order, not the costs: one unit-cost table serves every partition
         table = simulate(self.schedule).version_table if self.schedule.sync_lag is None else None
@@ -273,9 +275,8 @@ class _Arm:
             if k and self.holder[k - 1] != w:  # the activation comes in, its gradient goes back: a buffer each
                 out[w]["receive"] += int(c["output_bytes"][k - 1])
                 out[int(self.holder[k - 1])]["receive"] += int(c["output_bytes"][k - 1])
-            P = int(c["weight_bytes"][k])  # one meta tensor of the stage's master bytes, for the memory model
-            meta = (torch.empty(P, dtype=torch.uint8, device="meta") if ctx.precision.version_dtype() is None
-                    else torch.empty(P // 4, device="meta"))
+            P = int(c["weight_bytes"][k])  # the stage's masters as one fp32 meta tensor, for the memory model
+            meta = torch.empty(P // 4, device="meta")
             out[w]["weights"] += weight_memory(ctx.precision, [meta], self.copies[p][k], 0)["total"]
             out[w]["gradients"] += P
             out[w]["optimizer_state"] += ctx.slots * P
@@ -311,9 +312,8 @@ class _Arm:
             for k in focus:  # one block from stage k to stage k + d
                 moves = [[x - (j == k) + (j == k + d) for j, x in enumerate(sizes)] for d in (-1, 1)
                          if 0 <= k + d < self.D and sizes[k] > 1]
-                scored = [(self.key(m), m) for m in moves]
-                if scored and min(scored)[0] < current:
-                    current, sizes = min(scored)
+                if moves and (best := min((self.key(m), m) for m in moves))[0] < current:
+                    current, sizes = best
                     break
             else:
                 return
@@ -377,9 +377,9 @@ def _factor(steps_to_target: Any, name: str, policy: str) -> float:
 
 
 def _arms(ctx: _Search, schedules: Sequence[str], Ms: Sequence[int], recompute: Sequence[bool],
-          policies: Mapping[str, Sequence[str]], steps_to_target: Any, skipped: dict[str, str]) -> list[_Arm]:
-    """Every schedule × M × recompute the builders accept; the others in ``skipped`` with the reason."""
-    arms = []
+          policies: Mapping[str, Sequence[str]], steps_to_target: Any) -> list[_Arm]:
+    """Every schedule × M × recompute the builders accept; the others in ``ctx.skipped`` with the reason."""
+    arms, skipped = [], ctx.skipped
     for spec in schedules:
         name, _, v = str(spec).partition(":")
         if name not in SCHEDULES:
@@ -402,32 +402,32 @@ def plan(blocks: Blocks, devices: int, memory: float | Sequence[float] = math.in
          link: Link = 0.0, schedules: Sequence[str] = _DEFAULT, micro_batches: Sequence[int] | None = None,
          recompute: Sequence[bool] = (False,), policies: Mapping[str, Sequence[str]] | None = None,
          steps_to_target: Any = None, optimizer: int | Callable[[Any], torch.optim.Optimizer] = 2,
-         precision: Any = "fp32", max_simulations: int = 300, nodes: int = 2000, top: int = 10) -> Plans:
+         precision: Any = "fp32", max_simulations: int = 300, nodes: int = 2000, top: int = 10,
+         partition: Sequence[int] | None = None) -> Plans:
     """Rank plans for ``blocks`` on ``devices`` devices of ``memory`` bytes each (one cap, or one per device) for
     ``global_batch`` samples per step (the module docstring). ``link``: seconds per message between devices, or
     ``bytes per boundary -> simulate keywords``. Tried: ``schedules`` (:data:`SCHEDULES`; ``"interleaved:V"``: V
     stages per device), ``micro_batches`` (default W, 2W, 4W, 8W), ``recompute``, ``policies`` (schedule → names).
     ``steps_to_target``: ``(schedule, policy) -> steps``, callable or mapping; ``optimizer``: state tensors per
     parameter (Adam 2) or a ``torch.optim`` factory; ``precision`` of the weight copies; budgets ``max_simulations``
-    (in all) and ``nodes`` (branch and bound, per schedule × M); ``top`` plans returned. Raises ValueError naming the
-    constraint: more devices than blocks, no schedule × M the builders accept (each with its reason), no plan under
-    the cap (the least memory a plan needs, with its device's bytes)."""
-    ctx = _Search(blocks, devices, memory, global_batch, link, optimizer, precision, max_simulations)
-    skipped: dict[str, str] = {}
-    Ms = micro_batches if micro_batches is not None else [devices * 2**e for e in range(4)]
-    arms = _arms(ctx, schedules, Ms, recompute, policies or {}, steps_to_target, skipped)
+    (in all) and ``nodes`` (branch and bound, per schedule × M); ``top`` plans returned; ``partition``: score these
+    block counts per stage only (no search). Raises ValueError naming the constraint: more devices than blocks, no
+    schedule × M the builders accept (each with its reason), no plan under the cap (the least memory needed, where)."""
+    ctx = _Search(blocks, devices, memory, global_batch, link, optimizer, precision, max_simulations, partition)
+    arms = _arms(ctx, schedules, micro_batches or [devices * 2**e for e in range(4)], recompute, policies or {},
+                 steps_to_target)
     if not arms:
-        raise ValueError("no schedule × M to plan: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    cuts = {(D, rc): balanced_partition([(1.0 + rc) * f + b for f, b in zip(blocks.f, blocks.b)], D)
+        raise ValueError("no schedule × M to plan: " + "; ".join(f"{k}: {v}" for k, v in ctx.skipped.items()))
+    cuts = {(D, rc): list(partition or balanced_partition([(1.0 + rc) * f + b for f, b in zip(blocks.f, blocks.b)], D))
             for D, rc in {(arm.D, arm.recompute) for arm in arms}}
     keys = {arm: arm.key(cuts[(arm.D, arm.recompute)]) for arm in arms}  # (1) the min-max partition
     arms.sort(key=keys.__getitem__)  # best arms first: (2) refined, then (3) branch and bound
-    for arm in arms:
+    for arm in arms if partition is None else ():
         arm.refine(cuts[(arm.D, arm.recompute)])
-    return _ranked(ctx, all([arm.branch(nodes) for arm in arms]), skipped, top)
+    return _ranked(ctx, partition is not None or all([arm.branch(nodes) for arm in arms]), top)
 
 
-def _ranked(ctx: _Search, exact: bool, skipped: dict[str, str], top: int) -> Plans:
+def _ranked(ctx: _Search, exact: bool, top: int) -> Plans:
     """The best partition of each arm × policy that fits, best first, or the error naming the least memory needed."""
     fits = sorted((o, peak, arm.name, arm.M, p, s, arm) for (arm, p, s), (o, e, peak) in ctx.seen.items() if e <= 0)
     if not fits:
@@ -446,5 +446,5 @@ def _ranked(ctx: _Search, exact: bool, skipped: dict[str, str], top: int) -> Pla
             out.append(Plan(arm.name, arm.M, arm.policies[p], arm.recompute, s, tuple(arm.holder.tolist()), period,
                             bubble, o, tuple(arm.memory(s, sim, p)), critical_path(sim, end - period, end), sim))
     plans = Plans(out)
-    plans.exact, plans.simulations, plans.skipped = exact, ctx.simulations, skipped
+    plans.exact, plans.simulations, plans.skipped = exact, ctx.simulations, ctx.skipped
     return plans

@@ -64,7 +64,7 @@ def _stage(bl: Blocks, sizes: tuple[int, ...], scale: float, recompute: bool = F
 def _brute_force(bl: Blocks, W: int, Ms: tuple[int, ...], batch: int, latency: float, cap: float = math.inf,
                  slots: int = 2) -> tuple[float, list[float]]:
     """min over every schedule × M × partition of the steady step time (flushed: makespan(3) − makespan(2);
-    asynchronous: the mean over W steps past the fill), under ``cap``; also every plan's largest device memory."""
+    asynchronous: the mean over 2⌈W/M⌉ steps past the fill), under ``cap``; also every plan's largest device memory."""
     best, peaks = math.inf, []
     for spec, M in itertools.product(ALL, Ms):
         try:
@@ -76,7 +76,7 @@ def _brute_force(bl: Blocks, W: int, Ms: tuple[int, ...], batch: int, latency: f
             continue
         asynchronous = spec in ("pipedream", "2bw")
         a = -(-W // M)
-        T = a + W + 1 - (-(W - 1) // M)
+        T = 3 * a + 1 - (-(W - 1) // M)
         depth = [1] * D
         if asynchronous:
             table = simulate(_build(spec, W, M, T)).version_table
@@ -89,7 +89,7 @@ def _brute_force(bl: Blocks, W: int, Ms: tuple[int, ...], batch: int, latency: f
             if asynchronous:
                 sim = simulate(_build(spec, W, M, T), **kw)
                 ends = [sim.end[sim.compiled.step == t].max() for t in range(T)]
-                period = (ends[a + W] - ends[a]) / W
+                period = (ends[3 * a] - ends[a]) / (2 * a)
             else:
                 sim = simulate(_build(spec, W, M, 3), **kw)
                 period = sim.makespan - simulate(_build(spec, W, M, 2), **kw).makespan
@@ -226,6 +226,19 @@ def test_link_bytes_move_the_cut() -> None:
                      link=_alpha_beta(0.0, 1e5))[0].sizes) == [4, 2]
 
 
+def test_a_given_partition_is_scored_as_brute_force_scores_it() -> None:
+    bl = _random_blocks(6, 7)
+    got = plan(bl, 3, global_batch=12, link=0.1, schedules=("1f1b", "zb_v"), micro_batches=(6,), partition=(3, 2, 2))
+    assert [p.schedule for p in got] == ["1f1b"] and got[0].sizes == (3, 2, 2) and got.exact
+    assert "zb_v M=6" in got.skipped and "6 stages, the partition has 3" in got.skipped["zb_v M=6"]
+    c = _stage(bl, (3, 2, 2), 12 / 6 / bl.batch)
+    kw = dict(f_cost=c["f"], b_cost=c["b"], u_cost=c["u"], i_cost=c["i"], w_cost=c["w"], transfer_cost=0.1)
+    want = simulate(one_f_one_b(3, 6, 3), **kw).makespan - simulate(one_f_one_b(3, 6, 2), **kw).makespan
+    assert got[0].step_time == pytest.approx(want)
+    with pytest.raises(ValueError, match=r"partition=\[3, 3\] must be positive block counts summing to 7"):
+        plan(bl, 3, global_batch=12, partition=(3, 3))
+
+
 def test_steps_to_target_ranks_time_to_target() -> None:
     bl = _random_blocks(5, 8)
     fast = plan(bl, 4, global_batch=16, schedules=("1f1b", "pipedream"), micro_batches=(4,))
@@ -239,8 +252,9 @@ def test_steps_to_target_ranks_time_to_target() -> None:
 
 def test_recompute_fits_a_cap_nothing_else_fits() -> None:
     bl = Blocks([1.0] * 4, [2.0] * 4, activation_bytes=[1000] * 4, output_bytes=[10] * 4)
-    with pytest.raises(ValueError, match=r"no plan fits memory=1000 bytes per device: the least any plan searched needs "
-                                         r"is 6020 \(1f1b M=2 sequential, stages \[1, 3\]; device 1: \{'activations': 6000, 'receive': 20"):
+    least = (r"no plan fits memory=1000 bytes per device: the least any plan searched needs is 6020 \(1f1b M=2 "
+             r"sequential, stages \[1, 3\]; device 1: \{'activations': 6000, 'receive': 20")
+    with pytest.raises(ValueError, match=least):
         plan(bl, 2, 1000, global_batch=4, schedules=("1f1b",), micro_batches=(2,))
     got = plan(bl, 2, 1000, global_batch=4, schedules=("1f1b",), micro_batches=(2,), recompute=(False, True))
     assert got[0].recompute and all(max(p.peak_memory) <= 1000 for p in got)
