@@ -175,7 +175,7 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
     mod = copy.deepcopy(stage)
     params = [p for p in mod.parameters() if p.requires_grad]
     make = optimizer if optimizer is not None else (lambda ps: torch.optim.SGD(ps, lr=1e-3))
-    opt = make(params)
+    opt = make(params) if params else None  # a block without parameters (an activation) has no update
     state: dict[str, Any] = {}
 
     def fwd() -> None:
@@ -208,7 +208,7 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
         fwd()
         i_times.append(_timed(i_pass, device))
         w_times.append(_timed(w_pass, device))
-    u = _median_time(opt.step, device, reps, warmup) if params else 0.0
+    u = _median_time(opt.step, device, reps, warmup) if opt is not None else 0.0
     copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, reps, warmup)
     return StageCosts(f=statistics.median(f_times[warmup:]), b=statistics.median(b_times[warmup:]), u=u,
                       copy=copy_t, activation_bytes=activation_bytes,
