@@ -211,33 +211,39 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
 
 
 @register("prediction_rmse_sgdm",
-          "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3")
+          "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_sgdm(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("sgdm", preset)
 
 
-@register("prediction_rmse_adam", "RMSE of predicted vs stale weights over training with Adam, s=1..3")
+@register("prediction_rmse_adam", "RMSE of predicted vs stale weights over training with Adam, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_adam(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("adam", preset)
 
 
-@register("prediction_rmse_adamw", "RMSE of predicted vs stale weights over training with AdamW, s=1..3")
+@register("prediction_rmse_adamw", "RMSE of predicted vs stale weights over training with AdamW, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_adamw(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("adamw", preset)
 
 
-@register("prediction_rmse_rmsprop", "RMSE of predicted vs stale weights over training with RMSprop, s=1..3")
+@register("prediction_rmse_rmsprop", "RMSE of predicted vs stale weights over training with RMSprop, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_rmsprop(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("rmsprop", preset)
 
 
 @register("prediction_rmse_nadam", "RMSE of predicted vs stale weights over training with NAdam (the asynchronous "
-          "Nesterov policy's optimizer), s=1..3")
+          "Nesterov policy's optimizer), s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_nadam(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("nadam", preset)
 
 
-@register("prediction_rmse_muon", "RMSE of predicted vs stale weights over training with Muon (bias-free MLP), s=1..3")
+@register("prediction_rmse_muon", "RMSE of predicted vs stale weights over training with Muon (bias-free MLP), s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_muon(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("muon", preset)
 
@@ -264,7 +270,8 @@ def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, pr
     return preds, opts, table
 
 
-@register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)")
+@register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)",
+          budget={"tiny": 20, "quick": 200})
 def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(PRESET_CONFIGS, preset)
     models: list[tuple[str, tuple[tuple[str, object], ...]] | None] = list(cfg.models) or [None]
@@ -425,7 +432,8 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
 
 
 @register("prediction_in_pipeline",
-          "Prediction error inside the pipeline: per stage (its real staleness) and layer, predicted/stale RMSE")
+          "Prediction error inside the pipeline: per stage (its real staleness) and layer, predicted/stale RMSE",
+          budget={"tiny": 15, "quick": 60})
 def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(IN_PIPELINE_CONFIGS, preset)
     b = cfg.base
@@ -439,7 +447,8 @@ def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutp
 
 @register("gradient_correction_in_pipeline",
           "Gradient corrections inside the pipeline (error feedback, DC-ASGD): per stage at its staleness and layer, "
-          "error of the corrected vs the uncorrected gradient against the gradient at the current weights")
+          "error of the corrected vs the uncorrected gradient against the gradient at the current weights",
+          budget={"tiny": 15, "quick": 60})
 def gradient_correction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(CORRECTION_CONFIGS, preset)
     b = cfg.base
