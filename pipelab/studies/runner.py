@@ -11,8 +11,9 @@ an honest ETA, the time recorded.
 - **Progress.** One overall bar whose ETA is the forecast makespan (:func:`forecast`) of the expected costs still to
   run on the workers, not an extrapolation of the average so far; each worker's per-run bars are nested below it
   (:mod:`pipelab.studies.progress`), quiet when standard error is not a terminal (a log gets one line per figure).
-- **Interrupts.** Ctrl-C stops the workers at once (their process groups, so the ranks a runtime figure spawned too)
-  and exits with 130. Finished runs are in the cache, written whole, so the same command resumes where it stopped.
+- **Interrupts.** Ctrl-C (or SIGTERM) stops the workers at once (their process groups, so the ranks a runtime
+  figure spawned too) and exits with 130; a worker whose runner died (even by SIGKILL) ends too. Finished runs are in
+  the cache, written whole, so the same command resumes where it stopped.
 - **Time.** Every figure's seconds go to ``timings.csv`` beside the figures (:data:`FIELDS`; one row per figure and
   preset, the latest run's, plus a :data:`TOTAL` row with the run's wall time), and the total is printed. A figure
   that takes more than :data:`OVER_BUDGET` times its budget is warned about.
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -277,7 +278,8 @@ def run_figures(names: Sequence[str], preset: str, outdir: str | os.PathLike[str
     start = time.monotonic()
     drive = _in_process if workers == 1 else _in_workers
     try:
-        status = drive(order, preset, out, workers, allow_dirty, progress, record)
+        with _term_as_interrupt():
+            status = drive(order, preset, out, workers, allow_dirty, progress, record)
     finally:
         progress.close()
     total = time.monotonic() - start
@@ -350,7 +352,8 @@ def _in_workers(order: list[str], preset: str, out: Path, workers: int, allow_di
     remaining = set(order)
 
     def start(line: int) -> None:
-        p = ctx.Process(target=_worker, args=(line, preset, str(out), allow_dirty, tasks, results), daemon=True,
+        p = ctx.Process(target=_worker, args=(line, preset, str(out), allow_dirty, tasks, results, os.getpid()),
+                        daemon=True,
                         name=f"pipelab-figures-{line}")
         with _one_thread_env():
             p.start()
@@ -400,6 +403,36 @@ def _in_workers(order: list[str], preset: str, out: Path, workers: int, allow_di
 
 
 @contextlib.contextmanager
+def _term_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``timeout``, ``kill``) stops the run as Ctrl-C does: without it the runner died at once and left its
+    workers, each in its own process group, running on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this worker gets SIGTERM when the runner dies, even by SIGKILL, which no handler of the runner sees."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the runner died before the line above
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+@contextlib.contextmanager
 def _one_thread_env() -> Any:
     """Spawned workers start with one OpenMP/BLAS thread (read when torch and numpy load) and in-process sweeps."""
     keys = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PIPELAB_WORKERS": "1"}
@@ -435,11 +468,12 @@ def _exit_on_term(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _worker(line: int, preset: str, out: str, allow_dirty: bool, tasks: Any, results: Any) -> None:
+def _worker(line: int, preset: str, out: str, allow_dirty: bool, tasks: Any, results: Any, parent: int) -> None:
     """A figure worker: draws the figures it takes from ``tasks`` until it takes ``None``; reports to ``results``."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpgid(0, 0)  # its own process group: Ctrl-C reaches the runner, which stops this group as a whole
     signal.signal(signal.SIGTERM, _exit_on_term)  # unwind: claims released, temporaries removed
+    _die_with_parent(parent)
     import torch
 
     torch.set_num_threads(1)

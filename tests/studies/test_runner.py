@@ -145,7 +145,8 @@ def test_ctrl_c_stops_the_workers_promptly_and_a_rerun_resumes_from_the_cache(tm
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     output, _ = proc.communicate(timeout=30)
-    assert time.monotonic() - t0 < 10, "Ctrl-C took more than 10 s"
+    limit = 10 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))  # 10 s on an idle machine; a shared one is
+    assert time.monotonic() - t0 < limit, f"Ctrl-C took more than {limit:.0f} s"  # slower by its load per core
     assert proc.returncode == 130, output
     assert "interrupted" in output and "resumes" in output
     time.sleep(0.5)
@@ -161,3 +162,28 @@ def test_ctrl_c_stops_the_workers_promptly_and_a_rerun_resumes_from_the_cache(tm
     for name in ("learning_curves", "accuracy_gap_vs_depth", "prediction_ratio_summary"):
         assert (out / f"{name}.png").exists()
     assert {r["figure"] for r in read_timings(out / TIMINGS)} >= {"learning_curves", TOTAL}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc; PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_terminated_or_killed_runner_leaves_no_worker_running(tmp_path: Path, sig: int) -> None:
+    """`timeout` (SIGTERM) killed the runner at once and its workers, each leading its own process group, ran on;
+    after SIGKILL, which no handler sees, the workers end too (they get SIGTERM when their parent dies)."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PIPELAB_CACHE": str(cache), "MPLBACKEND": "Agg"}
+    cmd = [sys.executable, "-m", "pipelab", "figures", "--preset", "tiny", "--out", str(tmp_path / "out"),
+           "--workers", "2", "learning_curves", "accuracy_gap_vs_depth"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list(cache.rglob("*.lock")) and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, f"finished before it could be stopped:\n{proc.stdout.read() if proc.stdout else ''}"
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130 and "resumes" in output, output
+    deadline = time.monotonic() + 30
+    while _processes_with(str(cache)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(str(cache)) == [], "worker processes outlived the runner"
