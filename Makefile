@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PRESET ?= quick
+# Figures to draw (`make figures FIG="learning_curves schedules_bubble"`); empty: every figure of the preset.
+FIG ?=
 # Parallel test workers (pytest-xdist; `make test JOBS=0` runs in one process) and extra pytest
 # arguments, e.g. `make test PYTEST_ARGS="-k schedules"`.
 JOBS ?= auto
@@ -27,7 +29,7 @@ data: venv
 	$(PY) -m pipelab data --fetch
 
 figures: venv data
-	$(PY) -m pipelab figures --preset $(PRESET)
+	$(PY) -m pipelab figures --preset $(PRESET) $(FIG)
 
 test: venv
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)

@@ -46,7 +46,13 @@ from typing import Any, TypeVar
 
 from .config import config_hash
 
-__all__ = ["ResultCache", "CacheWarning", "cached", "run_sweep", "SweepError", "default_cache_root", "code_hash"]
+try:  # POSIX: entries computed by one process at a time (ResultCache.claim)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no claims, concurrent processes may compute an entry twice
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["ResultCache", "Claim", "CacheWarning", "cached", "run_sweep", "SweepError", "default_cache_root",
+           "code_hash"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -324,12 +330,66 @@ class ResultCache:
                     os.unlink(tmp)
         return path
 
+    def claim(self, name: str, config: Any, fn: Callable[..., Any] | None = None, *, wait: bool = True
+              ) -> Claim | None:
+        """Claim the right to compute an entry: an exclusive lock beside it, held until :meth:`Claim.release`.
+
+        Two processes that need the same result (two figures of ``python -m pipelab figures`` run side by side)
+        compute it once: the one holding the claim computes and stores it, the other, finding it claimed, computes
+        something else (``wait=False`` returns ``None``) or waits for the claim (``wait=True``) and then loads the
+        entry. The lock is the operating system's (``flock`` on ``<key>.lock``), so a process that dies releases it;
+        after a claim is granted, load the entry again before computing (the holder may have just stored it).
+        A disabled cache, or a system without ``flock``, grants every claim at once.
+        """
+        if self.root is None or fcntl is None:
+            return Claim(None, None)
+        path = self.path(name, config, fn).with_suffix(".lock")
+        try:
+            _makedirs(path.parent)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        except OSError:  # an unwritable cache: nothing to coordinate through, compute as without one
+            return Claim(None, None)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return Claim(path, fd)
+
+
+class Claim:
+    """A granted :meth:`ResultCache.claim`; :meth:`release` (or leaving its ``with`` block) lets waiters go on."""
+
+    def __init__(self, path: Path | None, fd: int | None) -> None:
+        self._path, self._fd = path, fd
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (idempotent). A process already waiting on the removed file
+        gets the lock next and finds the entry stored; one arriving later finds it in the cache first."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            if self._path is not None:
+                self._path.unlink(missing_ok=True)
+        os.close(fd)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
 
 def cached(name: str, config: Any, fn: Callable[[Any], R], *, cache: ResultCache | None = None) -> R:
     """Return ``fn(config)``, from the cache when a valid entry exists, else computed and stored.
 
     The entry is keyed on the config and on the code of ``fn`` (:func:`code_hash`), so editing the code
-    that computes a result recomputes it.
+    that computes a result recomputes it. While another process computes the same entry (it holds its
+    :meth:`~ResultCache.claim`), this one waits for it and loads the result instead of computing it again.
 
     Args:
         name: namespace of the experiment (a folder of the store).
@@ -342,8 +402,12 @@ def cached(name: str, config: Any, fn: Callable[[Any], R], *, cache: ResultCache
     if hit:
         log.debug("cache hit %s %s", name, config)
         return result
-    result = fn(config)
-    cache.store(name, config, result, fn)
+    with cache.claim(name, config, fn, wait=True) or Claim(None, None):
+        hit, result = cache.load(name, config, fn)  # stored by the process that held the claim
+        if hit:
+            return result
+        result = fn(config)
+        cache.store(name, config, result, fn)
     return result
 
 
@@ -363,7 +427,8 @@ def run_sweep(
     """Run ``fn`` over ``configs`` through the cache, in order; an interrupted sweep resumes.
 
     Args:
-        progress: show a tqdm progress bar (the CLI and notebooks turn it on; library code leaves it off).
+        progress: show a progress bar (:func:`pipelab.studies.progress.bar`: the CLI and notebooks turn it on;
+            library code leaves it off).
         batch_fn: computes several configs' results at once, ``batch_fn(cs)[i] == fn(cs[i])`` (up to floating-point
             rounding); the missing configs with equal ``group(config)`` are handed to it together, at most
             ``max_batch`` at a time (a group of one goes to ``fn``). Every result is stored under ``fn``'s key, so a
@@ -371,6 +436,11 @@ def run_sweep(
         workers: processes that compute the missing results in parallel (``1``: in this process). Workers are
             spawned, so ``fn`` and ``batch_fn`` must be module-level functions; each result is stored as soon as
             its batch ends, so an interrupted parallel sweep resumes too.
+
+    Sweeps in several processes share their work: each job claims its entries first
+    (:meth:`ResultCache.claim`); entries another process is computing are left to it and loaded once it has
+    stored them (computed here only if it stopped without storing them), so two figures that need the same runs,
+    drawn side by side, compute each run once and both use both processes.
 
     Raises:
         SweepError: a config failed (raised an ``Exception``; in parallel also a worker that died), naming the
@@ -404,48 +474,73 @@ def run_sweep(
         jobs = [[i] for i in missing]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from .progress import bar as progress_bar
 
-        bar = tqdm(total=len(configs), initial=len(configs) - len(missing), desc=desc or name, unit="run")
+        bar = progress_bar(total=len(configs), initial=len(configs) - len(missing), desc=desc or name, unit="run")
+    claims: dict[int, Claim] = {}
+    done_set = set(finished)
+
+    def take(job: list[int], wait: bool) -> list[int]:
+        """The configs of ``job`` to compute here: claimed, and still missing once claimed."""
+        mine = []
+        for i in job:
+            if i in done_set:
+                continue
+            claim = cache.claim(name, configs[i], fn, wait=wait)
+            if claim is None:
+                continue  # another process computes it: loaded in the second pass
+            hit, result = cache.load(name, configs[i], fn)
+            if hit:  # stored by another process meanwhile
+                claim.release()
+                results[i] = result
+                finished.append(i)
+                done_set.add(i)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            claims[i] = claim
+            mine.append(i)
+        return mine
 
     def done(job: list[int], out: list[Any]) -> None:
         finished.extend(job)
+        done_set.update(job)
         for i, result in zip(job, out):
             cache.store(name, configs[i], result, fn)
             results[i] = result
+            claims.pop(i).release()
         if bar is not None:
             bar.update(len(job))
 
+    def release(job: list[int]) -> None:
+        for i in job:
+            if i in claims:
+                claims.pop(i).release()
+
     failed: tuple[list[int], BaseException] | None = None
     try:
-        if workers == 1 or len(jobs) <= 1:
-            for job in jobs:
-                try:
-                    out = _run_job(fn, batch_fn, [configs[i] for i in job])
-                except Exception as exc:
-                    failed = (job, exc)
-                    break
-                done(job, out)
-        else:
-            import concurrent.futures
-            import multiprocessing
-
-            with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                                        mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = {pool.submit(_run_job, fn, batch_fn, [configs[i] for i in job]): job for job in jobs}
-                for future in concurrent.futures.as_completed(futures):
-                    if future.cancelled():
+        # first pass: the jobs no other process is computing; second pass: wait for the others' claims, then
+        # compute whatever they left (a process that stopped without storing)
+        for wait in (False, True):
+            pending = [j for j in jobs if any(i not in done_set for i in j)]
+            if not pending or failed is not None:
+                break
+            if workers == 1 or len(pending) <= 1:
+                for job in pending:
+                    mine = take(job, wait)
+                    if not mine:
                         continue
                     try:
-                        out = future.result()
-                    except Exception as exc:  # the jobs still running finish and are stored as they end
-                        if failed is None:
-                            failed = (futures[future], exc)
-                            for other in futures:
-                                other.cancel()  # those not started yet
-                        continue
-                    done(futures[future], out)
+                        out = _run_job(fn, batch_fn, [configs[i] for i in mine])
+                    except Exception as exc:
+                        release(mine)
+                        failed = (mine, exc)
+                        break
+                    done(mine, out)
+            else:
+                failed = _run_parallel(fn, batch_fn, configs, pending, workers, take, done, release)
     finally:
+        release(list(claims))
         if bar is not None:
             bar.close()
     if failed is not None:
@@ -453,6 +548,41 @@ def run_sweep(
         raise SweepError(name, [configs[i] for i in job], job, len(finished) if cache.root is not None else 0,
                          len(configs), error) from error
     return results
+
+
+def _run_parallel(fn: Callable[[Any], R], batch_fn: Callable[[list[Any]], list[R]] | None, configs: list[Any],
+                  jobs: list[list[int]], workers: int, take: Callable[[list[int], bool], list[int]],
+                  done: Callable[[list[int], list[Any]], None], release: Callable[[list[int]], None],
+                  ) -> tuple[list[int], BaseException] | None:
+    """:func:`run_sweep`'s jobs on ``workers`` spawned processes; each job claimed (without waiting) as it is handed
+    out. Returns the first failure, after the jobs still running have finished and been stored."""
+    import concurrent.futures
+    import multiprocessing
+
+    failed: tuple[list[int], BaseException] | None = None
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                                mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {}
+        for job in jobs:
+            mine = take(job, False)
+            if mine:
+                futures[pool.submit(_run_job, fn, batch_fn, [configs[i] for i in mine])] = mine
+        for future in concurrent.futures.as_completed(futures):
+            job = futures[future]
+            if future.cancelled():
+                release(job)
+                continue
+            try:
+                out = future.result()
+            except Exception as exc:  # the jobs still running finish and are stored as they end
+                release(job)
+                if failed is None:
+                    failed = (job, exc)
+                    for other in futures:
+                        other.cancel()  # those not started yet
+                continue
+            done(job, out)
+    return failed
 
 
 def _run_job(fn: Callable[[Any], R], batch_fn: Callable[[list[Any]], list[R]] | None, configs: list[Any]) -> list[R]:

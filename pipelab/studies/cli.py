@@ -21,11 +21,18 @@ def _figures(args: argparse.Namespace) -> int:
         for spec in figures.available():
             print(f"{spec.name:32s} {spec.module.rsplit('.', 1)[-1]:20s} {spec.description}")
         return 0
-    if args.workers is not None:
-        if args.workers < 1:
-            print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+    from .runner import default_workers, run_figures
+
+    if args.workers is None:
+        raw = os.environ.get("PIPELAB_WORKERS")
+        try:
+            args.workers = int(raw) if raw is not None else default_workers()
+        except ValueError:
+            print(f"error: $PIPELAB_WORKERS must be an int >= 1, got {raw!r}", file=sys.stderr)
             return 2
-        os.environ["PIPELAB_WORKERS"] = str(args.workers)  # read by the learning-curve sweeps
+    if args.workers < 1:
+        print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
     if args.device is not None:
         from ..distributed import resolve_device
         from .config import ENV_DEVICE
@@ -56,24 +63,8 @@ def _figures(args: argparse.Namespace) -> int:
     except (figures.ProvenanceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
-    bar = tqdm(specs, desc=f"figures ({args.preset})", unit="fig")
-    failed = []
-    for spec in bar:
-        bar.set_postfix_str(spec.name)
-        start = time.perf_counter()
-        try:
-            figures.render([spec.name], args.preset, args.out, progress=True, allow_dirty=args.allow_dirty)
-        except Exception:
-            logging.getLogger("pipelab").exception("figure %s failed", spec.name)
-            failed.append(spec.name)
-            continue
-        tqdm.write(f"  {spec.name}: {time.perf_counter() - start:.1f} s -> {Path(args.out) / spec.name}.png")
-    if failed:
-        print(f"error: {len(failed)} figure(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return run_figures([s.name for s in specs], args.preset, args.out, workers=args.workers,
+                       allow_dirty=args.allow_dirty)
 
 
 def _apt_install(deadline: float, packages: tuple[str, ...] = ("dataset-fashion-mnist",)) -> str | None:
@@ -173,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None,
                    help="output directory (default: figures/, and figures/study/ for the study preset)")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes running learning-curve arms in parallel (default: $PIPELAB_WORKERS, else 1)")
+                   help="processes drawing figures side by side, one thread each (default: $PIPELAB_WORKERS, else one "
+                        "per CPU core); figures that need the same runs share them")
     p.add_argument("--device", default=None,
                    help="run the experiments on cpu, cuda, cuda:N or auto (CUDA when present); sets the device of "
                         "every figure's config, so the cache and the sidecars record it (default: each preset's)")

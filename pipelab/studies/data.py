@@ -283,17 +283,29 @@ def load_fashion_mnist(
     """
     found = find_fashion_mnist(root)
     key = tuple((k, str(p), p.stat().st_mtime, p.stat().st_size) for k, p in sorted(found.items()))
-    arrays = _parsed_fashion_mnist(key)
+    return _fashion_mnist_tensors(key, dtype, flatten, normalize).to(device)
+
+
+@lru_cache(maxsize=4)
+def _fashion_mnist_tensors(files: tuple[tuple[str, str, float, int], ...], dtype: torch.dtype, flatten: bool,
+                           normalize: bool) -> Dataset:
+    """The CPU tensors of :func:`load_fashion_mnist`, converted once per (files, dtype, layout, normalisation).
+
+    Converting 70 000 images costs about as much as 100 training steps of the learning curves' MLP, and every run
+    loads the data, so a process converts them once: the datasets returned share these tensors, which no caller
+    modifies in place (clone before doing so).
+    """
+    arrays = _parsed_fashion_mnist(files)
 
     def images(a: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(a.astype(np.float64) / 255.0)  # scale in float64, then cast
         if normalize:
             x = (x - _FMNIST_MEAN) / _FMNIST_STD
         x = x.reshape(len(a), -1) if flatten else x.unsqueeze(1)
-        return x.to(device=device, dtype=dtype)
+        return x.to(dtype=dtype)
 
     def labels(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a.astype(np.int64)).to(device)
+        return torch.from_numpy(a.astype(np.int64))
 
     return Dataset("fashion_mnist", images(arrays["train_images"]), labels(arrays["train_labels"]),
                    images(arrays["test_images"]), labels(arrays["test_labels"]), 10)

@@ -260,7 +260,7 @@ def run_stacked(configs: Sequence[RunConfig]) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: configs that differ in more than the seed, or an arm that cannot be stacked
-            (:func:`pipelab.studies.stacking.check_stackable`: Muon, buffers, dropout).
+            (:func:`pipelab.studies.stacking.check_stackable`: Muon under a predicting policy, buffers, dropout).
     """
     configs = list(configs)
     if not configs:
@@ -275,7 +275,7 @@ def run_stacked(configs: Sequence[RunConfig]) -> list[dict[str, Any]]:
 def _run(cfgs: Sequence[RunConfig]) -> Any:
     """The K arms ``cfgs`` (K = 1: one plain run; K > 1: seeds of one arm, stacked). Returns one record, or a list."""
     from ..emulator import Emulator, evaluate, train_plain
-    from .stacking import check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss
+    from .stacking import check_stackable, evaluate_arms, stack_models, stacked_batch, stacked_loss, stacked_optimizer
 
     t0 = time.perf_counter()
     preps = [prepare(c) for c in cfgs]
@@ -302,9 +302,10 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
             loss, acc = evaluate(stages, x, y, W)
             return [loss], [acc]
     else:
-        check_stackable(torch.nn.Sequential(*p0.stages), cfg.optimizer)
+        check_stackable(torch.nn.Sequential(*p0.stages), cfg.optimizer, predicts=_predicts(cfg.policy))
         stages = [stack_models([cast(torch.nn.Sequential, p.stages[k]) for p in preps]) for k in range(cfg.D)]
         loss_fn = stacked_loss()
+        opt = stacked_optimizer(opt)
 
         def batch(t: int) -> tuple[torch.Tensor, torch.Tensor]:
             return stacked_batch([p.batch(t) for p in preps])
@@ -437,7 +438,7 @@ def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "
         run_fn: replaces :func:`run` (a stub or a wrapper, e.g. in tests; it then runs every config alone, in this
             process); the cache keys its entries on the code of whichever function runs.
         stack: seeds of one arm trained together as one stacked model (:func:`run_stacked`), at most this many
-            (1: every run alone). Arms that cannot be stacked (Muon) run alone.
+            (1: every run alone). Arms that cannot be stacked (Muon under a predicting policy) run alone.
         workers: processes running arms in parallel (default ``$PIPELAB_WORKERS``, else 1).
     """
     configs = list(configs)
@@ -451,10 +452,18 @@ def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "
 
 
 def _stack_group(cfg: RunConfig) -> RunConfig:
-    """Configs that may share a stacked run: equal up to the seed (an unstackable arm is its own group)."""
-    from .stacking import UNSTACKABLE_OPTIMIZERS
+    """Configs that may share a stacked run: equal up to the seed (an arm that cannot be stacked is its own group:
+    Muon under a predicting policy, :func:`pipelab.studies.stacking.check_stackable`)."""
+    from .stacking import ARMWISE_OPTIMIZERS
 
-    return cfg if cfg.optimizer in UNSTACKABLE_OPTIMIZERS else replace(cfg, seed=0)
+    return cfg if cfg.optimizer in ARMWISE_OPTIMIZERS and _predicts(cfg.policy) else replace(cfg, seed=0)
+
+
+def _predicts(policy: str) -> bool:
+    """Whether ``policy`` predicts weights (its predictor reads the optimizer's update rule)."""
+    from ..policies import make_policy
+
+    return policy != "sequential" and make_policy(policy).uses_predictor
 
 
 def _env_workers() -> int:

@@ -17,8 +17,10 @@ which are built from the same state) then updates each arm exactly as if it ran 
 separate runs up to floating-point rounding (the tests check 1e-10 in float64 for every policy). An arm that
 diverges turns only its own weights to NaN; the others go on (the pipeline stops once every arm has diverged).
 
-Not elementwise, hence refused by :func:`check_stackable`: Muon (it orthogonalises each 2-D update), and modules
-with buffers (BatchNorm's running statistics would be shared state). Dropout is refused too: under ``vmap`` the
+Muon is not elementwise: it orthogonalises each 2-D update by a Newton–Schulz iteration, so the stacked run gives
+it :class:`StackedMuon`, which applies Muon's rule to every arm's own matrix (:func:`stacked_optimizer`); a policy
+that predicts Muon's next weights reads the 2-D rule, so such arms run alone (:func:`check_stackable`). Refused as
+well: modules with buffers (BatchNorm's running statistics would be shared state), and dropout: under ``vmap`` the
 arms would draw one mask or K masks depending on the randomness mode, which a single run does not reproduce.
 
 Reference: the stacked-ensemble technique of :func:`torch.func.stack_module_state` (PyTorch's "model ensembling"
@@ -28,30 +30,35 @@ tutorial), here applied per pipeline block so that the stacked model is still an
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from ..predictors.rules_muon import lr_ratio, newton_schulz
+
 __all__ = ["Stacked", "stack_models", "stacked_loss", "stacked_batch", "evaluate_arms", "check_stackable",
-           "UNSTACKABLE_OPTIMIZERS"]
+           "StackedMuon", "stacked_optimizer", "ARMWISE_OPTIMIZERS"]
 
-#: optimizers whose update is not elementwise in a parameter tensor, so K stacked arms would interact
-UNSTACKABLE_OPTIMIZERS: tuple[str, ...] = ("muon",)
+#: optimizers whose update is not elementwise in a parameter tensor, with the optimizer that applies it arm by arm to
+#: stacked parameters (:func:`stacked_optimizer`)
+ARMWISE_OPTIMIZERS: tuple[str, ...] = ("muon",)
 
 
-def check_stackable(model: nn.Module, optimizer: str | None = None) -> None:
+def check_stackable(model: nn.Module, optimizer: str | None = None, *, predicts: bool = False) -> None:
     """Refuse what a stacked run would not reproduce arm by arm (see the module docstring).
 
     Raises:
-        ValueError: an optimizer in :data:`UNSTACKABLE_OPTIMIZERS`, a module with buffers, or a dropout layer with
-            a non-zero rate.
+        ValueError: an optimizer of :data:`ARMWISE_OPTIMIZERS` under a policy that ``predicts`` its updates, a module
+            with buffers, or a dropout layer with a non-zero rate.
     """
-    if optimizer is not None and optimizer in UNSTACKABLE_OPTIMIZERS:
-        raise ValueError(f"optimizer {optimizer!r} cannot run stacked arms: its update is not elementwise in a "
-                         "parameter tensor, so arms stacked along a leading axis would mix; run its arms one by one")
+    if optimizer in ARMWISE_OPTIMIZERS and predicts:
+        raise ValueError(f"optimizer {optimizer!r} cannot run stacked arms under a predicting policy: the predictor "
+                         "reads its update rule for one 2-D parameter; run its arms one by one")
     buffers = [name for name, _ in model.named_buffers()]
     if buffers:
         raise ValueError(f"a model with buffers ({', '.join(buffers[:3])}) cannot run stacked arms: the arms would "
@@ -152,6 +159,72 @@ def _apply(module: nn.Module, prefix: str, x: Tensor, params: dict[str, Tensor])
     if not own:
         return vmap(module, in_dims=1, out_dims=1)(x)
     return vmap(call, in_dims=(0, 1), out_dims=1)(tuple(own.values()), x)
+
+
+class StackedMuon(torch.optim.Optimizer):
+    """``torch.optim.Muon`` for stacked arms: parameter ``(K, A, B)`` holds K arms' ``A×B`` matrices, and arm a's
+    slice is updated exactly as Muon updates a matrix of its own.
+
+    Per arm a, with gradient ``g_a`` and momentum buffer ``B_a``: ``B_a ← lerp(B_a, g_a, 1 − μ)``;
+    ``O_a = NS(lerp(g_a, B_a, μ))`` (Nesterov) or ``NS(B_a)``, the bfloat16 Newton–Schulz orthogonalisation of
+    :func:`pipelab.predictors.rules_muon.newton_schulz` (torch's, on the arm's own matrix);
+    ``W_a ← (1 − lr·λ)·W_a − lr·r(A, B)·O_a``. The momentum and decay are elementwise, so they run on the whole
+    stack; the orthogonalisation runs arm by arm, so each arm's arithmetic is that of its separate run.
+    The hyperparameters are torch's (``lr``, ``weight_decay``, ``momentum``, ``nesterov``, ``ns_coefficients``,
+    ``eps``, ``ns_steps``, ``adjust_lr_fn``).
+
+    Reference: Jordan et al., "Muon" (2024, https://kellerjordan.github.io/posts/muon/); ``torch.optim.Muon``.
+
+    Raises:
+        ValueError: a parameter that is not 3-D (arms × matrix).
+    """
+
+    def __init__(self, params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
+                 nesterov: bool = True, ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None) -> None:
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 3:
+                    raise ValueError(f"StackedMuon updates stacked matrices (arms, rows, columns), got a parameter of "
+                                     f"shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, mu = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mu)
+                update = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                scale = lr * lr_ratio(group["adjust_lr_fn"], p.shape[1:])
+                p.mul_(1 - lr * group["weight_decay"])
+                for a in range(p.shape[0]):
+                    ortho = newton_schulz(update[a], group["ns_coefficients"], group["ns_steps"], group["eps"])
+                    p[a].add_(ortho, alpha=-scale)
+        return loss
+
+
+def stacked_optimizer(factory: Callable[[Any], torch.optim.Optimizer]) -> Callable[[Any], torch.optim.Optimizer]:
+    """The factory a stacked run gives its stages in place of ``factory`` (``params -> optimizer``): the same, unless
+    it builds ``torch.optim.Muon``, whose stacked counterpart :class:`StackedMuon` takes its hyperparameters."""
+    probe = factory([nn.Parameter(torch.zeros(2, 2))])
+    if not isinstance(probe, torch.optim.Muon):
+        return factory
+    hp = {k: v for k, v in probe.param_groups[0].items() if k != "params"}
+    known = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
+    return functools.partial(StackedMuon, **{k: hp[k] for k in known})
 
 
 def stack_models(models: Sequence[nn.Sequential]) -> nn.Sequential:

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -361,3 +362,46 @@ def test_a_failed_redraw_keeps_the_previous_figure_files(tmp_path: Path, monkeyp
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing replaced, no temporary left
     assert figures.save("atomic_probe", _figure([3.0, 1.0, 2.0]), tmp_path, "tiny") == first
     assert (tmp_path / "atomic_probe.png").read_bytes() != before["atomic_probe.png"]
+
+
+# ------------------------------------------------------------------------ concurrent processes
+
+_SHARED_SWEEP = """
+import os, sys, time
+from pipelab.studies.cache import ResultCache, run_sweep, cached
+log = sys.argv[1]
+
+def work(c):
+    n = c["n"]
+    with open(os.path.join(log, f"{n}-{os.getpid()}"), "w"):
+        pass
+    time.sleep(0.4)
+    return n * n
+
+cache = ResultCache(sys.argv[2], version="1")
+open(os.path.join(sys.argv[2] + "-ready", str(os.getpid())), "w").close()
+while len(os.listdir(sys.argv[2] + "-ready")) < 2:  # both processes start the sweep together
+    time.sleep(0.05)
+assert run_sweep("shared", [{"n": n} for n in range(6)], work, cache=cache) == [n * n for n in range(6)]
+assert cached("single", {"n": 7}, work, cache=cache) == 49
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_sharing_a_sweep_compute_each_run_once(tmp_path: Path) -> None:
+    """Two figures drawn side by side that need the same runs both computed every one of them (twice the work on a
+    2-core CPU, for the figures of one sweep). Each run is now claimed first: the other process leaves it, computes
+    the rest, and loads it once stored."""
+    log = tmp_path / "calls"
+    log.mkdir()
+    (tmp_path / "cache-ready").mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", _SHARED_SWEEP, str(log), str(tmp_path / "cache")],
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    calls = sorted(p.name for p in log.iterdir())
+    by_config = {n: [c for c in calls if c.split("-")[0] == str(n)] for n in (*range(6), 7)}
+    assert all(len(c) == 1 for c in by_config.values()), by_config
+    assert len({c.split("-")[1] for c in calls}) == 2, "one process computed everything: the work was not shared"
+    assert not list((tmp_path / "cache").rglob("*.lock"))

@@ -135,9 +135,42 @@ def test_stacked_batch_puts_arms_on_axis_one() -> None:
     assert x.shape == (4, 2, 3) and y.shape == (4, 2) and x[:, 1].eq(1).all()
 
 
+@pytest.mark.parametrize("policy", ["sequential", "2bw", "error_feedback"])
+def test_stacked_muon_arms_equal_separate_runs(policy: str) -> None:
+    """Muon orthogonalises each arm's own matrix (StackedMuon): the stacked run equals the separate torch.optim.Muon
+    runs (the Newton-Schulz iteration is bfloat16 in both, on the same matrices)."""
+    base = RunConfig(task="digits_mlp_nobias", policy=policy, optimizer="muon", D=4, seed=0, epochs=2, batch_size=16,
+                     n_train=192, n_test=100, n_eval_train=64, dtype="float64", lr=0.02)
+    cfgs = [with_(base, seed=s) for s in (0, 5)]
+    stacked = run_stacked(cfgs)
+    for cfg, rec in zip(cfgs, stacked):
+        alone = run(cfg)
+        for key in ("train_loss", "running_loss", "test_loss", "test_acc"):
+            assert _close(rec[key], alone[key]), (policy, key, rec[key], alone[key])
+    assert stacked[0]["test_loss"][-1] != stacked[1]["test_loss"][-1]
+
+
+def test_stacked_muon_refuses_unstacked_matrices_and_the_stack_group_keeps_predicted_muon_alone() -> None:
+    from pipelab.studies.learning_curves import _stack_group
+    from pipelab.studies.stacking import StackedMuon, stacked_optimizer
+
+    with pytest.raises(ValueError, match="arms, rows, columns"):
+        StackedMuon([nn.Parameter(torch.zeros(3, 3))])
+    factory = stacked_optimizer(lambda ps: torch.optim.Muon(ps, lr=0.5, momentum=0.8))
+    opt = factory([nn.Parameter(torch.zeros(2, 3, 3))])
+    assert isinstance(opt, StackedMuon) and opt.param_groups[0]["lr"] == 0.5 and opt.param_groups[0]["momentum"] == 0.8
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    assert stacked_optimizer(sgd) is sgd
+    muon = RunConfig(task="digits_mlp_nobias", policy="2bw", optimizer="muon", D=2, seed=3)
+    assert _stack_group(muon) == with_(muon, seed=0)                       # stacked with its other seeds
+    predicted = with_(muon, policy="pipeoptim")
+    assert _stack_group(predicted) == predicted                           # alone
+
+
 def test_what_cannot_be_stacked_is_refused() -> None:
-    with pytest.raises(ValueError, match="muon"):
-        check_stackable(deep_mlp(in_features=4, width=4, depth=2), "muon")
+    with pytest.raises(ValueError, match="muon.*predicting"):
+        check_stackable(deep_mlp(in_features=4, width=4, depth=2), "muon", predicts=True)
+    check_stackable(deep_mlp(in_features=4, width=4, depth=2), "muon")
     with pytest.raises(ValueError, match="buffers"):
         Stacked([nn.BatchNorm1d(3), nn.BatchNorm1d(3)])
     with pytest.raises(ValueError, match="dropout"):

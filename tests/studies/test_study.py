@@ -112,22 +112,22 @@ def test_the_tiny_preset_selects_each_arm_on_the_validation_split(tmp_path: Path
 
 
 def test_the_cli_draws_the_study_figures_into_figures_study(monkeypatch, tmp_path: Path) -> None:
-    from pipelab.studies import cli, figures
+    from pipelab.studies import cli, figures, runner
 
-    drawn: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(figures, "render", lambda names, preset, out, **kw: drawn.append((names[0], preset, out)))
+    drawn: list[tuple[list[str], str, str, int]] = []
+    monkeypatch.setattr(runner, "run_figures", lambda names, preset, out, *, workers, **kw:
+                        drawn.append((list(names), preset, out, workers)) or 0)
     monkeypatch.setattr(figures, "check_outdir", lambda out, **kw: None)
     monkeypatch.delenv("PIPELAB_WORKERS", raising=False)
-    assert cli.main(["figures", "--preset", "study", "--workers", "2"]) == 0
-    assert [d[0] for d in drawn] == list(STUDY_FIGURES)
-    assert {d[2] for d in drawn} == {"figures/study"}
-    import os
-
-    assert os.environ.pop("PIPELAB_WORKERS") == "2"
-    drawn.clear()
+    assert cli.main(["figures", "--preset", "study", "--workers", "3"]) == 0
+    assert drawn[-1] == (list(STUDY_FIGURES), "study", "figures/study", 3)
     assert cli.main(["figures", "--preset", "quick", "--out", str(tmp_path)]) == 0
-    names = [d[0] for d in drawn]
+    names, _, _, workers = drawn[-1]
     assert "learning_curves" in names and "study_lr_map" not in names      # quick tunes nothing
+    assert workers == runner.default_workers()                             # one per core
+    monkeypatch.setenv("PIPELAB_WORKERS", "2")
+    assert cli.main(["figures", "--preset", "quick", "learning_curves"]) == 0
+    assert drawn[-1][0] == ["learning_curves"] and drawn[-1][3] == 2
     assert cli.main(["figures", "--preset", "quick", "--workers", "0"]) == 2
 
 

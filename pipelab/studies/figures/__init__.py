@@ -26,18 +26,19 @@ import hashlib
 import importlib
 import json
 import logging
+import math
 import os
 import pkgutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ...files import Writer, replace_files
-from ..config import config_to_dict, resolve_preset
+from ..config import PRESETS, config_to_dict, resolve_preset
 
 __all__ = ["FigureOutput", "FigureSpec", "register", "available", "get", "make", "save", "render", "CodeState",
            "code_state", "check_outdir", "ProvenanceError", "footer_text", "add_footer", "FIGURES_DIR"]
@@ -75,36 +76,60 @@ class FigureFn(Protocol):
 
 @dataclass(frozen=True)
 class FigureSpec:
+    """A registered figure. ``budgets``: ``((preset, seconds), ...)``, the time it may take on a 2-core CPU with an
+    empty result cache (see :func:`register`)."""
+
     name: str
     fn: FigureFn
     description: str
     module: str
     presets: tuple[str, ...] | None = None
+    budgets: tuple[tuple[str, float], ...] = ()
 
     def runs_under(self, preset: str) -> bool:
         """Whether ``pipelab figures --preset PRESET`` (without names) draws this figure."""
         return self.presets is None or preset in self.presets
+
+    def budget(self, preset: str) -> float | None:
+        """The seconds this figure may take under ``preset`` (``None``: no budget declared)."""
+        return dict(self.budgets).get(preset)
 
 
 _REGISTRY: dict[str, FigureSpec] = {}
 _discovered = False
 
 
-def register(name: str, description: str, *, presets: tuple[str, ...] | None = None
-             ) -> Callable[[FigureFn], FigureFn]:
+def register(name: str, description: str, *, presets: tuple[str, ...] | None = None,
+             budget: Mapping[str, float] | None = None) -> Callable[[FigureFn], FigureFn]:
     """Decorator registering a figure function under ``name`` (letters, digits, ``_`` and ``-``).
 
     ``presets``: the presets the figure is drawn for when the CLI is given no names (``None``: all but ``study``,
     whose figures are :data:`pipelab.studies.figures.study.STUDY_FIGURES`).
+    ``budget``: seconds per preset the figure may take on an idle 2-core CPU with an empty result cache when its
+    preset is drawn as a whole: runs that several figures share are counted in the one with the largest budget
+    (drawn first), the others only draw (every figure declares ``tiny``, and ``quick`` where it runs under it).
+    The figure runner (:mod:`pipelab.studies.runner`) schedules the longest first and forecasts its ETA from them
+    (or from the last measured times), and warns when a figure takes more than 1.5 times its budget.
+
+    Raises:
+        ValueError: a name with other characters, or a budget that names an unknown preset or is not a finite
+            number of seconds > 0.
     """
     if not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"figure name {name!r} must use only letters, digits, '_' and '-'")
+    budgets = tuple(sorted((budget or {}).items()))
+    for preset, seconds in budgets:
+        if preset not in PRESETS:
+            raise ValueError(f"figure {name!r}: budget for unknown preset {preset!r}; presets are {', '.join(PRESETS)}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+            raise ValueError(f"figure {name!r}: budget[{preset!r}] must be a finite number of seconds > 0, "
+                             f"got {seconds!r}")
 
     def deco(fn: FigureFn) -> FigureFn:
         existing = _REGISTRY.get(name)
         if existing is not None and existing.module != fn.__module__:
             raise ValueError(f"figure {name!r} registered twice ({existing.module} and {fn.__module__})")
-        _REGISTRY[name] = FigureSpec(name, fn, description, fn.__module__, presets)
+        _REGISTRY[name] = FigureSpec(name, fn, description, fn.__module__, presets, budgets)
         return fn
 
     return deco

@@ -20,7 +20,8 @@ class DataSamplesConfig:
     seed: int = 0
 
 
-@register("data_samples", "One example per class of Fashion-MNIST, digits and MNIST-1D")
+@register("data_samples", "One example per class of Fashion-MNIST, digits and MNIST-1D",
+          budget={"tiny": 10, "quick": 10})
 def data_samples(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset({p: DataSamplesConfig() for p in ("tiny", "quick", "paper")}, preset)
     fm, dg, m1 = load_fashion_mnist(), load_digits(), load_mnist1d()
@@ -51,7 +52,8 @@ class ModelStagesConfig:
     seed: int = 0
 
 
-@register("model_stages", "Parameters per stage of each reference model, split by block count vs by parameters")
+@register("model_stages", "Parameters per stage of each reference model, split by block count vs by parameters",
+          budget={"tiny": 5, "quick": 5})
 def model_stages(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset({"tiny": ModelStagesConfig(D=4), "quick": ModelStagesConfig(D=4),
                        "paper": ModelStagesConfig(D=8)}, preset)

@@ -310,7 +310,8 @@ def summary_rows(records: list[dict]) -> list[dict]:
 
 
 @register("learning_curves", "Training loss and test accuracy per epoch of every staleness policy (mean and "
-                             "95% t band over seeds), per task and optimizer")
+                             "95% t band over seeds), per task and optimizer",
+          budget={"tiny": 30, "quick": 240})
 def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
@@ -388,7 +389,8 @@ def _acc_band(rs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 @register("learning_curves_by_policy", "Test accuracy per epoch as small multiples: one panel per pipelined "
-          "policy and task, the policy highlighted against sequential, the other policies in grey")
+          "policy and task, the policy highlighted against sequential, the other policies in grey",
+          budget={"tiny": 10, "quick": 5})
 def learning_curves_by_policy(preset: str, *, progress: bool = False) -> FigureOutput:
     """The ``learning_curves`` runs of the preset's first optimizer, one panel per (task, pipelined policy).
 
@@ -491,7 +493,8 @@ def memory_rows(task: str, optimizer: str, D: int, policies: Sequence[str], batc
 
 
 @register("policy_memory", "Bytes per stage per policy, measured by the emulator (weight versions, predicted "
-          "copies, optimizer state, activations), beside the weight copies each paper states (PipeOptim Table II)")
+          "copies, optimizer state, activations), beside the weight copies each paper states (PipeOptim Table II)",
+          budget={"tiny": 10, "quick": 10})
 def policy_memory(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     task, opt = cfg.tasks[0], cfg.optimizers[0]
@@ -601,7 +604,8 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
 
 
 @register("time_to_accuracy", "Test accuracy against forecast wall-clock time: each arm's epochs placed at the "
-          "simulator's time per step from profiled stage costs, with each policy's extra work")
+          "simulator's time per step from profiled stage costs, with each policy's extra work",
+          budget={"tiny": 15, "quick": 15})
 def time_to_accuracy(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     opt = cfg.optimizers[0]
@@ -722,7 +726,8 @@ def table_csv(rows: list[dict]) -> str:
 
 
 @register("final_accuracy_table", "Best test accuracy (mean ± 95% t half-width over seeds) per task, optimizer and "
-                                  "policy, as PipeOptim's Table IV, bold only for a resolved winner; also as CSV")
+                                  "policy, as PipeOptim's Table IV, bold only for a resolved winner; also as CSV",
+          budget={"tiny": 10, "quick": 5})
 def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
@@ -796,7 +801,8 @@ def gap_rows(records: list[dict]) -> list[dict]:
 
 
 @register("accuracy_gap_vs_depth", "Best test accuracy of each policy minus the sequential baseline's (paired by "
-                                   "seed, 95% t intervals), against the number of stages D")
+                                   "seed, 95% t intervals), against the number of stages D",
+          budget={"tiny": 20, "quick": 150})
 def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, cfg.depths, cfg.gap_tasks, progress)

@@ -456,7 +456,8 @@ def claims_markdown(rows: Sequence[dict]) -> str:
 # ----------------------------------------------------------------------------------------------- the figure
 
 @register("modern_optimizers", "Muon, NAdam, AdamW and SGDM under 2BW, error feedback, DC-ASGD and asynchronous "
-          "Nesterov: learning curves and paired gaps to sequential, with a verdict on each paper's claim")
+          "Nesterov: learning curves and paired gaps to sequential, with a verdict on each paper's claim",
+          budget={"tiny": 30, "quick": 200})
 def modern_optimizers(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records, rates = modern_runs(cfg, progress)

@@ -16,8 +16,9 @@ Muon (``torch.optim.Muon``) takes only matrices, so its runs use the MLP without
 (:func:`pipelab.studies.models.deep_mlp` ``bias=False``, :func:`model_for`); the other optimizers keep the MLP
 with biases.
 
-All runs go through :func:`pipelab.studies.cache.cached` keyed by their :class:`PredictionErrorConfig`, so the
-summary and the per-optimizer figures share them. Every figure names its learning rate(s), the weight
+All runs go through the result cache (:func:`pipelab.studies.cache.cached`, the summary's through
+:func:`~pipelab.studies.cache.run_sweep`) keyed by their :class:`PredictionErrorConfig`, so the summary and the
+per-optimizer figures share them, also when drawn side by side. Every figure names its learning rate(s), the weight
 initialisation and the preset.
 
 The models are He-initialised (``PredictionErrorConfig.init = "he"``). With PyTorch's default init the
@@ -41,7 +42,7 @@ from matplotlib.image import AxesImage
 
 from ...optim import available_optimizers, optimizer_label
 from ...prediction_error import InPipelineResult, PredictionErrorResult
-from ..cache import cached
+from ..cache import cached, run_sweep
 from ..config import from_preset
 from ..prediction_error import (
     InPipelineConfig,
@@ -115,9 +116,10 @@ PRESET_CONFIGS = {
 }
 
 
-def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | None = None) -> PredictionErrorResult:
-    """The (cached) run of ``optimizer`` (and ``model`` = (name, options)) under ``cfg``; Muon on the bias-free
-    MLP (:func:`model_for`).
+def prediction_config(cfg: PredictionFigureConfig, optimizer: str, model: tuple | None = None
+                      ) -> PredictionErrorConfig:
+    """The run of ``optimizer`` (and ``model`` = (name, options)) under ``cfg``; Muon on the bias-free MLP
+    (:func:`model_for`).
 
     Raises:
         ValueError: Muon with a model that has non-matrix parameters (a CNN).
@@ -126,8 +128,12 @@ def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | N
     chosen = model_for(optimizer, name, options)
     if chosen is None:
         raise ValueError(f"optimizer {optimizer!r} takes only 2-D parameters; model {name!r} has others")
-    run = replace(cfg.base, optimizer=optimizer, model=chosen[0], model_options=chosen[1])
-    return cached("prediction_error", run, run_prediction_error)
+    return replace(cfg.base, optimizer=optimizer, model=chosen[0], model_options=chosen[1])
+
+
+def prediction_run(cfg: PredictionFigureConfig, optimizer: str, model: tuple | None = None) -> PredictionErrorResult:
+    """The cached run of :func:`prediction_config` (one entry for every figure that draws it)."""
+    return cached("prediction_error", prediction_config(cfg, optimizer, model), run_prediction_error)
 
 
 def run_lr(cfg: PredictionFigureConfig, optimizer: str) -> float:
@@ -205,33 +211,39 @@ def _rmse_over_training(optimizer: str, preset: str) -> FigureOutput:
 
 
 @register("prediction_rmse_sgdm",
-          "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3")
+          "SpecTrain Fig. 8 analogue for SGD with momentum: RMSE of predicted vs stale weights, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_sgdm(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("sgdm", preset)
 
 
-@register("prediction_rmse_adam", "RMSE of predicted vs stale weights over training with Adam, s=1..3")
+@register("prediction_rmse_adam", "RMSE of predicted vs stale weights over training with Adam, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_adam(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("adam", preset)
 
 
-@register("prediction_rmse_adamw", "RMSE of predicted vs stale weights over training with AdamW, s=1..3")
+@register("prediction_rmse_adamw", "RMSE of predicted vs stale weights over training with AdamW, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_adamw(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("adamw", preset)
 
 
-@register("prediction_rmse_rmsprop", "RMSE of predicted vs stale weights over training with RMSprop, s=1..3")
+@register("prediction_rmse_rmsprop", "RMSE of predicted vs stale weights over training with RMSprop, s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_rmsprop(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("rmsprop", preset)
 
 
 @register("prediction_rmse_nadam", "RMSE of predicted vs stale weights over training with NAdam (the asynchronous "
-          "Nesterov policy's optimizer), s=1..3")
+          "Nesterov policy's optimizer), s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_nadam(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("nadam", preset)
 
 
-@register("prediction_rmse_muon", "RMSE of predicted vs stale weights over training with Muon (bias-free MLP), s=1..3")
+@register("prediction_rmse_muon", "RMSE of predicted vs stale weights over training with Muon (bias-free MLP), s=1..3",
+          budget={"tiny": 10, "quick": 5})
 def prediction_rmse_muon(preset: str, *, progress: bool = False) -> FigureOutput:
     return _rmse_over_training("muon", preset)
 
@@ -245,16 +257,12 @@ def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, pr
     opts = list(cfg.optimizers)
     S = cfg.base.max_s
     table = np.full((len(preds), len(opts), S), np.nan)
-    items = opts
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(opts, desc="prediction error runs", unit="run")
     name, options = model if model is not None else (cfg.base.model, cfg.base.model_options)
-    for oi, o in enumerate(items):
-        if model_for(o, name, options) is None:  # Muon on a CNN: its column stays NaN
-            continue
-        res = prediction_run(cfg, o, model)
+    runs = [o for o in opts if model_for(o, name, options) is not None]  # Muon on a CNN: its column stays NaN
+    results = run_sweep("prediction_error", [prediction_config(cfg, o, model) for o in runs], run_prediction_error,
+                        progress=progress, desc="prediction error runs")
+    for o, res in zip(runs, results):
+        oi = opts.index(o)
         ratio = res.summary_ratio()
         for pi, p in enumerate(preds):
             if p in res.predictors:
@@ -262,7 +270,8 @@ def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, pr
     return preds, opts, table
 
 
-@register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)")
+@register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)",
+          budget={"tiny": 20, "quick": 200})
 def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(PRESET_CONFIGS, preset)
     models: list[tuple[str, tuple[tuple[str, object], ...]] | None] = list(cfg.models) or [None]
@@ -423,7 +432,8 @@ def in_pipeline_markdown(rows: list[dict]) -> str:
 
 
 @register("prediction_in_pipeline",
-          "Prediction error inside the pipeline: per stage (its real staleness) and layer, predicted/stale RMSE")
+          "Prediction error inside the pipeline: per stage (its real staleness) and layer, predicted/stale RMSE",
+          budget={"tiny": 15, "quick": 60})
 def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(IN_PIPELINE_CONFIGS, preset)
     b = cfg.base
@@ -437,7 +447,8 @@ def prediction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutp
 
 @register("gradient_correction_in_pipeline",
           "Gradient corrections inside the pipeline (error feedback, DC-ASGD): per stage at its staleness and layer, "
-          "error of the corrected vs the uncorrected gradient against the gradient at the current weights")
+          "error of the corrected vs the uncorrected gradient against the gradient at the current weights",
+          budget={"tiny": 15, "quick": 60})
 def gradient_correction_in_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(CORRECTION_CONFIGS, preset)
     b = cfg.base
@@ -459,9 +470,9 @@ def _ratio_panels(cfg: InPipelineFigureConfig, preset: str, progress: bool, labe
     optimizers = list(dict.fromkeys(o for _, o in cfg.arms))
     arms: Iterable[tuple[str, str]] = cfg.arms
     if progress:
-        from tqdm.auto import tqdm
+        from ..progress import bar
 
-        arms = tqdm(cfg.arms, desc="in-pipeline runs", unit="run")
+        arms = bar(cfg.arms, desc="in-pipeline runs", unit="run")
     results = {arm: in_pipeline_run(cfg, *arm) for arm in arms}
     first = next(iter(results.values()))
     L, P = len(first.layers), cfg.phases

@@ -123,7 +123,8 @@ def _errors(ax: Any, rows: list[CalibrationRow], target: float = 0.10) -> None:
 
 
 @register("runtime_timeline", "Measured per-rank timelines of the multi-process runtime over the simulated ones, "
-          "and the simulator's makespan forecast error per schedule (profiled costs)")
+          "and the simulator's makespan forecast error per schedule (profiled costs)",
+          budget={"tiny": 30, "quick": 40})
 def runtime_timeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_CONFIGS, preset)
     results: dict[int, list[CalibrationRow]] = {}
@@ -213,7 +214,8 @@ def rahimi_measured_markdown(rows: list[dict[str, Any]], preset: str) -> str:
 
 
 @register("schedules_rahimi_measured", "Rahimi's Table 1 on real processes (gloo ranks, traced runtime) beside the "
-          "note's formulas and the simulator: latency, activation and weight transfers, storage per worker")
+          "note's formulas and the simulator: latency, activation and weight transfers, storage per worker",
+          budget={"tiny": 30, "quick": 30})
 def schedules_rahimi_measured(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_RAHIMI_MEASURED, preset)
     if progress:

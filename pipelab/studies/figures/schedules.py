@@ -157,7 +157,8 @@ def _gantt_figure(entries: Sequence[tuple[Any, ...]], cfg: GanttConfig, suptitle
 
 
 @register("schedules_pipeline", "Gantt charts of the flushed pipeline schedules: naive, GPipe, 1F1B, "
-          "interleaved 1F1B, folded")
+          "interleaved 1F1B, folded",
+          budget={"tiny": 5, "quick": 6})
 def schedules_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     D, M, T = cfg.D, cfg.M, cfg.steps
@@ -173,7 +174,8 @@ def schedules_pipeline(preset: str, *, progress: bool = False) -> FigureOutput:
 
 
 @register("schedules_async", "Gantt charts of asynchronous 1F1B (M=1) with vanilla versions, PipeDream (the same "
-          "order with weight stashing) and PipeDream-2BW, with the weight version every job uses")
+          "order with weight stashing) and PipeDream-2BW, with the weight version every job uses",
+          budget={"tiny": 5, "quick": 8})
 def schedules_async(preset: str, *, progress: bool = False) -> FigureOutput:
     """Three panels, each labelled with the rule its version labels follow (``VersionTable.used``):
 
@@ -196,7 +198,8 @@ def schedules_async(preset: str, *, progress: bool = False) -> FigureOutput:
                          rules=["current", "stash", None])
 
 
-@register("schedules_rahimi", "Gantt charts of Rahimi's DDP, FSDP, LPP and FSLPP placements")
+@register("schedules_rahimi", "Gantt charts of Rahimi's DDP, FSDP, LPP and FSLPP placements",
+          budget={"tiny": 5, "quick": 4})
 def schedules_rahimi(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     D = cfg.D if cfg.D % 2 == 0 else cfg.D + 1
@@ -293,7 +296,8 @@ def _sweep_schedules(W: int, M: int, b_over_f: float, lpp_priorities: Sequence[s
 
 
 @register("schedules_bubble", "Bubble fraction vs micro-batches per step: single pipelines with GPipe's closed "
-          "form (D−1)/(M+D−1), and LPP under both priority rules with its closed form")
+          "form (D−1)/(M+D−1), and LPP under both priority rules with its closed form",
+          budget={"tiny": 5, "quick": 4})
 def schedules_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
     """Left: GPipe, 1F1B, interleaved and folded against (D−1)/(M+D−1). Right: LPP (G = 2, R = W/2) built
     with the backward-first and the forward-first priority (each ordered at the simulated costs), against
@@ -350,7 +354,8 @@ def schedules_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
     return FigureOutput(fig, cfg, None, tables={"csv": csv}, notes=notes, data=rows)
 
 
-@register("schedules_memory", "Peak activation memory per worker (in stage activations) for each schedule")
+@register("schedules_memory", "Peak activation memory per worker (in stage activations) for each schedule",
+          budget={"tiny": 5, "quick": 3})
 def schedules_memory(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_SWEEP, preset)
     D, M = cfg.D, cfg.M_memory
@@ -390,7 +395,8 @@ _STALE = {"tiny": StalenessConfig(D=4, steps=16, M2=4), "quick": StalenessConfig
 
 
 @register("schedules_staleness", "Version-table staleness per stage: async 1F1B vs PipeOptim's D−k−1, "
-          "SpecTrain's round-trip differences, 2BW")
+          "SpecTrain's round-trip differences, 2BW",
+          budget={"tiny": 5, "quick": 3})
 def schedules_staleness(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_STALE, preset)
     D, T = cfg.D, cfg.steps
@@ -495,7 +501,8 @@ _HEAD = {"W": "W", "latency": "latency", "activation_xmit": "act. xmit", "weight
 
 
 @register("schedules_rahimi_table", "Rahimi's Table 1 next to the simulated values (cells that differ in red); "
-          "LPP and FSLPP under the forward-first priority the note assumes and the backward-first one")
+          "LPP and FSLPP under the forward-first priority the note assumes and the backward-first one",
+          budget={"tiny": 5, "quick": 3})
 def schedules_rahimi_table(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_RAHIMI, preset)
     rows = rahimi_rows(cfg)
@@ -562,7 +569,8 @@ def rahimi_table_markdown(rows: Sequence[dict], preset: str) -> str:
 
 
 @register("schedules_throughput_bound", "Rahimi's bound: throughput per worker ρ vs peak activations / S over "
-          "a grid of schedules, LPP under both priority rules")
+          "a grid of schedules, LPP under both priority rules",
+          budget={"tiny": 5, "quick": 3})
 def schedules_throughput_bound(preset: str, *, progress: bool = False) -> FigureOutput:
     """ρ = S·B/(L·W) against M_peak/S for every schedule of a (D, M) grid; LPP (G ∈ {1, 2}, R ∈ {1, 2, D}) is
     built under each rule of :data:`RAHIMI_PRIORITIES` and drawn as its own series, so the legend names

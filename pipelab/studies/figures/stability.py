@@ -87,7 +87,8 @@ def _draw_regions(ax: Axes, entries: list[tuple[LinearMethod, str]], grid: int, 
     return records
 
 
-@register("stability_gd_regions", "Stable regions of GD with gradient delay τ = 0..4 in the complex ηλ plane")
+@register("stability_gd_regions", "Stable regions of GD with gradient delay τ = 0..4 in the complex ηλ plane",
+          budget={"tiny": 5, "quick": 3})
 def stability_gd_regions(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_REGIONS, preset)
     fig, ax = plt.subplots(figsize=(6.2, 5.4))
@@ -100,7 +101,8 @@ def stability_gd_regions(preset: str, *, progress: bool = False) -> FigureOutput
     return FigureOutput(fig, cfg, None, data=rec, notes=rec)
 
 
-@register("stability_momentum_regions", "Stable regions of heavy-ball and Nesterov momentum, with and without delay")
+@register("stability_momentum_regions", "Stable regions of heavy-ball and Nesterov momentum, with and without delay",
+          budget={"tiny": 5, "quick": 4})
 def stability_momentum_regions(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_REGIONS, preset)
     b = cfg.beta
@@ -123,7 +125,8 @@ def stability_momentum_regions(preset: str, *, progress: bool = False) -> Figure
 
 
 @register("stability_prediction_regions",
-          "Stable regions with SpecTrain/PipeOptim weight prediction and with PipeMare's discrepancy correction")
+          "Stable regions with SpecTrain/PipeOptim weight prediction and with PipeMare's discrepancy correction",
+          budget={"tiny": 5, "quick": 4})
 def stability_prediction_regions(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_REGIONS, preset)
     t, b = cfg.tau_pred, cfg.beta_pred
@@ -157,7 +160,8 @@ class ThresholdConfig:
 _THRESH = {"tiny": ThresholdConfig(taus=5), "quick": ThresholdConfig(), "paper": ThresholdConfig(taus=17)}
 
 
-@register("stability_threshold_vs_delay", "Largest stable real ηλ vs delay τ (root-finding), with the closed form")
+@register("stability_threshold_vs_delay", "Largest stable real ηλ vs delay τ (root-finding), with the closed form",
+          budget={"tiny": 5, "quick": 3})
 def stability_threshold_vs_delay(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_THRESH, preset)
     taus = np.arange(cfg.taus)
@@ -222,7 +226,8 @@ def _bisection_sweep(cfg: BisectionConfig) -> dict[str, list[float]]:
 
 
 @register("stability_lr_bisection",
-          "Largest stable learning rate of delayed torch.optim.SGD on least squares (bisection) vs theory")
+          "Largest stable learning rate of delayed torch.optim.SGD on least squares (bisection) vs theory",
+          budget={"tiny": 10, "quick": 50})
 def stability_lr_bisection(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_BISECT, preset)
     meas = cached("stability_lr_bisection", cfg, _bisection_sweep)
@@ -284,7 +289,8 @@ def _momentum_map(cfg: MomentumMapConfig) -> dict[str, np.ndarray]:
     return {"betas": betas, "taus": taus, "z": zmap}
 
 
-@register("stability_momentum_map", "Max stable real step of delayed heavy-ball over momentum β and delay τ")
+@register("stability_momentum_map", "Max stable real step of delayed heavy-ball over momentum β and delay τ",
+          budget={"tiny": 5, "quick": 4})
 def stability_momentum_map(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_MAP, preset)
     res = cached("stability_momentum_map", cfg, _momentum_map)
@@ -359,7 +365,8 @@ def _momentum_delay(cfg: MomentumDelayConfig) -> dict[str, Any]:
 
 
 @register("stability_momentum_delay",
-          "Momentum as extra delay vs momentum absorbing staleness: heavy-ball and NAdam in torch and effective units")
+          "Momentum as extra delay vs momentum absorbing staleness: heavy-ball and NAdam in torch and effective units",
+          budget={"tiny": 5, "quick": 5})
 def stability_momentum_delay(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_MDELAY, preset)
     res = cached("stability_momentum_delay", cfg, _momentum_delay)
@@ -440,7 +447,8 @@ def _modern_methods() -> dict[str, Any]:
 
 @register("stability_modern_vs_delay",
           "Stable regions at one-step delay and max stable step vs τ for NAdam look-ahead, delay compensation and "
-          "error feedback")
+          "error feedback",
+          budget={"tiny": 5, "quick": 4})
 def stability_modern_vs_delay(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_MODERN, preset)
     taus = np.arange(cfg.taus)

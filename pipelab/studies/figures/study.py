@@ -107,7 +107,8 @@ def _csv(rows: list[dict], cols: tuple[str, ...]) -> str:
 
 @register("study_lr_map", "Validation accuracy per policy and learning rate (first halving round) per task, optimizer "
           "and D, divergence marked, the selected rate boxed, with the heavy-ball stability threshold from the "
-          "measured top Hessian eigenvalue", presets=_TUNED_PRESETS)
+          "measured top Hessian eigenvalue", presets=_TUNED_PRESETS,
+          budget={"tiny": 60})
 def study_lr_map(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     if cfg.tuning is None:
@@ -209,7 +210,8 @@ def _cell(mean: float, half: float, div: int) -> str:
 
 
 @register("study_tuned_table", "Best test accuracy per arm at its tuned learning rate vs the common rate (mean ± 95% "
-          "t over seeds, paired difference), per task, optimizer, D and policy", presets=_TUNED_PRESETS)
+          "t over seeds, paired difference), per task, optimizer, D and policy", presets=_TUNED_PRESETS,
+          budget={"tiny": 60})
 def study_tuned_table(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     if cfg.tuning is None:

@@ -72,7 +72,8 @@ _GANTT = {"tiny": GanttConfig(D=3, M=6, steps=1), "quick": GanttConfig(D=4, M=8,
 
 
 @register("schedules_zero_bubble", "Gantt charts of the zero-bubble family with the split backward: ZB-H1, "
-          "ZB-H2, ZB-V, V-Half, V-Min, interleaved zero bubble, DualPipeV, against 1F1B")
+          "ZB-H2, ZB-V, V-Half, V-Min, interleaved zero bubble, DualPipeV, against 1F1B",
+          budget={"tiny": 10, "quick": 10})
 def schedules_zero_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_GANTT, preset)
     W, M, T = cfg.D, cfg.M, cfg.steps
@@ -96,7 +97,8 @@ _FAMILY = {"tiny": FamilyConfig(W=2, Ms=(4, 8, 16), M_frontier=8), "quick": Fami
 
 
 @register("schedules_zero_bubble_bubble", "Bubble fraction vs micro-batches per step for the zero-bubble family "
-          "and the 1F1B baselines, F = I = W")
+          "and the 1F1B baselines, F = I = W",
+          budget={"tiny": 5, "quick": 4})
 def schedules_zero_bubble_bubble(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_FAMILY, preset)
     rows: dict[str, list[tuple[int, float]]] = {}
@@ -133,7 +135,8 @@ def schedules_zero_bubble_bubble(preset: str, *, progress: bool = False) -> Figu
 
 
 @register("schedules_zero_bubble_frontier", "Peak activation memory vs bubble for every synchronous schedule at "
-          "one M: the V-schedules' controllable-memory trade-off")
+          "one M: the V-schedules' controllable-memory trade-off",
+          budget={"tiny": 5, "quick": 3})
 def schedules_zero_bubble_frontier(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_FAMILY, preset)
     W, M = cfg.W, cfg.M_frontier
@@ -212,7 +215,8 @@ def async_split_rows(D: int, steps: int, latencies: tuple[float, ...] = (0.0,)) 
 
 
 @register("schedules_async_split", "What a split backward does to asynchronous 1F1B: staleness and memory per "
-          "stage from the version tables, and time per mini-batch against transfer latency")
+          "stage from the version tables, and time per mini-batch against transfer latency",
+          budget={"tiny": 5, "quick": 3})
 def schedules_async_split(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_ASYNC, preset)
     D = cfg.D
@@ -248,7 +252,8 @@ def schedules_async_split(preset: str, *, progress: bool = False) -> FigureOutpu
 
 
 @register("schedules_async_split_gantt", "Gantt charts of asynchronous 1F1B and its split-backward variant with "
-          "the weight version every job uses")
+          "the weight version every job uses",
+          budget={"tiny": 5, "quick": 5})
 def schedules_async_split_gantt(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_ASYNC, preset)
     D, T = cfg.gantt_D, cfg.gantt_steps
