@@ -3,24 +3,24 @@
 A :class:`Link` has a latency α (seconds) and a bandwidth β (bytes/second). A :class:`Network` gives every stage
 boundary k (stage k → k+1, D−1 of them) one link per direction: ``forward[k]`` carries stage k's output
 activation, ``backward[k]`` its gradient back. The simulator (:func:`pipelab.simulator.simulate`) times a message
-of n bytes sent over L at time s (the end of its producer, or of ``Schedule.send_after``'s job) to worker r:
+of n bytes over L, sent at s (the end of its producer, or of ``Schedule.send_after``'s job) to worker r:
 
     ready = s + α_L,   arrival = max(ready, free_r) + n / β_L,   free_r ← arrival,
 
-where r's inbound *wire* (one per worker; two with ``duplex``: activations and gradients apart) transmits ready
+r's inbound *wire* (one per worker; with ``duplex`` two: activations and gradients apart) transmits ready
 messages one at a time in order of ready time (ties: earlier send, then lower sender worker). Messages between
 stages on one worker cost nothing. β = ∞ and α = ``transfer_cost[k]`` is the simulator's scalar model.
 
 Bytes (:func:`message_bytes`): a shape pass on the ``meta`` device over the user's stages and a sample
-micro-batch; a hand-over (tensor, or tuple/dict of tensors) bills its floating tensors in the hand-over dtype
-(the compute dtype under mixed precision) through the boundary's :class:`Codec`, its integer tensors as they are
-and forward only. Codecs' bills for a tensor of shape (…, d) with R = numel/d rows: identity numel·itemsize,
-bf16 2·numel, int8 numel + 4R (a per-row fp32 scale), lowrank(r) R·r·itemsize (a projection onto r columns).
+micro-batch. A hand-over (a tensor, or a tuple/dict of tensors) bills its floating tensors in the hand-over dtype
+(the compute dtype under mixed precision) through the boundary's codec, both ways, and its integer tensors as
+they are, forward only. A codec's bill for a floating tensor of shape (…, d), R = numel/d rows: identity
+numel·itemsize, bf16 2·numel, int8 numel + 4R (a per-row fp32 scale), lowrank(r) R·r·itemsize (r columns).
 
-Collectives of p members over one link, n bytes (:func:`collective_time`; Thakur, Rabenseifner and Gropp,
+Collectives of p members, n bytes, one link (:func:`collective_time`; Thakur, Rabenseifner and Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005): ring all-reduce
-2(p−1)α + 2(p−1)/p · n/β; all-gather and reduce-scatter (p−1)α + (p−1)/p · n/β; binomial-tree broadcast and reduce
-⌈log2 p⌉(α + n/β) (a tree all-reduce: reduce then broadcast).
+2(p−1)α + 2(p−1)/p · n/β; all-gather, reduce-scatter (p−1)α + (p−1)/p · n/β; binomial-tree broadcast, reduce
+⌈log2 p⌉(α + n/β); tree all-reduce twice that.
 
 Example:
     >>> link = Link.mbps(200, latency_ms=50)
@@ -68,21 +68,19 @@ class Link:
         return cls(latency_ms / 1e3, rate * 1e6 / 8)
 
     def transmission(self, nbytes: float) -> float:
-        """n / β: the time n bytes occupy the wire."""
+        """n/β: the time n bytes occupy the wire."""
         return nbytes / self.bandwidth
 
     def time(self, nbytes: float) -> float:
-        """α + n / β: one message alone on the link."""
+        """α + n/β: one message alone on the link."""
         return self.latency + nbytes / self.bandwidth
 
 
 @dataclass(frozen=True)
 class Network:
-    """Per boundary k = 0..D−2 the link of each direction, the wires (``duplex``) and the collectives' link.
-
-    ``collective``: the link of every collective; ``None``: per collective, the slowest link (largest α + n/β)
-    of the boundaries next to the stages its members compute (free when there are none).
-    """
+    """Per boundary k = 0..D−2 the link of each direction, the wires (``duplex``) and the collectives' link
+    (``None``: per collective, the slowest link, largest α + n/β, of the boundaries next to the stages its
+    members compute; free when there are none)."""
 
     forward: tuple[Link, ...]
     backward: tuple[Link, ...]
@@ -91,10 +89,9 @@ class Network:
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward"):
-            links = tuple(getattr(self, name))
-            if not all(isinstance(x, Link) for x in links):
-                raise TypeError(f"Network {name} must be a sequence of Link, got {links!r}")
-            object.__setattr__(self, name, links)
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+            if not all(isinstance(x, Link) for x in getattr(self, name)):
+                raise TypeError(f"Network {name} must be a sequence of Link, got {getattr(self, name)!r}")
         if len(self.forward) != len(self.backward):
             raise ValueError(f"Network needs one forward and one backward link per boundary, got "
                              f"{len(self.forward)} and {len(self.backward)}")
@@ -110,11 +107,10 @@ class Network:
 
     @property
     def D(self) -> int:
-        """Stages of the pipeline the network connects."""
         return len(self.forward) + 1
 
     def collective_link(self, boundaries: Iterable[int], nbytes: float) -> Link:
-        """The link a collective of ``nbytes`` among workers touching ``boundaries`` runs on (class docstring)."""
+        """The link of a collective of ``nbytes`` among workers next to ``boundaries`` (class docstring)."""
         if self.collective is not None:
             return self.collective
         return max((x for k in boundaries for x in (self.forward[k], self.backward[k])),
@@ -122,7 +118,7 @@ class Network:
 
 
 class Codec(Protocol):
-    """What the simulator and the meter need of a codec: its name and the bytes a floating tensor costs encoded."""
+    """What the simulator and the meter need of a codec: a name and the bytes a floating tensor costs encoded."""
 
     @property
     def name(self) -> str: ...
@@ -136,8 +132,6 @@ def _rows(shape: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True)
 class Identity:
-    """Sent as it is: numel · itemsize."""
-
     name: str = "identity"
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -146,8 +140,6 @@ class Identity:
 
 @dataclass(frozen=True)
 class Bf16:
-    """Cast to bfloat16: 2 bytes per element."""
-
     name: str = "bf16"
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -156,8 +148,6 @@ class Bf16:
 
 @dataclass(frozen=True)
 class Int8:
-    """Per-row absmax quantisation: 1 byte per element and one fp32 scale per row (last dimension)."""
-
     name: str = "int8"
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -166,8 +156,6 @@ class Int8:
 
 @dataclass(frozen=True)
 class LowRank:
-    """Projection of the last dimension onto ``rank`` columns: rows · rank elements in the tensor's dtype."""
-
     rank: int
 
     def __post_init__(self) -> None:
@@ -190,30 +178,25 @@ def _tensors(value: Any) -> list[Tensor]:
     return [value] if isinstance(value, Tensor) else [x for x in pytree.tree_leaves(value) if isinstance(x, Tensor)]
 
 
-def _handovers(stages: Sequence[nn.Module], x: Any) -> list[Any]:
+def _stage_inputs(stages: Sequence[nn.Module], x: Any) -> list[Any]:
     """Each stage's input for the micro-batch ``x`` (index 0: ``x``), as ``meta`` tensors (nothing is computed)."""
-    h = pytree.tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, Tensor)
-                        else t, x)
-    out = [h]
+    if not _tensors(x):
+        raise TypeError(f"x must be a micro-batch tensor (or a structure of tensors), got {type(x).__name__}")
+    out = [pytree.tree_map(lambda t: t.to("meta") if isinstance(t, Tensor) else t, x)]
     with torch.no_grad():
         for stage in list(stages)[:-1]:
-            h = copy.deepcopy(stage).to("meta")(h)
-            out.append(h)
+            out.append(copy.deepcopy(stage).to("meta")(out[-1]))
     return out
 
 
 def boundary_bytes(stages: Sequence[nn.Module], x: Any) -> list[int]:
-    """Bytes of each stage's input for the micro-batch ``x`` (index k: the input of stage k, index 0: ``x``), in the
-    dtypes of a plain run: what the runtime holds for a backward and :func:`pipelab.calibration.compare_memory`
-    compares."""
-    if not _tensors(x):
-        raise TypeError(f"x must be a micro-batch tensor (or a structure of tensors), got {type(x).__name__}")
-    return [sum(t.numel() * t.element_size() for t in _tensors(h)) for h in _handovers(stages, x)]
+    """Bytes of each stage's input for the micro-batch ``x`` (index 0: ``x``) in a plain run's dtypes: what the
+    runtime holds for a backward (:func:`pipelab.calibration.compare_memory`)."""
+    return [sum(t.numel() * t.element_size() for t in _tensors(h)) for h in _stage_inputs(stages, x)]
 
 
 class MessageBytes(NamedTuple):
-    """Bytes of the messages crossing each boundary k = 0..D−2 per micro-batch: the activation forward, its
-    gradient backward."""
+    """Bytes crossing each boundary k = 0..D−2 per micro-batch: the activation forward, its gradient backward."""
 
     activation: tuple[int, ...]
     gradient: tuple[int, ...]
@@ -221,30 +204,25 @@ class MessageBytes(NamedTuple):
 
 def message_bytes(stages: Sequence[nn.Module], x: Any, *, dtype: torch.dtype | None = None,
                   codec: Codec | Sequence[Codec | None] | None = None) -> MessageBytes:
-    """The bytes each boundary's messages bill, from a shape pass over ``stages`` with the micro-batch ``x``.
+    """The bytes each boundary's messages bill (module docstring), from a shape pass with the micro-batch ``x``.
 
     Args:
-        stages: the user's stages (D modules); x: one micro-batch (a tensor or a structure of tensors).
-        dtype: the hand-over dtype of floating tensors (mixed precision: ``Precision.dtype``, e.g.
-            ``torch.bfloat16``); ``None``: the dtype a plain run produces.
-        codec: one :class:`Codec` for every boundary, or one per boundary (``None``: identity).
+        dtype: the hand-over dtype of floating tensors (mixed precision: ``Precision.dtype``); ``None``: a plain
+            run's. codec: one for every boundary, or one per boundary (``None``: identity).
 
     Example:
-        >>> from torch import nn
         >>> message_bytes([nn.Linear(4, 8), nn.Linear(8, 2)], torch.zeros(3, 4), dtype=torch.bfloat16)
         MessageBytes(activation=(48,), gradient=(48,))
     """
-    D = len(stages)
-    codecs = list(codec) if isinstance(codec, Sequence) else [codec] * (D - 1)
-    if len(codecs) != D - 1:
-        raise ValueError(f"codec must be one Codec or one per boundary (D-1={D - 1}), got {len(codecs)}")
+    codecs = list(codec) if isinstance(codec, Sequence) else [codec] * (len(stages) - 1)
+    if len(codecs) != len(stages) - 1:
+        raise ValueError(f"codec must be one Codec or one per boundary (D-1={len(stages) - 1}), got {len(codecs)}")
     act, grad = [], []
-    for h, c in zip(_handovers(stages, x)[1:], codecs):
-        bill = Identity() if c is None else c
-        floating = sum(bill.encoded_bytes(tuple(t.shape), t.dtype if dtype is None else dtype) for t in _tensors(h)
-                       if t.is_floating_point())
-        act.append(floating + sum(t.numel() * t.element_size() for t in _tensors(h) if not t.is_floating_point()))
-        grad.append(floating)
+    for h, c in zip(_stage_inputs(stages, x)[1:], codecs):
+        ts, bill_of = _tensors(h), (c or Identity()).encoded_bytes
+        bill = sum(bill_of(tuple(t.shape), dtype or t.dtype) for t in ts if t.is_floating_point())
+        act.append(bill + sum(t.numel() * t.element_size() for t in ts if not t.is_floating_point()))
+        grad.append(bill)
     return MessageBytes(tuple(act), tuple(grad))
 
 
@@ -253,17 +231,12 @@ COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "b
 
 
 def collective_time(kind: str, members: int, nbytes: float, link: Link, algorithm: str = "ring") -> float:
-    """Time of a collective of ``kind`` among ``members`` workers over an n-byte payload (module docstring);
-    ``algorithm`` ("ring" or "tree") chooses the all-reduce's. One member: 0.
-
-    Raises:
-        ValueError: an unknown kind or algorithm, or fewer than one member.
-    """
-    if kind not in COLLECTIVES or algorithm not in ("ring", "tree"):
-        raise ValueError(f"kind must be one of {COLLECTIVES} and algorithm 'ring' or 'tree', got {kind!r}, "
-                         f"{algorithm!r}")
-    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
-        raise ValueError(f"members must be an int >= 1, got {members!r}")
+    """Time of a collective of ``kind`` among ``members`` (>= 1) workers over ``nbytes`` (module docstring);
+    ``algorithm`` ("ring" or "tree") chooses the all-reduce's."""
+    if kind not in COLLECTIVES or algorithm not in ("ring", "tree") or isinstance(members, bool) or \
+            not isinstance(members, int) or members < 1:
+        raise ValueError(f"need kind in {COLLECTIVES}, algorithm 'ring' or 'tree' and members an int >= 1, got "
+                         f"{kind!r}, {algorithm!r}, {members!r}")
     p, a, t = members, link.latency, link.transmission(nbytes)
     if kind in ("broadcast", "reduce") or (kind == "all_reduce" and algorithm == "tree"):
         return (2 if kind == "all_reduce" else 1) * math.ceil(math.log2(p)) * (a + t)

@@ -7,17 +7,33 @@ worker's order, so timing needs no search: a job starts at
     start(j) = max( end of the previous job on its worker,
                     max over dependencies d of end(d) + latency(d → j) ),   end(j) = start(j) + cost(j).
 
-:func:`run` resolves this with per-worker cursors and a wait list: a worker advances through its program
-until its next job waits on an unfinished dependency, parks on that dependency, and resumes when it
-finishes. Every job is examined a bounded number of times, so the cost is linear in the number of actions
-(no argmin over a frontier). A worker that can never resume means the program order contradicts the
-dependencies (deadlock): :func:`run` reports the blocked workers instead of times.
-
 Op codes: F=0, B=1, U=2, I=3, W=4. Dependency slots: ``dep1``/``dep2`` hold a compute job's data edges in
 the order of :func:`~pipelab.schedules.dependencies.edges_into` (for a tensor from another worker, the job
 whose end sends it: its producer, or a later job of the producer's worker named by
 ``Schedule.send_after``); ``dep3`` its weight barrier (:func:`~pipelab.schedules.dependencies.update_dependency`,
 at its weight source); an update's weight-gradient jobs are in ``udeps``.
+
+:func:`run`, linear in the number of actions (every job is examined a bounded number of times):
+
+============  ======================================================================================================
+step          what it does
+============  ======================================================================================================
+inputs        per action its three dependencies, their latencies and its cost as lists of shared objects (one int
+              per id, one float per distinct cost: the loop jumps between workers, and 10^5 distinct objects miss
+              the cache where a few shared ones do not); a dependency met by program order (earlier on the job's
+              worker, no latency) is dropped, and so is an update's wait for gradient jobs that all ran before it
+              on its worker. A message on a wire (the link model, :mod:`pipelab.links`) becomes pseudo-job n + m,
+              whose end is its arrival
+worker loop   a worker advances while its next job's dependencies have ended (``end`` is ∞ until a job is timed,
+              −∞ at the "no dependency" index, so the start is one max over three slots), else parks on the first
+              unfinished one and resumes when it ends; an update still waiting (slot 1 = the sentinel ``us``)
+              scans its step's gradient jobs with a cursor kept between resumptions
+wire step     when no worker can advance, the earliest ready message (heap key: ready, send, sender worker, m)
+              crosses its wire: arrival = max(ready, wire free) + transmission. Every message ready earlier is in
+              the heap by then (a job starts no earlier than the messages it waited for), so each wire serves its
+              messages in ready order
+deadlock      a worker that never resumes: the program order contradicts the dependencies; ``blocked`` names it
+============  ======================================================================================================
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
@@ -313,9 +329,8 @@ def job_costs(c: Compiled, f_cost: Cost, b_cost: Cost, u_cost: Cost, i_cost: Cos
 
 
 class Wires(NamedTuple):
-    """Messages that queue on inbound wires (:mod:`pipelab.links`): message m is the tensor job ``consumer[m]``
-    receives in dependency slot ``slot[m]`` (1 or 2) on wire ``wire[m]``, after latency ``latency[m]`` and a
-    transmission of ``transmission[m]``; one wire carries one message at a time, in order of ready time."""
+    """Messages that queue on inbound wires: message m is what job ``consumer[m]`` receives in dependency slot
+    ``slot[m]`` (1 or 2) on wire ``wire[m]``, after ``latency[m]`` and a ``transmission[m]`` on the wire."""
 
     consumer: np.ndarray
     slot: np.ndarray
@@ -325,9 +340,8 @@ class Wires(NamedTuple):
 
 
 class Timing(NamedTuple):
-    """What :func:`run` returns: per action start and end (−1: never ran), the order it timed them (a topological
-    order), the (worker, position) of every blocked worker (a deadlock; empty when all ran), and with wires per
-    message the time its transmission began and its arrival (empty without wires)."""
+    """:func:`run`'s result: per action start and end (−1: never ran), the order it timed them (topological), the
+    (worker, position) of each blocked worker (a deadlock), and per message on a wire its begin and arrival."""
 
     start: np.ndarray
     end: np.ndarray
@@ -339,45 +353,27 @@ class Timing(NamedTuple):
 
 def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3: np.ndarray,
         wires: Wires | None = None) -> Timing:
-    """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end.
-
-    ============  =================================================================================================
-    step          what it does
-    ============  =================================================================================================
-    _loop_inputs  per action its three dependencies (a message on a wire: pseudo-job n + m, whose end is its
-                  arrival), their latencies and its cost, as lists; a dependency that ended before the job's worker
-                  reaches it (earlier on that worker, no latency) is dropped, and so is an update's wait when its
-                  gradient jobs all ran before it on its worker
-    worker loop   a worker advances while its next job's dependencies have ended (start = one max over the slots:
-                  ``end`` is ∞ until a job is timed, −∞ at the "no dependency" index), else parks on the first
-                  unfinished one and is resumed when it ends; an update waiting for its step's gradient jobs
-                  (slot 1 = the sentinel ``us``) scans them with a cursor kept between resumptions
-    wire step     when no worker can advance, the earliest ready message (heap key: ready, send, sender worker,
-                  m) crosses its wire: arrival = max(ready, wire free) + transmission. Every message ready
-                  earlier is in the heap by then (a job starts no earlier than the messages it waited for), so
-                  each wire serves its messages in ready order
-    ============  =================================================================================================
-
-    The loop reads shared objects where it can (one int object per id, one float per distinct cost): it
-    jumps between workers, and 10^5 distinct objects miss the cache where a few shared ones do not.
-    """
+    """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end."""
     L = _loop_inputs(c, cost, (lat1, lat2, lat3), wires)
-    n, W, us, inf = c.n, c.schedule.W, L.us, math.inf
-    dd1, dd2, dd3, ll1, ll2, ll3, cst, sends, urows = L.d1, L.d2, L.d3, L.l1, L.l2, L.l3, L.cost, L.sends, L.urows
-    al, tx, wi = L.latency, L.transmission, L.wire
+    dd1, dd2, ll1, ll2, cst, rows, waiting, us = L.d1, L.d2, L.l1, L.l2, L.cost, L.rows, L.waiting, L.us
+    al, tx, wi, dep, sender = L.latency, L.transmission, L.wire, L.departure, L.sender
+    n, W, inf = c.n, c.schedule.W, math.inf
     end = [inf] * (us + 1) + [-inf]
-    start, ends = array("d", bytes(8 * n)), array("d", [-1.0]) * n
+    start = array("d", bytes(8 * n))
     offs = c.offsets.tolist()
     ptr, stop, free = offs[:-1], offs[1:], [0.0] * W
     order: list[int] = []
     append = order.append
-    waiting: list[list[int] | None] = [None] * us
-    ucur: dict[int, tuple[int, float]] = {}
+    cursor: dict[int, tuple[int, float]] = {}
     stack, heap = list(range(W - 1, -1, -1)), []  # type: list[int], list[tuple[float, float, int, int]]
     wfree, begin = [0.0] * (max(wi, default=-1) + 1), [0.0] * (us - n)
     while True:
         while stack:
             w = stack.pop()
+            if w >= W:  # message w − W: its departure job has ended
+                m, d = w - W, dep[w - W]
+                heappush(heap, (end[d] + al[m], end[d], sender[m], m))
+                continue
             i, e_w, t_free = ptr[w], stop[w], free[w]
             while i < e_w:
                 t0 = t_free
@@ -387,26 +383,12 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
                 e = end[dd2[i]] + ll2[i]
                 if e > t0:
                     t0 = e
-                e = end[dd3[i]] + ll3[i]
-                if e > t0:
-                    t0 = e
-                if t0 == inf:  # it waits, or it is an update
+                if t0 == inf:  # it waits, or its dependencies are a row
                     j = dd1[i]
                     if j == us:
-                        row = urows[i]
-                        p0, t0 = ucur.pop(i, (0, t_free))
-                        for p in range(p0, len(row)):
-                            e = end[row[p]]
-                            if e == inf:
-                                ucur[i] = (p, t0)
-                                j = row[p]
-                                break
-                            if e > t0:
-                                t0 = e
-                        else:
-                            j = -1
+                        j, t0 = _row_wait(i, rows[i], cursor, end, t_free)
                     elif end[j] != inf:
-                        j = dd2[i] if end[dd2[i]] == inf else dd3[i]
+                        j = dd2[i]
                     if j >= 0:
                         ws = waiting[j]
                         if ws is None:
@@ -415,83 +397,96 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
                             ws.append(w)
                         break
                 start[i] = t0
-                t_free = t0 + cst[i]
-                end[i] = ends[i] = t_free
+                t_free = end[i] = t0 + cst[i]
                 append(i)
                 ws = waiting[i]
                 if ws is not None:
                     stack.extend(ws)
-                ms = sends[i]
-                if ms is not None:
-                    for m in ms:
-                        heappush(heap, (t_free + al[m], t_free, w, m))
                 i += 1
             ptr[w], free[w] = i, t_free
         if not heap:
             break
         ready, _, _, m = heappop(heap)
         r = wi[m]
-        b = begin[m] = wfree[r] if wfree[r] > ready else ready
+        b = begin[m] = max(wfree[r], ready)
         wfree[r] = end[n + m] = b + tx[m]
-        ws = waiting[n + m]
-        if ws is not None:
-            stack.extend(ws)
-    seq = np.zeros(n, np.int64)
-    seq[order] = np.arange(len(order))
+        stack.extend(waiting[n + m] or ())
+    seq, ran = np.zeros(n, np.int64), np.zeros(n, bool)
+    seq[order], ran[order] = np.arange(len(order)), True
+    st = np.frombuffer(start)
+    ends = np.where(ran, st + cost, -1.0)  # t0 + cost, the loop's very sum
     stuck = [(w, ptr[w] - offs[w]) for w in range(W) if ptr[w] < stop[w]]
-    timing = Timing(np.frombuffer(start), np.frombuffer(ends), seq, stuck)
-    return timing if wires is None else timing._replace(begin=np.asarray(begin), arrival=np.asarray(end[n:us]))
+    return Timing(st, ends, seq, stuck, np.asarray(begin), np.asarray(end[n:us]))
+
+
+def _row_wait(i: int, row: list[tuple[int, float]], cursor: dict[int, tuple[int, float]], end: list[float],
+              t_free: float) -> tuple[int, float]:
+    """Scan job i's (dependency, latency) row from where it stopped: (the first unfinished dependency, −1 if none;
+    the latest end + latency so far, from ``t_free``)."""
+    p0, t0 = cursor.pop(i, (0, t_free))
+    for p in range(p0, len(row)):
+        d, lat = row[p]
+        if end[d] == math.inf:
+            cursor[i] = (p, t0)
+            return d, t0
+        t0 = max(t0, end[d] + lat)
+    return -1, t0
 
 
 class _Loop(NamedTuple):
-    d1: list[int]
+    """The lists :func:`run`'s loop reads (module docstring, step "inputs")."""
+
+    d1: list[int]  # two dependency slots (index us + 1: none; us: see ``rows``) and their latencies
     d2: list[int]
-    d3: list[int]
     l1: list[float]
     l2: list[float]
-    l3: list[float]
     cost: list[float]
-    sends: list[list[int] | None]
-    urows: dict[int, list[int]]
+    rows: dict[int, list[tuple[int, float]]]  # (dependency, latency) of a job with three, or an update's wait
+    waiting: list[list[int] | None]  # per job the workers parked on it, seeded with W + m at message m's departure
     us: int
-    latency: list[float]
+    latency: list[float]  # per message m
     transmission: list[float]
     wire: list[int]
+    departure: list[int]
+    sender: list[int]
 
 
 def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wires: Wires | None) -> _Loop:
-    """The lists :func:`run`'s loop reads (its step table)."""
-    n, ids = c.n, np.arange(c.n)
-    us = n + (0 if wires is None else len(wires.consumer))
-    deps = [c.dep1.copy(), c.dep2.copy(), c.dep3.copy()]
-    lat = [x.copy() for x in lats]
-    sends: list[list[int] | None] = [None] * n
+    """:class:`_Loop` for ``c``: a dependency met by program order is dropped, the rest moved to the first slots."""
+    n, W, ids = c.n, c.schedule.W, np.arange(c.n)
+    nm = 0 if wires is None else len(wires.consumer)
+    us = n + nm
+    deps, lat = np.stack([c.dep1, c.dep2, c.dep3]), np.stack(lats).copy()
+    departure = np.zeros(nm, np.int64)
     if wires is not None:
-        for slot in (1, 2):
-            m = np.flatnonzero(wires.slot == slot)
-            d, cons = deps[slot - 1], wires.consumer[m]
-            for mm, dep in zip(m.tolist(), d[cons].tolist()):
-                sends[dep] = (sends[dep] or []) + [mm]
-            d[cons], lat[slot - 1][cons] = n + m, 0.0
-    for d, x in zip(deps, lat):
-        d[(d < ids) & (x == 0) & (c.worker[np.clip(d, 0, n - 1)] == c.worker)] = -1
+        departure = deps[wires.slot - 1, wires.consumer]
+        deps[wires.slot - 1, wires.consumer], lat[wires.slot - 1, wires.consumer] = n + np.arange(nm), 0.0
+    deps[(deps < ids) & (lat == 0) & (c.worker[np.clip(deps, 0, n - 1)] == c.worker)] = -1
+    for a, b in ((1, 2), (0, 1), (1, 2)):  # the remaining dependencies first, in slot order
+        gap = (deps[a] < 0) & (deps[b] >= 0)
+        deps[[a, b]], lat[[a, b]] = np.where(gap, deps[[b, a]], deps[[a, b]]), np.where(gap, lat[[b, a]], lat[[a, b]])
     own = (c.udeps >= 0) & (c.udeps < c.u_ids[:, None]) & (c.worker[c.udeps] == c.worker[c.u_ids][:, None])
-    waits = ~own.all(axis=1)
-    deps[0][c.u_ids[waits]] = us
+    rows = {int(i): list(zip(deps[:, i][deps[:, i] >= 0].tolist(), lat[:, i][deps[:, i] >= 0].tolist()))
+            for i in np.flatnonzero(deps[2] >= 0)}
+    rows |= {u: [(d, 0.0) for d in row] for u, row in zip(c.u_ids[~own.all(1)].tolist(), c.udeps[~own.all(1)].tolist())}
+    deps[0, list(rows)], deps[1, list(rows)] = us, -1
+    waiting: list[list[int] | None] = [None] * us
+    for m, d in enumerate(departure.tolist()):
+        waiting[d] = (waiting[d] or []) + [W + m]
     pool = np.arange(us + 2).astype(object)
-    d1, d2, d3 = (pool[np.where(d < 0, us + 1, d)].tolist() for d in deps)
     stage = np.clip(c.stage, 0, c.schedule.D - 1)
-    l1, l2, l3 = (_floats(x, np.where(x != 0, stage + 1, 0)) for x in lat)
-    urows = dict(zip(c.u_ids[waits].tolist(), c.udeps[waits].tolist()))
-    cst = _floats(cost, np.clip(c.op, 0, 4) * c.schedule.D + stage)
-    if wires is None:
-        return _Loop(d1, d2, d3, l1, l2, l3, cst, sends, urows, us, [], [], [])
-    return _Loop(d1, d2, d3, l1, l2, l3, cst, sends, urows, us, wires.latency.tolist(), wires.transmission.tolist(),
-                 wires.wire.tolist())
+    d1, d2 = (pool[np.where(d < 0, us + 1, d)].tolist() for d in deps[:2])
+    l1, l2 = (_floats(x, np.where(x != 0, stage + 1, 0)) for x in lat[:2])
+    msg = Wires(*(np.zeros(0, int),) * 5) if wires is None else wires
+    return _Loop(d1, d2, l1, l2, _floats(cost, np.clip(c.op, 0, 4) * c.schedule.D + stage), rows, waiting, us,
+                 msg.latency.tolist(), msg.transmission.tolist(), msg.wire.tolist(), departure.tolist(),
+                 c.worker[departure].tolist())
 
 
 def _floats(values: np.ndarray, codes: np.ndarray) -> list[float]:
     """``values.tolist()``, one shared float object per code where ``values`` is constant within each code."""
+    if not values.any():
+        return [0.0] * len(values)
     table = np.zeros(int(codes.max(initial=0)) + 1)
     table[codes] = values
     if not np.array_equal(table[codes], values):
