@@ -39,13 +39,13 @@ from __future__ import annotations
 import functools
 import gc
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES", "MAX_JOBS", "check_int", "check_flag",
-           "check_jobs"]
+           "check_jobs", "flushed_program", "unflushed_program"]
 
 #: Every op an action may carry. F/B/U are produced by the builders; I/W are the split backward.
 OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
@@ -310,3 +310,26 @@ def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:
     if jobs > limit:
         raise ValueError(f"{name} would have {jobs:,} compute jobs, too large: the limit is MAX_JOBS={limit:,} "
                          "(pipelab.schedules.actions.MAX_JOBS); use fewer stages, micro-batches or steps")
+
+
+def flushed_program(k: int, one_step: Sequence[tuple[str, int]], steps: int) -> tuple[Action, ...]:
+    """Worker k's program of a flushed one-stage-per-worker schedule: one step's ``(op, j)`` order, then U(k, t),
+    for every step t."""
+    p: list[Action] = []
+    for t in range(steps):
+        p += [Action(op, k, t, j) for op, j in one_step]
+        p.append(Action("U", k, t, -1))
+    return tuple(p)
+
+
+def unflushed_program(k: int, order: Sequence[tuple[str, int]], per_step: int, last: str, stride: int = 1,
+                      offset: int = 0) -> tuple[Action, ...]:
+    """Worker k's program of a never-flushed schedule: ``order`` runs over the micro-batches g = t·per_step + i of
+    the whole run (micro-batch i·stride + offset of step t) and U(k, t) follows the ``last`` op of i = per_step−1."""
+    p: list[Action] = []
+    for op, g in order:
+        t, i = divmod(g, per_step)
+        p.append(Action(op, k, t, i * stride + offset))
+        if op == last and i == per_step - 1:
+            p.append(Action("U", k, t, -1))
+    return tuple(p)
