@@ -246,17 +246,18 @@ def lpp_hash(s: int, b: int, G: int, R: int) -> int:
     return (R * b) % (G * R) + s % R
 
 
-def _looped(name: str, D: int, M: int, G: int, R: int, steps: int, weights: Callable[[int], Any], priority: str,
-            costs: tuple[Cost, Cost, Cost], rule: str) -> Schedule:
-    """LPP's compute placement h(s, b) with the given weight placement (``lpp``, ``fslpp``)."""
+def _looped(name: str, D: int, M: int, G: int, R: int, steps: int, weights: Callable[[int, int, int], Any],
+            priority: str, costs: tuple[Cost, Cost, Cost], rule: str) -> Schedule:
+    """LPP's compute placement h(s, b) with the weight placement ``weights(s, G, R)`` (``lpp``, ``fslpp``)."""
     D, M, G, R = (check_int(n, v) for n, v in (("D", D), ("M", M), ("G", G), ("R", R)))
     if D % R:
         raise ValueError(f"{name.lower()} needs D divisible by R so each worker holds D/R stages (D={D}, R={R})")
     if M % G:
         raise ValueError(f"{name.lower()} needs M divisible by G so groups get equal micro-batches (M={M}, G={G})")
-    return construct(D, M, G * R, compute=lambda s, b, d: lpp_hash(s, b, G, R), weights=weights, priority=priority,
-                     steps=steps, chunk=lambda s, w: s // R, name=f"{name}(D={D}, M={M}, G={G}, R={R})"
-                     + ("" if priority == "backward_first" else f", {priority}"), f_cost=costs[0], b_cost=costs[1],
+    order = "" if priority == "backward_first" else f", {priority}"
+    return construct(D, M, G * R, compute=lambda s, b, d: lpp_hash(s, b, G, R), weights=lambda s: weights(s, G, R),
+                     priority=priority, steps=steps, chunk=lambda s, w: s // R,
+                     name=f"{name}(D={D}, M={M}, G={G}, R={R}){order}", f_cost=costs[0], b_cost=costs[1],
                      u_cost=costs[2], update_rule=rule, params={"D": D, "M": M, "G": G, "R": R})
 
 
@@ -275,7 +276,7 @@ def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "back
     costs the constructor orders at (:func:`~pipelab.schedules.constructor.construct`); pass those the schedule
     will run with.
     """
-    return _looped("LPP", D, M, G, R, steps, lambda s: tuple(g * R + s % R for g in range(G)), priority,
+    return _looped("LPP", D, M, G, R, steps, lambda s, G, R: tuple(g * R + s % R for g in range(G)), priority,
                    (f_cost, b_cost, u_cost), "every group's copy applies U(s,t) after the all-reduce of step t (flush)")
 
 
@@ -286,7 +287,7 @@ def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "ba
     w(s,b,d) = (h(s,s), h(s,b)); the owner applies U(s, t), the others fetch stage s's weights. ``priority``
     and the ordering costs as in :func:`lpp` (same compute placement, so the same timeline).
     """
-    return _looped("FSLPP", D, M, G, R, steps, lambda s: lpp_hash(s, s, G, R), priority, (f_cost, b_cost, u_cost),
+    return _looped("FSLPP", D, M, G, R, steps, lambda s, G, R: lpp_hash(s, s, G, R), priority, (f_cost, b_cost, u_cost),
                    "the owner h(s,s) applies U(s,t) after the reduce of step t (flush)")
 
 
