@@ -3,14 +3,9 @@
 Every comparison of the learning-curve study is a handful of seeds per arm, and every arm of a seed starts
 from the same weights and sees the same mini-batches, so two arms are compared *paired by seed*.
 
-- :func:`t_interval`: mean ± t half-width of one arm, ``h = t_{(1+c)/2, n-1} · s / sqrt(n)`` with the sample
-  standard deviation ``s`` (ddof = 1) and confidence ``c``;
-- :func:`paired_difference`: the same interval for the per-seed differences ``d_i = a_i − b_i`` and the
-  two-sided p-value of the paired t test, ``t = mean(d) / (s_d / sqrt(n))`` with n − 1 degrees of freedom;
-- :func:`resolved`: an interval resolves a difference when it excludes 0 (``|mean| > h``);
-- :func:`holm`: Holm's step-down adjusted p-values;
-- :func:`winner_test` / :func:`resolved_winner`: the arm with the highest mean is the winner only when its
-  paired difference to *every* other arm is resolved after a Holm correction over those k − 1 comparisons.
+Each function states its rule: one arm's t interval (:func:`t_interval`), the paired difference and its t test
+(:func:`paired_difference`), Holm's adjustment (:func:`holm`), and the winner, declared only when its paired
+difference to *every* other arm is resolved after a Holm correction (:func:`winner_test`).
 
 Divergence. A diverged run is recorded as NaN (or ±inf) and is never silently averaged: :func:`t_interval`
 leaves non-finite values out and counts them (``n_nan``) so a caller states them next to the interval;

@@ -326,8 +326,9 @@ def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_runtime_on_nccl_equals_the_emulator(device: str) -> None:
+    from nccl_model import check_order
+
     from pipelab.emulator import Emulator
-    from pipelab.runtime import check_order
     from pipelab.schedules import gpipe, one_f_one_b, pipedream
     from pipelab.studies.models import deep_mlp
 
