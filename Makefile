@@ -4,7 +4,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PRESET ?= quick
+# The preset: `make figures PRESET=paper`, else $PIPELAB_PRESET, else quick.
+PRESET ?= $(or $(PIPELAB_PRESET),quick)
 # Parallel test workers (pytest-xdist; `make test JOBS=0` runs in one process) and extra pytest
 # arguments, e.g. `make test PYTEST_ARGS="-k schedules"`.
 JOBS ?= auto
