@@ -11,7 +11,7 @@ PRESET ?= $(or $(PIPELAB_PRESET),quick)
 JOBS ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv figures test test-fast lint data notebooks-strip clean-venv
+.PHONY: venv figures test test-fast lint data notebooks-strip lab clean-venv
 
 # The stamp depends on pyproject.toml, so a change of dependencies reinstalls.
 $(VENV)/.installed: pyproject.toml
@@ -46,6 +46,13 @@ lint: venv
 
 notebooks-strip: venv
 	$(PY) -m pipelab strip-notebooks notebooks
+
+# JupyterLab on the notebooks, listening on this machine only: open the URL it prints (with its token); from another
+# machine forward the port first (ssh -L 8888:localhost:8888 HOST). Root (a container) needs --allow-root.
+LAB_PORT ?= 8888
+lab: venv
+	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -188,3 +188,14 @@ def test_readme_python_blocks_run_in_one_session(tmp_path: Path, monkeypatch: py
         exec(compile(block, "README.md", "exec"), namespace)
         check(namespace)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == ["runs/1f1b.csv"]
+
+
+def test_make_lab_listens_on_localhost_without_a_browser_and_as_root() -> None:
+    """`make lab` (from the README): JupyterLab on the notebooks, reachable from this machine only, with no browser
+    to open on a server, and with --allow-root exactly when run as root (Jupyter refuses root without it)."""
+    proc = subprocess.run(["make", "-n", "lab"], cwd=ROOT, capture_output=True, text=True, check=True)
+    line = next(ln for ln in re.sub(r"\\\n\s*", " ", proc.stdout).splitlines() if "jupyter lab" in ln)
+    argv = shlex.split(line)
+    assert argv[0] == ".venv/bin/jupyter" and argv[1] == "lab", line
+    assert {"--no-browser", "--ip=127.0.0.1", "--port=8888", "--notebook-dir=notebooks"} <= set(argv), line
+    assert ("--allow-root" in argv) == (os.getuid() == 0), line
