@@ -199,3 +199,23 @@ def test_make_lab_listens_on_localhost_without_a_browser_and_as_root() -> None:
     assert argv[0] == ".venv/bin/jupyter" and argv[1] == "lab", line
     assert {"--no-browser", "--ip=127.0.0.1", "--port=8888", "--notebook-dir=notebooks"} <= set(argv), line
     assert ("--allow-root" in argv) == (os.getuid() == 0), line
+
+
+#: paths the README names that are places on the user's machine, not files of the repository
+ELSEWHERE = ("/", "~", "runs/", "FashionMNIST/raw/")
+
+
+def test_every_file_the_readme_points_to_is_in_the_repository() -> None:
+    """A `path` is found from the root, pipelab/, pipelab/studies/ or tests/ (a module may go without .py, a bare
+    file name is a module of the table row's package); nothing points outside the repository."""
+    named = {m for m in re.findall(r"`([^`\s]+)`", README)
+             if re.search(r"/|\.(py|md|toml|ya?ml|csv|json|ipynb|mplstyle)$", m) and not m.startswith(ELSEWHERE)}
+    assert len(named) > 50
+    bases = [ROOT, ROOT / "pipelab", ROOT / "pipelab" / "studies", ROOT / "tests"]
+    for name in named:
+        if "/" in name:
+            found = any(list(b.glob(name)) or (b / f"{name}.py").is_file() for b in bases)
+        else:
+            found = (ROOT / name).is_file() or any(any(b.rglob(name)) for b in (ROOT / "pipelab", ROOT / "tests"))
+        assert found, f"the README points to {name}, which the repository does not hold"
+    assert "design document" not in README.lower()
