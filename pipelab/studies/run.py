@@ -144,6 +144,7 @@ def train_distributed(cfg: RunConfig, world_size: int | None = None, *, backend:
         ValueError: a CUDA device without CUDA, or NCCL with fewer visible GPUs than ranks (before spawning).
 
     Example:
+        >>> from pipelab.studies.learning_curves import RunConfig
         >>> cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1)
         >>> out = train_distributed(cfg)          # doctest: +SKIP
         >>> out["test_acc"], out["samples_per_s"]  # doctest: +SKIP
