@@ -254,8 +254,40 @@ def tensor_bytes(tensors: Iterable[Tensor]) -> int:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the state tensors ``optimizer`` holds now (its scalar step counters included)."""
-    return tensor_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+    """Bytes of the state tensors ``optimizer`` holds once every parameter has been stepped (scalar step counters
+    included): what a parameter's state holds now, and for a parameter without state yet what the same optimizer's
+    first step allocates for it.
+
+    ``torch.optim`` allocates state lazily, at a parameter's first step, so before it an Adam stage would count 0
+    bytes where it soon holds 2·4n. The first step's allocation is measured by stepping a twin optimizer (same class,
+    same param-group hyper-parameters) over ``meta``-device copies of those parameters with zero gradients: no
+    memory is allocated and neither the optimizer nor its parameters change.
+
+    Warns (and counts 0 for them) when the twin cannot be built or stepped, e.g. an optimizer class whose constructor
+    needs more than its param groups.
+    """
+    def state_of(states: Iterable[dict[Any, Any]]) -> int:
+        return tensor_bytes(v for state in states for v in state.values() if torch.is_tensor(v))
+
+    unstepped = {p for group in optimizer.param_groups for p in group["params"] if not optimizer.state.get(p)}
+    held = state_of(optimizer.state.values())
+    if not unstepped:
+        return held
+    twins = {p: torch.zeros_like(p, device="meta") for p in unstepped}
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [twins[p] for p in group["params"] if p in twins]} for group in optimizer.param_groups]
+    cls: Any = type(optimizer)  # a subclass's constructor: its param groups are all it is given
+    try:
+        twin = cls([g for g in groups if g["params"]])
+        for t in twins.values():
+            t.grad = torch.zeros_like(t)
+        twin.step()
+    except Exception as exc:  # any optimizer class may be passed: say what could not be measured, keep the rest
+        warnings.warn(f"cannot measure the state {type(optimizer).__name__} allocates at its first step "
+                      f"({type(exc).__name__}: {exc}); its {len(unstepped)} unstepped parameter(s) count 0 bytes",
+                      stacklevel=2)
+        return held
+    return held + state_of(twin.state.values())
 
 
 def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, predicted: int,
@@ -268,7 +300,8 @@ def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, p
 
         masters = P;  versions = (V − 1)·P ("master": the newest version is the masters) or V·c ("compute": every
         version is a working copy), and 0 when V = 1 (a flushed stage computes from its masters);
-        predicted = p·c;  optimizer_state = bytes of the optimizer's state tensors now (fp32, as the masters);
+        predicted = p·c;  optimizer_state = bytes of the optimizer's state tensors once stepped (fp32, as the
+        masters; :func:`optimizer_state_bytes`, so before the first step too);
         total = their sum.
 
     Autocast's per-op casts of a weight are transient and not counted.

@@ -140,8 +140,9 @@ class PipelinePlan:
     @property
     def weight_bytes(self) -> dict[int, dict[str, int]]:
         """Bytes each built stage holds for its weights in the run's precision: masters, stored versions,
-        predicted copies, optimizer state (now), total (:func:`pipelab.precision.weight_memory`), all of its trainable
-        parameters (frozen ones are held once, in the module, and are not counted)."""
+        predicted copies, optimizer state (once stepped, so before the first step too), total
+        (:func:`pipelab.precision.weight_memory`), all of its trainable parameters (frozen ones are held once, in the
+        module, and are not counted)."""
         copies = self.weight_copies
         return {k: weight_memory(self.precision, st.params, 0 if k in self.weightless else self.capacity[k],
                                  copies[k] - self.capacity[k] if k not in self.weightless else 0, st.optimizer)

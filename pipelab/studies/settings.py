@@ -30,7 +30,8 @@ from ..schedules.actions import Schedule
 from ..schedules.builders import BUILDERS
 
 __all__ = ["TASKS", "ARM_OPTIMIZER_SETTINGS", "PREDICTION_OPTIMIZER_SETTINGS", "IN_PIPELINE_LRS", "MODERN_LRS",
-           "Tuning", "TINY_TUNING", "STUDY_TUNING", "MODERN_TUNING", "ARM_POLICIES", "ARM_SCHEDULES", "arm_schedule",
+           "Tuning", "TINY_TUNING", "STUDY_TUNING", "MODERN_TUNING", "ARM_POLICIES", "PIPELINE_POLICIES",
+           "ARM_SCHEDULES", "arm_schedule",
            "POLICY_ORDER", "QUICK_POLICIES", "MODERN_POLICIES", "MODERN_OPTIMIZERS", "MODERN_ONLY", "MUON_POLICIES",
            "IN_PIPELINE_ARMS", "CORRECTION_ARMS", "CALIBRATION_KINDS", "RAHIMI_RUNS"]
 
@@ -135,6 +136,8 @@ MODERN_TUNING = Tuning(grids=(("sgdm", 1e-3, 1e-1, 5), ("adamw", 1e-4, 1e-2, 5),
 #: every registered policy that a real pipeline can run (all but the emulation-only oracle).
 ARM_POLICIES: dict[str, str] = {name: info.schedule for name, info in
                                 ((n, make_policy(n)) for n in available_policies()) if not info.emulation_only}
+#: the arms that run a pipeline (all but the sequential arm): the multi-process runner's ``--policy`` choices
+PIPELINE_POLICIES = tuple(p for p, family in ARM_POLICIES.items() if family != "sequential")
 
 #: schedule -> the policy families it serves: schedules an arm may run instead of its policy's own family
 #: (``RunConfig.schedule``). ``zb_h1``: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), flushed, M

@@ -194,8 +194,7 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
     from pipelab.policies import SCHEDULE_FAMILIES, available_policies
     from pipelab.schedules.builders import BUILDERS
     from pipelab.studies.figures.learning_curves import LABELS
-    from pipelab.studies.run import PIPELINE_POLICIES
-    from pipelab.studies.settings import ARM_POLICIES, POLICY_ORDER
+    from pipelab.studies.settings import ARM_POLICIES, PIPELINE_POLICIES, POLICY_ORDER
 
     for name in available_policies():
         info = make_policy(name)
@@ -213,6 +212,6 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
                       "pipemare": "PipeMare", "nesterov_async": "Nesterov (async PP)",
                       "error_feedback": "error feedback (gradient extrapolation)",
                       "dc_asgd": "DC-ASGD (delay compensation)"}
-    assert PIPELINE_POLICIES == [n for n in POLICY_ORDER if n != "sequential"]
+    assert PIPELINE_POLICIES == tuple(n for n in POLICY_ORDER if n != "sequential")
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope")

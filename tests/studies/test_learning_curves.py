@@ -346,3 +346,37 @@ def test_the_grid_skips_arms_a_policy_cannot_serve() -> None:
                                                    ["sgdm", "adam", "nadam"], [4], [0])}
     assert arms == {("spectrain", "sgdm"), ("nesterov_async", "nadam"), ("stashing", "sgdm"), ("stashing", "adam"),
                     ("stashing", "nadam")}
+
+
+def test_accuracy_bands_stay_within_0_and_100_percent() -> None:
+    """Two seeds at 99% and 100%: the 95% t interval (half-width 12.7 · 0.5 pp) reaches past 100%; the band stops
+    there, the mean does not move."""
+    from pipelab.studies.figures.learning_curves import _acc_band
+
+    rs = [{"epoch": [0, 1], "test_acc": [0.02, 0.99]}, {"epoch": [0, 1], "test_acc": [0.0, 1.0]}]
+    _, mean, lo, hi = _acc_band(rs)
+    assert mean.tolist() == pytest.approx([1.0, 99.5])
+    assert lo.tolist() == [0.0, pytest.approx(99.5 - 12.706 * 0.5, abs=1e-3)]
+    assert hi.tolist() == [pytest.approx(1.0 + 12.706, abs=1e-3), 100.0]
+
+
+def test_learning_curve_panel_titles_fit_their_panels_in_every_preset() -> None:
+    """Side by side, a title wider than its panel runs into its neighbour's: every task and optimizer of every
+    preset, with the largest test-set size, drawn in the figures' style."""
+    import matplotlib.pyplot as plt
+
+    from pipelab.studies import style
+    from pipelab.studies.figures.learning_curves import PANEL_TITLE_SIZE, PANEL_WIDTH, _panel_titles, _presets
+
+    with style.context():
+        fig = plt.figure()
+        renderer = fig.canvas.get_renderer()
+        widest = 0.0
+        for cfg in _presets().values():
+            for task in cfg.tasks:
+                for opt in cfg.optimizers:
+                    for title in _panel_titles(task, opt, 10_000):
+                        text = fig.text(0, 0, title, fontsize=PANEL_TITLE_SIZE)
+                        widest = max(widest, text.get_window_extent(renderer).width / fig.dpi)
+        plt.close(fig)
+    assert 0.5 * PANEL_WIDTH < widest < 0.95 * PANEL_WIDTH

@@ -317,7 +317,7 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
     groups = _group(records)
     nrow, ncol = len(cfg.tasks), 2 * len(cfg.optimizers)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 2.7 * nrow + 0.9), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(PANEL_WIDTH * ncol, 2.7 * nrow + 0.9), squeeze=False)
     colors = _colors(cfg.policies)
     handles: dict[str, Any] = {}
     for i, task in enumerate(cfg.tasks):
@@ -332,19 +332,16 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                 label = LABELS[pol] + (f" ({div}/{len(rs)} diverged)" if div else "")
                 style = dict(color=colors[pol], lw=2.0 if pol in ("sequential", "pipeoptim") else 1.3,
                              ls="--" if pol == "sequential" else "-")
-                for ax, key in ((ax_l, "train_loss"), (ax_a, "test_acc")):
-                    y = np.array([r[key] for r in rs], dtype=float)
-                    # the loss is drawn on a log axis: its band is the t interval of log(loss), i.e. a
-                    # geometric mean times/divided by a factor (an arithmetic band would cross 0)
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        y = np.log(y) if key == "train_loss" else 100 * y
-                    # per epoch: mean and 95% t half-width over the seeds still finite (diverged ones drop out)
-                    ivs = [t_interval(y[:, e]) for e in range(y.shape[1])]
-                    m = np.array([iv.mean for iv in ivs])
-                    lo, hi = m - np.array([iv.half_width for iv in ivs]), m + np.array([iv.half_width for iv in ivs])
-                    if key == "train_loss":
-                        m, lo, hi = np.exp(m), np.exp(lo), np.exp(hi)
-                    (line,) = ax.plot(ep, m, label=label, **style)
+                # the loss is drawn on a log axis: its band is the t interval of log(loss), i.e. a geometric mean
+                # times/divided by a factor (an arithmetic band would cross 0); per epoch over the seeds still
+                # finite (diverged ones drop out)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    log_loss = np.log(np.array([r["train_loss"] for r in rs], dtype=float))
+                ivs = [t_interval(log_loss[:, e]) for e in range(log_loss.shape[1])]
+                m, h = np.array([iv.mean for iv in ivs]), np.array([iv.half_width for iv in ivs])
+                for ax, (_, mean, lo, hi) in ((ax_l, (ep, np.exp(m), np.exp(m - h), np.exp(m + h))),
+                                              (ax_a, _acc_band(rs))):
+                    (line,) = ax.plot(ep, mean, label=label, **style)
                     ax.fill_between(ep, lo, hi, color=colors[pol], alpha=0.15, lw=0)
                 handles.setdefault(pol, line)
             n_test = test_set_size(task, cfg.n_test)
@@ -355,8 +352,8 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                             va="center", fontsize=8, color="0.4", transform=ax.transAxes)
                 continue
             ax_l.set_yscale("log")
-            ax_l.set_title(f"{task} · {optimizer_label(opt)}: train loss (geom. mean)", fontsize=9)
-            ax_a.set_title(f"{task} · {optimizer_label(opt)}: test acc. (%, n={n_test})", fontsize=9)
+            for ax, title in zip((ax_l, ax_a), _panel_titles(task, opt, n_test)):
+                ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
             for ax in (ax_l, ax_a):
                 ax.set_xlabel("epoch")
     band = (f"mean and 95% t band (ddof=1) over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1
@@ -379,13 +376,25 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                                                        _round_pp(r["final_ci95"]) for r in rows}})
 
 
+#: the font size of :func:`learning_curves`' panel titles, and its panels' width in inches
+PANEL_TITLE_SIZE, PANEL_WIDTH = 9, 3.3
+
+
+def _panel_titles(task: str, opt: str, n_test: int) -> tuple[str, str]:
+    """The loss and accuracy panels' titles; on two lines, since a panel is narrower than the task's and the
+    optimizer's names plus the quantity (side by side, one-line titles ran into each other)."""
+    head = f"{task} · {optimizer_label(opt)}"
+    return f"{head}\ntrain loss (geom. mean)", f"{head}\ntest acc. (%, n={n_test})"
+
+
 def _acc_band(rs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Epochs, mean test accuracy (%) and its 95% t band over the seeds still finite at each epoch."""
+    """Epochs, mean test accuracy (%) and its 95% t band over the seeds still finite at each epoch, the band cut to
+    [0, 100] %: with few seeds the t interval reaches past what an accuracy can be."""
     y = 100 * np.array([r["test_acc"] for r in rs], dtype=float)
     ivs = [t_interval(y[:, e]) for e in range(y.shape[1])]
     m = np.array([iv.mean for iv in ivs])
     h = np.array([iv.half_width for iv in ivs])
-    return np.asarray(rs[0]["epoch"]), m, m - h, m + h
+    return np.asarray(rs[0]["epoch"]), m, np.clip(m - h, 0, 100), np.clip(m + h, 0, 100)
 
 
 @register("learning_curves_by_policy", "Test accuracy per epoch as small multiples: one panel per pipelined "
