@@ -162,11 +162,23 @@ def _using_pipelab(ns: dict[str, Any]) -> None:
     assert math.isclose(ns["pipelab"].max_stable_step(ns["delayed_gd"](4)), 2 * math.sin(math.pi / 18), rel_tol=1e-9)
 
 
+def _link_model(ns: dict[str, Any]) -> None:
+    sim = ns["sim"]
+    assert sim.link_utilisation.shape == (3, 2) and ((0 <= sim.link_utilisation) & (sim.link_utilisation <= 1)).all()
+    assert 0 < sim.link_time < 1
+    assert math.isclose(sum(d for _, _, d in sim.critical_path()), sim.makespan, rel_tol=1e-9)
+
+
 def _mixed_precision(ns: dict[str, Any]) -> None:
     """Adam's fp32 state before any step: 2 x 4n bytes plus a 4-byte step counter per parameter tensor."""
     for k, row in ns["emu"].plan.weight_bytes.items():
         params = ns["emu"].stages[k].params
         assert row["optimizer_state"] == 8 * sum(p.numel() for p in params) + 4 * len(params) > 0
+
+
+def _planner(ns: dict[str, Any]) -> None:
+    best = ns["plans"][0]
+    assert sum(best.sizes) == 8 and max(best.peak_memory) <= 16 * 2**30 and best.schedule in best.explain()
 
 
 def _torch_interop(ns: dict[str, Any]) -> None:
@@ -175,7 +187,7 @@ def _torch_interop(ns: dict[str, Any]) -> None:
 
 
 #: the README's Python blocks in order, and what each one's comments state
-PYTHON_CHECKS = [_using_pipelab, _mixed_precision, _torch_interop]
+PYTHON_CHECKS = [_using_pipelab, _link_model, _mixed_precision, _planner, _torch_interop]
 
 
 def test_readme_python_blocks_run_in_one_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
