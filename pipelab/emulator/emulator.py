@@ -234,7 +234,7 @@ class Emulator:
             holders = {(w, k): st.full_weights([p.detach() for p in st.params]) for (w, k), st in copies.items()
                        if w in self.plan.placement[k].holders}
             placed = {"copies": holders, "collectives": {w: counter.of(w) for w in sorted(counter.calls)}}
-        used = {(op,) + kk: spec.target for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
+        used = self.specs.used()
         return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
                               done, extra={**placed, "ring_peak": [max(st.ring.peak for st in everyone if st.k == k)
                                                                    for k in range(D)],

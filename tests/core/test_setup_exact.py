@@ -5,10 +5,10 @@ the per-job specs became arrays: for each case (a schedule from :data:`~pipelab.
 drawn sizes, a policy that can run on it, an optimizer, sometimes a predictor, a precision, recompute, a stage
 without weights or a frozen parameter) it holds digests of every job's forward and backward spec, the execution
 order, the ring capacities and weight copies, which versions each stage's ring held after every job it ran, and,
-after an emulator run in float64 (float32 masters under bf16/fp16), the losses, the final weights bit for bit, the versions every job ran at and
-used, the ring and activation peaks; for a placed schedule also its global sequence, every copy's ring capacity
-and final weights, and the collectives' bytes. A case the old code refused keeps its error. Regenerate (only on
-the old code) with ``python tests/core/test_setup_exact.py --write``.
+after an emulator run in float64 (float32 masters under bf16/fp16), the losses, the final weights bit for bit,
+the versions every job ran at and used, the ring and activation peaks; for a placed schedule also its global
+sequence, every copy's ring capacity and final weights, and the collectives' bytes. A case the old code refused
+keeps its error. Regenerate (only on the old code) with ``python tests/core/test_setup_exact.py --write``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from pipelab.emulator import Emulator
 from pipelab.optim import optimizer_factory
+from pipelab.pipeline.placement import Collective, FetchedStage
 from pipelab.schedules.builders import BUILDERS
 
 FIXTURE = Path(__file__).with_name("setup_reference.json")
@@ -222,7 +224,13 @@ def _cases() -> list[dict[str, Any]]:
     return json.loads(FIXTURE.read_text()) if FIXTURE.exists() else []
 
 
-@pytest.mark.parametrize("entry", _cases(), ids=lambda e: f"{e['case']['schedule']}-{e['case']['policy']}")
+def _marked(entries: list[dict[str, Any]]) -> list[Any]:
+    """Every fourth case in the fast suite, all of them in the full one (``slow``)."""
+    return [pytest.param(e, id=f"{e['case']['schedule']}-{e['case']['policy']}-{i}",
+                         marks=() if i % 4 == 0 else pytest.mark.slow) for i, e in enumerate(entries)]
+
+
+@pytest.mark.parametrize("entry", _marked(_cases()))
 def test_setup_and_run_are_as_before(entry: dict[str, Any]) -> None:
     got = record(entry["case"])
     want = entry["expect"]
@@ -246,3 +254,78 @@ def test_the_reference_covers_the_machinery() -> None:
 
 if __name__ == "__main__" and "--write" in sys.argv:  # PYTHONPATH=. to record this worktree's pipelab
     FIXTURE.write_text(json.dumps([{"case": c, "expect": record(c)} for c in draw_cases()], indent=0) + "\n")
+
+
+# ------------------------------------------------------------------ the arrays against straightforward references
+
+
+def _reference_capacity(jobs: list, need: Any, k: int) -> int:
+    """Peak versions of stage k alive along ``jobs`` (its events, U included), simulated one event at a time."""
+    last = {need(job): i for i, job in enumerate(jobs) if job[0] != "U"}
+    version, alive, peak = 0, {0}, 1
+    for i, job in enumerate(jobs):
+        if job[0] == "U":
+            if last.get(version, -1) <= i:
+                alive.discard(version)
+            version += 1
+            alive.add(version)
+            peak = max(peak, len(alive))
+        elif last[need(job)] == i and need(job) != version:
+            alive.discard(need(job))
+    return peak
+
+
+def _reference_fetched_capacity(part: list, need: Any) -> int:
+    """Peak versions a non-holder copy holds along its part (jobs, and broadcasts that bring a version): one goes
+    after its last use, or when the next arrives if it was the newest and its last use passed."""
+    jobs = [e for e in part if not isinstance(e, Collective)]
+    last = {need(job): i for i, job in enumerate(jobs)}
+    alive: set[int] = set()
+    current, pos, peak = -1, 0, 1
+    for e in part:
+        if isinstance(e, Collective):
+            if current >= 0 and last.get(current, -1) < pos:
+                alive.discard(current)
+            alive.add(e.version)
+            current = max(current, e.version)
+            peak = max(peak, len(alive))
+            continue
+        if last[need(e)] == pos and need(e) != current:
+            alive.discard(need(e))
+        pos += 1
+    return peak
+
+
+@pytest.mark.parametrize("entry", [e for e in _cases() if "weights" in e["expect"]][::3],
+                         ids=lambda e: f"{e['case']['schedule']}-{e['case']['policy']}")
+def test_specs_events_and_order_match_straightforward_references(entry: dict[str, Any]) -> None:
+    """Per job, :class:`JobSpecs` is the policy's per-job rule; the fast order is :func:`resolve_order`'s; every
+    stage's ring size is the event-by-event simulation of its versions' lives; its use counts are its jobs'."""
+    from pipelab.pipeline import JobSpecs, build_pipeline, resolve_order
+    from pipelab.policies import make_policy
+    from pipelab.simulator import simulate
+
+    case = entry["case"]
+    sched = BUILDERS[case["schedule"]](*case["args"], **case["kw"])
+    table = simulate(sched).version_table
+    policy = make_policy(case["policy"], **case["options"])
+    specs = JobSpecs(policy, table)
+    for (k, t, j), (f, b) in specs.items():
+        assert f == policy.forward(table, ("F", k, t, j)) and b == policy.backward(table, ("B", k, t, j))
+    model = _model(case["model"], sched.D, torch.float64)
+    plan = build_pipeline(model, schedule=sched, policy=policy, optimizer=_optimizer(case["optimizer"]),
+                          **({"D": sched.D} if isinstance(model, nn.Sequential) else {}))
+    assert list(plan.order) == resolve_order(table, lambda job: 0 if job[0] == "U" else specs.need(*job))
+    executors = plan.copies or {(0, k): st for k, st in plan.stages.items()}
+    for (w, k), ex in executors.items():
+        jobs = [ex.events[i] for i in range(len(ex.events))]
+        need = lambda e, k=k: specs.need(e[0], k, e[1], e[2])  # noqa: E731
+        counted = Counter(need(e) for e in jobs if e[0] != "U")
+        assert [ex.uses[v] for v in sorted(counted)] == [counted[v] for v in sorted(counted)]
+        if isinstance(ex, FetchedStage):
+            part = [e if isinstance(e, Collective) else (e.op, e.step, e.micro) for e in plan.sequence
+                    if (e.worker == w if not isinstance(e, Collective) else e.kind == "broadcast" and w in e.holders)
+                    and e.stage == k]
+            assert ex.ring.capacity == _reference_fetched_capacity(part, need)
+        else:
+            assert ex.ring.capacity == _reference_capacity(jobs, need, k)
