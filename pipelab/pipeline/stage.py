@@ -56,7 +56,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from ..policies import GradientContext, Policy, Stored, WeightSpec
 from ..precision import FP32, Precision
@@ -110,7 +109,12 @@ class StageExecutor:
         trainable = {id(p): i for i, p in enumerate(self.params)}
         #: per named parameter: its index in W, or the frozen parameter itself (for :meth:`full_weights`)
         self._slots: list[int | Tensor] = [trainable.get(id(p), p) for _, p in named]
-        self.buffer_names = [n for n, _ in module.named_buffers()]
+        # where a call puts each weight (every alias of a tied one) and each buffer: found once, see :meth:`call`
+        where: dict[int, list[tuple[dict, str]]] = {}
+        for n, p in module.named_parameters(remove_duplicate=False):
+            where.setdefault(id(p), []).append(_slot(module, n, "_parameters"))
+        self._weight_slots = [where[id(p)] for p in self.params]
+        self._buffer_slots = [_slot(module, n, "_buffers") for n, _ in module.named_buffers(remove_duplicate=False)]
         if optimizer is None and self.params:
             raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
                              "without)")
@@ -170,11 +174,27 @@ class StageExecutor:
         return tuple(W[s] if isinstance(s, int) else s.detach() for s in self._slots)
 
     def call(self, weights: Sequence[Tensor], x: Any, fresh_buffers: bool = False) -> Any:
-        """The stage at weights W (frozen parameters and buffers from the module) on input ``x``."""
-        mapping: dict[str, Tensor] = dict(zip(self.names, weights))
-        if fresh_buffers and self.buffer_names:
-            mapping.update({n: b.clone() for n, b in self.module.named_buffers()})
-        out = functional_call(self.module, mapping, (x,))
+        """The stage at weights W (frozen parameters and buffers from the module) on input ``x``.
+
+        As :func:`torch.func.functional_call` does, W's tensors stand in the module's parameter slots (all aliases
+        of a tied one) for the call, and copies of the buffers with ``fresh_buffers``; the slots are found once,
+        when the executor is built, instead of on every call.
+        """
+        swaps = [(slot, w) for slots, w in zip(self._weight_slots, weights) for slot in slots]
+        if fresh_buffers:
+            copies: dict[int, Tensor] = {}
+            for d, n in self._buffer_slots:
+                if id(d[n]) not in copies:
+                    copies[id(d[n])] = d[n].clone()
+                swaps.append(((d, n), copies[id(d[n])]))
+        held = [(d, n, d[n]) for (d, n), _ in swaps]
+        try:
+            for (d, n), w in swaps:
+                d[n] = w
+            out = self.module(x)
+        finally:
+            for d, n, w in held:
+                d[n] = w
         if self.k == self.D - 1:
             return out
         check_handover(out, self.k)
@@ -483,6 +503,12 @@ class StageExecutor:
             W = tuple(w.detach().requires_grad_(True) for w in weights)
             _, out = self._replay_forward(W, entry[1], entry[2], entry[3])
             self.pending[(t, j)] = (entry, out, W, g)
+
+
+def _slot(module: nn.Module, name: str, kind: str) -> tuple[dict, str]:
+    """Where tensor ``name`` of ``module`` lives: its submodule's ``_parameters`` or ``_buffers`` (``kind``), key."""
+    prefix, _, attr = name.rpartition(".")
+    return getattr(module.get_submodule(prefix), kind), attr
 
 
 def _inverse(perm: list[int]) -> list[int]:
