@@ -13,14 +13,15 @@ row                        what is built (``Emulator(stages, schedule=simulated,
                            (worker, stage) copy, its events, ring and optimizer, the global sequence
 =========================  ===================================================================================
 
-Per row: the simulation (:func:`pipelab.simulator.simulate`, with its version table's execution order) is timed
-apart and not counted; **set-up** is the emulator's construction from the simulation, the median of ``--repeats``
-runs, wall-clock and CPU (``time.process_time``: the goal's measure, robust to other processes on the cores),
-and **MB** the peak of Python allocations during one more construction (``tracemalloc``: numpy arrays included,
-tensors not; the stages are tiny), with jobs per CPU-second and the 1-minute load average sampled after the
-row. The first ``torch.optim`` optimizer of a process imports ``torch._dynamo`` (seconds): that is
-done before any row. Goals (issue 29): the 2 M-job rows in ≤ 5 s and ≤ 300 MB; the placed rows' set-up
-independent of the number of workers at fixed jobs.
+Per row: the simulation (:func:`pipelab.simulator.simulate`, with its version table's execution order; not the
+set-up's: the simulator has its own owner) is timed apart in CPU seconds and not counted; **set-up** is the
+emulator's construction from the simulation, the median of ``--repeats`` runs, wall-clock and CPU
+(``time.process_time``: the goal's measure, robust to other processes on the cores), and **MB** the peak of
+Python allocations during one more construction (``tracemalloc``: numpy arrays included, tensors not; the
+stages are tiny), with jobs per CPU-second and the 1-minute load average sampled after the row. The first
+``torch.optim`` optimizer of a process imports ``torch._dynamo`` (seconds): that is done before any row. Goals
+(issue 29): the 2 M-job rows in ≤ 5 CPU-s and ≤ 300 MB; the placed rows' set-up independent of the number of
+workers at fixed jobs.
 
 Usage:
     .venv/bin/python benchmarks/setup.py [--repeats 3] [--small] [--rows sync async ddp fsdp] [--threads 1]
@@ -56,7 +57,7 @@ WORKERS = (4, 8, 16)
 
 @dataclass
 class Row:
-    """One row: its name, jobs (the version table's execution order), the simulation's seconds, the set-up's
+    """One row: its name, jobs (the version table's execution order), the simulation's CPU seconds, the set-up's
     median wall-clock and CPU seconds over the repeats and peak MB, and the load average after the row."""
 
     name: str
@@ -68,7 +69,7 @@ class Row:
     load: float
 
     def __str__(self) -> str:
-        return (f"  {self.name:<28} {self.jobs:>9,d} jobs  simulate {self.simulate:6.2f} s | set-up "
+        return (f"  {self.name:<28} {self.jobs:>9,d} jobs  simulate CPU {self.simulate:6.2f} s | set-up "
                 f"{self.setup:6.2f} s (CPU {self.cpu:6.2f} s) {self.mb:7.1f} MB "
                 f"{self.jobs / self.cpu / 1e3:6.0f} k jobs/CPU-s | "
                 f"load {self.load:.1f}")
@@ -95,10 +96,10 @@ def stages(D: int) -> list[nn.Module]:
 def measure(name: str, build: Callable[[], Any], policy: str, repeats: int) -> Row:
     """Simulate once (timed apart), then build the emulator ``repeats`` times (timed) and once under tracemalloc."""
     schedule = build()
-    t0 = time.perf_counter()
+    c0 = time.process_time()
     sim = simulate(schedule)
     jobs = len(sim.version_table.order)
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - c0
 
     def construct() -> Emulator:
         return Emulator(stages(schedule.D), schedule=sim, policy=policy,
