@@ -109,24 +109,9 @@ class StageExecutor:
         trainable = {id(p): i for i, p in enumerate(self.params)}
         #: per named parameter: its index in W, or the frozen parameter itself (for :meth:`full_weights`)
         self._slots: list[int | Tensor] = [trainable.get(id(p), p) for _, p in named]
-        # where a call puts each weight (every alias of a tied one) and each buffer: found once, see :meth:`call`
-        where: dict[int, list[tuple[dict, str]]] = {}
-        for n, p in module.named_parameters(remove_duplicate=False):
-            where.setdefault(id(p), []).append(_slot(module, n, "_parameters"))
-        self._weight_slots = [where[id(p)] for p in self.params]
-        self._buffer_slots = [_slot(module, n, "_buffers") for n, _ in module.named_buffers(remove_duplicate=False)]
-        if optimizer is None and self.params:
-            raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
-                             "without)")
+        self._weight_slots, self._buffer_slots = _call_slots(module, self.params)
         self.optimizer = optimizer
-        opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
-        if {id(p) for p in opt_params} != set(trainable) or len(opt_params) != len(self.params):
-            frozen = len(named) - len(self.params)
-            raise ValueError(f"the optimizer of stage {k} holds {len(opt_params)} parameters, not exactly the stage's "
-                             f"{len(self.params)} trainable ones ({frozen} frozen, requires_grad=False, are not "
-                             "trained): build it over the parameters the factory is given")
-        pos = {id(p): i for i, p in enumerate(opt_params)}  # predictors use param_groups order
-        self.opt_order = [pos[id(p)] for p in self.params]
+        self.opt_order = _optimizer_order(k, optimizer, self.params, len(named) - len(self.params))
         self.inv_order = _inverse(self.opt_order)
         self.specs, self.events = specs, events
         self.uses = events.uses.tolist()  # uses of each version left: at 0 it goes, unless it is the newest
@@ -509,6 +494,32 @@ def _slot(module: nn.Module, name: str, kind: str) -> tuple[dict, str]:
     """Where tensor ``name`` of ``module`` lives: its submodule's ``_parameters`` or ``_buffers`` (``kind``), key."""
     prefix, _, attr = name.rpartition(".")
     return getattr(module.get_submodule(prefix), kind), attr
+
+
+def _call_slots(module: nn.Module, params: Sequence[Tensor]
+                ) -> tuple[list[list[tuple[dict, str]]], list[tuple[dict, str]]]:
+    """Where :meth:`StageExecutor.call` puts each trainable weight (every alias of a tied one), and each buffer."""
+    where: dict[int, list[tuple[dict, str]]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        where.setdefault(id(p), []).append(_slot(module, n, "_parameters"))
+    return [where[id(p)] for p in params], [_slot(module, n, "_buffers")
+                                            for n, _ in module.named_buffers(remove_duplicate=False)]
+
+
+def _optimizer_order(k: int, optimizer: torch.optim.Optimizer | None, params: Sequence[Tensor], frozen: int
+                     ) -> list[int]:
+    """The position of each of stage k's trainable ``params`` in the optimizer's param_groups (the order the
+    predictors use), after checking that the optimizer holds exactly them (``None`` only for a stage without)."""
+    if optimizer is None and params:
+        raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
+                         "without)")
+    opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
+    if {id(p) for p in opt_params} != {id(p) for p in params} or len(opt_params) != len(params):
+        raise ValueError(f"the optimizer of stage {k} holds {len(opt_params)} parameters, not exactly the stage's "
+                         f"{len(params)} trainable ones ({frozen} frozen, requires_grad=False, are not "
+                         "trained): build it over the parameters the factory is given")
+    pos = {id(p): i for i, p in enumerate(opt_params)}
+    return [pos[id(p)] for p in params]
 
 
 def _inverse(perm: list[int]) -> list[int]:
