@@ -290,7 +290,7 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int], bucket_by
     if any("all_reduce" in o["calls"] for o in out):
         from .pipeline.placement import bucket_parts, placed_sequence
 
-        for e in placed_sequence(sim, {}):  # the runs of fusable all-reduces do not depend on the fetches
+        for e in placed_sequence(sim):  # the runs of fusable all-reduces do not depend on the fetches
             if isinstance(e, Collective) and e.bucket and \
                     bucket_parts(e, lambda k: int(weight_bytes[k]), bucket_bytes)[0] != (e.stage, e.step):
                 for w in e.members:

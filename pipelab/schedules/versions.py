@@ -125,7 +125,9 @@ class VersionTable:
 
     @cached_property
     def split_set(self) -> frozenset[tuple[int, int, int]]:
-        """The ``(k, t, j)`` whose backward is split into I and W (read from :attr:`order`)."""
+        """The ``(k, t, j)`` whose backward is split into I and W (from :attr:`order`; none unless :attr:`split`)."""
+        if not self.split:
+            return frozenset()
         return frozenset(job[1:] for job in self.order if job[0] == "I")
 
     @cached_property
@@ -178,10 +180,11 @@ class VersionTable:
         op, k, t, j = job
         if op not in ("F", "B"):
             raise ValueError(f"round_trip_target() takes an F or B job, got op {op!r} in {job}")
-        return int(self._round_trip_targets[op][k, t, j])
+        return int(self.round_trip_targets[op][k, t, j])
 
     @cached_property
-    def _round_trip_targets(self) -> dict[str, np.ndarray]:
+    def round_trip_targets(self) -> dict[str, np.ndarray]:
+        """R of every job: ``{"F": [D, T, M], "B": [D, T, M]}`` (:meth:`round_trip_target`)."""
         return {"F": self.forward + self.round_trip_difference("F"),
                 "B": self.backward + self.round_trip_difference("B")}
 

@@ -73,11 +73,12 @@ def test_version_differences_match_the_papers_formulas_in_steady_state() -> None
         f = po.forward(table, ("F", k, t, 0))
         s = f.s if isinstance(f, Predicted) else 0
         assert s == pipeoptim_staleness(D, k)
-        for op in "FB":
-            spec = st.forward(table, (op, k, t, 0))
-            s = spec.s if isinstance(spec, Predicted) else 0
+        paper = make_policy("spectrain", staleness="paper")
+        for op, spec, by_paper in (("F", st.forward, paper.forward), ("B", st.backward, paper.backward)):
+            got = spec(table, (op, k, t, 0))
+            s = got.s if isinstance(got, Predicted) else 0
             assert s == spectrain_version_difference(D, k, op)
-            assert spec == make_policy("spectrain", staleness="paper").forward(table, (op, k, t, 0))
+            assert got == by_paper(table, (op, k, t, 0))
 
 
 @pytest.mark.parametrize("policy,copies", [
