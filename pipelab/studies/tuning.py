@@ -134,13 +134,14 @@ def final_val_acc(record: dict[str, Any]) -> float:
 
 def selected_epoch(record: dict[str, Any]) -> int | None:
     """The epoch a run is read at, chosen on the validation split: the epoch >= 1 of highest validation accuracy
-    (the earliest on ties); without a validation split (``n_val = 0``) the last epoch, which selects nothing;
-    ``None`` when no such epoch has a finite accuracy (a run that diverged in its first epoch)."""
-    key = "val_acc" if record.get("n_val") else "test_acc"
-    acc = np.asarray(record[key], dtype=float)[1:]
+    (the earliest on ties); without a validation curve (``n_val = 0``: every ``val_acc`` NaN) the last epoch, which
+    selects nothing; ``None`` when no such epoch has a finite accuracy (a run that diverged in its first epoch)."""
+    val = np.asarray(record.get("val_acc") or [math.nan], dtype=float)
+    with_val = bool(np.isfinite(val).any())  # epoch 0 (the initial weights) is evaluated whenever there is a split
+    acc = (val if with_val else np.asarray(record["test_acc"], dtype=float))[1:]
     if not np.isfinite(acc).any():
         return None
-    if not record.get("n_val"):
+    if not with_val:
         return int(np.flatnonzero(np.isfinite(acc))[-1]) + 1
     return int(np.nanargmax(acc)) + 1
 

@@ -189,7 +189,8 @@ def test_last_round_runs_the_full_budget_and_decisions_are_judged_against_seed_n
 def test_selection_reads_the_epoch_off_the_validation_split() -> None:
     rec = {"n_val": 10, "val_acc": [0.1, 0.7, 0.8, 0.8, 0.6], "test_acc": [0.1, 0.9, 0.75, 0.7, 0.95]}
     assert selected_epoch(rec) == 2 and selected_test_acc(rec) == 0.75  # not the test set's best (0.95)
-    assert selected_epoch({"n_val": 0, "test_acc": [0.1, 0.9, 0.8, math.nan]}) == 2  # no split: the last finite
+    assert selected_epoch({"n_val": 0, "val_acc": [math.nan] * 4, "test_acc": [0.1, 0.9, 0.8, math.nan]}) == 2
+    assert selected_epoch({"test_acc": [0.1, 0.9, 0.8]}) == 2  # no split: the last finite epoch, nothing selected
     diverged = {"n_val": 10, "val_acc": [0.1, math.nan], "test_acc": [0.1, math.nan]}
     assert selected_epoch(diverged) is None and math.isnan(selected_test_acc(diverged))
     late = {"n_val": 10, "val_acc": [0.1, 0.6, 0.7, math.nan], "test_acc": [0.1, 0.5, 0.65, math.nan]}
