@@ -947,6 +947,14 @@ def _pairs(rows: list[dict], a: str, b: str) -> list[tuple[tuple, PairedDifferen
     return out
 
 
+def comparison_markdown(rows: list[dict], a: str, b: str) -> str:
+    """A Markdown list of ``a − b`` (pp, 95% t, paired by seed) per row; ``*``: resolved (each row on its own)."""
+    pairs = _pairs(rows, a, b)
+    many_D = len({k[2] for k, _ in pairs}) > 1
+    return "; ".join(f"{_row_label(k[0], k[1], k[2], many_D)} {_pp(d, signed=True)}{'*' if resolved(d) else ''}"
+                     for k, d in pairs) or "no row holds both"
+
+
 def gap_markdown(gap_notes: dict) -> str:
     """The gap to sequential per policy and D, from ``accuracy_gap_vs_depth``'s notes, as a Markdown table."""
     gaps, cis, res = gap_notes["gap_pp"], gap_notes["gap_ci95_pp"], gap_notes["gap_resolved"]
