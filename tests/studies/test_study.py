@@ -49,8 +49,8 @@ def test_the_study_preset_is_full_scale_tuned_on_three_seeds_with_ten_and_a_crit
     arms = arm_configs(cfg, cfg.depths, cfg.tasks)
     mlp = [c for c in arms if c.task == "fashion_mnist_mlp"]
     assert {c.D for c in mlp} == {4, 8} and {c.optimizer for c in mlp} == {"sgdm", "adam"}
-    assert all(c.n_train is None for c in arms)                 # every task on its whole training set
-    assert {(c.D, c.optimizer) for c in arms if c.task == "fashion_mnist_cnn"} == {(4, "adam")}  # 4 blocks
+    assert all(c.n_train is None for c in mlp)                  # the full 60k (minus the validation split)
+    assert {(c.D, c.optimizer, c.n_train) for c in arms if c.task == "fashion_mnist_cnn"} == {(4, "adam", 20_000)}
     assert {c.D for c in arms if c.task == "wordlang_transformer"} == {4, 8}
     # the CNN and the Transformer run well past their earlier 351 steps and 4 epochs
     assert cfg.epochs_of("fashion_mnist_cnn") >= 10 and cfg.epochs_of("wordlang_transformer") >= 10
