@@ -5,7 +5,8 @@ Every experiment in pipelab is described by one frozen dataclass. Three named pr
 - ``tiny``: seconds on a 2-core CPU; used by the tests and when notebooks run in CI;
 - ``quick``: the default for regenerating figures on a CPU (minutes);
 - ``study``: the learning-curve study (issue "a comparison researchers can trust"): full datasets, learning rates
-  tuned per arm, 5 seeds; run once on a 2-core CPU (≈ 90 min with ``--workers 2``) and committed under
+  tuned per arm on 3 tuning seeds, 10 seeds; ≈ 13.5 h of CPU (an estimate from the earlier study's timings), run
+  in background chunks that the result cache stitches together, and committed under
   ``figures/study/``; only the learning-curve figures define it (``pipelab figures --preset study`` runs those);
 - ``paper``: GPU scale, closer to the published experiments.
 
