@@ -22,18 +22,19 @@ import torch
 
 from ...links import Link
 from ...partition import split
+from ...planner import Blocks
 from ...time_to_target import Crossover, TimeToTarget, crossover, time_to_target
 from ..config import from_preset
 from ..learning_curves import sweep, with_
 from ..models import build_model
 from ..settings import TASKS
-from ..time_to_target import ARMS, Arm, arm_steps, codec_ratios, flop_blocks, steady_plan
+from ..time_to_target import ARMS, NANOGPT, Arm, arm_steps, benchmark_forecast, codec_ratios, flop_blocks, steady_plan
 from . import FigureOutput, register
 from .modern_optimizers import PRESETS as MODERN_PRESETS
 from .modern_optimizers import ModernOptimizersConfig, modern_configs
 
 __all__ = ["TimeToTargetConfig", "TimeToTargetResult", "time_to_target_result", "crossover_markdown",
-           "ranking_markdown", "results_csv"]
+           "rank_arms", "rows_markdown", "ranking_markdown", "benchmark_markdown", "results_csv"]
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _x(cfg: TimeToTargetConfig, sweep_name: str) -> np.ndarray:
 
 def _fmt_x(v: float, unit: str, grid: np.ndarray) -> str:
     if math.isinf(v):
-        return f"{'above' if v > 0 else 'below'} the grid ({'>' if v > 0 else '<'} {grid[-1 if v > 0 else 0]:g} {unit})"
+        return f"beyond the grid's {'highest' if v > 0 else 'lowest'} setting ({grid[-1 if v > 0 else 0]:g} {unit})"
     return f"{v:.3g} {unit}"
 
 
@@ -178,19 +179,60 @@ def crossover_markdown(res: TimeToTargetResult) -> str:
     return "\n".join(lines)
 
 
-def ranking_markdown(res: TimeToTargetResult, sweep_name: str, index: int) -> str:
-    """The arms ranked by time to target at one setting of a sweep (not reached last; pending codecs marked)."""
-    x = res.grid(sweep_name)[index]
-    rows = ["| # | arm | step time | steps to target (mean) | time to target |", "| --- | --- | --- | --- | --- |"]
-    order = sorted(res.times, key=lambda a: (res.steps[a] is None, res.times[a][sweep_name][index].seconds))
-    for i, a in enumerate(order):
-        t, st = res.times[a][sweep_name][index], res.steps[a]
+def rank_arms(blocks: Blocks, link: Link, steps: dict[str, np.ndarray | None], *, batch: int, M: int = 4,
+              ratios: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> list[dict[str, Any]]:
+    """Every arm of :data:`~pipelab.studies.time_to_target.ARMS` on your ``blocks`` (one stage each) and ``link``:
+    its steady step time, its steps (``steps[label]`` per seed; a pending codec arm takes its schedule's synchronous
+    arm's, as a bound) and time to target, best first (not reached and pending last). ``ratios``: codec name →
+    encoded/plain bytes per boundary (:func:`~pipelab.studies.time_to_target.codec_ratios`); a codec arm without
+    them is left out (its bill depends on the hand-over's shape)."""
+    D, rows = len(blocks.f), []
+    for arm in ARMS:
+        if arm.codec != "identity" and (ratios is None or arm.codec not in ratios):
+            continue
+        m = {"pipedream": 1, "2bw": D}.get(arm.schedule, M)
+        t = steady_plan(blocks, arm.schedule, m, batch, link, None if arm.codec == "identity" else
+                        (ratios or {})[arm.codec]).step_time
+        st = steps.get(arm.label)
+        shown = st if st is not None else steps[_sync(arm).label]
+        assert shown is not None  # the synchronous arm's steps come from runs
+        rows.append({"arm": arm.label, "step_time": t, "steps": st, "time": time_to_target(shown, t)})
+    return sorted(rows, key=lambda r: (r["steps"] is None, r["time"].seconds))
+
+
+def rows_markdown(rows: list[dict[str, Any]]) -> str:
+    """:func:`rank_arms`' rows as a markdown table."""
+    out = ["| # | arm | step time | steps to target (mean) | time to target |", "| --- | --- | --- | --- | --- |"]
+    for i, r in enumerate(rows):
+        st, t = r["steps"], r["time"]
         n = "pending (codec not in the emulator yet)" if st is None else f"{np.mean(st):.4g}" \
             if np.isfinite(st).all() else f"not reached ({int(np.isfinite(st).sum())} of {st.size})"
         lab = t.label() + (" (bound: no accuracy cost)" if st is None else "")
-        rows.append(f"| {i + 1} | {a} | {1e3 * t.step_time:.4g} ms | {n} | {lab} |")
+        out.append(f"| {i + 1} | {r['arm']} | {1e3 * r['step_time']:.4g} ms | {n} | {lab} |")
+    return "\n".join(out)
+
+
+def ranking_markdown(res: TimeToTargetResult, sweep_name: str, index: int) -> str:
+    """The arms ranked by time to target at one setting of a sweep (not reached last; pending codecs marked)."""
+    x = res.grid(sweep_name)[index]
+    at = {a: res.times[a][sweep_name][index] for a in res.times}
+    rows: list[dict[str, Any]] = sorted(({"arm": a, "step_time": t.step_time, "steps": res.steps[a], "time": t}
+                                         for a, t in at.items()), key=lambda r: (r["steps"] is None, r["time"].seconds))
     unit = "Mb/s" if sweep_name == "bandwidth" else "ms"
-    return f"At {x:g} {unit}:\n\n" + "\n".join(rows)
+    return f"At {x:g} {unit}:\n\n" + rows_markdown(rows)
+
+
+def benchmark_markdown() -> str:
+    """The benchmark-like preset's forecast (:func:`~pipelab.studies.time_to_target.benchmark_forecast`) for each
+    setting of :data:`~pipelab.studies.time_to_target.NANOGPT`, torch's 1F1B, as a markdown table."""
+    out = ["| setting | d_model, heads, seq | micro-batch × M | hand-over | compute | link | bytes per message | "
+           "steady step | link share |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, s in NANOGPT.items():
+        r = benchmark_forecast(s)
+        out.append(f"| {name} | {s.d_model}, {s.heads}, {s.seq} | {s.micro} × {s.M} | {s.dtype} | "
+                   f"{s.flops_per_second:.3g} FLOP/s | {s.mbps:g} Mb/s, {s.latency_ms:g} ms | "
+                   f"{r['message_bytes']:,.0f} | {r['step_time']:.4g} s | {r['link_share']:.1%} |")
+    return "\n".join(out)
 
 
 def results_csv(res: TimeToTargetResult) -> str:
