@@ -107,3 +107,27 @@ def test_figure_renders_under_tiny_with_every_arm_and_its_csv() -> None:
     assert sum(r.startswith("crossover,") for r in rows) == 2 * len(res.crossovers)
     assert "pending" in ranking_markdown(res, "bandwidth", 0)
     assert crossover_markdown(res).count("\n") == len(res.crossovers) - 1
+
+
+def test_rank_arms_orders_by_time_to_target_and_leaves_out_codecs_without_their_bill() -> None:
+    from pipelab.studies.figures.time_to_target import rank_arms, rows_markdown
+    from pipelab.studies.time_to_target import ARMS
+
+    blocks = flop_blocks(STAGES, torch.zeros(1, 8), 1e6)
+    steps = {a.label: (None if a.steps_from is None else np.array([100.0 + 10 * i, 110.0 + 10 * i]))
+             for i, a in enumerate(ARMS)}
+    steps["2BW"] = np.array([100.0, math.inf])
+    link = Link.mbps(100, latency_ms=5.0)
+    rows = rank_arms(blocks, link, steps, batch=24)
+    assert {r["arm"] for r in rows} == {a.label for a in ARMS if a.codec == "identity"}
+    seconds = [r["time"].seconds for r in rows]
+    assert seconds == sorted(seconds) and rows[-1]["arm"] == "2BW"
+    assert rows[-1]["time"].label() == "not reached (1 of 2)"
+    sync = next(r for r in rows if r["arm"] == "sync 1F1B")
+    assert sync["step_time"] == steady_plan(blocks, "1f1b", 4, 24, link).step_time
+    ratios = {"int8": codec_ratios(STAGES, torch.zeros(1, 8), "int8", None)}
+    with_codec = rank_arms(blocks, link, steps, batch=24, ratios=ratios)
+    coded = with_codec[-1]  # pending: ranked last, timed at the synchronous arm's steps (a bound)
+    assert coded["arm"] == "sync 1F1B, int8" and coded["steps"] is None
+    assert coded["time"].steps == sync["time"].steps and coded["step_time"] < sync["step_time"]
+    assert "pending" in rows_markdown(with_codec).splitlines()[-1]
