@@ -50,19 +50,21 @@ __all__ = ["Arm", "ARMS", "stage_flops", "flop_blocks", "codec_ratios", "steady_
 class Arm:
     """One arm: its ``label``, the planner's ``schedule`` (:data:`pipelab.planner.SCHEDULES`), the learning-curve
     policy whose runs give its steps (``None``: pending), the ``codec`` on every boundary
-    (:data:`pipelab.links.CODECS`) and the policy the learning-curve runs use for it (``policy``)."""
+    (:data:`pipelab.links.CODECS`) and the ``optimizer`` of those runs (``None``: the study's)."""
 
     label: str
     schedule: str
     steps_from: str | None
     codec: str = "identity"
+    optimizer: str | None = None
 
 
 #: the study's arms: synchronous 1F1B, asynchronous 1F1B (PipeDream) under three policies, PipeDream-2BW, and
-#: synchronous 1F1B with int8 activations (its steps pending the emulator's codecs)
+#: synchronous 1F1B with int8 activations (its steps pending the emulator's codecs). The Nesterov policy runs its
+#: paper's NAdam with β1 = 0.99 (``nadam_async``): under the study's NAdam its weights are weight stashing's.
 ARMS: tuple[Arm, ...] = (Arm("sync 1F1B", "1f1b", "sequential"), Arm("async 1F1B, stashing", "pipedream", "stashing"),
                          Arm("async 1F1B, PipeOptim", "pipedream", "pipeoptim"),
-                         Arm("async 1F1B, Nesterov", "pipedream", "nesterov_async"),
+                         Arm("async 1F1B, Nesterov", "pipedream", "nesterov_async", optimizer="nadam_async"),
                          Arm("2BW", "2bw", "2bw"), Arm("sync 1F1B, int8", "1f1b", None, "int8"))
 
 

@@ -3,6 +3,8 @@ from learning-curve records, the benchmark-like forecast, and the figure under t
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 
 import matplotlib
@@ -101,10 +103,11 @@ def test_figure_renders_under_tiny_with_every_arm_and_its_csv() -> None:
     res = out.data
     assert set(res.times) == {a.label for a in ARMS}
     assert res.steps["sync 1F1B, int8"] is None  # pending the emulator's codecs
-    rows = out.tables["csv"].strip().splitlines()
+    rows = list(csv.DictReader(io.StringIO(out.tables["csv"])))
     n = len(res.config.bandwidths_mbps) + len(res.config.latencies_ms)
-    assert sum(r.startswith("time,") for r in rows) == len(ARMS) * n
-    assert sum(r.startswith("crossover,") for r in rows) == 2 * len(res.crossovers)
+    assert sum(r["kind"] == "time" for r in rows) == len(ARMS) * n
+    assert sum(r["kind"] == "crossover" for r in rows) == 2 * len(res.crossovers)
+    assert {r["arm"] for r in rows} == {a.label for a in ARMS}  # labels with commas survive the CSV
     assert "pending" in ranking_markdown(res, "bandwidth", 0)
     assert crossover_markdown(res).count("\n") == len(res.crossovers) - 1
 

@@ -12,6 +12,8 @@ reached" in the legend when a seed missed the target. The crossover of each asyn
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -80,18 +82,19 @@ class TimeToTargetResult:
         return np.asarray(c.bandwidths_mbps if sweep_name == "bandwidth" else c.latencies_ms, dtype=np.float64)
 
 
-def _records(cfg: TimeToTargetConfig, progress: bool) -> dict[str, list[dict]]:
-    """The runs of every arm's policy, through the learning-curve cache: ``modern_optimizers``' configs where it runs
-    the policy, the sequential arm's config with the policy changed where it does not (PipeOptim)."""
-    base = [c for c in modern_configs(cfg.runs) if c.optimizer == cfg.optimizer and c.D == cfg.runs.depths[0]]
-    want = {a.steps_from for a in ARMS if a.steps_from is not None}
-    have = {c.policy for c in base}
-    configs = [c for c in base if c.policy in want] + [with_(c, policy=p) for p in sorted(want - have)
-                                                        for c in base if c.policy == "sequential"]
-    out: dict[str, list[dict]] = {p: [] for p in want}
+def _records(cfg: TimeToTargetConfig, progress: bool) -> dict[tuple[str, str], list[dict]]:
+    """The runs of every arm's (policy, optimizer), through the learning-curve cache: ``modern_optimizers``' configs
+    where it runs the pair, its sequential config of that optimizer with the policy changed where not (PipeOptim)."""
+    base = [c for c in modern_configs(cfg.runs) if c.D == cfg.runs.depths[0]]
+    want = {(a.steps_from, a.optimizer or cfg.optimizer) for a in ARMS if a.steps_from is not None}
+    have = {(c.policy, c.optimizer) for c in base}
+    configs = [c for c in base if (c.policy, c.optimizer) in want] + [
+        with_(c, policy=p) for p, o in sorted(want - have) for c in base if (c.policy, c.optimizer) == ("sequential",
+                                                                                                       o)]
+    out: dict[tuple[str, str], list[dict]] = {k: [] for k in want}
     for r in sweep(configs, progress=progress, desc="time to target"):
-        out[r["policy"]].append(r)
-    return {p: sorted(rs, key=lambda r: r["seed"]) for p, rs in out.items()}
+        out[(r["policy"], r["optimizer"])].append(r)
+    return {k: sorted(rs, key=lambda r: r["seed"]) for k, rs in out.items()}
 
 
 def _model(cfg: TimeToTargetConfig) -> tuple[list[torch.nn.Sequential], int]:
@@ -124,7 +127,8 @@ def time_to_target_result(preset: str, *, progress: bool = False) -> TimeToTarge
                          for s, ls in links.items()}
         step_times[arm.label] = memo[key]
         if arm.steps_from is not None:
-            measured[arm.label] = arm_steps(records[arm.steps_from], cfg.metric, cfg.target)
+            measured[arm.label] = arm_steps(records[(arm.steps_from, arm.optimizer or cfg.optimizer)], cfg.metric,
+                                            cfg.target)
         steps[arm.label] = measured.get(arm.label)
         shown = measured[arm.label if arm.steps_from is not None else _sync(arm).label]
         times[arm.label] = {s: [time_to_target(shown, float(t)) for t in ts] for s, ts in memo[key].items()}
@@ -237,17 +241,19 @@ def benchmark_markdown() -> str:
 
 def results_csv(res: TimeToTargetResult) -> str:
     """One row per arm × sweep × setting, then one per crossover (arm, sweep, value and interval)."""
-    lines = ["kind,arm,sweep,x,step_time_s,time_to_target_s,half_width_s,reached,seeds,steps_source,low,high"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["kind", "arm", "sweep", "x", "step_time_s", "time_to_target_s", "half_width_s", "reached", "seeds",
+                "steps_source", "low", "high"])
     for a, sw in res.times.items():
         src = "pending:lossless_bound" if res.steps[a] is None else "runs"
         for s, ts in sw.items():
-            for x, t in zip(res.grid(s), ts):
-                lines.append(f"time,{a},{s},{x:g},{t.step_time:.6g},{t.seconds:.6g},{t.half_width:.6g},{t.reached},"
-                             f"{len(t.steps)},{src},,")
+            w.writerows(["time", a, s, f"{x:g}", f"{t.step_time:.6g}", f"{t.seconds:.6g}", f"{t.half_width:.6g}",
+                         t.reached, len(t.steps), src, "", ""] for x, t in zip(res.grid(s), ts))
     for a, cs in res.crossovers.items():
-        for s, c in cs.items():
-            lines.append(f"crossover,{a},{s},{c.value:.6g},,,,{int(c.reached)},,runs,{c.low:.6g},{c.high:.6g}")
-    return "\n".join(lines) + "\n"
+        w.writerows(["crossover", a, s, f"{c.value:.6g}", "", "", "", int(c.reached), "", "runs", f"{c.low:.6g}",
+                     f"{c.high:.6g}"] for s, c in cs.items())
+    return buf.getvalue()
 
 
 def _draw(ax: Any, res: TimeToTargetResult, sweep_name: str, colors: dict[str, Any]) -> None:
