@@ -302,8 +302,9 @@ def time_to_target_figure(preset: str, *, progress: bool = False) -> FigureOutpu
     axes[1].legend(fontsize=6.5, loc="best")
     fig.suptitle(f"Time to target: {cfg.runs.task}, {cfg.optimizer}, D={cfg.runs.depths[0]}, batch "
                  f"{cfg.runs.batch_size}, {len(cfg.runs.seeds)} seeds (mean, 95 % t band); compute "
-                 f"{cfg.flops_per_second:.3g} FLOP/s; dotted: crossover vs sync 1F1B; preset {preset}", fontsize=8.5)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+                 f"{cfg.flops_per_second:.3g} FLOP/s; Nesterov on NAdam β1 = 0.99;\ndotted: crossover vs sync 1F1B "
+                 f"(shaded: its 95 % interval); preset {preset}", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     notes = {"crossovers": {a: {s: {"value": c.value, "low": c.low, "high": c.high, "ratio": c.ratio,
                                     "reached": c.reached} for s, c in cs.items()} for a, cs in res.crossovers.items()},
              "steps": {a: None if v is None else v.tolist() for a, v in res.steps.items()}}
