@@ -288,7 +288,7 @@ def _draw(ax: Any, res: TimeToTargetResult, sweep_name: str, colors: dict[str, A
 
 @register("time_to_target", "Time to a target accuracy (steps to target × simulated steady step time) of sync 1F1B, "
           "async 1F1B (stashing, PipeOptim, Nesterov), 2BW and int8 compression against link bandwidth and latency, "
-          "with the crossover where asynchrony starts to pay", budget={"tiny": 20, "quick": 25})
+          "with the crossover where asynchrony starts to pay", budget={"tiny": 20, "quick": 15})
 def time_to_target_figure(preset: str, *, progress: bool = False) -> FigureOutput:
     res = time_to_target_result(preset, progress=progress)
     cfg = res.config
