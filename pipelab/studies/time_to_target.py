@@ -1,0 +1,190 @@
+"""Which schedule × policy × codec reaches a target soonest on given links (issue 27): the study's arms, their step
+times from the link-model simulator, their steps to target from the learning-curve runs, and the preset modelled on
+Protocol NanoGPT's setting.
+
+**Step time.** Per stage the compute costs come from a FLOP model: torch's :class:`~torch.utils.flop_counter.
+FlopCounterMode` counts a forward and a backward of the stage on the ``meta`` device (shapes only, nothing is
+computed) for one sample, divided by a stated throughput ``flops_per_second``; a stage's cost scales linearly with
+its micro-batch. The bytes crossing each boundary come from :func:`pipelab.links.message_bytes` (the hand-over
+dtype; a codec bills its encoded bytes, in both directions). The steady step time is the planner's period T
+(:mod:`pipelab.planner`: the spacing of step ends after the fill, one partition, no search), simulated with every
+boundary on the same :class:`~pipelab.links.Link` both ways, receiver-side wires (one inbound wire per worker, shared
+by activations and gradients). A policy's own extra work (predictions, recomputed forwards) is not billed: on the
+slow links this study is about it is small beside the messages.
+
+**Steps to target.** From the learning-curve records of each arm's policy (:func:`pipelab.studies.learning_curves.
+sweep`, cached: the same configs as the figures that already run them), evaluated once per epoch; the synchronous
+1F1B arm reads the ``sequential`` arm's runs (a flushed schedule trains exactly as plain training, up to rounding).
+A codec arm's accuracy cost needs the emulator to apply the codec: until then its steps are *pending* (``None``),
+and its time to target is drawn as the bound it would have without an accuracy cost, labelled so.
+
+**The benchmark-like preset** (:data:`NANOGPT`, :func:`benchmark_forecast`): Protocol NanoGPT (2026) scores a run as
+steps-to-target × steady step time with every stage boundary metered as 200 Mb/s and 50 ms, billed on the receiver's
+one inbound wire shared by forward activations and backward gradients. Its meter code was not found (searched
+2026-11); the semantics implemented are the issue's words, which are the link model's. Eight stages of one
+GPT-2-small transformer block each (d_model 768, 12 heads, feed-forward 3072, sequence 1024, bf16 hand-over), torch's
+1F1B as the baseline (``from_torch`` of ``Schedule1F1B``'s action lists, which equal pipelab's ``1f1b``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..links import CODECS, Link, MessageBytes, Network, message_bytes
+from ..planner import Blocks, Plan, plan
+from ..time_to_target import steps_to_target
+
+__all__ = ["Arm", "ARMS", "stage_flops", "flop_blocks", "codec_ratios", "steady_plan", "arm_steps", "NanoGPTSetting",
+           "NANOGPT", "nanogpt_stages", "benchmark_forecast"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: its ``label``, the planner's ``schedule`` (:data:`pipelab.planner.SCHEDULES`), the learning-curve
+    policy whose runs give its steps (``None``: pending), the ``codec`` on every boundary
+    (:data:`pipelab.links.CODECS`) and the ``optimizer`` of those runs (``None``: the study's)."""
+
+    label: str
+    schedule: str
+    steps_from: str | None
+    codec: str = "identity"
+    optimizer: str | None = None
+
+
+#: the study's arms: synchronous 1F1B, asynchronous 1F1B (PipeDream) under three policies, PipeDream-2BW, and
+#: synchronous 1F1B with int8 activations (its steps pending the emulator's codecs). The Nesterov policy runs its
+#: paper's NAdam with β1 = 0.99 (``nadam_async``): under the study's NAdam its weights are weight stashing's.
+ARMS: tuple[Arm, ...] = (Arm("sync 1F1B", "1f1b", "sequential"), Arm("async 1F1B, stashing", "pipedream", "stashing"),
+                         Arm("async 1F1B, PipeOptim", "pipedream", "pipeoptim"),
+                         Arm("async 1F1B, Nesterov", "pipedream", "nesterov_async", optimizer="nadam_async"),
+                         Arm("2BW", "2bw", "2bw"), Arm("sync 1F1B, int8", "1f1b", None, "int8"))
+
+
+def stage_flops(stages: Sequence[nn.Module], sample: torch.Tensor) -> list[tuple[float, float]]:
+    """(forward, backward) FLOPs of each stage for ``sample`` (one micro-batch), counted on the ``meta`` device (a
+    copy of the stages unless they are there already); the first stage's backward computes no input gradient."""
+    out = []
+    x = sample.to("meta")
+    for k, stage in enumerate(stages):
+        s = stage if next(stage.parameters(), torch.empty(0)).is_meta else copy.deepcopy(stage).to("meta")
+        x = x.detach().requires_grad_(k > 0 and x.is_floating_point())  # the model input needs no gradient
+        with FlopCounterMode(display=False) as fwd:
+            y = s(x)
+        with FlopCounterMode(display=False) as bwd:
+            y.float().sum().backward()
+        out.append((float(fwd.get_total_flops()), float(bwd.get_total_flops())))
+        x = y
+    return out
+
+
+def flop_blocks(stages: Sequence[nn.Module], sample: torch.Tensor, flops_per_second: float, *,
+                dtype: torch.dtype | None = None) -> Blocks:
+    """The planner's :class:`~pipelab.planner.Blocks` of ``stages`` (one block per stage) for ``sample`` (one
+    micro-batch of ``sample.shape[0]`` samples): FLOPs / ``flops_per_second`` seconds, the hand-over bytes in
+    ``dtype`` (``None``: the stages' own) as each block's output bytes."""
+    if not (isinstance(flops_per_second, (int, float)) and math.isfinite(flops_per_second) and flops_per_second > 0):
+        raise ValueError(f"flops_per_second must be a finite number > 0, got {flops_per_second!r}")
+    flops = stage_flops(stages, sample)
+    out = list(message_bytes(stages, sample.to("meta"), dtype=dtype).activation) + [0]
+    return Blocks([f / flops_per_second for f, _ in flops], [b / flops_per_second for _, b in flops],
+                  output_bytes=out, batch=int(sample.shape[0]))
+
+
+def codec_ratios(stages: Sequence[nn.Module], sample: torch.Tensor, codec: str,
+                  dtype: torch.dtype | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per boundary, encoded / plain bytes of the activation and of its gradient (every codec's bill is linear in
+    the rows, so the ratio holds for any micro-batch)."""
+    if codec not in CODECS:
+        raise ValueError(f"codec={codec!r}; choose one of {', '.join(CODECS)}")
+    x = sample.to("meta")
+    plain = message_bytes(stages, x, dtype=dtype)
+    coded = message_bytes(stages, x, dtype=dtype, codec=CODECS[codec])
+    return (np.asarray(coded.activation) / np.maximum(plain.activation, 1),
+            np.asarray(coded.gradient) / np.maximum(plain.gradient, 1))
+
+
+def steady_plan(blocks: Blocks, schedule: str, M: int, batch: int, link: Link,
+                ratios: tuple[np.ndarray, np.ndarray] | None = None) -> Plan:
+    """The planner's plan of ``schedule`` with ``M`` micro-batches of ``batch / M`` samples, one stage per block and
+    device, every boundary on ``link`` both ways: its ``step_time`` is the steady step time (s), its ``critical``
+    path the steady step's. ``ratios``: a codec's encoded/plain bytes per boundary (:func:`codec_ratios`)."""
+    D = len(blocks.f)
+
+    def comm(out_bytes: Sequence[float]) -> dict:
+        b = np.asarray(out_bytes, dtype=np.float64)
+        ra, rg = ratios if ratios is not None else (np.ones(D - 1), np.ones(D - 1))
+        return {"network": Network.uniform(D, link), "message_bytes": MessageBytes(tuple(b * ra), tuple(b * rg))}
+
+    return plan(blocks, D, global_batch=batch, link=comm, schedules=(schedule,), micro_batches=(M,),
+                partition=[1] * D, top=1)[0]
+
+
+def arm_steps(records: Sequence[dict], metric: str, target: float) -> np.ndarray:
+    """Steps to ``target`` of each record (one per seed) on its per-epoch ``metric`` (``test_acc``/``val_acc``:
+    an accuracy, a fraction, met from below; a ``*_loss``: met from above), evaluated after e · steps_per_epoch
+    steps."""
+    if not records:
+        raise ValueError("no learning-curve records for this arm")
+    higher = metric.endswith("_acc")
+    return np.concatenate([steps_to_target(np.asarray(r["epoch"]) * r["steps_per_epoch"], r[metric], target,
+                                           higher=higher) for r in records])
+
+
+@dataclass(frozen=True)
+class NanoGPTSetting:
+    """The benchmark-like setting: ``D`` stages of one transformer block each (``d_model``, ``heads``, feed-forward
+    ``ffn``, sequence ``seq``), ``micro`` samples per micro-batch, ``M`` micro-batches per step, the hand-over
+    ``dtype``, links of ``mbps`` Mb/s and ``latency_ms``, compute at ``flops_per_second``."""
+
+    D: int = 8
+    d_model: int = 768
+    heads: int = 12
+    ffn: int = 3072
+    seq: int = 1024
+    micro: int = 1
+    M: int = 16
+    dtype: str = "bfloat16"
+    mbps: float = 200.0
+    latency_ms: float = 50.0
+    flops_per_second: float = 100e12
+
+
+#: full size (GPT-2 small's block; 100 TFLOP/s: bf16 on one H100 at ~10 % of its dense peak, a stated assumption)
+#: and the CPU scale (d_model 64, 4 heads, sequence 64, float32 hand-over, 10 GFLOP/s: one CPU core)
+NANOGPT: dict[str, NanoGPTSetting] = {
+    "full": NanoGPTSetting(),
+    "cpu": NanoGPTSetting(d_model=64, heads=4, ffn=256, seq=64, micro=4, M=8, dtype="float32",
+                          flops_per_second=10e9),
+}
+
+
+def nanogpt_stages(s: NanoGPTSetting) -> tuple[list[nn.Module], torch.Tensor]:
+    """The setting's stages (pre-norm encoder blocks, causal attention not needed for the cost) on ``meta``, and a
+    micro-batch of shape (micro, seq, d_model)."""
+    stages: list[nn.Module] = [nn.TransformerEncoderLayer(s.d_model, s.heads, s.ffn, dropout=0.0, batch_first=True,
+                                                          norm_first=True, device="meta") for _ in range(s.D)]
+    return stages, torch.zeros(s.micro, s.seq, s.d_model, device="meta")
+
+
+def benchmark_forecast(s: NanoGPTSetting, schedule: str = "1f1b") -> dict[str, float]:
+    """Forecast of ``schedule`` (default torch's 1F1B: ``from_torch`` of ``Schedule1F1B``'s order is pipelab's
+    ``1f1b``, tested in ``tests/core/test_torch_interop.py``) in setting ``s``: the steady ``step_time`` (s), the
+    ``link_share`` of it (the steady step's critical path: seconds in messages, latency and transmission, over the
+    step time), the bottleneck stage's ``compute`` per step, the bytes per message and the samples per step."""
+    stages, x = nanogpt_stages(s)
+    blocks = flop_blocks(stages, x, s.flops_per_second, dtype=getattr(torch, s.dtype))
+    M = 1 if schedule == "pipedream" else s.M
+    p = steady_plan(blocks, schedule, M, s.micro * M, Link.mbps(s.mbps, latency_ms=s.latency_ms))
+    link = sum(p.critical.time_by("transfer").values())
+    return {"step_time": p.step_time, "link_share": link / p.step_time, "link_seconds": link,
+            "compute": max(f + b for f, b in zip(blocks.f, blocks.b)) * M,
+            "message_bytes": float(message_bytes(stages, x, dtype=getattr(torch, s.dtype)).activation[0]),
+            "samples_per_step": s.micro * M, "M": M}
