@@ -181,13 +181,19 @@ def _planner(ns: dict[str, Any]) -> None:
     assert sum(best.sizes) == 8 and max(best.peak_memory) <= 16 * 2**30 and best.schedule in best.explain()
 
 
+def _time_to_target(ns: dict[str, Any]) -> None:
+    assert (ns["reach"] > 0).all() and ns["np"].isfinite(ns["reach"]).all()
+    assert ns["time_to_target"](ns["reach"], step_time=0.05).label().endswith(" s")
+    assert 10 < ns["cross"].value < 100 and ns["cross"].low <= ns["cross"].value <= ns["cross"].high
+
+
 def _torch_interop(ns: dict[str, Any]) -> None:
     assert ns["s"].W == 4 and ns["s"].D == 8
     assert Path("runs/1f1b.csv").is_file()
 
 
 #: the README's Python blocks in order, and what each one's comments state
-PYTHON_CHECKS = [_using_pipelab, _link_model, _mixed_precision, _planner, _torch_interop]
+PYTHON_CHECKS = [_using_pipelab, _link_model, _mixed_precision, _planner, _time_to_target, _torch_interop]
 
 
 def test_readme_python_blocks_run_in_one_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
