@@ -1,21 +1,7 @@
 """A task's top Hessian eigenvalue by power iteration with Hessian-vector products, and the lr it implies.
 
-The stability analyses of this package (:mod:`.methods`, :mod:`.thresholds`) work on the quadratic model
-``L(w) = ½·λ·w²`` in the variable ``z = η·λ``: a method is stable for ``0 < z < z*``. On a real network the
-curvature that matters is the largest eigenvalue ``λ_max`` of the loss Hessian ``H = ∇²L(w)`` (the
-quadratic model along its eigenvector), so the largest stable learning rate it predicts is
-
-    η* = z* / λ_max                                     (:func:`lr_threshold`)
-
-e.g. plain GD is stable iff ``η·λ_max < 2`` (``z* = 2``, :func:`pipelab.stability.gd`), and GD with a
-delay of τ steps iff ``η·λ_max < 2·sin(π/(2(2τ+1)))`` (Levin & May 1976).
-
-:func:`top_eigenvalue` estimates ``λ_max`` without forming H: power iteration ``v ← Hv/‖Hv‖`` with the
-Rayleigh quotient ``λ ≈ vᵀHv`` (``vᵀv = 1``), where ``Hv`` is a Hessian-vector product by double
-backward, ``Hv = ∇_w (∇_w L(w) · v)`` (Pearlmutter 1994), on the full parameter vector of the model (all
-stages together). Power iteration converges to the eigenvalue of largest *magnitude*; if that one is
-negative (a saddle), a second run on the shifted operator ``H − λ_neg·I`` (eigenvalues ``μ − λ_neg ≥ 0``)
-finds the largest algebraic eigenvalue, which is the one that limits the step.
+On the quadratic model a method is stable for ``0 < η·λ < z*``; on a network the curvature that matters is the
+top eigenvalue ``λ_max`` of ``H = ∇²L(w)``, so the largest stable learning rate is ``η* = z* / λ_max``.
 
 References: B. A. Pearlmutter, "Fast exact multiplication by the Hessian", Neural Computation 6 (1994)
 147–160; the power-iteration estimate of the sharpness as in J. Cohen et al., "Gradient descent on neural
@@ -52,12 +38,9 @@ class HessianEigen:
     """Result of :func:`top_eigenvalue`.
 
     Attributes:
-        value: the estimate of the largest eigenvalue of the Hessian.
-        history: the Rayleigh quotient after every iteration (of the shifted run, shifted back, when a
-            negative dominant eigenvalue forced one; ``dominant`` holds the first run's last value).
+        history: the Rayleigh quotient after every iteration (of the shifted run, shifted back, if there was one).
         converged: whether the relative change fell below ``tol`` within ``iters`` iterations.
-        dominant: the eigenvalue of largest magnitude found by the first run (``== value`` unless negative).
-        n_params: length of the parameter vector.
+        dominant: the eigenvalue of largest magnitude, from the first run (``== value`` unless negative).
     """
 
     value: float
@@ -87,11 +70,10 @@ def hessian_vector_product(
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     vector: Sequence[torch.Tensor],
 ) -> list[torch.Tensor]:
-    """``H·v`` of ``L(w) = Σ_b n_b·ℓ_b(w) / Σ_b n_b`` by double backward, per parameter tensor.
+    """``H·v`` of ``L(w) = Σ_b n_b·ℓ_b(w) / Σ_b n_b`` by double backward, ``Hv = ∇_w (∇_w L · v)``.
 
-    ``ℓ_b = loss_fn(stages(x_b), y_b)`` with ``n_b = len(x_b)``: for a ``loss_fn`` that averages over its
-    batch, L is the loss over the union of the batches. ``vector`` has one tensor per parameter of the
-    stages (those with ``requires_grad``), in ``parameters()`` order.
+    ``ℓ_b = loss_fn(stages(x_b), y_b)``, ``n_b = len(x_b)``; ``vector`` has one tensor per trainable parameter, in
+    ``parameters()`` order.
     """
     params = [p for m in stages for p in m.parameters() if p.requires_grad]
     total = sum(int(x.shape[0]) for x, _ in batches)
@@ -131,29 +113,15 @@ def top_eigenvalue(
 ) -> HessianEigen:
     """Largest eigenvalue of the Hessian of the loss over ``batches``, by power iteration on ``H·v``.
 
-    Iteration: ``v₀ ~ N(0, I)`` (seeded) normalised; ``u = H·v_k``, ``λ_k = v_kᵀu``, ``v_{k+1} = u/‖u‖``; stop
-    when ``|λ_k − λ_{k−1}| ≤ tol·|λ_k|`` or after ``iters`` products. If the result is negative (the dominant
-    eigenvalue of an indefinite H), the same iteration on ``H − λ·I`` gives ``λ_max − λ`` and so ``λ_max``.
+    ``u = H·v_k``, ``λ_k = v_kᵀu``, ``v_{k+1} = u/‖u‖`` from a seeded ``v₀ ~ N(0, I)``, until
+    ``|λ_k − λ_{k−1}| ≤ tol·|λ_k|`` or ``iters`` products. A negative result (dominant eigenvalue of an indefinite
+    H) is followed by the same iteration on ``H − λ·I``, which gives ``λ_max``, the eigenvalue that limits the step.
 
     Args:
-        model_or_stages: a module, or the stages of a pipeline (a sequence or ``nn.ModuleList``) applied in order
-            (``x → stage_{D−1}(…stage_0(x))``);
-            the Hessian is over all their parameters that require grad, as one vector. The modules are
-            copied (cast to ``dtype``): the caller's model, its buffers and its mode are untouched.
-        loss_fn: ``(output, target) -> scalar`` loss of one batch.
-        batches: ``(x, y)`` pairs; the loss is their size-weighted mean ``Σ n_b·ℓ_b / Σ n_b``. Floating inputs
-            are cast to ``dtype``.
-        iters: Hessian-vector products at most (per run), >= 1.
-        tol: relative change of the Rayleigh quotient at which to stop, > 0.
-        seed: seed of the start vector.
-        dtype: precision (e.g. ``torch.float64``); ``None`` keeps the model's.
-
-    Returns:
-        :class:`HessianEigen` with the estimate and the iteration history.
-
-    Raises:
-        ValueError: ``iters``/``tol`` out of range, no batches, no trainable parameters, or a non-finite
-            Hessian-vector product; TypeError: a model that is not a module or a sequence of them.
+        model_or_stages: a module, or pipeline stages applied in order; all their trainable parameters form one
+            vector. The modules are copied (cast to ``dtype``): the caller's model is untouched.
+        batches: ``(x, y)`` pairs; the loss is their size-weighted mean ``Σ n_b·ℓ_b / Σ n_b``.
+        dtype: precision; ``None`` keeps the model's.
     """
     iters = _check_positive_int("iters", iters)
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
@@ -217,17 +185,10 @@ def _normalised(vs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def lr_threshold(z_star: float, eigenvalue: float) -> float:
-    """The learning rate ``η* = z*/λ`` at which a method with stable interval ``0 < η·λ < z*`` turns unstable.
+    """The learning rate ``η* = z*/λ`` at which a method stable for ``0 < η·λ < z*`` turns unstable.
 
-    ``z_star`` is a threshold in units of ``η·λ`` from this package's stability analysis (e.g.
-    ``max_stable_step(delayed_gd(τ))``, or ``heavy_ball_threshold(β)``); ``eigenvalue`` the curvature, typically
-    :func:`top_eigenvalue`'s. On the quadratic ``½λw²`` GD is stable iff ``η·λ < 2``, so
-    ``lr_threshold(2, λ) = 2/λ``. For an adaptive optimizer λ must be the preconditioned curvature
-    (:func:`pipelab.stability.adam_frozen` works in those units).
-
-    Raises:
-        ValueError: ``z_star`` not a number >= 0 (``inf`` allowed: no threshold), ``eigenvalue`` not a finite
-            number > 0.
+    For an adaptive optimizer λ is the preconditioned curvature (:func:`pipelab.stability.adam_frozen`).
+    ``z_star = inf`` means no threshold.
     """
     if isinstance(z_star, bool) or not isinstance(z_star, numbers.Real) or math.isnan(z_star) or z_star < 0:
         raise ValueError(f"z_star must be a number >= 0 (inf: stable for every step), got {z_star!r}")
