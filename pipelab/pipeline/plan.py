@@ -1,19 +1,10 @@
 """Planning a pipeline run: version table, per-job weight specs, execution order, ring sizes, stages.
 
-:func:`build_pipeline` does the set-up the single-process :class:`~pipelab.emulator.Emulator` and the
-multi-process :class:`~pipelab.runtime.PipelineRuntime` share, from one
-:class:`~pipelab.pipeline.spec.PipelineSpec`: every job's forward/backward weights from the policy and the
-version table (never from rank arithmetic, :class:`JobSpecs`), the execution order (the oracle's waiting), each
-stage's events and ring of weight versions, and a :class:`~pipelab.pipeline.stage.StageExecutor` for the
-requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
-learning-rate schedulers and predictors. For a placed schedule (a stage computed or held by several workers:
-DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) it builds one copy per (worker, stage) — a holder's with its own
-optimizer, a computing non-holder's (:class:`~pipelab.pipeline.placement.FetchedStage`) without — and the
-global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`).
-
-The set-up is linear in the jobs and mostly array operations: the specs are the policy's rule evaluated on the
-version table's arrays, a stage's events are arrays too, and a placed schedule's sequence is cut into its
-copies' parts in one pass.
+:func:`build_pipeline` is the set-up the :class:`~pipelab.emulator.Emulator` and the
+:class:`~pipelab.runtime.PipelineRuntime` share: every job's weights from the policy and the version table
+(never from rank arithmetic), the execution order, each stage's events and ring, and the executors; for a
+placed schedule one copy per (worker, stage) and the global sequence of jobs and collectives. It is linear in
+the jobs, mostly array operations.
 """
 
 from __future__ import annotations
@@ -56,8 +47,7 @@ __all__ = ["PipelinePlan", "JobSpecs", "build_pipeline", "as_stages", "version_t
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
     """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules.
 
-    Every position of the ``nn.Sequential`` is kept, also a module placed at several positions; a parameter
-    shared by two stages is refused (:func:`pipelab.partition.check_unshared`).
+    Every position is kept, also a module at several positions; a parameter shared by two stages is refused.
     """
     from ..partition import check_unshared, split
 
@@ -73,13 +63,7 @@ def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: An
 
 
 def version_table(schedule: Any) -> VersionTable:
-    """The version table of a schedule: a :class:`~pipelab.schedules.VersionTable` with its execution order,
-    a simulation result, or a schedule (simulated with unit costs by :func:`pipelab.simulator.simulate`).
-
-    Raises:
-        TypeError: any other object.
-        ValueError: a table without an execution order.
-    """
+    """The version table of a VersionTable with its order, a simulation result, or a schedule (unit costs)."""
     if isinstance(schedule, VersionTable):
         table = schedule
     else:
@@ -102,11 +86,8 @@ def version_table(schedule: Any) -> VersionTable:
 class JobSpecs(Mapping[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]):
     """Every micro-batch job's forward and backward weights, held as arrays: ``(k, t, j) -> (forward, backward)``.
 
-    ``base[op]`` and ``target[op]`` (op ``"F"`` or ``"B"``, int arrays [D, T, M]) are the policy's rule
-    (:meth:`~pipelab.policies.Policy.versions`) evaluated on the whole version table at once: a job's weights
-    are ``Stored(v)`` where base = target = v, else ``Predicted(base, target − base)``. With the oracle
-    predictor a prediction is the true future version instead (base = target). The specs themselves are made
-    when a job asks for them (:meth:`pair`).
+    ``base[op]``, ``target[op]`` ([D, T, M]) are the policy's rule on the whole table: ``Stored(v)`` where
+    base = target = v, else ``Predicted(base, target − base)``; with the oracle predictor base = target.
     """
 
     def __init__(self, policy: Policy, table: VersionTable, oracle: bool = False) -> None:
@@ -161,18 +142,12 @@ class PipelinePlan:
     """Everything a driver needs to execute a schedule under a policy (see :func:`build_pipeline`).
 
     Attributes:
-        specs: every micro-batch job's weights, ``(k, t, j) -> (forward spec, backward spec)`` (:class:`JobSpecs`).
-        order: execution order of all events (the schedule's, or the oracle's waiting order).
-        waited: whether ``order`` differs from the schedule's order.
+        order: execution order of all events (the schedule's, or the oracle's waiting order); ``waited``: differs.
         capacity: ring size of every stage (peak versions alive at once).
-        stages: the built executors, by stage index (for a placed schedule: the owner's copy in the emulator,
-            the rank's own copy in the runtime).
-        weightless: stages without trainable parameters (no optimizer, no predictor, no weight copies).
-        precision: the run's :class:`~pipelab.precision.Precision`; scaler: fp16's shared loss scale (else None).
-        placement: for a schedule whose stages are computed or held by several workers
-            (:mod:`~pipelab.pipeline.placement`): every stage's C_k, H_k and kind; empty otherwise.
-        sequence: the placed schedule's global sequence of jobs (with workers) and collectives.
-        copies: the built stage copies, ``(worker, stage) -> executor`` (placed schedules only).
+        stages: the built executors by stage (a placed schedule: the owner's copy, or the rank's own).
+        weightless: stages without trainable parameters (no optimizer, predictor or weight copies).
+        placement, sequence, copies: a placed schedule's C_k/H_k/kind per stage, global sequence and
+            ``(worker, stage) -> executor`` copies; empty otherwise.
     """
 
     D: int
@@ -282,8 +257,10 @@ def build_pipeline(
 
 def _table_and_stages(model: nn.Module | Sequence[nn.Module], spec: PipelineSpec
                       ) -> tuple[Any, VersionTable, list[nn.Module], Policy]:
-    """The simulation of a placed schedule (else ``None``), the version table, the stages and the policy, checked
-    against each other (the schedule before the model, so that a bad schedule is not blamed on the model)."""
+    """The placed simulation (or ``None``), version table, stages and policy, checked against each other.
+
+    The schedule is checked before the model, so that a bad schedule is not blamed on the model.
+    """
     sim = _placed_simulation(spec.schedule)
     table = version_table(sim if sim is not None else spec.schedule)
     D = table.D if spec.D is None and isinstance(model, nn.Sequential) else spec.D
@@ -296,8 +273,7 @@ def _table_and_stages(model: nn.Module | Sequence[nn.Module], spec: PipelineSpec
 
 
 def _order(table: VersionTable, specs: JobSpecs) -> tuple[Sequence[Job], bool]:
-    """The execution order and whether it differs from the schedule's: the schedule's own, unless a job needs a
-    version its stage has not made when the job's turn comes (the oracle), then :func:`resolve_order`'s."""
+    """The schedule's order, unless a job needs a version not yet made (the oracle): :func:`resolve_order`'s."""
     if (specs.base["F"] <= table.forward).all() and (specs.base["B"] <= table.backward).all():
         return table.order, False
     order = resolve_order(table, lambda job: 0 if job[0] == "U" else specs.need(*job))
@@ -307,8 +283,8 @@ def _order(table: VersionTable, specs: JobSpecs) -> tuple[Sequence[Job], bool]:
 def stage_events(order: Sequence[Job], specs: JobSpecs, D: int) -> list[StageEvents]:
     """Every stage's events in ``order``, the uses of each of its versions and its ring size.
 
-    A stage's events come in the same relative order in the global sequence and in the program of the
-    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
+    Stage-local positions serve emulator and runtime alike: a stage's events keep their relative order in the
+    global sequence and in its worker's program.
     """
     op, k, t, j = job_columns(order)
     out = []
@@ -320,8 +296,7 @@ def stage_events(order: Sequence[Job], specs: JobSpecs, D: int) -> list[StageEve
 
 def _executor(plan: PipelinePlan, spec: PipelineSpec, k: int, module: nn.Module, events: StageEvents,
               fetched: bool = False) -> StageExecutor:
-    """Stage k's executor over ``module``: with its optimizer (refused or set up by the policy, the one place a
-    policy meets its optimizer) and learning-rate scheduler; a computing non-holder's copy (``fetched``) has none."""
+    """Stage k's executor with its optimizer (checked and set up by the policy) and scheduler; ``fetched``: none."""
     first = next((p for p in module.parameters() if p.is_floating_point()), None)
     check_precision(plan.precision, torch.device("cpu") if first is None else first.device,
                     None if first is None else first.dtype)
@@ -442,8 +417,7 @@ def _copy_events(part: Sequence[PlacedJob | Collective], specs: JobSpecs, k: int
 
 
 def _attach_predictors(plan: PipelinePlan, stages: Iterable[StageExecutor], predictor: Any) -> None:
-    """Give every stage that predicts its predictor (validated by :class:`~pipelab.pipeline.spec.PipelineSpec`);
-    a stage that never predicts gets none, so it also keeps no predictor history.
+    """Give every stage that predicts its predictor; others keep none (and no history).
 
     A predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
     """
