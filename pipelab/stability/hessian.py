@@ -6,18 +6,6 @@ top eigenvalue ``λ_max`` of ``H = ∇²L(w)``, so the largest stable learning r
 References: B. A. Pearlmutter, "Fast exact multiplication by the Hessian", Neural Computation 6 (1994)
 147–160; the power-iteration estimate of the sharpness as in J. Cohen et al., "Gradient descent on neural
 networks typically occurs at the edge of stability", ICLR 2021 (GD stable on the quadratic iff η·λ < 2).
-
-Example:
-    >>> import torch
-    >>> from pipelab.stability import gd, max_stable_step
-    >>> X = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
-    >>> y = torch.zeros(2, 1, dtype=torch.float64)
-    >>> model = torch.nn.Linear(2, 1, bias=False).double()
-    >>> est = top_eigenvalue(model, lambda out, t: 0.5 * ((out - t) ** 2).mean(), [(X, y)], tol=1e-12)
-    >>> round(est.value, 9)                  # XᵀX/n = diag(0.5, 2)
-    2.0
-    >>> round(lr_threshold(max_stable_step(gd()), est.value), 9)
-    1.0
 """
 
 from __future__ import annotations
@@ -35,13 +23,7 @@ __all__ = ["HessianEigen", "top_eigenvalue", "hessian_vector_product", "lr_thres
 
 @dataclass(frozen=True)
 class HessianEigen:
-    """Result of :func:`top_eigenvalue`.
-
-    Attributes:
-        history: the Rayleigh quotient after every iteration (of the shifted run, shifted back, if there was one).
-        converged: whether the relative change fell below ``tol`` within ``iters`` iterations.
-        dominant: the eigenvalue of largest magnitude, from the first run (``== value`` unless negative).
-    """
+    """Result of :func:`top_eigenvalue`: estimate, Rayleigh quotients (shifted back), the first run's ``dominant``."""
 
     value: float
     history: tuple[float, ...]
@@ -95,12 +77,6 @@ def hessian_vector_product(
     return out
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
 def top_eigenvalue(
     model_or_stages: torch.nn.Module | Sequence[torch.nn.Module],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -114,16 +90,12 @@ def top_eigenvalue(
     """Largest eigenvalue of the Hessian of the loss over ``batches``, by power iteration on ``H·v``.
 
     ``u = H·v_k``, ``λ_k = v_kᵀu``, ``v_{k+1} = u/‖u‖`` from a seeded ``v₀ ~ N(0, I)``, until
-    ``|λ_k − λ_{k−1}| ≤ tol·|λ_k|`` or ``iters`` products. A negative result (dominant eigenvalue of an indefinite
-    H) is followed by the same iteration on ``H − λ·I``, which gives ``λ_max``, the eigenvalue that limits the step.
-
-    Args:
-        model_or_stages: a module, or pipeline stages applied in order; all their trainable parameters form one
-            vector. The modules are copied (cast to ``dtype``): the caller's model is untouched.
-        batches: ``(x, y)`` pairs; the loss is their size-weighted mean ``Σ n_b·ℓ_b / Σ n_b``.
-        dtype: precision; ``None`` keeps the model's.
+    ``|λ_k − λ_{k−1}| ≤ tol·|λ_k|``. A negative result (indefinite H) is followed by the same iteration on
+    ``H − λ·I``, which gives ``λ_max``, the eigenvalue that limits the step. All trainable parameters of the module or
+    stages form one vector; the loss is ``Σ n_b·ℓ_b / Σ n_b``; the modules are copied (cast to ``dtype``).
     """
-    iters = _check_positive_int("iters", iters)
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
@@ -161,7 +133,8 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def _power(hvp: Callable[[list[torch.Tensor], float], list[torch.Tensor]], start: list[torch.Tensor], shift: float,
            iters: int, tol: float) -> tuple[float, list[float], bool]:
     """Power iteration on ``v ↦ hvp(v, shift)``: (last Rayleigh quotient, history, converged)."""
-    v = _normalised(start)
+    norm = math.sqrt(float(sum((t * t).sum() for t in start)))
+    v = [t / norm for t in start]
     hist: list[float] = []
     for _ in range(iters):
         u = [t.detach() for t in hvp(v, shift)]
@@ -177,11 +150,6 @@ def _power(hvp: Callable[[list[torch.Tensor], float], list[torch.Tensor]], start
             return lam, hist, True
         v = [t / norm for t in u]
     return hist[-1], hist, False
-
-
-def _normalised(vs: list[torch.Tensor]) -> list[torch.Tensor]:
-    norm = math.sqrt(float(sum((t * t).sum() for t in vs)))
-    return [t / norm for t in vs]
 
 
 def lr_threshold(z_star: float, eigenvalue: float) -> float:

@@ -100,10 +100,7 @@ def _gradient_scale(beta: float, form: str) -> float:
 
 def general(beta: float, c: Sequence[float], tau: int = 0, *, scale: float = 1.0, name: str = "general",
             params: tuple[tuple[str, float | int | str], ...] = ()) -> LinearMethod:
-    """The general form ``w_{t+1} = (1+β)w_t − βw_{t−1} − scale·z·Σ_j c_j·w_{t−τ−j}``.
-
-    ``a = (1, −(1+β), β)`` and ``b_{τ+1+j} = scale·c_j``; ``c = (1,)`` takes the gradient at the stale weights.
-    """
+    """The general form ``w_{t+1} = (1+β)w_t − βw_{t−1} − scale·z·Σ_j c_j·w_{t−τ−j}``."""
     beta = _check_beta(beta)
     tau = _check_tau(tau)
     c = tuple(float(x) for x in c)
@@ -134,15 +131,11 @@ def delayed_gd(tau: int) -> LinearMethod:
 
 
 def heavy_ball(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> LinearMethod:
-    """Heavy-ball (Polyak) momentum with gradient delay τ, eliminated to a recurrence in w.
+    """Heavy-ball (Polyak) momentum with gradient delay τ: ``w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·w_{t−τ}``.
 
-    ``form="code"`` (``torch.optim.SGD``: ``v_t = β·v_{t−1} + λ·w_{t−τ}``, ``w_{t+1} = w_t − η·v_t``); since
-    ``η·v_{t−1} = w_{t−1} − w_t``,
-
-        w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·w_{t−τ}.
-
-    ``form="paper"`` (SpecTrain eq. 1, ``v_t = β·v_{t−1} + (1−β)·λ·w_{t−τ}``) replaces z by ``(1−β)·z``.
-    For τ = 0, code form: ``P = r² − (1+β−z)·r + β``, stable for real z iff ``0 < z < 2(1+β)``.
+    ``form="code"`` is ``torch.optim.SGD`` (``v_t = β·v_{t−1} + λ·w_{t−τ}``, ``w_{t+1} = w_t − η·v_t``);
+    ``form="paper"`` (SpecTrain eq. 1, smoothed gradient) replaces z by ``(1−β)·z``. τ = 0, code form: stable for
+    real z iff ``0 < z < 2(1+β)``.
     """
     beta = _check_beta(beta)
     tau = _check_tau(tau)
@@ -151,15 +144,11 @@ def heavy_ball(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> Lin
 
 
 def nesterov(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> LinearMethod:
-    """Nesterov momentum (torch's ``nesterov=True``) with gradient delay τ.
-
-    ``w_{t+1} = w_t − η·(g_t + β·v_t)``, ``g_t = λ·w_{t−τ}``; with ``d_t = w_{t+1} − w_t``,
-    ``d_t − β·d_{t−1} = −η((1+β)·g_t − β·g_{t−1})``, so
+    """Nesterov momentum (torch's ``nesterov=True``) with gradient delay τ, ``g_t = λ·w_{t−τ}``:
 
         w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·((1+β)·w_{t−τ} − β·w_{t−τ−1}),
 
-    the general form with ``c = (1+β, −β)``; ``form="paper"`` scales z by ``1−β``. For τ = 0 stable for real z
-    iff ``0 < z < 2(1+β)/(1+2β)``.
+    ``form="paper"`` scales z by ``1−β``. τ = 0: stable for real z iff ``0 < z < 2(1+β)/(1+2β)``.
     """
     beta = _check_beta(beta)
     tau = _check_tau(tau)
@@ -171,18 +160,12 @@ def predicted_momentum(beta: float, tau: int, s: float | None = None, *, form: M
                        velocity_scale: float = 1.0) -> LinearMethod:
     """Delayed momentum SGD whose stale weights are extrapolated (SpecTrain / PipeOptim prediction).
 
-    The gradient is taken at ``ŵ = w_{t−τ} − s·κ·η·v_{t−τ−1}`` (SpecTrain eq. 4, PipeOptim eq. 5); since
-    ``η·v_{t−τ−1} = w_{t−τ−1} − w_{t−τ}``,
+    The gradient is taken at ``ŵ = w_{t−τ} − s·κ·η·v_{t−τ−1}`` (SpecTrain eq. 4, PipeOptim eq. 5), i.e.
 
-        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+κs)·w_{t−τ} − κs·w_{t−τ−1}).
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+κs)·w_{t−τ} − κs·w_{t−τ−1}),
 
-    ``form="code"`` (torch's buffer ``v ← μ·v + g``): ``g = 1``; ``form="paper"`` (SpecTrain's smoothed
-    gradient): ``g = 1−β``, the code form at step ``(1−β)·η``. The paper's smoothed gradient predicting for torch's
-    optimizer is ``form="code", velocity_scale=1−β``.
-
-    Args:
-        s: prediction horizon (version difference); default τ.
-        velocity_scale: κ, the ratio of the predicting velocity to the optimizer's own buffer.
+    g = 1 (``form="code"``, torch's buffer) or ``1−β`` (``"paper"``, SpecTrain's smoothed gradient); the paper's
+    gradient predicting for torch's optimizer is ``form="code", velocity_scale=κ=1−β``. ``s`` defaults to τ.
     """
     beta = _check_beta(beta)
     tau = _check_tau(tau)
@@ -202,20 +185,12 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
              correction: bool = True, form: MomentumForm = "code") -> LinearMethod:
     """PipeMare's forward/backward weight discrepancy, with or without its discrepancy correction.
 
-    The forward pass used ``w_{t−τf}``, the backward pass ``u_b`` (delay ``τb ≤ τf``); the gradient is modelled as
+    Forward at ``w_{t−τf}``, backward at ``u_b`` (τb ≤ τf), gradient ``g_t = λ·((1−ρ)·w_{t−τf} + ρ·u_b)`` (PipeMare's
+    ``∇f ≈ λ·u_fwd + Δ·(u_bkwd − u_fwd)``, ``Δ = ρ·λ``). Uncorrected ``u_b = w_{t−τb}``; corrected
 
-        g_t = λ·((1−ρ)·w_{t−τf} + ρ·u_b)
+        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb},
 
-    (PipeMare's ``∇f ≈ λ·u_fwd + Δ·(u_bkwd − u_fwd)``, ``Δ = ρ·λ``). Uncorrected ``u_b = w_{t−τb}``; corrected
-
-        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb}.
-
-    δ is eliminated by applying ``(1 − γ·q⁻¹)``: both lag polynomials are convolved with ``(1, −γ)`` and the
-    gradient part gains ``−ρ(τf−τb)(1−γ)·(w_{t−τb} − w_{t−τb−1})``; the extra root γ at z = 0 is the EMA's decay.
-
-    Args:
-        rho: the gradient's sensitivity to the backward weights, ``Δ/λ`` (any finite real).
-        gamma: EMA decay γ of the velocity estimate, in [0, 1).
+    δ eliminated by convolving both lag polynomials with ``(1, −γ)`` (an extra root γ at z = 0).
     """
     tau_fwd, tau_bkwd = _check_tau(tau_fwd, "tau_fwd"), _check_tau(tau_bkwd, "tau_bkwd")
     if tau_bkwd > tau_fwd:
@@ -260,20 +235,13 @@ def adam_frozen(beta1: float = 0.9, tau: int = 0) -> LinearMethod:
 def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None) -> LinearMethod:
     """Nesterov look-ahead for asynchronous pipelines (Ajanthan et al., arXiv:2505.01099), as NAdam computes it.
 
-    The rule of the paper's public code (``torch.optim.NAdam``, β1 = 0.99, ``g_t = λ·w_{t−τ}``), second moment
-    frozen as in :func:`adam_frozen`, bias corrections at 1:
-
-        m_t = β1·m_{t−1} + (1−β1)·g_t,        w_{t+1} = w_t − η·(μ·m_t + (1−μ)·g_t),
-
-    μ → β1 NAdam's momentum weight. Eliminating m with ``(1 − β1·q⁻¹)``:
+    The public code's rule (``torch.optim.NAdam``, β1 = 0.99), second moment frozen, bias corrections at 1:
+    ``m_t = β1·m_{t−1} + (1−β1)·g_t``, ``w_{t+1} = w_t − η·(μ·m_t + (1−μ)·g_t)``, i.e.
 
         w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − z·((1 − μβ1)·w_{t−τ} − (1−μ)·β1·w_{t−τ−1}).
 
-    For μ = β1 it is :func:`nesterov` in ``"paper"`` form. The paper's text was not available, so the code's rule
-    is pinned here.
-
-    Args:
-        mu: NAdam's momentum weight μ in [0, 1); default β1.
+    μ (default β1, the limit of NAdam's schedule) = β1 gives :func:`nesterov` in ``"paper"`` form. The paper's
+    text was not available, so the code's rule is pinned here.
     """
     beta1 = _check_beta(beta1, "beta1")
     tau = _check_tau(tau)
@@ -284,17 +252,11 @@ def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None
 
 def delay_compensated(tau: int, strength: float = 1.0, *, beta: float = 0.0,
                       form: MomentumForm = "code") -> LinearMethod:
-    """Delay-compensated SGD (DC-ASGD, Zheng et al., ICML 2017), ideal compensation of strength λ_c.
+    """Delay-compensated SGD (DC-ASGD, Zheng et al., ICML 2017) with ideal compensation of strength λ_c.
 
-    The literal correction ``λ_dc·g⊙g⊙(w_now − w_used)`` is cubic on a quadratic (no linear effect), so this is the
-    Taylor step it approximates, with Hessian λ scaled by ``λ_c``:
-
-        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·(λ_c·w_t + (1−λ_c)·w_{t−τ}).
-
-    λ_c = 0 is :func:`heavy_ball` with delay τ, λ_c = 1 the undelayed method.
-
-    Args:
-        strength: λ_c, any finite real (> 1 over-compensates).
+    The literal ``λ_dc·g⊙g⊙(w_now − w_used)`` is cubic on a quadratic (no linear effect), so this is the Taylor
+    step it approximates: ``w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·(λ_c·w_t + (1−λ_c)·w_{t−τ})`` (λ_c = 0: delayed
+    heavy-ball; 1: undelayed; > 1 over-compensates).
     """
     tau = _check_tau(tau)
     beta = _check_beta(beta)
@@ -312,15 +274,14 @@ def delay_compensated(tau: int, strength: float = 1.0, *, beta: float = 0.0,
 
 def error_feedback(tau: int = 1, alpha: float = 1.0, *, beta: float = 0.0,
                    form: MomentumForm = "code") -> LinearMethod:
-    """Error feedback for a delayed gradient: the previous step's staleness error is fed back.
+    """Error feedback for a delayed gradient: the previous step's staleness error fed back with weight α.
 
     Zmushko et al. (arXiv:2606.30634) give only "an Error Feedback-inspired correction"; this is the closest citable
-    form (Stich & Karimireddy, arXiv:1909.05350) with error ``e_t = g_t − g_{t−1}`` fed back with weight α:
+    form (Stich & Karimireddy, arXiv:1909.05350), ``e_t = g_t − g_{t−1}``:
 
         w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+α)·w_{t−τ} − α·w_{t−τ−1}),
 
-    i.e. :func:`predicted_momentum` with ``s = α`` (a linear time-invariant correction commutes with the
-    optimizer's filter). τ = 0 is the undelayed optimizer for every α.
+    :func:`predicted_momentum` with ``s = α``; τ = 0 is the undelayed optimizer for every α.
     """
     tau = _check_tau(tau)
     beta = _check_beta(beta)
@@ -344,21 +305,13 @@ def _as_z(z: complex | np.ndarray) -> np.ndarray:
 
 
 def char_poly(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
-    """Coefficients of ``P(r; z) = A(r) + z·B(r)``, highest power first, shape ``z.shape + (n+1,)``.
-
-    Example:
-        >>> char_poly(heavy_ball(0.5), 1.0).real.tolist()    # r² − (1.5 − 1)·r + 0.5
-        [1.0, -0.5, 0.5]
-    """
+    """Coefficients of ``P(r; z) = A(r) + z·B(r)``, highest power first, shape ``z.shape + (n+1,)``."""
     zz = _as_z(z)[..., None]
     return np.asarray(method.a) + zz * np.asarray(method.b)
 
 
 def companion(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
-    """The companion matrix C of ``P(·; z)``, ``x_{t+1} = C·x_t`` on ``x_t = (w_t, …, w_{t−n+1})``.
-
-    ``C[0, :] = −(a_1 + z b_1, …, a_n + z b_n)``, ``C[i, i−1] = 1``; shape ``z.shape + (n, n)``.
-    """
+    """The companion matrix of ``P(·; z)``: ``C[0, :] = −(a_1 + z b_1, …)``, ``C[i, i−1] = 1``."""
     p = char_poly(method, z)
     n = method.order
     out = np.zeros(p.shape[:-1] + (n, n), dtype=np.complex128)

@@ -24,13 +24,7 @@ __all__ = ["stationary_variance"]
 
 
 def stationary_variance(method: LinearMethod, z: float, noise: Sequence[float] = (1.0,)) -> float:
-    """Stationary ``Var w`` at real step z under unit white noise through the filter ``noise``; ``inf`` if unstable.
-
-    Example:
-        >>> from pipelab.stability import gd
-        >>> round(stationary_variance(gd(), 0.5), 12)        # 1 / (1 − 0.25)
-        1.333333333333
-    """
+    """Stationary ``Var w`` at real step z under unit white noise through the filter ``noise``; ``inf`` if unstable."""
     if isinstance(z, (bool, complex)) or not isinstance(z, (int, float, np.integer, np.floating)) \
             or not math.isfinite(z):
         raise ValueError(f"z must be a finite real number, got {z!r}")

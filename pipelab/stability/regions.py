@@ -34,10 +34,6 @@ def schur_stable(coeffs: np.ndarray) -> np.ndarray:
 
     For monic ``p(r) = Σ_k p_k r^(n−k)``: p is Schur stable iff ``|p_n| < 1`` and
     ``q_k = p_k − p_n·conj(p_{n−k})`` (k = 0..n−1, made monic by ``1 − |p_n|²``) is Schur stable.
-
-    Example:
-        >>> schur_stable(np.array([[1.0, -0.5], [1.0, -1.5]])).tolist()    # roots 0.5 and 1.5
-        [True, False]
     """
     c = np.asarray(coeffs)
     if c.ndim == 0 or c.shape[-1] < 1:
@@ -73,10 +69,7 @@ def schur_stable(coeffs: np.ndarray) -> np.ndarray:
 
 
 def stable_mask(method: LinearMethod, z: complex | np.ndarray, *, radius: float = 1.0) -> np.ndarray:
-    """Where all characteristic roots lie strictly inside ``|r| < radius`` (Schur–Cohn), shape of ``z``.
-
-    ``radius = ρ`` tests ``P(ρ·s; z)``, made monic: coefficients ``p_k·ρ^(−k)``.
-    """
+    """Where every characteristic root lies in ``|r| < radius`` (Schur–Cohn on ``P(ρ·s; z)``), shape of ``z``."""
     radius = _check_radius(radius)
     p = char_poly(method, z)
     if radius != 1.0:
@@ -107,10 +100,9 @@ def spectral_radius(method: LinearMethod, z: complex | np.ndarray, *, chunk: int
 
 
 def boundary_locus(method: LinearMethod, theta: np.ndarray | int = 2048) -> np.ndarray:
-    """The boundary-locus curve ``z(θ) = −A(e^{iθ}) / B(e^{iθ})``: the z with a root at ``r = e^{iθ}``.
+    """The boundary locus ``z(θ) = −A(e^{iθ}) / B(e^{iθ})`` (``inf`` where B = 0); ``theta``: angles, or their count.
 
-    P is linear in z, so the stable region is bounded by (parts of) this curve; ``inf`` where ``B(e^{iθ}) = 0``.
-    ``theta``: angles, or a number of equally spaced angles in ``[0, 2π]``.
+    P is linear in z, so these are the z with a root on the unit circle: the stable region's boundary lies on them.
     """
     if np.isscalar(theta):
         th = np.linspace(0.0, 2.0 * np.pi, int(cast(SupportsInt, theta)))
@@ -126,10 +118,9 @@ def boundary_locus(method: LinearMethod, theta: np.ndarray | int = 2048) -> np.n
 def _winding_raster(curve: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Winding number of the closed polygon ``curve`` around every point of the grid ``x × y``.
 
-    An edge crosses row ``y_j`` iff ``min(y0, y1) ≤ y_j < max(y0, y1)`` (half-open, so a vertex on a row counts
-    once) and adds ±1 (up/down) to every point of the row left of the crossing. Rows and columns come from
-    ``searchsorted`` on the grid coordinates, never from ``(y − y_0)/Δy`` in floating point, which would count
-    a vertex on a row for neither of its edges.
+    An edge crosses row ``y_j`` iff ``min(y0, y1) ≤ y_j < max(y0, y1)`` (so a vertex on a row counts once), adding
+    ±1 to the row left of the crossing. Rows come from ``searchsorted`` on the grid, not ``(y − y_0)/Δy`` in floating
+    point, which could count a vertex on a row for neither edge.
     """
     nx, ny = len(x), len(y)
     # work on ascending coordinates; flip the result back if the grid runs downwards
@@ -170,11 +161,7 @@ def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, 
 
     By the argument principle, roots inside ``|r| = ρ`` number ``N_in(B) + W(z)``, W the winding number of
     ``z_ρ(θ) = −A(ρe^{iθ})/B(ρe^{iθ})`` around z, so stable ⟺ ``W(z) = n − N_in(B)``. Where B vanishes on (or too
-    near) the circle the locus passes through infinity and the mask is the exact :func:`stable_mask`.
-
-    Args:
-        re, im, shape: the grid, as in :func:`complex_grid`.
-        n_theta: samples of the locus; default: no edge reaching into the grid longer than one grid cell.
+    near) the circle the mask is the exact :func:`stable_mask`. ``n_theta`` defaults to edges no longer than a cell.
     """
     radius = _check_radius(radius)
     if n_theta is not None and (isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer))
@@ -243,11 +230,6 @@ def region_area(method: LinearMethod, *, radius: float = 1.0, n_theta: int = 1 <
     Gauss–Legendre on the exact curve (``z'(θ) = −i·r·(A'B − AB')/B²``). Arcs where the weight changes are split
     ``refine``-fold, ``levels`` times; arcs through a pole weigh 0. Agrees with closed forms to ~1e−9 relative
     (GD: π; delayed GD τ = 1: ``π − 3√3/2``; heavy-ball: ``π(1 − β²)``).
-
-    Example:
-        >>> from pipelab.stability import delayed_gd
-        >>> round(region_area(delayed_gd(1)), 9)       # π − 3√3/2
-        0.543516442
     """
     radius = _check_radius(radius)
     for name, val, least in (("n_theta", n_theta, 16), ("levels", levels, 0), ("refine", refine, 2)):

@@ -83,11 +83,6 @@ def max_stable_step(method: LinearMethod, *, n_theta: int = 4096, check: bool = 
 
     0.0 when unstable for every small z > 0, ``inf`` without a crossing. ``check`` confirms with Schur–Cohn that
     ``z*(1 ∓ 1e−6)`` is stable / unstable (``RuntimeError`` otherwise).
-
-    Example:
-        >>> from pipelab.stability import delayed_gd
-        >>> round(max_stable_step(delayed_gd(2)), 6), round(delayed_gd_threshold(2), 6)
-        (0.618034, 0.618034)
     """
     if isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer)) or n_theta < 2:
         raise ValueError(f"n_theta must be an integer >= 2, got {n_theta!r}")
