@@ -1,9 +1,7 @@
 """Schedules as data: the :class:`Action` record and the :class:`Schedule` value.
 
-For every worker the ordered actions it executes: F, B (or the split I and W) of stage k on micro-batch j of
-step t (g = t·M + j), and U(k, t) on every holder of stage k. Placement is Rahimi's w(s, b, d) = (w_weights,
-w_compute): compute where the action is listed, weights at ``weight_holders[k]``; who waits for whom is
-:mod:`pipelab.schedules.dependencies`.
+Per worker, the ordered actions it executes; compute is where an action is listed and weights live at
+``weight_holders[k]`` (Rahimi's w(s, b, d) = (w_weights, w_compute)).
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), the placement
 functions w(s,b,d) and priority n(s,b,d).
@@ -245,10 +243,7 @@ def flushed_program(k: int, one_step: Sequence[tuple[str, int]], steps: int) -> 
 
 def unflushed_program(k: int, order: Sequence[tuple[str, int]], per_step: int, last: str, stride: int = 1,
                       offset: int = 0) -> tuple[Action, ...]:
-    """Worker k's never-flushed program over all micro-batches g = t·per_step + i, U(k, t) after ``last`` of the step.
-
-    Micro-batch i of step t is ``i·stride + offset``.
-    """
+    """Worker k's never-flushed program over g = t·per_step + i (micro ``i·stride + offset``), U after ``last``."""
     p: list[Action] = []
     for op, g in order:
         t, i = divmod(g, per_step)

@@ -47,10 +47,7 @@ def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
 
 @gc_paused
 def gpipe(D: int, M: int, steps: int = 1) -> Schedule:
-    """GPipe: all M forwards, then all M backwards, then the update (flushed).
-
-    Makespan (f = b = 1): 2(M + D − 1) per step; Rahimi's latency (F+B of a stage = 1 unit): M + D − 1.
-    """
+    """GPipe: all M forwards, all M backwards, then the update; makespan 2(M + D − 1) at f = b = 1."""
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"gpipe(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     return _flushed("GPipe", D, M, steps, lambda k: [(op, j) for op in ("F", "B") for j in range(M)])
@@ -101,13 +98,7 @@ def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
     """PipeDream-2BW: asynchronous 1F1B with M ≥ D micro-batches per update and double-buffered weights.
 
     ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` (Narayanan et al., ICML 2021, §3.1) is ``weight_rule="double_buffer"``:
-    step t uses the version the input stage had when step t entered, t − 1 whenever M ≥ D (ValueError if M < D).
-
-    Example:
-        >>> from pipelab.simulator import simulate
-        >>> vt = simulate(pipedream_2bw(D=2, M=2, steps=3)).version_table
-        >>> vt.used("F")[:, :, 0].tolist()        # stages × steps: version t−1 at every stage
-        [[0, 0, 1], [0, 0, 1]]
+    step t uses the version the input stage had when step t entered, t − 1 whenever M ≥ D.
     """
     D, M = check_int("D", D), check_int("M", M)
     if M < D:
@@ -168,10 +159,7 @@ def _dp_workers(M: int, W: int | None, name: str) -> int:
 
 
 def ddp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
-    """Distributed data parallel, Rahimi's w(s,b,d) = (b, b): micro-batch b runs every stage on worker b mod W.
-
-    Every worker holds all weights and applies U(k, t) after the all-reduce. Makespan (f = b = 1, W = M): 2D.
-    """
+    """Distributed data parallel, w(s,b,d) = (b, b): micro-batch b on worker b mod W; all workers hold all weights."""
     D, M = check_int("D", D), check_int("M", M)
     W = _dp_workers(M, W, "ddp")
     return construct(D, M, W, compute=lambda s, b, d: b % W, weights=lambda s: tuple(range(W)),
@@ -214,10 +202,9 @@ def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "back
         b_cost: Cost = 1.0, u_cost: Cost = 0.0) -> Schedule:
     """Looped pipeline parallelism: W = G·R workers in G groups of R, w(s,b,d) = (h(s,b), h(s,b)).
 
-    Micro-batch b goes to group b mod G, stage s to the group's worker s mod R; each group keeps a copy of the
-    weights. G = 1, R = D is GPipe's placement; G = M, R = 1 is DDP's. Under ``priority="forward_first"`` the
-    latency in F+B units is max(S + B/G − 1, (S/R)(B/G) + R − 1) (exact when B/G ≤ R or R | B/G; tested).
-    ``f_cost``, ``b_cost``, ``u_cost``: the costs the constructor orders at; pass those the schedule runs with.
+    Micro-batch b to group b mod G, stage s to its worker s mod R; each group keeps a copy of the weights (G = 1,
+    R = D: GPipe's placement; G = M, R = 1: DDP's). Forward-first latency in F+B units:
+    max(S + B/G − 1, (S/R)(B/G) + R − 1) (exact when B/G ≤ R or R | B/G). Pass the costs the schedule runs with.
     """
     return _looped("LPP", D, M, G, R, steps, lambda s, G, R: tuple(g * R + s % R for g in range(G)), priority,
                    (f_cost, b_cost, u_cost), "every group's copy applies U(s,t) after the all-reduce of step t (flush)")
@@ -234,14 +221,9 @@ def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "ba
 def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False) -> Schedule:
     """Hybrid pipeline × data parallelism: R replicas of a D-stage pipeline, W = D·R workers.
 
-    Stage k of replica r on worker r·D + k; micro-batch j goes to replica j mod R; every holder applies U(k, t)
-    after the all-reduce of all M gradients. Synchronous: :func:`one_f_one_b`'s order, flushed (Narayanan et al.,
-    SC 2021); ``asynchronous=True``: :func:`pipedream`'s (Narayanan et al., SOSP 2019, §3.1).
-
-    Example:
-        >>> s = hybrid(D=2, M=4, R=2)
-        >>> s.W, s.weight_holders, [str(a) for a in s.programs[2]]
-        (4, ((0, 2), (1, 3)), ['F0.1', 'F0.3', 'B0.1', 'B0.3', 'U0'])
+    Stage k of replica r on worker r·D + k, micro-batch j on replica j mod R; every holder applies U(k, t) after the
+    all-reduce. Synchronous: 1F1B per replica, flushed (Narayanan et al., SC 2021); ``asynchronous``: PipeDream's
+    order (Narayanan et al., SOSP 2019, §3.1).
     """
     D, M, R, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("R", R), ("steps", steps)))
     asynchronous = check_flag("asynchronous", asynchronous)

@@ -6,26 +6,16 @@ The schedule fixes each worker's order, so timing needs no search: a job starts 
                     max over dependencies d of end(d) + latency(d → j) ),   end(j) = start(j) + cost(j).
 
 Op codes: F=0, B=1, U=2, I=3, W=4. ``dep1``/``dep2``: a compute job's data edges in the order of
-:func:`~pipelab.schedules.dependencies.edges_into` (across workers: the job whose end sends the tensor, its
-producer or the ``Schedule.send_after`` job); ``dep3``: its weight barrier at its weight source; ``udeps``: an
-update's weight-gradient jobs.
+:func:`~pipelab.schedules.dependencies.edges_into` (across workers: the job whose end sends the tensor);
+``dep3``: its weight barrier at its weight source; ``udeps``: an update's weight-gradient jobs.
 
-:func:`run` is linear in the actions:
-
-============  ==========================================================================================
-step          what it does
-============  ==========================================================================================
-inputs        dependencies, latencies and costs as lists of shared objects (one int per id, one float per
-              distinct cost: 10^5 distinct objects miss the cache as the loop jumps between workers); a
-              dependency met by program order is dropped; a message on a wire is pseudo-job n + m
-worker loop   a worker advances while its next job's dependencies have ended (``end`` ∞ until timed, −∞ at
-              "none": the start is one max), else parks on the first unfinished one; a waiting update
-              scans its gradient jobs with a cursor kept between resumptions
-wire step     when no worker can advance, the earliest ready message crosses its wire: arrival =
-              max(ready, wire free) + transmission; every earlier-ready message is in the heap by then, so
-              each wire serves its messages in ready order
-deadlock      a worker that never resumes (order contradicts dependencies): ``blocked`` names it
-============  ==========================================================================================
+:func:`run` is linear in the actions. Its inputs are lists of shared objects (one int per id, one float per
+distinct cost: 10^5 distinct objects miss the cache as the loop jumps between workers), without dependencies met
+by program order. A worker advances while its next job's dependencies have ended (``end`` is ∞ until timed and
+−∞ at "none", so a start is one max), else parks on the first unfinished one. When no worker can advance, the
+earliest ready message crosses its wire (arrival = max(ready, wire free) + transmission): every earlier-ready
+message is queued by then, so each wire serves its messages in ready order. A worker that never resumes is a
+deadlock (``blocked``).
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
@@ -95,15 +85,9 @@ class Compiled:
 def compile_schedule(s: Schedule) -> Compiled:
     """Flatten ``s`` into arrays, look up dependencies, and collect structural problems (never raises).
 
-    ================  ====================================================================================
-    step              what it does
-    ================  ====================================================================================
-    _flatten          programs → op, stage, step, micro, worker per action; actions out of range
-    _job_table        table[op, k, g] of the compute jobs; duplicated jobs, missing F, B (or I and W)
-    _update_table     U(k, t) on each holder of stage k; updates on non-holders, twice, or missing
-    _data_edges       dep1/dep2 from the one rule, moved to the departure job of ``Schedule.send_after``
-    _weight_edges     each compute job's weight source, its barrier dep3, and each update's gradient jobs
-    ================  ====================================================================================
+    Steps: ``_flatten`` (actions out of range), ``_job_table`` (duplicated or missing F, B / I, W), ``_update_table``
+    (updates on non-holders, twice, or missing), ``_data_edges`` (dep1/dep2, moved to ``send_after``'s departure
+    job), ``_weight_edges`` (weight source, barrier dep3, each update's gradient jobs).
     """
     c, ok = _flatten(s)
     if c.n:

@@ -1,11 +1,9 @@
 """The general schedule constructor: Rahimi's placement functions, a priority and an admission rule.
 
-A greedy list scheduler (Rahimi's "one code to schedule them all"): time advances event by event with per-job
-costs; an idle worker starts the ready job of smallest priority n(job) that passes admission. Updates U(s, t)
-run on every holder as soon as step t's backwards of stage s are done (they outrank compute). Admission: an F
-that brings a *new* micro-batch onto a full worker waits (an F of a resident micro-batch, a later chunk, never
-does, which keeps the rule deadlock-free); ``admission="activations"`` counts activations (F to its
-weight-gradient job) instead. The start order per worker is the schedule. O(J log J) for J jobs.
+A greedy list scheduler, event by event: an idle worker starts its ready job of smallest priority that passes
+admission; updates run as soon as their gradients are done. An F bringing a *new* micro-batch onto a full worker
+waits (one of a resident micro-batch never does, which keeps the rule deadlock-free); ``admission="activations"``
+counts activations instead. The start order per worker is the schedule. O(J log J) for J jobs.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025): w(s,b,d) =
 (w_weights, w_compute), priority n(s,b,d), and the greedy scheduler of its appendix.
@@ -153,10 +151,7 @@ def _job_graph(D: int, M: int, steps: int, split: bool, sync_lag: int | None, wh
 
 def _greedy(g: _Graph, W: int, M: int, key: Priority, limit: list[int | None], admission: str,
             cost_of: dict[str, list[float]], releases: str) -> tuple[list[list[Action]], int]:
-    """List scheduling, event by event: each worker's start order and the number of jobs that ran.
-
-    ``resident[w]`` counts activations per global micro-batch: an F adds one, the ``releases`` job frees it.
-    """
+    """List scheduling: each worker's start order and the jobs run; ``resident`` counts activations per micro-batch."""
     ready: list[list[tuple]] = [[] for _ in range(W)]  # per worker, a heap of (priority, id)
     keys = [(-1,) if a.op == "U" else key(a, M) for a in g.jobs]  # updates outrank compute
     for i, n in enumerate(g.n_dep):
@@ -238,17 +233,14 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
     """Build a :class:`Schedule` from placement functions, a priority and an admission rule.
 
     Args:
-        compute: w_compute(s, b, d), b the micro-batch within the step, d in {"F", "B"}.
+        compute: w_compute(s, b, d), b the micro-batch within the step, d in {"F", "B"} (I and W go where B would).
         weights: w_weights(s): the worker(s) holding stage s, each running U(s, t) (default: those computing s).
         priority: n(job): a name in :data:`PRIORITIES` or ``(action, M) -> sortable key``.
         max_in_flight: admission bound per worker (int, per-worker sequence, or None: unbounded).
-        sync_lag: weight barrier (0: flushed; None: asynchronous; see :class:`Schedule`).
-        split: split every backward into I and W (placed by ``compute(s, b, "B")``).
         order: per worker, jobs ``(op, s, t, b)`` it runs in this relative order, the others filling in.
-        f_cost, b_cost, u_cost, i_cost, w_cost: the costs the scheduler orders with (I, W default B/2). Simulate
-            at the same costs: LPP's order built at unit costs and run at B = 2F idles 21 % at S = 8, M = 64,
-            G = 2, R = 4, built at B = 2F 6.8 %. Transfer latencies are not seen.
-        chunk: optional (stage, worker) → chunk index recorded on actions.
+        f_cost, b_cost, u_cost, i_cost, w_cost: the costs the scheduler orders with; simulate at the same costs
+            (LPP's order built at unit costs idles 21 % at B = 2F, S = 8, M = 64, G = 2, R = 4; built at B = 2F,
+            6.8 %). Transfer latencies are not seen.
 
     Raises:
         ValueError: bad sizes, a placement outside 0..W−1, negative costs, or a deadlock (e.g. an admission

@@ -1,9 +1,8 @@
 """The dependency rule of a pipeline schedule, written once: every reader of job order derives it from here.
 
-A job is ``(op, k, t, j)`` (``j = -1`` for ``U``). Stage k's *gradient job* produces its input gradient (B, or I
-when split); its *weight-gradient job* finishes its weight gradient (B, or W when split). Splitting is per
-stage and micro-batch (torch's DualPipeV fuses some backwards and splits others: :data:`Split`). For one
-micro-batch (t, j):
+A job is ``(op, k, t, j)`` (``j = -1`` for U). The *gradient job* of stage k produces its input gradient (B, or
+I when split), the *weight-gradient job* finishes its weight gradient (B, or W); splitting is per stage and
+micro-batch (:data:`Split`). For one micro-batch (t, j):
 
     F(k)    <- F(k-1)                           carries the activation into stage k
     B(k)    <- F(k),  gradient job(k+1)         the latter carries the gradient of stage k's output
@@ -11,9 +10,8 @@ micro-batch (t, j):
     W(k)    <- I(k)
     U(k, t) <- weight-gradient job(k, t, j) for every j = 0..M-1
 
-and with a weight barrier (``sync_lag = L`` not None) every compute job of stage k in step t also waits for
-U(k, t-1-L) at its weight source (L = 0: flushed). :data:`EDGES` is the first block as data, in the order of
-the compiled dependency slots; a new kind of job is added here, as an edge, and every reader follows.
+With ``sync_lag = L`` every compute job of stage k in step t also waits for U(k, t-1-L) at its weight source.
+:data:`EDGES` is the first block as data (in dependency-slot order); a new kind of job is added there.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s, b, d); the
 split backward of Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024).

@@ -1,8 +1,8 @@
 """pipelab ↔ ``torch.distributed.pipelining``: a schedule's per-rank action lists and CSV format.
 
-torch writes a schedule as one ``_Action`` list per rank (``pipeline_order``, compute only, ``None`` idle;
-``pipeline_order_with_comms``) and dumps it as CSV, one row per rank, one cell ``str(action)`` per entry
-(``"2F0"``, ``"1SEND_B3"``, ``"(0F1;3B0)OVERLAP_F_B"``). Pure data: it never touches a process group.
+torch writes a schedule as one ``_Action`` list per rank (compute only, or with comms) and dumps it as CSV,
+one row per rank, one cell ``str(action)`` per entry (``"2F0"``, ``"1SEND_B3"``, ``"(0F1;3B0)OVERLAP_F_B"``,
+``""`` idle). Pure data: no process group.
 
 =======================================  ==================================================================
 pipelab                                  torch.distributed.pipelining
@@ -20,16 +20,12 @@ weight placement                         FSDP ``UNSHARD`` / ``RESHARD`` (no pipe
 sync_lag = 0, steps = 1                  every torch schedule
 =======================================  ==================================================================
 
-Timing is torch's runtime's (``_PipelineScheduleRuntime._step_microbatches``): SEND and RECV do not block and
-a job waits for the SEND of each tensor it consumes, so a tensor leaves where its SEND stands (after an
-``OVERLAP_F_B``'s last sub-action, torch's ``_add_send_recv``); a later send than its producer's end is
-recorded in :attr:`Schedule.send_after <pipelab.schedules.Schedule>`.
+In torch's runtime SEND and RECV do not block and a job waits for the SEND of each tensor it consumes, so a
+tensor leaves where its SEND stands (after an ``OVERLAP_F_B``'s last sub-action): ``Schedule.send_after``.
 
 Example:
     >>> from pipelab.schedules import one_f_one_b
     >>> order = to_torch(one_f_one_b(D=2, M=2))
-    >>> [str(a) for a in order[1]]
-    ['1F0', '1B0', '1F1', '1B1']
     >>> from_torch(order, n_stages=2, n_microbatches=2).programs == one_f_one_b(D=2, M=2).programs
     True
 
@@ -88,11 +84,7 @@ def format_action(a: TorchAction) -> str:
 
 
 def parse_action(text: str) -> TorchAction | None:
-    """Read one CSV cell of torch's format (``""`` is an idle slot: None).
-
-    Raises:
-        ValueError: a cell that is not ``[stage][kind][microbatch]`` or ``(sub;sub)OVERLAP_F_B``.
-    """
+    """Read one CSV cell of torch's format (``""``, an idle slot: None); ValueError for a malformed cell."""
     text = text.strip()
     if not text:
         return None
@@ -111,10 +103,7 @@ def parse_action(text: str) -> TorchAction | None:
 
 
 def _normalise(a: Any) -> TorchAction | None:
-    """A torch ``_Action`` (duck-typed), a :class:`TorchAction`, a CSV string or None, as a checked TorchAction.
-
-    Indices are checked here because torch's ``_Action`` does not check its fields (e.g. ``stage_index=1.5``).
-    """
+    """An ``_Action``, :class:`TorchAction`, CSV string or None as a checked TorchAction (torch's checks no field)."""
     if a is None:
         return None
     if isinstance(a, str):
@@ -176,23 +165,17 @@ def _message_keys(m: Message) -> tuple[_Key, _Key]:
 
 def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_microbatches: int,
                steps: int = 1, name: str = "torch schedule", check: bool = True) -> Schedule:
-    """Import torch's per-rank action lists as a pipelab :class:`Schedule`.
+    """Import torch's per-rank lists (``{rank: [_Action, TorchAction, CSV text or None]}``) as a :class:`Schedule`.
 
-    F/B/I/W become actions of step t (the lists repeat ``steps`` times); U(k, t) follows the rank's last action of
-    stage k in step t (where torch puts ``REDUCE_GRAD``). SEND/RECV must be pipelab's messages, each SEND after its
-    producer, each RECV before its consumer, per rank pair in SEND order (torch's p2p ops carry no tag).
-    ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` are kept in ``params["torch_extra"]`` as ``(rank, compute jobs before
-    it, text)``.
-
-    Args:
-        pipeline_order: ``{rank: [action or None, ...]}``; an action is a torch ``_Action``, a
-            :class:`TorchAction` or its CSV text.
-        check: validate the result and its SEND/RECV actions (off only to inspect a broken list).
+    The lists repeat for ``steps`` steps; U(k, t) follows the rank's last action of stage k in step t (where torch
+    puts ``REDUCE_GRAD``). SEND/RECV must be pipelab's messages, each SEND after its producer, each RECV before its
+    consumer, per rank pair in SEND order (torch's p2p ops carry no tag). ``UNSHARD``/``RESHARD``/``REDUCE_GRAD``
+    are kept in ``params["torch_extra"]`` as ``(rank, compute jobs before it, text)``. ``check=False`` skips
+    validation (to inspect a broken list).
 
     Raises:
         ScheduleError: missing or duplicated jobs, out-of-range indices, an order that deadlocks (marked grid).
-        ValueError: ranks not 0..R−1, a stage on two ranks, an action without a micro-batch, SEND/RECV actions
-            that do not match pipelab's transfers.
+        ValueError: ranks not 0..R−1, a stage on two ranks, a job without a micro-batch, SEND/RECV that do not match.
     """
     # Import in four named steps:
     #   _normalise       every entry as a checked TorchAction (idle slots dropped)
@@ -450,13 +433,9 @@ def _torch_action(a: TorchAction) -> Any:
 def to_torch(schedule: Schedule, *, comms: bool = False) -> dict[int, list[Any]]:
     """Export one step of a synchronous schedule as torch's per-rank ``_Action`` lists ``{rank: [...]}``.
 
-    Compute-only lists (``comms=False``) are what torch's ``_load_csv(format="compute_only")`` lowers itself; with
-    ``comms=True`` each SEND follows the job whose end sends it, each RECV stands where its SEND is issued in a
-    dependency order of the schedule, and U becomes ``REDUCE_GRAD`` (``format="compute_comms"``).
-
-    Raises:
-        ValueError: an asynchronous schedule, ``steps != 1``, a stage on several workers or replicated;
-            ScheduleError for an invalid schedule.
+    ``comms=False``: compute only, what ``_load_csv(format="compute_only")`` lowers itself; ``comms=True``: each
+    SEND after the job whose end sends it, each RECV where its SEND is issued in a dependency order, U as
+    ``REDUCE_GRAD``. ValueError for an asynchronous schedule, ``steps != 1`` or a stage not on exactly one worker.
     """
     lists = _export_lists(schedule, comms)
     return {w: [_torch_action(a) for a in acts] for w, acts in enumerate(lists)}

@@ -52,10 +52,7 @@ def _numbered(ops: Iterable[tuple[str, int]]) -> list[_Job]:
 def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, steps: int,
               holders: Sequence[tuple[int, ...]], chunk_of: Sequence[int], params: dict[str, Any],
               send_after: Mapping[_Job, _Job] | None = None) -> Schedule:
-    """Repeat each one-step program ``steps`` times, U(k, t) after the worker's last W/B of stage k (flushed).
-
-    ``send_after`` (one step's, :attr:`Schedule.send_after <pipelab.schedules.Schedule>`) holds in every step.
-    """
+    """Repeat each one-step program (and ``send_after``) ``steps`` times, U(k, t) after the worker's last W/B of k."""
     progs = []
     for prog in programs:
         last: dict[int, int] = {}
@@ -116,16 +113,11 @@ def _zb_v_worker(w: int, W: int, M: int) -> list[_Job]:
 
 @gc_paused
 def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
-    """ZB-V: the zero-bubble V schedule, in the order torch's ``ScheduleZBVZeroBubble`` runs it.
+    """ZB-V: the zero-bubble V schedule, in the order torch's ``ScheduleZBVZeroBubble`` runs it (Qi et al., §6).
 
     Worker w: 2(W−w)−1 F of chunk 0, w pairs (F1, F0), W − w triples (F1, I1, W1), the steady (F0, I0, W0, F1, I1,
     W1), then w pairs (I0, I1), W − w pairs (I0, W0) and the deferred W. At T_F = T_I = T_W: no bubble, peak memory
-    W micro-batches (1F1B's). torch plans max(2W − 1, M) micro-batches and drops those ≥ M. (sail-sg's zbv.py
-    places the last deferred W differently, with the same bubble and memory.)
-
-    Example:
-        >>> [str(a) for a in zb_v(W=1, M=2).programs[0]]
-        ['F0.0', 'F1.0', 'I1.0', 'W1.0', 'F0.1', 'I0.0', 'W0.0', 'F1.1', 'I1.1', 'W1.1', 'U1', 'I0.1', 'W0.1', 'U0']
+    W micro-batches. torch plans max(2W − 1, M) micro-batches and drops those ≥ M.
     """
     W, M, steps = _v_sizes("zb_v", W, M, steps)
     return _v_schedule("zb_v", "ZB-V", [_zb_v_worker(w, W, M) for w in range(W)], W, M, steps)
@@ -159,11 +151,10 @@ def _interleaved_zb_worker(w: int, W: int, V: int, M: int, per_round: int) -> li
 def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     """Interleaved zero bubble (ZB1P over V looped chunks), in the order of torch's ``ScheduleInterleavedZeroBubble``.
 
-    Stage s = c·W + w on worker w. With R = max(1, ⌊M/W⌋) rounds of P = M/R micro-batches, worker w runs
-    (V−1)·P + W − 1 − w warm-up forwards; the i-th F is of chunk ⌊i/P⌋ mod V, the i-th I of chunk
-    V − 1 − (⌊i/P⌋ mod V); each I follows the next F and, from the (w+1)-th on, precedes the oldest pending W.
-
-    Reference: Qi et al. (ICLR 2024, §2.1 ZB-H1); Narayanan et al. (SC 2021) for the interleaved order.
+    Stage s = c·W + w on worker w. With P = M/max(1, ⌊M/W⌋) micro-batches per round, worker w runs
+    (V−1)·P + W − 1 − w warm-up F; the i-th F is of chunk ⌊i/P⌋ mod V, the i-th I of chunk V − 1 − (⌊i/P⌋ mod V);
+    each I follows the next F and, from the (w+1)-th on, precedes the oldest pending W (ZB-H1; Narayanan et al.,
+    SC 2021, for the interleaved order).
     """
     W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
     check_jobs(f"interleaved_zero_bubble(W={W}, V={V}, M={M}, steps={steps})", 3 * V * W * M * steps)
@@ -271,17 +262,10 @@ def _overlap_sends(overlap: str, programs: Sequence[Sequence[_Job]], pairs: Sequ
 def dualpipe_v(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipeV (DeepSeek's "cut-in-half" DualPipe), in the order of torch's ``ScheduleDualPipeV``.
 
-    A pair (F & B of two chunks), which DeepSeek overlaps in ≤ T_F + T_B, runs as the F then the B, as torch's
-    ``OVERLAP_F_B``; ``overlap`` (:data:`OVERLAP_MODELS`) says when its tensors leave: ``"pipelab"`` each at its
-    job's end; ``"torch"`` both after the B, torch's schedule job for job, idling DualPipe's README bubble
-    (PP/2 − 1)(F&B + B − 3W) at T_F = T_I ≥ T_W, where ``"pipelab"`` idles T_F·(W − 1).
-
-    Raises:
-        ValueError: M < 2W = D (torch's requirement), or an unknown ``overlap``.
-
-    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
-    github.com/deepseek-ai/DualPipe (DualPipeV; README: "Pipeline Bubbles and Memory Usage Comparison");
-    torch.distributed.pipelining.ScheduleDualPipeV (``OVERLAP_F_B``, ``_add_send_recv``).
+    A pair (F & B of two chunks, overlapped by DeepSeek) runs as the F then the B, as torch's ``OVERLAP_F_B``;
+    ``overlap="torch"`` sends both tensors after the B, torch's schedule job for job, idling DualPipe's README bubble
+    (PP/2 − 1)(F&B + B − 3W) at T_F = T_I ≥ T_W; ``"pipelab"`` sends each at its job's end, idling T_F·(W − 1).
+    M ≥ 2W = D (torch's requirement).
     """
     W, M, steps = _v_sizes("dualpipe_v", W, M, steps)
     if M < 2 * W:
@@ -374,23 +358,13 @@ def v_half(W: int, M: int, steps: int = 1) -> Schedule:
 
     Repeated V-Half blocks, then squeeze and reorder. At T_F = T_I = T_W (tests): peak memory the paper's (W+2)//2
     micro-batches; the longest worker idles 3W − 3 (even W) or 3W − 4 (odd W) units, the paper's ≈ 3W.
-
-    Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
-    2405.15362: building blocks and lifespan, the V-Half block; summary table on the authors' page).
     """
     return _v_block_schedule("half", "V-Half", W, M, steps)
 
 
 @gc_paused
 def v_min(W: int, M: int, steps: int = 1) -> Schedule:
-    """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024).
-
-    As :func:`v_half` with the V-Min block. At T_F = T_I = T_W (tests): peak memory (W+4)//3 micro-batches; the
-    longest worker idles 4W − 5 (4W − 3 when 3 | W) units.
-
-    Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
-    2405.15362: the V-Min block; summary table on the authors' page).
-    """
+    """V-Min: as :func:`v_half` with the V-Min block: peak (W+4)//3 micro-batches, idle 4W − 5 (4W − 3 when 3 | W)."""
     return _v_block_schedule("min", "V-Min", W, M, steps)
 
 
@@ -399,16 +373,9 @@ def v_min(W: int, M: int, steps: int = 1) -> Schedule:
 def dualpipe(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipe (DeepSeek-V3 §3.2.1): bidirectional, every stage on two workers, micro-batches fed from both ends.
 
-    D = W stages, stage k on workers k and W − 1 − k; micro-batches j < M/2 run forward (stage k on worker k), the
-    others reverse. Each holder applies U(k, t) after all M weight gradients of k (all-reduce): mini-batch
-    training's update. Worker r runs DualPipeV's program of worker min(r, W−1−r) with W/2 workers and M/2
-    micro-batches (DeepSeek's "half ranks"); ``overlap`` as in :func:`dualpipe_v`.
-
-    Raises:
-        ValueError: W odd, M odd, or M < 2W; an unknown ``overlap``.
-
-    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
-    github.com/deepseek-ai/DualPipe (dualpipe.py: phases 0/1 per half of the ranks).
+    Stage k on workers k and W − 1 − k; micro-batches j < M/2 run forward, the others reverse; each holder applies
+    U(k, t) after all M weight gradients (all-reduce). Worker r runs DualPipeV's program of worker min(r, W−1−r)
+    with W/2 workers and M/2 micro-batches (DeepSeek's "half ranks"). W and M even, M ≥ 2W.
     """
     W, M, steps = _v_sizes("dualpipe", W, M, steps)
     if W % 2 or M % 2 or M < 2 * W:

@@ -34,22 +34,10 @@ USED_RULES = ("current", "double_buffer", "stage_step_first", "stash")
 
 @dataclass
 class VersionTable:
-    """Weight versions of every job of a simulated schedule, as arrays and per job ``(op, k, t, j)``.
+    """Weight versions of every job of a simulated schedule (the module's arrays), and per job ``(op, k, t, j)``.
 
-    Attributes:
-        forward, backward: [D, T, M] versions at the start of F / B (I when split); ``*_start``: their times.
-        update_version: [D, T] version at U(k, t) at the first holder (the one its gradient is applied to).
-        update_end: [D, T] when U(k, t) ended at the first holder.
-        order: the execution sequence, every job once (U(k, t) once), each job seeing exactly the updates
-            counted for it (:meth:`pipelab.simulator.SimResult.order`); computed on first use.
-        weight_pass, weight_pass_start: W's version and start when split; else ``backward``'s.
-
-    Example:
-        >>> from pipelab.schedules import pipedream
-        >>> from pipelab.simulator import simulate
-        >>> vt = simulate(pipedream(D=4, M=1, steps=12)).version_table
-        >>> vt.staleness("F")[:, 8, 0].tolist()        # a steady-state mini-batch, stages 0..3
-        [3, 2, 1, 0]
+    ``*_start``: the jobs' start times; ``update_version``/``update_end`` are read at stage k's first holder;
+    ``order``: the execution sequence (:meth:`pipelab.simulator.SimResult.order`), computed on first use.
     """
 
     forward: np.ndarray

@@ -1,8 +1,7 @@
 """Zero-bubble schedules with a split backward: ZB-H1, ZB-H2 and a no-flush (asynchronous) variant.
 
-B(k, g) splits into I(k, g) (the input gradient stage k−1 waits for) and W(k, g) (the weight gradient only
-the update waits for, deferred to fill idle slots). One order rule (:func:`split_order`), per worker over n
-micro-batches with ``warm`` warm-up forwards and a W lag ``defer``:
+B splits into I (the input gradient stage k−1 waits for) and W (the weight gradient, deferred to fill idle
+slots). One order rule (:func:`split_order`) per worker over n micro-batches, ``warm`` forwards, W lag ``defer``:
 
     F_0 … F_{warm−1};   then for j = 0..n−1:  I_j,  W_{j−defer} (if j ≥ defer),  F_{j+warm} (if < n);
     then the remaining W passes in order.
@@ -16,9 +15,8 @@ schedule       warm-up forwards (k)    W lag (k)                bubble per step;
 ``zb_async``   D − k (never flushed)   k (``defer``)            no flush; see :func:`zb_async`
 =============  ======================  =======================  ==============================================
 
-(p = D; the paper's B is pipelab's I; the bubble is per worker over a step.) The timeline equals the closed form
-(:func:`pipelab.papers.zero_bubble_closed_form`) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as max(0, formula).
-The per-stage flush (``sync_lag=0``) is the paper's post-validation (§4): ZB-H2's steps tile with no bubble.
+(p = D; the paper's B is pipelab's I.) The timeline equals :func:`pipelab.papers.zero_bubble_closed_form` for
+ZB-H1 when T_W ≤ T_F and for ZB-H2 as max(0, formula); the per-stage flush is the paper's post-validation (§4).
 
 Reference: P. Qi, X. Wan, G. Huang, M. Lin, "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024
 (arXiv:2401.10241): §2 (split backward), §2.1 ZB-H1, §2.2 ZB-H2, Figure 3, Table 1.
@@ -75,9 +73,8 @@ def _flushed(name: str, D: int, M: int, steps: int, warm: Sequence[int], defer: 
 def zb_h1(D: int, M: int, steps: int = 1) -> Schedule:
     """ZB-H1: 1F1B's peak memory, a third of its bubble (Qi et al., ICLR 2024, §2.1 and Figure 3 top).
 
-    warm = D − k, defer = k. With T_W ≤ T_F a worker's span per step is M(T_F+T_I+T_W) + (D−1)(T_F+T_I−T_W).
-    torch's ``ScheduleInterleavedZeroBubble`` with one stage per rank ("ZB1P") builds this order (tested).
-    M ≥ D: worker 0's D warm-up forwards need D micro-batches.
+    warm = D − k, defer = k (M ≥ D); torch's ``ScheduleInterleavedZeroBubble`` with one stage per rank builds this
+    order (tested). With T_W ≤ T_F a worker's span per step is M(T_F+T_I+T_W) + (D−1)(T_F+T_I−T_W).
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     if M < D:
@@ -90,8 +87,7 @@ def zb_h1(D: int, M: int, steps: int = 1) -> Schedule:
 def zb_h2(D: int, M: int, steps: int = 1) -> Schedule:
     """ZB-H2: zero bubble for 2D−1 resident micro-batches (Qi et al., ICLR 2024, §2.2 and Figure 3 bottom).
 
-    warm = 2(D−k)−1 (the forwards that fill the time until worker k's first I can arrive), defer = 2k. The span
-    exceeds M(T_F+T_I+T_W) by max(0, (D−1)(T_F+T_I−2T_W)). M ≥ 2D − 1: worker 0 has to fill that time with F.
+    warm = 2(D−k)−1 (the F that fill the time until worker k's first I), defer = 2k, M ≥ 2D − 1.
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     if M < 2 * D - 1:
