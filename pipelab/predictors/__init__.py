@@ -3,15 +3,6 @@
 The optimizer-specific part ("what update would this optimizer apply?") lives in one
 :class:`~pipelab.predictors.rules.UpdateRule` per family (SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam,
 Adamax, Muon), shared by ``pipeoptim``, ``repeat`` and ``zero_grad_rollout``.
-
-Example:
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.zeros(2))
-    >>> opt = torch.optim.Adam([w], lr=0.01)
-    >>> w.grad = torch.ones(2)
-    >>> opt.step()
-    >>> [round(x, 4) for x in make_predictor("pipeoptim").predict(opt, 3)[0].tolist()]
-    [-0.04, -0.04]
 """
 
 from __future__ import annotations

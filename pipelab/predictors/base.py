@@ -99,10 +99,7 @@ class Bucket:
 
 def buckets(optimizer: torch.optim.Optimizer, rule: UpdateRule, *,
             include: Callable[[Tensor], bool] = lambda p: True, fresh_state: bool = True) -> list[Bucket]:
-    """Group the optimizer's parameters into :class:`Bucket` s, reading state without creating entries.
-
-    ``fresh_state``: give parameters without state what ``torch.optim`` creates at its first step; else skip them.
-    """
+    """The optimizer's parameters in :class:`Bucket` s; ``fresh_state`` gives stateless ones their first-step state."""
     out: list[Bucket] = []
     pos = 0
     for gi, group in enumerate(optimizer.param_groups):

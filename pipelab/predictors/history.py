@@ -1,9 +1,8 @@
 """Predictors that extrapolate the recorded weight history: linear extrapolation and PipeMare's δ.
 
-They use only the weights the optimizer produced, so they work with any optimizer; call
-:meth:`Predictor.observe` after every step. Predicting s ≠ 0 for an optimizer never observed raises ValueError
-(a missing ``observe`` must not pass as stale weights); after one observation the velocity is zero. The history
-is kept per optimizer (one object can serve several stages): two weight-sized buffers each.
+They use only the weights (any optimizer); call :meth:`Predictor.observe` after every step. s ≠ 0 for an
+optimizer never observed raises ValueError (a missing ``observe`` must not pass as stale weights). History is
+kept per optimizer: two weight-sized buffers each.
 
 References: PipeMare — Yang et al., "PipeMare: Asynchronous Pipeline Parallel DNN Training", MLSys 2021
 (arXiv:1910.05124), discrepancy correction; linear extrapolation is its ``γ = 0`` case.
@@ -121,10 +120,7 @@ class HistoryPredictor(Predictor):
 
 
 class LinearExtrapolation(HistoryPredictor):
-    """Linear extrapolation of the last weight difference: ``Ŵ_{t+s} = W + s·(W_t − W_{t−1})``.
-
-    Equals SpecTrain for SGD with momentum, no dampening and a constant learning rate (``W_t − W_{t−1} = −lr·b_t``).
-    """
+    """``Ŵ_{t+s} = W + s·(W_t − W_{t−1})``; SpecTrain for SGD with momentum, no dampening and a constant lr."""
 
     name = "linear"
     reference = "W + s·(W_t − W_{t−1}); PipeMare (arXiv:1910.05124) with γ = 0"
@@ -137,10 +133,7 @@ class LinearExtrapolation(HistoryPredictor):
 
 
 class PipeMare(HistoryPredictor):
-    """PipeMare's discrepancy correction: ``Ŵ_{t+s} = W + s·δ_t``, ``δ_t = γ·δ_{t−1} + (1−γ)·(W_t − W_{t−1})``.
-
-    ``gamma`` 0.9 is pipelab's choice (PipeMare tunes it per pipeline). ``δ_0 = 0``: biased low for ~1/(1−γ) steps.
-    """
+    """PipeMare's correction ``Ŵ_{t+s} = W + s·δ_t``, ``δ_t = γ·δ_{t−1} + (1−γ)·(W_t − W_{t−1})``, ``δ_0 = 0``."""
 
     name = "pipemare"
     reference = "Yang et al., arXiv:1910.05124 (discrepancy correction)"

@@ -51,17 +51,11 @@ class Stale(Predictor):
 
 
 class SpecTrain(Predictor):
-    """SpecTrain: ``Ŵ_{t+s} = W_t − s·lr·v`` with ``v`` the momentum buffer (constant velocity).
+    """SpecTrain (arXiv:1809.02839, Eq. 1-4): ``Ŵ_{t+s} = W_t − s·lr·v``, v the momentum buffer (constant velocity).
 
     Needs ``torch.optim.SGD`` with momentum > 0 (``pipeoptim`` generalises it); parameters without a buffer yet are
-    predicted stale. With dampening τ = μ, the buffer is exactly SpecTrain's smoothed gradient (Eq. 1, γ = μ).
-
-    Args:
-        formula: ``"paper"``: ``v = b`` (Eq. 4; also for Nesterov); ``"code"``: ``v = μ·b + g_t`` as the
-            published code (the last gradient counted twice; needs ``p.grad``).
-
-    Reference: Chen et al., "Efficient and Robust Parallel DNN Training through Model Parallelism on
-    Multi-GPU Platform", arXiv:1809.02839, Eq. (1)-(4).
+    predicted stale. With dampening τ = μ the buffer is SpecTrain's smoothed gradient (Eq. 1, γ = μ).
+    ``formula="code"``: ``v = μ·b + g_t`` as the published code (the last gradient counted twice; needs ``p.grad``).
     """
 
     name = "spectrain"
@@ -116,17 +110,11 @@ class SpecTrain(Predictor):
 
 
 class PipeOptim(Predictor):
-    """PipeOptim: ``Ŵ_{t+s} = W_t − s·lr·ΔW_t`` with ``ΔW_t`` from the optimizer's update rule.
+    """PipeOptim (arXiv:2312.00839, Eq. 5, Table I): ``Ŵ_{t+s} = W_t − s·lr·ΔW_t``, ΔW_t by the optimizer's rule.
 
-    ``lr·ΔW_t = W_{t−1} − W_t``, the last step's update rebuilt exactly from the state (:meth:`UpdateRule.last_update`;
-    Table I: ``v_t`` for SGDM, ``m̂_t/(sqrt(v̂_t)+eps)`` for Adam/AdamW), also when ``params=`` gives other weights.
-
-    Args:
-        weight_decay, bias_step, eps, eps_placement: :class:`~pipelab.predictors.rules.LastUpdateOptions`.
-        extra_steps: added to s (the published code predicts ``D−k``, the paper's s + 1).
-
-    Reference: Guan et al., "PipeOptim: Ensuring Effective 1F1B Schedule with Optimizer-Dependent Weight
-    Prediction", arXiv:2312.00839, Eq. (5), Table I.
+    ``lr·ΔW_t = W_{t−1} − W_t``, the last update rebuilt exactly from the state (:meth:`UpdateRule.last_update`;
+    options: :class:`~pipelab.predictors.rules.LastUpdateOptions`), also when ``params=`` gives other weights.
+    ``extra_steps`` is added to s (the published code predicts ``D−k``, the paper's s + 1).
     """
 
     name = "pipeoptim"
@@ -249,15 +237,6 @@ class Repeat(Rollout):
 
     Equals s real steps under a constant gradient, to float64 rounding: PipeOptim's Eq. (1)-(3) without the
     approximation ``ΔW_i ≈ ΔW_t``. Needs ``p.grad``.
-
-    Example:
-        >>> import torch
-        >>> w = torch.nn.Parameter(torch.zeros(1))
-        >>> opt = torch.optim.Adam([w], lr=0.1)
-        >>> w.grad = torch.ones(1)
-        >>> opt.step()
-        >>> Repeat().predict(opt, 3)[0]        # Adam moves by ≈ lr per step under a constant gradient
-        tensor([-0.4000])
     """
 
     name = "repeat"
@@ -273,10 +252,7 @@ class Repeat(Rollout):
 
 
 class ZeroGradRollout(Rollout):
-    """``zero_grad_rollout``: s steps with zero future gradient ("momentum coasts").
-
-    SGD with momentum: ``Ŵ = W − lr·b·Σ_{j=1..s} μ^j``; SpecTrain's constant velocity (Eq. 4) is the limit μ → 1.
-    """
+    """s steps with zero future gradient (SGDM: ``Ŵ = W − lr·b·Σ_{j=1..s} μ^j``; SpecTrain is the limit μ → 1)."""
 
     name = "zero_grad_rollout"
     reference = "pipelab: momentum coasting; SpecTrain (arXiv:1809.02839) Eq. 4 is the μ → 1 limit"

@@ -242,11 +242,9 @@ class UpdateRule:
 
     def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
                   opts: LastUpdateOptions | None) -> Direction | None:
-        """The update ``U`` the step that produced ``st`` subtracted (``None`` before a first step).
+        """The update ``U`` of the step that produced ``st`` (``None`` before a first step); ``opts`` for a rebuild.
 
-        Args:
-            grad: the step's effective gradient ``±g + wd·W`` (for a rebuild: ValueError when ``p.grad`` is missing).
-            opts: ``None`` for the step itself, else the options of a rebuilt last update.
+        ``grad()``: the effective gradient ``±g + wd·W`` (a rebuild raises ValueError when ``p.grad`` is missing).
         """
         raise NotImplementedError
 
@@ -281,10 +279,7 @@ class UpdateRule:
 
     def _rebuild(self, hp: dict[str, Any], lr: float, st: BucketState, Wt: list[Tensor], g: list[Tensor] | None,
                  opts: LastUpdateOptions) -> tuple[Direction | None, float]:
-        """The last step's :class:`Direction` corrected for coupled decay, and the decoupled ``c = lr·wd``.
-
-        Coupled decay ``a·(g + wd·W_{t−1})/den`` solved for ``W_{t−1}``: ``den ← den − a·wd`` (or ``k ← k·(1 − a·wd)``).
-        """
+        """The last :class:`Direction`, coupled decay solved for ``W_{t−1}`` (den ← den − a·wd), and ``c = lr·wd``."""
         wd = opts.decay(hp)
         decoupled = bool(hp.get("decoupled_weight_decay", False))
         used: list[list[Tensor]] = []
@@ -333,11 +328,7 @@ class UpdateRule:
 
     def apply_last(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor] | None,
                    opts: LastUpdateOptions, scale: float, *, current: list[Tensor] | None = None) -> list[Tensor]:
-        """``W − scale·last_update`` as new tensors, fused into one pass per term.
-
-        With decoupled decay c and ``q = scale/(1 − c)``: ``W·(1 − q·c) − q·U`` (``W − q·c·W_t − q·U`` when
-        ``current = W_t`` is given).
-        """
+        """``W − scale·last_update``, fused: with decoupled decay c, ``q = scale/(1 − c)``, ``W·(1 − q·c) − q·U``."""
         Wt = W if current is None else current
         d, c = self._rebuild(hp, lr, st, Wt, g, opts)
         if d is None:

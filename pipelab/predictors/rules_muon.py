@@ -1,17 +1,10 @@
 """The update rule of Muon (``torch.optim.Muon``): momentum orthogonalised by a Newton–Schulz iteration.
 
-For a 2-D ``W`` (``A×B``), gradient g, momentum μ, decoupled weight decay λ, one step is
-
-    ``B ← lerp(B, g, 1 − μ)``  (``= μ·B + (1 − μ)·g``)
-    ``M = lerp(g, B, μ)`` (Nesterov) or ``M = B``
-    ``O = NS_k^{(a,b,c)}(M; eps)``
-    ``W ← (1 − lr·λ)·W − lr·r(A, B)·O``
-
-The direction is not element-wise but one tensor per parameter, so it fits
-:class:`~pipelab.predictors.rules.Direction` as ``Direction(lr, [(1, r·O)])`` and the base class derives the
-rest. torch forms ``(lr·r)·O``, the rule ``lr·(r·O)``: at most one rounding apart, never for r = 1 (the buffer
-and the bfloat16 iteration are bit-identical). The last update ``(lr·r·O_t + lr·λ·W_t)/(1 − lr·λ)`` is exact;
-``LastUpdateOptions``' eps options and ``bias_step`` do not apply.
+For a 2-D ``W`` (``A×B``): ``B ← lerp(B, g, 1 − μ)``; ``O = NS(lerp(g, B, μ))`` (Nesterov) or ``NS(B)``;
+``W ← (1 − lr·λ)·W − lr·r(A, B)·O``. One tensor per parameter, so it fits
+:class:`~pipelab.predictors.rules.Direction` as ``Direction(lr, [(1, r·O)])``; torch forms ``(lr·r)·O`` and the
+rule ``lr·(r·O)`` (at most one rounding apart, never for r = 1). The last update
+``(lr·r·O_t + lr·λ·W_t)/(1 − lr·λ)`` is exact.
 
 References: Jordan et al., "Muon: An optimizer for hidden layers in neural networks" (2024,
 https://kellerjordan.github.io/posts/muon/); Liu et al., "Muon is Scalable for LLM Training"
@@ -67,10 +60,7 @@ def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
 
 
 class MuonRule(UpdateRule):
-    """Muon (``torch.optim.Muon``), as in the module docstring; only 2-D parameters (ValueError otherwise).
-
-    With Nesterov the last update needs the last gradient.
-    """
+    """Muon (``torch.optim.Muon``), as in the module docstring; only 2-D parameters (ValueError otherwise)."""
 
     name = "Muon"
     optimizer_types = (torch.optim.Muon,)
