@@ -1,11 +1,6 @@
 """The run's fp16 loss scale (:class:`~pipelab.precision.LossScaling`) applied across the stage executors.
 
-:func:`defer_updates` moves every U(·, t) of a flushed schedule's execution order to step t's flush, so that one
-skip decision per step (:class:`LossScaler`) can read every stage's gradient; the rule, and why asynchronous
-schedules are refused, is in :mod:`pipelab.precision`.
-
-References: ``torch.amp.GradScaler`` (dynamic loss scale); Micikevicius et al., "Mixed Precision Training",
-ICLR 2018.
+The rule, and why asynchronous schedules are refused, is in :mod:`pipelab.precision`.
 """
 
 from __future__ import annotations

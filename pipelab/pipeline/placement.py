@@ -1,26 +1,18 @@
 """Placements executed: who computes and who holds each stage, and the collectives of a step.
 
-A schedule fixes Rahimi's w(s, b, d) = (w_weights(s), w_compute(s, b, d)): ``programs`` (compute workers C_k)
-and ``weight_holders`` (holders H_k). A stage is
-
-- ``single``: C_k = H_k = {w}: no collective;
-- ``replicated``: C_k ⊆ H_k, |H_k| > 1 (DDP, LPP, DualPipe): before U(k, t), ``g = Σ_{h ∈ H_k} g_h``
-  (all-reduce), so every copy applies the same update;
-- ``sharded``: C_k ⊄ H_k (FSDP, FSLPP; ZeRO-3): a non-holder receives the version W_k^(v) its job uses from the
-  owner H_k[0] (broadcast; FSDP's all-gather) and its gradient is reduced onto the holders before U(k, t).
-  A non-holder has no optimizer, so it cannot predict weights.
+A schedule fixes Rahimi's w(s, b, d): compute workers C_k (``programs``) and holders H_k (``weight_holders``).
+A stage is ``single`` (C_k = H_k = {w}: no collective), ``replicated`` (C_k ⊆ H_k, |H_k| > 1: DDP, LPP,
+DualPipe; ``g = Σ_{h ∈ H_k} g_h`` by all-reduce before U(k, t)) or ``sharded`` (C_k ⊄ H_k: FSDP, FSLPP,
+ZeRO-3; a non-holder receives the version its job uses from the owner H_k[0] by broadcast, has no optimizer,
+and its gradient is reduced onto the holders).
 
 One global sequence (:func:`placed_sequence`) puts the reduction of (k, t) before the first holder's U(k, t)
-and the broadcast of v after the owner's update that made it. It is a linearisation in which every send
-precedes its receive and every collective follows what it needs, so a blocking runtime following each worker's
-part of it cannot deadlock, and every rank issues each group's collectives in the same order.
-
-Buckets (torch DDP, Li et al. 2020, §3.2.3): a replicated all-reduce and its U are deferred to the first entry
-that needs them, and *runs* of all-reduces (same members and holders, no member computing or reducing in
-between) are marked for fusion; a later one needs only gradients finished before the first, so moving it up
-keeps the linearisation. Runs are cut into buckets of at most ``bucket_bytes`` (:func:`bucket_parts`).
-Overlap rule (:func:`launch_positions`): a worker launches a bucket's all-reduce once its last B/W of every
-part is done, never before an earlier collective of its sequence, and waits at the bucket's first U.
+and a broadcast after the update that made its version: a linearisation in which every send precedes its
+receive, so a blocking runtime following its part cannot deadlock and every rank issues each group's
+collectives in the same order. Buckets (torch DDP, Li et al. 2020, §3.2.3): replicated all-reduces are deferred
+to their first use, and runs of them with nothing of their members in between are fused (moving a later one up
+keeps the linearisation), cut at ``bucket_bytes``; a worker launches a bucket once its last B/W of every part is
+done, never before an earlier collective, and waits at the bucket's first U.
 
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025): w(s, b, d) and the
 note's remark that DDP, FSDP, PP, LPP and FSLPP are one master schedule with different placements;
@@ -105,14 +97,7 @@ class Launch(Collective):
 
 
 def stage_placements(schedule: Any) -> tuple[StagePlacement, ...]:
-    """C_k, H_k and the kind (``single`` / ``replicated`` / ``sharded``) of every stage of ``schedule``.
-
-    Example:
-        >>> from pipelab.schedules import fsdp
-        >>> p = stage_placements(fsdp(D=2, M=2))[1]
-        >>> p.compute, p.holders, p.kind
-        ((0, 1), (1,), 'sharded')
-    """
+    """C_k, H_k and the kind (``single`` / ``replicated`` / ``sharded``) of every stage of ``schedule``."""
     computing: list[set[int]] = [set() for _ in range(schedule.D)]
     for w, prog in enumerate(schedule.programs):  # one pass over the jobs (Schedule.stage_workers for all k)
         for k in {a.stage for a in prog if a.op != "U"}:
@@ -143,13 +128,9 @@ def _grad_collective(p: StagePlacement, t: int, computed: set[int]) -> Collectiv
 def placed_sequence(sim: Any, needs: Callable[[Job], int] | None = None) -> list[PlacedJob | Collective]:
     """The global sequence of a placed schedule: every action with its worker, and the collectives.
 
-    Args:
-        sim: the schedule's :class:`~pipelab.simulator.SimResult` (its execution order places the events).
-        needs: ``job -> v``, the stored version each compute job uses (a prediction's base); a non-holder fetches
-            it. ``None``: reductions only.
-
-    Raises:
-        ValueError: the timeline cannot host the collectives (a job before the weights it needs).
+    ``sim``: the schedule's simulation (its execution order places the events); ``needs``: ``job -> v``, the stored
+    version each compute job reads, fetched by a non-holder (``None``: reductions only). ValueError when the timeline
+    cannot host the collectives (a job before the weights it needs).
     """
     s = sim.schedule
     places = stage_placements(s)
@@ -194,10 +175,7 @@ def placed_sequence(sim: Any, needs: Callable[[Job], int] | None = None) -> list
 
 def _defer_updates(seq: list[PlacedJob | Collective], places: Sequence[StagePlacement]
                    ) -> list[PlacedJob | Collective]:
-    """Move each replicated all-reduce of (k, t), with its U(k, t), down to the first entry that needs them.
-
-    Deferred blocks keep their order (a flush takes every earlier one along), so only independent jobs pass them.
-    """
+    """Move each replicated all-reduce of (k, t) and its U(k, t), in order, down to the first entry that needs them."""
     out: list[PlacedJob | Collective] = []
     pending: dict[tuple[int, int], tuple[set[int], list[PlacedJob | Collective]]] = {}
 
@@ -381,10 +359,7 @@ class CollectiveCounter:
 
 
 class FetchedStage(StageExecutor):
-    """A computing non-holder's copy of stage k (sharded placements): weights arrive, gradients leave.
-
-    No optimizer and no update; a received version is dropped after its last use, or when a newer one arrives.
-    """
+    """A computing non-holder's copy of stage k (sharded): weights arrive, gradients leave; no optimizer, no update."""
 
     def __init__(self, k: int, D: int, M: int, module: nn.Module, events: Any, specs: Any, policy: Any, table: Any,
                  loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False, precision: Any = None) -> None:

@@ -1,10 +1,7 @@
 """Planning a pipeline run: version table, per-job weight specs, execution order, ring sizes, stages.
 
-:func:`build_pipeline` is the set-up the :class:`~pipelab.emulator.Emulator` and the
-:class:`~pipelab.runtime.PipelineRuntime` share: every job's weights from the policy and the version table
-(never from rank arithmetic), the execution order, each stage's events and ring, and the executors; for a
-placed schedule one copy per (worker, stage) and the global sequence of jobs and collectives. It is linear in
-the jobs, mostly array operations.
+The set-up the emulator and the runtime share, linear in the jobs; every job's weights come from the policy and
+the version table, never from rank arithmetic.
 """
 
 from __future__ import annotations
@@ -45,10 +42,7 @@ __all__ = ["PipelinePlan", "JobSpecs", "build_pipeline", "as_stages", "version_t
 
 
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
-    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules.
-
-    Every position is kept, also a module at several positions; a parameter shared by two stages is refused.
-    """
+    """Stage modules from an ``nn.Sequential`` (split into D) or a list; a parameter shared by two stages is refused."""
     from ..partition import check_unshared, split
 
     if isinstance(model, nn.Sequential) and D is not None:
@@ -141,13 +135,9 @@ class JobSpecs(Mapping[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]):
 class PipelinePlan:
     """Everything a driver needs to execute a schedule under a policy (see :func:`build_pipeline`).
 
-    Attributes:
-        order: execution order of all events (the schedule's, or the oracle's waiting order); ``waited``: differs.
-        capacity: ring size of every stage (peak versions alive at once).
-        stages: the built executors by stage (a placed schedule: the owner's copy, or the rank's own).
-        weightless: stages without trainable parameters (no optimizer, predictor or weight copies).
-        placement, sequence, copies: a placed schedule's C_k/H_k/kind per stage, global sequence and
-            ``(worker, stage) -> executor`` copies; empty otherwise.
+    ``order``: the schedule's, or the oracle's waiting order (``waited``); ``capacity``: each stage's ring size;
+    ``stages``: the built executors (placed: the owner's or the rank's copy); ``weightless``: stages without
+    trainable parameters; ``placement``, ``sequence``, ``copies``: a placed schedule's, else empty.
     """
 
     D: int
@@ -179,10 +169,7 @@ class PipelinePlan:
 
     @property
     def weight_bytes(self) -> dict[int, dict[str, int]]:
-        """Bytes each built stage holds for its weights in the run's precision: masters, stored versions,
-        predicted copies, optimizer state (once stepped, so before the first step too), total
-        (:func:`pipelab.precision.weight_memory`), all of its trainable parameters (frozen ones are held once, in the
-        module, and are not counted)."""
+        """Per built stage, :func:`pipelab.precision.weight_memory` of its trainable parameters (frozen ones: once)."""
         copies = self.weight_copies
         return {k: weight_memory(self.precision, st.params, 0 if k in self.weightless else self.capacity[k],
                                  copies[k] - self.capacity[k] if k not in self.weightless else 0, st.optimizer)
@@ -200,31 +187,17 @@ def build_pipeline(
 ) -> PipelinePlan:
     """Plan a run and build the executors of the stages in ``only`` (default: all).
 
+    Steps, each linear in the jobs: the version table (a schedule is simulated) and the policy checked against it;
+    every job's weights as arrays (:class:`JobSpecs`); the order (the oracle's waiting order where needed); each
+    stage's events and ring size (:func:`stage_events`); the executors (or placed copies, :func:`_build_placed`),
+    fp16's shared loss scale and the predictors. A stage without trainable parameters gets no optimizer, scheduler
+    or predictor; frozen parameters are never versioned, predicted or stepped.
+
     Args:
-        model: an ``nn.Sequential`` (cut into ``spec.D`` stages, default the schedule's) or a list of stage
-            modules.
-        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords
-            (``schedule=..., policy=..., optimizer=..., ...``; with a spec, keywords replace its fields).
-        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own
-            (ignored for a placed schedule: ``worker`` chooses the copies).
-        worker: for a placed schedule (a stage computed or held by several workers), build only this
-            worker's stage copies (a runtime rank); ``None``: every worker's (the emulator).
-
-    The optimizer factory is called with each stage's trainable parameters (``requires_grad``; frozen ones are
-    read from the module and never versioned, predicted or stepped: :mod:`~pipelab.pipeline.stage`). A stage
-    without trainable parameters gets no optimizer, learning-rate scheduler or predictor (its policy has nothing
-    to choose); it still runs its jobs.
-
-    =========  ========================================================================================
-    step       what it does (each linear in the jobs)
-    =========  ========================================================================================
-    table      the version table (a schedule is simulated), the stages, the policy checked against both
-    specs      every job's forward and backward weights, as arrays (:class:`JobSpecs`)
-    order      the schedule's order, or the waiting order where a job needs a version not made yet
-    events     each stage's events, the uses of each version and its ring size (:func:`stage_events`)
-    executors  an executor per stage asked for (:func:`_executor`), or per placed copy
-               (:func:`_build_placed`); fp16's shared loss scale; the predictors of the stages that predict
-    =========  ========================================================================================
+        model: an ``nn.Sequential`` (cut into ``spec.D`` stages, default the schedule's) or stage modules.
+        spec: a :class:`~pipelab.pipeline.spec.PipelineSpec`, or its fields as keywords (which replace a spec's).
+        only: the stages a runtime rank builds (ignored for a placed schedule).
+        worker: for a placed schedule, build only this worker's copies; ``None``: all (the emulator).
     """
     spec = make_spec(spec, fields, "build_pipeline")
     sim, table, stages, policy = _table_and_stages(model, spec)
@@ -257,10 +230,7 @@ def build_pipeline(
 
 def _table_and_stages(model: nn.Module | Sequence[nn.Module], spec: PipelineSpec
                       ) -> tuple[Any, VersionTable, list[nn.Module], Policy]:
-    """The placed simulation (or ``None``), version table, stages and policy, checked against each other.
-
-    The schedule is checked before the model, so that a bad schedule is not blamed on the model.
-    """
+    """Placed simulation (or None), table, stages, policy: checked schedule first, not to blame the model for it."""
     sim = _placed_simulation(spec.schedule)
     table = version_table(sim if sim is not None else spec.schedule)
     D = table.D if spec.D is None and isinstance(model, nn.Sequential) else spec.D
@@ -330,19 +300,10 @@ def _placed_simulation(schedule: Any) -> Any:
 
 def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], spec: PipelineSpec,
                   worker: int | None) -> None:
-    """Fill ``plan`` for a placed schedule: the global sequence with its collectives and one stage copy per
-    (worker, stage) computing or holding it (:mod:`~pipelab.pipeline.placement`); every holder gets its own
-    optimizer (replicas stay equal: they apply the same reduced gradient).
+    """Fill ``plan`` for a placed schedule: the global sequence and a copy per (worker, stage) computing or holding it.
 
-    ========  ==========================================================================================
-    step      what it does
-    ========  ==========================================================================================
-    refuse    what the copies cannot serve: fp16's shared skip decision, versions kept off the masters,
-              waiting, per-copy gradient state, predictions on a worker without optimizer state
-    sequence  the global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`)
-    parts     one pass over it: each (worker, stage) copy's jobs and the broadcasts it receives
-    copies    per copy its events and executor (a holder's own optimizer; a non-holder's FetchedStage)
-    ========  ==========================================================================================
+    After :func:`_refuse_placed`, one pass over the sequence gives each copy its jobs and received broadcasts; every
+    holder gets its own optimizer (replicas stay equal: they apply the same reduced gradient).
     """
     places = _refuse_placed(plan, sim.schedule, worker)
     seq = placed_sequence(sim, lambda job: plan.specs.need(*job))
@@ -373,7 +334,9 @@ def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], spe
 
 
 def _refuse_placed(plan: PipelinePlan, schedule: Any, worker: int | None) -> tuple[StagePlacement, ...]:
-    """The placements of ``schedule``, after refusing what its stage copies cannot serve (see :func:`_build_placed`)."""
+    """The placements, after refusing what copies cannot serve: fp16's shared skip, non-master versions,
+    waiting, per-copy gradient state, predictions on a worker without optimizer state.
+    """
     name, policy = schedule.name, plan.policy
     if plan.precision.loss_scaling is not None:
         raise ValueError("fp16 with loss scaling is not supported on placed schedules (replicated or sharded "
@@ -402,8 +365,7 @@ def _refuse_placed(plan: PipelinePlan, schedule: Any, worker: int | None) -> tup
 
 
 def _copy_events(part: Sequence[PlacedJob | Collective], specs: JobSpecs, k: int) -> StageEvents:
-    """A stage copy's events (its part of the global sequence): a holder's jobs, or a non-holder's jobs with the
-    versions it receives, each before the job it precedes."""
+    """A stage copy's events: its jobs, with the versions a non-holder receives before the job they precede."""
     jobs = [e for e in part if not isinstance(e, Collective)]
     arrivals, n = [], 0
     for e in part:
@@ -417,10 +379,7 @@ def _copy_events(part: Sequence[PlacedJob | Collective], specs: JobSpecs, k: int
 
 
 def _attach_predictors(plan: PipelinePlan, stages: Iterable[StageExecutor], predictor: Any) -> None:
-    """Give every stage that predicts its predictor; others keep none (and no history).
-
-    A predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
-    """
+    """Give every stage that predicts its predictor (others none); warn when a given predictor goes unused."""
     import warnings
 
     from ..predictors import Predictor, make_predictor

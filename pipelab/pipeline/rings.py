@@ -43,17 +43,10 @@ def peak_versions(born: np.ndarray, last: np.ndarray) -> int:
 
 
 class StageEvents:
-    """One stage's (or stage copy's) events in execution order, the uses of each version, and its ring size.
+    """One stage's (or copy's) events in execution order (op codes of :data:`OPS`), its version uses and ring size.
 
-    Args:
-        op, t, j: the events (op codes of :data:`OPS`; ``j = -1`` for U), as arrays.
-        need: the version each event uses (a prediction's base; −1 for U).
-        arrivals: ``(event position, version)`` of each version a fetched copy receives; default: version 0 first
-            and version v + 1 at the v-th U.
-
-    Attributes:
-        uses: ``uses[v]``, events using version v (counted down as the jobs run).
-        capacity: :func:`peak_versions`.
+    ``need``: the version each event reads (−1 for U); ``arrivals``: ``(event position, version)`` a fetched copy
+    receives (default: version 0 first, v + 1 at the v-th U); ``uses[v]`` is counted down as the jobs run.
     """
 
     def __init__(self, op: np.ndarray, t: np.ndarray, j: np.ndarray, need: np.ndarray,
@@ -81,10 +74,7 @@ class StageEvents:
 
 
 class VersionRing:
-    """Explicit weight versions of one stage, keyed by version number, at most ``capacity`` at once.
-
-    Stored tensors are leaves never written to; :meth:`drop` forgets one after its last use.
-    """
+    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use."""
 
     def __init__(self, capacity: int, stage: int = 0) -> None:
         if not isinstance(capacity, int) or capacity < 1:
