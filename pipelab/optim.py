@@ -1,12 +1,9 @@
 """The optimizer registry: one table of named ``torch.optim`` optimizers for experiments, benchmarks and tests.
 
-A name stands for an *update rule* (a class and the settings that make the variant), not a tuned recipe.
-Defaults are ``torch.optim``'s (PyTorch 2.x), written out so that a change of torch's defaults cannot silently
-change an experiment, plus the variant's own: momentum 0.9 for ``sgdm``, ``nesterov`` and ``rmsprop_momentum``
-(SpecTrain's and PipeOptim's value), β1 = 0.99 for ``nadam_async`` (the asynchronous-Nesterov paper's). Muon
-takes only 2-D parameters. An experiment's tuning lives next to its config, passed as overrides.
-
-Rule: ``make_optimizer(name, params, **overrides) = cls(params, **{**defaults, **overrides})``.
+A name is an *update rule* (a class and the settings of the variant), not a tuned recipe: torch's defaults
+written out (so a change of torch's cannot silently change an experiment), plus the variant's own (momentum 0.9,
+SpecTrain's and PipeOptim's; β1 = 0.99 for ``nadam_async``). An experiment's tuning is passed as overrides:
+``make_optimizer(name, params, **overrides) = cls(params, **{**defaults, **overrides})``.
 
 References: PyTorch ``torch.optim`` (2.x) documentation; Polyak (1964) heavy-ball momentum; Nesterov (1983);
 Kingma & Ba, "Adam" (ICLR 2015); Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (ICLR 2019);

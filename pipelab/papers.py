@@ -62,10 +62,7 @@ def spectrain_version_difference(D: int, k: int | np.ndarray, op: str = "F") -> 
 
 
 def async_1f1b_staleness(D: int, M: int, k: int, t: int, j: int) -> int:
-    """Forward staleness of micro-batch (t, j) at stage k in asynchronous 1F1B with M micro-batches/update.
-
-    F(k, g) runs right after B(k, g−D+k): staleness = t − max(0, ⌊(g − D + k + 1)/M⌋), g = t·M + j.
-    """
+    """Forward staleness in asynchronous 1F1B: t − max(0, ⌊(g − D + k + 1)/M⌋), g = t·M + j (F after B(k, g−D+k))."""
     g = t * M + j
     return t - max(0, (g - D + k + 1) // M)
 

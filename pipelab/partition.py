@@ -21,10 +21,6 @@ def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
 
     ``best[j][i] = min_{c < i} max(best[j−1][c], sum(costs[c:i]))``, O(D·n²); ties go to the later cut (earlier
     stages get more blocks). Costs whose total overflows a float are divided by the largest (same cuts).
-
-    Example:
-        >>> balanced_partition([1, 1, 1, 1, 4], 2)
-        [4, 1]
     """
     values = _block_costs(costs)
     n = len(values)
@@ -115,14 +111,9 @@ def split(model: nn.Sequential, D: int,
           balance: str | Sequence[int] | Sequence[float] = "layers") -> list[nn.Sequential]:
     """Cut ``model`` into D contiguous stages; the stages share (do not copy) the model's modules.
 
-    Args:
-        model: an ``nn.Sequential`` whose top-level positions are the blocks (a module at several positions is a
-            block at each).
-        balance: ``"layers"`` (equal block counts, extra blocks to the later stages), ``"params"`` (minimise the
-            largest stage's parameter count), D integers (explicit counts), or one float cost per block.
-
-    Raises:
-        ValueError: bad D or balance, or a parameter shared by blocks of two stages (:func:`check_unshared`).
+    ``balance``: ``"layers"`` (equal block counts, extras to the later stages), ``"params"`` (minimise the largest
+    stage's parameter count), D integers (explicit counts), or one float cost per block. A module at several
+    positions is a block at each; a parameter shared by two stages is refused (:func:`check_unshared`).
     """
     sizes = stage_sizes(model, D, balance)
     # every position of the Sequential: children() would list a module used at several positions only once

@@ -85,13 +85,10 @@ WeightSpec = Stored | Predicted
 
 @dataclass
 class GradientContext:
-    """What :meth:`Policy.correct_gradient` knows about the update U(k, t) it corrects the gradient of.
+    """What :meth:`Policy.correct_gradient` knows about the update U(k, t): ``weights_now`` is ``W_k^(version)``.
 
-    Attributes:
-        version: the version current at the update: ``weights_now`` is ``W_k^(version)``.
-        used_versions: per micro-batch, the version its backward's weights stood for (a prediction's target).
-        weights_used: the mean of the weights the step's backwards used (``keeps_backward_weights`` only).
-        state: the policy's per-stage state, kept by the executor across steps and in its checkpoints.
+    ``used_versions``: per micro-batch, the version its backward's weights stood for; ``weights_used``: their mean
+    (``keeps_backward_weights`` only); ``state``: the policy's per-stage state, kept across steps and checkpoints.
     """
 
     stage: int
@@ -115,16 +112,10 @@ SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "pipedream", "2bw")
 class Policy:
     """Base class: the class attributes are the one source of a policy's label, schedule family and needs.
 
-    Class attributes:
-        schedule: the family the policy is meant for, one of :data:`SCHEDULE_FAMILIES`.
-        synchronous: requires a schedule without staleness (checked against the table).
-        uses_predictor: the specs include :class:`Predicted` (a predictor must be given).
-        emulation_only: needs weights no real pipeline has yet (the oracle): emulator only, no learning-curve arm.
-        optimizers: names of the ``torch.optim`` classes served (``None``: any).
-        corrects_gradient: the executor calls :meth:`correct_gradient` before each optimizer step.
-        keeps_backward_weights: the executor keeps each step's mean backward weights for
-            :attr:`GradientContext.weights_used`.
-        prediction: the :attr:`Predicted.kind` of the policy's predictions.
+    ``schedule`` is one of :data:`SCHEDULE_FAMILIES`; ``synchronous`` policies need a schedule without staleness;
+    ``emulation_only`` ones (the oracle) need weights no real pipeline has yet; ``optimizers`` lists the
+    ``torch.optim`` classes served (``None``: any); ``corrects_gradient`` makes the executor call
+    :meth:`correct_gradient`, and ``keeps_backward_weights`` keep :attr:`GradientContext.weights_used`.
     """
 
     name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
@@ -281,14 +272,10 @@ class VerticalSync(Policy):
 
 
 class TwoBW(Policy):
-    """PipeDream-2BW: every job of step t, at every stage, uses the version stage 0 had when step t began.
+    """PipeDream-2BW: every job of step t, at every stage, uses ``cur(F(0, t, 0))``, the version stage 0 had then.
 
-    ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` (Narayanan et al., ICML 2021, §3.1): the version is ``cur(F(0, t, 0))``,
-    t − 1 on :func:`~pipelab.schedules.pipedream_2bw` with M ≥ D.
-
-    Args:
-        rule: ``"paper"`` or ``"stage_first"`` (each stage's own first forward of step t: **not 2BW**, kept only
-            to measure the difference).
+    ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` (Narayanan et al., ICML 2021, §3.1). ``rule="stage_first"`` (each stage's
+    own first forward of step t) is **not 2BW**, kept only to measure the difference.
     """
 
     name, title, schedule = "2bw", "PipeDream-2BW", "2bw"
@@ -337,12 +324,7 @@ class _PredictingPolicy(Policy):
 
 
 class SpecTrainPolicy(_PredictingPolicy):
-    """SpecTrain: forward and backward at weights predicted for the end of the micro-batch's round trip.
-
-    Args:
-        staleness: ``"table"``: target R(k, t, j) from the version table; ``"paper"``: s = ⌊k/2⌋ + D − k − 1
-            (forward), ⌊k/2⌋ (backward).
-    """
+    """SpecTrain: both passes predicted for the round trip's end (``"paper"``: s = ⌊k/2⌋ + D − k − 1, ⌊k/2⌋)."""
 
     name, title = "spectrain", "SpecTrain"
     uses_predictor = True
@@ -361,11 +343,7 @@ class SpecTrainPolicy(_PredictingPolicy):
 
 
 class PipeOptimPolicy(_PredictingPolicy):
-    """PipeOptim: forward at weights predicted for the job's own update; backward at the current version.
-
-    Args:
-        staleness: ``"table"`` (default: s = upd(k, t) − cur(F)) or ``"paper"`` (s = D − k − 1, eq. 4).
-    """
+    """PipeOptim: forward predicted s = upd(k, t) − cur(F) ahead (``"paper"``: D − k − 1, eq. 4); backward at cur(B)."""
 
     name, title = "pipeoptim", "PipeOptim"
     uses_predictor = True
@@ -388,12 +366,9 @@ class PipeOptimPolicy(_PredictingPolicy):
 class PipeMarePolicy(Policy):
     """PipeMare: learning-rate rescheduling plus discrepancy correction of the backward weights.
 
-    Backward at ``W^(cur(B)) − (cur(B) − cur(F))·δ_k``, ``δ ← γδ + (1−γ)(W_{v+1} − W_v)``; stage k's learning rate
-    at step t is ``α_t · τ_k^(−(1 − min(t/K, 1)))``, τ_k = max(1, the stage's largest forward staleness).
-
-    Args:
-        anneal_steps: K (0: no rescaling).
-        correction: ``False``: backward at cur(B), i.e. vanilla + LR.
+    Backward at ``W^(cur(B)) − (cur(B) − cur(F))·δ_k``, ``δ ← γδ + (1−γ)(W_{v+1} − W_v)`` (``correction=False``:
+    at cur(B)); stage k's lr at step t is ``α_t · τ_k^(−(1 − min(t/K, 1)))``, τ_k = max(1, its largest forward
+    staleness), K = ``anneal_steps`` (0: no rescaling).
     """
 
     name, title = "pipemare", "PipeMare"
@@ -430,10 +405,7 @@ class PipeMarePolicy(Policy):
         return 1 if self.correction else 0
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """Weights plus δ with the correction (2), else or on the last stage 1 (Yang et al. 2021).
-
-        The corrected backward weights are a temporary copy the paper does not count and the emulator does.
-        """
+        """Weights plus δ with the correction (2), else or on the last stage 1 (Yang et al. 2021)."""
         return 2 if self.correction and stage < D - 1 else 1
 
     def options(self) -> dict:
@@ -460,13 +432,9 @@ class NesterovAsyncPolicy(Policy):
         m_t = β1·m_{t−1} + (1 − β1)·g̃_t,
         W^(t+1) = W^(t) − lr·[μ_{t+1}·m_t/(1−Πμ_{≤t+1}) + (1−μ_t)·g̃_t/(1−Πμ_{≤t})]/(√v̂_t + ε)
 
-    Read from the public code (github.com/PluralisResearch/AsyncPP; the paper's text was not available).
-
-    Args:
-        backward: ``"stashed"`` (the code recomputes the backward at the forward's version) or ``"current"``
-            (the issue's "no weight stashing": vanilla's backward at cur(B)).
-        adaptive_momentum: the code's ``--adaptive_momentum``: ``β1_k = β1 + τ_k·(β_max − β1)/D``, τ_k the
-            stage's largest forward staleness (also raises SGD's momentum).
+    As the public code (github.com/PluralisResearch/AsyncPP) runs it: ``backward="stashed"`` recomputes at the
+    forward's version (``"current"``: the issue's vanilla backward); ``adaptive_momentum``:
+    ``β1_k = β1 + τ_k·(β_max − β1)/D``, τ_k the stage's largest forward staleness.
     """
 
     name, title = "nesterov_async", "Nesterov (async PP)"
@@ -549,12 +517,10 @@ class _CorrectingPolicy(Policy):
 class ErrorFeedbackPolicy(_CorrectingPolicy):
     """Feedback of the delayed gradient's drift: ``g̃_t = g_t + γ·s_t·(g_t − g_{t−1})`` (a substitute, see below).
 
-    **Not the rule of arXiv:2606.30634** (Zmushko et al., ICML 2026), whose formula could not be found: a citable
-    correction of that kind, to be replaced by the paper's. ``s_t`` is the step's gradient staleness (version
-    table), so to first order ``g_t − g_{t−1} ≈ H·(W^(t−s) − W^(t−s−1))`` and the feedback extrapolates the
-    gradient to the current weights; ``s = γ = 1`` is the optimistic gradient ``2g_t − g_{t−1}`` (Rakhlin &
-    Sridharan, COLT 2013; Daskalakis et al., ICLR 2018; Stich & Karimireddy, JMLR 2020). Optimizer-agnostic;
-    ``g_{t−1}`` is the previous *uncorrected* gradient, and the first step and steps with ``s_t = 0`` are unchanged.
+    **Not the rule of arXiv:2606.30634** (Zmushko et al., ICML 2026), whose formula could not be found. With
+    ``s_t`` the gradient's staleness, ``g_t − g_{t−1} ≈ H·(W^(t−s) − W^(t−s−1))``, so this extrapolates the gradient
+    to the current weights; ``s = γ = 1`` is the optimistic gradient ``2g_t − g_{t−1}`` (Rakhlin & Sridharan, COLT
+    2013; Daskalakis et al., ICLR 2018; Stich & Karimireddy, JMLR 2020). ``g_{t−1}`` is uncorrected.
     """
 
     name, title = "error_feedback", "error feedback (gradient extrapolation)"
@@ -585,14 +551,9 @@ class ErrorFeedbackPolicy(_CorrectingPolicy):
 class DelayCompensationPolicy(_CorrectingPolicy):
     """DC-ASGD: ``g̃ = g + λ·g⊙g⊙(W_now − W_used)`` (Zheng et al., ICML 2017, Eq. 10 and Algorithm 1).
 
-    A Taylor step from ``W_used`` to ``W_now`` with the Hessian approximated by ``λ·g⊙g``. With M micro-batches
-    ``W_used = (1/M)·Σ_j W^(used_j)`` (each carries 1/M of the loss): the paper's rule exactly when they share one
-    version.
-
-    Args:
-        lam: λ of DC-ASGD-c (0.04, as in the paper's experiments and MXNet's ``DCASGD``).
-        adaptive: DC-ASGD-a: ``λ_t = λ0/√(MS_t + ε)`` elementwise, ``MS_t = m·MS_{t−1} + (1−m)·g⊙g``
-            (``λ0 = lam0`` = 2, ``m = ms_decay`` = 0.95, ε = 1e-7).
+    A Taylor step with the Hessian approximated by ``λ·g⊙g``; ``W_used = (1/M)·Σ_j W^(used_j)`` (exact when the
+    micro-batches share one version). ``lam``: DC-ASGD-c's λ (0.04, the paper's and MXNet's); ``adaptive``:
+    DC-ASGD-a, ``λ_t = λ0/√(MS_t + ε)``, ``MS_t = m·MS_{t−1} + (1−m)·g⊙g`` (λ0 = ``lam0``, m = ``ms_decay``).
     """
 
     name, title = "dc_asgd", "DC-ASGD (delay compensation)"

@@ -1,18 +1,12 @@
 """Mixed precision of a pipeline run: compute dtype, autocast, fp32 masters, stored-version precision, loss scaling.
 
-- **compute** ``"bf16"``/``"fp16"``: stage forwards (and the loss) run under ``torch.autocast``; activations and
-  their gradients travel in the compute dtype. ``"fp32"``: today's arithmetic bit for bit.
-- **masters and optimizer state** stay in the model's dtype (fp32): gradients accumulate there, the optimizer
-  steps them, predictors run on them.
-- **versions** ``"master"`` keeps stored/predicted copies in the master dtype; ``"compute"`` in the compute
-  dtype, PipeDream-2BW's half-precision working copy (Narayanan et al., ICML 2021, §3).
-- **loss scaling** (fp16): see :class:`LossScaling`; a step with an inf/NaN gradient on any stage is skipped on
-  *every* stage (version counter and scheduler still advance).
-
-The skip decision of step t needs every stage's step-t gradient: on flushed schedules every U(·, t) moves to the
-flush (:func:`~pipelab.pipeline.loss_scale.defer_updates`, one ``all_reduce(MAX)`` of the flags in the runtime,
-as Megatron-LM and DeepSpeed); on asynchronous schedules a version is used before stage 0 finished step t, so
-fp16 loss scaling is refused there (use bf16; a per-stage scaler would describe no schedule).
+With ``"bf16"``/``"fp16"`` stage forwards (and the loss) run under ``torch.autocast`` and activations travel in
+the compute dtype; masters, gradients and optimizer state stay fp32; versions stay in the master dtype, or in the
+compute dtype (``versions="compute"``, PipeDream-2BW's half-precision working copy, Narayanan et al., ICML 2021,
+§3). fp16's loss scale skips a step on *every* stage when any stage's gradient overflows, which needs all of
+step t's gradients: flushed schedules move every U(·, t) to the flush
+(:func:`~pipelab.pipeline.loss_scale.defer_updates`; one ``all_reduce(MAX)`` of the flags, as Megatron-LM and
+DeepSpeed); asynchronous ones are refused (use bf16).
 
 References: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (fp32 masters, loss scaling);
 ``torch.amp.GradScaler`` (dynamic loss scale); Narayanan et al., ICML 2021 (PipeDream-2BW).
@@ -85,10 +79,6 @@ class Precision:
             ``"float16"``, ``"half"``, or the dtype).
         versions: ``"master"`` (default) or ``"compute"`` (see the module docstring).
         loss_scaling: fp16's dynamic loss scale (default ``LossScaling()``); refused for fp32 and bf16.
-
-    Example:
-        >>> Precision("fp16").loss_scaling
-        LossScaling(init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
     """
 
     compute: str = "fp32"

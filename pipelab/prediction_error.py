@@ -1,17 +1,10 @@
 """Prediction error of weight predictors along a real training run (RMSE and cosine vs staleness).
 
-Every ``measure_every`` steps (origin t) each predictor gives ``Ŵ_{t+s}``, s = 1..S, compared once step t+s is
-taken with the true ``W_{t+s}``, per layer and overall:
-
-- ``rmse[p, s, t] = sqrt(mean((Ŵ_{t+s} − W_{t+s})²))``;
-- ``stale[s, t] = sqrt(mean((W_t − W_{t+s})²))`` (no prediction, SpecTrain Fig. 8's reference); ``ratio =
-  rmse / stale`` (< 1: prediction helps);
-- ``cosine[p, s, t] = cos(Ŵ_{t+s} − W_t, W_{t+s} − W_t)``.
-
-:func:`measure_in_pipeline` measures the same inside pipelined training (the exact emulator), s from the version
-table; for a gradient-correcting policy it compares the corrected ``g̃`` and the raw ``g`` with the gradient at
-the weights the pipeline holds at the update, ``∇f_t(W_now)``: ``pred = rmse(g̃ − ∇f_t(W_now))``,
-``stale = rmse(g − ∇f_t(W_now))``.
+Every ``measure_every`` steps (origin t) each predictor gives ``Ŵ_{t+s}``, s = 1..S, compared with the true
+``W_{t+s}`` per layer and overall: ``rmse = sqrt(mean((Ŵ_{t+s} − W_{t+s})²))``, ``stale = sqrt(mean((W_t −
+W_{t+s})²))`` (no prediction), ``ratio = rmse / stale`` (< 1: prediction helps), ``cosine = cos(Ŵ_{t+s} − W_t,
+W_{t+s} − W_t)``. Inside a pipeline a correcting policy's ``g̃`` and raw ``g`` are compared with the gradient at
+the weights held at the update: ``pred = rmse(g̃ − ∇f_t(W_now))``, ``stale = rmse(g − ∇f_t(W_now))``.
 
 Reference: SpecTrain (Chen et al., arXiv:1809.02839) Fig. 8 measures the RMSE of predicted vs stale
 weights for s = 1, 2, 3; PipeOptim (Guan et al., arXiv:2312.00839) motivates the per-optimizer rules.
@@ -99,10 +92,7 @@ class PredictionErrorResult:
             return self.rmse / self.stale[None]
 
     def summary_ratio(self, skip_fraction: float = 0.1, *, per_layer: bool = False) -> np.ndarray:
-        """Time-averaged RMSE over time-averaged stale RMSE, the first ``skip_fraction`` of origins skipped.
-
-        ``[P, S]``, or ``[P, S, L+1]`` with ``per_layer``.
-        """
+        """Mean RMSE / mean stale RMSE after ``skip_fraction``: [P, S] (``per_layer``: [P, S, L+1])."""
         start = int(len(self.origins) * skip_fraction)
         sel = slice(None) if per_layer else -1
         with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
@@ -168,16 +158,6 @@ def measure_prediction_error(
 
     The last S+1 versions live in a :class:`WeightRing`; pending predictions are at most ``P·S·⌈S/measure_every⌉``
     weight copies.
-
-    Example:
-        >>> import torch
-        >>> from torch import nn
-        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 10))
-        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        >>> data = [(torch.randn(16, 8), torch.randint(0, 10, (16,))) for _ in range(20)]
-        >>> res = measure_prediction_error(model, opt, data, ["stale", "spectrain"], max_s=2)
-        >>> res.rmse.shape   # predictors × s × origins × (layers + overall)
-        (2, 2, 19, 4)
     """
     if not isinstance(max_s, int) or max_s < 1:
         raise ValueError(f"max_s must be a positive integer, got {max_s!r}")
@@ -248,14 +228,9 @@ CORRECTING_POLICIES = ("error_feedback", "dc_asgd")
 class InPipelineResult:
     """Errors of the weights a predicting policy used inside a pipelined run, per job and layer.
 
-    One event per forward F(k, t, j) and per backward whose weights are a prediction; it used ``Ŵ`` standing for
-    version ``base + s`` (s = 0: stored): ``pred[i, l] = sqrt(mean((Ŵ − W^(base+s))²))`` and
-    ``stale[i, l] = sqrt(mean((W^(base) − W^(base+s))²))`` per layer l of its stage (NaN elsewhere). A correcting
-    policy's events are updates U(k, t), op ``"G"``, s the gradient's rounded mean staleness.
-
-    Attributes:
-        layers: the model's top-level blocks with parameters; ``layer_stage``: each one's stage.
-        op, stage, step, s: per event.
+    One event per forward and per predicted backward, its weights ``Ŵ`` standing for version ``base + s``:
+    ``pred[i, l] = sqrt(mean((Ŵ − W^(base+s))²))``, ``stale[i, l] = sqrt(mean((W^(base) − W^(base+s))²))`` per layer
+    l of its stage (NaN elsewhere); a correcting policy's events are updates, op ``"G"``, s the rounded staleness.
     """
 
     policy: str
@@ -276,9 +251,7 @@ class InPipelineResult:
 
     @property
     def predicted_op(self) -> str:
-        """The job type whose weights the policy predicts: ``"F"`` (PipeOptim, SpecTrain), ``"B"`` (PipeMare's
-        corrected backward); ``"G"``: the update's gradient (a correcting policy); ``"F"`` when nothing is predicted
-        (D = 1)."""
+        """The op whose weights the policy predicts: "F", "B" (PipeMare) or "G" (a correcting policy)."""
         if self.op.size and np.all(self.op == "G"):
             return "G"
         return "F" if np.any((self.op == "F") & (self.s != 0)) or not np.any(self.s != 0) else "B"
@@ -308,15 +281,7 @@ def measure_in_pipeline(
 
     Job weights come from the stages' ``on_weights`` hooks, true versions from post-step hooks on each optimizer;
     only versions still needed are kept. A gradient-correcting policy runs on its own schedule family (op ``"G"``).
-
-    Args:
-        model: an ``nn.Sequential`` (trained in place); its top-level positions are the layers.
-        policy: a name in :data:`IN_PIPELINE_POLICIES` or :data:`CORRECTING_POLICIES`, or such a ``Policy``.
-        optimizer: factory ``params -> torch.optim.Optimizer`` (one per stage).
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Sequential``.
-        ValueError: a policy that neither predicts weights nor corrects gradients, or fewer than one batch.
+    ``model`` must be an ``nn.Sequential`` (its positions are the layers); ``optimizer`` is a factory per stage.
     """
     from .emulator import Emulator
     from .policies import make_policy

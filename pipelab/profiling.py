@@ -1,24 +1,10 @@
 """Stage profiler: measured per-stage costs of a model cut into pipeline stages, in the simulator's terms.
 
-For every stage k and one micro-batch, medians over ``reps`` after ``warmup`` discarded runs:
-
-    f_cost[k]  = time of F(k) from the stage's input (stages 0..k−1 run beforehand, untimed)
-    b_cost[k]  = time of B(k) from the stage output (loss at the last stage, ones elsewhere)
-    i_cost[k], w_cost[k] = I(k) and W(k) of the split backward (Qi et al., ICLR 2024): the input gradient
-                 keeping the graph, then the weight gradient (stage 0's I costs ~0)
-    u_cost[k]  = one ``optimizer.step()``;  copy_cost[k] = cloning the stage's weights (a stored version)
-
-and the exact sizes ``activation_bytes[k]`` (tensors saved for backward, parameters excluded, each storage once)
-and ``weight_bytes[k]``. Costs are wall-clock seconds; the stages are never modified (copies are profiled).
-
-Example:
-    >>> import torch
-    >>> from pipelab import split, simulate
-    >>> from pipelab.schedules import one_f_one_b
-    >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10)])
-    >>> prof = profile_stages(split(model, 2), torch.randn(4, 8), torch.randint(0, 10, (4,)), reps=3)
-    >>> simulate(one_f_one_b(2, 4), **prof.costs()).makespan > 0
-    True
+Per stage and micro-batch, medians over ``reps`` after ``warmup`` runs: ``f_cost`` (F from the stage input,
+earlier stages untimed), ``b_cost`` (B from the loss at the last stage, ones elsewhere), ``i_cost``/``w_cost``
+(the split backward, Qi et al., ICLR 2024; stage 0's I costs ~0), ``u_cost`` (one ``optimizer.step()``),
+``copy_cost`` (cloning the weights); and the exact ``activation_bytes`` (saved tensors, parameters excluded,
+each storage once) and ``weight_bytes``. Copies of the stages are profiled.
 
 References: PipeDream (Narayanan et al., SOSP 2019, §3.1: profile each layer's compute time, activation
 and weight sizes, then plan the pipeline from them).
@@ -131,14 +117,10 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
                   loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
                   optimizer: OptimizerFactory | None = None, reps: int = 20, warmup: int = 3,
                   input_grad: bool = True) -> StageCosts:
-    """Measure one stage for the micro-batch input ``x`` (a copy of ``stage`` is profiled, ``stage`` is kept).
+    """Measure one stage for the micro-batch input ``x``, on ``x``'s device (a copy of ``stage`` is profiled).
 
-    Args:
-        stage: the stage module, on the device it should be timed on (``x``'s device).
-        target: labels for the last stage (backward from ``loss_fn(out, target)``); ``None`` elsewhere
-            (backward from ones).
-        optimizer: factory whose ``step`` is timed (default: SGD, lr 1e-3; lr does not change the time).
-        input_grad: the stage's input requires a gradient (every stage but the first).
+    ``target``: labels at the last stage (else the backward starts from ones); ``optimizer``: the factory whose
+    ``step`` is timed (default SGD); ``input_grad``: the input needs a gradient (every stage but the first).
     """
     if not isinstance(stage, nn.Module):
         raise TypeError(f"stage must be a torch.nn.Module, got {type(stage).__name__}")
@@ -226,10 +208,6 @@ def transfer_times(output: Tensor | None, inp: Tensor | None, *, reps: int = 20,
 
     Collective over the default group, rank k holding stage k (``output`` None on the last rank, ``inp`` None on
     rank 0): half the median round trip per boundary, the same on every rank (the simulator's ``transfer_cost``).
-
-    Raises:
-        RuntimeError: no process group is initialised; ValueError: bad ``reps``/``warmup`` or a missing
-            tensor on a rank that sends or receives.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("transfer_times needs an initialised torch.distributed process group")

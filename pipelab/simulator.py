@@ -1,15 +1,9 @@
 """Discrete-event simulation of a :class:`~pipelab.schedules.Schedule`: timeline, bubbles, memory, versions.
 
-Each worker runs its program in order; a job starts when its worker is free and its dependencies ended (plus a
-transfer latency when they ran on another worker):
-
-    start(j) = max(end of the worker's previous job, max_d end(d) + latency(d, j)),  end(j) = start(j) + cost(j).
-
-Memory model: an activation of (k, g) is held by F(k, g)'s worker from F's start to the end of B(k, g), or of
-W(k, g) when the backward is split (W needs the stage's inputs); one unit (``activation_bytes[k]`` bytes) each.
-Qi et al.'s finer split (M_B until I, M_W until W) is not modelled; Rahimi and the zero-bubble paper count the
-same units (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2.1–2.2 and Table 1: 1F1B and ZB-H1
-peak at p·M_B, ZB-H2 at (2p−1)·M_B).
+Timing is :func:`pipelab.schedules.compiled.run`'s. Memory: an activation of (k, g) is held by F(k, g)'s worker
+from F's start to the end of B(k, g), or of W(k, g) when split (W needs the stage's inputs), one unit
+(``activation_bytes[k]``) each, as Rahimi and Qi et al. count (ICLR 2024, Table 1: 1F1B and ZB-H1 peak at
+p·M_B, ZB-H2 at (2p−1)·M_B); Qi et al.'s finer split (M_B until I, M_W until W) is not modelled.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 metrics.
 """
@@ -38,10 +32,7 @@ Cost = float | Sequence[float] | np.ndarray
 
 
 def costs_from_profile(profile: Any) -> dict[str, Any]:
-    """Per-stage costs and sizes from a mapping or an object with attributes (e.g. a ``StageProfile``).
-
-    Keys: ``f_cost``/``forward``, ``b_cost``/``backward``, ``activation_bytes``, ``weight_bytes``.
-    """
+    """Costs and sizes from a mapping or object: ``f_cost``/``forward``, ``b_cost``/``backward``, sizes."""
     get = profile.get if isinstance(profile, Mapping) else (lambda k, d=None: getattr(profile, k, d))
     out = {}
     for key, names in (("f_cost", ("f_cost", "forward")), ("b_cost", ("b_cost", "backward")),
@@ -90,16 +81,12 @@ class Binding(NamedTuple):
 
 @dataclass(eq=False)
 class SimResult:
-    """Timeline and metrics of one simulated schedule.
-
-    Per-action arrays are indexed like ``compiled``; use :meth:`jobs`, :meth:`time_of` or :meth:`order`.
+    """Timeline and metrics of one simulated schedule; per-action arrays are indexed like ``compiled``.
 
     Attributes:
         latency: (lat1, lat2, lat3) added to each dependency slot.
         seq: the order in which the simulator timed the actions (a valid topological order).
-        message_bytes: the bytes per boundary (activation, gradient).
-        wire_times: the :class:`~pipelab.schedules.compiled.Wires` and each message's begin and arrival (None: no
-            message occupied a wire).
+        wire_times: the :class:`~pipelab.schedules.compiled.Wires` and each message's begin and arrival, or None.
     """
 
     schedule: Schedule
@@ -211,11 +198,10 @@ class SimResult:
 
     @cached_property
     def weight_fetch_table(self) -> np.ndarray:
-        """``[w, k]``: distinct versions of stage k that w's jobs use without w holding k, shape [W, D].
+        """``[w, k]``: distinct versions of stage k that w's jobs use without holding k (the runtime's fetches).
 
-        The runtime's count (one broadcast of W_k^(v) per version a non-holder uses, :mod:`pipelab.pipeline.placement`).
         On a flushed schedule it equals :attr:`weight_transfers` iff each worker runs at most one micro-batch of each
-        fetched stage per step (FSDP with M = W, FSLPP with B = G), else it is smaller by that count (M/W, M/G).
+        fetched stage per step (FSDP with M = W, FSLPP with B = G), else it is smaller by that count.
         """
         out = np.zeros((self.schedule.W, self.schedule.D), np.int64)
         for w, k, _ in self.weight_fetch_versions:
@@ -504,17 +490,13 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
 
     Args:
         f_cost, b_cost: forward / backward time per stage: scalar or D values, all > 0.
-        i_cost, w_cost: times of a split backward (default b_cost/2 each).
         transfer_cost: time to send stage k's output to k+1 (and its gradient back) between workers.
         weight_transfer_cost: time to fetch stage k's updated weights from another worker.
-        profile: supplies f_cost, b_cost and sizes (:func:`costs_from_profile`).
         network: a :class:`~pipelab.links.Network` instead of ``transfer_cost``: messages take α + n/β and queue
-            on the receiver's wire; with ``weight_bytes`` a placed schedule's collectives are costed too (a
-            reduction lengthens each holder's U(k, t), a broadcast precedes a job reading stage k elsewhere).
+            on the receiver's wire; with ``weight_bytes`` a placed schedule's collectives are costed too.
         message_bytes: bytes of each boundary's messages; needed when a link's bandwidth is finite.
 
     Raises:
-        ValueError: bad costs, lengths, or network arguments.
         ScheduleError: the schedule is malformed or deadlocks (grid printed, cell marked).
 
     Example:
@@ -616,11 +598,9 @@ def _boundary_bytes(message_bytes: MessageBytes | Cost | None, D: int) -> np.nda
 
 
 def _collectives(c: Compiled, network: Network, wb: np.ndarray, cost: np.ndarray, lat3: np.ndarray) -> None:
-    """Charge a placed schedule's collectives under α–β (:func:`pipelab.links.collective_time`).
+    """Charge a placed schedule's α–β collectives: reductions onto each U(k, t), broadcasts as dep3 latency.
 
-    The gradient reduction of (k, t) among its holders and gradient workers (reduce to one holder, else ring
-    all-reduce) is added to each U(k, t); the broadcast of stage k to non-holders computing k becomes their dep3
-    latency. The link is that of the boundaries next to the members' stages.
+    Reduce to one holder, else ring all-reduce, on the link of the boundaries next to the members' stages.
     """
     s = c.schedule
     comp = c.op != _U

@@ -63,15 +63,11 @@ class PairedDifference(Interval):
 
 @dataclass(frozen=True)
 class WinnerTest:
-    """The outcome of :func:`winner_test`.
+    """The outcome of :func:`winner_test`: ``winner`` is ``candidate`` when every difference to it is resolved.
 
-    Attributes:
-        candidate: the highest mean among arms without a diverged value (``None``: none).
-        winner: ``candidate`` when every difference to it is resolved after the correction, else ``None``.
-        differences: other arm -> :func:`paired_difference` (candidate − arm).
-        adjusted_p: the same arms -> p-value after the correction.
-        diverged: the arms that diverged on every seed (they lose without a test).
-        family_p: :attr:`p_value` Holm-adjusted over the rows searched (:func:`winners_across_rows`), else NaN.
+    ``candidate``: the highest mean among arms without a diverged value; ``differences``/``adjusted_p``: per other
+    arm, :func:`paired_difference` (candidate − arm) and its corrected p-value; ``diverged``: arms diverged on every
+    seed (they lose untested); ``family_p``: :attr:`p_value` Holm-adjusted over the rows searched, else NaN.
     """
 
     candidate: str | None
@@ -85,10 +81,7 @@ class WinnerTest:
 
     @property
     def p_value(self) -> float:
-        """The smallest α at which ``candidate`` wins: its largest corrected p-value.
-
-        1 when some difference has a mean <= 0 or there is no candidate; 0 when no comparison is left.
-        """
+        """The smallest α at which ``candidate`` wins (1: a difference <= 0 or no candidate; 0: nothing to compare)."""
         if self.candidate is None or any(d.mean <= 0 or not math.isfinite(d.mean) for d in self.differences.values()):
             return 1.0
         return max(self.adjusted_p.values(), default=0.0)
@@ -129,15 +122,7 @@ def _interval(x: np.ndarray, confidence: float) -> tuple[float, float]:
 
 
 def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
-    """Mean ± Student-t half-width of ``values`` (one per seed), non-finite values left out and counted.
-
-    ``h = t_{(1+c)/2, n-1} · s / sqrt(n)``, s the sample standard deviation (ddof = 1); NaN when n < 2.
-
-    Example:
-        >>> iv = t_interval([0.81, 0.83, 0.82])
-        >>> round(iv.mean, 3), round(iv.half_width, 4), iv.n
-        (0.82, 0.0248, 3)
-    """
+    """Mean ± ``t_{(1+c)/2, n-1} · s / sqrt(n)`` (ddof 1, NaN for n < 2) of the finite ``values``; the rest counted."""
     c = _check_confidence(confidence)
     arr = _array(values, "values")
     ok = np.isfinite(arr)
@@ -164,12 +149,8 @@ def paired_difference(a: Values, b: Values, confidence: float = 0.95, *, null: f
     """Mean of ``a − b`` paired by seed, its t half-width and the paired t test's two-sided p-value.
 
     ``d_i = a_i − b_i`` where both are finite; ``p = 2 · P(T_{n-1} > |mean(d) − null| sqrt(n) / s_d)``
-    (``scipy.stats.ttest_rel``), so ``p < 1 − c`` exactly when the interval excludes ``null``. With ``s_d = 0``:
-    half-width 0 and p 0 (mean ≠ null) or 1; with n < 2 both NaN.
-
-    Args:
-        a, b: aligned sequences, or mappings seed -> value with the same seeds.
-        null: the null mean difference (−m tests non-inferiority with margin m).
+    (``scipy.stats.ttest_rel``), so ``p < 1 − c`` exactly when the interval excludes ``null`` (−m: non-inferiority
+    with margin m). ``s_d = 0``: half-width 0, p 0 or 1; n < 2: both NaN. ``a``, ``b``: aligned or keyed by seed.
     """
     c = _check_confidence(confidence)
     if isinstance(null, bool) or not isinstance(null, numbers.Real) or not math.isfinite(null):
@@ -199,10 +180,7 @@ def resolved(interval: Interval) -> bool:
 
 
 def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values (NaN counts as 1).
-
-    With ``p_(1) <= ... <= p_(m)``: ``adj_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))`` (Holm 1979).
-    """
+    """Holm's adjusted p-values (NaN as 1): sorted, ``adj_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))`` (Holm 1979)."""
     p = _array(p_values, "p_values")
     p = np.where(np.isnan(p), 1.0, p)
     if ((p < 0) | (p > 1)).any():
@@ -221,9 +199,6 @@ def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction
     The candidate (highest mean among arms with all values finite) wins when every paired difference to another
     arm with a finite value has a positive mean and a p-value below α = 1 − confidence after the correction
     (``"holm"``; ``"none"``: raw p-values).
-
-    Raises:
-        ValueError: fewer than two arms, an unknown correction, arms with different seeds or lengths.
     """
     c = _check_confidence(confidence)
     if correction not in CORRECTIONS:
