@@ -12,11 +12,7 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
 - **job** ``(op, k, t, j)``: op ``F`` (forward), ``B`` (backward; split into ``I`` input gradient and ``W``
   weight gradient in zero-bubble schedules) of stage k on micro-batch (t, j); ``(U, k, t, −1)`` is stage
   k's optimizer update with step t's gradients. :class:`Action` ``(op, stage, step, micro)`` is a job in
-  a worker's program. A split backward's I returns the input gradient and keeps the stage's graph; its
-  W adds the weight gradient from that graph later, so the backward's weights are decided at I.
-  Split-backward builders: :func:`zb_h1`, :func:`zb_h2`, :func:`zb_async` (no flush), :func:`zb_v`,
-  :func:`v_half`, :func:`v_min` (V-shape placement, stage s on worker min(s, 2W−1−s)),
-  :func:`interleaved_zero_bubble`, :func:`dualpipe_v`, :func:`dualpipe` (all in :mod:`pipelab.schedules`).
+  a worker's program. A split backward's weights are decided at I (W reuses I's graph).
 - **version** W_k^(v): stage k's weights after v updates. A job *uses* one version; its **update
   version** is the version U(k, t) applies its gradient to (t when updates run in order).
 - **staleness** of a job = update version − version used (0: the gradient is applied to the weights it
@@ -26,11 +22,9 @@ Vocabulary (one name per concept, used in code, docstrings and figures):
 - **schedule** (:class:`Schedule`): for every **worker** w (a process / device), its **program**, the
   ordered list of actions it executes, plus which workers hold each stage's weights.
 - **placement** (:mod:`pipelab.pipeline.placement`): per stage, its compute workers C_k, holders H_k and
-  kind (single, replicated: DDP/LPP/DualPipe/:func:`hybrid`, sharded: FSDP/FSLPP) and the collectives of a
-  step (all-reduce, broadcast, reduce), executed by the emulator and the runtime.
+  kind (single, replicated, sharded) and the collectives of a step.
 - **policy** (:mod:`pipelab.policies`): which version (stored or predicted) each F and B job uses, given
-  the version table: stashing, vertical sync, 2BW, SpecTrain, PipeOptim, PipeMare, Nesterov for asynchronous
-  PP, error feedback and DC-ASGD (the last two correct the gradient before the optimizer step), ...
+  the version table; some also correct the gradient before the optimizer step.
 - **predictor** (:mod:`pipelab.predictors`): a pure function of (weights, optimizer state, learning rate,
   s) estimating W^(v+s) from W^(v) with the user's ``torch.optim`` rule, never mutating the optimizer.
 

@@ -1,14 +1,8 @@
 """Output files written whole or not at all: each goes to a temporary file beside it, then is renamed over it.
 
-A reader, or a later run, sees either the previous file or the complete new one, never a truncated one: a
-failure while writing (an exception in the code that draws or serialises, a full disk, an interrupt) leaves
-the previous file as it was and removes the temporary. :func:`replace_files` writes a set of files (a
-figure's PNG and PDF, its tables and its sidecar) before renaming any, and renames them in the order given,
-so a set is replaced only when every member was written, and a crash between two renames leaves the last
-file (the sidecar that describes the others) old.
-
-``os.replace`` is atomic on POSIX when source and target are on the same file system, which a temporary in
-the target's directory ensures.
+A reader sees the previous file or the complete new one, never a truncated one; a failure while writing leaves
+the previous file and removes the temporary. ``os.replace`` is atomic on POSIX within one file system, which a
+temporary in the target's directory ensures.
 """
 
 from __future__ import annotations
@@ -29,11 +23,10 @@ Writer = Callable[[BinaryIO], object]
 def replace_files(files: Sequence[tuple[str | os.PathLike[str], Writer]]) -> list[Path]:
     """Write every ``(path, writer)`` to a temporary beside ``path``, then rename each over its path, in order.
 
-    Each temporary (``.NAME.<random>.tmp``, mode ``0o666`` less the umask, as ``open`` gives) is flushed to
-    disk before the renames start. Returns the paths.
-
-    Raises:
-        whatever a writer raises, or ``OSError``: no file is replaced and no temporary is left.
+    All are written (and flushed to disk) before any rename, so a set (a figure's PNG, PDF, tables and sidecar) is
+    replaced only when every member was written; a crash between renames leaves the last one (the sidecar) old.
+    Temporaries are ``.NAME.<random>.tmp``, mode ``0o666`` less the umask. Raises what a writer raises, or
+    ``OSError``: then no file is replaced and no temporary is left.
     """
     paths = [Path(p) for p, _ in files]
     temps: list[Path] = []
@@ -64,13 +57,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
 def check_writable(path: str | os.PathLike[str], argument: str, *, directory: bool = False) -> Path:
     """Refuse, before any work, a ``path`` where a file (``directory``: a directory) could not be written.
 
-    The path must not be the other kind (a directory where a file is expected, or a file where a directory
-    is); if it exists it must be writable; if not, its nearest existing ancestor must be a writable
-    directory, so that it (and missing parents) can be created. ``argument`` names the setting in the error
-    (``--out``, ``checkpoint``, ...). Returns the path.
-
-    Raises:
-        ValueError: naming ``argument``, the path and what is wrong.
+    It must not be the other kind; it must be writable, or its nearest existing ancestor a writable directory.
+    ValueError names ``argument`` (``--out``, ``checkpoint``, ...), the path and what is wrong.
     """
     path = Path(path)
     kind = "directory" if directory else "file"

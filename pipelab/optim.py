@@ -1,31 +1,9 @@
 """The optimizer registry: one table of named ``torch.optim`` optimizers for experiments, benchmarks and tests.
 
-A name stands for an *update rule* (a ``torch.optim`` class and the settings that make the variant, e.g.
-SGD with momentum 0.9 and Nesterov), not for a tuned recipe. Each entry is an :class:`OptimizerSpec`:
-class, default hyper-parameters, figure label, one-line description and reference.
-
-Defaults: ``torch.optim``'s own defaults (PyTorch 2.x), written out so that a change of torch's defaults
-cannot silently change an experiment, plus what defines the variant: momentum 0.9 for ``sgdm``,
-``nesterov`` and ``rmsprop_momentum`` (the value of SpecTrain's and PipeOptim's experiments and of common
-practice), Nesterov for ``nesterov``, centering for ``rmsprop_momentum``. AdamW keeps torch's decoupled weight
-decay 1e-2. Learning rates are torch's defaults (SGD 1e-3, Adam/AdamW/RAdam 1e-3, RMSprop/Adagrad 1e-2,
-NAdam/Adamax 2e-3, Muon 1e-3); ``nadam_async`` is NAdam with β1 = 0.99, the asynchronous-Nesterov paper's
-setting. Muon's entry writes out all of torch's defaults (weight decay 0.1, Nesterov momentum 0.95,
-Newton-Schulz coefficients, eps and steps, the "original" lr adjustment); it takes
-only 2-D parameters. An experiment that tunes them holds *its own* overrides next to its config and passes
-them to :func:`make_optimizer` / :func:`optimizer_factory` (e.g. the learning curves' SGDM is lr 0.01,
-weight decay 5e-4, PipeOptim §V-A).
-
-Rule: ``make_optimizer(name, params, **overrides) = cls(params, **{**defaults, **overrides})``.
-
-Example:
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.zeros(2))
-    >>> opt = make_optimizer("sgdm", [w], lr=0.05)
-    >>> type(opt).__name__, opt.defaults["lr"], opt.defaults["momentum"]
-    ('SGD', 0.05, 0.9)
-    >>> optimizer_label("adamw")
-    'AdamW'
+A name is an *update rule* (a class and the settings of the variant), not a tuned recipe: torch's defaults
+written out (so a change of torch's cannot silently change an experiment), plus the variant's own (momentum 0.9,
+SpecTrain's and PipeOptim's; β1 = 0.99 for ``nadam_async``). An experiment's tuning is passed as overrides:
+``make_optimizer(name, params, **overrides) = cls(params, **{**defaults, **overrides})``.
 
 References: PyTorch ``torch.optim`` (2.x) documentation; Polyak (1964) heavy-ball momentum; Nesterov (1983);
 Kingma & Ba, "Adam" (ICLR 2015); Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (ICLR 2019);
@@ -50,15 +28,7 @@ __all__ = ["OptimizerSpec", "OPTIMIZERS", "OptimizerFactory", "RegisteredFactory
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """A registry entry: the ``torch.optim`` class, its default hyper-parameters and how to name it.
-
-    Attributes:
-        cls: the ``torch.optim.Optimizer`` subclass.
-        defaults: keyword arguments the optimizer is built with unless overridden (read-only).
-        label: the name figures and tables print.
-        description: one line on the update rule.
-        reference: where the rule comes from.
-    """
+    """A registry entry: the ``torch.optim`` class, its defaults (read-only), label, description and reference."""
 
     cls: type[torch.optim.Optimizer]
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -136,8 +106,7 @@ def optimizer_hyperparameters(name: str, **overrides: Any) -> dict[str, Any]:
     """The keyword arguments ``name`` is built with: its defaults updated by ``overrides``.
 
     Raises:
-        ValueError: unknown name.
-        TypeError: an override the ``torch.optim`` class does not accept (named in the message).
+        ValueError: unknown name. TypeError: an override the class does not accept (named in the message).
     """
     spec = optimizer_spec(name)
     accepted = spec.accepted()

@@ -1,11 +1,8 @@
 """Cutting an ``nn.Sequential`` into D contiguous pipeline stages.
 
-:func:`split` assigns the model's top-level blocks to stages k = 0..D−1 in order. The balance is by block
-count (``"layers"``), by parameter count (``"params"``), by per-block costs (a sequence of floats, e.g.
-profiled times), or explicit (a sequence of D block counts). Cost balancing solves the *linear
-partition* problem exactly — choose D−1 cut points minimising the largest stage cost — by dynamic
-programming (:func:`balanced_partition`), the same criterion PipeDream's partitioner optimises
-(Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP 2019).
+Cost balancing solves the *linear partition* problem exactly (D−1 cuts minimising the largest stage cost),
+the criterion PipeDream's partitioner optimises (Narayanan et al., "PipeDream: Generalized Pipeline
+Parallelism for DNN Training", SOSP 2019).
 """
 
 from __future__ import annotations
@@ -22,18 +19,8 @@ __all__ = ["split", "balanced_partition", "stage_sizes", "check_unshared"]
 def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
     """Sizes of D contiguous, non-empty groups of ``costs`` that minimise the maximum group sum.
 
-    Dynamic program: best[j][i] = min over c < i of max(best[j−1][c], sum(costs[c:i])), O(D·n²).
-    Ties go to the later cut, so among optimal cuts the earlier stages get more blocks.
-    The sizes always sum to n = ``len(costs)``: costs are checked to be finite and ≥ 0 first, and when their
-    total overflows a float they are divided by the largest one (the optimal cuts do not change with the unit).
-
-    Raises:
-        ValueError: D not an int in 1..n; a cost that is NaN, ±inf or negative (naming the block).
-        TypeError: a cost that is not a number (a bool or a string included).
-
-    Example:
-        >>> balanced_partition([1, 1, 1, 1, 4], 2)
-        [4, 1]
+    ``best[j][i] = min_{c < i} max(best[j−1][c], sum(costs[c:i]))``, O(D·n²); ties go to the later cut (earlier
+    stages get more blocks). Costs whose total overflows a float are divided by the largest (same cuts).
     """
     values = _block_costs(costs)
     n = len(values)
@@ -65,10 +52,10 @@ def balanced_partition(costs: Sequence[float], D: int) -> list[int]:
 
 
 def _block_costs(costs: Sequence[float]) -> list[float]:
-    """``costs`` as floats, each a finite number ≥ 0; a clear error naming the first block that is not.
+    """``costs`` as finite floats ≥ 0, else an error naming the block.
 
-    A NaN or infinite cost makes every comparison of the dynamic program false or tied, so no cut is ever
-    recorded and the stages would silently cover fewer blocks than the model has.
+    A NaN or infinite cost makes every comparison of the dynamic program false, so no cut is recorded and the
+    stages would silently cover fewer blocks than the model has.
     """
     out = []
     for i, c in enumerate(costs):
@@ -124,24 +111,9 @@ def split(model: nn.Sequential, D: int,
           balance: str | Sequence[int] | Sequence[float] = "layers") -> list[nn.Sequential]:
     """Cut ``model`` into D contiguous stages; the stages share (do not copy) the model's modules.
 
-    Args:
-        model: an ``nn.Sequential`` whose top-level positions are the blocks (a module placed at several
-            positions is a block at each of them).
-        D: number of stages, 1 <= D <= len(model).
-        balance: ``"layers"`` (equal block counts, extra blocks to the later stages), ``"params"`` (minimise
-            the largest stage's parameter count), D integers (explicit block counts), or one float cost per
-            block (minimise the largest stage cost, e.g. profiled time).
-
-    Returns:
-        D ``nn.Sequential`` stages whose composition equals ``model``.
-
-    Raises:
-        ValueError: bad D or balance, or a parameter shared by blocks of two stages (:func:`check_unshared`).
-
-    Example:
-        >>> model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(10)])
-        >>> [len(s) for s in split(model, 4)]
-        [2, 2, 3, 3]
+    ``balance``: ``"layers"`` (equal block counts, extras to the later stages), ``"params"`` (minimise the largest
+    stage's parameter count), D integers (explicit counts), or one float cost per block. A module at several
+    positions is a block at each; a parameter shared by two stages is refused (:func:`check_unshared`).
     """
     sizes = stage_sizes(model, D, balance)
     # every position of the Sequential: children() would list a module used at several positions only once
@@ -158,17 +130,9 @@ def split(model: nn.Sequential, D: int,
 def check_unshared(blocks: Sequence[nn.Module], stage_of: Sequence[int], what: str = "block") -> None:
     """Refuse a parameter that blocks of two different stages share (one module at two positions, tied weights).
 
-    A pipeline gives stage k its own copy of its weights, its own optimizer and its own weight versions
-    W_k^(v); a parameter in two stages would be updated twice per step and read at two different versions,
-    so no pipeline reproduces training of the shared model. Sharing within one stage (and sharing a
-    parameter-free module such as one ``nn.ReLU()`` anywhere) is fine.
-
-    Args:
-        blocks: the modules in model order; ``stage_of[i]``: the stage of ``blocks[i]``.
-        what: how to name a position in the error ("block" of the model, or "stage" module).
-
-    Raises:
-        ValueError: naming the two positions and their stages.
+    Each stage has its own weights, optimizer and versions W_k^(v): a shared parameter would be updated twice per
+    step and read at two versions. Sharing within one stage, or a parameter-free module, is fine.
+    ``what``: how the error names a position ("block" of the model, or "stage" module).
     """
     owner: dict[int, tuple[int, int]] = {}
     for i, (block, k) in enumerate(zip(blocks, stage_of)):

@@ -1,18 +1,9 @@
 """Weight-staleness policies: which weights each forward and backward job of a pipeline uses.
 
-A policy maps every job of the version table (stage k, step t, micro-batch j) to a *weight spec* for its
-forward (F) and its backward (B):
-
-- :class:`Stored` ``(v)``: the stored version ``W_k^(v)``; when ``v`` is beyond the version current at
-  the job's turn (only the oracle asks for that) the job waits until the version exists;
-- :class:`Predicted` ``(base, s)``: a predictor's estimate of ``W_k^(base+s)`` made from version
-  ``base`` with the stage optimizer's state; ``kind="correction"`` is PipeMare's discrepancy correction
-  ``W_k^(base) + s·δ_k`` with ``s < 0`` (δ the EMA of recent weight differences).
-
-The version difference ``s`` always comes from the version table (``cur``: version current when the job
-runs, ``upd``: the update version, the one its update applies its gradient to), never from rank arithmetic;
-the papers' formulas (PipeOptim ``s = D−k−1``; SpecTrain ``⌊k/2⌋+D−k−1`` forward, ``⌊k/2⌋`` backward) are
-what the table gives for asynchronous 1F1B and are compared in the tests.
+A policy maps every job (stage k, step t, micro-batch j) to a :class:`Stored` version or a :class:`Predicted`
+one. The version difference ``s`` always comes from the version table (``cur``: version current when the job
+runs; ``upd``: the version its update applies its gradient to), never from rank arithmetic; the papers'
+formulas are what the table gives for asynchronous 1F1B (compared in the tests).
 
 | policy          | forward of (k, t, j)          | backward of (k, t, j)             | copies (async 1F1B, M=1)  |
 |-----------------|-------------------------------|-----------------------------------|---------------------------|
@@ -30,14 +21,7 @@ what the table gives for asynchronous 1F1B and are compared in the tests.
 | error_feedback  | as its base (default 2bw)     | as its base; gradient corrected   | base's                    |
 | dc_asgd         | as its base (default stashing)| as its base; gradient corrected   | base's + 1                |
 
-R(k, t, j) is the version of stage k current when the micro-batch's round trip ends (its backward at
-stage 0 starts): SpecTrain predicts "the weights at the end of the round trip" at every stage. PipeMare
-also rescales the learning rate of stage k at step t by ``τ_k^(−(1−min(t/K, 1)))`` with ``τ_k`` the
-stage's largest forward staleness (from the table) and K the annealing steps.
-
-Example:
-    >>> make_policy("stashing").describe()
-    'stashing: forward at cur(F), backward at the same stashed version (PipeDream weight stashing)'
+R(k, t, j): stage k's version when the micro-batch's round trip ends (its backward at stage 0 starts).
 
 References: PipeDream (Narayanan et al., SOSP 2019: weight stashing, vertical sync); PipeDream-2BW
 (Narayanan et al., ICML 2021); SpecTrain (Chen et al., arXiv:1809.02839, eqs. 4–6); PipeOptim (Guan et
@@ -45,10 +29,6 @@ al., arXiv:2312.00839, eqs. 4–5, Alg. 1); PipeMare (Yang et al., MLSys 2021, l
 and discrepancy correction); Nesterov for asynchronous PP (Ajanthan et al., ICML 2025, arXiv:2505.01099);
 error feedback for delayed gradients (Zmushko et al., arXiv:2606.30634; see :class:`ErrorFeedbackPolicy` for the
 rule implemented); DC-ASGD (Zheng et al., ICML 2017).
-
-Gradient corrections (error feedback, DC-ASGD) act through :meth:`Policy.correct_gradient`, which the stage
-executor calls with the step's accumulated gradient just before ``optimizer.step()``; optimizers a policy
-cannot serve are refused by :meth:`Policy.check_optimizer` (called by :func:`pipelab.pipeline.build_pipeline`).
 """
 
 from __future__ import annotations
@@ -105,17 +85,10 @@ WeightSpec = Stored | Predicted
 
 @dataclass
 class GradientContext:
-    """What :meth:`Policy.correct_gradient` knows about the update U(k, t) it corrects the gradient of.
+    """What :meth:`Policy.correct_gradient` knows about the update U(k, t): ``weights_now`` is ``W_k^(version)``.
 
-    Attributes:
-        stage, step: k and t.
-        version: the version current at the update, so ``weights_now`` is ``W_k^(version)``.
-        used_versions: per micro-batch j, the version its backward's weights stood for (a stored version, or the
-            target ``base + s`` of a prediction); ``version − used_versions[j]`` is the job's gradient staleness.
-        weights_now: the stage's weights at the update (before the step), in ``named_parameters`` order.
-        weights_used: the mean over the step's micro-batches of the weights their backwards used (only for a
-            policy with ``keeps_backward_weights``; ``None`` otherwise).
-        state: the policy's per-stage state, kept by the executor across steps (and in its checkpoints).
+    ``used_versions``: per micro-batch, the version its backward's weights stood for; ``weights_used``: their mean
+    (``keeps_backward_weights`` only); ``state``: the policy's per-stage state, kept across steps and checkpoints.
     """
 
     stage: int
@@ -137,28 +110,12 @@ SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "pipedream", "2bw")
 
 
 class Policy:
-    """Base class. Subclasses set the class attributes and the rule, :meth:`versions`.
+    """Base class: the class attributes are the one source of a policy's label, schedule family and needs.
 
-    The class attributes are the one source of a policy's label, schedule family and needs: figures, the
-    learning-curve arms and the ``pipelab.studies.run`` choices read them from ``make_policy(name)``.
-
-    Class attributes:
-        name, title: registry name and legend label (figures and tables print ``title``).
-        schedule: the schedule family the policy is meant for, one of :data:`SCHEDULE_FAMILIES`
-            (``"sequential"``: no pipeline; ``"gpipe"``, ``"1f1b"``: flushed; ``"pipedream"``: PipeDream's
-            asynchronous 1F1B, one update per mini-batch; ``"2bw"``: PipeDream-2BW).
-        synchronous: the policy requires a schedule without staleness (checked against the table).
-        uses_predictor: the policy's specs include :class:`Predicted` (a predictor must be given).
-        default_predictor: predictor name used when none is given.
-        emulation_only: the policy needs weights no real pipeline has yet (the oracle): it runs in the
-            emulator only and is no learning-curve arm.
-        summary: one line for :meth:`describe`.
-        optimizers: names of the ``torch.optim`` classes the policy serves (``None``: any); others are refused
-            by :meth:`check_optimizer` with this list.
-        corrects_gradient: the executor calls :meth:`correct_gradient` before each optimizer step.
-        keeps_backward_weights: the executor keeps the mean backward weights of each step in flight (one
-            weight-sized buffer per step) for :attr:`GradientContext.weights_used`.
-        prediction: the :attr:`Predicted.kind` of the policy's predictions (PipeMare: ``"correction"``).
+    ``schedule`` is one of :data:`SCHEDULE_FAMILIES`; ``synchronous`` policies need a schedule without staleness;
+    ``emulation_only`` ones (the oracle) need weights no real pipeline has yet; ``optimizers`` lists the
+    ``torch.optim`` classes served (``None``: any); ``corrects_gradient`` makes the executor call
+    :meth:`correct_gradient`, and ``keeps_backward_weights`` keep :attr:`GradientContext.weights_used`.
     """
 
     name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
@@ -185,13 +142,10 @@ class Policy:
                                  "prediction policy for asynchronous schedules")
 
     def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
-        """The rule: ``(base, target)`` of the weights the forward (``op="F"``) or backward (``"B"``) of micro-batch
-        (k, t, j) uses, read from the version table's arrays.
+        """The rule: ``(base, target)`` of the weights the forward (``"F"``) or backward of job (k, t, j) uses.
 
-        ``target`` is the version the weights stand for, ``base`` the stored version they are made from: equal for
-        a stored version (:class:`Stored`), else a prediction of ``W^(target)`` from ``W^(base)`` (:class:`Predicted`
-        of kind :attr:`prediction`). k, t and j are ints, or integer arrays that broadcast together: the pipeline's
-        set-up asks for every job at once (``numpy.ogrid`` over [D, T, M]).
+        ``target`` is the version the weights stand for, ``base`` the stored one they are made from (equal: a
+        :class:`Stored`). k, t, j may be integer arrays that broadcast (the set-up asks for all jobs at once).
         """
         raise NotImplementedError
 
@@ -221,11 +175,7 @@ class Policy:
         """Adjust stage k's freshly built optimizer before training (nothing unless the policy says so)."""
 
     def correct_gradient(self, ctx: GradientContext, grads: list[Tensor]) -> list[Tensor]:
-        """The gradient handed to the optimizer for U(k, t), from the step's accumulated gradient (identity).
-
-        Called by the stage executor only for a policy with ``corrects_gradient``; ``grads`` is in
-        ``named_parameters`` order and may be modified in place.
-        """
+        """The gradient handed to the optimizer for U(k, t) (identity); ``grads`` may be modified in place."""
         return grads
 
     def extra_buffers(self, stage: int, D: int) -> int:
@@ -233,14 +183,11 @@ class Policy:
         return 0
 
     def correction_buffers(self, stage: int, D: int) -> int:
-        """Weight-sized buffers a gradient correction keeps on every stage with parameters, across steps (error
-        feedback's previous gradient, DC-ASGD's backward weights W_used); 0 for a policy that corrects nothing.
-        The emulator's :attr:`~pipelab.emulator.Emulator.weight_copies` counts them."""
+        """Weight-sized buffers a gradient correction keeps on every stage across steps (counted by the emulator)."""
         return 0
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """Weight-sized copies the policy's paper says stage k holds (PipeOptim's Table II "weights memory" in
-        units of one stage's weights), to set beside the copies the emulator measures; ``None``: not stated."""
+        """Weight copies the policy's paper says stage k holds (PipeOptim's Table II); ``None``: not stated."""
         return None
 
     def describe(self) -> str:
@@ -309,8 +256,7 @@ class Stashing(Policy):
         return v, v
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """D − k: stage k stashes the versions of its D − k micro-batches in flight (PipeOptim Table II:
-        PipeDream's weights memory ranges from M_θ to D·M_θ)."""
+        """D − k: the versions of the micro-batches in flight (PipeOptim Table II: M_θ to D·M_θ)."""
         return D - stage
 
 
@@ -326,18 +272,10 @@ class VerticalSync(Policy):
 
 
 class TwoBW(Policy):
-    """PipeDream-2BW: every job of step t, at every stage, uses the version stage 0 had when step t began.
+    """PipeDream-2BW: every job of step t, at every stage, uses ``cur(F(0, t, 0))``, the version stage 0 had then.
 
-    The 2BW rule (Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021, §3.1) is
-    ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` at every stage: a new version is made every M micro-batches and is
-    used by the micro-batches that enter the pipeline after it exists, at every stage, so each stage keeps
-    two versions. The version comes from the table: ``cur(F(0, t, 0))``, the input stage's version at step
-    t's first forward, which is t − 1 (t ≥ 1) on :func:`~pipelab.schedules.pipedream_2bw` with M ≥ D.
-
-    Args:
-        rule: ``"paper"`` (default, the 2BW rule above) or ``"stage_first"``: each stage uses the version
-            current at its *own* first forward of step t. That variant is **not 2BW** (the last stage is
-            then never stale, the others have staleness 1); it is kept only to measure the difference.
+    ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` (Narayanan et al., ICML 2021, §3.1). ``rule="stage_first"`` (each stage's
+    own first forward of step t) is **not 2BW**, kept only to measure the difference.
     """
 
     name, title, schedule = "2bw", "PipeDream-2BW", "2bw"
@@ -386,13 +324,7 @@ class _PredictingPolicy(Policy):
 
 
 class SpecTrainPolicy(_PredictingPolicy):
-    """SpecTrain: forward and backward at weights predicted for the end of the micro-batch's round trip.
-
-    Args:
-        staleness: ``"table"`` (default): the target R(k, t, j) is the version of stage k when the
-            micro-batch's backward at stage 0 starts, read from the version table; ``"paper"``: the
-            paper's formulas s = ⌊k/2⌋ + D − k − 1 (forward) and ⌊k/2⌋ (backward).
-    """
+    """SpecTrain: both passes predicted for the round trip's end (``"paper"``: s = ⌊k/2⌋ + D − k − 1, ⌊k/2⌋)."""
 
     name, title = "spectrain", "SpecTrain"
     uses_predictor = True
@@ -410,13 +342,8 @@ class SpecTrainPolicy(_PredictingPolicy):
         return 2
 
 
-
 class PipeOptimPolicy(_PredictingPolicy):
-    """PipeOptim: forward at weights predicted for the job's own update; backward at the current version.
-
-    Args:
-        staleness: ``"table"`` (default: s = upd(k, t) − cur(F)) or ``"paper"`` (s = D − k − 1, eq. 4).
-    """
+    """PipeOptim: forward predicted s = upd(k, t) − cur(F) ahead (``"paper"``: D − k − 1, eq. 4); backward at cur(B)."""
 
     name, title = "pipeoptim", "PipeOptim"
     uses_predictor = True
@@ -432,22 +359,16 @@ class PipeOptimPolicy(_PredictingPolicy):
         return base, table.update_version[k, t]
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """Two below the last stage (the cached weights and the predicted ones), one on the last stage, which
-        predicts nothing (PipeOptim Table II: [M_θ, 2·M_θ]; Algorithm 1, line 4)."""
+        """2 below the last stage (cached and predicted weights), 1 on it (Table II; Algorithm 1, line 4)."""
         return 2 if stage < D - 1 else 1
 
 
 class PipeMarePolicy(Policy):
     """PipeMare: learning-rate rescheduling plus discrepancy correction of the backward weights.
 
-    Forward at cur(F) (no stash). Backward at ``W^(cur(B)) − (cur(B) − cur(F))·δ_k`` where δ_k is the
-    EMA of stage k's weight differences, ``δ ← γδ + (1−γ)(W_{v+1} − W_v)`` (the ``pipemare`` predictor):
-    an estimate of the forward weights without storing them. Stage k's learning rate at step t is
-    ``α_t · τ_k^(−(1 − min(t/K, 1)))``, τ_k = max(1, largest forward staleness of stage k in the table).
-
-    Args:
-        anneal_steps: K, the number of steps over which the rescaling fades out (K = 0: no rescaling).
-        correction: apply the discrepancy correction (``False``: backward at cur(B), i.e. vanilla + LR).
+    Backward at ``W^(cur(B)) − (cur(B) − cur(F))·δ_k``, ``δ ← γδ + (1−γ)(W_{v+1} − W_v)`` (``correction=False``:
+    at cur(B)); stage k's lr at step t is ``α_t · τ_k^(−(1 − min(t/K, 1)))``, τ_k = max(1, its largest forward
+    staleness), K = ``anneal_steps`` (0: no rescaling).
     """
 
     name, title = "pipemare", "PipeMare"
@@ -484,10 +405,7 @@ class PipeMarePolicy(Policy):
         return 1 if self.correction else 0
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """The weights plus the velocity δ with the correction (two), the weights alone without or on the last
-        stage, which has no delay to correct (PipeMare, Yang et al. 2021: the correction needs one extra
-        weight-sized buffer and no stashed versions). The corrected backward weights themselves are a further
-        temporary copy the paper does not count, and the emulator does."""
+        """Weights plus δ with the correction (2), else or on the last stage 1 (Yang et al. 2021)."""
         return 2 if self.correction and stage < D - 1 else 1
 
     def options(self) -> dict:
@@ -495,10 +413,7 @@ class PipeMarePolicy(Policy):
 
 
 class Oracle(Policy):
-    """The true future weights: every job uses W^(upd(k, t)), the update version; jobs wait for them (emulation only).
-
-    On any schedule this is sequential training, which checks the emulator's machinery.
-    """
+    """The true future weights W^(upd(k, t)), waited for (emulation only): sequential training on any schedule."""
 
     name, title = "oracle", "oracle (true future weights)"
     emulation_only = True
@@ -512,36 +427,14 @@ class Oracle(Policy):
 class NesterovAsyncPolicy(Policy):
     """Nesterov method for asynchronous pipelines (Ajanthan et al., ICML 2025): NAdam with a large β1, no flush.
 
-    The paper replaces the gradient at Nesterov's look-ahead point by the delayed gradient of the asynchronous
-    pipeline and runs the stage optimizer ``torch.optim.NAdam`` (Dozat 2016), whose update already contains the
-    look-ahead: with ``μ_t`` NAdam's momentum schedule,
+    The look-ahead is in NAdam's update (Dozat 2016), not a weight extrapolation, so nothing is predicted:
 
         m_t = β1·m_{t−1} + (1 − β1)·g̃_t,
         W^(t+1) = W^(t) − lr·[μ_{t+1}·m_t/(1−Πμ_{≤t+1}) + (1−μ_t)·g̃_t/(1−Πμ_{≤t})]/(√v̂_t + ε)
 
-    with ``g̃_t`` the step's delayed gradient. The look-ahead is therefore no weight extrapolation: the
-    forward runs at the current weights ``cur(F)`` and nothing is predicted (``Predicted`` specs are unused).
-
-    Where the sources differ (read for this policy: the public code, github.com/PluralisResearch/AsyncPP,
-    mirrored as sukrucildirr/AsyncPP; the paper's full text could not be read here, only its abstract):
-
-    - backward weights: the code keeps PipeDream's ring of ``warmup + 1`` versions and calls
-      ``load_old_params()`` before every backward, which is recomputed (``--recompute``) at the version the
-      micro-batch's forward used: **weight stashing**, ``backward="stashed"`` (default). The issue describes
-      "no weight stashing, backward recomputed at the current weights": ``backward="current"`` (vanilla's
-      backward at ``cur(B)``, one weight copy).
-    - β1: the code's run script uses NAdam with ``betas=(0.99, 0.999)`` (pass that optimizer); its
-      ``--adaptive_momentum`` option raises β1 with the stage's delay, ``β1_k = β1 + τ_k·(β_max − β1)/D`` with
-      ``τ_k`` the stage's number of versions minus one (D − k − 1 on asynchronous 1F1B), here read from the
-      version table as the stage's largest forward staleness: ``adaptive_momentum=True``.
-
-    Optimizers: ``NAdam`` (the paper's), or ``SGD`` with ``nesterov=True`` (Nesterov's accelerated gradient
-    itself, the method the paper adapts); anything else is refused.
-
-    Args:
-        backward: ``"stashed"`` (default, the public code) or ``"current"`` (the issue's description).
-        adaptive_momentum: raise β1 (NAdam) or the momentum (SGD) of stage k with its delay as above.
-        beta_max: β_max of the adaptive rule (the code's 0.99).
+    As the public code (github.com/PluralisResearch/AsyncPP) runs it: ``backward="stashed"`` recomputes at the
+    forward's version (``"current"``: the issue's vanilla backward); ``adaptive_momentum``:
+    ``β1_k = β1 + τ_k·(β_max − β1)/D``, τ_k the stage's largest forward staleness.
     """
 
     name, title = "nesterov_async", "Nesterov (async PP)"
@@ -585,7 +478,7 @@ class NesterovAsyncPolicy(Policy):
                 group["momentum"] = self.momentum_for(float(group["momentum"]), stage, table)
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """D − k with the stashed backward (the code's PipeDream ring), one with ``backward="current"``."""
+        """D − k with the stashed backward (the code's ring), one with ``"current"``."""
         return D - stage if self.backward_rule == "stashed" else 1
 
     def options(self) -> dict:
@@ -616,36 +509,18 @@ class _CorrectingPolicy(Policy):
         return self.base.versions(table, op, k, t, j)
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        return self.base.stated_weight_copies(stage, D)
+        """The base policy's copies plus :meth:`correction_buffers`."""
+        base = self.base.stated_weight_copies(stage, D)
+        return None if base is None else base + self.correction_buffers(stage, D)
 
 
 class ErrorFeedbackPolicy(_CorrectingPolicy):
     """Feedback of the delayed gradient's drift: ``g̃_t = g_t + γ·s_t·(g_t − g_{t−1})`` (a substitute, see below).
 
-    **Not the rule of arXiv:2606.30634.** That paper (Zmushko et al., "One-Step Gradient Delay is Not a Barrier
-    for Large-Scale Asynchronous Pipeline Parallel LLM Pretraining", ICML 2026) introduces an "Error
-    Feedback-inspired", optimizer-agnostic correction for PipeDream-2BW's one-step delay; only its abstract and
-    summaries could be found here (they say it "mixes recent delayed updates"), not its formula or code. This
-    policy implements a standard, citable correction of that kind instead, to be replaced by the paper's once
-    its text is at hand:
-
-    g_t, the step's accumulated gradient, was computed at weights ``s_t`` versions old
-    (``s_t = version − mean_j used_j``, from the version table through the backward specs), so to first order
-    ``∇f(W^(t)) ≈ g_t + H·(W^(t) − W^(t−s))`` and ``g_t − g_{t−1} ≈ H·(W^(t−s) − W^(t−s−1))``; feeding the last
-    change of the delivered gradient back ``s_t`` times extrapolates the gradient sequence to the current
-    weights. With ``s = 1, γ = 1`` this is the optimistic gradient ``2g_t − g_{t−1}`` of optimistic mirror
-    descent with the last gradient as the hint (Rakhlin & Sridharan, COLT 2013; Daskalakis et al., "Training
-    GANs with Optimism", ICLR 2018); that a delayed gradient is an error-feedback residual is Stich &
-    Karimireddy, "The Error-Feedback Framework: Better Rates for SGD with Delayed Gradients and Compressed
-    Updates", JMLR 2020. The corrected gradient goes to the user's optimizer unchanged (any ``torch.optim``
-    optimizer: the correction is optimizer-agnostic). ``g_{t−1}`` is the previous step's *uncorrected*
-    gradient (one weight-sized buffer); the first step and steps with ``s_t = 0`` are not corrected, so a
-    run without delay is plain training.
-
-    Args:
-        base: the weight rule corrected: ``"2bw"`` (default, the paper's PipeDream-2BW), ``"stashing"``,
-            ``"vanilla"``.
-        gamma: γ, the feedback strength (1: the full first-order extrapolation).
+    **Not the rule of arXiv:2606.30634** (Zmushko et al., ICML 2026), whose formula could not be found. With
+    ``s_t`` the gradient's staleness, ``g_t − g_{t−1} ≈ H·(W^(t−s) − W^(t−s−1))``, so this extrapolates the gradient
+    to the current weights; ``s = γ = 1`` is the optimistic gradient ``2g_t − g_{t−1}`` (Rakhlin & Sridharan, COLT
+    2013; Daskalakis et al., ICLR 2018; Stich & Karimireddy, JMLR 2020). ``g_{t−1}`` is uncorrected.
     """
 
     name, title = "error_feedback", "error feedback (gradient extrapolation)"
@@ -666,13 +541,8 @@ class ErrorFeedbackPolicy(_CorrectingPolicy):
         return [g + scale * (g - p) for g, p in zip(grads, prev)]
 
     def correction_buffers(self, stage: int, D: int) -> int:
-        """One: the previous step's gradient ``g_{t−1}``, kept from one update to the next."""
+        """One: the previous step's gradient ``g_{t−1}``."""
         return 1
-
-    def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """The base policy's copies plus the previous gradient (:meth:`correction_buffers`)."""
-        base = self.base.stated_weight_copies(stage, D)
-        return None if base is None else base + self.correction_buffers(stage, D)
 
     def options(self) -> dict:
         return {"base": self.base_name, "gamma": self.gamma}
@@ -681,22 +551,9 @@ class ErrorFeedbackPolicy(_CorrectingPolicy):
 class DelayCompensationPolicy(_CorrectingPolicy):
     """DC-ASGD: ``g̃ = g + λ·g⊙g⊙(W_now − W_used)`` (Zheng et al., ICML 2017, Eq. 10 and Algorithm 1).
 
-    The delayed gradient g computed at ``W_used`` is moved to the weights ``W_now`` it is applied to by a
-    first-order Taylor step whose Hessian is approximated by the outer product's diagonal ``λ·g⊙g``.
-    ``W_now`` is the stage's version current at its update U(k, t) and ``W_used`` the weights the backward of
-    the step's micro-batches used (the base policy's backward specs, from the version table). With M
-    micro-batches per step, ``g = Σ_j g_j`` is the mini-batch gradient and ``W_used`` the mean of the
-    micro-batches' backward weights, ``(1/M)·Σ_j W^(used_j)`` (each micro-batch carries 1/M of the loss); when
-    they all used one version (every flushed or stashed step with M = 1, and PipeDream-2BW) this is the
-    paper's rule exactly, and without delay the correction vanishes.
-
-    Args:
-        base: the weight rule corrected: ``"stashing"`` (default: every gradient is exact at one version, as a
-            parameter-server worker's), ``"vanilla"``, ``"2bw"``.
-        lam: λ of DC-ASGD-c (the paper's constant variant; 0.04 as in its experiments and MXNet's ``DCASGD``).
-        adaptive: DC-ASGD-a: ``λ_t = λ0/√(MS_t + ε)`` elementwise with ``MS_t = m·MS_{t−1} + (1−m)·g⊙g``
-            (``MS_0 = 0``), ``λ0 = lam0``, ``m = ms_decay``, ε = 1e-7.
-        lam0: λ0 of DC-ASGD-a (the paper's 2). ms_decay: m (the paper's 0.95).
+    A Taylor step with the Hessian approximated by ``λ·g⊙g``; ``W_used = (1/M)·Σ_j W^(used_j)`` (exact when the
+    micro-batches share one version). ``lam``: DC-ASGD-c's λ (0.04, the paper's and MXNet's); ``adaptive``:
+    DC-ASGD-a, ``λ_t = λ0/√(MS_t + ε)``, ``MS_t = m·MS_{t−1} + (1−m)·g⊙g`` (λ0 = ``lam0``, m = ``ms_decay``).
     """
 
     name, title = "dc_asgd", "DC-ASGD (delay compensation)"
@@ -727,14 +584,8 @@ class DelayCompensationPolicy(_CorrectingPolicy):
                 for g, lam, now, used in zip(grads, lams, ctx.weights_now, ctx.weights_used)]
 
     def correction_buffers(self, stage: int, D: int) -> int:
-        """``W_used`` (the sum of the step's backward weights, one weight-sized buffer: the paper's server keeps a
-        backup of the weights each worker pulled), plus the mean square ``MS`` of DC-ASGD-a."""
+        """``W_used`` (the paper's server keeps the pulled weights), plus ``MS`` of DC-ASGD-a."""
         return 1 + int(self.adaptive)
-
-    def stated_weight_copies(self, stage: int, D: int) -> int | None:
-        """The base policy's copies plus :meth:`correction_buffers`."""
-        base = self.base.stated_weight_copies(stage, D)
-        return None if base is None else base + self.correction_buffers(stage, D)
 
     def options(self) -> dict:
         return {"base": self.base_name, "lam": self.lam, "adaptive": self.adaptive, "lam0": self.lam0,
@@ -765,12 +616,7 @@ def available_policies() -> list[str]:
 
 
 def make_policy(name: str | Policy, **options: object) -> Policy:
-    """Build a policy by name (one of :data:`POLICIES`) with its options; a Policy is returned as is.
-
-    Example:
-        >>> make_policy("pipemare", anneal_steps=100)
-        PipeMarePolicy(anneal_steps=100, correction=True)
-    """
+    """Build a policy by name (one of :data:`POLICIES`) with its options; a Policy is returned as is."""
     if isinstance(name, Policy):
         if options:
             raise ValueError("options are only accepted with a policy name")

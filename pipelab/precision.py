@@ -1,43 +1,12 @@
 """Mixed precision of a pipeline run: compute dtype, autocast, fp32 masters, stored-version precision, loss scaling.
 
-A :class:`Precision` says how a pipeline computes (the one owner of the concept; :class:`~pipelab.pipeline.PipelineSpec`
-carries it to the emulator and the runtime alike):
-
-- **compute**: ``"fp32"`` (off: today's arithmetic, bit for bit), ``"bf16"`` or ``"fp16"``. With bf16/fp16 every
-  stage forward (and recompute) runs under ``torch.autocast`` on the stage's device, the loss included, and a
-  non-last stage's floating output is handed on in the compute dtype: activations and their gradients travel in
-  half precision.
-- **master weights and optimizer state** stay in the model's own dtype (fp32): gradients come back and accumulate
-  there, the ``torch.optim`` optimizer steps the masters, and predictors run on them (a half-precision base
-  version is upcast first).
-- **versions** (stored and predicted copies): ``"master"`` (default) keeps them in the master dtype, so a policy's
-  weights differ from its fp32 run only by the compute's rounding; ``"compute"`` keeps them in the compute dtype,
-  PipeDream-2BW's half-precision working copy (Narayanan et al., ICML 2021, §3): half the bytes, a bit-identical
-  forward for the ops autocast runs in half precision, rounded weights for those it keeps in fp32. A stage that
-  holds one version at a time (flushed schedules) stores none.
-- **loss scaling** (fp16 only): ``torch.amp.GradScaler``'s dynamic scale (:class:`LossScaling`). The last stage
-  seeds each backward with S, so every gradient is S·∇; U(k, t) multiplies by 1/S (S read as float32, its
-  reciprocal in float64, as GradScaler). If any stage's step-t gradient holds an inf/NaN, step t is skipped on
-  *every* stage (weights, optimizer state and ``p.grad`` untouched; the version counter and a learning-rate
-  scheduler still advance), S ← S·backoff; after ``growth_interval`` clean steps, S ← S·growth.
-
-The skip decision of step t needs every stage's step-t gradient. On *flushed schedules* every job using version
-t+1 runs after step t's last backward on all stages, so pipelab moves every U(·, t) to the flush
-(:func:`~pipelab.pipeline.loss_scale.defer_updates`) where the first U reads all stages' flags (emulator) or one
-``all_reduce(MAX)`` of them per step (runtime), as Megatron-LM and DeepSpeed all-reduce ``found_inf``. On
-*asynchronous schedules* (PipeDream, 2BW, zb_async) a later stage's U(k, t) runs, and its version is used, before
-stage 0 has finished step t; no decision there can know an earlier overflow without a flush, so fp16 loss scaling
-is refused there (``defer_updates`` names the first job that would use a version early): run them in bf16. (A
-per-stage scaler would let one stage skip a step the others took: a model no schedule describes.)
-
-Example:
-    >>> p = Precision("bf16")
-    >>> p.dtype, p.enabled, p.loss_scaling is None
-    (torch.bfloat16, True, True)
-    >>> Precision("fp16").loss_scaling
-    LossScaling(init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
-    >>> as_precision("float32") == Precision()
-    True
+With ``"bf16"``/``"fp16"`` stage forwards (and the loss) run under ``torch.autocast`` and activations travel in
+the compute dtype; masters, gradients and optimizer state stay fp32; versions stay in the master dtype, or in the
+compute dtype (``versions="compute"``, PipeDream-2BW's half-precision working copy, Narayanan et al., ICML 2021,
+§3). fp16's loss scale skips a step on *every* stage when any stage's gradient overflows, which needs all of
+step t's gradients: flushed schedules move every U(·, t) to the flush
+(:func:`~pipelab.pipeline.loss_scale.defer_updates`; one ``all_reduce(MAX)`` of the flags, as Megatron-LM and
+DeepSpeed); asynchronous ones are refused (use bf16).
 
 References: Micikevicius et al., "Mixed Precision Training", ICLR 2018 (fp32 masters, loss scaling);
 ``torch.amp.GradScaler`` (dynamic loss scale); Narayanan et al., ICML 2021 (PipeDream-2BW).
@@ -67,20 +36,14 @@ _VERSIONS = ("master", "compute")
 
 @dataclass(frozen=True)
 class LossScaling:
-    """A dynamic loss scale's settings, as ``torch.amp.GradScaler(init_scale, growth_factor, backoff_factor,
-    growth_interval)``; ``growth_factor=1`` gives a static scale (GradScaler requires > 1).
+    """A dynamic loss scale's settings, as ``torch.amp.GradScaler``'s; ``growth_factor=1``: a static scale.
 
-    Rule, per step t with scaled gradients g_k of every stage k (S read as float32)::
+    Per step t with scaled gradients g_k of every stage (S read as float32, 1/S in float64, as GradScaler)::
 
         overflow_t = any_k any(!isfinite(g_k))
         overflow_t:  skip step t on every stage;  S <- S * backoff_factor;  n <- 0
         otherwise:   W_k <- opt_step(W_k, g_k / S);  n <- n + 1
                      if n == growth_interval: S <- S * growth_factor;  n <- 0
-
-    Raises:
-        TypeError: ``init_scale``, ``growth_factor`` or ``backoff_factor`` not a number (a string or a bool).
-        ValueError: one of them NaN or ±inf, ``init_scale`` not > 0, ``growth_factor`` < 1, ``backoff_factor``
-            not in (0, 1], ``growth_interval`` not a positive int.
     """
 
     init_scale: float = 2.0 ** 16
@@ -112,16 +75,10 @@ class Precision:
     """How a pipeline computes: compute dtype, the precision of stored/predicted versions, fp16 loss scaling.
 
     Args:
-        compute: ``"fp32"`` (no autocast; the default, today's arithmetic bit for bit), ``"bf16"`` or ``"fp16"``
-            (aliases: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"half"``, or the dtype).
-        versions: ``"master"`` (stored and predicted copies in the master dtype; default) or ``"compute"`` (in
-            the compute dtype, PipeDream-2BW's half-precision working copy). See the module docstring.
-        loss_scaling: fp16's dynamic loss scale (default ``LossScaling()`` for fp16, GradScaler's defaults);
-            refused for fp32 and bf16.
-
-    Raises:
-        ValueError: an unknown compute or versions name; loss scaling with fp32/bf16.
-        TypeError: ``loss_scaling`` not a :class:`LossScaling`.
+        compute: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (aliases: ``"float32"``, ``"bfloat16"``,
+            ``"float16"``, ``"half"``, or the dtype).
+        versions: ``"master"`` (default) or ``"compute"`` (see the module docstring).
+        loss_scaling: fp16's dynamic loss scale (default ``LossScaling()``); refused for fp32 and bf16.
     """
 
     compute: str = "fp32"
@@ -212,10 +169,8 @@ def check_precision(precision: Precision | str | torch.dtype | None, device: tor
     """``precision`` as a :class:`Precision`, checked to run on ``device`` with masters of ``master_dtype``.
 
     Raises:
-        ValueError: an unknown precision name; bf16 on a CUDA device without bf16 support
-            (``torch.cuda.is_bf16_supported()``); bf16/fp16 where autocast cannot run that dtype on the
-            device's type (e.g. ``cuda`` without CUDA, or a CPU build whose autocast lacks fp16); bf16/fp16 with
-            master weights that are not float32 (autocast leaves float64 alone: that run would not be mixed).
+        ValueError: an unknown name; bf16 on a CUDA device without bf16 support; a dtype autocast cannot run on
+            the device type; bf16/fp16 with masters that are not float32 (autocast leaves float64 alone).
     """
     p = as_precision(precision)
     if p.dtype is None:
@@ -254,17 +209,11 @@ def tensor_bytes(tensors: Iterable[Tensor]) -> int:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the state tensors ``optimizer`` holds once every parameter has been stepped (scalar step counters
-    included): what a parameter's state holds now, and for a parameter without state yet what the same optimizer's
-    first step allocates for it.
+    """Bytes of ``optimizer``'s state tensors once every parameter has been stepped (step counters included).
 
-    ``torch.optim`` allocates state lazily, at a parameter's first step, so before it an Adam stage would count 0
-    bytes where it soon holds 2·4n. The first step's allocation is measured by stepping a twin optimizer (same class,
-    same param-group hyper-parameters) over ``meta``-device copies of those parameters with zero gradients: no
-    memory is allocated and neither the optimizer nor its parameters change.
-
-    Warns (and counts 0 for them) when the twin cannot be built or stepped, e.g. an optimizer class whose constructor
-    needs more than its param groups.
+    ``torch.optim`` allocates state at a parameter's first step, so for an unstepped parameter a twin optimizer is
+    stepped over ``meta``-device copies with zero gradients (nothing allocated, nothing changed). Warns and counts 0
+    when the twin cannot be built or stepped.
     """
     def state_of(states: Iterable[dict[Any, Any]]) -> int:
         return tensor_bytes(v for state in states for v in state.values() if torch.is_tensor(v))
@@ -294,17 +243,12 @@ def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, p
                   optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes stage k holds for its weights in ``precision`` (the model :attr:`PipelinePlan.weight_copies` counts).
 
-    With P the stage's parameter bytes in the master dtype and c the same in the versions' dtype
-    (``versions="compute"``: the compute dtype; else the master's), for ``copies`` = ring capacity V and
-    ``predicted`` = prediction buffers p (a predicted copy plus the policy's extra buffers; 0 if none):
+    With P the parameter bytes in the master dtype, c in the versions' dtype, V = ``copies``, p = ``predicted``:
 
-        masters = P;  versions = (V − 1)·P ("master": the newest version is the masters) or V·c ("compute": every
-        version is a working copy), and 0 when V = 1 (a flushed stage computes from its masters);
-        predicted = p·c;  optimizer_state = bytes of the optimizer's state tensors once stepped (fp32, as the
-        masters; :func:`optimizer_state_bytes`, so before the first step too);
-        total = their sum.
+        masters = P;  versions = 0 if V = 1, else (V − 1)·P ("master") or V·c ("compute");
+        predicted = p·c;  optimizer_state = :func:`optimizer_state_bytes`;  total = their sum.
 
-    Autocast's per-op casts of a weight are transient and not counted.
+    Autocast's per-op casts are transient and not counted.
     """
     master = tensor_bytes(params)
     vdtype = precision.version_dtype()

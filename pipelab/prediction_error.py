@@ -1,40 +1,10 @@
 """Prediction error of weight predictors along a real training run (RMSE and cosine vs staleness).
 
-Train a model normally with a ``torch.optim`` optimizer; every ``measure_every`` steps (the *origin* t)
-ask each predictor for ``Ŵ_{t+s}``, s = 1..S, and when step ``t+s`` has been taken compare with the
-true weights ``W_{t+s}``:
-
-- ``rmse[p, s, t] = sqrt(mean((Ŵ_{t+s} − W_{t+s})²))`` per layer and overall;
-- ``stale[s, t] = sqrt(mean((W_t − W_{t+s})²))`` (the stale weights a pipeline would use without
-  prediction, SpecTrain Fig. 8's reference curve); ``ratio = rmse / stale`` (< 1: prediction helps);
-- ``cosine[p, s, t] = cos(Ŵ_{t+s} − W_t, W_{t+s} − W_t)`` between predicted and true displacement.
-
-*Inside the pipeline* (:func:`measure_in_pipeline`):
-the same errors measured during real pipelined training in the exact emulator (asynchronous 1F1B), for the
-weights a predicting policy (PipeOptim, SpecTrain, PipeMare) hands to each job of stage k, against the version
-``base + s`` they stand for — s from the version table, i.e. each stage's real staleness — per layer, with the
-stale version ``W^(base)`` as baseline (:class:`InPipelineResult`, its ``rows()``).
-
-*Gradient corrections inside the pipeline* (the same :func:`measure_in_pipeline`, for a policy that corrects the
-delayed gradient instead of predicting weights: error feedback, DC-ASGD): at each update U(k, t) the step's
-accumulated gradient ``g`` (computed at the stale weights its backwards used, s versions old from the version
-table) and the corrected ``g̃`` the optimizer receives are both compared with the gradient the same mini-batch
-has at the weights the pipeline holds at that moment, ``∇f_t(W_now)`` (every stage at its live version), per
-layer: ``pred = rmse(g̃ − ∇f_t(W_now))``, ``stale = rmse(g − ∇f_t(W_now))``, so ``ratio < 1``: the correction
-moves the gradient toward the current weights' one.
-
-Memory stays bounded: the last S+1 weight versions live in a ring buffer (:class:`WeightRing`), and the
-pending predictions are at most ``P·S·⌈S/measure_every⌉`` weight copies (``P`` predictors).
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 10))
-    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    >>> data = [(torch.randn(16, 8), torch.randint(0, 10, (16,))) for _ in range(20)]
-    >>> res = measure_prediction_error(model, opt, data, ["stale", "spectrain"], max_s=2)
-    >>> res.rmse.shape   # predictors × s × origins × (layers + overall)
-    (2, 2, 19, 4)
+Every ``measure_every`` steps (origin t) each predictor gives ``Ŵ_{t+s}``, s = 1..S, compared with the true
+``W_{t+s}`` per layer and overall: ``rmse = sqrt(mean((Ŵ_{t+s} − W_{t+s})²))``, ``stale = sqrt(mean((W_t −
+W_{t+s})²))`` (no prediction), ``ratio = rmse / stale`` (< 1: prediction helps), ``cosine = cos(Ŵ_{t+s} − W_t,
+W_{t+s} − W_t)``. Inside a pipeline a correcting policy's ``g̃`` and raw ``g`` are compared with the gradient at
+the weights held at the update: ``pred = rmse(g̃ − ∇f_t(W_now))``, ``stale = rmse(g − ∇f_t(W_now))``.
 
 Reference: SpecTrain (Chen et al., arXiv:1809.02839) Fig. 8 measures the RMSE of predicted vs stale
 weights for s = 1, 2, 3; PipeOptim (Guan et al., arXiv:2312.00839) motivates the per-optimizer rules.
@@ -98,11 +68,8 @@ class PredictionErrorResult:
     """Errors of each predictor, staleness and origin step, per layer and overall (last layer index).
 
     Attributes:
-        predictors: predictor names (axis 0 of ``rmse``/``cosine``).
-        layers: layer names; index ``len(layers)`` of the last axis is the whole model ("overall").
-        origins: steps t at which predictions were made.
         rmse, cosine: ``[P, S, T, L+1]``; ``stale``: ``[S, T, L+1]`` (NaN where not measured).
-        loss: training loss per step; ``diverged_at``: first step with a non-finite loss, or None.
+        diverged_at: first step with a non-finite loss, or None.
     """
 
     predictors: list[str]
@@ -125,10 +92,7 @@ class PredictionErrorResult:
             return self.rmse / self.stale[None]
 
     def summary_ratio(self, skip_fraction: float = 0.1, *, per_layer: bool = False) -> np.ndarray:
-        """Time-averaged RMSE over time-averaged stale RMSE, the first ``skip_fraction`` of origins skipped.
-
-        Returns ``[P, S]`` for the whole model, or ``[P, S, L+1]`` with ``per_layer`` (last index: overall).
-        """
+        """Mean RMSE / mean stale RMSE after ``skip_fraction``: [P, S] (``per_layer``: [P, S, L+1])."""
         start = int(len(self.origins) * skip_fraction)
         sel = slice(None) if per_layer else -1
         with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
@@ -167,8 +131,7 @@ class _LayerSums:
 
     def compare(self, base: list[Tensor], params: Sequence[Tensor], predicted: list[list[Tensor]],
                 rmse: np.ndarray, stale: np.ndarray, cosine: np.ndarray) -> None:
-        """Write the errors of each predictor's ``predicted`` weights against ``params``, predicted from ``base``,
-        into the rows ``rmse`` and ``cosine`` (``[P, L+1]``) and ``stale`` (``[L+1]``)."""
+        """Write each predictor's errors against ``params`` (predicted from ``base``) into the rows given."""
         now = [q.detach() for q in params]
         true_disp = list(torch._foreach_sub(now, base))
         sq_true = self(_per_param_sq(true_disp))
@@ -193,17 +156,8 @@ def measure_prediction_error(
 ) -> PredictionErrorResult:
     """Train ``model`` on ``batches`` with ``optimizer`` and measure every predictor's error for s = 1..max_s.
 
-    Args:
-        model: the model (its parameters are the optimizer's).
-        optimizer: a supported ``torch.optim`` optimizer (see :func:`pipelab.predictors.supported_optimizers`).
-        batches: ``(x, y)`` mini-batches; one optimizer step each (a sized sequence fixes the origins).
-        predictors: registry names or predictor objects.
-        max_s: largest staleness S.
-        measure_every: predict at every ``measure_every``-th step.
-        loss_fn: ``loss_fn(model(x), y)``.
-
-    Returns:
-        A :class:`PredictionErrorResult`.
+    The last S+1 versions live in a :class:`WeightRing`; pending predictions are at most ``P·S·⌈S/measure_every⌉``
+    weight copies.
     """
     if not isinstance(max_s, int) or max_s < 1:
         raise ValueError(f"max_s must be a positive integer, got {max_s!r}")
@@ -274,25 +228,9 @@ CORRECTING_POLICIES = ("error_feedback", "dc_asgd")
 class InPipelineResult:
     """Errors of the weights a predicting policy used inside a pipelined run, per job and layer.
 
-    One *event* per job whose weights were measured: every forward F(k, t, j), and every backward whose weights
-    are a prediction (SpecTrain, PipeMare). Event i used ``Ŵ`` standing for version ``base + s`` of its stage
-    (``s = 0``: a stored version, no prediction); its errors per layer l of the stage are
-
-    - ``pred[i, l] = sqrt(mean((Ŵ − W^(base+s))²))`` over the layer's parameters (the policy's weights);
-    - ``stale[i, l] = sqrt(mean((W^(base) − W^(base+s))²))`` (the version the prediction started from, which a
-      non-predicting policy would use); NaN for layers outside the event's stage.
-
-    For a gradient-correcting policy (:data:`CORRECTING_POLICIES`) each event is an update U(k, t), op ``"G"``,
-    with s its gradient's staleness (rounded mean over the step's micro-batches), ``pred`` the error of the
-    corrected gradient and ``stale`` that of the uncorrected one, both against ``∇f_t(W_now)`` (module docstring).
-
-    Attributes:
-        policy, optimizer: names; ``D``: stages; ``steps``: mini-batches of the run (asynchronous 1F1B, M = 1).
-        layers: the model's top-level blocks with parameters (``nn.Sequential`` positions), in order;
-        layer_stage: the stage of each layer.
-        op, stage, step, s: per event: ``"F"``/``"B"``, stage k, step t of the job, version difference s.
-        pred, stale: ``[events, layers]`` RMSEs (above).
-        losses: training loss per step; ``diverged_at``: first non-finite step, or None.
+    One event per forward and per predicted backward, its weights ``Ŵ`` standing for version ``base + s``:
+    ``pred[i, l] = sqrt(mean((Ŵ − W^(base+s))²))``, ``stale[i, l] = sqrt(mean((W^(base) − W^(base+s))²))`` per layer
+    l of its stage (NaN elsewhere); a correcting policy's events are updates, op ``"G"``, s the rounded staleness.
     """
 
     policy: str
@@ -313,9 +251,7 @@ class InPipelineResult:
 
     @property
     def predicted_op(self) -> str:
-        """The job type whose weights the policy predicts: ``"F"`` (PipeOptim, SpecTrain), ``"B"`` (PipeMare's
-        corrected backward); ``"G"``: the update's gradient (a correcting policy); ``"F"`` when nothing is predicted
-        (D = 1)."""
+        """The op whose weights the policy predicts: "F", "B" (PipeMare) or "G" (a correcting policy)."""
         if self.op.size and np.all(self.op == "G"):
             return "G"
         return "F" if np.any((self.op == "F") & (self.s != 0)) or not np.any(self.s != 0) else "B"
@@ -343,29 +279,9 @@ def measure_in_pipeline(
 ) -> InPipelineResult:
     """Train ``model`` pipelined (exact emulator, asynchronous 1F1B with M = 1) and measure the policy's weights.
 
-    The run is :class:`pipelab.emulator.Emulator` with ``pipedream(D, 1, len(batches))``. Each job's weights are
-    observed through the stage's ``on_weights`` hook (the spec says which version ``base + s`` they stand for,
-    from the version table), and each stage's true versions ``W^(v)`` through a post-step hook on its
-    optimizer (version v: the weights after its v-th step). When stage k reaches version base + s, the errors of
-    the job's weights and of ``W^(base)`` against it are computed per layer (:class:`InPipelineResult`). Only
-    the versions still needed are kept.
-
-    A gradient-correcting policy (:data:`CORRECTING_POLICIES`, or a ``Policy`` with ``corrects_gradient``) runs on
-    its own schedule family instead, and its corrected and uncorrected gradients are measured against the gradient at
-    the current weights (op ``"G"``; module docstring).
-
-    Args:
-        model: an ``nn.Sequential`` (trained in place); its top-level positions are the layers.
-        batches: one ``(x, y)`` mini-batch per step.
-        policy: a predicting or correcting policy (a name in :data:`IN_PIPELINE_POLICIES` or
-            :data:`CORRECTING_POLICIES`, or such a ``Policy``).
-        optimizer: factory ``params -> torch.optim.Optimizer`` (one optimizer per stage).
-        D: number of stages; ``predictor``: the policy's predictor (default: its own);
-        loss_fn: ``(output, target) -> mean loss`` (default: the emulator's cross-entropy).
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Sequential``.
-        ValueError: a policy that neither predicts weights nor corrects gradients, or fewer than one batch.
+    Job weights come from the stages' ``on_weights`` hooks, true versions from post-step hooks on each optimizer;
+    only versions still needed are kept. A gradient-correcting policy runs on its own schedule family (op ``"G"``).
+    ``model`` must be an ``nn.Sequential`` (its positions are the layers); ``optimizer`` is a factory per stage.
     """
     from .emulator import Emulator
     from .policies import make_policy
@@ -409,8 +325,7 @@ _Event = tuple[str, int, int, int, np.ndarray, np.ndarray]
 
 def _observe_weights(emu: Any, batches: Sequence[tuple[Tensor, Tensor]], index: dict[int, tuple[Tensor, Tensor]],
                      L: int) -> tuple[list[_Event], Any]:
-    """Run ``emu``, observing every watched job's weights through the stages' ``on_weights`` hooks and each stage's
-    true versions through post-step hooks on its optimizer (see :func:`measure_in_pipeline`)."""
+    """Run ``emu``, observing watched jobs' weights (``on_weights``) and true versions (post-step hooks)."""
     D = emu.D
     def watched(op: str, spec: WeightSpec) -> bool:
         return op == "F" or isinstance(spec, Predicted)
@@ -490,8 +405,7 @@ def _observe_weights(emu: Any, batches: Sequence[tuple[Tensor, Tensor]], index: 
 
 
 def _layer_index(model: nn.Module, emu: Any) -> tuple[list[str], list[int], dict[int, tuple[Tensor, Tensor]]]:
-    """The model's top-level blocks with parameters (the layers), each one's stage, and per stage with parameters
-    ``(layer of each parameter, parameter count per layer)``."""
+    """The layers (top-level blocks with parameters), their stages, and per stage ``(layer of each param, count)``."""
     owner = {id(p): name.split(".")[0] for name, p in model.named_parameters()}
     layers = list(dict.fromkeys(owner[id(p)] for st in emu.stages for p in st.params))
     layer_stage = [next(st.k for st in emu.stages if any(owner[id(p)] == n for p in st.params)) for n in layers]
@@ -515,13 +429,10 @@ def _layer_rmse(index: tuple[Tensor, Tensor], L: int, a: Sequence[Tensor], b: Se
 
 def _observe_corrections(emu: Any, batches: Sequence[tuple[Tensor, Tensor]],
                          index: dict[int, tuple[Tensor, Tensor]], L: int) -> tuple[list[_Event], Any]:
-    """Run ``emu`` of a gradient-correcting policy (on its own schedule family: PipeDream-2BW with M = D, or
-    asynchronous 1F1B with M = 1), observing its corrections.
+    """Run ``emu`` of a gradient-correcting policy, recording ``g``, ``g̃`` and the reference at each U(k, t).
 
-    The policy's ``correct_gradient`` is observed for the run (an instance attribute over the method, removed
-    afterwards): at U(k, t) it records the uncorrected ``g`` and the corrected ``g̃``, and the reference
-    ``∇_{W_k} f_t`` of mini-batch t's mean loss through all stages at their live weights, i.e. the gradient
-    sequential training would take at the weights the pipeline holds when stage k applies its update.
+    ``correct_gradient`` is shadowed by an instance attribute for the run; the reference is mini-batch t's gradient
+    through all stages at their live weights: what sequential training would take at the update.
     """
     stages, pol = emu.stages, emu.policy
     events: list[_Event] = []

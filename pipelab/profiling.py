@@ -1,36 +1,10 @@
 """Stage profiler: measured per-stage costs of a model cut into pipeline stages, in the simulator's terms.
 
-For every stage k and one micro-batch x it measures (medians over ``reps`` after ``warmup`` discarded runs)
-
-    f_cost[k]  = time of F(k): the stage's forward from its input (stage 0..k−1 run beforehand, untimed)
-    b_cost[k]  = time of B(k): backward from the stage output (loss at the last stage, ones elsewhere)
-    i_cost[k], w_cost[k] = times of I(k) and W(k), the backward split (Qi et al., "Zero Bubble Pipeline
-                 Parallelism", ICLR 2024): the input gradient alone, keeping the graph, then the weight
-                 gradient from it (I at stage 0 has no input gradient to compute and costs ~0)
-    u_cost[k]  = time of U(k): one ``optimizer.step()`` of the stage's parameters
-    copy_cost[k] = time to clone the stage's weights (a weight version kept by a stash / version ring)
-
-and the sizes ``activation_bytes[k]`` (what the stage saves for its backward per micro-batch: its saved
-tensors, parameters excluded, each storage once) and ``weight_bytes[k]`` (its parameters). The result is
-what :func:`pipelab.simulator.simulate` takes: ``simulate(schedule, **profile.costs())`` (F, B, U costs and
-sizes; I/W too), or ``simulate(schedule, profile=profile)`` via :func:`~pipelab.simulator.costs_from_profile`
-(F, B and sizes). :func:`transfer_times` measures the one-way time of an activation between neighbouring
-ranks of a ``torch.distributed`` group (ping-pong / 2), the simulator's ``transfer_cost``.
-
-The stages are never modified: a copy of each is profiled. Costs are wall-clock seconds, so they vary
-from run to run; sizes are exact and repeat.
-
-Example:
-    >>> import torch
-    >>> from pipelab import split, simulate
-    >>> from pipelab.schedules import one_f_one_b
-    >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10)])
-    >>> stages = split(model, 2)
-    >>> prof = profile_stages(stages, torch.randn(4, 8), torch.randint(0, 10, (4,)), reps=3)
-    >>> len(prof.f_cost), prof.weight_bytes == [sum(p.numel() * 4 for p in s.parameters()) for s in stages]
-    (2, True)
-    >>> simulate(one_f_one_b(2, 4), **prof.costs()).makespan > 0
-    True
+Per stage and micro-batch, medians over ``reps`` after ``warmup`` runs: ``f_cost`` (F from the stage input,
+earlier stages untimed), ``b_cost`` (B from the loss at the last stage, ones elsewhere), ``i_cost``/``w_cost``
+(the split backward, Qi et al., ICLR 2024; stage 0's I costs ~0), ``u_cost`` (one ``optimizer.step()``),
+``copy_cost`` (cloning the weights); and the exact ``activation_bytes`` (saved tensors, parameters excluded,
+each storage once) and ``weight_bytes``. Copies of the stages are profiled.
 
 References: PipeDream (Narayanan et al., SOSP 2019, §3.1: profile each layer's compute time, activation
 and weight sizes, then plan the pipeline from them).
@@ -75,11 +49,7 @@ class StageCosts:
 
 @dataclass(frozen=True)
 class StageProfile:
-    """Per-stage costs of a pipeline (lists of D values; see the module docstring for what each measures).
-
-    Its attributes carry the names :func:`pipelab.simulator.costs_from_profile` reads (``f_cost``,
-    ``b_cost``, ``activation_bytes``, ``weight_bytes``); :meth:`costs` adds ``u_cost``.
-    """
+    """Per-stage costs (lists of D values), named as :func:`pipelab.simulator.costs_from_profile` reads."""
 
     f_cost: list[float]
     b_cost: list[float]
@@ -147,24 +117,10 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
                   loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
                   optimizer: OptimizerFactory | None = None, reps: int = 20, warmup: int = 3,
                   input_grad: bool = True) -> StageCosts:
-    """Measure one stage for the micro-batch input ``x`` (a copy of ``stage`` is profiled, ``stage`` is kept).
+    """Measure one stage for the micro-batch input ``x``, on ``x``'s device (a copy of ``stage`` is profiled).
 
-    Args:
-        stage: the stage module, on the device it should be timed on (``x``'s device).
-        x: the stage's input for one micro-batch.
-        target: labels for the last stage (its backward starts from ``loss_fn(out, target)``); ``None``
-            for other stages (backward from a gradient of ones, the shape of the output).
-        loss_fn: loss of the last stage.
-        optimizer: factory ``params -> torch.optim.Optimizer`` whose ``step`` is timed (default: SGD,
-            lr 1e-3; the learning rate does not change the time).
-        reps, warmup: timed repetitions (median) and discarded runs before them.
-        input_grad: the stage's input requires a gradient (every stage but the first in a pipeline).
-
-    Returns:
-        :class:`StageCosts`.
-
-    Raises:
-        TypeError: ``stage`` is not a module or ``x`` not a tensor. ValueError: bad ``reps``/``warmup``.
+    ``target``: labels at the last stage (else the backward starts from ones); ``optimizer``: the factory whose
+    ``step`` is timed (default SGD); ``input_grad``: the input needs a gradient (every stage but the first).
     """
     if not isinstance(stage, nn.Module):
         raise TypeError(f"stage must be a torch.nn.Module, got {type(stage).__name__}")
@@ -222,21 +178,8 @@ def profile_stages(stages: Sequence[nn.Module], x: Tensor, target: Tensor, *,
                    threads: int | None = None) -> StageProfile:
     """Profile every stage of a pipeline in this process for one micro-batch ``(x, target)``.
 
-    Stage k's input is the output of stages 0..k−1 on ``x`` (computed once, untimed); each stage is then
-    measured by :func:`profile_stage` (stage 0 without an input gradient, the last one from the loss).
-
-    Args:
-        stages: the D stage modules, e.g. from :func:`pipelab.partition.split`, on ``x``'s device.
-        x, target: one micro-batch (input of stage 0, labels of the last stage).
-        loss_fn, optimizer, reps, warmup: as in :func:`profile_stage`.
-        threads: intra-op threads while profiling (:func:`pipelab.threads.torch_threads`; ``None``: as is).
-            A pipeline worker usually runs with one.
-
-    Returns:
-        :class:`StageProfile`; ``simulate(schedule, **profile.costs())`` forecasts the schedule.
-
-    Raises:
-        TypeError: ``stages`` is not a non-empty sequence of modules; ValueError: bad ``reps``/``warmup``.
+    Stage k's input is stages 0..k−1 on ``x`` (untimed); each stage is measured by :func:`profile_stage`.
+    ``threads``: intra-op threads while profiling (a pipeline worker usually runs with one).
     """
     if isinstance(stages, nn.Module) and not isinstance(stages, nn.ModuleList):
         raise TypeError("stages must be a sequence of stage modules, e.g. pipelab.split(model, D), not one module")
@@ -263,18 +206,8 @@ def profile_stages(stages: Sequence[nn.Module], x: Tensor, target: Tensor, *,
 def transfer_times(output: Tensor | None, inp: Tensor | None, *, reps: int = 20, warmup: int = 3) -> list[float]:
     """One-way time of an activation across every stage boundary, by ping-pong between neighbouring ranks.
 
-    Collective over the default ``torch.distributed`` group, rank k holding stage k: every rank calls it
-    with its stage's ``output`` (``None`` on the last rank) and ``inp`` (``None`` on rank 0); for boundary
-    k, ranks k and k+1 exchange a tensor of that shape ``warmup + reps`` times and take half the median
-    round trip. The other ranks wait at a barrier.
-
-    Returns:
-        world − 1 values in seconds (boundary k between stages k and k+1), the same on every rank: the
-        simulator's ``transfer_cost``.
-
-    Raises:
-        RuntimeError: no process group is initialised; ValueError: bad ``reps``/``warmup`` or a missing
-            tensor on a rank that sends or receives.
+    Collective over the default group, rank k holding stage k (``output`` None on the last rank, ``inp`` None on
+    rank 0): half the median round trip per boundary, the same on every rank (the simulator's ``transfer_cost``).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("transfer_times needs an initialised torch.distributed process group")

@@ -1,38 +1,9 @@
 """Discrete-event simulation of a :class:`~pipelab.schedules.Schedule`: timeline, bubbles, memory, versions.
 
-Each worker runs its program in order; a job starts when its worker is free and its dependencies ended
-(plus a transfer latency when they ran on another worker):
-
-    start(j) = max(end of the worker's previous job, max_d end(d) + latency(d, j)),  end(j) = start(j) + cost(j).
-
-The resolution is linear in the number of actions (per-worker cursors with a wait list, see
-:mod:`pipelab.schedules.compiled`), ~10^5–10^6 actions per second on one core.
-
-Outputs (:class:`SimResult`): per-action start/end, makespan, bubble fraction per worker (idle share of
-the makespan), peak activation memory per worker (count; bytes with ``activation_bytes``), activations,
-gradients and weights received per worker, and the :class:`~pipelab.schedules.versions.VersionTable`.
-:func:`steady_state` runs a flushed schedule step after step (the next step's fill overlapping the previous
-step's drain, as in training) and measures the period and bubble of one step, the papers' bubble.
-
-Cost model (all per stage: a scalar, a list of D values, or a profile):
-    ``f_cost``, ``b_cost`` > 0; ``u_cost`` ≥ 0 (update, default 0); ``i_cost``/``w_cost`` for a split backward
-    (default b/2 each); ``transfer_cost[k]`` ≥ 0: sending stage k's output to stage k+1 (and its gradient
-    back), paid only between different workers; ``weight_transfer_cost[k]`` ≥ 0: fetching stage k's
-    updated weights from another worker before a job that waits for them (weight barrier).
-
-Memory model: an activation of (k, g) is held by the worker that ran F(k, g) from the start of F(k, g) to
-the end of the weight-gradient job: B(k, g), or W(k, g) when the backward is split — W needs the stage's
-input activations (and the output gradient I received), so they stay resident until W ends, however long W
-is deferred. Each resident (k, g) counts one unit (``activation_bytes[k]`` bytes); the finer split of Qi et
-al. (M_B resident until I, only the smaller M_W until W) is not modelled. Rahimi's "activation storage"
-counts these units; the zero-bubble paper counts memory the same way (Qi et al., "Zero Bubble Pipeline
-Parallelism", ICLR 2024, §2.1–2.2 and Table 1: 1F1B and ZB-H1 peak at p·M_B, ZB-H2 at (2p−1)·M_B).
-
-Example:
-    >>> from pipelab.schedules import gpipe
-    >>> r = simulate(gpipe(D=4, M=8))
-    >>> r.makespan, round(r.bubble, 3), r.peak_activations.tolist()
-    (22.0, 0.273, [8, 8, 8, 8])
+Timing is :func:`pipelab.schedules.compiled.run`'s. Memory: an activation of (k, g) is held by F(k, g)'s worker
+from F's start to the end of B(k, g), or of W(k, g) when split (W needs the stage's inputs), one unit
+(``activation_bytes[k]``) each, as Rahimi and Qi et al. count (ICLR 2024, Table 1: 1F1B and ZB-H1 peak at
+p·M_B, ZB-H2 at (2p−1)·M_B); Qi et al.'s finer split (M_B until I, M_W until W) is not modelled.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 metrics.
 """
@@ -61,16 +32,7 @@ Cost = float | Sequence[float] | np.ndarray
 
 
 def costs_from_profile(profile: Any) -> dict[str, Any]:
-    """Read per-stage costs (and sizes) from a profile: a mapping or an object with attributes.
-
-    Recognised keys: ``f_cost``/``forward``, ``b_cost``/``backward``, ``activation_bytes``, ``weight_bytes``.
-    The measured profile is :func:`pipelab.profiling.profile_stages`' :class:`~pipelab.profiling.StageProfile`
-    (F/B seconds and sizes read here; ``simulate(schedule, **profile.costs())`` also passes its update times).
-
-    Example:
-        >>> costs_from_profile({"forward": [1.0, 2.0], "backward": [2.0, 4.0]})
-        {'f_cost': [1.0, 2.0], 'b_cost': [2.0, 4.0]}
-    """
+    """Costs and sizes from a mapping or object: ``f_cost``/``forward``, ``b_cost``/``backward``, sizes."""
     get = profile.get if isinstance(profile, Mapping) else (lambda k, d=None: getattr(profile, k, d))
     out = {}
     for key, names in (("f_cost", ("f_cost", "forward")), ("b_cost", ("b_cost", "backward")),
@@ -87,10 +49,10 @@ def costs_from_profile(profile: Any) -> dict[str, Any]:
 
 
 class Messages(NamedTuple):
-    """The messages of a simulation, per message m: the job that receives it (``consumer``) and the one whose end
-    sends it (``sender``), its ``boundary`` k and ``kind`` (0: activation, stage k → k+1; 1: gradient, back), the
-    receiving ``wire`` (the consumer's worker w; 2w + kind when duplex), ``nbytes``, and its times: ``send``,
-    ``ready`` = send + α, ``begin`` (its wire free) and ``arrival`` = begin + n/β (:mod:`pipelab.links`)."""
+    """Per message m: its receiving job (``consumer``), the job whose end sends it (``sender``), its ``boundary``
+    and ``kind`` (0: activation, forward; 1: gradient), the receiving ``wire`` (worker w; 2w + kind when duplex),
+    ``nbytes``, and its times: ``send``, ``ready`` = send + α, ``begin`` (wire free), ``arrival`` = begin + n/β.
+    """
 
     consumer: np.ndarray
     sender: np.ndarray
@@ -119,20 +81,12 @@ class Binding(NamedTuple):
 
 @dataclass(eq=False)
 class SimResult:
-    """Timeline and metrics of one simulated schedule.
-
-    Per-action arrays are indexed like ``compiled`` (workers concatenated in program order); use
-    :meth:`jobs`, :meth:`time_of` or :meth:`order` rather than raw indices.
+    """Timeline and metrics of one simulated schedule; per-action arrays are indexed like ``compiled``.
 
     Attributes:
-        schedule, compiled: the schedule and its array form.
-        start, end: float arrays, per action.
-        cost: duration of each action; latency: (lat1, lat2, lat3) added to each dependency.
+        latency: (lat1, lat2, lat3) added to each dependency slot.
         seq: the order in which the simulator timed the actions (a valid topological order).
-        activation_bytes, weight_bytes: per-stage sizes (or None) used for the byte metrics.
-        network, message_bytes: the link model (or None) and the bytes per boundary (activation, gradient).
-        wire_times: with wires, the :class:`~pipelab.schedules.compiled.Wires` and each message's begin and
-            arrival (None: no message occupied a wire; a message arrives at send + latency).
+        wire_times: the :class:`~pipelab.schedules.compiled.Wires` and each message's begin and arrival, or None.
     """
 
     schedule: Schedule
@@ -237,27 +191,17 @@ class SimResult:
 
     @cached_property
     def weight_transfers(self) -> np.ndarray:
-        """Weight fetches per worker: F jobs whose weight source is another worker (Rahimi's count:
-        one fetch per (stage, micro-batch), kept for the backward), shape [W]."""
+        """Weight fetches per worker, Rahimi's count: F jobs whose weight source is another worker."""
         c = self.compiled
         m = (c.op == _F) & (c.src != c.worker)
         return np.bincount(c.worker[m], minlength=self.schedule.W)
 
     @cached_property
     def weight_fetch_table(self) -> np.ndarray:
-        """Weight versions each worker fetches, per stage: ``[w, k]`` = the number of distinct versions v of
-        stage k used by w's jobs when w does not hold stage k, shape [W, D] (int).
+        """``[w, k]``: distinct versions of stage k that w's jobs use without holding k (the runtime's fetches).
 
-        A job's version is the version table's: F its forward version, B (I and W when split) its backward
-        version. This is what a runtime that fetches once per (stage, version, worker) receives
-        (:mod:`pipelab.pipeline.placement`: one broadcast of W_k^(v) per version used by a non-holder), for
-        the policies that use the table's versions (stored versions: the flushed placements' only ones).
-        Against Rahimi's count (:attr:`weight_transfers`, one fetch per F job): on a flushed schedule every
-        job of step t uses version t, so ``weight_transfers[w] = Σ_{k,t} n(w, k, t)`` and
-        ``weight_fetches[w] = Σ_{k,t} [n(w, k, t) > 0]`` with n(w, k, t) the F jobs of stage k that w runs
-        in step t without holding k: equal exactly when every such n ≤ 1 (one micro-batch of each fetched
-        stage per worker per step: FSDP with M = W, FSLPP with B = G), else larger by the factor n
-        (M/W for FSDP, M/G for FSLPP).
+        On a flushed schedule it equals :attr:`weight_transfers` iff each worker runs at most one micro-batch of each
+        fetched stage per step (FSDP with M = W, FSLPP with B = G), else it is smaller by that count.
         """
         out = np.zeros((self.schedule.W, self.schedule.D), np.int64)
         for w, k, _ in self.weight_fetch_versions:
@@ -266,8 +210,7 @@ class SimResult:
 
     @cached_property
     def weight_fetch_versions(self) -> list[tuple[int, int, int]]:
-        """The fetches behind :attr:`weight_fetch_table`: sorted ``(worker, stage, version)`` triples, one per
-        version of a stage that a worker's jobs use without the worker holding the stage."""
+        """Sorted ``(worker, stage, version)`` fetches behind :attr:`weight_fetch_table`."""
         c, s = self.compiled, self.schedule
         vt = self.version_table
         T, M = s.steps, s.M
@@ -285,8 +228,7 @@ class SimResult:
 
     @cached_property
     def weight_fetches(self) -> np.ndarray:
-        """Weight versions fetched per worker (the runtime's count), shape [W]: :attr:`weight_fetch_table`
-        summed over stages. Compare :attr:`weight_transfers` (Rahimi's per-F-job count)."""
+        """Weight versions fetched per worker: :attr:`weight_fetch_table` summed over stages."""
         return self.weight_fetch_table.sum(axis=1)
 
     @cached_property
@@ -335,10 +277,8 @@ class SimResult:
     def order(self) -> list[Action]:
         """Every action (U included) in a valid execution order, for replaying the schedule.
 
-        Sorted by effective time — a compute job at its start, an update at its end (when the new version
-        becomes visible) — ties broken updates first, then by the simulator's timing sequence. Replaying in
-        this order, a job sees exactly the updates the version table counts for it (those ended at or
-        before its start), and every dependency precedes its dependents.
+        Sorted by effective time (a job at its start, an update at its end, when its version becomes visible), updates
+        first at ties, then by timing sequence: a replay sees exactly the updates the version table counts.
         """
         flat = [a for p in self.schedule.programs for a in p]
         return [flat[i] for i in self.order_ids().tolist()]
@@ -405,8 +345,7 @@ class SimResult:
 
     @gc_paused
     def jobs_in_order(self) -> list[Job]:
-        """:meth:`order` as jobs ``(op, k, t, j)``, each update ``U(k, t)`` once (at its first holder to end):
-        the execution sequence of the version table, which a single-process replay follows."""
+        """:meth:`order` as jobs ``(op, k, t, j)``, each ``U(k, t)`` once: the version table's sequence."""
         seen: set[tuple[int, int]] = set()
         out: list[Job] = []
         for a in self.order():
@@ -464,10 +403,11 @@ class SimResult:
 
     @cached_property
     def binding(self) -> Binding:
-        """What bound each job's start (:data:`BINDINGS`), by priority: a message (kind "latency", "queueing" or
-        "transmission": the largest part of its send → arrival, "dependency" when it took no time), a weight
-        barrier or an update's gradient jobs ("dependency"), the worker's previous job ("worker"), a dependency
-        earlier on the worker ("dependency"); "start" for a job at time 0 that nothing delayed."""
+        """What bound each job's start (:data:`BINDINGS`), by priority.
+
+        A message (its largest part of send → arrival, or "dependency" if it took no time), a weight barrier or an
+        update's gradient jobs, the worker's previous job, an earlier dependency; "start" when nothing delayed it.
+        """
         c, m, n = self.compiled, self.messages, self.compiled.n
         kind, job, msg, free = np.zeros(n, np.int64), np.full(n, -1), np.full(n, -1), np.ones(n, bool)
 
@@ -500,10 +440,11 @@ class SimResult:
         return Binding(kind, job, msg)
 
     def critical_path(self) -> list[tuple[str, int, float]]:
-        """The chain that bounds the makespan, first to last: ``("job", id, cost)``, and for a message m that bound
-        a start ``("latency", m, α)`` then ``("transmission", m, n/β)``; a message that waited on its wire follows
-        the message ahead of it (whose arrival began its transmission); ``("latency", -1, ℓ)`` for a dependency's
-        fixed latency (a weight fetch). Durations sum to the makespan; zero ones are left out."""
+        """The chain that bounds the makespan, first to last; its durations sum to the makespan.
+
+        ``("job", id, cost)``; a message that bound a start: ``("latency", m, α)``, ``("transmission", m, n/β)``,
+        preceded by the message ahead on its wire if it queued; ``("latency", -1, ℓ)`` for a weight fetch.
+        """
         b, m = self.binding, self.messages
         o = np.lexsort((m.begin, m.wire))
         ahead = np.full(len(o), -1)
@@ -527,8 +468,7 @@ class SimResult:
 
     @property
     def link_time(self) -> float:
-        """The share of the makespan that the critical path spends in messages and fetches (not computing): run
-        enough steps and it is the share of a steady step spent waiting on links."""
+        """Share of the makespan the critical path spends in messages and fetches (not computing)."""
         return sum(d for what, _, d in self.critical_path() if what != "job") / self.makespan
 
     def summary(self) -> dict[str, Any]:
@@ -549,45 +489,21 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
     """Simulate ``schedule`` under a per-stage cost model, and optionally a link model.
 
     Args:
-        schedule: the schedule (its per-worker order is kept; only times are computed).
-        f_cost, b_cost: forward / backward time per stage: scalar (uniform) or D values, all > 0.
-        u_cost: optimizer update time (scalar or per stage, ≥ 0; default 0).
-        i_cost, w_cost: input-/weight-gradient times for a split backward (default b_cost/2 each).
-        transfer_cost: ≥ 0, time to send stage k's output to stage k+1 (and its gradient back) between
-            different workers; scalar, D−1 or D values.
-        weight_transfer_cost: ≥ 0, time to fetch stage k's updated weights from another worker.
-        activation_bytes, weight_bytes: optional per-stage sizes for the byte metrics.
-        profile: mapping/object supplying f_cost, b_cost (and sizes); see :func:`costs_from_profile`.
-        network: a :class:`~pipelab.links.Network` (instead of ``transfer_cost``): messages take α + n/β and
-            queue on their receiver's wire (:mod:`pipelab.links`); with ``weight_bytes`` a placed schedule's
-            collectives cost their α–β time too (instead of ``weight_transfer_cost``): the gradient reduction
-            of (k, t) lengthens each holder's U(k, t), a weight broadcast precedes a job reading stage k
-            elsewhere.
-        message_bytes: the bytes of each boundary's messages (:func:`pipelab.links.message_bytes`, or one
-            number / D−1 numbers for both directions); needed when a link's bandwidth is finite.
-
-    Returns:
-        :class:`SimResult`.
+        f_cost, b_cost: forward / backward time per stage: scalar or D values, all > 0.
+        transfer_cost: time to send stage k's output to k+1 (and its gradient back) between workers.
+        weight_transfer_cost: time to fetch stage k's updated weights from another worker.
+        network: a :class:`~pipelab.links.Network` instead of ``transfer_cost``: messages take α + n/β and queue
+            on the receiver's wire; with ``weight_bytes`` a placed schedule's collectives are costed too.
+        message_bytes: bytes of each boundary's messages; needed when a link's bandwidth is finite.
 
     Raises:
-        ValueError: non-positive F/B costs, negative other costs, wrong lengths, a network with
-            ``transfer_cost``, of another D, or with finite bandwidth but no ``message_bytes``.
-        ScheduleError: the schedule is malformed or its orders deadlock (grid printed, cell marked).
-
-    ===========  =================================================================================
-    step         what it does
-    ===========  =================================================================================
-    compile      the schedule as arrays (:func:`~pipelab.schedules.compiled.compile_schedule`)
-    job_costs    every action's duration from the per-stage costs
-    _links       the messages (cross-worker data edges) and each dependency slot's latency: transfer_cost,
-                 or the network's α with wires when a message takes time on one; collectives
-    run          the timing loop (:func:`~pipelab.schedules.compiled.run`); a deadlock → ScheduleError
-    ===========  =================================================================================
+        ScheduleError: the schedule is malformed or deadlocks (grid printed, cell marked).
 
     Example:
-        >>> from pipelab.schedules import ddp
-        >>> simulate(ddp(D=4, M=4)).makespan
-        8.0
+        >>> from pipelab.schedules import gpipe
+        >>> r = simulate(gpipe(D=4, M=8))
+        >>> r.makespan, round(r.bubble, 3), r.peak_activations.tolist()
+        (22.0, 0.273, [8, 8, 8, 8])
     """
     if not isinstance(schedule, Schedule):
         raise TypeError(f"simulate() needs a Schedule, got {type(schedule).__name__}")
@@ -616,8 +532,7 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
 
 
 def _message_edges(c: Compiled) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The messages: per cross-worker data edge its consumer, slot (1: stage k's input, crossing boundary k−1
-    forward; 2: the gradient from stage k+1, crossing boundary k backward) and boundary, slot 1's first."""
+    """Per cross-worker data edge: consumer, slot (1: input across boundary k−1; 2: gradient across k), boundary."""
     fin = (c.op == _F) | (c.op == _B) | (c.op == _I)
     cross1 = (c.dep1 >= 0) & (c.worker[np.maximum(c.dep1, 0)] != c.worker) & fin & (c.stage > 0)
     cross2 = (c.dep2 >= 0) & (c.worker[np.maximum(c.dep2, 0)] != c.worker)
@@ -629,8 +544,7 @@ def _message_edges(c: Compiled) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _links(c: Compiled, cost: np.ndarray, transfer_cost: Cost, weight_transfer_cost: Cost, network: Network | None,
            message_bytes: MessageBytes | Cost | None, wb: np.ndarray | None
            ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], Wires | None, tuple[np.ndarray, np.ndarray] | None]:
-    """Latency per dependency slot, the wires (or None) and the bytes per boundary (activation, gradient);
-    charges the collectives to ``cost`` (see :func:`simulate`)."""
+    """Latency per dependency slot, the wires (or None) and the bytes per boundary; charges collectives to ``cost``."""
     D, n = c.schedule.D, c.n
     lat = (np.zeros(n), np.zeros(n), np.zeros(n))
     wc = _per_stage("weight_transfer_cost", weight_transfer_cost, D, positive=False)
@@ -684,11 +598,10 @@ def _boundary_bytes(message_bytes: MessageBytes | Cost | None, D: int) -> np.nda
 
 
 def _collectives(c: Compiled, network: Network, wb: np.ndarray, cost: np.ndarray, lat3: np.ndarray) -> None:
-    """A placed schedule's collectives under α–β (:func:`pipelab.links.collective_time`) on the link of the
-    boundaries next to the stages their members compute: the gradient reduction of (k, t) among its holders and
-    the workers that computed its gradients (a reduce to one holder, else a ring all-reduce) added to each
-    U(k, t); the broadcast of stage k's weights from its first holder to the workers computing k without holding
-    it, as the latency of every job that reads them there (dep3)."""
+    """Charge a placed schedule's α–β collectives: reductions onto each U(k, t), broadcasts as dep3 latency.
+
+    Reduce to one holder, else ring all-reduce, on the link of the boundaries next to the members' stages.
+    """
     s = c.schedule
     comp = c.op != _U
     computes: list[set[int]] = [set() for _ in range(s.D)]
@@ -720,8 +633,7 @@ def _collectives(c: Compiled, network: Network, wb: np.ndarray, cost: np.ndarray
 
 
 class SteadyState(NamedTuple):
-    """A flushed schedule step after step: bubble fraction per step, peak activations of the busiest worker
-    (in units of ``activation``), and the period of one step."""
+    """A flushed schedule step after step: bubble per step, peak activations of the busiest worker, period."""
 
     bubble: float
     peak: float
@@ -733,14 +645,9 @@ def steady_state(build: Callable[[int, int, int], Schedule], W: int, M: int, *, 
                  ) -> SteadyState | None:
     """Measure ``build(W, M, steps)`` run step after step, or ``None`` where the builder refuses the size.
 
-    Costs per stage: F = ``t_f``, I = ``t_i``, W = ``t_w`` (a fused B: ``t_i + t_w``), all times ``scale`` (a
-    schedule of 2W half-size chunks on W workers: 0.5); activation size per stage ``activation`` (default
-    ``scale``). period = makespan(3 steps) − makespan(2 steps); bubble = 1 − (work per worker per step) /
-    period, the work averaged over the workers.
-
-    Raises:
-        ValueError: a cost or ``scale`` that is NaN, ±inf or not > 0 (the simulator's F, I and W costs), an
-            ``activation`` that is NaN, ±inf or negative. TypeError: one of them not a number.
+    Costs F = ``t_f``, I = ``t_i``, W = ``t_w`` (fused B: ``t_i + t_w``), times ``scale`` (2W half-size chunks: 0.5);
+    activation size ``activation`` (default ``scale``). period = makespan(3 steps) − makespan(2 steps);
+    bubble = 1 − (mean work per worker per step) / period.
 
     Example:
         >>> from pipelab.schedules import zb_h2

@@ -1,40 +1,17 @@
 """Statistics across seeds: Student-t intervals, paired differences, and winners only when resolved.
 
-Every comparison of the learning-curve study is a handful of seeds per arm, and every arm of a seed starts
-from the same weights and sees the same mini-batches, so two arms are compared *paired by seed*.
+Arms of one seed share weights and mini-batches, so arms are compared *paired by seed*. A diverged run
+(NaN/±inf) is never averaged: it is left out and counted, an arm with a diverged seed never wins (a diverged
+seed is a loss), and an arm diverged on every seed loses to the candidate without a test.
 
-Each function states its rule: one arm's t interval (:func:`t_interval`), the paired difference and its t test
-(:func:`paired_difference`), Holm's adjustment (:func:`holm`), and the winner, declared only when its paired
-difference to *every* other arm is resolved after a Holm correction (:func:`winner_test`), and across the rows of a
-table only where that p-value survives a second Holm correction over the rows searched (:func:`winners_across_rows`).
-
-Divergence. A diverged run is recorded as NaN (or ±inf) and is never silently averaged: :func:`t_interval`
-leaves non-finite values out and counts them (``n_nan``) so a caller states them next to the interval;
-:func:`paired_difference` leaves out the seeds where *either* arm is non-finite and counts them; an arm with a
-non-finite value is never declared the winner (a diverged seed is a loss, not a missing value), an arm that
-diverged on every seed loses to the candidate outright (it is not tested: there is no seed to compare on, and
-every seed favours the candidate), and a comparison against an arm that diverged on some seeds uses the
-remaining seeds only, which can only make the winner harder to resolve (those seeds would have favoured it).
-
-Why Holm. Declaring "A is best" needs all k − 1 differences A − B_j resolved. Testing each at level α is an
-intersection–union test for one *pre-chosen* A, but here A is chosen after seeing the data (the highest mean),
-so the k − 1 tests are adjusted by Holm's method (strong family-wise error control, no independence needed,
-never less powerful than Bonferroni). The reported half-widths stay the unadjusted ones at ``confidence``;
-the Holm condition implies each of those intervals excludes 0. A table of R rows searched for winners is one more
-search: a winner somewhere among R rows is found by chance up to R times as often as in one row, so
-:func:`winners_across_rows` adjusts the R row p-values by Holm once more (strong control of the family-wise error
-over every row's winner claim; nested Holm is conservative, never anti-conservative).
+Why Holm: "A is best" needs all k − 1 differences resolved, and A is chosen after seeing the data (the highest
+mean), so the k − 1 p-values are Holm-adjusted (strong family-wise control, no independence needed); a table
+of R rows searched for winners is adjusted by Holm once more over the rows (nested Holm is conservative).
+Reported half-widths stay unadjusted.
 
 References: Student (1908), "The probable error of a mean"; S. Holm (1979), "A simple sequentially
 rejective multiple test procedure", Scand. J. Statist. 6:65-70; R. L. Berger (1982), intersection–union
 tests, Technometrics 24:295-300.
-
-Example:
-    >>> iv = t_interval([0.81, 0.83, 0.82])
-    >>> round(iv.mean, 3), round(iv.half_width, 4), iv.n
-    (0.82, 0.0248, 3)
-    >>> resolved(paired_difference([3, 5, 7], [1, 2, 3]))
-    True
 """
 
 from __future__ import annotations
@@ -58,13 +35,7 @@ Values = Sequence[float] | np.ndarray | Mapping[Any, float]
 
 @dataclass(frozen=True)
 class Interval:
-    """A mean with its Student-t half-width.
-
-    Attributes:
-        mean: mean of the finite values (NaN when there are none).
-        half_width: ``t_{(1+c)/2, n-1} · s / sqrt(n)`` (ddof = 1); NaN when ``n < 2``.
-        n: finite values used; n_nan: non-finite (diverged) values left out; confidence: c.
-    """
+    """A mean with its Student-t half-width; ``n`` finite values used, ``n_nan`` non-finite left out."""
 
     mean: float
     half_width: float
@@ -92,19 +63,11 @@ class PairedDifference(Interval):
 
 @dataclass(frozen=True)
 class WinnerTest:
-    """The outcome of :func:`winner_test`.
+    """The outcome of :func:`winner_test`: ``winner`` is ``candidate`` when every difference to it is resolved.
 
-    Attributes:
-        candidate: the arm with the highest mean among arms without a diverged value (``None``: none).
-        winner: ``candidate`` when every difference to it is resolved after the correction, else ``None``.
-        differences: other arm -> :func:`paired_difference` (candidate − arm), for every other arm with a
-            finite value.
-        adjusted_p: the same arms -> p-value after the correction (``"none"``: the raw p-value).
-        alpha: 1 − confidence; correction: ``"holm"`` or ``"none"``.
-        diverged: the arms that diverged on every seed (no finite value): they lose to the candidate without a
-            test.
-        family_p: the row's :attr:`p_value` after a Holm correction over the rows searched for a winner
-            (:func:`winners_across_rows`); NaN when the row was tested alone.
+    ``candidate``: the highest mean among arms without a diverged value; ``differences``/``adjusted_p``: per other
+    arm, :func:`paired_difference` (candidate − arm) and its corrected p-value; ``diverged``: arms diverged on every
+    seed (they lose untested); ``family_p``: :attr:`p_value` Holm-adjusted over the rows searched, else NaN.
     """
 
     candidate: str | None
@@ -118,9 +81,7 @@ class WinnerTest:
 
     @property
     def p_value(self) -> float:
-        """The smallest α at which ``candidate`` is declared the winner: the largest corrected p-value of its
-        comparisons (every one must fall below α), 1 when some difference has a mean <= 0 or there is no candidate,
-        0 when every other arm diverged on every seed (no comparison is left: it wins outright)."""
+        """The smallest α at which ``candidate`` wins (1: a difference <= 0 or no candidate; 0: nothing to compare)."""
         if self.candidate is None or any(d.mean <= 0 or not math.isfinite(d.mean) for d in self.differences.values()):
             return 1.0
         return max(self.adjusted_p.values(), default=0.0)
@@ -161,15 +122,7 @@ def _interval(x: np.ndarray, confidence: float) -> tuple[float, float]:
 
 
 def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
-    """Mean ± Student-t half-width of ``values`` (one per seed), non-finite values left out and counted.
-
-    Rule: ``h = t_{(1+c)/2, n-1} · s / sqrt(n)``, ``s`` the sample standard deviation (ddof = 1), over the
-    n finite values. ``n < 2`` gives a NaN half-width (no interval from one seed).
-
-    Raises:
-        ValueError: ``confidence`` not in (0, 1); ``values`` not one-dimensional.
-        TypeError: ``values`` not numbers.
-    """
+    """Mean ± ``t_{(1+c)/2, n-1} · s / sqrt(n)`` (ddof 1, NaN for n < 2) of the finite ``values``; the rest counted."""
     c = _check_confidence(confidence)
     arr = _array(values, "values")
     ok = np.isfinite(arr)
@@ -195,19 +148,9 @@ def _pair(a: Values, b: Values) -> tuple[np.ndarray, np.ndarray]:
 def paired_difference(a: Values, b: Values, confidence: float = 0.95, *, null: float = 0.0) -> PairedDifference:
     """Mean of ``a − b`` paired by seed, its t half-width and the paired t test's two-sided p-value.
 
-    Rule: ``d_i = a_i − b_i`` over the seeds where both are finite; ``mean(d) ± t_{(1+c)/2, n-1} s_d/sqrt(n)``;
-    ``p = 2 · P(T_{n-1} > |mean(d) − null| sqrt(n) / s_d)`` (``scipy.stats.ttest_rel``; with ``null ≠ 0``
-    ``scipy.stats.ttest_1samp(d, null)``). ``p < 1 − c`` exactly when the interval excludes ``null``. With
-    ``s_d = 0`` the half-width is 0 and p is 0 (mean ≠ null) or 1 (mean = null); with ``n < 2`` both are NaN.
-
-    Args:
-        a, b: one value per seed, aligned sequences or mappings seed -> value with the same seeds.
-        confidence: c in (0, 1).
-        null: the mean difference under the null hypothesis (0; −m tests non-inferiority with margin m).
-
-    Raises:
-        ValueError: lengths or seeds differ; ``confidence`` not in (0, 1); ``null`` not a finite number.
-        TypeError: not numbers.
+    ``d_i = a_i − b_i`` where both are finite; ``p = 2 · P(T_{n-1} > |mean(d) − null| sqrt(n) / s_d)``
+    (``scipy.stats.ttest_rel``), so ``p < 1 − c`` exactly when the interval excludes ``null`` (−m: non-inferiority
+    with margin m). ``s_d = 0``: half-width 0, p 0 or 1; n < 2: both NaN. ``a``, ``b``: aligned or keyed by seed.
     """
     c = _check_confidence(confidence)
     if isinstance(null, bool) or not isinstance(null, numbers.Real) or not math.isfinite(null):
@@ -237,11 +180,7 @@ def resolved(interval: Interval) -> bool:
 
 
 def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values (NaN counts as 1).
-
-    Rule: with the m p-values sorted, ``p_(1) <= ... <= p_(m)``, ``adj_(i) = max_{j <= i} min(1, (m − j + 1)
-    p_(j))``; rejecting ``adj < α`` controls the family-wise error rate at α (Holm 1979).
-    """
+    """Holm's adjusted p-values (NaN as 1): sorted, ``adj_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))`` (Holm 1979)."""
     p = _array(p_values, "p_values")
     p = np.where(np.isnan(p), 1.0, p)
     if ((p < 0) | (p > 1)).any():
@@ -257,19 +196,9 @@ def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
 def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> WinnerTest:
     """Test whether the arm with the highest mean beats every other arm, paired by seed.
 
-    The candidate is the arm with the highest mean among arms whose values are all finite (an arm with a
-    diverged seed cannot win). It is the winner when, for every other arm j with a finite value, the paired
-    difference (candidate − j) has a positive mean and a p-value below α = 1 − confidence after the correction
-    (``"holm"`` over those comparisons; ``"none"``: raw p-values, i.e. every unadjusted interval excludes 0).
-    An arm that diverged on every seed loses to the candidate without a test (listed in ``diverged``). See
-    the module docstring for why Holm.
-
-    Args:
-        arms: arm name -> one value per seed (aligned sequences, or mappings seed -> value); at least two.
-        confidence: c in (0, 1); correction: one of :data:`CORRECTIONS`.
-
-    Raises:
-        ValueError: fewer than two arms, an unknown correction, arms with different seeds or lengths.
+    The candidate (highest mean among arms with all values finite) wins when every paired difference to another
+    arm with a finite value has a positive mean and a p-value below α = 1 − confidence after the correction
+    (``"holm"``; ``"none"``: raw p-values).
     """
     c = _check_confidence(confidence)
     if correction not in CORRECTIONS:
@@ -306,17 +235,8 @@ def winners_across_rows(rows: Mapping[Any, Mapping[str, Values]], confidence: fl
                         correction: str = "holm") -> dict[Any, WinnerTest]:
     """:func:`winner_test` in every row, a winner kept only where it survives the search over the rows.
 
-    Rule: each row r gives its p-value ``p_r`` (:attr:`WinnerTest.p_value`: the largest Holm-adjusted p of its
-    candidate's comparisons); the R rows' p-values are Holm-adjusted (``"holm"``; ``"none"``: left as they are),
-    and row r keeps its winner only when its adjusted ``family_p < α``. E.g. a row with p = 0.040 among 4 rows
-    searched has ``family_p`` >= 0.16: no winner at α = 0.05.
-
-    Args:
-        rows: row key -> (arm name -> one value per seed), as :func:`winner_test` takes; confidence, correction:
-            as there (the same correction is used within and across rows).
-
-    Returns:
-        row key -> :class:`WinnerTest` with ``family_p`` set and ``winner`` cleared where it did not survive.
+    The rows' :attr:`WinnerTest.p_value` are Holm-adjusted (``"none"``: left) into ``family_p``; a row keeps its
+    winner only when ``family_p < α`` (p = 0.040 among 4 rows: ``family_p`` >= 0.16, no winner at α = 0.05).
     """
     tests = {key: winner_test(arms, confidence, correction) for key, arms in rows.items()}
     if not tests:

@@ -1,11 +1,6 @@
 """The run's fp16 loss scale (:class:`~pipelab.precision.LossScaling`) applied across the stage executors.
 
-:func:`defer_updates` moves every U(·, t) of a flushed schedule's execution order to step t's flush, so that one
-skip decision per step (:class:`LossScaler`) can read every stage's gradient; the rule, and why asynchronous
-schedules are refused, is in :mod:`pipelab.precision`.
-
-References: ``torch.amp.GradScaler`` (dynamic loss scale); Micikevicius et al., "Mixed Precision Training",
-ICLR 2018.
+The rule, and why asynchronous schedules are refused, is in :mod:`pipelab.precision`.
 """
 
 from __future__ import annotations
@@ -25,14 +20,10 @@ if TYPE_CHECKING:
 __all__ = ["LossScaler", "defer_updates"]
 
 def defer_updates(order: Sequence[Job]) -> list[Job]:
-    """The execution order with every ``U(k, t)`` moved to step t's flush (after the last B/I/W of step t).
+    """The execution order with every ``U(k, t)`` moved to step t's flush (after its last B/I/W).
 
-    This keeps every job's version when the schedule is flushed: no job of stage k may lie between ``U(k, t)``
-    and the flush (then the stage's own event sequence, and so a runtime rank's program, is unchanged too).
-
-    Raises:
-        ValueError: the schedule is not flushed (an asynchronous one): the message names the first job that
-            runs between an update and its step's flush.
+    Versions are unchanged when no job of stage k lies between ``U(k, t)`` and the flush; otherwise (an
+    asynchronous schedule) ValueError names the first such job.
     """
     flush: dict[int, int] = {}
     for i, (op, _, t, _) in enumerate(order):
@@ -63,13 +54,11 @@ class LossScaler:
     """The run's dynamic loss scale and its per-step skip decisions, shared by the stage executors of a process.
 
     Args:
-        scaling: the settings. ``D``: the pipeline's stage count (when this process's :attr:`members` cover fewer
-            stages, the decision is combined over ranks with ``torch.distributed.all_reduce(MAX)``).
+        D: the stage count; when :attr:`members` cover fewer, the decision is ``all_reduce(MAX)`` over ranks.
 
     Attributes:
-        scale: the current S (a float32 value); members: the executors whose gradients this process checks;
-        history: ``(t, S used, skipped)`` of every decided step; local: ``t -> whether this process's stages
-            found a non-finite gradient`` (before the agreement with the other ranks).
+        scale: the current S (a float32 value); history: ``(t, S used, skipped)`` per decided step;
+        local: ``t -> this process found a non-finite gradient`` (before the ranks agree).
     """
 
     def __init__(self, scaling: LossScaling, D: int) -> None:

@@ -1,17 +1,7 @@
 """Execution order: the schedule's order, except that a job waits for the weight versions it needs.
 
-:func:`resolve_order` runs a ready-queue over the version table's execution order. An event runs once its
-data dependencies ran (the one rule, :func:`pipelab.schedules.dependencies.dependencies`) *and* the weight
-versions its policy asks for exist. For every realisable policy the result is the schedule's own order;
-for the oracle (true future weights) jobs wait, which turns any schedule into sequential training. A policy
-that needs a version depending on its own gradient is reported as a :class:`DeadlockError`.
-
-Example:
-    >>> from pipelab.schedules import pipedream
-    >>> from pipelab.simulator import simulate
-    >>> table = simulate(pipedream(D=2, M=1, steps=3)).version_table
-    >>> resolve_order(table, lambda job: 0) == list(table.order)
-    True
+For every realisable policy this is the schedule's own order; for the oracle (true future weights) jobs wait,
+which turns any schedule into sequential training.
 
 Reference: PipeOptim's oracle-free prediction vs. waiting (Guan et al., arXiv:2312.00839, §III).
 """
@@ -35,20 +25,12 @@ class DeadlockError(ValueError):
 def resolve_order(table: VersionTable, needs: Callable[[Job], int]) -> list[Job]:
     """Execution order: the schedule's order, except that a job waits for the versions it needs.
 
-    An event is *ready* when its data dependencies ran (F after the previous stage's F, B after its F and
-    the next stage's B, U(k, t) after every B(k, t, ·); I and W as B when the backward is split) and its
-    stage k has reached version ``needs(event)``. Among ready events the earliest in the schedule runs first.
-
-    Args:
-        table: version table of the schedule's execution sequence.
-        needs: ``job -> v``, the version of its own stage a job needs (0 for none).
-
-    Returns:
-        The executed order (equal to ``table.order`` when every needed version already exists).
+    An event is ready when its data dependencies ran and its stage has reached version ``needs(event)``; among
+    ready events the earliest in the schedule runs first.
 
     Raises:
-        DeadlockError: when events remain but none is ready (a job needs a version that its own gradient
-            helps produce, e.g. SpecTrain's round-trip target with a perfect predictor).
+        DeadlockError: events remain but none is ready (a job needs a version its own gradient helps produce,
+            e.g. SpecTrain's round-trip target with a perfect predictor).
     """
     order, D, M = table.order, table.D, table.M
     index = table.index

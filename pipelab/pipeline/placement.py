@@ -1,72 +1,18 @@
 """Placements executed: who computes and who holds each stage, and the collectives of a step.
 
-A :class:`~pipelab.schedules.Schedule` fixes Rahimi's two placement functions w(s, b, d) =
-(w_weights(s), w_compute(s, b, d)): ``programs[w]`` says where each job runs, ``weight_holders[k]`` who
-holds stage k's weights. For every stage k this module derives its compute workers C_k, its holders H_k
-and its *kind*:
+A schedule fixes Rahimi's w(s, b, d): compute workers C_k (``programs``) and holders H_k (``weight_holders``).
+A stage is ``single`` (C_k = H_k = {w}: no collective), ``replicated`` (C_k ⊆ H_k, |H_k| > 1: DDP, LPP,
+DualPipe; ``g = Σ_{h ∈ H_k} g_h`` by all-reduce before U(k, t)) or ``sharded`` (C_k ⊄ H_k: FSDP, FSLPP,
+ZeRO-3; a non-holder receives the version its job uses from the owner H_k[0] by broadcast, has no optimizer,
+and its gradient is reduced onto the holders).
 
-- ``single``: C_k = H_k = {w} (GPipe, 1F1B, PipeDream, interleaved, folded): no collective;
-- ``replicated``: every computing worker holds a copy, C_k ⊆ H_k, |H_k| > 1 (DDP, LPP, DualPipe, hybrid
-  PP × DP): each holder h accumulates its own micro-batches' gradient g_h, and before U(k, t)
-
-      g = Σ_{h ∈ H_k} g_h            (all-reduce, sum, among H_k)
-
-  so that every holder applies the same update W_k^(v+1) = U(W_k^(v), g) and the copies stay equal;
-- ``sharded``: some worker computes stage k without holding it, C_k ⊄ H_k (FSDP, FSLPP: the holders own the
-  weights and the optimizer state, ZeRO-3's "parameter + gradient + optimizer-state partitioning"). Before a
-  non-holder w first runs a job of stage k that uses version v it receives W_k^(v) from the owner H_k[0]
-  (a broadcast among the owner and every non-holder that uses v; with the whole stage as the shard this is
-  FSDP's all-gather), and before U(k, t) the computing workers' gradients are reduced onto the holder:
-
-      g = Σ_{w ∈ C_k(t) ∪ H_k} g_w   at H_k[0] (reduce; with several holders an all-reduce among
-                                      C_k(t) ∪ H_k, the holders keeping the sum: reduce-scatter + copy).
-
-  The version a non-holder fetches is the one its job uses (the policy's stored version, read from the
-  version table); a non-holder holds no optimizer, so it cannot predict weights.
-
-Where the collectives go (:func:`placed_sequence`): the simulator's execution order lists every action
-(each holder's U included) at its effective time; the gradient collective of (k, t) is put right before the
-first holder's U(k, t) (after every B/W of (k, t): U waits for them), the broadcast of W_k^(v) right after
-the owner's update that made v (version 0: at the start). That one global sequence, restricted to worker w
-(its jobs and the collectives it is a member of), is w's program in the runtime; the emulator executes the
-whole sequence. A blocking runtime following it cannot deadlock: the sequence is a linearisation in which
-every point-to-point send precedes its receive and every collective follows what it needs, so the earliest
-unfinished event of any rank can always complete. Every rank derives the same sequence, hence issues the
-collectives of each group in the same order.
-
-Buckets and overlap (torch DDP's gradient bucketing, Li et al. 2020, §3.2.3): a replicated stage's all-reduce
-of (k, t) and the U(k, t) after it are deferred to the first entry that needs them (a non-U job of stage k on a
-member, or a reduction with a member; :func:`_defer_updates`), so DDP's all-reduces of a step meet after its
-last backward as in torch (the workers' job order then differs from the builder's program only in where these
-U's sit). :func:`placed_sequence` then marks
-*runs* of all-reduces that may be fused: all-reduces of one member set and one holder set such that, between
-one and the next, no member runs an F/B/I/W job and no reduction with a member is issued (U jobs and
-broadcasts may sit between). A later all-reduce of a run needs only gradients finished before the run's first
-one, so moving it up to the first one keeps the sequence a valid linearisation. Each entry of a run carries
-the run's ``(stage, step)`` parts (:attr:`Collective.bucket`); the executors split a run, in order, into
-buckets of at most ``bucket_bytes`` (:data:`BUCKET_BYTES`, torch's 25 MiB; a stage larger than the cap is a
-bucket alone; 0 = one all-reduce per stage) with :func:`bucket_parts`, and issue one all-reduce per bucket
-over a flat buffer of its parts' gradients. Bytes are counted per part as before; calls drop to one per
-bucket.
-
-Overlap rule (the runtime; :func:`launch_positions`): worker w *launches* the all-reduce of a bucket
-(``async_op=True``) as soon as w's last B/W of every part is done, but never before w has issued every
-collective that precedes it in w's sequence (launch positions are non-decreasing along the sequence), and
-waits for it at the bucket's first entry (the first U of its parts). Every member therefore issues the
-collectives of each group in the sequence's order, and each is issued no later than its place in the
-sequence, so the blocking argument above still rules out deadlocks.
-
-Bytes moved (:func:`collective_bytes`), per rank, for a payload of n bytes among P members: broadcast: the
-root sends (P−1)·n, each other member receives n; reduce: each non-root sends n, the root receives (P−1)·n;
-all-reduce: each member sends and receives 2(P−1)·n/P (the ring algorithm's volume).
-
-Example:
-    >>> from pipelab.schedules import ddp, fsdp, gpipe
-    >>> [p.kind for p in stage_placements(ddp(D=2, M=2))], [p.kind for p in stage_placements(gpipe(2, 2))]
-    (['replicated', 'replicated'], ['single', 'single'])
-    >>> p = stage_placements(fsdp(D=2, M=2))[1]
-    >>> p.compute, p.holders, p.kind
-    ((0, 1), (1,), 'sharded')
+One global sequence (:func:`placed_sequence`) puts the reduction of (k, t) before the first holder's U(k, t)
+and a broadcast after the update that made its version: a linearisation in which every send precedes its
+receive, so a blocking runtime following its part cannot deadlock and every rank issues each group's
+collectives in the same order. Buckets (torch DDP, Li et al. 2020, §3.2.3): replicated all-reduces are deferred
+to their first use, and runs of them with nothing of their members in between are fused (moving a later one up
+keeps the linearisation), cut at ``bucket_bytes``; a worker launches a bucket once its last B/W of every part is
+done, never before an earlier collective, and waits at the bucket's first U.
 
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025): w(s, b, d) and the
 note's remark that DDP, FSDP, PP, LPP and FSLPP are one master schedule with different placements;
@@ -129,16 +75,11 @@ class Collective(NamedTuple):
     """One collective of the global sequence.
 
     Attributes:
-        kind: ``"all_reduce"``, ``"reduce"`` (gradients of step ``step``) or ``"broadcast"`` (weights).
-        stage: the stage k whose gradient or weights it carries.
-        step: the step t of the gradient; for a broadcast, the step of the owner's update that made the
-            version (−1 for version 0).
-        version: the weight version a broadcast carries (−1 for the reductions).
-        members: the ranks taking part, sorted.
+        step: the gradient's step; for a broadcast, the step of the update that made ``version`` (−1: version 0).
+        version: the version a broadcast carries (−1 for the reductions).
         root: the reduce's destination or the broadcast's source (−1 for an all-reduce).
-        holders: the members that keep the result (the reductions; the receivers of a broadcast).
-        bucket: for an all-reduce that may be fused with others (module docstring), the ``(stage, step)``
-            parts of its whole run, in sequence order (itself included); ``()`` when it runs alone.
+        holders: the members that keep the result (a broadcast's receivers).
+        bucket: the ``(stage, step)`` parts of a fusable all-reduce's run, itself included; ``()`` alone.
     """
 
     kind: str
@@ -152,21 +93,11 @@ class Collective(NamedTuple):
 
 
 class Launch(Collective):
-    """The early start of an all-reduce (:func:`launch_positions`): its gradients are ready on this worker.
-
-    The driver hands it to the collective runner; the runtime issues the bucket's all-reduce asynchronously
-    once all its parts are launched, the emulator ignores it (values do not depend on when a sum starts).
-    """
+    """The early start of an all-reduce (:func:`launch_positions`); the emulator ignores it."""
 
 
 def stage_placements(schedule: Any) -> tuple[StagePlacement, ...]:
-    """C_k, H_k and the kind (``single`` / ``replicated`` / ``sharded``) of every stage of ``schedule``.
-
-    Example:
-        >>> from pipelab.schedules import lpp
-        >>> [(p.compute, p.holders, p.kind) for p in stage_placements(lpp(D=2, M=2, G=2, R=1))]
-        [((0, 1), (0, 1), 'replicated'), ((0, 1), (0, 1), 'replicated')]
-    """
+    """C_k, H_k and the kind (``single`` / ``replicated`` / ``sharded``) of every stage of ``schedule``."""
     computing: list[set[int]] = [set() for _ in range(schedule.D)]
     for w, prog in enumerate(schedule.programs):  # one pass over the jobs (Schedule.stage_workers for all k)
         for k in {a.stage for a in prog if a.op != "U"}:
@@ -197,18 +128,9 @@ def _grad_collective(p: StagePlacement, t: int, computed: set[int]) -> Collectiv
 def placed_sequence(sim: Any, needs: Callable[[Job], int] | None = None) -> list[PlacedJob | Collective]:
     """The global sequence of a placed schedule: every action with its worker, and the collectives.
 
-    Args:
-        sim: the schedule's :class:`~pipelab.simulator.SimResult` (its execution order places the events).
-        needs: ``job -> v``, the stored version of its stage each compute job uses (a predicted spec names its
-            base version); a non-holder's job makes its worker fetch it. ``None``: no fetches (the reductions
-            alone).
-
-    Returns:
-        :class:`PlacedJob` and :class:`Collective` entries in one order valid for every worker (see the
-        module docstring).
-
-    Raises:
-        ValueError: when the timeline cannot host the collectives (a job before the weights it needs).
+    ``sim``: the schedule's simulation (its execution order places the events); ``needs``: ``job -> v``, the stored
+    version each compute job reads, fetched by a non-holder (``None``: reductions only). ValueError when the timeline
+    cannot host the collectives (a job before the weights it needs).
     """
     s = sim.schedule
     places = stage_placements(s)
@@ -253,14 +175,7 @@ def placed_sequence(sim: Any, needs: Callable[[Job], int] | None = None) -> list
 
 def _defer_updates(seq: list[PlacedJob | Collective], places: Sequence[StagePlacement]
                    ) -> list[PlacedJob | Collective]:
-    """Move each replicated stage's all-reduce of (k, t), with the U(k, t) that follow it, down to just before
-    the first entry that needs them: a non-U job of stage k on a member, or a reduction with a member.
-
-    Deferred blocks keep their relative order (a flush takes every earlier pending block along), so each
-    group's collectives keep theirs; only independent jobs move ahead of them, which leaves a linearisation
-    (module docstring). This is what lets DDP's all-reduces of one step meet after its last backward, where
-    they can be fused, and gives the launched all-reduces the rest of the backward to overlap with.
-    """
+    """Move each replicated all-reduce of (k, t) and its U(k, t), in order, down to the first entry that needs them."""
     out: list[PlacedJob | Collective] = []
     pending: dict[tuple[int, int], tuple[set[int], list[PlacedJob | Collective]]] = {}
 
@@ -292,7 +207,7 @@ def _defer_updates(seq: list[PlacedJob | Collective], places: Sequence[StagePlac
 
 
 def _mark_runs(seq: list[PlacedJob | Collective]) -> list[PlacedJob | Collective]:
-    """Set :attr:`Collective.bucket` on the all-reduces that form runs (module docstring)."""
+    """Set :attr:`Collective.bucket` on the all-reduces that form runs."""
     runs: list[list[int]] = []
     open_runs: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
     for i, e in enumerate(seq):
@@ -326,16 +241,10 @@ def _mark_runs(seq: list[PlacedJob | Collective]) -> list[PlacedJob | Collective
 
 def bucket_parts(c: Collective, nbytes: Callable[[int], int], bucket_bytes: int | None = None
                  ) -> tuple[tuple[int, int], ...]:
-    """The bucket (``(stage, step)`` parts) all-reduce ``c`` is fused into, under a ``bucket_bytes`` cap.
+    """The ``(stage, step)`` parts of the bucket all-reduce ``c`` is fused into, under a ``bucket_bytes`` cap.
 
-    The run :attr:`Collective.bucket` is cut greedily, in order: a part joins the current bucket while the
-    bucket's payload (``nbytes(stage)`` per part) stays within the cap; a part larger than the cap is a bucket
-    alone. ``bucket_bytes`` defaults to :data:`BUCKET_BYTES`; 0 gives one all-reduce per stage.
-
-    Example:
-        >>> c = Collective("all_reduce", 1, 0, -1, (0, 1), -1, (0, 1), ((1, 0), (0, 0), (2, 0)))
-        >>> bucket_parts(c, lambda k: 10, 25), bucket_parts(c._replace(stage=2), lambda k: 10, 25)
-        (((1, 0), (0, 0)), ((2, 0),))
+    The run is cut greedily in order; a part larger than the cap is a bucket alone; default :data:`BUCKET_BYTES`,
+    0: one all-reduce per stage.
     """
     cap = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     if not isinstance(cap, int) or cap < 0:
@@ -361,10 +270,8 @@ def bucket_parts(c: Collective, nbytes: Callable[[int], int], bucket_bytes: int 
 def launch_positions(program: Sequence[Any]) -> dict[int, int]:
     """``position of an all-reduce -> position before which it is launched`` in one worker's program.
 
-    L(c) = max(1 + the last B/W position of c's (stage, step), L of the previous collective), where
-    a blocking collective's L is its own position (module docstring: the overlap rule); a bucket is issued
-    when its last part is launched, at the latest at its first entry. Applied to the
-    emulator's whole sequence it is harmless (the emulator ignores launches).
+    ``L(c) = max(1 + last B/W position of c's (stage, step), L of the previous collective)``, a blocking
+    collective's L being its own position.
     """
     last_grad: dict[tuple[int, int], int] = {}
     for pos, e in enumerate(program):
@@ -413,14 +320,10 @@ def worker_sequence(seq: Sequence[PlacedJob | Collective], w: int) -> list[Place
 
 
 def collective_bytes(kind: str, nbytes: int, members: int, rank_is_root: bool) -> tuple[int, int]:
-    """``(sent, received)`` bytes of one rank in a collective of ``kind`` over an n-byte payload.
+    """``(sent, received)`` bytes of one rank in a collective over an n-byte payload among P members.
 
-    Conventions (module docstring): broadcast root (P−1)n sent, others n received; reduce non-roots n sent,
-    root (P−1)n received; all-reduce 2(P−1)n/P both ways (rounded down).
-
-    Example:
-        >>> collective_bytes("all_reduce", 800, 4, False), collective_bytes("broadcast", 800, 4, True)
-        ((1200, 1200), (2400, 0))
+    Broadcast: root sends (P−1)n, others receive n; reduce: non-roots send n, root receives (P−1)n; all-reduce:
+    2(P−1)n/P both ways (the ring's volume, rounded down).
     """
     P = members
     if kind == "all_reduce":
@@ -434,11 +337,7 @@ def collective_bytes(kind: str, nbytes: int, members: int, rank_is_root: bool) -
 
 
 class CollectiveCounter:
-    """Bytes sent and received and calls, per collective kind, per rank (see :func:`collective_bytes`).
-
-    Attributes:
-        bytes_sent, bytes_received: ``rank -> {kind -> bytes}``; calls: ``rank -> {kind -> count}``.
-    """
+    """Bytes sent and received, and calls, per rank and collective kind (``rank -> {kind -> n}``)."""
 
     def __init__(self) -> None:
         self.bytes_sent: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -446,8 +345,7 @@ class CollectiveCounter:
         self.calls: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
     def add(self, c: Collective, rank: int, nbytes: int, calls: int = 1) -> None:
-        """Count ``c``'s ``nbytes`` payload for ``rank``; ``calls`` is 0 for a part fused into a bucket whose
-        call was counted with its first part (bytes are counted per part, so bucketing leaves them unchanged)."""
+        """Count ``c``'s payload for ``rank``; ``calls`` is 0 for a fused part (bytes count per part)."""
         sent, got = collective_bytes(c.kind, nbytes, len(c.members), rank == c.root)
         self.bytes_sent[rank][c.kind] += sent
         self.bytes_received[rank][c.kind] += got
@@ -461,13 +359,7 @@ class CollectiveCounter:
 
 
 class FetchedStage(StageExecutor):
-    """A computing non-holder's copy of stage k (sharded placements): weights arrive, gradients leave.
-
-    It runs its F/B (I/W) jobs like any stage, at the versions its policy names, from the versions it
-    received (:meth:`receive_version`); it has no optimizer, no update and no optimizer state; its gradient
-    of step t is taken by the reduction (:meth:`take_gradient`). A received version is dropped after its last
-    use here, or when the next one arrives if it was the newest.
-    """
+    """A computing non-holder's copy of stage k (sharded): weights arrive, gradients leave; no optimizer, no update."""
 
     def __init__(self, k: int, D: int, M: int, module: nn.Module, events: Any, specs: Any, policy: Any, table: Any,
                  loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False, precision: Any = None) -> None:
@@ -505,10 +397,8 @@ def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExec
                        counter: CollectiveCounter | None = None, bucket_bytes: int | None = None) -> None:
     """Run collective ``c`` in memory on the stage copies ``(worker, stage) -> executor``.
 
-    Reductions sum the members' gradients in rank order and hand every holder its own copy of the sum;
-    a broadcast hands each receiver a copy of the owner's version. A :class:`Launch` does nothing. A fused
-    all-reduce is summed part by part (the same element-wise sums as one flat buffer) and counted as one
-    call per bucket (:func:`bucket_parts` under ``bucket_bytes``, default :data:`BUCKET_BYTES`).
+    Reductions sum in rank order and give each holder its own copy; a fused all-reduce is summed part by part (the
+    same sums as one flat buffer) and counted as one call per bucket.
     """
     if isinstance(c, Launch):
         return

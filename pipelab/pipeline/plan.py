@@ -1,19 +1,7 @@
 """Planning a pipeline run: version table, per-job weight specs, execution order, ring sizes, stages.
 
-:func:`build_pipeline` does the set-up the single-process :class:`~pipelab.emulator.Emulator` and the
-multi-process :class:`~pipelab.runtime.PipelineRuntime` share, from one
-:class:`~pipelab.pipeline.spec.PipelineSpec`: every job's forward/backward weights from the policy and the
-version table (never from rank arithmetic, :class:`JobSpecs`), the execution order (the oracle's waiting), each
-stage's events and ring of weight versions, and a :class:`~pipelab.pipeline.stage.StageExecutor` for the
-requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
-learning-rate schedulers and predictors. For a placed schedule (a stage computed or held by several workers:
-DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) it builds one copy per (worker, stage) — a holder's with its own
-optimizer, a computing non-holder's (:class:`~pipelab.pipeline.placement.FetchedStage`) without — and the
-global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`).
-
-The set-up is linear in the jobs and mostly array operations: the specs are the policy's rule evaluated on the
-version table's arrays, a stage's events are arrays too, and a placed schedule's sequence is cut into its
-copies' parts in one pass.
+The set-up the emulator and the runtime share, linear in the jobs; every job's weights come from the policy and
+the version table, never from rank arithmetic.
 """
 
 from __future__ import annotations
@@ -54,11 +42,7 @@ __all__ = ["PipelinePlan", "JobSpecs", "build_pipeline", "as_stages", "version_t
 
 
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
-    """Stage modules from an ``nn.Sequential`` (split into D stages) or a list of stage modules.
-
-    Every position of the ``nn.Sequential`` is kept, also a module placed at several positions; a parameter
-    shared by two stages is refused (:func:`pipelab.partition.check_unshared`).
-    """
+    """Stage modules from an ``nn.Sequential`` (split into D) or a list; a parameter shared by two stages is refused."""
     from ..partition import check_unshared, split
 
     if isinstance(model, nn.Sequential) and D is not None:
@@ -73,13 +57,7 @@ def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: An
 
 
 def version_table(schedule: Any) -> VersionTable:
-    """The version table of a schedule: a :class:`~pipelab.schedules.VersionTable` with its execution order,
-    a simulation result, or a schedule (simulated with unit costs by :func:`pipelab.simulator.simulate`).
-
-    Raises:
-        TypeError: any other object.
-        ValueError: a table without an execution order.
-    """
+    """The version table of a VersionTable with its order, a simulation result, or a schedule (unit costs)."""
     if isinstance(schedule, VersionTable):
         table = schedule
     else:
@@ -102,11 +80,8 @@ def version_table(schedule: Any) -> VersionTable:
 class JobSpecs(Mapping[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]):
     """Every micro-batch job's forward and backward weights, held as arrays: ``(k, t, j) -> (forward, backward)``.
 
-    ``base[op]`` and ``target[op]`` (op ``"F"`` or ``"B"``, int arrays [D, T, M]) are the policy's rule
-    (:meth:`~pipelab.policies.Policy.versions`) evaluated on the whole version table at once: a job's weights
-    are ``Stored(v)`` where base = target = v, else ``Predicted(base, target − base)``. With the oracle
-    predictor a prediction is the true future version instead (base = target). The specs themselves are made
-    when a job asks for them (:meth:`pair`).
+    ``base[op]``, ``target[op]`` ([D, T, M]) are the policy's rule on the whole table: ``Stored(v)`` where
+    base = target = v, else ``Predicted(base, target − base)``; with the oracle predictor base = target.
     """
 
     def __init__(self, policy: Policy, table: VersionTable, oracle: bool = False) -> None:
@@ -160,19 +135,9 @@ class JobSpecs(Mapping[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]):
 class PipelinePlan:
     """Everything a driver needs to execute a schedule under a policy (see :func:`build_pipeline`).
 
-    Attributes:
-        specs: every micro-batch job's weights, ``(k, t, j) -> (forward spec, backward spec)`` (:class:`JobSpecs`).
-        order: execution order of all events (the schedule's, or the oracle's waiting order).
-        waited: whether ``order`` differs from the schedule's order.
-        capacity: ring size of every stage (peak versions alive at once).
-        stages: the built executors, by stage index (for a placed schedule: the owner's copy in the emulator,
-            the rank's own copy in the runtime).
-        weightless: stages without trainable parameters (no optimizer, no predictor, no weight copies).
-        precision: the run's :class:`~pipelab.precision.Precision`; scaler: fp16's shared loss scale (else None).
-        placement: for a schedule whose stages are computed or held by several workers
-            (:mod:`~pipelab.pipeline.placement`): every stage's C_k, H_k and kind; empty otherwise.
-        sequence: the placed schedule's global sequence of jobs (with workers) and collectives.
-        copies: the built stage copies, ``(worker, stage) -> executor`` (placed schedules only).
+    ``order``: the schedule's, or the oracle's waiting order (``waited``); ``capacity``: each stage's ring size;
+    ``stages``: the built executors (placed: the owner's or the rank's copy); ``weightless``: stages without
+    trainable parameters; ``placement``, ``sequence``, ``copies``: a placed schedule's, else empty.
     """
 
     D: int
@@ -204,10 +169,7 @@ class PipelinePlan:
 
     @property
     def weight_bytes(self) -> dict[int, dict[str, int]]:
-        """Bytes each built stage holds for its weights in the run's precision: masters, stored versions,
-        predicted copies, optimizer state (once stepped, so before the first step too), total
-        (:func:`pipelab.precision.weight_memory`), all of its trainable parameters (frozen ones are held once, in the
-        module, and are not counted)."""
+        """Per built stage, :func:`pipelab.precision.weight_memory` of its trainable parameters (frozen ones: once)."""
         copies = self.weight_copies
         return {k: weight_memory(self.precision, st.params, 0 if k in self.weightless else self.capacity[k],
                                  copies[k] - self.capacity[k] if k not in self.weightless else 0, st.optimizer)
@@ -225,31 +187,17 @@ def build_pipeline(
 ) -> PipelinePlan:
     """Plan a run and build the executors of the stages in ``only`` (default: all).
 
+    Steps, each linear in the jobs: the version table (a schedule is simulated) and the policy checked against it;
+    every job's weights as arrays (:class:`JobSpecs`); the order (the oracle's waiting order where needed); each
+    stage's events and ring size (:func:`stage_events`); the executors (or placed copies, :func:`_build_placed`),
+    fp16's shared loss scale and the predictors. A stage without trainable parameters gets no optimizer, scheduler
+    or predictor; frozen parameters are never versioned, predicted or stepped.
+
     Args:
-        model: an ``nn.Sequential`` (cut into ``spec.D`` stages, default the schedule's) or a list of stage
-            modules.
-        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords
-            (``schedule=..., policy=..., optimizer=..., ...``; with a spec, keywords replace its fields).
-        only: restricts which stages get executors (and optimizers), as a runtime rank needs only its own
-            (ignored for a placed schedule: ``worker`` chooses the copies).
-        worker: for a placed schedule (a stage computed or held by several workers), build only this
-            worker's stage copies (a runtime rank); ``None``: every worker's (the emulator).
-
-    The optimizer factory is called with each stage's trainable parameters (``requires_grad``; frozen ones are
-    read from the module and never versioned, predicted or stepped: :mod:`~pipelab.pipeline.stage`). A stage
-    without trainable parameters gets no optimizer, learning-rate scheduler or predictor (its policy has nothing
-    to choose); it still runs its jobs.
-
-    =========  ========================================================================================
-    step       what it does (each linear in the jobs)
-    =========  ========================================================================================
-    table      the version table (a schedule is simulated), the stages, the policy checked against both
-    specs      every job's forward and backward weights, as arrays (:class:`JobSpecs`)
-    order      the schedule's order, or the waiting order where a job needs a version not made yet
-    events     each stage's events, the uses of each version and its ring size (:func:`stage_events`)
-    executors  an executor per stage asked for (:func:`_executor`), or per placed copy
-               (:func:`_build_placed`); fp16's shared loss scale; the predictors of the stages that predict
-    =========  ========================================================================================
+        model: an ``nn.Sequential`` (cut into ``spec.D`` stages, default the schedule's) or stage modules.
+        spec: a :class:`~pipelab.pipeline.spec.PipelineSpec`, or its fields as keywords (which replace a spec's).
+        only: the stages a runtime rank builds (ignored for a placed schedule).
+        worker: for a placed schedule, build only this worker's copies; ``None``: all (the emulator).
     """
     spec = make_spec(spec, fields, "build_pipeline")
     sim, table, stages, policy = _table_and_stages(model, spec)
@@ -282,8 +230,7 @@ def build_pipeline(
 
 def _table_and_stages(model: nn.Module | Sequence[nn.Module], spec: PipelineSpec
                       ) -> tuple[Any, VersionTable, list[nn.Module], Policy]:
-    """The simulation of a placed schedule (else ``None``), the version table, the stages and the policy, checked
-    against each other (the schedule before the model, so that a bad schedule is not blamed on the model)."""
+    """Placed simulation (or None), table, stages, policy: checked schedule first, not to blame the model for it."""
     sim = _placed_simulation(spec.schedule)
     table = version_table(sim if sim is not None else spec.schedule)
     D = table.D if spec.D is None and isinstance(model, nn.Sequential) else spec.D
@@ -296,8 +243,7 @@ def _table_and_stages(model: nn.Module | Sequence[nn.Module], spec: PipelineSpec
 
 
 def _order(table: VersionTable, specs: JobSpecs) -> tuple[Sequence[Job], bool]:
-    """The execution order and whether it differs from the schedule's: the schedule's own, unless a job needs a
-    version its stage has not made when the job's turn comes (the oracle), then :func:`resolve_order`'s."""
+    """The schedule's order, unless a job needs a version not yet made (the oracle): :func:`resolve_order`'s."""
     if (specs.base["F"] <= table.forward).all() and (specs.base["B"] <= table.backward).all():
         return table.order, False
     order = resolve_order(table, lambda job: 0 if job[0] == "U" else specs.need(*job))
@@ -307,8 +253,8 @@ def _order(table: VersionTable, specs: JobSpecs) -> tuple[Sequence[Job], bool]:
 def stage_events(order: Sequence[Job], specs: JobSpecs, D: int) -> list[StageEvents]:
     """Every stage's events in ``order``, the uses of each of its versions and its ring size.
 
-    A stage's events come in the same relative order in the global sequence and in the program of the
-    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
+    Stage-local positions serve emulator and runtime alike: a stage's events keep their relative order in the
+    global sequence and in its worker's program.
     """
     op, k, t, j = job_columns(order)
     out = []
@@ -320,8 +266,7 @@ def stage_events(order: Sequence[Job], specs: JobSpecs, D: int) -> list[StageEve
 
 def _executor(plan: PipelinePlan, spec: PipelineSpec, k: int, module: nn.Module, events: StageEvents,
               fetched: bool = False) -> StageExecutor:
-    """Stage k's executor over ``module``: with its optimizer (refused or set up by the policy, the one place a
-    policy meets its optimizer) and learning-rate scheduler; a computing non-holder's copy (``fetched``) has none."""
+    """Stage k's executor with its optimizer (checked and set up by the policy) and scheduler; ``fetched``: none."""
     first = next((p for p in module.parameters() if p.is_floating_point()), None)
     check_precision(plan.precision, torch.device("cpu") if first is None else first.device,
                     None if first is None else first.dtype)
@@ -355,19 +300,10 @@ def _placed_simulation(schedule: Any) -> Any:
 
 def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], spec: PipelineSpec,
                   worker: int | None) -> None:
-    """Fill ``plan`` for a placed schedule: the global sequence with its collectives and one stage copy per
-    (worker, stage) computing or holding it (:mod:`~pipelab.pipeline.placement`); every holder gets its own
-    optimizer (replicas stay equal: they apply the same reduced gradient).
+    """Fill ``plan`` for a placed schedule: the global sequence and a copy per (worker, stage) computing or holding it.
 
-    ========  ==========================================================================================
-    step      what it does
-    ========  ==========================================================================================
-    refuse    what the copies cannot serve: fp16's shared skip decision, versions kept off the masters,
-              waiting, per-copy gradient state, predictions on a worker without optimizer state
-    sequence  the global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`)
-    parts     one pass over it: each (worker, stage) copy's jobs and the broadcasts it receives
-    copies    per copy its events and executor (a holder's own optimizer; a non-holder's FetchedStage)
-    ========  ==========================================================================================
+    After :func:`_refuse_placed`, one pass over the sequence gives each copy its jobs and received broadcasts; every
+    holder gets its own optimizer (replicas stay equal: they apply the same reduced gradient).
     """
     places = _refuse_placed(plan, sim.schedule, worker)
     seq = placed_sequence(sim, lambda job: plan.specs.need(*job))
@@ -398,7 +334,9 @@ def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], spe
 
 
 def _refuse_placed(plan: PipelinePlan, schedule: Any, worker: int | None) -> tuple[StagePlacement, ...]:
-    """The placements of ``schedule``, after refusing what its stage copies cannot serve (see :func:`_build_placed`)."""
+    """The placements, after refusing what copies cannot serve: fp16's shared skip, non-master versions,
+    waiting, per-copy gradient state, predictions on a worker without optimizer state.
+    """
     name, policy = schedule.name, plan.policy
     if plan.precision.loss_scaling is not None:
         raise ValueError("fp16 with loss scaling is not supported on placed schedules (replicated or sharded "
@@ -427,8 +365,7 @@ def _refuse_placed(plan: PipelinePlan, schedule: Any, worker: int | None) -> tup
 
 
 def _copy_events(part: Sequence[PlacedJob | Collective], specs: JobSpecs, k: int) -> StageEvents:
-    """A stage copy's events (its part of the global sequence): a holder's jobs, or a non-holder's jobs with the
-    versions it receives, each before the job it precedes."""
+    """A stage copy's events: its jobs, with the versions a non-holder receives before the job they precede."""
     jobs = [e for e in part if not isinstance(e, Collective)]
     arrivals, n = [], 0
     for e in part:
@@ -442,11 +379,7 @@ def _copy_events(part: Sequence[PlacedJob | Collective], specs: JobSpecs, k: int
 
 
 def _attach_predictors(plan: PipelinePlan, stages: Iterable[StageExecutor], predictor: Any) -> None:
-    """Give every stage that predicts its predictor (validated by :class:`~pipelab.pipeline.spec.PipelineSpec`);
-    a stage that never predicts gets none, so it also keeps no predictor history.
-
-    A predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
-    """
+    """Give every stage that predicts its predictor (others none); warn when a given predictor goes unused."""
     import warnings
 
     from ..predictors import Predictor, make_predictor

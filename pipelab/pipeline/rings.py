@@ -1,11 +1,8 @@
 """Bounded stores of explicit weight versions, and how many versions each stage must hold.
 
-:class:`VersionRing`: a stage's weight versions keyed by version number. Stored versions are never mutated.
-:class:`StageEvents`: a stage's events in execution order, as arrays, with how many of them use each version
-and the ring's capacity. A version is dropped when no use of it is left and it is not the newest (the live
-weights), so the capacity, the peak number of versions alive at once, is exactly the number of weight copies a
-real stage holds (weight stashing: D − k at stage k). Set-up is linear in the jobs: one pass over the order
-(:func:`job_columns`), then array operations.
+A version is dropped when no use of it is left and it is not the newest (the live weights), so a ring's
+capacity, the peak number of versions alive at once, is exactly the number of weight copies a real stage holds
+(weight stashing: D − k at stage k).
 
 Reference: PipeDream's weight stashing (Narayanan et al., SOSP 2019).
 """
@@ -35,16 +32,10 @@ def job_columns(order: Sequence[Job]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def peak_versions(born: np.ndarray, last: np.ndarray) -> int:
-    """Most versions alive at once: version i (in creation order) appears at position ``born[i]`` and its last use
-    is at ``last[i]`` (−1: never used); it stays while it is the newest or until its last use.
+    """Most versions alive at once; version i appears at ``born[i]``, is last used at ``last[i]`` (−1: never).
 
-    A version counts at the creation of a newer one when its death, max(last use, the next version's creation),
-    comes later; the old newest version is gone first when its last use came before (updated in place). The
-    count at creation i is therefore 1 + i − #{deaths ≤ born[i]} (later versions die after born[i]).
-
-    Example:
-        >>> int(peak_versions(np.array([-1, 2, 6]), np.array([8, 7, -1])))  # versions 0, 1 used after 2 appears
-        3
+    A version dies at max(last use, the next version's creation), so the count at creation i is
+    ``1 + i − #{deaths ≤ born[i]}``.
     """
     death = np.maximum(last, np.append(born[1:], np.iinfo(np.int64).max))
     alive = 1 + np.arange(len(born)) - np.searchsorted(np.sort(death), born, side="right")
@@ -52,18 +43,10 @@ def peak_versions(born: np.ndarray, last: np.ndarray) -> int:
 
 
 class StageEvents:
-    """One stage's (or stage copy's) events in execution order, the uses of each version, and its ring size.
+    """One stage's (or copy's) events in execution order (op codes of :data:`OPS`), its version uses and ring size.
 
-    Args:
-        op, t, j: the events (op codes of :data:`OPS`; ``j = -1`` for U), as arrays.
-        need: the version each event uses (its spec's stored version, or a prediction's base; −1 for U).
-        arrivals: for a copy that receives its versions (:class:`~pipelab.pipeline.placement.FetchedStage`):
-            ``(event position, version)`` of each arrival, before that event; default: version 0 before the
-            first event and version v + 1 at the v-th U.
-
-    Attributes:
-        uses: ``uses[v]``, how many events use version v (a stage executor counts them down as its jobs run).
-        capacity: the peak number of versions alive at once (:func:`peak_versions`).
+    ``need``: the version each event reads (−1 for U); ``arrivals``: ``(event position, version)`` a fetched copy
+    receives (default: version 0 first, v + 1 at the v-th U); ``uses[v]`` is counted down as the jobs run.
     """
 
     def __init__(self, op: np.ndarray, t: np.ndarray, j: np.ndarray, need: np.ndarray,
@@ -91,18 +74,7 @@ class StageEvents:
 
 
 class VersionRing:
-    """Explicit weight versions of one stage, keyed by version number, at most ``capacity`` at once.
-
-    Stored tensors are leaves (``requires_grad`` when asked) that are never written to; :meth:`put`
-    stores a fresh version, :meth:`drop` forgets one after its last use.
-
-    Example:
-        >>> import torch
-        >>> ring = VersionRing(capacity=2)
-        >>> ring.put(0, [torch.zeros(2)]); ring.put(1, [torch.ones(2)]); ring.drop(0)
-        >>> sorted(ring.versions())
-        [1]
-    """
+    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use."""
 
     def __init__(self, capacity: int, stage: int = 0) -> None:
         if not isinstance(capacity, int) or capacity < 1:

@@ -1,18 +1,8 @@
 """Weight predictors derived from ``torch.optim``: predict the weights a stage will have ``s`` updates ahead.
 
-Every predictor is a pure function of the user's optimizer (params, param groups, state) and ``s``
-(vocabulary: :mod:`pipelab`); it never mutates the optimizer. The optimizer-specific part — "what update would this
-optimizer apply?" — lives in one :class:`~pipelab.predictors.rules.UpdateRule` per optimizer family
-(SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam, Adamax, Muon), shared by ``pipeoptim``, ``repeat`` and
-``zero_grad_rollout``.
-
-Example:
-    >>> import torch
-    >>> from pipelab.predictors import make_predictor
-    >>> w = torch.nn.Parameter(torch.zeros(2)); opt = torch.optim.Adam([w], lr=0.01)
-    >>> w.grad = torch.ones(2); opt.step()
-    >>> [round(x, 4) for x in make_predictor("pipeoptim").predict(opt, 3)[0].tolist()]
-    [-0.04, -0.04]
+The optimizer-specific part ("what update would this optimizer apply?") lives in one
+:class:`~pipelab.predictors.rules.UpdateRule` per family (SGD, Adam/AdamW, RMSprop, Adagrad, NAdam, RAdam,
+Adamax, Muon), shared by ``pipeoptim``, ``repeat`` and ``zero_grad_rollout``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The weight-predictor interface and the plumbing shared by all predictors.
 
-A predictor answers "what will this optimizer's parameters be after ``s`` more updates?" as a pure
-function of the user's ``torch.optim`` optimizer (its params, param groups and state) and ``s``:
-
-    Ŵ_{t+s} = predictor.predict(optimizer, s)          # list of tensors, param_groups order
-
-It never writes to the optimizer, its state or its parameters. Predictors that extrapolate from the
-weight history (linear, PipeMare) additionally need :meth:`Predictor.observe` called after every
-``optimizer.step()``; for the others ``observe`` does nothing. ``params=`` predicts from given weight
-tensors (e.g. a stashed version) instead of the optimizer's current parameters, with the optimizer's
-state and hyper-parameters.
-
-Example:
-    >>> import torch
-    >>> from pipelab.predictors import make_predictor
-    >>> w = torch.nn.Parameter(torch.zeros(2)); opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
-    >>> w.grad = torch.ones(2); opt.step()
-    >>> make_predictor("spectrain").predict(opt, 2)[0]
-    tensor([-0.3000, -0.3000])
+``Ŵ_{t+s} = predictor.predict(optimizer, s)``: a pure function of the user's ``torch.optim`` optimizer (params,
+groups, state) and s, which it never writes to. History predictors (linear, PipeMare) need
+:meth:`Predictor.observe` after every ``optimizer.step()``. ``params=`` predicts from given weights (e.g. a
+stashed version) with the optimizer's state and hyper-parameters.
 """
 
 from __future__ import annotations
@@ -113,13 +99,7 @@ class Bucket:
 
 def buckets(optimizer: torch.optim.Optimizer, rule: UpdateRule, *,
             include: Callable[[Tensor], bool] = lambda p: True, fresh_state: bool = True) -> list[Bucket]:
-    """Group the optimizer's parameters into :class:`Bucket` s, reading state without creating entries.
-
-    Args:
-        include: which parameters take part (e.g. only those with a gradient).
-        fresh_state: give parameters without state the state ``torch.optim`` would create on its first
-            step (:meth:`UpdateRule.init_state`); otherwise they are skipped.
-    """
+    """The optimizer's parameters in :class:`Bucket` s; ``fresh_state`` gives stateless ones their first-step state."""
     out: list[Bucket] = []
     pos = 0
     for gi, group in enumerate(optimizer.param_groups):
@@ -148,10 +128,7 @@ def buckets(optimizer: torch.optim.Optimizer, rule: UpdateRule, *,
 
 
 class Predictor(ABC):
-    """A weight predictor: ``predict(optimizer, s, params=None) -> list[Tensor]``, never mutating state.
-
-    Class attributes ``name`` (registry name) and ``reference`` (the paper) document each predictor.
-    """
+    """A weight predictor: ``predict(optimizer, s, params=None) -> list[Tensor]``, never mutating state."""
 
     name: ClassVar[str] = ""
     reference: ClassVar[str] = ""
@@ -176,13 +153,7 @@ class Predictor(ABC):
 
     def predict(self, optimizer: torch.optim.Optimizer, s: int, params: Sequence[Tensor] | None = None
                 ) -> list[Tensor]:
-        """Predicted weights ``Ŵ_{t+s}``, one new tensor per parameter in ``param_groups`` order.
-
-        Args:
-            optimizer: the user's optimizer (read only).
-            s: number of future updates to predict (``0`` returns copies of the starting weights).
-            params: starting weights instead of the optimizer's current parameters (same shapes).
-        """
+        """Predicted weights ``Ŵ_{t+s}``, one new tensor per parameter in ``param_groups`` order (s = 0: copies)."""
         check_optimizer(optimizer)
         s = check_steps(s)
         W = resolve_weights(optimizer, params)

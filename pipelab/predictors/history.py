@@ -1,26 +1,8 @@
 """Predictors that extrapolate the recorded weight history: linear extrapolation and PipeMare's δ.
 
-These ignore the optimizer's state and use only the weights it produced, so they work with any
-optimizer. Call :meth:`Predictor.observe` after every ``optimizer.step()`` (and once before training if
-you like: the first observation only records the starting point). Predicting ``s ≠ 0`` for an optimizer
-never observed raises ValueError (it used to return the stale weights silently, hiding a missing
-``observe``); after a single observation no weight change has been seen yet and the prediction is the
-stale weights (zero velocity).
-
-- ``linear``: ``Ŵ_{t+s} = W + s·(W_t − W_{t−1})``.
-- ``pipemare``: ``δ_t = γ·δ_{t−1} + (1−γ)·(W_t − W_{t−1})`` (``δ_0 = 0``), ``Ŵ_{t+s} = W + s·δ_t``.
-
-``W`` is the starting point (the optimizer's current weights, or ``params=``); the history is kept per
-optimizer, so one predictor object can serve several stages. Memory: two weight-sized buffers per
-optimizer (the last weights and the difference or δ).
-
-Example:
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.zeros(1)); opt = torch.optim.SGD([w], lr=1.0)
-    >>> lin = LinearExtrapolation(); lin.observe(opt)
-    >>> w.grad = -torch.ones(1); opt.step(); lin.observe(opt)
-    >>> lin.predict(opt, 2)[0]
-    tensor([3.])
+They use only the weights (any optimizer); call :meth:`Predictor.observe` after every step. s ≠ 0 for an
+optimizer never observed raises ValueError (a missing ``observe`` must not pass as stale weights). History is
+kept per optimizer: two weight-sized buffers each.
 
 References: PipeMare — Yang et al., "PipeMare: Asynchronous Pipeline Parallel DNN Training", MLSys 2021
 (arXiv:1910.05124), discrepancy correction; linear extrapolation is its ``γ = 0`` case.
@@ -49,10 +31,7 @@ class _History:
 
 
 class HistoryPredictor(Predictor):
-    """Base class: ``Ŵ = W + s·δ`` with ``δ`` an exponential moving average (decay ``gamma``) of differences.
-
-    ``predict(optimizer, s)`` with ``s ≠ 0`` raises ValueError if ``observe(optimizer)`` was never called.
-    """
+    """Base class: ``Ŵ = W + s·δ`` with ``δ`` an exponential moving average (decay ``gamma``) of differences."""
 
     needs_history = True
 
@@ -141,13 +120,7 @@ class HistoryPredictor(Predictor):
 
 
 class LinearExtrapolation(HistoryPredictor):
-    """Linear extrapolation of the last weight difference: ``Ŵ_{t+s} = W + s·(W_t − W_{t−1})``.
-
-    Needs :meth:`observe` after each step. Equals SpecTrain for SGD with momentum, no dampening and a
-    constant learning rate (then ``W_t − W_{t−1} = −lr·b_t``), whatever the optimizer otherwise.
-
-    Reference: the ``γ = 0`` case of PipeMare's correction (arXiv:1910.05124).
-    """
+    """``Ŵ_{t+s} = W + s·(W_t − W_{t−1})``; SpecTrain for SGD with momentum, no dampening and a constant lr."""
 
     name = "linear"
     reference = "W + s·(W_t − W_{t−1}); PipeMare (arXiv:1910.05124) with γ = 0"
@@ -160,16 +133,7 @@ class LinearExtrapolation(HistoryPredictor):
 
 
 class PipeMare(HistoryPredictor):
-    """PipeMare's discrepancy correction: ``Ŵ_{t+s} = W + s·δ_t``, ``δ_t = γ·δ_{t−1} + (1−γ)·(W_t − W_{t−1})``.
-
-    Args:
-        gamma: decay of the moving average of weight differences (default 0.9, pipelab's choice; PipeMare
-            tunes it per pipeline, so set it explicitly to study it). ``δ_0 = 0``, so δ is biased low
-            for the first ~1/(1−γ) steps.
-
-    Reference: Yang et al., "PipeMare: Asynchronous Pipeline Parallel DNN Training", MLSys 2021,
-    arXiv:1910.05124 (discrepancy correction).
-    """
+    """PipeMare's correction ``Ŵ_{t+s} = W + s·δ_t``, ``δ_t = γ·δ_{t−1} + (1−γ)·(W_t − W_{t−1})``, ``δ_0 = 0``."""
 
     name = "pipemare"
     reference = "Yang et al., arXiv:1910.05124 (discrepancy correction)"

@@ -1,27 +1,7 @@
 """Predictors that read the optimizer's state: stale, SpecTrain, PipeOptim, repeat, zero-gradient rollout.
 
-With ``W`` the starting weights, ``lr`` the group's learning rate and ``s`` the staleness:
-
-- ``stale``:  ``Ŵ = W`` (no prediction; the baseline).
-- SpecTrain (Chen et al., arXiv:1809.02839, Eq. 4): ``Ŵ = W − s·lr·v`` with ``v`` SGD's momentum
-  buffer (constant-velocity model). The published code uses ``v = μ·b + g`` instead (``formula="code"``).
-- PipeOptim (Guan et al., arXiv:2312.00839, Eq. 5 and Table I): ``Ŵ = W − s·lr·ΔW_t`` with ``lr·ΔW_t``
-  the update the optimizer's own rule applied last, ``W_{t−1} − W_t`` rebuilt exactly from its state
-  (:meth:`UpdateRule.last_update`), for every supported optimizer. ``extra_steps=1`` reproduces the
-  published code's ``s = D−k`` (the paper: ``D−k−1``).
-- ``repeat``: ``s`` real steps of the optimizer's rule, each with the last gradient ``g_t`` (weight decay
-  re-evaluated at the predicted weights): exact when the gradient is constant.
-- ``zero_grad_rollout``: ``s`` steps with zero future gradient (momentum and moments decay).
-
-With an ``lr_schedule`` the constant-velocity predictors use ``Σ_j lr_j`` in place of ``s·lr`` and the
-rollouts use ``lr_j`` at step ``j``; without one the current ``lr`` is held (no look-ahead).
-
-Example:
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.zeros(1)); opt = torch.optim.Adam([w], lr=0.1)
-    >>> w.grad = torch.ones(1); opt.step()
-    >>> Repeat().predict(opt, 3)[0]        # Adam moves by ≈ lr per step under a constant gradient
-    tensor([-0.4000])
+With an ``lr_schedule`` the constant-velocity predictors use ``Σ_j lr_j`` in place of ``s·lr`` and the rollouts
+use ``lr_j`` at step j; without one the current ``lr`` is held (no look-ahead).
 """
 
 from __future__ import annotations
@@ -58,11 +38,7 @@ def _last_grads(params: list[Tensor], *, missing_as_zero: bool = False) -> list[
 
 
 class Stale(Predictor):
-    """No prediction: ``Ŵ_{t+s} = W_t`` (what vanilla asynchronous pipelines and PipeDream compute with).
-
-    Reference: Harlap et al., "PipeDream" (arXiv:1806.03377) — stale weights are the baseline every
-    prediction scheme is measured against (SpecTrain Fig. 8).
-    """
+    """No prediction: ``Ŵ_{t+s} = W_t``, the baseline (PipeDream, arXiv:1806.03377; SpecTrain Fig. 8)."""
 
     name = "stale"
     reference = "baseline (PipeDream, arXiv:1806.03377; SpecTrain Fig. 8's 'stale weights')"
@@ -75,23 +51,11 @@ class Stale(Predictor):
 
 
 class SpecTrain(Predictor):
-    """SpecTrain: ``Ŵ_{t+s} = W_t − s·lr·v`` with ``v`` the momentum buffer (constant velocity).
+    """SpecTrain (arXiv:1809.02839, Eq. 1-4): ``Ŵ_{t+s} = W_t − s·lr·v``, v the momentum buffer (constant velocity).
 
-    Args:
-        formula: ``"paper"`` (default): ``v = b`` (torch's momentum buffer, Eq. 4 of the paper);
-            ``"code"``: ``v = μ·b + g_t`` as the published implementation computes it (the last gradient,
-            already in ``b``, counted twice; dampening and Nesterov ignored; needs ``p.grad``).
-        lr_schedule: future learning rates; ``None`` holds the current one.
-
-    ``formula="paper"`` extrapolates ``b`` also for Nesterov (whose applied update is ``g + μ·b``). With
-    dampening ``τ = μ``, ``b`` is exactly SpecTrain's smoothed gradient of Eq. 1 (``γ = μ``).
-
-    Requires ``torch.optim.SGD`` with ``momentum > 0`` (raises ValueError otherwise; ``pipeoptim``
-    generalises SpecTrain to other optimizers and equals it for SGD with momentum). Parameters without a
-    momentum buffer yet (before the first step) are predicted stale.
-
-    Reference: Chen et al., "Efficient and Robust Parallel DNN Training through Model Parallelism on
-    Multi-GPU Platform", arXiv:1809.02839, Eq. (1)-(4).
+    Needs ``torch.optim.SGD`` with momentum > 0 (``pipeoptim`` generalises it); parameters without a buffer yet are
+    predicted stale. With dampening τ = μ the buffer is SpecTrain's smoothed gradient (Eq. 1, γ = μ).
+    ``formula="code"``: ``v = μ·b + g_t`` as the published code (the last gradient counted twice; needs ``p.grad``).
     """
 
     name = "spectrain"
@@ -146,28 +110,11 @@ class SpecTrain(Predictor):
 
 
 class PipeOptim(Predictor):
-    """PipeOptim: ``Ŵ_{t+s} = W_t − s·lr·ΔW_t`` with ``ΔW_t`` from the optimizer's update rule.
+    """PipeOptim (arXiv:2312.00839, Eq. 5, Table I): ``Ŵ_{t+s} = W_t − s·lr·ΔW_t``, ΔW_t by the optimizer's rule.
 
-    ``lr·ΔW_t = W_{t−1} − W_t`` is the update the last ``optimizer.step()`` applied, rebuilt from the
-    optimizer's state and its current weights ``W_t`` (Table I: ``v_t`` for SGDM, ``m̂_t/(sqrt(v̂_t)+eps)``
-    for Adam/AdamW; see each rule for the others). With the default options the rebuild is exact to
-    float64 rounding, weight decay included (while the learning rate is unchanged since that step). With
-    ``params=`` the prediction starts from the given weights, and ΔW_t is still the optimizer's last update.
-
-    Args:
-        weight_decay: rebuild the decay part of ΔW_t exactly (AdamW: ``(u + lr·wd·W_t)/(1 − lr·wd)``
-            with ``u = lr·m̂_t/(sqrt(v̂_t)+eps)``; coupled L2 decay likewise, see
-            :mod:`pipelab.predictors.rules`). Default ``True``. ``False`` leaves the decay terms out, as
-            Table I (no AdamW decay term) and the published code do.
-        bias_step: bias-correction exponent ``"t"`` (default, Table I) or ``"t+1"``.
-        eps: eps override (``None``: the optimizer's; the published code uses 1e-8).
-        eps_placement: ``"outside"`` (default, ``sqrt(v̂)+eps``) or ``"inside"`` (``sqrt(v̂+eps)``).
-        extra_steps: added to ``s`` (default 0; the published code predicts ``D−k`` = paper's ``s`` + 1, so
-            it is not the identity at ``s = 0``).
-        lr_schedule: future learning rates: ``Ŵ = W − (Σ_j lr_j / lr)·lr·ΔW_t``; ``None`` holds lr.
-
-    Reference: Guan et al., "PipeOptim: Ensuring Effective 1F1B Schedule with Optimizer-Dependent Weight
-    Prediction", arXiv:2312.00839, Eq. (5), Table I.
+    ``lr·ΔW_t = W_{t−1} − W_t``, the last update rebuilt exactly from the state (:meth:`UpdateRule.last_update`;
+    options: :class:`~pipelab.predictors.rules.LastUpdateOptions`), also when ``params=`` gives other weights.
+    ``extra_steps`` is added to s (the published code predicts ``D−k``, the paper's s + 1).
     """
 
     name = "pipeoptim"
@@ -218,11 +165,9 @@ class Rollout(Predictor):
     """Roll the optimizer's own rule forward ``s`` steps under a model of the future gradients.
 
     Args:
-        gradient: ``"last"`` (every future gradient equals the last one, ``p.grad``; parameters without a
-            gradient stay fixed, as ``torch.optim`` skips them) or ``"zero"`` (no future gradient).
-        weight_decay: apply the optimizer's weight decay in the rolled-out steps (default ``True``, which
-            makes ``repeat`` exact for a constant loss gradient).
-        lr_schedule: learning rate of each future step; ``None`` holds the current one.
+        gradient: ``"last"`` (``p.grad`` every step; parameters without one stay fixed, as torch skips them) or
+            ``"zero"``.
+        weight_decay: apply the decay in the rolled-out steps (makes ``repeat`` exact for a constant gradient).
     """
 
     name = "rollout"
@@ -288,13 +233,10 @@ class Rollout(Predictor):
 
 
 class Repeat(Rollout):
-    """``repeat``: ``s`` steps of ``torch.optim``'s own update with every future gradient equal to the last.
+    """``repeat``: s steps of ``torch.optim``'s update with every future gradient equal to the last.
 
-    ``(W, state) ← step(W, state, g_t)`` ``s`` times; with a constant gradient (linear loss) this equals
-    ``s`` real ``optimizer.step()`` calls to float64 rounding. It generalises PipeOptim's Eq. (1) without
-    the approximation ``ΔW_i ≈ ΔW_t``. Needs ``p.grad`` (predict before ``zero_grad``).
-
-    Reference: Guan et al., arXiv:2312.00839, Eq. (1)-(3) (the sum this rollout evaluates).
+    Equals s real steps under a constant gradient, to float64 rounding: PipeOptim's Eq. (1)-(3) without the
+    approximation ``ΔW_i ≈ ΔW_t``. Needs ``p.grad``.
     """
 
     name = "repeat"
@@ -310,14 +252,7 @@ class Repeat(Rollout):
 
 
 class ZeroGradRollout(Rollout):
-    """``zero_grad_rollout``: ``s`` steps of the optimizer's rule with zero future gradient.
-
-    SGD with momentum gives ``Ŵ = W − lr·b·Σ_{j=1..s} μ^j``; Adam's moments decay, its bias corrections
-    advance. This is the "momentum coasts" model: only what the optimizer has accumulated moves ``W``.
-
-    Reference: pipelab's "coasting" model; SpecTrain's constant velocity (arXiv:1809.02839, Eq. 4) is
-    its undamped limit μ → 1.
-    """
+    """s steps with zero future gradient (SGDM: ``Ŵ = W − lr·b·Σ_{j=1..s} μ^j``; SpecTrain is the limit μ → 1)."""
 
     name = "zero_grad_rollout"
     reference = "pipelab: momentum coasting; SpecTrain (arXiv:1809.02839) Eq. 4 is the μ → 1 limit"

@@ -19,13 +19,6 @@ name                   what it computes
 ``pipemare``           ``Ŵ = W + s·δ``, δ an EMA (γ = 0.9) of weight differences (needs ``observe``)
 =====================  ===================================================================================
 
-Example:
-    >>> from pipelab.predictors import make_predictor, available_predictors
-    >>> "pipeoptim_code" in available_predictors()
-    True
-    >>> make_predictor("pipeoptim", bias_step="t+1")
-    PipeOptim(weight_decay=True, bias_step='t+1', eps=None, eps_placement='outside', extra_steps=0, lr_schedule=None)
-
 References: SpecTrain, Chen et al., arXiv:1809.02839; PipeOptim, Guan et al., arXiv:2312.00839;
 PipeMare, Yang et al., arXiv:1910.05124.
 """
@@ -83,9 +76,8 @@ def make_predictor(name: str, **options: Any) -> Predictor:
     """Build the predictor ``name`` with its preset options, overridden by ``options``.
 
     Raises:
-        ValueError: unknown name (the message lists the available ones).
-        TypeError: ``name`` neither a str nor a Predictor; an option the predictor does not take, or of the
-            wrong type.
+        ValueError: unknown name (the message lists them). TypeError: ``name`` neither a str nor a Predictor;
+            an option the predictor does not take, or of the wrong type.
     """
     if isinstance(name, Predictor):
         if options:

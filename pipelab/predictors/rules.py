@@ -1,48 +1,16 @@
 """Update rules of ``torch.optim`` optimizers as pure functions of (state, hyper-parameters, weights, gradient).
 
-Every weight predictor that follows the optimizer (PipeOptim, ``repeat``, ``zero_grad_rollout``) goes
-through one :class:`UpdateRule` per optimizer family. A rule reads the optimizer's own state and param
-groups *without writing to them*. In the spirit of optax's pure update functions each family writes its
-maths once: :meth:`UpdateRule.advance` (how the state moves with a gradient) and
-:meth:`UpdateRule.direction` (the update ``U`` a step subtracts, a :class:`Direction`). The base class
-derives the operations the predictors use on a bucket of parameters that share a step count:
+Every predictor that follows the optimizer goes through one :class:`UpdateRule` per family, which reads the
+optimizer's state without writing to it. Adam, AdamW, NAdam, RAdam and Adamax: :mod:`.rules_adam`.
 
-- :meth:`UpdateRule.step`: the step ``torch.optim`` would take next for a given gradient,
-  ``(W, state) -> (W', state')`` with fresh tensors (the optimizer's state is never touched). The
-  operations mirror ``torch.optim``'s single-tensor code in the same order, so a rolled-out step agrees
-  with a real one to float64 rounding.
-- :meth:`UpdateRule.last_update`: the update ``lr·ΔW_t = W_{t−1} − W_t`` the *last* step applied,
-  reconstructed from the state and the weights ``W_t`` after it (PipeOptim's Table I, generalised), with
-  options for the disputed details (:class:`LastUpdateOptions`). With the default options it is exact,
-  weight decay included (see *Weight decay in the last update* below).
-- :meth:`UpdateRule.apply_last`: ``W − scale·last_update`` fused into one pass per term (PipeOptim's
-  prediction).
+Weight decay in the last update: a step with decay that multiplies ``W_{t−1}`` writes
+``W_t = (1 − c)·W_{t−1} − R`` (decoupled: ``c = lr·λ``; coupled L2 on a gradient divided by ``den`` with step
+``a``: ``c = a·λ/den``), so the last update is exactly
 
-Weight decay in the last update:
-    A step with decay rate ``λ`` that multiplies ``W_{t−1}`` writes ``W_t = (1 − c)·W_{t−1} − R`` where ``R``
-    does not depend on ``W_{t−1}``: decoupled decay (AdamW, NAdam/RAdam ``decoupled_weight_decay``) has
-    ``c = lr·λ``; coupled L2 decay added to a gradient that is divided element-wise by ``den`` (plain SGD:
-    ``den = 1``; RMSprop without momentum, Adagrad, NAdam) has ``c = a·λ/den`` with ``a`` the step size of
-    that gradient. Solving for ``W_{t−1}`` from the state and ``W_t`` gives the exact last update
+    W_{t−1} − W_t = (c·W_t + R) / (1 − c),
 
-        ``W_{t−1} − W_t = (c·W_t + R) / (1 − c)``,
-
-    i.e. the "decay applied to ``W_t``" estimate ``c·W_t + R`` divided by ``1 − c`` (for coupled decay
-    ``a·(g + λ·W_t) / (den − a·λ)``). Coupled decay folded into a momentum buffer or moment (SGD with
-    momentum, Adam, RAdam and Adamax with L2 decay, RMSprop with momentum) is already exact in the state.
-    It fails only where ``c = 1`` (the step erased ``W_{t−1}``); ``weight_decay=False`` drops the decay terms
-    (PipeOptim's Table I and published code). The rebuilt update uses the group's current ``lr``: exact
-    as long as no scheduler changed it since the last step.
-
-This module holds the shared machinery and the SGD, RMSprop and Adagrad families;
-:mod:`pipelab.predictors.rules_adam` holds Adam, AdamW, NAdam, RAdam and Adamax.
-
-Example:
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.ones(3))
-    >>> opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
-    >>> rule_for(opt).name
-    'SGD'
+impossible only at ``c = 1``. Coupled decay folded into a momentum or moment is already exact in the state. The
+rebuild uses the group's current ``lr`` (exact unless a scheduler changed it since the last step).
 
 Reference: the update rules are those of ``torch.optim`` (PyTorch 2.x); PipeOptim's Table I
 (Guan et al., arXiv:2312.00839) names ΔW_t for SGDM, Adam and AdamW.
@@ -84,16 +52,11 @@ class LastUpdateOptions:
     """Disputed details of "the update the last step applied" (PipeOptim's ΔW_t).
 
     Attributes:
-        weight_decay: rebuild the decay the optimizer applied explicitly (decoupled decay of AdamW/NAdam/
-            RAdam, or coupled ``wd·W_{t−1}`` added to a gradient the rule reconstructs), exactly: the
-            default, with which the last update equals ``W_{t−1} − W_t``. ``False`` leaves these terms out,
-            as PipeOptim's Table I (no AdamW decay term) and its published code do. Coupled L2 decay
-            already folded into a momentum buffer or moment cannot be removed either way.
-        bias_step: bias-correction exponent: ``"t"`` (the step count the last update used, Table I) or
-            ``"t+1"`` (the count of the next update).
-        eps: override of the optimizer's eps (PipeOptim's code uses 1e-8); ``None`` keeps the optimizer's.
-        eps_placement: ``"outside"`` the root, ``sqrt(v̂) + eps`` (torch.optim, Table I) or ``"inside"``,
-            ``sqrt(v̂ + eps)``.
+        weight_decay: rebuild the explicitly applied decay exactly (so the last update is ``W_{t−1} − W_t``);
+            ``False`` leaves it out, as PipeOptim's Table I and code do.
+        bias_step: bias-correction exponent: ``"t"`` (the last update's count, Table I) or ``"t+1"``.
+        eps: override of the optimizer's eps (PipeOptim's code: 1e-8).
+        eps_placement: ``"outside"``: ``sqrt(v̂) + eps`` (torch.optim, Table I); ``"inside"``: ``sqrt(v̂ + eps)``.
     """
 
     weight_decay: bool = True
@@ -133,10 +96,8 @@ def keep_fraction(c: float) -> float:
 class BucketState:
     """Optimizer state of a bucket of parameters sharing one step count.
 
-    ``tensors`` maps a state key (``"exp_avg"``, ...) to one tensor per parameter (``None`` where
-    ``torch.optim`` has not created it yet, e.g. SGD's momentum buffer before the first step). The lists
-    may hold the optimizer's own tensors: rules only read them and return new lists (hence the read-only
-    ``Sequence`` type, which also admits a rule's ``list[Tensor]``).
+    ``tensors``: per state key, one tensor per parameter (``None`` where torch has not created it yet); they may be
+    the optimizer's own tensors, which rules only read (hence ``Sequence``).
     """
 
     step: float
@@ -144,8 +105,7 @@ class BucketState:
     scalars: dict[str, Tensor] = field(default_factory=dict)
 
     def present(self, key: str) -> list[Tensor]:
-        """The tensors of ``key`` where every one exists: a state ``torch.optim`` creates whole at the first step
-        (Adam's moments, RMSprop's averages, ...), or that :meth:`UpdateRule.init_state` filled in."""
+        """The tensors of ``key``, where all exist (created whole at the first step, or by ``init_state``)."""
         return cast(list[Tensor], self.tensors[key])
 
 
@@ -214,17 +174,11 @@ def fmaximum(xs: list[Tensor], ys: list[Tensor], own: bool) -> list[Tensor]:
 class Direction:
     """What one step subtracts from the weights (after decoupled decay): ``U = (c/k)·(Σ_i w_i·n_i)/den·post``.
 
-    A family's :meth:`UpdateRule.direction` returns it; the base class evaluates it as a step, as the
-    rebuilt last update, or fused into ``W − scale·U``, in ``torch.optim``'s order of operations.
-
     Attributes:
-        c, k: the scalar ``c/k`` (kept apart: the fused path forms ``(−scale·c)/k``).
-        terms: ``(w_i, n_i)`` pairs, weights and tensor lists; the first weight of a term list without
-            ``den`` is 1 (a step sums them first, as torch's SGD forms ``g + μ·b``).
-        den: the element-wise denominator shared by all terms, or ``None``.
-        post: a factor applied after the division (RAdam's rectification).
-        fuse: ``apply_last`` may fold ``W − scale·U`` into one pass per term; ``False`` subtracts the
-            materialised update instead (several factors, or several terms over a denominator).
+        c, k: kept apart because the fused path forms ``(−scale·c)/k``.
+        terms: ``(w_i, n_i)`` pairs; without ``den`` a step sums them first, as torch's SGD forms ``g + μ·b``.
+        post: a factor after the division (RAdam's rectification).
+        fuse: ``apply_last`` may fold ``W − scale·U`` into one pass per term.
     """
 
     c: float
@@ -238,18 +192,9 @@ class Direction:
 class UpdateRule:
     """The update rule of one ``torch.optim`` family, read-only with respect to the optimizer.
 
-    A family defines its update once, in the spirit of optax's pure update functions:
-
-    - :meth:`advance`: the state after one step with (effective) gradient ``g``;
-    - :meth:`direction`: the update ``U`` that step subtracts, from the advanced state, as a
-      :class:`Direction`; with ``opts`` (:class:`LastUpdateOptions`) the same update rebuilt after the
-      fact, with the options' bias-correction step, eps and eps placement.
-
-    plus :meth:`hyper` (validated hyper-parameters), :meth:`init_state` (what ``torch.optim`` creates
-    before its first step) and :meth:`state_keys`. The base class derives from them :meth:`step`
-    (weight decay, advance, subtract ``U``), :meth:`last_update` (``U`` rebuilt from the state after the
-    step, solved for ``W_{t−1} − W_t`` under weight decay, see the module docstring) and the fused
-    :meth:`apply_last` (``W − scale·last_update`` in one pass per term).
+    A family writes its maths once, as optax does: :meth:`advance` (the state after a step) and :meth:`direction`
+    (the update ``U`` it subtracts); the base class derives :meth:`step`, :meth:`last_update` and the fused
+    :meth:`apply_last` from them, in ``torch.optim``'s order of operations (equal to float64 rounding).
     """
 
     name: ClassVar[str] = ""
@@ -297,14 +242,9 @@ class UpdateRule:
 
     def direction(self, hp: dict[str, Any], lr: float, st: BucketState, grad: Callable[[], list[Tensor]],
                   opts: LastUpdateOptions | None) -> Direction | None:
-        """The update ``U`` the step that produced ``st`` subtracted (``None``: none, before a first step).
+        """The update ``U`` of the step that produced ``st`` (``None`` before a first step); ``opts`` for a rebuild.
 
-        Args:
-            st: the state after the step.
-            grad: the step's effective gradient ``±g + wd·W`` (called only by rules whose update uses it
-                directly; for a rebuild it raises ValueError when ``p.grad`` is missing).
-            opts: ``None`` for the step itself (``torch.optim``'s operations); otherwise the options of a
-                rebuilt last update (bias-correction step, eps and its placement).
+        ``grad()``: the effective gradient ``±g + wd·W`` (a rebuild raises ValueError when ``p.grad`` is missing).
         """
         raise NotImplementedError
 
@@ -317,10 +257,7 @@ class UpdateRule:
              own_state: bool = False, own_weights: bool = False) -> tuple[list[Tensor], BucketState]:
         """One ``optimizer.step()`` with gradient ``g`` on weights ``W``: the new weights and state.
 
-        ``W ← (1 − lr·wd)·W`` for decoupled decay (``g ← ±g + wd·W`` for coupled L2 decay), the state
-        advances, and ``W ← W − U``. By default both results are new tensors and ``st``/``W`` are left
-        untouched; a rollout that owns its copies (every step after the first) passes ``own_state``/
-        ``own_weights`` to update them in place. ``g`` is never written to.
+        Decay, advance, ``W ← W − U``; new tensors unless a rollout owns its copies (``own_state``/``own_weights``).
         """
         if hp["weight_decay"] != 0 and hp.get("decoupled_weight_decay", False):
             W = fmul(W, 1 - lr * hp["weight_decay"], own_weights)
@@ -342,11 +279,7 @@ class UpdateRule:
 
     def _rebuild(self, hp: dict[str, Any], lr: float, st: BucketState, Wt: list[Tensor], g: list[Tensor] | None,
                  opts: LastUpdateOptions) -> tuple[Direction | None, float]:
-        """The last step's :class:`Direction`, corrected for coupled decay, and the decoupled ``c = lr·wd``.
-
-        Coupled decay in a term that carries the gradient, ``a·(g + wd·W_{t−1})/den``, is solved for
-        ``W_{t−1}``: ``den ← den − a·wd`` (without a denominator, ``k ← k·(1 − a·wd)``).
-        """
+        """The last :class:`Direction`, coupled decay solved for ``W_{t−1}`` (den ← den − a·wd), and ``c = lr·wd``."""
         wd = opts.decay(hp)
         decoupled = bool(hp.get("decoupled_weight_decay", False))
         used: list[list[Tensor]] = []
@@ -389,27 +322,13 @@ class UpdateRule:
 
     def last_update(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor],
                     g: list[Tensor] | None, opts: LastUpdateOptions) -> list[Tensor]:
-        """``lr·ΔW_t = W_{t−1} − W_t``: the update the last step applied, rebuilt from the state after it.
-
-        Args:
-            W: the weights after the last step, ``W_t`` (the optimizer's parameters): decay terms are
-                rebuilt from them.
-            g: the last gradient ``p.grad`` (rules that need it raise ValueError when it is ``None``).
-        """
+        """``lr·ΔW_t = W_{t−1} − W_t``: the update the last step applied, rebuilt from the state and ``W = W_t``."""
         d, c = self._rebuild(hp, lr, st, W, g, opts)
         return [torch.zeros_like(w) for w in W] if d is None else self._materialise(d, W, c)
 
     def apply_last(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor] | None,
                    opts: LastUpdateOptions, scale: float, *, current: list[Tensor] | None = None) -> list[Tensor]:
-        """``W − scale·last_update(..., current, ...)`` as new tensors, fused into one pass per term.
-
-        With decoupled decay ``c`` and ``q = scale/(1 − c)``: ``W·(1 − q·c) − q·U`` (``W − q·c·W_t − q·U``
-        when ``current`` is given).
-
-        Args:
-            W: the starting weights of the prediction.
-            current: the weights after the last step, ``W_t``, if they are not ``W`` (``params=``).
-        """
+        """``W − scale·last_update``, fused: with decoupled decay c, ``q = scale/(1 − c)``, ``W·(1 − q·c) − q·U``."""
         Wt = W if current is None else current
         d, c = self._rebuild(hp, lr, st, Wt, g, opts)
         if d is None:
@@ -454,19 +373,8 @@ def supported_optimizers() -> list[str]:
 def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
     """The :class:`UpdateRule` of ``optimizer``'s class (or its nearest registered base class).
 
-    A subclass inherits its base class's rule only while it also inherits its ``step()``: a subclass with its
-    own ``step()`` may update differently (clipping, another denominator, ...), so predicting it with the
-    parent's rule would be silently wrong. Register a rule for it explicitly instead, e.g. when its step is
-    Adam's update::
-
-        class MyAdamRule(pipelab.predictors.rules_adam.AdamRule):
-            optimizer_types = (MyAdam,)
-
-        pipelab.predictors.rules.register_rule(MyAdamRule())
-
-    Raises:
-        TypeError: if the optimizer is not a supported ``torch.optim`` optimizer, or is a subclass that
-            overrides ``step()`` of a supported one without a rule of its own.
+    A subclass with its own ``step()`` may update differently, so it gets no inherited rule (TypeError): register
+    one, e.g. ``register_rule(MyAdamRule())`` with ``class MyAdamRule(AdamRule): optimizer_types = (MyAdam,)``.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -487,12 +395,7 @@ def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
 
 
 def _step_of(cls: type) -> Any:
-    """The function ``cls.step`` runs, without torch's profiling wrapper.
-
-    ``torch.optim.Optimizer.__init__`` wraps the ``step`` of the first class it is instantiated as (stored on
-    that class, a ``functools.wraps`` wrapper with ``__wrapped__``), so a subclass that does not override
-    ``step`` can still hold a wrapper of its parent's; unwrapping gives the same function for both.
-    """
+    """``cls.step`` without torch's profiling wrapper (``Optimizer.__init__`` may wrap an inherited step)."""
     return inspect.unwrap(cls.step)  # type: ignore[attr-defined]
 
 
@@ -500,11 +403,8 @@ def _step_of(cls: type) -> Any:
 class SGDRule(UpdateRule):
     """SGD with momentum μ, dampening τ, Nesterov, L2 weight decay (``torch.optim.SGD``).
 
-    ``g ← ±g + wd·W``; ``b ← g`` (first step) else ``b ← μ·b + (1−τ)·g``; ``U = lr·d`` with
-    ``d = g + μ·b`` (Nesterov), ``b``, or ``g`` when μ = 0. The last update is ``lr·b`` (Table I's ``v_t``;
-    the buffer already holds ``wd·W_{t−1}``), or, from the last gradient ``g_t`` (``p.grad``) and ``W_t``,
-    ``lr·(±g_t + wd·W_t + μ·b)/(1 − lr·wd)`` for Nesterov and ``lr·(±g_t + wd·W_t)/(1 − lr·wd)`` without
-    momentum (solving ``W_t = (1 − lr·wd)·W_{t−1} − lr·(±g_t + μ·b)`` for ``W_{t−1}``).
+    ``b ← μ·b + (1−τ)·g`` (``b ← g`` first); ``U = lr·d``, ``d = g + μ·b`` (Nesterov), ``b``, or ``g`` (μ = 0). The
+    last update is ``lr·b`` (Table I's ``v_t``), else ``lr·(±g_t + wd·W_t [+ μ·b])/(1 − lr·wd)``.
     """
 
     name = "SGD"
@@ -555,10 +455,8 @@ class SGDRule(UpdateRule):
 class RMSpropRule(UpdateRule):
     """RMSprop with smoothing α, eps, optional centering and momentum (``torch.optim.RMSprop``).
 
-    ``v ← α·v + (1−α)·g²``; centered: ``ḡ ← lerp(ḡ, g, 1−α)``, ``a = sqrt(v − ḡ²) + eps`` else
-    ``a = sqrt(v) + eps``; momentum: ``b ← μ·b + g/a``, ``U = lr·b``; else ``U = lr·g/a``.
-    The last update is ``lr·b`` with momentum, else ``lr·(±g_t + wd·W_t)/(a − lr·wd)`` (needs the last
-    gradient; exact with coupled decay, see the module docstring).
+    ``v ← α·v + (1−α)·g²``; ``a = sqrt(v [− ḡ²]) + eps``; momentum: ``b ← μ·b + g/a``, ``U = lr·b``; else
+    ``U = lr·g/a``, last update ``lr·(±g_t + wd·W_t)/(a − lr·wd)``.
     """
 
     name = "RMSprop"
@@ -624,9 +522,8 @@ class RMSpropRule(UpdateRule):
 class AdagradRule(UpdateRule):
     """Adagrad with lr decay and initial accumulator (``torch.optim.Adagrad``).
 
-    ``t ← t+1``; ``clr = lr / (1 + (t−1)·lr_decay)``; ``S ← S + g²``; ``U = clr·g/(sqrt(S) + eps)``.
-    The last update is ``clr_t·(±g_t + wd·W_t)/(sqrt(S_t) + eps − clr_t·wd)`` (needs the last gradient;
-    exact with coupled decay, see the module docstring).
+    ``clr = lr / (1 + (t−1)·lr_decay)``; ``S ← S + g²``; ``U = clr·g/(sqrt(S) + eps)``; last update
+    ``clr_t·(±g_t + wd·W_t)/(sqrt(S_t) + eps − clr_t·wd)``.
     """
 
     name = "Adagrad"

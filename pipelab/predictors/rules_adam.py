@@ -1,17 +1,6 @@
 """Update rules of the Adam family: Adam, AdamW, NAdam, RAdam, Adamax (read-only views of ``torch.optim``).
 
-See :mod:`pipelab.predictors.rules` for the interface. Each ``step`` mirrors ``torch.optim``'s
-single-tensor implementation operation by operation; each ``last_update`` reconstructs ``lr·ΔW_t`` from
-the state after step ``t`` (PipeOptim's Table I for Adam/AdamW, generalised), exactly, weight decay
-included (decoupled: ``(u + lr·wd·W_t)/(1 − lr·wd)`` with ``u`` the undecayed update; see
-:mod:`pipelab.predictors.rules`).
-
-Example:
-    >>> import torch
-    >>> w = torch.nn.Parameter(torch.ones(2))
-    >>> from pipelab.predictors.rules import rule_for
-    >>> rule_for(torch.optim.AdamW([w])).name
-    'Adam'
+Interface and the exact last update under weight decay: :mod:`pipelab.predictors.rules`.
 
 References: Kingma & Ba, "Adam" (ICLR 2015); Loshchilov & Hutter, "Decoupled Weight Decay
 Regularization" (ICLR 2019); Dozat, "Incorporating Nesterov Momentum into Adam" (2016); Liu et al.,
@@ -75,11 +64,9 @@ class _AdamLike(UpdateRule):
 class AdamRule(_AdamLike):
     """Adam / AdamW (``decoupled_weight_decay``), with amsgrad.
 
-    ``t ← t+1``; ``m ← lerp(m, g, 1−β1)``; ``v ← β2·v + (1−β2)·g²``;
-    ``U = lr/(1−β1^t) · m / (sqrt(v̂) + eps)`` with ``v̂ = v/(1−β2^t)`` (``max`` of v over time with
-    amsgrad); AdamW first shrinks ``W ← (1 − lr·wd)·W``. Last update (Table I):
-    ``u = lr·m̂_t/(sqrt(v̂_t) + eps)``; for AdamW (when ``weight_decay``) ``(u + lr·wd·W_t)/(1 − lr·wd)``,
-    which is ``W_{t−1} − W_t`` exactly (``W_{t−1} = (W_t + u)/(1 − lr·wd)``).
+    ``m ← lerp(m, g, 1−β1)``; ``v ← β2·v + (1−β2)·g²``; ``U = lr/(1−β1^t) · m / (sqrt(v̂) + eps)``,
+    ``v̂ = v/(1−β2^t)`` (its running max with amsgrad). Last update (Table I): ``u = lr·m̂_t/(sqrt(v̂_t) + eps)``;
+    AdamW ``(u + lr·wd·W_t)/(1 − lr·wd)``.
     """
 
     name = "Adam"
@@ -114,10 +101,9 @@ class AdamRule(_AdamLike):
 class NAdamRule(_AdamLike):
     """NAdam with momentum decay ψ (``torch.optim.NAdam``).
 
-    ``μ_t = β1·(1 − ½·0.96^{tψ})``, ``Π_t = Π_{t−1}·μ_t`` (state ``mu_product``);
-    ``U = a·g/den + b·m/den`` with ``a = lr·(1−μ_t)/(1−Π_t)``, ``b = lr·μ_{t+1}/(1−Π_t·μ_{t+1})``,
-    ``den = sqrt(v/(1−β2^t)) + eps``. The last update needs the last gradient ``g_t``; with coupled decay
-    (``g = ±g_t + wd·W_{t−1}``) it is ``(a·(±g_t + wd·W_t) + b·m)/(den − a·wd)``: exactly ``W_{t−1} − W_t``.
+    ``μ_t = β1·(1 − ½·0.96^{tψ})``, ``Π_t = Π_{t−1}·μ_t``; ``U = a·g/den + b·m/den`` with ``a = lr·(1−μ_t)/(1−Π_t)``,
+    ``b = lr·μ_{t+1}/(1−Π_t·μ_{t+1})``, ``den = sqrt(v/(1−β2^t)) + eps``. Last update (needs g_t):
+    ``(a·(±g_t + wd·W_t) + b·m)/(den − a·wd)``.
     """
 
     name = "NAdam"
@@ -176,9 +162,8 @@ class RAdamRule(_AdamLike):
     """RAdam with the variance rectification ``r_t`` (``torch.optim.RAdam``).
 
     ``ρ_∞ = 2/(1−β2) − 1``, ``ρ_t = ρ_∞ − 2tβ2^t/(1−β2^t)``; if ``ρ_t > 5``:
-    ``U = lr·m̂·r_t·sqrt(1−β2^t)/(sqrt(v) + eps)`` with
-    ``r_t = sqrt((ρ_t−4)(ρ_t−2)ρ_∞ / ((ρ_∞−4)(ρ_∞−2)ρ_t))``, else ``U = lr·m̂`` (SGD with momentum).
-    Note RAdam adds eps to ``sqrt(v)``, not to ``sqrt(v̂)``; ``eps_placement="outside"`` keeps that.
+    ``U = lr·m̂·r_t·sqrt(1−β2^t)/(sqrt(v) + eps)``, ``r_t = sqrt((ρ_t−4)(ρ_t−2)ρ_∞ / ((ρ_∞−4)(ρ_∞−2)ρ_t))``,
+    else ``U = lr·m̂``. RAdam adds eps to ``sqrt(v)``, not ``sqrt(v̂)``.
     """
 
     name = "RAdam"
@@ -227,11 +212,7 @@ class RAdamRule(_AdamLike):
 
 
 class AdamaxRule(_AdamLike):
-    """Adamax (infinity norm) (``torch.optim.Adamax``).
-
-    ``m ← lerp(m, g, 1−β1)``; ``u ← max(β2·u, |g| + eps)``; ``U = lr/(1−β1^t)·m/u``.
-    Last update: ``lr/(1−β1^t)·m_t/u_t`` (the eps options do not apply: eps sits inside the max).
-    """
+    """Adamax (``torch.optim.Adamax``): ``u ← max(β2·u, |g| + eps)``, ``U = lr/(1−β1^t)·m/u`` (no eps options)."""
 
     name = "Adamax"
     optimizer_types = (torch.optim.Adamax,)

@@ -1,34 +1,10 @@
 """The update rule of Muon (``torch.optim.Muon``): momentum orthogonalised by a Newton–Schulz iteration.
 
-See :mod:`pipelab.predictors.rules` for the interface. For each 2-D parameter ``W`` (shape ``A×B``) with
-gradient ``g``, momentum ``μ``, learning rate ``lr`` and decoupled weight decay ``λ``, one step is
-
-    ``B ← lerp(B, g, 1 − μ)``  (``= μ·B + (1 − μ)·g``)
-    ``M = lerp(g, B, μ)`` (Nesterov) or ``M = B``
-    ``O = NS_k^{(a,b,c)}(M; eps)``
-    ``W ← (1 − lr·λ)·W − lr·r(A, B)·O``
-
-with ``NS`` the quintic Newton–Schulz iteration (:func:`newton_schulz`, computed in bfloat16 as torch
-does) and ``r`` the learning-rate adjustment (:func:`lr_ratio`): ``sqrt(max(1, A/B))`` ("original", the
-default) or ``0.2·sqrt(max(A, B))`` ("match_rms_adamw").
-
-Fit to :class:`~pipelab.predictors.rules.Direction`: the direction is not element-wise, but it is one
-tensor per parameter, ``n = r(A, B)·O``, times the shared scalar ``lr``, so ``direction`` returns
-``Direction(lr, [(1, n)])`` and the base class derives ``step``, ``last_update`` and ``apply_last``
-unchanged (no extension of the base class was needed). The only difference from torch's arithmetic is
-where the factor ``r`` is rounded: torch forms ``(lr·r)·O``, the rule ``lr·(r·O)`` (at most one float
-rounding per step and never for ``r = 1``); the momentum buffer and the bfloat16 iteration are bit-identical,
-so a rolled-out step agrees with a real one to float64 rounding. The last update
-``W_{t−1} − W_t = (lr·r·O_t + lr·λ·W_t)/(1 − lr·λ)`` is exact; with Nesterov it needs the last gradient.
-``LastUpdateOptions``' ``eps``/``eps_placement``/``bias_step`` do not apply (no denominator, no bias
-correction); its ``weight_decay`` does.
-
-Example:
-    >>> import torch
-    >>> from pipelab.predictors.rules import rule_for
-    >>> w = torch.nn.Parameter(torch.ones(2, 3))
-    >>> rule_for(torch.optim.Muon([w])).name
-    'Muon'
+For a 2-D ``W`` (``A×B``): ``B ← lerp(B, g, 1 − μ)``; ``O = NS(lerp(g, B, μ))`` (Nesterov) or ``NS(B)``;
+``W ← (1 − lr·λ)·W − lr·r(A, B)·O``. One tensor per parameter, so it fits
+:class:`~pipelab.predictors.rules.Direction` as ``Direction(lr, [(1, r·O)])``; torch forms ``(lr·r)·O`` and the
+rule ``lr·(r·O)`` (at most one rounding apart, never for r = 1). The last update
+``(lr·r·O_t + lr·λ·W_t)/(1 − lr·λ)`` is exact.
 
 References: Jordan et al., "Muon: An optimizer for hidden layers in neural networks" (2024,
 https://kellerjordan.github.io/posts/muon/); Liu et al., "Muon is Scalable for LLM Training"
@@ -56,10 +32,9 @@ ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 def newton_schulz(m: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
     """The quintic Newton–Schulz orthogonalisation of a 2-D ``m``, in bfloat16, as ``torch.optim.Muon`` forms it.
 
-    ``X ← bf16(m)`` (transposed when ``m`` is tall, so that ``X·Xᵀ`` is the smaller Gram matrix),
-    ``X ← X / max(‖X‖_F, eps)``, then ``steps`` times ``G = X·Xᵀ``, ``X ← a·X + (b·G + c·G²)·X``; the result
-    (bfloat16, transposed back) approximates ``U·Vᵀ`` of the SVD ``m = U·S·Vᵀ`` (singular values roughly in
-    ``[0.5, 1.5]``). Reference: Jordan et al. (2024), coefficients ``(3.4445, −4.7750, 2.0315)``.
+    ``X ← bf16(m)`` (transposed when tall: the smaller Gram matrix), ``X ← X / max(‖X‖_F, eps)``, then ``steps``
+    times ``G = X·Xᵀ``, ``X ← a·X + (b·G + c·G²)·X``: ≈ ``U·Vᵀ`` of ``m = U·S·Vᵀ``. Jordan et al. (2024),
+    coefficients ``(3.4445, −4.7750, 2.0315)``.
     """
     a, b, c = coefficients
     tall = m.size(0) > m.size(1)
@@ -75,11 +50,7 @@ def newton_schulz(m: Tensor, coefficients: tuple[float, float, float], steps: in
 
 
 def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
-    """Muon's learning-rate factor ``r`` for an ``A×B`` parameter.
-
-    ``sqrt(max(1, A/B))`` for ``"original"`` / ``None`` (Jordan et al.), ``0.2·sqrt(max(A, B))`` for
-    ``"match_rms_adamw"`` (Liu et al., arXiv:2502.16982, matching AdamW's update RMS).
-    """
+    """Muon's factor r: ``sqrt(max(1, A/B))`` ("original") or ``0.2·sqrt(max(A, B))`` ("match_rms_adamw")."""
     rows, cols = shape[0], shape[1]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return math.sqrt(max(1, rows / cols))
@@ -89,13 +60,7 @@ def lr_ratio(adjust_lr_fn: str | None, shape: Sequence[int]) -> float:
 
 
 class MuonRule(UpdateRule):
-    """Muon (``torch.optim.Muon``): Nesterov or heavy-ball momentum, orthogonalised, decoupled weight decay.
-
-    ``B ← lerp(B, g, 1−μ)``; ``U = lr·r(A, B)·NS(lerp(g, B, μ))`` (Nesterov) or ``lr·r(A, B)·NS(B)``;
-    ``W ← (1 − lr·λ)·W − U``. The last update is ``(U_t + lr·λ·W_t)/(1 − lr·λ)`` (exact); with Nesterov it
-    needs the last gradient. Only 2-D parameters (as torch): others raise ValueError. See the module
-    docstring for the formulas and references.
-    """
+    """Muon (``torch.optim.Muon``), as in the module docstring; only 2-D parameters (ValueError otherwise)."""
 
     name = "Muon"
     optimizer_types = (torch.optim.Muon,)

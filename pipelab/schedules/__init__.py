@@ -1,13 +1,5 @@
-"""Pipeline schedules as data: actions, builders (zero-bubble ones with a split backward in ``zero_bubble``),
-the general constructor, the dependency rule, validation, the version table.
-
-Example:
-    >>> from pipelab.schedules import one_f_one_b, validate
-    >>> from pipelab.simulator import simulate
-    >>> s = one_f_one_b(D=4, M=8)
-    >>> validate(s)
-    >>> simulate(s).peak_activations.tolist()
-    [4, 3, 2, 1]
+"""Pipeline schedules as data: actions, builders, the general constructor, the dependency rule, validation,
+the version table.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Schedules as data: the :class:`Action` record and the :class:`Schedule` value.
 
-A schedule is, for every worker w = 0..W−1, the ordered list of actions the worker executes: ``F`` (forward
-of stage k on micro-batch j of step t), ``B`` (its full backward) or ``I`` and ``W`` (the backward split into
-input gradient and weight gradient, the zero-bubble family), and ``U`` (the update of stage k's weights with
-step t's gradients, on every worker that holds a copy). The global micro-batch index is g = t·M + j; in
-interleaved and folded schedules several stages ("chunks") live on one worker and ``chunk`` says which.
-
-Placement follows Rahimi's w(s, b, d) = (w_weights, w_compute): compute is where the action is listed,
-weights are ``Schedule.weight_holders[k]``; a job reads stage k's weights from its own worker when it holds
-them, else from the first holder (:meth:`Schedule.weight_source`). Which job waits for which is
-:mod:`pipelab.schedules.dependencies`; ``sync_lag = L`` adds the weight barrier (L = 0: flushed; ``None``:
-asynchronous).
-
-Example:
-    >>> from pipelab.schedules import gpipe
-    >>> s = gpipe(D=2, M=2)
-    >>> [str(a) for a in s.programs[0]]
-    ['F0.0', 'F0.1', 'B0.0', 'B0.1', 'U0']
+Per worker, the ordered actions it executes; compute is where an action is listed and weights live at
+``weight_holders[k]`` (Rahimi's w(s, b, d) = (w_weights, w_compute)).
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), the placement
 functions w(s,b,d) and priority n(s,b,d).
@@ -47,14 +32,7 @@ MAX_JOBS: int = 50_000_000
 
 
 class Action(NamedTuple):
-    """One entry of a worker's program (immutable, hashable, cheap to create).
-
-    ``micro`` is −1 for "U"; ``chunk`` is which of the worker's chunks stage k is (0 unless interleaved or folded).
-
-    Example:
-        >>> Action("F", 2, 0, 3), str(Action("U", 1, 4, -1))
-        (Action(op='F', stage=2, step=0, micro=3, chunk=0), 'U1')
-    """
+    """One entry of a worker's program; ``micro`` is −1 for "U", ``chunk`` the stage's chunk on its worker."""
 
     op: str
     stage: int
@@ -77,26 +55,13 @@ class Schedule:
     """A pipeline schedule as data: per-worker ordered programs plus placement and update semantics.
 
     Attributes:
-        programs: ``programs[w]`` is worker w's ordered tuple of :class:`Action`.
         D: stages (with V chunks per worker, D = V·W); M: micro-batches per step; steps: optimizer steps T.
-        weight_holders: ``weight_holders[k]`` = workers holding a copy of stage k's weights, each running
-            U(k, t) (default: the workers that compute stage k).
+        weight_holders: workers holding a copy of stage k, each running U(k, t) (default: those computing k).
         sync_lag: ``None`` (asynchronous) or L ≥ 0: jobs of stage k in step t wait for U(k, t−1−L).
-        weight_rule: the version the design gives a job: ``"current"`` (current when it runs),
-            ``"double_buffer"`` (PipeDream-2BW: step t uses the version the input stage had when step t
-            entered the pipeline) or ``"stage_step_first"`` (not 2BW: stage k's version at its own first
-            forward of step t).
-        update_rule: the written rule of when U happens; params: the builder's parameters.
-        send_after: ``{job: later}`` with jobs ``(op, k, t, j)``: the tensor ``job`` hands to another worker
-            leaves when ``later``, a job after it on the same worker, ends (torch sends an ``OVERLAP_F_B``'s
-            outputs after its last sub-action). The simulator and the validator time the consumer after
-            ``later``; the messages (:func:`~pipelab.schedules.transfers.messages`) still name the producer.
-
-    Example:
-        >>> from pipelab.schedules import one_f_one_b
-        >>> s = one_f_one_b(D=4, M=8)
-        >>> s.W, s.n_jobs, s.worker_of("F", 2, 0, 5)
-        (4, 64, 2)
+        weight_rule: ``"current"``, ``"double_buffer"`` (2BW: the input stage's version when step t entered) or
+            ``"stage_step_first"`` (not 2BW: stage k's version at its own first forward of step t).
+        send_after: ``{job: later}``: the tensor ``job`` hands to another worker leaves when ``later`` (a later
+            job on its worker) ends, as torch sends an ``OVERLAP_F_B``'s outputs; messages still name the producer.
     """
 
     name: str
@@ -220,8 +185,11 @@ _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
 def gc_paused(fn: _Fn) -> _Fn:
-    """Decorator: run ``fn`` with the cyclic garbage collector paused (building or timing a schedule allocates
-    ~10^5–10^6 small tuples and no cycles; the collector's passes would make the cost grow faster than linearly)."""
+    """Decorator: run ``fn`` with the cyclic garbage collector paused.
+
+    Building or timing a schedule allocates ~10^5–10^6 small tuples and no cycles; the collector's passes would make
+    the cost grow faster than linearly.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -237,14 +205,7 @@ def gc_paused(fn: _Fn) -> _Fn:
 
 
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as a Python int; ValueError naming ``name`` unless ``operator.index`` accepts it (bools and floats
-    refused: ``gpipe(D=True, M=2.0)`` is an error) and it is >= minimum.
-
-    Example:
-        >>> import numpy as np
-        >>> check_int("M", np.int64(4))
-        4
-    """
+    """``value`` as a Python int >= minimum; ValueError naming ``name`` otherwise (bools and floats refused)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     try:
@@ -264,8 +225,7 @@ def check_flag(name: str, value: Any) -> bool:
 
 
 def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:
-    """Refuse to build a schedule of more than ``limit`` (default :data:`MAX_JOBS`) compute jobs, before anything is
-    allocated (raise the module constant to build larger schedules on purpose)."""
+    """Refuse a schedule of more than ``limit`` (default :data:`MAX_JOBS`) compute jobs, before allocating."""
     limit = MAX_JOBS if limit is None else limit
     if jobs > limit:
         raise ValueError(f"{name} would have {jobs:,} compute jobs, too large: the limit is MAX_JOBS={limit:,} "
@@ -273,8 +233,7 @@ def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:
 
 
 def flushed_program(k: int, one_step: Sequence[tuple[str, int]], steps: int) -> tuple[Action, ...]:
-    """Worker k's program of a flushed one-stage-per-worker schedule: one step's ``(op, j)`` order, then U(k, t),
-    for every step t."""
+    """Worker k's flushed program: one step's ``(op, j)`` order, then U(k, t), for every step t."""
     p: list[Action] = []
     for t in range(steps):
         p += [Action(op, k, t, j) for op, j in one_step]
@@ -284,8 +243,7 @@ def flushed_program(k: int, one_step: Sequence[tuple[str, int]], steps: int) -> 
 
 def unflushed_program(k: int, order: Sequence[tuple[str, int]], per_step: int, last: str, stride: int = 1,
                       offset: int = 0) -> tuple[Action, ...]:
-    """Worker k's program of a never-flushed schedule: ``order`` runs over the micro-batches g = t·per_step + i of
-    the whole run (micro-batch i·stride + offset of step t) and U(k, t) follows the ``last`` op of i = per_step−1."""
+    """Worker k's never-flushed program over g = t·per_step + i (micro ``i·stride + offset``), U after ``last``."""
     p: list[Action] = []
     for op, g in order:
         t, i = divmod(g, per_step)

@@ -1,14 +1,7 @@
 """Named schedule builders: every schedule of the seed papers as a :class:`Schedule` value.
 
-``naive``, ``gpipe``, ``one_f_one_b``, ``pipedream`` and ``hybrid`` write their order in closed form (fast for long
-runs; tests check they equal the general constructor with the matching placement, priority and admission); the
-others are presets over :func:`~pipelab.schedules.constructor.construct`. The split-backward builders live in
-:mod:`~pipelab.schedules.zero_bubble` and :mod:`~pipelab.schedules.v_shape`; :data:`BUILDERS` registers every one.
-
-Example:
-    >>> from pipelab.schedules import pipedream
-    >>> [str(a) for a in pipedream(D=3, M=1, steps=3).programs[1]]
-    ['F1.0', 'F1.0', 'B1.0', 'U1', 'F1.0', 'B1.0', 'U1', 'B1.0', 'U1']
+``naive``, ``gpipe``, ``one_f_one_b``, ``pipedream`` and ``hybrid`` write their order in closed form (tests
+check they equal :func:`~pipelab.schedules.constructor.construct`'s); the others are presets over it.
 
 References: GPipe (Huang et al. 2019); PipeDream (Narayanan et al., SOSP 2019; PipeOptim, arXiv:2312.00839,
 Fig. 1); PipeDream-2BW and PipeDream-Flush (Narayanan et al., ICML 2021); DAPPLE (Fan et al. 2021); Megatron-LM
@@ -46,14 +39,7 @@ def _flushed(name: str, D: int, M: int, steps: int, one_step: Callable[[int], li
 
 @gc_paused
 def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
-    """Naive model parallelism: one micro-batch in the whole pipeline at a time (PipeOptim Fig. 1(c)).
-
-    Order on worker k: F(k,j), B(k,j) for j = 0..M−1, then U(k,t). Latency per step M·2D in unit costs.
-
-    Example:
-        >>> [str(a) for a in naive(2, 1).programs[1]]
-        ['F1.0', 'B1.0', 'U1']
-    """
+    """Naive model parallelism: one micro-batch in the pipeline at a time (PipeOptim Fig. 1(c)); M·2D per step."""
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"naive(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     return _flushed("naive", D, M, steps, lambda k: [(op, j) for j in range(M) for op in ("F", "B")])
@@ -61,14 +47,7 @@ def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
 
 @gc_paused
 def gpipe(D: int, M: int, steps: int = 1) -> Schedule:
-    """GPipe: all M forwards of the step, then all M backwards, then the update (flushed).
-
-    Makespan (f = b = 1): 2(M + D − 1) per step; Rahimi's latency (F+B of a stage = 1 unit): M + D − 1.
-
-    Example:
-        >>> [str(a) for a in gpipe(2, 2).programs[1]]
-        ['F1.0', 'F1.1', 'B1.0', 'B1.1', 'U1']
-    """
+    """GPipe: all M forwards, all M backwards, then the update; makespan 2(M + D − 1) at f = b = 1."""
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"gpipe(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
     return _flushed("GPipe", D, M, steps, lambda k: [(op, j) for op in ("F", "B") for j in range(M)])
@@ -88,8 +67,7 @@ def _one_f_one_b_order(warm: int, n: int) -> list[tuple[str, int]]:
 def one_f_one_b(D: int, M: int, steps: int = 1) -> Schedule:
     """Synchronous 1F1B (PipeDream-Flush / DAPPLE): D−k micro-batches in flight at stage k, flush per step.
 
-    Order on worker k per step: min(D−k−1, M) warm-up forwards, then (F, B) pairs, then the remaining
-    backwards, then U(k, t). Same makespan as GPipe, peak activations min(D−k, M) instead of M.
+    Worker k: min(D−k−1, M) warm-up F, (F, B) pairs, the remaining B, U. GPipe's makespan, peak min(D−k, M) not M.
 
     Example:
         >>> [str(a) for a in one_f_one_b(2, 3).programs[0]]
@@ -105,14 +83,8 @@ def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
               weight_rule: str = "current") -> Schedule:
     """Asynchronous 1F1B (PipeDream): never flushed, one update per mini-batch of M micro-batches.
 
-    Worker k runs the 1F1B order over all T·M micro-batches (D−k in flight) and applies U(k, t) right after
-    B(k, t, M−1). With M = 1 this is classic PipeDream: in steady state the forward of a mini-batch at stage
-    k sees D−1−k fewer updates than its own update is applied to (PipeOptim's s = D−k−1) and weight
-    stashing keeps D−k versions.
-
-    Example:
-        >>> [str(a) for a in pipedream(2, 1, steps=2).programs[0]]
-        ['F0.0', 'F0.0', 'B0.0', 'U0', 'B0.0', 'U0']
+    Worker k runs 1F1B over all T·M micro-batches and U(k, t) right after B(k, t, M−1). With M = 1 a forward at
+    stage k sees D−1−k fewer updates than its own update is applied to (PipeOptim's s), and stashing keeps D−k.
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"{name}(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
@@ -125,19 +97,8 @@ def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
 def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
     """PipeDream-2BW: asynchronous 1F1B with M ≥ D micro-batches per update and double-buffered weights.
 
-    Same order as :func:`pipedream`. The 2BW rule (Narayanan et al., ICML 2021, §3.1),
-    W^(t+1) = W^(t) − ν·∇f(W^(t−1)) at every stage, is ``weight_rule="double_buffer"``: the version table
-    gives step t the version the input stage had when step t entered the pipeline, t − 1 whenever M ≥ D
-    (tested), read off the simulated timeline.
-
-    Raises:
-        ValueError: if M < D (two buffers are then not enough).
-
-    Example:
-        >>> from pipelab.simulator import simulate
-        >>> vt = simulate(pipedream_2bw(D=2, M=2, steps=3)).version_table
-        >>> vt.used("F")[:, :, 0].tolist()        # stages × steps: version t−1 at every stage
-        [[0, 0, 1], [0, 0, 1]]
+    ``W^(t+1) = W^(t) − ν·∇f(W^(t−1))`` (Narayanan et al., ICML 2021, §3.1) is ``weight_rule="double_buffer"``:
+    step t uses the version the input stage had when step t entered, t − 1 whenever M ≥ D.
     """
     D, M = check_int("D", D), check_int("M", M)
     if M < D:
@@ -153,17 +114,9 @@ def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
 def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     """Interleaved 1F1B (Megatron-LM): V chunks per worker, stage s = c·W + w on worker w = s mod W.
 
-    Worker w runs min(2(W−w−1) + (V−1)W, M·V) warm-up forwards, then (F, B) pairs, then the remaining
-    backwards; the i-th forward is chunk (i // W) mod V, the i-th backward chunk V−1−((i // W) mod V), both of
-    micro-batch (i // (W·V))·W + i mod W. Flushed per step.
-
-    Raises:
-        ValueError: if M is not a multiple of W (Megatron's requirement) or V < 1.
-
-    Example:
-        >>> s = interleaved_1f1b(W=2, V=2, M=2)
-        >>> s.D, [str(a) for a in s.programs[1]][:4]
-        (4, ['F1.0', 'F1.1', 'F3.0', 'B3.0'])
+    Worker w: min(2(W−w−1) + (V−1)W, M·V) warm-up F, (F, B) pairs, the remaining B; the i-th F is chunk
+    (i // W) mod V, the i-th B chunk V−1−((i // W) mod V), of micro-batch (i // (W·V))·W + i mod W. Flushed;
+    M must be a multiple of W (Megatron's requirement).
     """
     W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
     check_jobs(f"interleaved_1f1b(W={W}, V={V}, M={M}, steps={steps})", 2 * V * W * M * steps)
@@ -184,14 +137,10 @@ def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
 
 
 def folded(D: int, M: int, steps: int = 1, *, max_in_flight: int | None = None, b_over_f: float = 2.0) -> Schedule:
-    """Folded pipeline: W = D/2 workers, worker i holds stages i and D−1−i (a V-shaped placement).
+    """Folded pipeline: W = D/2 workers, worker i holds stages i and D−1−i (D even).
 
-    Greedy backward-first order (the constructor orders jobs assuming b = ``b_over_f``·f), flushed per
-    step; ``max_in_flight`` bounds micro-batches resident per worker (None: unbounded — the backward-first
-    priority alone keeps the peak bounded independently of M).
-
-    Raises:
-        ValueError: if D is odd.
+    Greedy backward-first order at b = ``b_over_f``·f, flushed; ``max_in_flight`` bounds resident micro-batches
+    (None: the backward-first priority alone bounds the peak).
     """
     D, M = check_int("D", D, 2), check_int("M", M)
     if D % 2:
@@ -210,11 +159,7 @@ def _dp_workers(M: int, W: int | None, name: str) -> int:
 
 
 def ddp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
-    """Distributed data parallel, Rahimi's w(s,b,d) = (b, b): micro-batch b runs all stages on worker b mod W.
-
-    Every worker holds all weights and runs every U(k, t) after the all-reduce (all B(k,·) of the step).
-    Makespan (f = b = 1, W = M): 2D; Rahimi's latency D.
-    """
+    """Distributed data parallel, w(s,b,d) = (b, b): micro-batch b on worker b mod W; all workers hold all weights."""
     D, M = check_int("D", D), check_int("M", M)
     W = _dp_workers(M, W, "ddp")
     return construct(D, M, W, compute=lambda s, b, d: b % W, weights=lambda s: tuple(range(W)),
@@ -224,10 +169,7 @@ def ddp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
 
 
 def fsdp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
-    """Fully sharded data parallel, w(s,b,d) = (s, b): compute as DDP, stage s's weights live on worker s mod W.
-
-    The owner applies U(s, t); the other workers fetch stage s's weights before computing it.
-    """
+    """Fully sharded data parallel, w(s,b,d) = (s, b): compute as DDP, stage s's weights on worker s mod W."""
     D, M = check_int("D", D), check_int("M", M)
     W = _dp_workers(M, W, "fsdp")
     return construct(D, M, W, compute=lambda s, b, d: b % W, weights=lambda s: s % W,
@@ -237,12 +179,7 @@ def fsdp(D: int, M: int, W: int | None = None, steps: int = 1) -> Schedule:
 
 
 def lpp_hash(s: int, b: int, G: int, R: int) -> int:
-    """Rahimi's LPP hash h(s, b) = (R·b mod W) + (s mod R) with W = G·R.
-
-    Example:
-        >>> [lpp_hash(s, 0, G=1, R=4) for s in range(4)], [lpp_hash(0, b, G=4, R=1) for b in range(4)]
-        ([0, 1, 2, 3], [0, 1, 2, 3])
-    """
+    """Rahimi's LPP hash h(s, b) = (R·b mod W) + (s mod R) with W = G·R."""
     return (R * b) % (G * R) + s % R
 
 
@@ -265,16 +202,9 @@ def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "back
         b_cost: Cost = 1.0, u_cost: Cost = 0.0) -> Schedule:
     """Looped pipeline parallelism: W = G·R workers in G groups of R, w(s,b,d) = (h(s,b), h(s,b)).
 
-    Micro-batch b goes to group b mod G; within it stage s runs on worker s mod R (D/R stages each, looped).
-    Each group keeps its own copy of the weights; all copies apply U(s, t) after the step (flush).
-    G = 1, R = D is GPipe's placement; G = M, R = 1 is DDP's.
-
-    ``priority`` (:data:`~pipelab.schedules.constructor.PRIORITIES`): ``"backward_first"`` (1F1B's order) or
-    ``"forward_first"`` (GPipe's; G = 1, R = D is then GPipe). Under ``"forward_first"`` the latency in F+B units
-    of one stage is max(S + B/G − 1, (S/R)(B/G) + R − 1), Rahimi's Table 1 value or a worker's own jobs plus the
-    fill when longer (exact when B/G ≤ R or R divides B/G; tested). ``f_cost``, ``b_cost``, ``u_cost``: the
-    costs the constructor orders at (:func:`~pipelab.schedules.constructor.construct`); pass those the schedule
-    will run with.
+    Micro-batch b to group b mod G, stage s to its worker s mod R; each group keeps a copy of the weights (G = 1,
+    R = D: GPipe's placement; G = M, R = 1: DDP's). Forward-first latency in F+B units:
+    max(S + B/G − 1, (S/R)(B/G) + R − 1) (exact when B/G ≤ R or R | B/G). Pass the costs the schedule runs with.
     """
     return _looped("LPP", D, M, G, R, steps, lambda s, G, R: tuple(g * R + s % R for g in range(G)), priority,
                    (f_cost, b_cost, u_cost), "every group's copy applies U(s,t) after the all-reduce of step t (flush)")
@@ -282,11 +212,7 @@ def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "back
 
 def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "backward_first", f_cost: Cost = 1.0,
           b_cost: Cost = 1.0, u_cost: Cost = 0.0) -> Schedule:
-    """Fully sharded LPP: compute as :func:`lpp`, stage s's weights only on worker h(s, s).
-
-    w(s,b,d) = (h(s,s), h(s,b)); the owner applies U(s, t), the others fetch stage s's weights. ``priority``
-    and the ordering costs as in :func:`lpp` (same compute placement, so the same timeline).
-    """
+    """Fully sharded LPP, w(s,b,d) = (h(s,s), h(s,b)): compute as :func:`lpp`, stage s's weights on h(s, s)."""
     return _looped("FSLPP", D, M, G, R, steps, lambda s, G, R: lpp_hash(s, s, G, R), priority, (f_cost, b_cost, u_cost),
                    "the owner h(s,s) applies U(s,t) after the reduce of step t (flush)")
 
@@ -295,19 +221,9 @@ def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "ba
 def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False) -> Schedule:
     """Hybrid pipeline × data parallelism: R replicas of a D-stage pipeline, W = D·R workers.
 
-    Stage k of replica r on worker r·D + k; micro-batch j of a step goes to replica j mod R. Every holder of
-    stage k applies U(k, t) after the all-reduce of all M gradients of the step, so the replicas share versions.
-    Synchronous (default): :func:`one_f_one_b`'s order per replica, flushed, plain mini-batch training's update
-    (Narayanan et al., SC 2021); ``asynchronous=True``: :func:`pipedream`'s order, never flushed (PipeDream's
-    replicated stages, Narayanan et al., SOSP 2019, §3.1).
-
-    Raises:
-        ValueError: if M is not a multiple of R. TypeError: ``asynchronous`` not a bool.
-
-    Example:
-        >>> s = hybrid(D=2, M=4, R=2)
-        >>> s.W, s.weight_holders, [str(a) for a in s.programs[2]]
-        (4, ((0, 2), (1, 3)), ['F0.1', 'F0.3', 'B0.1', 'B0.3', 'U0'])
+    Stage k of replica r on worker r·D + k, micro-batch j on replica j mod R; every holder applies U(k, t) after the
+    all-reduce. Synchronous: 1F1B per replica, flushed (Narayanan et al., SC 2021); ``asynchronous``: PipeDream's
+    order (Narayanan et al., SOSP 2019, §3.1).
     """
     D, M, R, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("R", R), ("steps", steps)))
     asynchronous = check_flag("asynchronous", asynchronous)

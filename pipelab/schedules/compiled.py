@@ -1,39 +1,21 @@
 """A schedule compiled to arrays, and its timing: the core shared by the simulator and the validator.
 
-:func:`compile_schedule` flattens the programs and looks up every action's dependencies, read from the one
-dependency rule (:mod:`pipelab.schedules.dependencies`); :func:`run` times them. The schedule fixes each
-worker's order, so timing needs no search: a job starts at
+The schedule fixes each worker's order, so timing needs no search: a job starts at
 
     start(j) = max( end of the previous job on its worker,
                     max over dependencies d of end(d) + latency(d → j) ),   end(j) = start(j) + cost(j).
 
-Op codes: F=0, B=1, U=2, I=3, W=4. Dependency slots: ``dep1``/``dep2`` hold a compute job's data edges in
-the order of :func:`~pipelab.schedules.dependencies.edges_into` (for a tensor from another worker, the job
-whose end sends it: its producer, or a later job of the producer's worker named by
-``Schedule.send_after``); ``dep3`` its weight barrier (:func:`~pipelab.schedules.dependencies.update_dependency`,
-at its weight source); an update's weight-gradient jobs are in ``udeps``.
+Op codes: F=0, B=1, U=2, I=3, W=4. ``dep1``/``dep2``: a compute job's data edges in the order of
+:func:`~pipelab.schedules.dependencies.edges_into` (across workers: the job whose end sends the tensor);
+``dep3``: its weight barrier at its weight source; ``udeps``: an update's weight-gradient jobs.
 
-:func:`run`, linear in the number of actions (every job is examined a bounded number of times):
-
-============  ======================================================================================================
-step          what it does
-============  ======================================================================================================
-inputs        per action its three dependencies, their latencies and its cost as lists of shared objects (one int
-              per id, one float per distinct cost: the loop jumps between workers, and 10^5 distinct objects miss
-              the cache where a few shared ones do not); a dependency met by program order (earlier on the job's
-              worker, no latency) is dropped, and so is an update's wait for gradient jobs that all ran before it
-              on its worker. A message on a wire (the link model, :mod:`pipelab.links`) becomes pseudo-job n + m,
-              whose end is its arrival
-worker loop   a worker advances while its next job's dependencies have ended (``end`` is ∞ until a job is timed,
-              −∞ at the "no dependency" index, so the start is one max over three slots), else parks on the first
-              unfinished one and resumes when it ends; an update still waiting (slot 1 = the sentinel ``us``)
-              scans its step's gradient jobs with a cursor kept between resumptions
-wire step     when no worker can advance, the earliest ready message (heap key: ready, send, sender worker, m)
-              crosses its wire: arrival = max(ready, wire free) + transmission. Every message ready earlier is in
-              the heap by then (a job starts no earlier than the messages it waited for), so each wire serves its
-              messages in ready order
-deadlock      a worker that never resumes: the program order contradicts the dependencies; ``blocked`` names it
-============  ======================================================================================================
+:func:`run` is linear in the actions. Its inputs are lists of shared objects (one int per id, one float per
+distinct cost: 10^5 distinct objects miss the cache as the loop jumps between workers), without dependencies met
+by program order. A worker advances while its next job's dependencies have ended (``end`` is ∞ until timed and
+−∞ at "none", so a start is one max), else parks on the first unfinished one. When no worker can advance, the
+earliest ready message crosses its wire (arrival = max(ready, wire free) + transmission): every earlier-ready
+message is queued by then, so each wire serves its messages in ready order. A worker that never resumes is a
+deadlock (``blocked``).
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
@@ -66,13 +48,11 @@ class Compiled:
     """A schedule as flat arrays (one entry per action, workers concatenated in program order).
 
     Attributes:
-        op, stage, step, micro, worker, g: int arrays (g = t·M + j, −1 for U).
-        offsets: worker w's actions are ids offsets[w]..offsets[w+1]−1.
+        g: t·M + j (−1 for U); offsets: worker w's ids are offsets[w]..offsets[w+1]−1.
         table: table[op, k, g] = id of the compute job (−1 if absent).
-        dep1, dep2, dep3: up to three dependency ids per action (−1: none); U's dependencies are in udeps.
-        udeps: for U ids, the ids of the gradient jobs of its step (2-D array, one row per U, M columns).
-        src: the weight-source worker of each compute job (its own worker for U).
-        problems: human-readable problems found while compiling, each with the (worker, position) to mark.
+        udeps: per U, the ids of its step's gradient jobs (one row per U, M columns).
+        src: each compute job's weight-source worker (its own for U).
+        problems: structural problems found, each with the (worker, position) to mark.
     """
 
     schedule: Schedule
@@ -105,15 +85,9 @@ class Compiled:
 def compile_schedule(s: Schedule) -> Compiled:
     """Flatten ``s`` into arrays, look up dependencies, and collect structural problems (never raises).
 
-    ================  ====================================================================================
-    step              what it does
-    ================  ====================================================================================
-    _flatten          programs → op, stage, step, micro, worker per action; actions out of range
-    _job_table        table[op, k, g] of the compute jobs; duplicated jobs, missing F, B (or I and W)
-    _update_table     U(k, t) on each holder of stage k; updates on non-holders, twice, or missing
-    _data_edges       dep1/dep2 from the one rule, moved to the departure job of ``Schedule.send_after``
-    _weight_edges     each compute job's weight source, its barrier dep3, and each update's gradient jobs
-    ================  ====================================================================================
+    Steps: ``_flatten`` (actions out of range), ``_job_table`` (duplicated or missing F, B / I, W), ``_update_table``
+    (updates on non-holders, twice, or missing), ``_data_edges`` (dep1/dep2, moved to ``send_after``'s departure
+    job), ``_weight_edges`` (weight source, barrier dep3, each update's gradient jobs).
     """
     c, ok = _flatten(s)
     if c.n:
@@ -226,9 +200,7 @@ def _data_edges(c: Compiled, ok: np.ndarray) -> None:
 
 
 def _weight_edges(c: Compiled, ok: np.ndarray, u_tab: np.ndarray, hidx: np.ndarray) -> None:
-    """A compute job reads its stage's weights at its own worker if it holds them, else at the first holder
-    (``src``); with ``sync_lag`` L it waits for U(k, t−1−L) there (dep3). An update waits for the weight-gradient
-    jobs of its step (``udeps``)."""
+    """``src`` (own worker if it holds the stage, else the first holder), barrier dep3 there, and ``udeps``."""
     s, has = c.schedule, c.table >= 0
     c.src = c.worker.copy()
     comp = np.flatnonzero(ok & (c.op != U))
@@ -245,9 +217,7 @@ def _weight_edges(c: Compiled, ok: np.ndarray, u_tab: np.ndarray, hidx: np.ndarr
 
 
 def _departures(c: Compiled) -> np.ndarray | None:
-    """For every action id, the id of the job whose end sends its tensor to another worker: itself, or
-    ``Schedule.send_after``'s later job (which must exist, on the same worker, not before it); None when
-    the schedule has no ``send_after``."""
+    """Per id, the job whose end sends its tensor: itself or its ``send_after`` job; None without ``send_after``."""
     s, table, worker = c.schedule, c.table, c.worker
     if not s.send_after:
         return None
@@ -296,16 +266,7 @@ def _checked_costs(name: str, arr: np.ndarray, shown: object, positive: bool) ->
 
 
 def check_cost(name: str, value: object, *, positive: bool = False) -> float:
-    """One scalar cost (a time, in any unit) as a float, by the simulator's rule for costs.
-
-    Raises:
-        TypeError: ``value`` not a real number (a bool or a string included).
-        ValueError: NaN or ±inf, negative, or not > 0 when ``positive``.
-
-    Example:
-        >>> check_cost("t_w", 0.5)
-        0.5
-    """
+    """One scalar cost as a float, by the simulator's rule (finite, ≥ 0, > 0 when ``positive``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     return float(_checked_costs(name, np.array([float(value)]), value, positive)[0])
@@ -329,8 +290,7 @@ def job_costs(c: Compiled, f_cost: Cost, b_cost: Cost, u_cost: Cost, i_cost: Cos
 
 
 class Wires(NamedTuple):
-    """Messages that queue on inbound wires: message m is what job ``consumer[m]`` receives in dependency slot
-    ``slot[m]`` (1 or 2) on wire ``wire[m]``, after ``latency[m]`` and a ``transmission[m]`` on the wire."""
+    """Messages queuing on inbound wires: message m is what ``consumer[m]`` receives in ``slot[m]`` on ``wire[m]``."""
 
     consumer: np.ndarray
     slot: np.ndarray
@@ -340,8 +300,7 @@ class Wires(NamedTuple):
 
 
 class Timing(NamedTuple):
-    """:func:`run`'s result: per action start and end (−1: never ran), the order it timed them (topological), the
-    (worker, position) of each blocked worker (a deadlock), and per message on a wire its begin and arrival."""
+    """:func:`run`'s result: start and end (−1: never ran), timing order, blocked workers, messages' begin/arrival."""
 
     start: np.ndarray
     end: np.ndarray
@@ -421,8 +380,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
 
 def _row_wait(i: int, row: list[tuple[int, float]], cursor: dict[int, tuple[int, float]], end: list[float],
               t_free: float) -> tuple[int, float]:
-    """Scan job i's (dependency, latency) row from where it stopped: (the first unfinished dependency, −1 if none;
-    the latest end + latency so far, from ``t_free``)."""
+    """Resume job i's (dependency, latency) scan: (first unfinished dependency or −1, latest end + latency so far)."""
     p0, t0 = cursor.pop(i, (0, t_free))
     for p in range(p0, len(row)):
         d, lat = row[p]

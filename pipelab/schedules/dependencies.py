@@ -1,17 +1,8 @@
-"""The dependency rule of a pipeline schedule, written once.
+"""The dependency rule of a pipeline schedule, written once: every reader of job order derives it from here.
 
-Every reader of job order derives it from this module: the array compiler the simulator and the validator
-time with (:func:`pipelab.schedules.compiled.compile_schedule`), the constructor's list scheduler
-(:func:`pipelab.schedules.construct`), the order resolution of the pipeline core
-(:func:`pipelab.pipeline.order.resolve_order`) and the point-to-point messages of the runtime
-(:func:`pipelab.schedules.transfers.messages`).
-
-A job is ``(op, k, t, j)``: op, stage k, step t, micro-batch j (``j = -1`` for ``U``). The *gradient job*
-of stage k is the job that produces the gradient of stage k's input, B, or I when the backward is split;
-the *weight-gradient job* is the one that finishes stage k's weight gradient, B, or W when split. Whether a
-backward is split is decided per stage and micro-batch (torch's DualPipeV fuses some and splits others):
-the ``split`` argument below is ``True``/``False`` for every backward, or the set of ``(k, t, j)`` whose
-backward is split (:data:`Split`, :func:`is_split`). For one micro-batch (t, j):
+A job is ``(op, k, t, j)`` (``j = -1`` for U). The *gradient job* of stage k produces its input gradient (B, or
+I when split), the *weight-gradient job* finishes its weight gradient (B, or W); splitting is per stage and
+micro-batch (:data:`Split`). For one micro-batch (t, j):
 
     F(k)    <- F(k-1)                           carries the activation into stage k
     B(k)    <- F(k),  gradient job(k+1)         the latter carries the gradient of stage k's output
@@ -19,18 +10,8 @@ backward is split (:data:`Split`, :func:`is_split`). For one micro-batch (t, j):
     W(k)    <- I(k)
     U(k, t) <- weight-gradient job(k, t, j) for every j = 0..M-1
 
-and with a weight barrier (``Schedule.sync_lag = L`` not None) every compute job of stage k in step t also
-waits for U(k, t-1-L) at its weight source (L = 0: a flushed schedule).
-
-:data:`EDGES` is the first block as data; the order of a job's edges is the order of its dependency slots
-in the compiled arrays (slot 1: the input side, slot 2: the gradient from the next stage). A new kind of
-job (a collective, a weight fetch) is added here, as an edge, and every reader follows.
-
-Example:
-    >>> dependencies(("B", 1, 0, 2), D=3, M=4)
-    [('F', 1, 0, 2), ('B', 2, 0, 2)]
-    >>> [(e.job, e.on, e.stage) for e in edges_into("F")]
-    [('F', 'F', -1)]
+With ``sync_lag = L`` every compute job of stage k in step t also waits for U(k, t-1-L) at its weight source.
+:data:`EDGES` is the first block as data (in dependency-slot order); a new kind of job is added there.
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s, b, d); the
 split backward of Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024).
@@ -64,12 +45,8 @@ GRADIENT: Literal["gradient"] = "gradient"
 class Edge:
     """``job(k) <- on(k + stage)`` for the same micro-batch.
 
-    Attributes:
-        job: the dependent op.
-        on: the op it waits for: "F", "I", or "grad" (the gradient job of that stage: B, or I when split).
-        stage: the producer's stage offset (-1, 0 or +1); an edge leaving 0..D-1 does not exist.
-        carries: the tensor that crosses to another worker along the edge (``None``: the two jobs belong to
-            one stage and share what they need on the stage's worker).
+    ``on``: "F", "I", or "grad" (that stage's gradient job); ``carries``: the tensor crossing to another worker
+    (``None``: both jobs belong to one stage).
     """
 
     job: str
@@ -109,13 +86,7 @@ def weight_gradient_job(split: bool) -> str:
 
 
 def dependencies(job: Job, D: int, M: int, split: Split = False) -> list[Job]:
-    """The jobs that ``job`` waits for (data dependencies; the weight barrier is :func:`update_dependency`).
-
-    Args:
-        job: ``(op, k, t, j)``.
-        D, M: stages and micro-batches per step.
-        split: which backwards are split into I and W (:data:`Split`).
-    """
+    """The jobs ``job`` waits for (data dependencies; the weight barrier is :func:`update_dependency`)."""
     op, k, t, j = job
     if op == "U":
         return [(weight_gradient_job(is_split(split, k, t, jj)), k, t, jj) for jj in range(M)]
@@ -128,26 +99,19 @@ def dependencies(job: Job, D: int, M: int, split: Split = False) -> list[Job]:
 
 
 def barrier_step(t: StepT, sync_lag: int) -> StepT:
-    """``t - 1 - L``: the step whose update a compute job of step t waits for under a weight barrier
-    ``sync_lag = L`` (negative: none yet). Works on ints and on integer arrays."""
+    """``t - 1 - L``: the step whose update a job of step t waits for under ``sync_lag = L`` (negative: none)."""
     return t - 1 - sync_lag
 
 
 def received_from(job: Job, D: int, split: Split = False) -> list[Job]:
-    """The jobs whose tensor ``job`` consumes (its edges that carry one): F(k-1) for F(k), the next stage's
-    gradient job for B(k) or I(k); empty at the pipeline's ends and for W and U."""
+    """The jobs whose tensor ``job`` consumes: F(k-1) for F(k), the next stage's gradient job for B(k) or I(k)."""
     op, k, t, j = job
     return [(gradient_job(is_split(split, k + e.stage, t, j)) if e.on == "grad" else e.on, k + e.stage, t, j)
             for e in edges_into(op) if e.carries is not None and 0 <= k + e.stage < D]
 
 
 def handed_to(job: Job, D: int, split: Split = False) -> list[Job]:
-    """The jobs that consume the tensor ``job`` produces: the inverse of :func:`received_from`.
-
-    Example:
-        >>> handed_to(("F", 0, 0, 1), D=2), handed_to(("B", 1, 0, 1), D=2), handed_to(("B", 0, 0, 1), D=2)
-        ([('F', 1, 0, 1)], [('B', 0, 0, 1)], [])
-    """
+    """The jobs that consume the tensor ``job`` produces: the inverse of :func:`received_from`."""
     op, k, t, j = job
     out: list[Job] = []
     for e in EDGES:
@@ -162,8 +126,7 @@ def handed_to(job: Job, D: int, split: Split = False) -> list[Job]:
 
 
 def update_dependency(job: Job, sync_lag: int | None) -> tuple[int, int] | None:
-    """``(k, t-1-L)``: the update U(k, t-1-L) a compute job of stage k in step t waits for under a weight
-    barrier ``sync_lag = L``; ``None`` without a barrier, for U, and in the first L+1 steps."""
+    """``(k, t-1-L)``: the update a compute job waits for under ``sync_lag = L``; ``None`` if there is none."""
     op, k, t, _ = job
     if op == "U" or sync_lag is None or barrier_step(t, sync_lag) < 0:
         return None

@@ -1,14 +1,8 @@
 """pipelab ↔ ``torch.distributed.pipelining``: a schedule's per-rank action lists and CSV format.
 
-torch writes a pipeline schedule as one list of ``_Action`` per rank (``schedule.pipeline_order``, compute
-only, ``None`` for an idle slot; ``pipeline_order_with_comms``, with the communication it lowers to) and
-dumps either as CSV, one row per rank, one cell ``str(action)`` per entry (``"2F0"``, ``"1SEND_B3"``,
-``"(0F1;3B0)OVERLAP_F_B"``, ``""`` for ``None``). This module converts both ways; it is pure data (it never
-touches a process group): :func:`from_torch` / :func:`from_torch_csv` import, :func:`to_torch` /
-:func:`to_torch_csv` export. Running an exported schedule on torch's own runtime is
-:mod:`pipelab.runtime.torch_pipelining`.
-
-Vocabulary (pipelab ↔ torch):
+torch writes a schedule as one ``_Action`` list per rank (compute only, or with comms) and dumps it as CSV,
+one row per rank, one cell ``str(action)`` per entry (``"2F0"``, ``"1SEND_B3"``, ``"(0F1;3B0)OVERLAP_F_B"``,
+``""`` idle). Pure data: no process group.
 
 =======================================  ==================================================================
 pipelab                                  torch.distributed.pipelining
@@ -26,27 +20,12 @@ weight placement                         FSDP ``UNSHARD`` / ``RESHARD`` (no pipe
 sync_lag = 0, steps = 1                  every torch schedule
 =======================================  ==================================================================
 
-Import (:func:`from_torch`): F/B/I/W become actions of step t (the lists repeat for ``steps`` steps), U(k, t)
-follows the rank's last action of stage k in step t (where torch puts ``REDUCE_GRAD``). Timing is torch's
-runtime's (``_PipelineScheduleRuntime._step_microbatches``): SEND and RECV post without blocking, a job waits
-for the SEND of every tensor it consumes from another rank, so a tensor leaves where its SEND stands (after an
-``OVERLAP_F_B``'s last sub-action in a compute-only list, torch's ``_add_send_recv``); where that is later than
-its producer the schedule records it in :attr:`Schedule.send_after <pipelab.schedules.Schedule>`. SEND/RECV
-actions must be pipelab's messages, each SEND after its producer, each RECV before its consumer, and per rank
-pair the RECVs in the order of the SENDs (torch's point-to-point operations carry no tag).
-``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` are kept in ``params["torch_extra"]`` as ``(rank, compute jobs before
-it, text)``. The result is validated (:class:`~pipelab.schedules.ScheduleError` with the marked grid).
-
-Export (:func:`to_torch`): one step of a synchronous schedule with one rank per stage. Compute-only lists are
-what torch's ``_load_csv(format="compute_only")`` lowers itself (a run of jobs whose tensors leave after its last
-job is one ``OVERLAP_F_B``); with ``comms=True`` each SEND follows the job whose end sends it, each RECV stands
-where its SEND is issued in a dependency order of the whole schedule, and U(k) becomes ``REDUCE_GRAD``.
+In torch's runtime SEND and RECV do not block and a job waits for the SEND of each tensor it consumes, so a
+tensor leaves where its SEND stands (after an ``OVERLAP_F_B``'s last sub-action): ``Schedule.send_after``.
 
 Example:
     >>> from pipelab.schedules import one_f_one_b
     >>> order = to_torch(one_f_one_b(D=2, M=2))
-    >>> [str(a) for a in order[1]]
-    ['1F0', '1B0', '1F1', '1B1']
     >>> from_torch(order, n_stages=2, n_microbatches=2).programs == one_f_one_b(D=2, M=2).programs
     True
 
@@ -86,9 +65,7 @@ _ACTION_RE = re.compile(r"(\d+)(" + "|".join(sorted(_KINDS, key=len, reverse=Tru
 
 
 class TorchAction(NamedTuple):
-    """torch's ``_Action`` as plain data: ``stage`` (``stage_index``), ``kind`` (the computation type's
-    string: "F", "SEND_B", "OVERLAP_F_B", ...), ``micro`` (``microbatch_index``, None for UNSHARD/RESHARD/
-    REDUCE_GRAD), ``subs`` (the sub-actions of an ``OVERLAP_F_B``)."""
+    """torch's ``_Action`` as plain data; ``micro`` is None for UNSHARD/RESHARD/REDUCE_GRAD, ``subs`` an overlap's."""
 
     stage: int
     kind: str
@@ -107,11 +84,7 @@ def format_action(a: TorchAction) -> str:
 
 
 def parse_action(text: str) -> TorchAction | None:
-    """Read one CSV cell of torch's format (``""`` is an idle slot: None).
-
-    Raises:
-        ValueError: a cell that is not ``[stage][kind][microbatch]`` or ``(sub;sub)OVERLAP_F_B``.
-    """
+    """Read one CSV cell of torch's format (``""``, an idle slot: None); ValueError for a malformed cell."""
     text = text.strip()
     if not text:
         return None
@@ -130,13 +103,7 @@ def parse_action(text: str) -> TorchAction | None:
 
 
 def _normalise(a: Any) -> TorchAction | None:
-    """A torch ``_Action`` (duck-typed), a :class:`TorchAction`, a CSV string or None, as a checked TorchAction.
-
-    Raises:
-        TypeError: anything else.
-        ValueError: an unknown computation type; a stage or micro-batch index that is not an integer >= 0
-            (e.g. ``stage_index=1.5``: torch's ``_Action`` does not check its fields).
-    """
+    """An ``_Action``, :class:`TorchAction`, CSV string or None as a checked TorchAction (torch's checks no field)."""
     if a is None:
         return None
     if isinstance(a, str):
@@ -198,25 +165,17 @@ def _message_keys(m: Message) -> tuple[_Key, _Key]:
 
 def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_microbatches: int,
                steps: int = 1, name: str = "torch schedule", check: bool = True) -> Schedule:
-    """Import torch's per-rank action lists as a pipelab :class:`Schedule` (rules: module docstring).
+    """Import torch's per-rank lists (``{rank: [_Action, TorchAction, CSV text or None]}``) as a :class:`Schedule`.
 
-    Args:
-        pipeline_order: ``{rank: [action or None, ...]}`` for ranks 0..R−1 (a torch schedule's
-            ``pipeline_order`` or ``pipeline_order_with_comms``); an action is a torch ``_Action``, a
-            :class:`TorchAction` or its CSV text.
-        n_stages, n_microbatches, steps: D, M, and T (the one-step lists run T times).
-        check: validate the result and its SEND/RECV actions (off only to inspect a broken list).
+    The lists repeat for ``steps`` steps; U(k, t) follows the rank's last action of stage k in step t (where torch
+    puts ``REDUCE_GRAD``). SEND/RECV must be pipelab's messages, each SEND after its producer, each RECV before its
+    consumer, per rank pair in SEND order (torch's p2p ops carry no tag). ``UNSHARD``/``RESHARD``/``REDUCE_GRAD``
+    are kept in ``params["torch_extra"]`` as ``(rank, compute jobs before it, text)``. ``check=False`` skips
+    validation (to inspect a broken list).
 
     Raises:
         ScheduleError: missing or duplicated jobs, out-of-range indices, an order that deadlocks (marked grid).
-        ValueError: ranks not 0..R−1, a stage on two ranks, an action without a micro-batch, SEND/RECV actions
-            that do not match pipelab's transfers (missing, extra, misplaced, out of order).
-        TypeError: an entry that is not an action, a string or None.
-
-    Example:
-        >>> s = from_torch({0: ["0F0", "0B0", "0REDUCE_GRAD"]}, n_stages=1, n_microbatches=1)
-        >>> [str(a) for a in s.programs[0]], s.params["torch_extra"]
-        (['F0.0', 'B0.0', 'U0'], ((0, 2, '0REDUCE_GRAD'),))
+        ValueError: ranks not 0..R−1, a stage on two ranks, a job without a micro-batch, SEND/RECV that do not match.
     """
     # Import in four named steps:
     #   _normalise       every entry as a checked TorchAction (idle slots dropped)
@@ -319,16 +278,14 @@ def _explicit_sends(jobs: list[Job], comms: list[tuple[int, _Key, TorchAction]],
 
 
 def _sizes(n_stages: Any, n_microbatches: Any, steps: Any) -> tuple[int, int, int]:
-    """D, M, T as ints >= 1, refused when a schedule of those sizes (F and B per stage and micro-batch) would
-    pass the builders' job limit (:func:`~pipelab.schedules.actions.check_jobs`)."""
+    """D, M, T as ints >= 1, within the builders' job limit (:func:`~pipelab.schedules.actions.check_jobs`)."""
     D, M, T = check_int("n_stages", n_stages), check_int("n_microbatches", n_microbatches), check_int("steps", steps)
     check_jobs(f"from_torch(n_stages={D}, n_microbatches={M}, steps={T})", 2 * D * M * T)
     return D, M, T
 
 
 def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) -> None:
-    """SEND/RECV actions equal pipelab's messages, each placed after its producer / before its consumer, and
-    every rank pair's RECVs in the order of its SENDs (see the module docstring)."""
+    """SEND/RECV actions equal pipelab's messages, each after its producer / before its consumer, in order."""
     cindex: dict[Job, int] = {}  # each job's position among its rank's compute jobs
     for prog in s.programs:
         for n, a in enumerate(a for a in prog if a.op != "U"):
@@ -386,12 +343,7 @@ def _check_fifo(M: int, comms: list[list[tuple[int, _Key, TorchAction]]],
 
 def from_torch_csv(path: str | os.PathLike[str], *, n_stages: int, n_microbatches: int, steps: int = 1,
                    name: str | None = None, check: bool = True) -> Schedule:
-    """Import a CSV written by torch's ``_dump_csv`` (compute only or with comms) or by :func:`to_torch_csv`.
-
-    One row per rank (row r = rank r), one cell per action, ``""`` for an idle slot. Arguments and errors
-    as :func:`from_torch` (sizes are checked before the file is read); a malformed cell raises ValueError
-    naming its row and column.
-    """
+    """Import a CSV of torch's ``_dump_csv`` or :func:`to_torch_csv` (row r = rank r), as :func:`from_torch`."""
     _sizes(n_stages, n_microbatches, steps)
     order: dict[int, list[TorchAction | None]] = {}
     with open(path, newline="") as f:
@@ -447,12 +399,10 @@ def _export_lists(schedule: Schedule, comms: bool) -> list[list[TorchAction]]:
 
 
 def _overlapped(s: Schedule, jobs: list[Action]) -> list[TorchAction]:
-    """A worker's compute jobs as torch actions, each run of jobs that send their tensors after the run's last
-    job (``Schedule.send_after``) as one ``OVERLAP_F_B`` (torch's lowering sends its outputs after it).
+    """A worker's compute jobs as torch actions, a run of jobs sending after its last job as one ``OVERLAP_F_B``.
 
     Raises:
-        ValueError: a job sends after a later job with a job between that sends at once (a compute-only
-            list cannot say so: export with ``comms=True``).
+        ValueError: a job sends after a later job with a job between that sends at once (use ``comms=True``).
     """
     keys = [(a.op, a.stage, a.step, a.micro) for a in jobs]
     index = {key: i for i, key in enumerate(keys)}
@@ -481,30 +431,18 @@ def _torch_action(a: TorchAction) -> Any:
 
 
 def to_torch(schedule: Schedule, *, comms: bool = False) -> dict[int, list[Any]]:
-    """Export one step of a synchronous schedule as torch's per-rank ``_Action`` lists.
+    """Export one step of a synchronous schedule as torch's per-rank ``_Action`` lists ``{rank: [...]}``.
 
-    Args:
-        schedule: a validated, flushed (``sync_lag`` not None) schedule with ``steps = 1`` and each stage on
-            one worker (its only weight holder).
-        comms: False: compute actions only (what ``_load_csv(format="compute_only")`` and torch's
-            ``pipeline_order`` hold; torch adds communication and ``REDUCE_GRAD`` itself). True: with
-            SEND/RECV from pipelab's messages and ``REDUCE_GRAD`` in U's place (``format="compute_comms"``).
-
-    Returns:
-        ``{rank: [torch _Action, ...]}`` (rank = worker).
-
-    Raises:
-        ValueError: an asynchronous schedule, ``steps != 1``, a stage on several workers or replicated;
-            ScheduleError for an invalid schedule.
+    ``comms=False``: compute only, what ``_load_csv(format="compute_only")`` lowers itself; ``comms=True``: each
+    SEND after the job whose end sends it, each RECV where its SEND is issued in a dependency order, U as
+    ``REDUCE_GRAD``. ValueError for an asynchronous schedule, ``steps != 1`` or a stage not on exactly one worker.
     """
     lists = _export_lists(schedule, comms)
     return {w: [_torch_action(a) for a in acts] for w, acts in enumerate(lists)}
 
 
 def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str], *, comms: bool = False) -> None:
-    """Write one step of ``schedule`` as torch's CSV (one row per rank; rules and errors of :func:`to_torch`),
-    readable by ``_PipelineScheduleRuntime._load_csv(path, format="compute_comms" if comms else
-    "compute_only")`` and by :func:`from_torch_csv`."""
+    """Write one step of ``schedule`` as torch's CSV (rules and errors of :func:`to_torch`)."""
     lists = _export_lists(schedule, comms)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)

@@ -1,22 +1,8 @@
 """Point-to-point transfers of a schedule: which tensor crosses from which worker to which, and when.
 
-A transfer is a dependency edge that carries a tensor (:data:`pipelab.schedules.dependencies.EDGES` with
-``carries`` set) between two jobs placed on different workers: the activation into stage k (from F(k−1)
-to F(k)) and the gradient of stage k's output (from stage k+1's gradient job to stage k's B or I). Each
-is sent by the producer's worker at its program position and received by the consumer's worker at its
-own. A multi-process runtime matches them by channel: the channel of a tensor *into* stage k is
-``2k`` for an activation and ``2k + 1`` for a gradient, and point-to-point matching on a channel between
-two workers is first-in first-out, so sends and receives on a channel must come in the same order
-(:func:`channels` lists both orders; the runtime refuses a schedule where they differ).
-
-:func:`consistent_cut` finds where each worker can stop so that a checkpoint taken there is consistent:
-no message is received before the cut and sent after it (Chandy–Lamport's condition, here computed from
-the static programs).
-
-Example:
-    >>> from pipelab.schedules import one_f_one_b
-    >>> [(m.src, m.dst, m.channel) for m in messages(one_f_one_b(D=2, M=1, steps=1))]
-    [(0, 1, 2), (1, 0, 1)]
+A transfer is an edge that carries a tensor (:data:`pipelab.schedules.dependencies.EDGES`) between jobs on
+different workers. The channel of a tensor into stage k is ``2k`` (activation) or ``2k + 1`` (gradient);
+matching on a channel is FIFO, so its sends and receives must come in the same order.
 
 Reference: K. M. Chandy and L. Lamport, "Distributed Snapshots" (ACM TOCS 1985).
 """
@@ -55,11 +41,7 @@ class Message(NamedTuple):
 
 
 def messages(schedule: Schedule) -> list[Message]:
-    """Every cross-worker transfer of ``schedule``, ordered by sender and send position.
-
-    For every compute job and every edge into it that carries a tensor, a message exists when the producer
-    runs on another worker than the consumer.
-    """
+    """Every cross-worker transfer of ``schedule``, ordered by sender and send position."""
     split = schedule.split_set
     where: dict[Job, tuple[int, int]] = {}
     for w, prog in enumerate(schedule.programs):
@@ -83,11 +65,7 @@ def messages(schedule: Schedule) -> list[Message]:
 
 def channels(schedule: Schedule, msgs: Sequence[Message] | None = None
              ) -> dict[tuple[int, int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]]:
-    """Cross-worker messages per channel ``(src, dst, channel)``: (send order, receive order) of their ``(t, j)``.
-
-    A runtime requires the two orders to be equal on every channel (point-to-point matching is FIFO).
-    ``msgs``: the schedule's :func:`messages`, when the caller has them already.
-    """
+    """Per channel ``(src, dst, channel)``: (send order, receive order) of the ``(t, j)`` of its messages."""
     grouped: dict[tuple[int, int, int], list[Message]] = defaultdict(list)
     for m in messages(schedule) if msgs is None else msgs:
         grouped[(m.src, m.dst, m.channel)].append(m)
@@ -98,15 +76,9 @@ def channels(schedule: Schedule, msgs: Sequence[Message] | None = None
 def consistent_cut(schedule: Schedule, step: int) -> tuple[list[int], set[tuple[int, int, int, int, int]]]:
     """Cut positions per worker for a checkpoint at mini-batch ``step``, and the messages in flight.
 
-    Each worker first stops before its first action of step ``step`` or later; a worker whose cut would
-    receive a message sent after its sender's cut stops before that receive, until nothing changes.
-
-    Returns:
-        ``(positions, in_flight)``: worker r runs ``programs[r][:positions[r]]``; ``in_flight`` holds
-        ``(src, dst, channel, t, j)`` of the messages its sender must keep for the resumed run.
-
-    Raises:
-        ValueError: ``step`` outside 0..steps.
+    Each worker stops before its first action of step ``step`` or later, and earlier before any receive of a
+    message sent after its sender's cut, until nothing changes (Chandy–Lamport's condition on the static programs).
+    ``in_flight``: ``(src, dst, channel, t, j)`` of the messages the sender keeps for the resumed run.
     """
     if not 0 <= step <= schedule.steps:
         raise ValueError(f"step must be in 0..{schedule.steps}, got {step}")

@@ -1,24 +1,8 @@
 """V-shape and interleaved zero-bubble schedules with a split backward (F, I, W, U actions).
 
-V-shape placement (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024, V-Shape blocks):
-W workers hold D = 2W stages; stage s runs on worker
-
-    w(s) = s            for s < W      (chunk 0, the way down),
-    w(s) = 2W − 1 − s   for s ≥ W      (chunk 1, the way back up),
-
-so worker 0 holds the first and the last stage and the loss is computed where the input came in. The
-builders: ``zb_v`` (torch's ``ScheduleZBVZeroBubble``), ``v_half`` / ``v_min`` (the NeurIPS paper's building
-blocks, repeated, squeezed and reordered), ``interleaved_zero_bubble`` (torch's ZB1P over V looped chunks),
-``dualpipe_v`` (torch's ``ScheduleDualPipeV``) and ``dualpipe`` (bidirectional, two mirrored DualPipeV).
-Every one is flushed (``sync_lag=0``): U(k, t) follows the worker's last weight-gradient job (W, or B where the
-backward is not split) of stage k in step t, and ``steps`` repeats the one-step program.
-
-Example:
-    >>> from pipelab.schedules import validate
-    >>> s = zb_v(W=2, M=4)
-    >>> validate(s)
-    >>> s.D, [str(a) for a in s.programs[1]][:6]
-    (4, ['F1.0', 'F2.0', 'F1.1', 'F2.1', 'I2.0', 'W2.0'])
+V-shape placement (Qi et al., NeurIPS 2024): W workers hold D = 2W stages, stage s on worker ``w(s) = s`` for
+s < W (chunk 0, down) and ``2W − 1 − s`` for s ≥ W (chunk 1, back up), so the loss is computed where the input
+came in. Every builder is flushed: U(k, t) follows the worker's last W (or B) of stage k in step t.
 
 References: P. Qi, X. Wan, G. Huang, M. Lin, "Zero Bubble Pipeline Parallelism", ICLR 2024 (arXiv
 2401.10241, §2 ZB-H1/ZB-H2, §6 ZB-V); P. Qi, X. Wan, N. Amar, M. Lin, "Pipeline Parallelism with
@@ -49,12 +33,7 @@ _Job = tuple[str, int, int]
 
 
 def v_stage(w: int, chunk: int, W: int) -> int:
-    """The stage of ``chunk`` (0 or 1) on worker ``w`` in the V-shape placement: w, or 2W − 1 − w.
-
-    Example:
-        >>> [v_stage(w, c, 3) for c in (0, 1) for w in range(3)]
-        [0, 1, 2, 5, 4, 3]
-    """
+    """The stage of ``chunk`` (0 or 1) on worker ``w`` in the V-shape placement: w, or 2W − 1 − w."""
     if chunk not in (0, 1):
         raise ValueError(f"chunk must be 0 or 1 in a V-shape placement, got {chunk!r}")
     return w if chunk == 0 else 2 * W - 1 - w
@@ -73,9 +52,7 @@ def _numbered(ops: Iterable[tuple[str, int]]) -> list[_Job]:
 def _assemble(name: str, programs: Sequence[Sequence[_Job]], D: int, M: int, steps: int,
               holders: Sequence[tuple[int, ...]], chunk_of: Sequence[int], params: dict[str, Any],
               send_after: Mapping[_Job, _Job] | None = None) -> Schedule:
-    """Repeat each worker's one-step program for ``steps`` steps and add U(k, t) after the worker's last
-    weight-gradient job of stage k in step t (a flushed schedule); ``send_after`` (one step's, see
-    :attr:`Schedule.send_after <pipelab.schedules.Schedule>`) holds in every step."""
+    """Repeat each one-step program (and ``send_after``) ``steps`` times, U(k, t) after the worker's last W/B of k."""
     progs = []
     for prog in programs:
         last: dict[int, int] = {}
@@ -136,21 +113,11 @@ def _zb_v_worker(w: int, W: int, M: int) -> list[_Job]:
 
 @gc_paused
 def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
-    """ZB-V: the zero-bubble V schedule, in the order torch's ``ScheduleZBVZeroBubble`` runs it.
+    """ZB-V: the zero-bubble V schedule, in the order torch's ``ScheduleZBVZeroBubble`` runs it (Qi et al., §6).
 
-    Worker w runs 2(W−w)−1 forwards of chunk 0, w pairs (F1, F0), W − w triples (F1, I1, W1), the steady
-    phase (F0, I0, W0, F1, I1, W1), then w pairs (I0, I1), W − w pairs (I0, W0) and the deferred W passes.
-    At T_F = T_I = T_W every worker is busy 6M units from its first job to its last, and the peak activation
-    memory is W micro-batches, 1F1B's. torch plans max(2W − 1, M) micro-batches and drops those ≥ M, so any
-    M ≥ 1 is accepted. (The paper's greedy scheduler, sail-sg's zbv.py, places the last deferred W passes
-    differently; both have zero bubble and peak memory W.)
-
-    Example:
-        >>> [str(a) for a in zb_v(W=1, M=2).programs[0]]
-        ['F0.0', 'F1.0', 'I1.0', 'W1.0', 'F0.1', 'I0.0', 'W0.0', 'F1.1', 'I1.1', 'W1.1', 'U1', 'I0.1', 'W0.1', 'U0']
-
-    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, arXiv 2401.10241 v2 §6, ZB-V);
-    torch.distributed.pipelining.ScheduleZBVZeroBubble.
+    Worker w: 2(W−w)−1 F of chunk 0, w pairs (F1, F0), W − w triples (F1, I1, W1), the steady (F0, I0, W0, F1, I1,
+    W1), then w pairs (I0, I1), W − w pairs (I0, W0) and the deferred W. At T_F = T_I = T_W: no bubble, peak memory
+    W micro-batches. torch plans max(2W − 1, M) micro-batches and drops those ≥ M.
     """
     W, M, steps = _v_sizes("zb_v", W, M, steps)
     return _v_schedule("zb_v", "ZB-V", [_zb_v_worker(w, W, M) for w in range(W)], W, M, steps)
@@ -184,20 +151,10 @@ def _interleaved_zb_worker(w: int, W: int, V: int, M: int, per_round: int) -> li
 def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     """Interleaved zero bubble (ZB1P over V looped chunks), in the order of torch's ``ScheduleInterleavedZeroBubble``.
 
-    Stage s = c·W + w on worker w (chunk c), as in interleaved 1F1B. With R = max(1, ⌊M/W⌋) rounds of
-    P = M/R micro-batches, worker w runs (V−1)·P + W − 1 − w warm-up forwards (at most V·M); the i-th forward is
-    of chunk ⌊i/P⌋ mod V, the i-th input gradient of chunk V − 1 − (⌊i/P⌋ mod V); each I follows the next
-    forward and, from the (w+1)-th on, precedes the oldest pending W (ZB-H1's w deferred W passes).
-
-    Raises:
-        ValueError: if M is not a multiple of the number of rounds max(1, ⌊M/W⌋) (torch's requirement).
-
-    Example:
-        >>> [str(a) for a in interleaved_zero_bubble(W=2, V=2, M=2).programs[1]][:6]
-        ['F1.0', 'F1.1', 'F3.0', 'I3.0', 'F3.1', 'I3.1']
-
-    Reference: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, §2.1 ZB-H1); Narayanan et al.
-    (SC 2021) for the interleaved order; torch.distributed.pipelining.ScheduleInterleavedZeroBubble.
+    Stage s = c·W + w on worker w. With P = M/max(1, ⌊M/W⌋) micro-batches per round, worker w runs
+    (V−1)·P + W − 1 − w warm-up F; the i-th F is of chunk ⌊i/P⌋ mod V, the i-th I of chunk V − 1 − (⌊i/P⌋ mod V);
+    each I follows the next F and, from the (w+1)-th on, precedes the oldest pending W (ZB-H1; Narayanan et al.,
+    SC 2021, for the interleaved order).
     """
     W, V, M, steps = (check_int(n, v) for n, v in (("W", W), ("V", V), ("M", M), ("steps", steps)))
     check_jobs(f"interleaved_zero_bubble(W={W}, V={V}, M={M}, steps={steps})", 3 * V * W * M * steps)
@@ -213,8 +170,7 @@ def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
 
 # ----------------------------------------------------------------------------------------- DualPipeV
 def _dualpipe_v_worker(w: int, W: int, M: int) -> tuple[list[_Job], list[tuple[int, int]]]:
-    """Worker w's one-step DualPipeV program and its overlapped pairs (positions of the F and the B of
-    every ``OVERLAP_F_B`` of torch's order), in eight phases:
+    """Worker w's one-step DualPipeV program and its overlapped (F, B) position pairs, in eight phases:
 
     ====  ==========================  ====  ===============================================================
     1     2(W−w−1) F of chunk 0       5     W−w−1 of (B1, F1 & B0)
@@ -306,25 +262,10 @@ def _overlap_sends(overlap: str, programs: Sequence[Sequence[_Job]], pairs: Sequ
 def dualpipe_v(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipeV (DeepSeek's "cut-in-half" DualPipe), in the order of torch's ``ScheduleDualPipeV``.
 
-    Worker w runs the eight phases of ``_dualpipe_v_worker`` (torch's order); micro-batches mix a fused B (most)
-    and a split I + W (warm-up and cool-down). DeepSeek overlaps the F and the B of a pair (two chunks) in a
-    time F&B ≤ T_F + T_B (§3.2.1); pipelab runs a pair as the F then the B, as torch's runtime runs its
-    ``OVERLAP_F_B``, and ``overlap`` (:data:`OVERLAP_MODELS`) says when the pair's tensors leave:
-    ``"pipelab"`` (default) each when its job ends; ``"torch"`` both after the B (``send_after[F] = B``), torch's
-    ``ScheduleDualPipeV`` job for job, idling DualPipe's README bubble (PP/2 − 1)(F&B + B − 3W) at
-    T_F = T_I ≥ T_W (tests); ``"pipelab"`` idles less (T_F·(W − 1) at equal costs).
-
-    Raises:
-        ValueError: if M < 2W = D (torch's requirement: at least as many micro-batches as stages), or an
-            unknown ``overlap``.
-
-    Example:
-        >>> [str(a) for a in dualpipe_v(W=1, M=2).programs[0]]
-        ['F0.0', 'F1.0', 'F0.1', 'B1.0', 'F1.1', 'B0.0', 'B1.1', 'U1', 'I0.1', 'W0.1', 'U0']
-
-    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
-    github.com/deepseek-ai/DualPipe (DualPipeV; README: "Pipeline Bubbles and Memory Usage Comparison");
-    torch.distributed.pipelining.ScheduleDualPipeV (``OVERLAP_F_B``, ``_add_send_recv``).
+    A pair (F & B of two chunks, overlapped by DeepSeek) runs as the F then the B, as torch's ``OVERLAP_F_B``;
+    ``overlap="torch"`` sends both tensors after the B, torch's schedule job for job, idling DualPipe's README bubble
+    (PP/2 − 1)(F&B + B − 3W) at T_F = T_I ≥ T_W; ``"pipelab"`` sends each at its job's end, idling T_F·(W − 1).
+    M ≥ 2W = D (torch's requirement).
     """
     W, M, steps = _v_sizes("dualpipe_v", W, M, steps)
     if M < 2 * W:
@@ -340,15 +281,11 @@ _PERIOD = 6
 
 
 def _v_block(kind: str, W: int) -> list[tuple[int, int, int, int]]:
-    """The V-shape building block (NeurIPS 2024, V-Min / V-Half blocks): per worker w, the unit slots of
-    (F chunk 0, F chunk 1, I chunk 1, I chunk 0) of micro-batch 0; micro-batch j adds 6j.
+    """The V-shape building block (NeurIPS 2024): per worker, the slots of (F0, F1, I1, I0) of micro-batch 0.
 
-    V-Min: F0 at w, F1 at 2W−1−w, I1 at 2W+g+w, I0 at 4W+g−1−w (g = 2 when 3 | W, else 0): every hop
-    waits one slot, so chunk 0 lives about 4W slots and chunk 1 only g+1, a lifespan of ≈ 4W slots, i.e.
-    ≈ 4W/6 chunk activations ≈ W/3 full micro-batches.
-    V-Half: F0 at 2w, F1 at 3W−2−w, I1 at 3W+g−1+2w, I0 at 6W+g−2−w (g = 3 when W is even, else 0):
-    the way down (F0) and back up (I1) take two slots per hop, the lifespan ≈ 6W slots ≈ W/2 micro-batches.
-    The gaps g make the four slots of every worker distinct modulo 6, so the repeated blocks never collide.
+    Micro-batch j adds 6j. V-Min: F0 at w, F1 at 2W−1−w, I1 at 2W+g+w, I0 at 4W+g−1−w (g = 2 when 3 | W):
+    lifespan ≈ 4W slots ≈ W/3 micro-batches. V-Half: F0 at 2w, F1 at 3W−2−w, I1 at 3W+g−1+2w, I0 at 6W+g−2−w
+    (g = 3 when W is even): ≈ W/2. The gaps g make each worker's slots distinct modulo 6, so blocks never collide.
     """
     if kind == "min":
         g = 2 if W % 3 == 0 else 0
@@ -358,8 +295,7 @@ def _v_block(kind: str, W: int) -> list[tuple[int, int, int, int]]:
 
 
 def _v_block_worker(w: int, W: int, M: int, slots: tuple[int, int, int, int]) -> list[_Job]:
-    """The nominal program: lay the block of every micro-batch at its slots, put each W (FIFO of the input
-    gradients) into the next free slot after its I, and read the program off the slots in time order."""
+    """The nominal program: every micro-batch's block at its slots, each W (FIFO) in the next free slot after its I."""
     s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
     at: dict[int, tuple[str, int, int]] = {}
     for j in range(M):
@@ -392,14 +328,10 @@ def _peak_in_flight(program: Sequence[_Job]) -> int:
 
 
 def _squeeze_and_reorder(W: int, M: int, nominal: Sequence[Sequence[_Job]]) -> list[list[_Job]]:
-    """The paper's "squeeze" and "reorder" steps (NeurIPS 2024, building a pipeline) as list scheduling.
+    """The paper's "squeeze" and "reorder" steps (NeurIPS 2024) as list scheduling.
 
-    Keeps every worker's order of F and I jobs from the repeated blocks (``nominal``) and, one unit of time after
-    another, runs on each worker its next F or I job as soon as its dependencies have ended (an F only while the
-    worker holds fewer activations than the nominal program's peak, so the peak memory is never raised), otherwise
-    its oldest pending W, otherwise nothing: :func:`~pipelab.schedules.constructor.construct` with that order,
-    admission by activations and W passes ranked after F and I, first in, first out. In the steady phase this is
-    the block itself; in the warm-up and cool-down it moves jobs into the ramps' idle slots.
+    :func:`~pipelab.schedules.constructor.construct` keeping each worker's F/I order, admitting an F only below the
+    nominal peak of activations, W passes after F and I, FIFO: the block in the steady phase, ramps filled.
     """
     order = [[("F" if op == "F" else "I", k, 0, j) for op, k, j in prog if op != "W"] for prog in nominal]
     position = {job: i for jobs in order for i, job in enumerate(jobs)}
@@ -424,38 +356,15 @@ def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Sche
 def v_half(W: int, M: int, steps: int = 1) -> Schedule:
     """V-Half: the V-shape schedule with about half of 1F1B's activation memory (NeurIPS 2024).
 
-    As in the paper: repeat the V-Half building block (:func:`_v_block`) per micro-batch, 6 unit slots apart,
-    W passes in the free slots; then squeeze and reorder (:func:`_squeeze_and_reorder`). Measured at
-    T_F = T_I = T_W (tests): peak activation memory the paper's (W+2)//2 micro-batches (1F1B holds W); the
-    longest worker idles 3W − 3 (even W) or 3W − 4 (odd W) unit jobs, the paper's ≈ 3W.
-
-    Example:
-        >>> from pipelab.schedules import validate
-        >>> s = v_half(W=2, M=4)
-        >>> validate(s)
-        >>> s.D, s.split_backward
-        (4, True)
-
-    Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
-    2405.15362: building blocks and lifespan, the V-Half block; summary table on the authors' page).
+    Repeated V-Half blocks, then squeeze and reorder. At T_F = T_I = T_W (tests): peak memory the paper's (W+2)//2
+    micro-batches; the longest worker idles 3W − 3 (even W) or 3W − 4 (odd W) units, the paper's ≈ 3W.
     """
     return _v_block_schedule("half", "V-Half", W, M, steps)
 
 
 @gc_paused
 def v_min(W: int, M: int, steps: int = 1) -> Schedule:
-    """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024).
-
-    As :func:`v_half` with the V-Min block (one-slot hops). Measured at T_F = T_I = T_W (tests): peak activation
-    memory the paper's (W+4)//3 micro-batches; the longest worker idles 4W − 5 (4W − 3 when 3 | W) unit jobs.
-
-    Example:
-        >>> from pipelab.schedules import validate
-        >>> validate(v_min(W=3, M=6))
-
-    Reference: Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024, arXiv
-    2405.15362: the V-Min block; summary table on the authors' page).
-    """
+    """V-Min: as :func:`v_half` with the V-Min block: peak (W+4)//3 micro-batches, idle 4W − 5 (4W − 3 when 3 | W)."""
     return _v_block_schedule("min", "V-Min", W, M, steps)
 
 
@@ -464,24 +373,9 @@ def v_min(W: int, M: int, steps: int = 1) -> Schedule:
 def dualpipe(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipe (DeepSeek-V3 §3.2.1): bidirectional, every stage on two workers, micro-batches fed from both ends.
 
-    D = W stages (W even); stage k on workers k and W − 1 − k (two holders, twice 1F1B's parameters).
-    Micro-batches j < M/2 run the forward direction (stage k on worker k), the others the reverse one (stage k
-    on worker W − 1 − k). Each holder applies U(k, t) after all M weight-gradient jobs of stage k (the
-    all-reduce of both copies): plain mini-batch training's update. Worker r and its mirror run DualPipeV's
-    program of worker min(r, W−1−r) with W/2 workers and M/2 micro-batches (DeepSeek's reference has the same
-    eight phases on "half ranks"); ``overlap`` as in :func:`dualpipe_v`.
-
-    Raises:
-        ValueError: W odd, M odd, or M < 2W (DeepSeek's requirement: at least W micro-batches per direction);
-            an unknown ``overlap``.
-
-    Example:
-        >>> s = dualpipe(W=2, M=4)
-        >>> s.weight_holders, [str(a) for a in s.programs[1]][:4]
-        (((0, 1), (1, 0)), ['F0.2', 'F1.0', 'F0.3', 'B1.0'])
-
-    Reference: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437, §3.2.1, Table 2);
-    github.com/deepseek-ai/DualPipe (dualpipe.py: phases 0/1 per half of the ranks).
+    Stage k on workers k and W − 1 − k; micro-batches j < M/2 run forward, the others reverse; each holder applies
+    U(k, t) after all M weight gradients (all-reduce). Worker r runs DualPipeV's program of worker min(r, W−1−r)
+    with W/2 workers and M/2 micro-batches (DeepSeek's "half ranks"). W and M even, M ≥ 2W.
     """
     W, M, steps = _v_sizes("dualpipe", W, M, steps)
     if W % 2 or M % 2 or M < 2 * W:

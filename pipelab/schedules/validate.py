@@ -1,22 +1,9 @@
 """Validate a schedule (or a simulated timeline) and print its worker × time grid on failure.
 
-Invariants checked by :func:`validate`:
-
-1. every action is well formed (known op, stage in 0..D−1, step in 0..T−1, micro-batch in 0..M−1);
-2. every job exactly once: F(k,g) and B(k,g) (or I and W) for all k, g; U(k,t) once on each holder of
-   stage k and nowhere else;
-3. dependencies respected: F(k,g) after F(k−1,g); B(D−1,g) after F(D−1,g); B(k,g) after B(k+1,g) and
-   F(k,g); U(k,t) after all B(k,·) of step t; jobs after their weight barrier. Programs are fixed orders,
-   so this means the orders admit an execution (no worker waits on a job that is stuck behind it);
-4. for a :class:`~pipelab.simulator.SimResult`: no worker runs two jobs at once and every job starts
-   after its dependencies ended (plus transfer latency).
-
-A failure raises :class:`ScheduleError` with the worker × time grid (unit costs) and the offending cell
-marked ``>>…<<``. Cost: linear in the number of actions (one compile, one timing pass).
-
-Example:
-    >>> from pipelab.schedules import gpipe, validate
-    >>> validate(gpipe(D=4, M=8))
+Invariants: every action well formed; every job exactly once (U(k, t) once on each holder of stage k);
+the dependency rule and weight barriers admit an execution of the fixed orders; for a ``SimResult``, no worker
+runs two jobs at once and every job starts after its dependencies ended (plus latency). A failure raises
+:class:`ScheduleError` with the unit-cost grid and the offending cell marked ``>>…<<``. Linear in the actions.
 """
 
 from __future__ import annotations
@@ -46,13 +33,10 @@ def unit_timeline(s: Schedule, c: Compiled | None = None) -> tuple[Compiled, Tim
 
 def format_grid(s: Schedule, mark: tuple[int, int] | None = None, *, max_cols: int = 36,
                 max_rows: int = 16, timeline: Any = None) -> str:
-    """Text grid of ``s``: one row per worker, one column per unit of time, cells like ``F2.5`` (op, stage,
-    micro-batch); ``*`` after a cell: the worker applies an update right after it.
+    """Text grid of ``s``: a row per worker, a column per unit of time, cells like ``F2.5``; ``*``: an update follows.
 
-    Args:
-        mark: (worker, program position) of the cell to mark ``>>…<<``; a job that never ran (deadlock) is
-            drawn after the worker's last job.
-        max_cols, max_rows: window size; the window is centred on the mark.
+    ``mark``: (worker, position) of the cell to mark ``>>…<<`` (a job that never ran is drawn after the worker's
+    last); the ``max_cols`` × ``max_rows`` window is centred on it.
     """
     cells, horizon = _cells(s, mark, unit_timeline(s) if timeline is None else timeline)
     mcol = next((col for (w, col), v in cells.items() if v.startswith(">>")), 0)
@@ -103,15 +87,7 @@ def _fail(s: Schedule, msg: str, mark: tuple[int, int] | None, timeline: Any = N
 
 @gc_paused
 def validate(obj: Any) -> None:
-    """Check the invariants of a :class:`Schedule` or of a simulated ``SimResult``; raise on the first failure.
-
-    Args:
-        obj: a :class:`Schedule`, or a result of :func:`pipelab.simulator.simulate`.
-
-    Raises:
-        ScheduleError: with the worker × time grid and the offending cell marked.
-        TypeError: for anything else.
-    """
+    """Check the invariants of a :class:`Schedule` or a simulated ``SimResult``; raise on the first failure."""
     if isinstance(obj, Schedule):
         _validate_schedule(obj)
         return

@@ -1,7 +1,6 @@
 """Version tables: which weight version every job of a simulated schedule ran with, and its staleness.
 
-Let W_k^(v) be stage k's weights after v updates. Stage k's version at time τ (at a holder h) is the number
-of updates U(k,·) at h that *ended* at or before τ. For each job (op, k, t, j) of a simulated schedule:
+Stage k's version at time τ (at a holder) is the number of updates U(k,·) there that *ended* at or before τ:
 
     forward[k, t, j]     = version at the start of F(k, t, j)          (at the job's weight source)
     backward[k, t, j]    = version at the start of B(k, t, j)          (of I(k, t, j) when B is split)
@@ -9,21 +8,8 @@ of updates U(k,·) at h that *ended* at or before τ. For each job (op, k, t, j)
     update_version[k, t] = version at the start of U(k, t)             (= t when updates run in order)
     staleness            = update_version[k, t] − version used by the job
 
-so a gradient computed with the weights it is applied to has staleness 0.
-
-With a split backward (Qi et al., ICLR 2024) W finishes the weight gradient from what I saved, so a
-micro-batch's weights are decided at I: ``("B", k, t, j)`` names its backward whether it is one B or an I–W
-pair, and ``weight_pass − backward`` counts the updates that ran between its I and its W (only without a flush).
-Which version a job *uses* is its weight rule (:data:`USED_RULES`: the schedule's ``weight_rule``, or
-``"stash"``: the backward uses its forward's version). The papers' staleness formulas are
-:mod:`pipelab.papers`' presets, which the tests compare with the table.
-
-Example:
-    >>> from pipelab.schedules import pipedream
-    >>> from pipelab.simulator import simulate
-    >>> vt = simulate(pipedream(D=4, M=1, steps=12)).version_table
-    >>> vt.staleness("F")[:, 8, 0].tolist()        # a steady-state mini-batch, stages 0..3
-    [3, 2, 1, 0]
+With a split backward (Qi et al., ICLR 2024) the weights are decided at I (W finishes from what I saved), so
+``("B", k, t, j)`` names the backward either way. The version a job *uses* is its weight rule (:data:`USED_RULES`).
 
 References: PipeOptim (Guan et al., arXiv:2312.00839, Eq. 4); SpecTrain (Chen et al., arXiv:1809.02839,
 Eqs. 5–6); PipeDream-2BW (Narayanan et al., ICML 2021).
@@ -48,32 +34,10 @@ USED_RULES = ("current", "double_buffer", "stage_step_first", "stash")
 
 @dataclass
 class VersionTable:
-    """Weight versions of every job of a simulated schedule (see the module docstring for the rules).
+    """Weight versions of every job of a simulated schedule (the module's arrays), and per job ``(op, k, t, j)``.
 
-    The simulator builds it; the policies, the pipeline core and the analyses read it: arrays for all jobs at
-    once, keyed accessors (:meth:`version`, :meth:`staleness_of`, :meth:`jobs`) for one job ``(op, k, t, j)``.
-
-    Attributes:
-        forward, backward: int arrays [D, T, M], version at the start of F / B (of I when split).
-        forward_start, backward_start: float arrays [D, T, M], start times of those jobs.
-        update_version: int array [D, T], version at the start of U(k, t) at stage k's first holder (the
-            version the update's gradient is applied to).
-        update_end: float array [D, T], when U(k, t) ended at stage k's first holder.
-        weight_rule: the schedule's weight rule, the default for :meth:`used` / :meth:`staleness`.
-        order: the execution sequence, every job once (``U(k, t)`` once, however many holders run it), in an
-            order where each job sees exactly the updates counted for it: compute jobs at their start,
-            updates at their end (see :meth:`pipelab.simulator.SimResult.order`). Computed on first use.
-        weight_pass, weight_pass_start: int / float arrays [D, T, M], version at and start of W(k, t, j) when
-            the backward is split; ``None`` (the default) for a fused backward, then they are ``backward`` and
-            ``backward_start``.
-        split: whether the schedule splits its backward into I and W jobs (set when ``weight_pass`` is given).
-
-    Example:
-        >>> from pipelab.schedules import gpipe
-        >>> from pipelab.simulator import simulate
-        >>> vt = simulate(gpipe(D=3, M=2, steps=2)).version_table
-        >>> int(vt.staleness("F").max()), vt.forward[:, 1, :].tolist()
-        (0, [[1, 1], [1, 1], [1, 1]])
+    ``*_start``: the jobs' start times; ``update_version``/``update_end`` are read at stage k's first holder;
+    ``order``: the execution sequence (:meth:`pipelab.simulator.SimResult.order`), computed on first use.
     """
 
     forward: np.ndarray
@@ -136,12 +100,7 @@ class VersionTable:
         return {job: i for i, job in enumerate(self.order)}
 
     def jobs(self, op: str = "F") -> list[Job]:
-        """The jobs of ``op`` in execution order (in (k, t, j) order for a table without one).
-
-        ``op`` is "F", "B", "I" or "W". "B" lists the backward of every micro-batch as the key
-        ``("B", k, t, j)`` in the order of its gradient job, B or (when split) I: the key policies decide the
-        backward's weights by.
-        """
+        """The jobs of ``op`` (F, B, I or W) in execution order; B: every backward keyed ``("B", k, t, j)``."""
         if op not in ("F", "B", "I", "W"):
             raise ValueError(f"op must be 'F', 'B', 'I' or 'W', got {op!r}")
         if op in ("I", "W") and not self.split:
@@ -153,8 +112,7 @@ class VersionTable:
         return [(op, k, t, j) for k in range(D) for t in range(T) for j in range(M)]
 
     def version(self, job: Job) -> int:
-        """cur(job): the version of stage k current when job ``(op, k, t, j)`` started (op F, B, I or W;
-        on a split table B and I both read the version at I)."""
+        """cur(job): stage k's version when ``(op, k, t, j)`` started (split: B and I both read I's)."""
         op, k, t, j = job
         if op == "F":
             return int(self.forward[k, t, j])
@@ -175,8 +133,7 @@ class VersionTable:
         return [int(w) for w in worst]
 
     def round_trip_target(self, job: Job) -> int:
-        """R(job): stage k's version when micro-batch (t, j)'s backward at stage 0 starts (updates ending
-        strictly before it) - SpecTrain's prediction target; see :meth:`round_trip_difference`."""
+        """R(job): stage k's version when the micro-batch's stage-0 backward starts: SpecTrain's target."""
         op, k, t, j = job
         if op not in ("F", "B"):
             raise ValueError(f"round_trip_target() takes an F or B job, got op {op!r} in {job}")
@@ -189,12 +146,10 @@ class VersionTable:
                 "B": self.backward + self.round_trip_difference("B")}
 
     def used(self, op: str = "F", rule: str | None = None) -> np.ndarray:
-        """Version each job uses under ``rule`` (default: the schedule's weight rule), shape [D, T, M].
+        """Version each job uses under ``rule`` (default: the schedule's), shape [D, T, M].
 
-        ``current``: the version at the job; ``double_buffer`` (PipeDream-2BW): forward[0, t, 0], the input
-        stage's version at step t's first forward, for every job of step t at every stage;
-        ``stage_step_first``: forward[k, t, 0] for every job of step t at stage k (not 2BW);
-        ``stash``: a backward uses the version of its own forward.
+        ``current``: at the job; ``double_buffer`` (2BW): forward[0, t, 0] for every job of step t;
+        ``stage_step_first``: forward[k, t, 0] (not 2BW); ``stash``: a backward uses its forward's version.
         """
         rule = self.weight_rule if rule is None else rule
         if rule not in USED_RULES:
@@ -214,18 +169,14 @@ class VersionTable:
         return self.update_version[:, :, None] - self.used(op, rule)
 
     def version_at(self, k: int, time: float | np.ndarray, *, strict: bool = False) -> np.ndarray:
-        """Stage k's version at ``time``: the number of U(k, ·) that ended at or before it (``strict``:
-        strictly before it)."""
+        """Stage k's version at ``time``: U(k, ·) ended at or before it (``strict``: before it)."""
         return np.searchsorted(self.update_end[k], np.asarray(time), side="left" if strict else "right")
 
     def round_trip_difference(self, op: str = "F", *, inclusive: bool = False) -> np.ndarray:
-        """Stage-k updates between each job and the end of its micro-batch's round trip, [D, T, M].
+        """Stage-k updates between each job and the start of its micro-batch's stage-0 backward, [D, T, M].
 
-        The round trip ends when the backward of stage 0 starts. The value counts the updates U(k, ·) that
-        end after the job started and before that moment: version_at(k, B(0,t,j) start, strict=True) −
-        version at the job. SpecTrain's Eqs. 5–6 (⌊k/2⌋ + D−k−1 forward, ⌊k/2⌋ backward) equal it in
-        steady state with unit costs. ``inclusive=True`` also counts an update ending exactly when the
-        round trip ends (SpecTrain's time-slot picture does not); it gives ⌈k/2⌉ in place of ⌊k/2⌋.
+        SpecTrain's Eqs. 5–6 (⌊k/2⌋ + D−k−1 forward, ⌊k/2⌋ backward) equal it in steady state with unit costs;
+        ``inclusive`` also counts an update ending exactly then, giving ⌈k/2⌉.
         """
         if op not in ("F", "B"):
             raise ValueError(f"op must be 'F' or 'B', got {op!r}")
@@ -235,8 +186,7 @@ class VersionTable:
         return at_end - (self.forward if op == "F" else self.backward)
 
     def stash_depth(self, k: int, rule: str | None = None) -> int:
-        """Most weight versions stage k must keep at once: the distinct versions used by the forwards of
-        micro-batches in flight (F started, B not started) together with the current version."""
+        """Most versions stage k keeps at once: those of micro-batches in flight (F started, B not), and the current."""
         used = self.used("F", rule)[k].reshape(-1)
         fs = self.forward_start[k].reshape(-1)
         bs = self.backward_start[k].reshape(-1)

@@ -1,23 +1,8 @@
 """Stability of stale-gradient methods on the quadratic ``L = ½·λ·w²`` (terms: :mod:`pipelab`).
 
-- :mod:`.methods` — linearised optimizers (GD, delayed GD, heavy-ball, Nesterov, SpecTrain/PipeOptim
-  prediction, PipeMare discrepancy correction, Adam with a frozen preconditioner, NAdam's look-ahead for
-  asynchronous pipelines, delay compensation, error feedback) as recurrences
-  ``Σ_k (a_k + z·b_k)·w_{t+1−k} = 0`` in ``z = η·λ``; characteristic polynomials and companion matrices.
-- :mod:`.regions` — vectorised stability tests over complex grids (Schur–Cohn), spectral radius
-  (batched eigenvalues), boundary locus, and the area of a region (Green's theorem on the locus).
-- :mod:`.thresholds` — largest stable real step by root-finding on the boundary locus; closed forms.
-- :mod:`.noise` — stationary variance under gradient noise (the noise floor of a stable step; Lyapunov).
-- :mod:`.hessian` — a real model's top Hessian eigenvalue λ_max (power iteration on Hessian-vector
-  products) and ``lr_threshold(z*, λ_max) = z*/λ_max``: the stability threshold as a learning rate.
-
-The theory checked against real delayed training with ``torch.optim`` is a study:
-:mod:`pipelab.studies.stability_practice`.
-
-Example:
-    >>> from pipelab.stability import delayed_gd, max_stable_step
-    >>> round(max_stable_step(delayed_gd(1)), 9)
-    1.0
+:mod:`.methods` (optimizers as recurrences in ``z = η·λ``), :mod:`.regions` (stability over complex grids),
+:mod:`.thresholds` (largest stable real step), :mod:`.noise` (noise floor), :mod:`.hessian` (a model's
+``λ_max`` and the learning rate it allows). Checked against delayed training: :mod:`pipelab.studies.stability_practice`.
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """A task's top Hessian eigenvalue by power iteration with Hessian-vector products, and the lr it implies.
 
-The stability analyses of this package (:mod:`.methods`, :mod:`.thresholds`) work on the quadratic model
-``L(w) = ½·λ·w²`` in the variable ``z = η·λ``: a method is stable for ``0 < z < z*``. On a real network the
-curvature that matters is the largest eigenvalue ``λ_max`` of the loss Hessian ``H = ∇²L(w)`` (the
-quadratic model along its eigenvector), so the largest stable learning rate it predicts is
-
-    η* = z* / λ_max                                     (:func:`lr_threshold`)
-
-e.g. plain GD is stable iff ``η·λ_max < 2`` (``z* = 2``, :func:`pipelab.stability.gd`), and GD with a
-delay of τ steps iff ``η·λ_max < 2·sin(π/(2(2τ+1)))`` (Levin & May 1976).
-
-:func:`top_eigenvalue` estimates ``λ_max`` without forming H: power iteration ``v ← Hv/‖Hv‖`` with the
-Rayleigh quotient ``λ ≈ vᵀHv`` (``vᵀv = 1``), where ``Hv`` is a Hessian-vector product by double
-backward, ``Hv = ∇_w (∇_w L(w) · v)`` (Pearlmutter 1994), on the full parameter vector of the model (all
-stages together). Power iteration converges to the eigenvalue of largest *magnitude*; if that one is
-negative (a saddle), a second run on the shifted operator ``H − λ_neg·I`` (eigenvalues ``μ − λ_neg ≥ 0``)
-finds the largest algebraic eigenvalue, which is the one that limits the step.
+On the quadratic model a method is stable for ``0 < η·λ < z*``; on a network the curvature that matters is the
+top eigenvalue ``λ_max`` of ``H = ∇²L(w)``, so the largest stable learning rate is ``η* = z* / λ_max``.
 
 References: B. A. Pearlmutter, "Fast exact multiplication by the Hessian", Neural Computation 6 (1994)
 147–160; the power-iteration estimate of the sharpness as in J. Cohen et al., "Gradient descent on neural
 networks typically occurs at the edge of stability", ICLR 2021 (GD stable on the quadratic iff η·λ < 2).
-
-Example:
-    >>> import torch
-    >>> from pipelab.stability import gd, max_stable_step
-    >>> X = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
-    >>> y = torch.zeros(2, 1, dtype=torch.float64)
-    >>> model = torch.nn.Linear(2, 1, bias=False).double()
-    >>> est = top_eigenvalue(model, lambda out, t: 0.5 * ((out - t) ** 2).mean(), [(X, y)], tol=1e-12)
-    >>> round(est.value, 9)                  # XᵀX/n = diag(0.5, 2)
-    2.0
-    >>> round(lr_threshold(max_stable_step(gd()), est.value), 9)
-    1.0
 """
 
 from __future__ import annotations
@@ -49,16 +23,7 @@ __all__ = ["HessianEigen", "top_eigenvalue", "hessian_vector_product", "lr_thres
 
 @dataclass(frozen=True)
 class HessianEigen:
-    """Result of :func:`top_eigenvalue`.
-
-    Attributes:
-        value: the estimate of the largest eigenvalue of the Hessian.
-        history: the Rayleigh quotient after every iteration (of the shifted run, shifted back, when a
-            negative dominant eigenvalue forced one; ``dominant`` holds the first run's last value).
-        converged: whether the relative change fell below ``tol`` within ``iters`` iterations.
-        dominant: the eigenvalue of largest magnitude found by the first run (``== value`` unless negative).
-        n_params: length of the parameter vector.
-    """
+    """Result of :func:`top_eigenvalue`: estimate, Rayleigh quotients (shifted back), the first run's ``dominant``."""
 
     value: float
     history: tuple[float, ...]
@@ -87,11 +52,10 @@ def hessian_vector_product(
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     vector: Sequence[torch.Tensor],
 ) -> list[torch.Tensor]:
-    """``H·v`` of ``L(w) = Σ_b n_b·ℓ_b(w) / Σ_b n_b`` by double backward, per parameter tensor.
+    """``H·v`` of ``L(w) = Σ_b n_b·ℓ_b(w) / Σ_b n_b`` by double backward, ``Hv = ∇_w (∇_w L · v)``.
 
-    ``ℓ_b = loss_fn(stages(x_b), y_b)`` with ``n_b = len(x_b)``: for a ``loss_fn`` that averages over its
-    batch, L is the loss over the union of the batches. ``vector`` has one tensor per parameter of the
-    stages (those with ``requires_grad``), in ``parameters()`` order.
+    ``ℓ_b = loss_fn(stages(x_b), y_b)``, ``n_b = len(x_b)``; ``vector`` has one tensor per trainable parameter, in
+    ``parameters()`` order.
     """
     params = [p for m in stages for p in m.parameters() if p.requires_grad]
     total = sum(int(x.shape[0]) for x, _ in batches)
@@ -113,12 +77,6 @@ def hessian_vector_product(
     return out
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
 def top_eigenvalue(
     model_or_stages: torch.nn.Module | Sequence[torch.nn.Module],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -131,31 +89,13 @@ def top_eigenvalue(
 ) -> HessianEigen:
     """Largest eigenvalue of the Hessian of the loss over ``batches``, by power iteration on ``H·v``.
 
-    Iteration: ``v₀ ~ N(0, I)`` (seeded) normalised; ``u = H·v_k``, ``λ_k = v_kᵀu``, ``v_{k+1} = u/‖u‖``; stop
-    when ``|λ_k − λ_{k−1}| ≤ tol·|λ_k|`` or after ``iters`` products. If the result is negative (the dominant
-    eigenvalue of an indefinite H), the same iteration on ``H − λ·I`` gives ``λ_max − λ`` and so ``λ_max``.
-
-    Args:
-        model_or_stages: a module, or the stages of a pipeline (a sequence or ``nn.ModuleList``) applied in order
-            (``x → stage_{D−1}(…stage_0(x))``);
-            the Hessian is over all their parameters that require grad, as one vector. The modules are
-            copied (cast to ``dtype``): the caller's model, its buffers and its mode are untouched.
-        loss_fn: ``(output, target) -> scalar`` loss of one batch.
-        batches: ``(x, y)`` pairs; the loss is their size-weighted mean ``Σ n_b·ℓ_b / Σ n_b``. Floating inputs
-            are cast to ``dtype``.
-        iters: Hessian-vector products at most (per run), >= 1.
-        tol: relative change of the Rayleigh quotient at which to stop, > 0.
-        seed: seed of the start vector.
-        dtype: precision (e.g. ``torch.float64``); ``None`` keeps the model's.
-
-    Returns:
-        :class:`HessianEigen` with the estimate and the iteration history.
-
-    Raises:
-        ValueError: ``iters``/``tol`` out of range, no batches, no trainable parameters, or a non-finite
-            Hessian-vector product; TypeError: a model that is not a module or a sequence of them.
+    ``u = H·v_k``, ``λ_k = v_kᵀu``, ``v_{k+1} = u/‖u‖`` from a seeded ``v₀ ~ N(0, I)``, until
+    ``|λ_k − λ_{k−1}| ≤ tol·|λ_k|``. A negative result (indefinite H) is followed by the same iteration on
+    ``H − λ·I``, which gives ``λ_max``, the eigenvalue that limits the step. All trainable parameters of the module or
+    stages form one vector; the loss is ``Σ n_b·ℓ_b / Σ n_b``; the modules are copied (cast to ``dtype``).
     """
-    iters = _check_positive_int("iters", iters)
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a finite number > 0, got {tol!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
@@ -193,7 +133,8 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def _power(hvp: Callable[[list[torch.Tensor], float], list[torch.Tensor]], start: list[torch.Tensor], shift: float,
            iters: int, tol: float) -> tuple[float, list[float], bool]:
     """Power iteration on ``v ↦ hvp(v, shift)``: (last Rayleigh quotient, history, converged)."""
-    v = _normalised(start)
+    norm = math.sqrt(float(sum((t * t).sum() for t in start)))
+    v = [t / norm for t in start]
     hist: list[float] = []
     for _ in range(iters):
         u = [t.detach() for t in hvp(v, shift)]
@@ -211,23 +152,11 @@ def _power(hvp: Callable[[list[torch.Tensor], float], list[torch.Tensor]], start
     return hist[-1], hist, False
 
 
-def _normalised(vs: list[torch.Tensor]) -> list[torch.Tensor]:
-    norm = math.sqrt(float(sum((t * t).sum() for t in vs)))
-    return [t / norm for t in vs]
-
-
 def lr_threshold(z_star: float, eigenvalue: float) -> float:
-    """The learning rate ``η* = z*/λ`` at which a method with stable interval ``0 < η·λ < z*`` turns unstable.
+    """The learning rate ``η* = z*/λ`` at which a method stable for ``0 < η·λ < z*`` turns unstable.
 
-    ``z_star`` is a threshold in units of ``η·λ`` from this package's stability analysis (e.g.
-    ``max_stable_step(delayed_gd(τ))``, or ``heavy_ball_threshold(β)``); ``eigenvalue`` the curvature, typically
-    :func:`top_eigenvalue`'s. On the quadratic ``½λw²`` GD is stable iff ``η·λ < 2``, so
-    ``lr_threshold(2, λ) = 2/λ``. For an adaptive optimizer λ must be the preconditioned curvature
-    (:func:`pipelab.stability.adam_frozen` works in those units).
-
-    Raises:
-        ValueError: ``z_star`` not a number >= 0 (``inf`` allowed: no threshold), ``eigenvalue`` not a finite
-            number > 0.
+    For an adaptive optimizer λ is the preconditioned curvature (:func:`pipelab.stability.adam_frozen`).
+    ``z_star = inf`` means no threshold.
     """
     if isinstance(z_star, bool) or not isinstance(z_star, numbers.Real) or math.isnan(z_star) or z_star < 0:
         raise ValueError(f"z_star must be a number >= 0 (inf: stable for every step), got {z_star!r}")

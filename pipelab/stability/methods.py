@@ -1,37 +1,14 @@
 """Linearised optimizers with stale gradients as linear recurrences in the weight.
 
-Every method here is run on the scalar quadratic ``L(w) = ½·λ·w²`` (one eigen-direction of a quadratic
-loss), whose gradient is ``λ·w``. Writing ``z = η·λ`` (complex: a complex λ stands for a non-symmetric
-Jacobian, as in the stability analysis of linear multistep methods), each method is a linear recurrence in
-the weight alone,
+On the scalar quadratic ``L(w) = ½·λ·w²`` with ``z = η·λ`` (complex z stands for a non-symmetric Jacobian),
+each method is ``Σ_{k=0..n} (a_k + z·b_k)·w_{t+1−k} = 0`` with ``a_0 = 1``, ``b_0 = 0``; its characteristic
+polynomial is ``P(r; z) = A(r) + z·B(r)`` and it converges iff every root of P lies strictly inside the unit
+disk. Most methods are the general form
 
-    Σ_{k=0..n} (a_k + z·b_k) · w_{t+1-k} = 0,        a_0 = 1, b_0 = 0,
+    w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·Σ_j c_j·w_{t−τ−j},
 
-so its characteristic polynomial is ``P(r; z) = A(r) + z·B(r)`` with
-``A(r) = Σ a_k r^(n-k)`` and ``B(r) = Σ b_k r^(n-k)``. The iteration matrix on the state
-``x_t = (w_t, w_{t-1}, …, w_{t-n+1})`` is the companion matrix of ``P``: first row
-``-(a_1 + z b_1, …, a_n + z b_n)``, ones on the sub-diagonal. The method converges for every start
-iff all roots of ``P`` lie strictly inside the unit disk (spectral radius < 1).
-
-Most methods are one special case of (the issue's "general form")
-
-    w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·Σ_j c_j · w_{t−τ−j},
-
-i.e. ``a = (1, −(1+β), β)`` and ``b_{τ+1+j} = g·c_j``, where τ is the gradient delay (the gradient
-applied at step t was computed at weights τ updates old), β the momentum, ``g`` a gradient scale
-(``1`` for torch's momentum buffer ``v ← μ·v + g``; ``1−β`` for the papers' smoothed gradient
-``v ← γ·v + (1−γ)·g``) and ``c`` says at which combination of past weights the gradient is evaluated.
-A :class:`LinearMethod` stores ``a`` and ``b`` and a record of its parameters; :func:`general` builds it.
-
-Derivations (state vector, elimination of the momentum buffer) are in each builder's docstring; the
-tests check every builder against a direct simulation of the method in its natural form.
-
-Example:
-    >>> m = delayed_gd(1)            # w_{t+1} = w_t − z·w_{t−1}
-    >>> m.a, m.b
-    ((1.0, -1.0, 0.0), (0.0, 0.0, 1.0))
-    >>> char_poly(m, 0.5).tolist()   # r² − r + 0.5
-    [(1+0j), (-1+0j), (0.5+0j)]
+τ the gradient delay, β the momentum, g the gradient scale (1 for torch's ``v ← μ·v + g``, ``1−β`` for the
+papers' ``v ← γ·v + (1−γ)·g``), c the combination of past weights the gradient is taken at.
 
 References:
     SpecTrain: Chen et al., "Efficient and Robust Parallel DNN Training through Model Parallelism on
@@ -64,13 +41,9 @@ _FORMS = ("code", "paper")
 
 @dataclass(frozen=True)
 class LinearMethod:
-    """A linearised optimizer: ``Σ_k (a_k + z·b_k)·w_{t+1−k} = 0`` with ``a_0 = 1``, ``b_0 = 0``.
+    """A linearised optimizer: ``Σ_k (a_k + z·b_k)·w_{t+1−k} = 0`` with ``a_0 = 1``, ``b_0 = 0`` (explicit).
 
-    Attributes:
-        name: short label (used in figure legends).
-        a: lag coefficients of the gradient-free part (``a[0] == 1``).
-        b: lag coefficients multiplying ``z = η·λ`` (``b[0] == 0``: the methods are explicit).
-        params: the builder's parameters, as ``(name, value)`` pairs (for records and legends).
+    ``params``: the builder's parameters as ``(name, value)`` pairs, for records and legends.
     """
 
     name: str
@@ -127,21 +100,7 @@ def _gradient_scale(beta: float, form: str) -> float:
 
 def general(beta: float, c: Sequence[float], tau: int = 0, *, scale: float = 1.0, name: str = "general",
             params: tuple[tuple[str, float | int | str], ...] = ()) -> LinearMethod:
-    """The general form ``w_{t+1} = (1+β)w_t − βw_{t−1} − scale·z·Σ_j c_j·w_{t−τ−j}``.
-
-    Args:
-        beta: momentum β in [0, 1); β = 0 gives gradient descent.
-        c: the gradient is evaluated at ``Σ_j c_j w_{t−τ−j}`` (``(1,)``: at the stale weights).
-        tau: gradient delay τ ≥ 0 (in optimizer steps).
-        scale: multiplies z (1 for torch's ``μ·v + g`` buffer, ``1−β`` for a smoothed gradient).
-
-    Returns:
-        the :class:`LinearMethod` with ``a = (1, −(1+β), β)`` and ``b_{τ+1+j} = scale·c_j``.
-
-    Example:
-        >>> general(0.0, (1.0,), 2).b      # delayed GD, τ = 2
-        (0.0, 0.0, 0.0, 1.0)
-    """
+    """The general form ``w_{t+1} = (1+β)w_t − βw_{t−1} − scale·z·Σ_j c_j·w_{t−τ−j}``."""
     beta = _check_beta(beta)
     tau = _check_tau(tau)
     c = tuple(float(x) for x in c)
@@ -157,53 +116,26 @@ def general(beta: float, c: Sequence[float], tau: int = 0, *, scale: float = 1.0
 
 
 def gd() -> LinearMethod:
-    """Gradient descent ``w_{t+1} = w_t − z·w_t``; state ``(w_t)``, matrix ``[1 − z]``.
-
-    Stable iff ``|1 − z| < 1`` (the disk of radius 1 centred at z = 1).
-
-    Example:
-        >>> char_poly(gd(), 0.5).tolist()
-        [(1+0j), (-0.5+0j)]
-    """
+    """Gradient descent ``w_{t+1} = w_t − z·w_t``, stable iff ``|1 − z| < 1``."""
     return LinearMethod("GD", (1.0, -1.0), (0.0, 1.0), (("beta", 0.0), ("tau", 0)))
 
 
 def delayed_gd(tau: int) -> LinearMethod:
     """Gradient descent with gradient delay τ: ``w_{t+1} = w_t − z·w_{t−τ}``.
 
-    State ``(w_t, …, w_{t−τ})``; companion matrix with first row ``(1, 0, …, 0, −z)``; characteristic
-    polynomial ``r^(τ+1) − r^τ + z``. For real z the recurrence is asymptotically stable iff
-    ``0 < z < 2·cos(τπ/(2τ+1)) = 2·sin(π/(2(2τ+1)))`` (see :func:`pipelab.stability.delayed_gd_threshold`).
-
-    Args:
-        tau: the delay τ ≥ 0 (τ = 0 is plain GD).
-
-    Example:
-        >>> delayed_gd(2).order
-        3
+    ``P(r) = r^(τ+1) − r^τ + z``; for real z stable iff ``0 < z < 2·sin(π/(2(2τ+1)))``
+    (:func:`pipelab.stability.delayed_gd_threshold`).
     """
     tau = _check_tau(tau)
-    m = general(0.0, (1.0,), tau, name=f"GD τ={tau}")
-    return m
+    return general(0.0, (1.0,), tau, name=f"GD τ={tau}")
 
 
 def heavy_ball(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> LinearMethod:
-    """Heavy-ball (Polyak) momentum with gradient delay τ, eliminated to a recurrence in w.
+    """Heavy-ball (Polyak) momentum with gradient delay τ: ``w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·w_{t−τ}``.
 
-    ``form="code"`` (``torch.optim.SGD(momentum=β)``): ``v_t = β·v_{t−1} + λ·w_{t−τ}``,
-    ``w_{t+1} = w_t − η·v_t``. Since ``η·v_{t−1} = w_{t−1} − w_t``,
-
-        w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·w_{t−τ}.
-
-    ``form="paper"`` (smoothed gradient, SpecTrain eq. 1: ``v_t = β·v_{t−1} + (1−β)·λ·w_{t−τ}``) gives
-    the same recurrence with z replaced by ``(1−β)·z``. State ``(w_t, …, w_{t−max(1,τ)})``;
-    characteristic polynomial ``r^(τ+1)·(r − 1) − β·r^τ·(r − 1) + z`` up to a power of r, i.e. for
-    τ = 0: ``r² − (1+β−z)·r + β``, stable for real z iff ``0 < z < 2(1+β)`` (code form).
-
-    Args:
-        beta: momentum β in [0, 1).
-        tau: gradient delay τ ≥ 0.
-        form: ``"code"`` (``v ← β·v + g``) or ``"paper"`` (``v ← β·v + (1−β)·g``).
+    ``form="code"`` is ``torch.optim.SGD`` (``v_t = β·v_{t−1} + λ·w_{t−τ}``, ``w_{t+1} = w_t − η·v_t``);
+    ``form="paper"`` (SpecTrain eq. 1, smoothed gradient) replaces z by ``(1−β)·z``. τ = 0, code form: stable for
+    real z iff ``0 < z < 2(1+β)``.
     """
     beta = _check_beta(beta)
     tau = _check_tau(tau)
@@ -212,22 +144,11 @@ def heavy_ball(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> Lin
 
 
 def nesterov(beta: float, tau: int = 0, *, form: MomentumForm = "code") -> LinearMethod:
-    """Nesterov momentum (torch's ``nesterov=True``) with gradient delay τ.
-
-    ``v_t = β·v_{t−1} + g_t``, ``w_{t+1} = w_t − η·(g_t + β·v_t)`` with ``g_t = λ·w_{t−τ}``. Let
-    ``d_t = w_{t+1} − w_t = −η(g_t + β v_t)``; then ``d_t − β·d_{t−1} = −η((1+β)·g_t − β·g_{t−1})``, so
+    """Nesterov momentum (torch's ``nesterov=True``) with gradient delay τ, ``g_t = λ·w_{t−τ}``:
 
         w_{t+1} = (1+β)·w_t − β·w_{t−1} − z·((1+β)·w_{t−τ} − β·w_{t−τ−1}),
 
-    the general form with ``c = (1+β, −β)``: Nesterov is heavy-ball whose gradient is taken at the
-    extrapolated point ``w + β·(w − w_prev)``. ``form="paper"`` scales z by ``1−β``. For τ = 0 the
-    characteristic polynomial is ``r² − (1+β)(1−z)·r + β(1−z)``, stable for real z iff
-    ``0 < z < 2(1+β)/(1+2β)``.
-
-    Args:
-        beta: momentum β in [0, 1).
-        tau: gradient delay τ ≥ 0.
-        form: ``"code"`` or ``"paper"`` (see :func:`heavy_ball`).
+    ``form="paper"`` scales z by ``1−β``. τ = 0: stable for real z iff ``0 < z < 2(1+β)/(1+2β)``.
     """
     beta = _check_beta(beta)
     tau = _check_tau(tau)
@@ -239,36 +160,12 @@ def predicted_momentum(beta: float, tau: int, s: float | None = None, *, form: M
                        velocity_scale: float = 1.0) -> LinearMethod:
     """Delayed momentum SGD whose stale weights are extrapolated (SpecTrain / PipeOptim prediction).
 
-    The gradient applied at step t is computed at the *predicted* weights
-    ``ŵ = w_{t−τ} − s·κ·η·v_{t−τ−1}``: the stage reads the stale weights ``w_{t−τ}`` together with the
-    momentum buffer that produced them and extrapolates s steps ahead (SpecTrain eq. 4,
-    ``Ŵ_{t+s} = W_t − s·η·v_{t−1}``; PipeOptim eq. 5 with ``ΔW_t = v_t``). Because the optimizer's own
-    buffer satisfies ``η·v_{t−τ−1} = w_{t−τ−1} − w_{t−τ}``,
+    The gradient is taken at ``ŵ = w_{t−τ} − s·κ·η·v_{t−τ−1}`` (SpecTrain eq. 4, PipeOptim eq. 5), i.e.
 
-        ŵ = (1 + κs)·w_{t−τ} − κs·w_{t−τ−1},
         w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+κs)·w_{t−τ} − κs·w_{t−τ−1}),
 
-    the general form with ``c = (1+κs, −κs)``. With β = 0 (plain SGD, ``v`` = last gradient) the same
-    formula is "repeat the last update s times".
-
-    The two readings of "momentum":
-
-    - ``form="code"`` — what the published code computes with ``torch.optim.SGD``: buffer
-      ``v ← μ·v + g``, update ``w ← w − η·v``, prediction from the same buffer: ``g = 1``, ``κ = 1``.
-    - ``form="paper"`` — as SpecTrain states it: smoothed gradient ``v ← γ·v + (1−γ)·g`` drives both
-      the update and the prediction: ``g = 1−β``, ``κ = 1``. It is the code form at learning rate
-      ``(1−β)·η``: the region is the code form's scaled by ``1/(1−β)``.
-
-    Mixing them — the paper's smoothed gradient used to predict while the optimizer is torch's — is
-    ``form="code", velocity_scale=1−β`` (the smoothed gradient is exactly ``(1−β)`` times torch's buffer),
-    which extrapolates only a fraction ``1−β`` of the actual velocity.
-
-    Args:
-        beta: momentum β in [0, 1).
-        tau: gradient delay τ ≥ 0.
-        s: version difference (prediction horizon); default τ (predict the current weights).
-        form: ``"code"`` or ``"paper"``.
-        velocity_scale: κ, the ratio of the predicting velocity to the optimizer's own buffer.
+    g = 1 (``form="code"``, torch's buffer) or ``1−β`` (``"paper"``, SpecTrain's smoothed gradient); the paper's
+    gradient predicting for torch's optimizer is ``form="code", velocity_scale=κ=1−β``. ``s`` defaults to τ.
     """
     beta = _check_beta(beta)
     tau = _check_tau(tau)
@@ -288,41 +185,12 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
              correction: bool = True, form: MomentumForm = "code") -> LinearMethod:
     """PipeMare's forward/backward weight discrepancy, with or without its discrepancy correction.
 
-    In an asynchronous pipeline the forward pass of a stage used weights ``w_{t−τf}`` and its backward
-    pass uses newer weights ``u_b`` (delay ``τb ≤ τf``). On the quadratic we model the gradient as
+    Forward at ``w_{t−τf}``, backward at ``u_b`` (τb ≤ τf), gradient ``g_t = λ·((1−ρ)·w_{t−τf} + ρ·u_b)`` (PipeMare's
+    ``∇f ≈ λ·u_fwd + Δ·(u_bkwd − u_fwd)``, ``Δ = ρ·λ``). Uncorrected ``u_b = w_{t−τb}``; corrected
 
-        g_t = λ·((1−ρ)·w_{t−τf} + ρ·u_b),
+        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb},
 
-    where ρ is the gradient's sensitivity to the backward-pass weights relative to the curvature
-    (PipeMare's ``∇f(u_fwd, u_bkwd) ≈ λ·u_fwd + Δ·(u_bkwd − u_fwd)`` with ``Δ = ρ·λ``, in our
-    parametrisation). ρ = 0: delayed GD with delay τf; ρ = 1: delay τb; ρ ∈ (0, 1) interpolates the two
-    delays; ρ < 0 or ρ > 1 is a gradient that the weight *discrepancy* itself perturbs — the case the
-    correction targets (on this model it enlarges the stable step there, and can shrink it for
-    ρ ∈ (0, 1], where it pushes the backward weights back to the older forward weights).
-    Without correction ``u_b = w_{t−τb}``. PipeMare's discrepancy correction (the form implemented
-    here) moves the backward weights back towards the forward weights along an EMA of the weight
-    velocity:
-
-        δ_t = γ·δ_{t−1} + (1−γ)·(w_t − w_{t−1}),      u_b = w_{t−τb} − (τf − τb)·δ_{t−τb}
-
-    (``δ_{t−τb}``: the velocity estimate the stage held when the backward weights were current).
-
-    The weight update is momentum SGD with this gradient (β = 0: plain SGD). To eliminate δ, apply
-    ``(1 − γ·q⁻¹)`` (q⁻¹ the lag operator) to the whole recurrence: both lag polynomials are convolved
-    with ``(1, −γ)`` and the correction adds ``−ρ(τf−τb)(1−γ)·(w_{t−τb} − w_{t−τb−1})`` to the
-    gradient part. The roots of the resulting polynomial are the eigenvalues of the iteration matrix on
-    the natural state ``(w_t, …, w_{t−n}, δ_{t−1})`` (the tests check the growth rate against a direct
-    simulation with an explicit δ); the extra root γ at z = 0 is the EMA's own decay.
-
-    Args:
-        tau_fwd: forward delay τf ≥ 0.
-        tau_bkwd: backward delay, 0 ≤ τb ≤ τf.
-        rho: sensitivity of the gradient to the backward weights, ``Δ/λ`` (any finite real).
-        gamma: EMA decay γ of the velocity estimate, in [0, 1) (PipeMare ties it to the stage's
-            delays; here it is an explicit argument).
-        beta: momentum β in [0, 1).
-        correction: apply the discrepancy correction.
-        form: ``"code"`` or ``"paper"`` momentum (see :func:`heavy_ball`).
+    δ eliminated by convolving both lag polynomials with ``(1, −γ)`` (an extra root γ at z = 0).
     """
     tau_fwd, tau_bkwd = _check_tau(tau_fwd, "tau_fwd"), _check_tau(tau_bkwd, "tau_bkwd")
     if tau_bkwd > tau_fwd:
@@ -353,60 +221,27 @@ def pipemare(tau_fwd: int, tau_bkwd: int, *, rho: float = 0.5, gamma: float = 0.
 
 
 def adam_frozen(beta1: float = 0.9, tau: int = 0) -> LinearMethod:
-    """Adam linearised with a frozen preconditioner, with gradient delay τ.
+    """Adam with a frozen second moment ``v̂`` and gradient delay τ (bias corrections → 1).
 
-    Late in training (or on a quadratic after the second moment has settled) Adam's second-moment
-    estimate changes slowly; freezing it at ``v̂`` makes the step linear:
-    ``m_t = β1·m_{t−1} + (1−β1)·λ·w_{t−τ}``, ``w_{t+1} = w_t − η·m_t/(√v̂ + ε)`` (bias correction of m
-    → 1 for large t). On the eigen-direction this is :func:`heavy_ball` in ``"paper"`` form with
-    ``z = η·λ/(√v̂ + ε)``, the *preconditioned* step:
-
-        w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − (1−β1)·z·w_{t−τ}.
-
-    Args:
-        beta1: Adam's β1 in [0, 1).
-        tau: gradient delay τ ≥ 0.
+    With ``z = η·λ/(√v̂ + ε)`` it is :func:`heavy_ball` in ``"paper"`` form:
+    ``w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − (1−β1)·z·w_{t−τ}``.
     """
     beta1 = _check_beta(beta1, "beta1")
     tau = _check_tau(tau)
-    m = general(beta1, (1.0,), tau, scale=1.0 - beta1, name=f"Adam (frozen) β1={beta1:g} τ={tau}",
-                params=(("beta1", beta1), ("tau", tau)))
-    return m
+    return general(beta1, (1.0,), tau, scale=1.0 - beta1, name=f"Adam (frozen) β1={beta1:g} τ={tau}",
+                   params=(("beta1", beta1), ("tau", tau)))
 
 
 def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None) -> LinearMethod:
     """Nesterov look-ahead for asynchronous pipelines (Ajanthan et al., arXiv:2505.01099), as NAdam computes it.
 
-    The recursion analysed here is the one the paper's public code runs: ``torch.optim.NAdam`` with a high
-    β1 (0.99 in its scripts) and the gradient of step t taken at the weights its micro-batch's forward used,
-    τ updates old: ``g_t = λ·w_{t−τ}`` (the code stashes and recomputes the backward at that version; the
-    policy ``nesterov_async`` of :mod:`pipelab.policies` with ``backward="current"`` mixes in the current
-    weights, the PipeMare model of :func:`pipemare`). With the second moment frozen (as in :func:`adam_frozen`,
-    ``z = η·λ/(√v̂ + ε)``) and the bias corrections at their late-training limit 1, NAdam's step is
+    The public code's rule (``torch.optim.NAdam``, β1 = 0.99), second moment frozen, bias corrections at 1:
+    ``m_t = β1·m_{t−1} + (1−β1)·g_t``, ``w_{t+1} = w_t − η·(μ·m_t + (1−μ)·g_t)``, i.e.
 
-        m_t = β1·m_{t−1} + (1−β1)·g_t,        w_{t+1} = w_t − η·(μ·m_t + (1−μ)·g_t),
+        w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − z·((1 − μβ1)·w_{t−τ} − (1−μ)·β1·w_{t−τ−1}).
 
-    where μ is NAdam's momentum weight ``μ_t = β1·(1 − ½·0.96^(t·ψ))`` (ψ = ``momentum_decay`` = 0.004), which
-    tends to β1. Applying ``(1 − β1·q⁻¹)`` to the update ``d_t = w_{t+1} − w_t`` eliminates m:
-    ``d_t − β1·d_{t−1} = −η·((1 − μβ1)·g_t − (1−μ)·β1·g_{t−1})``, i.e.
-
-        w_{t+1} = (1+β1)·w_t − β1·w_{t−1} − z·((1 − μβ1)·w_{t−τ} − (1−μ)·β1·w_{t−τ−1}),
-
-    the general form with ``c = (1 − μβ1, −(1−μ)β1)``. For μ = β1 it is :func:`nesterov` in ``"paper"`` form
-    (``c = (1−β1)·(1+β1, −β1)``): the look-ahead ``β1·m_t + (1−β1)·g_t`` is the smoothed gradient one step
-    ahead. The paper's text (its modified look-ahead) was not available to us; the search found only its
-    abstract ("we modify the look-ahead step in NAG") and its code, so this builder pins the code's rule. The
-    code's option that raises β1 with the stage's delay is, here, a choice of ``beta1`` per τ.
-
-    Args:
-        beta1: NAdam's β1 in [0, 1) (the paper's code: 0.99).
-        tau: gradient delay τ ≥ 0 (τ = 0: NAdam without delay).
-        mu: NAdam's momentum weight μ in [0, 1); default β1 (the limit of NAdam's schedule).
-
-    Example:
-        >>> m = nesterov_async(0.5, 0)
-        >>> [round(x, 6) for x in m.b]
-        [0.0, 0.75, -0.25]
+    μ (default β1, the limit of NAdam's schedule) = β1 gives :func:`nesterov` in ``"paper"`` form. The paper's
+    text was not available, so the code's rule is pinned here.
     """
     beta1 = _check_beta(beta1, "beta1")
     tau = _check_tau(tau)
@@ -417,34 +252,11 @@ def nesterov_async(beta1: float = 0.99, tau: int = 1, *, mu: float | None = None
 
 def delay_compensated(tau: int, strength: float = 1.0, *, beta: float = 0.0,
                       form: MomentumForm = "code") -> LinearMethod:
-    """Delay-compensated SGD (DC-ASGD, Zheng et al., ICML 2017), ideal compensation of strength λ_c.
+    """Delay-compensated SGD (DC-ASGD, Zheng et al., ICML 2017) with ideal compensation of strength λ_c.
 
-    DC-ASGD corrects the stale gradient with a cheap Hessian approximation,
-    ``g̃ = g(w_used) + λ_dc·g⊙g⊙(w_now − w_used)``, where ``λ_dc·g⊙g`` stands for the diagonal of the Hessian
-    (the outer-product approximation ``E[g gᵀ] ≈ H`` of the Fisher information). Taken literally on the
-    quadratic ``½λw²`` the correction ``λ_dc·λ²w²·(w_now − w_used)`` is cubic in w: it vanishes to first order
-    and the linear analysis of the literal rule is that of the uncompensated method. We analyse the view the
-    paper motivates, the compensation as a first-order Taylor step with the Hessian ``H = λ``, scaled by a
-    strength ``λ_c ∈ [0, 1]`` (how much of the true curvature the proxy captures):
-
-        g̃_t = λ·w_{t−τ} + λ_c·λ·(w_t − w_{t−τ}) = λ·((1−λ_c)·w_{t−τ} + λ_c·w_t),
-
-    applied by momentum SGD (``v ← β·v + g̃``, or the smoothed ``"paper"`` form):
-
-        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·(λ_c·w_t + (1−λ_c)·w_{t−τ}).
-
-    λ_c = 0 is :func:`heavy_ball` with delay τ; λ_c = 1 is the undelayed method (the gradient is exact on a
-    quadratic); τ = 0 is the undelayed method for every λ_c.
-
-    Args:
-        tau: gradient delay τ ≥ 0.
-        strength: λ_c, any finite real (λ_c ∈ [0, 1] interpolates; > 1 over-compensates).
-        beta: momentum β in [0, 1) (0: DC-ASGD as published, on plain SGD).
-        form: ``"code"`` or ``"paper"`` momentum (see :func:`heavy_ball`).
-
-    Example:
-        >>> delay_compensated(2, 0.25).b
-        (0.0, 0.25, 0.0, 0.75)
+    The literal ``λ_dc·g⊙g⊙(w_now − w_used)`` is cubic on a quadratic (no linear effect), so this is the Taylor
+    step it approximates: ``w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·(λ_c·w_t + (1−λ_c)·w_{t−τ})`` (λ_c = 0: delayed
+    heavy-ball; 1: undelayed; > 1 over-compensates).
     """
     tau = _check_tau(tau)
     beta = _check_beta(beta)
@@ -462,37 +274,14 @@ def delay_compensated(tau: int, strength: float = 1.0, *, beta: float = 0.0,
 
 def error_feedback(tau: int = 1, alpha: float = 1.0, *, beta: float = 0.0,
                    form: MomentumForm = "code") -> LinearMethod:
-    """Error feedback for a delayed gradient: the previous step's staleness error is fed back.
+    """Error feedback for a delayed gradient: the previous step's staleness error fed back with weight α.
 
-    Zmushko et al. (arXiv:2606.30634) propose "an Error Feedback-inspired correction" for the one-step delay of
-    PipeDream-2BW; their exact rule was not available to us (only the abstract and summaries were found), so
-    this is the closest citable form: error feedback (Seide et al. 2014; Stich & Karimireddy, arXiv:1909.05350,
-    where delayed SGD is itself an error-feedback method) with the *staleness error* as the error. At step t
-    the optimizer receives ``g_t = λ·w_{t−τ}``; the step before it applied ``g_{t−1}`` when the fresher ``g_t``
-    was the better estimate, so its error ``e_t = g_t − g_{t−1}`` is known now and is fed back with weight α:
+    Zmushko et al. (arXiv:2606.30634) give only "an Error Feedback-inspired correction"; this is the closest citable
+    form (Stich & Karimireddy, arXiv:1909.05350), ``e_t = g_t − g_{t−1}``:
 
-        g̃_t = g_t + α·(g_t − g_{t−1}) = λ·((1+α)·w_{t−τ} − α·w_{t−τ−1}),
+        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+α)·w_{t−τ} − α·w_{t−τ−1}),
 
-    which the optimizer (momentum SGD here, any optimizer in practice: the rule acts on its input) applies:
-
-        w_{t+1} = (1+β)·w_t − β·w_{t−1} − g·z·((1+α)·w_{t−τ} − α·w_{t−τ−1}).
-
-    On the quadratic this is exactly :func:`predicted_momentum` with ``s = α`` (a linear, time-invariant
-    correction commutes with the optimizer's linear filter: correcting the gradient, the update, or the weights
-    the gradient is taken at are the same linear method) — the tests check the identity. α = 1 extrapolates one
-    step (the one-step delay); α = τ extrapolates the whole delay — the policy ``error_feedback`` of
-    :mod:`pipelab.policies` uses ``α = γ·τ`` (its γ = 1 by default). With τ = 0 there is no staleness error and
-    the method is the undelayed optimizer for every α.
-
-    Args:
-        tau: gradient delay τ ≥ 0 (the paper's setting: 1).
-        alpha: feedback weight α, finite real (1: the full one-step error).
-        beta: momentum β in [0, 1).
-        form: ``"code"`` or ``"paper"`` momentum (see :func:`heavy_ball`).
-
-    Example:
-        >>> error_feedback(1).b
-        (0.0, 0.0, 2.0, -1.0)
+    :func:`predicted_momentum` with ``s = α``; τ = 0 is the undelayed optimizer for every α.
     """
     tau = _check_tau(tau)
     beta = _check_beta(beta)
@@ -516,32 +305,13 @@ def _as_z(z: complex | np.ndarray) -> np.ndarray:
 
 
 def char_poly(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
-    """Coefficients of ``P(r; z) = A(r) + z·B(r)``, highest power first, shape ``z.shape + (n+1,)``.
-
-    Args:
-        method: the linearised optimizer.
-        z: ``η·λ``, a complex scalar or array.
-
-    Example:
-        >>> char_poly(heavy_ball(0.5), 1.0).real.tolist()    # r² − (1.5 − 1)·r + 0.5
-        [1.0, -0.5, 0.5]
-    """
+    """Coefficients of ``P(r; z) = A(r) + z·B(r)``, highest power first, shape ``z.shape + (n+1,)``."""
     zz = _as_z(z)[..., None]
     return np.asarray(method.a) + zz * np.asarray(method.b)
 
 
 def companion(method: LinearMethod, z: complex | np.ndarray) -> np.ndarray:
-    """The iteration matrix on ``x_t = (w_t, …, w_{t−n+1})``: companion matrix of ``P(·; z)``.
-
-    ``x_{t+1} = C·x_t`` with ``C[0, :] = −(a_1 + z b_1, …, a_n + z b_n)`` and ``C[i, i−1] = 1``.
-
-    Returns:
-        array of shape ``z.shape + (n, n)`` (complex).
-
-    Example:
-        >>> companion(delayed_gd(1), 0.25).real.tolist()
-        [[1.0, -0.25], [1.0, 0.0]]
-    """
+    """The companion matrix of ``P(·; z)``: ``C[0, :] = −(a_1 + z b_1, …)``, ``C[i, i−1] = 1``."""
     p = char_poly(method, z)
     n = method.order
     out = np.zeros(p.shape[:-1] + (n, n), dtype=np.complex128)

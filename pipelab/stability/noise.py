@@ -1,24 +1,12 @@
 """Stationary variance of a linearised optimizer driven by gradient noise (the noise floor of a stable step).
 
-Inside the stable region the deterministic part of the error decays; with a noisy gradient ``λ·w + ξ_t``
-(ξ i.i.d., zero mean, unit variance) the weight settles to a stationary distribution whose variance is the
-method's *noise floor* — the regime in which momentum averages noise, outside the pure stability question.
-The noise enters the recurrence of :mod:`.methods` through a filter ``n = (n_0, n_1, …)``:
+With gradient ``λ·w + ξ_t`` (ξ white, unit variance) entering through a filter n,
+``Σ_k (a_k + z·b_k)·w_{t+1−k} = −Σ_j n_j·ξ_{t−j}`` (heavy-ball: ``n = (η,)``; smoothed form: ``((1−β)·η,)``;
+torch's Nesterov: ``η·(1+β, −β)``). On the state ``x_t = (w_t, …, w_{t−n+1}, ξ_{t−1}, …)``,
+``x_{t+1} = F·x_t + G·ξ_t``, and ``Var w = P[0, 0]`` with ``P = F·P·Fᵀ + G·Gᵀ`` (discrete Lyapunov).
 
-    Σ_k (a_k + z·b_k)·w_{t+1−k} = −Σ_j n_j·ξ_{t−j}
-
-(heavy-ball, torch form: ``n = (η,)``; smoothed-gradient form: ``n = ((1−β)·η,)``; torch's Nesterov step
-``g + β·v`` filters the noise like the gradient: ``n = η·(1+β, −β)``). On the state
-``x_t = (w_t, …, w_{t−n+1}, ξ_{t−1}, …, ξ_{t−m+1})`` the recursion is ``x_{t+1} = F·x_t + G·ξ_t`` and the
-stationary covariance solves the discrete Lyapunov equation ``P = F·P·Fᵀ + G·Gᵀ``; the variance is ``P[0, 0]``.
-
-Reference: the stationary covariance of a linear system driven by white noise, e.g. K. J. Åström,
-"Introduction to Stochastic Control Theory" (1970), ch. 3; for SGD on a quadratic ``Var w = η²σ²/(1 − (1−z)²)``.
-
-Example:
-    >>> from pipelab.stability import gd
-    >>> round(stationary_variance(gd(), 0.5), 12)        # 1 / (1 − 0.25)
-    1.333333333333
+Reference: K. J. Åström, "Introduction to Stochastic Control Theory" (1970), ch. 3; for SGD on a quadratic
+``Var w = η²σ²/(1 − (1−z)²)``.
 """
 
 from __future__ import annotations
@@ -36,23 +24,7 @@ __all__ = ["stationary_variance"]
 
 
 def stationary_variance(method: LinearMethod, z: float, noise: Sequence[float] = (1.0,)) -> float:
-    """Stationary ``Var w`` of the method at real step z, driven by unit white gradient noise through ``noise``.
-
-    Args:
-        method: the linearised optimizer.
-        z: ``η·λ``, a real number.
-        noise: the filter ``(n_0, n_1, …)`` through which ``ξ_t, ξ_{t−1}, …`` enter ``w_{t+1}`` (at least one
-            finite coefficient).
-
-    Returns:
-        the variance (``inf`` when the method is not stable at z).
-
-    Example:
-        >>> from pipelab.stability import heavy_ball
-        >>> v = stationary_variance(heavy_ball(0.5, 0, form="paper"), 0.1, noise=(0.5,))
-        >>> round(v / stationary_variance(heavy_ball(0.0), 0.1), 4)      # momentum lowers the floor slightly
-        0.9661
-    """
+    """Stationary ``Var w`` at real step z under unit white noise through the filter ``noise``; ``inf`` if unstable."""
     if isinstance(z, (bool, complex)) or not isinstance(z, (int, float, np.integer, np.floating)) \
             or not math.isfinite(z):
         raise ValueError(f"z must be a finite real number, got {z!r}")

@@ -1,34 +1,7 @@
 """Stability regions in the complex ``z = η·λ`` plane, vectorised over grids.
 
-The tools, vectorised over arbitrary arrays of z:
-
-- :func:`stable_mask` — the Schur–Cohn test: exact classification "all roots strictly inside the unit
-  disk", ``O(n²)`` array operations per grid for a degree-n characteristic polynomial (no eigenvalues).
-- :func:`region_mask` — the boundary-locus method on a rectangular grid: by the argument principle
-  the number of roots inside the circle ``|r| = ρ`` is ``N_in(B) + W(z)``, where ``W(z)`` is the winding
-  number of the closed curve ``z_ρ(θ) = −A(ρe^{iθ})/B(ρe^{iθ})`` around z (because
-  ``P(ρe^{iθ}; z) = B(ρe^{iθ})·(z − z_ρ(θ))``). ``W`` is rasterised for the whole grid at once by
-  counting signed crossings of the curve with each grid row (a cumulative sum along the row), so the
-  cost is that of sampling the curve plus one pass over the grid. Stable ⟺ ``W(z) = n − N_in(B)``.
-- :func:`spectral_radius` — the largest root modulus, from batched eigenvalues of the stacked companion
-  matrices (``numpy.linalg.eigvals`` on a ``(..., n, n)`` array; one LAPACK call loop in C).
-- :func:`boundary_locus` — the curve ``z(θ) = −A(e^{iθ})/B(e^{iθ})`` on which some root has modulus 1.
-  The region's boundary is part of it (the rest is where a root crosses while another is outside).
-- :func:`region_area` — the area of a region, exactly, by Green's theorem on the boundary locus (each
-  arc weighted by whether the region lies on its left or its right, decided by Schur–Cohn).
-
-Schur–Cohn step (for ``p(r) = Σ_k p_k r^(n−k)``, ``p_0 = 1``): p is Schur stable iff ``|p_n| < 1`` and
-the degree-(n−1) polynomial ``q(r) = (p(r) − p_n·p*(r))/r`` is Schur stable, where
-``p*(r) = r^n·conj(p(1/conj r))`` has coefficients ``conj(p_n), …, conj(p_0)``. Coefficient-wise
-``q_k = p_k − p_n·conj(p_{n−k})`` for ``k = 0..n−1``; ``q`` is renormalised to be monic
-(``q_0 = 1 − |p_n|² > 0``). Reference: I. Schur (1917), A. Cohn (1922); E. I. Jury, "Theory and
-Application of the z-Transform Method" (1964), the Schur–Cohn–Jury criterion.
-
-Example:
-    >>> from pipelab.stability import gd
-    >>> z = complex_grid((0.1, 1.9), (-0.9, 0.9), (5, 5))
-    >>> int(stable_mask(gd(), z).sum())      # points of the 5×5 grid inside |1 − z| < 1
-    13
+Reference: I. Schur (1917), A. Cohn (1922); E. I. Jury, "Theory and Application of the z-Transform Method"
+(1964), the Schur–Cohn–Jury criterion.
 """
 
 from __future__ import annotations
@@ -44,13 +17,7 @@ __all__ = ["complex_grid", "stable_mask", "region_mask", "region_area", "spectra
 
 
 def complex_grid(re: tuple[float, float], im: tuple[float, float], shape: tuple[int, int]) -> np.ndarray:
-    """A rectangular grid ``z = x + i·y``, shape ``(n_im, n_re)`` (rows are Im z, as ``imshow`` wants).
-
-    Args:
-        re: (min, max) of Re z.
-        im: (min, max) of Im z.
-        shape: (n_im, n_re) points.
-    """
+    """A rectangular grid ``z = x + i·y`` over ``re = (min, max)`` × ``im``, shape ``(n_im, n_re)`` (rows are Im z)."""
     if (len(shape) != 2 or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) for n in shape)
             or min(shape) < 1):
         raise ValueError(f"shape must be two positive ints (n_im, n_re), got {shape}")
@@ -63,17 +30,10 @@ def complex_grid(re: tuple[float, float], im: tuple[float, float], shape: tuple[
 
 
 def schur_stable(coeffs: np.ndarray) -> np.ndarray:
-    """Schur–Cohn test on polynomials given by coefficients (highest power first, last axis).
+    """Schur–Cohn test: all roots strictly inside the unit circle, for coefficients on the last axis (highest first).
 
-    Args:
-        coeffs: array ``(..., n+1)``, complex or real; the leading coefficient must be non-zero.
-
-    Returns:
-        boolean array ``(...)``: all roots strictly inside the unit circle.
-
-    Example:
-        >>> schur_stable(np.array([[1.0, -0.5], [1.0, -1.5]])).tolist()    # roots 0.5 and 1.5
-        [True, False]
+    For monic ``p(r) = Σ_k p_k r^(n−k)``: p is Schur stable iff ``|p_n| < 1`` and
+    ``q_k = p_k − p_n·conj(p_{n−k})`` (k = 0..n−1, made monic by ``1 − |p_n|²``) is Schur stable.
     """
     c = np.asarray(coeffs)
     if c.ndim == 0 or c.shape[-1] < 1:
@@ -109,24 +69,7 @@ def schur_stable(coeffs: np.ndarray) -> np.ndarray:
 
 
 def stable_mask(method: LinearMethod, z: complex | np.ndarray, *, radius: float = 1.0) -> np.ndarray:
-    """Where the method converges: all characteristic roots strictly inside the unit disk (Schur–Cohn).
-
-    With ``radius = ρ``: all roots inside ``|r| < ρ`` (the test applied to ``P(ρ·s; z)``, whose
-    coefficients are ``p_k·ρ^(n−k)``, made monic: ``p_k·ρ^(−k)``).
-
-    Args:
-        method: the linearised optimizer.
-        z: ``η·λ``, complex scalar or array of any shape (finite).
-        radius: ρ > 0.
-
-    Returns:
-        boolean array of the shape of ``z``.
-
-    Example:
-        >>> from pipelab.stability import delayed_gd
-        >>> stable_mask(delayed_gd(1), np.array([0.5, 0.99, 1.01])).tolist()
-        [True, True, False]
-    """
+    """Where every characteristic root lies in ``|r| < radius`` (Schur–Cohn on ``P(ρ·s; z)``), shape of ``z``."""
     radius = _check_radius(radius)
     p = char_poly(method, z)
     if radius != 1.0:
@@ -144,23 +87,7 @@ def _check_radius(radius: float) -> float:
 
 
 def spectral_radius(method: LinearMethod, z: complex | np.ndarray, *, chunk: int = 1 << 16) -> np.ndarray:
-    """Largest modulus of the characteristic roots (= spectral radius of :func:`companion`).
-
-    Batched eigenvalues of the stacked companion matrices, in chunks of ``chunk`` points.
-
-    Args:
-        method: the linearised optimizer.
-        z: ``η·λ``, complex scalar or array.
-        chunk: grid points per ``eigvals`` call (bounds memory).
-
-    Returns:
-        float array of the shape of ``z``.
-
-    Example:
-        >>> from pipelab.stability import gd
-        >>> float(spectral_radius(gd(), 0.25))
-        0.75
-    """
+    """Largest characteristic root modulus: batched eigenvalues of :func:`companion`, ``chunk`` points a call."""
     zz = np.asarray(z, dtype=np.complex128)
     flat = zz.reshape(-1)
     out = np.empty(flat.shape, dtype=np.float64)
@@ -173,17 +100,9 @@ def spectral_radius(method: LinearMethod, z: complex | np.ndarray, *, chunk: int
 
 
 def boundary_locus(method: LinearMethod, theta: np.ndarray | int = 2048) -> np.ndarray:
-    """The boundary-locus curve ``z(θ) = −A(e^{iθ}) / B(e^{iθ})``: z with a root at ``r = e^{iθ}``.
+    """The boundary locus ``z(θ) = −A(e^{iθ}) / B(e^{iθ})`` (``inf`` where B = 0); ``theta``: angles, or their count.
 
-    Since ``P(r; z) = A(r) + z·B(r)`` is linear in z, every z for which some root lies on the unit circle
-    is on this curve; the stable region is bounded by (parts of) it.
-
-    Args:
-        method: the linearised optimizer.
-        theta: angles (array) or a number of equally spaced angles in ``[0, 2π]``.
-
-    Returns:
-        complex array of the shape of ``theta`` (``inf`` where ``B(e^{iθ}) = 0``).
+    P is linear in z, so these are the z with a root on the unit circle: the stable region's boundary lies on them.
     """
     if np.isscalar(theta):
         th = np.linspace(0.0, 2.0 * np.pi, int(cast(SupportsInt, theta)))
@@ -199,16 +118,9 @@ def boundary_locus(method: LinearMethod, theta: np.ndarray | int = 2048) -> np.n
 def _winding_raster(curve: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Winding number of the closed polygon ``curve`` around every point of the grid ``x × y``.
 
-    Rule (crossing number with signs): an edge from ``(x0, y0)`` to ``(x1, y1)`` crosses the row ``y_j`` iff
-    ``min(y0, y1) ≤ y_j < max(y0, y1)`` (half-open in y), at ``x_c`` on the edge; it adds +1 (upward edge)
-    or −1 (downward) to the winding number of every grid point of that row with ``x_k < x_c``. The half-open
-    rule counts a vertex lying exactly on a row once when the polygon passes through the row there and zero
-    (or +1 − 1) times when it only touches it; horizontal edges cross nothing.
-
-    Rows and columns are selected by comparing with the grid coordinates themselves (``searchsorted`` on
-    the sorted ``x`` and ``y``), never with ``(y − y_0)/Δy`` recomputed in floating point: a vertex on a row
-    (e.g. the locus crossing the real axis on a symmetric grid with an odd number of rows) would otherwise
-    be skipped by one edge and rejected by the other, flipping the winding number of a whole row segment.
+    An edge crosses row ``y_j`` iff ``min(y0, y1) ≤ y_j < max(y0, y1)`` (so a vertex on a row counts once), adding
+    ±1 to the row left of the crossing. Rows come from ``searchsorted`` on the grid, not ``(y − y_0)/Δy`` in floating
+    point, which could count a vertex on a row for neither edge.
     """
     nx, ny = len(x), len(y)
     # work on ascending coordinates; flip the result back if the grid runs downwards
@@ -245,31 +157,11 @@ def _winding_raster(curve: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarr
 
 def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, float], shape: tuple[int, int],
                 *, radius: float = 1.0, n_theta: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Where all roots have modulus < ``radius``, on a rectangular grid, by the boundary-locus method.
+    """``(z, mask)``: where all roots have modulus < ``radius`` on a grid, by the boundary-locus method.
 
-    When ``B(r)`` vanishes on (or so near that the locus cannot be resolved to one grid cell inside the
-    window) the circle ``|r| = ρ`` — e.g. PipeMare without correction at its default ρ = 0.5, where
-    ``B(r) ∝ r^(τf−τb) + 1`` — the locus passes through infinity and the winding number is not defined;
-    the mask is then computed point by point with the exact Schur–Cohn test (:func:`stable_mask`),
-    which gives the same classification at ``O(n²)`` array operations per point instead of one pass.
-
-    Args:
-        method: the linearised optimizer.
-        re, im, shape: the grid, as in :func:`complex_grid` (``shape = (n_im, n_re)``).
-        radius: ρ; ``1.0`` gives the stability region, ``ρ < 1`` the region converging at least as fast
-            as ``ρ^t``.
-        n_theta: samples of the locus; default: enough that no edge reaching into the grid is longer than
-            one grid cell (so only points within a small fraction of a cell of the boundary — the chords'
-            sagitta — can be misclassified).
-
-    Returns:
-        ``(z, mask)``: the grid and the boolean mask, both of shape ``shape``.
-
-    Example:
-        >>> from pipelab.stability import gd
-        >>> z, mask = region_mask(gd(), (0.1, 1.9), (-0.9, 0.9), (5, 5))
-        >>> int(mask.sum())
-        13
+    By the argument principle, roots inside ``|r| = ρ`` number ``N_in(B) + W(z)``, W the winding number of
+    ``z_ρ(θ) = −A(ρe^{iθ})/B(ρe^{iθ})`` around z, so stable ⟺ ``W(z) = n − N_in(B)``. Where B vanishes on (or too
+    near) the circle the mask is the exact :func:`stable_mask`. ``n_theta`` defaults to edges no longer than a cell.
     """
     radius = _check_radius(radius)
     if n_theta is not None and (isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer))
@@ -318,11 +210,7 @@ def region_mask(method: LinearMethod, re: tuple[float, float], im: tuple[float, 
 
 
 def _reduce_power(method: LinearMethod, radius: float) -> tuple[LinearMethod, float]:
-    """If ``P(r; z) = Q(r^g; z)`` with g > 1, return the method of Q and the radius ``ρ^g``.
-
-    The locus of P on ``|r| = ρ`` is that of Q traced g times; roots of P are inside ``|r| < ρ`` iff those
-    of Q are inside ``|s| < ρ^g``, so Q has the same region, with a locus traced once.
-    """
+    """If ``P(r; z) = Q(r^g; z)``, g > 1: the method of Q and radius ``ρ^g`` (same region, locus traced once)."""
     a, b = np.asarray(method.a), np.asarray(method.b)
     n = method.order
     used = [n - k for k in range(n + 1) if a[k] != 0.0 or b[k] != 0.0]
@@ -334,43 +222,14 @@ def _reduce_power(method: LinearMethod, radius: float) -> tuple[LinearMethod, fl
 
 def region_area(method: LinearMethod, *, radius: float = 1.0, n_theta: int = 1 << 14, levels: int = 4,
                 refine: int = 64) -> float:
-    """Area of the region ``{z : all characteristic roots inside |r| < ρ}`` in the complex z-plane.
-
-    Rule (Green's theorem on the boundary locus): the region S is open and bounded (``deg B < n``: for
-    large ``|z|`` some root goes to infinity) and its boundary lies on the locus ``z(θ) = −A(ρe^{iθ})/
-    B(ρe^{iθ})``. Cut the locus into short arcs; an arc is part of ∂S, oriented with S on its left, when
-    S lies on exactly one side of it, so
+    """Area of ``{z : all characteristic roots inside |r| < ρ}``, by Green's theorem on the boundary locus.
 
         area(S) = ∮_{∂S} x dy = Σ_arcs (s_left − s_right) · ∫_arc Re z(θ) · Im z'(θ) dθ,
 
-    where ``s_left``, ``s_right`` ∈ {0, 1} say whether a point just left / right of the arc is in S (the
-    exact Schur–Cohn test, :func:`stable_mask`) and the integral is 4-point Gauss–Legendre on the exact
-    curve (``z'(θ) = −i·r·(A'B − AB')/B²``), not the chord. Arcs where the weight ``s_left − s_right``
-    changes (self-intersections of the locus, where the boundary of S leaves it) are subdivided
-    ``refine``-fold, ``levels`` times, so the switch is located to ``2π/(n_theta·refine^levels)`` in θ.
-    Arcs through a pole of z(θ) (``B = 0`` on the circle) lie outside the bounded region on both sides
-    and weigh 0. A locus traced g times because ``P(r) = Q(r^g)`` is reduced to Q first; other loci traced
-    several times over (not produced by the builders of :mod:`.methods`) would count their arcs repeatedly.
-
-    Accuracy: for the builders' regions the result agrees with closed forms to ~1e−9 relative or better
-    (plain GD: π; delayed GD τ = 1: ``π − 3√3/2``; heavy-ball: ``π(1 − β²)``; tested).
-
-    Args:
-        method: the linearised optimizer.
-        radius: ρ > 0 (``1.0``: the stability region).
-        n_theta: initial number of arcs (uniform in θ), ≥ 16.
-        levels: refinement rounds at weight changes (≥ 0).
-        refine: subdivision factor per round (≥ 2).
-
-    Returns:
-        the area (0.0 when the region is empty).
-
-    Example:
-        >>> from pipelab.stability import gd, delayed_gd
-        >>> round(region_area(gd()), 9)                # the disk |1 − z| < 1
-        3.141592654
-        >>> round(region_area(delayed_gd(1)), 9)       # π − 3√3/2
-        0.543516442
+    ``s_left``, ``s_right`` ∈ {0, 1} from :func:`stable_mask` just beside each arc, the integral 4-point
+    Gauss–Legendre on the exact curve (``z'(θ) = −i·r·(A'B − AB')/B²``). Arcs where the weight changes are split
+    ``refine``-fold, ``levels`` times; arcs through a pole weigh 0. Agrees with closed forms to ~1e−9 relative
+    (GD: π; delayed GD τ = 1: ``π − 3√3/2``; heavy-ball: ``π(1 − β²)``).
     """
     radius = _check_radius(radius)
     for name, val, least in (("n_theta", n_theta, 16), ("levels", levels, 0), ("refine", refine, 2)):

@@ -1,28 +1,13 @@
 """Largest stable real step ``z* = η·λ_max`` by root-finding on the boundary locus, and closed forms.
 
-For a method whose characteristic polynomial is ``P(r; z) = A(r) + z·B(r)`` with real coefficients, a
-root crosses the unit circle at ``r = e^{iθ}`` exactly when ``z = z(θ) = −A(e^{iθ})/B(e^{iθ})``. On the
-positive real axis the first crossing after ``z = 0⁺`` ends the stable interval, so
+    z* = min { Re z(θ) > 0 : Im z(θ) = 0, θ ∈ (0, π] },      z(θ) = −A(e^{iθ})/B(e^{iθ}),
 
-    z* = min { Re z(θ) > 0 : Im z(θ) = 0, θ ∈ (0, π] },
+bracketed on a θ grid and refined by Brent's method (θ = π always a candidate), then checked by Schur–Cohn.
 
-found by bracketing sign changes of ``Im z(θ)`` on a fine θ grid and refining each with Brent's method
-(``θ = π`` is always a candidate: there ``z(θ)`` is real). The result is checked against the
-Schur–Cohn test on both sides of ``z*``.
-
-Closed forms used to verify it:
-
-- delayed GD ``w_{t+1} = w_t − z·w_{t−τ}``: ``z* = 2·cos(τπ/(2τ+1)) = 2·sin(π/(2(2τ+1)))``.
-  S. A. Levin and R. M. May, "A note on difference-delay equations", Theoretical Population Biology
-  9 (1976) 178–187; also S. A. Kuruklis, "The asymptotic stability of x_{n+1} − a·x_n + b·x_{n−k} = 0",
-  J. Math. Anal. Appl. 188 (1994) 719–731 (the case a = 1).
-- heavy-ball without delay (torch form): ``z* = 2(1+β)``; Nesterov: ``z* = 2(1+β)/(1+2β)`` (Jury's
-  conditions ``P(1) > 0``, ``P(−1) > 0``, ``|P(0)| < 1`` on the quadratics of :mod:`.methods`).
-
-Example:
-    >>> from pipelab.stability import delayed_gd
-    >>> round(max_stable_step(delayed_gd(2)), 6), round(delayed_gd_threshold(2), 6)
-    (0.618034, 0.618034)
+References: delayed GD, ``z* = 2·sin(π/(2(2τ+1)))``: S. A. Levin and R. M. May, "A note on difference-delay
+equations", Theoretical Population Biology 9 (1976) 178–187; S. A. Kuruklis, "The asymptotic stability of
+x_{n+1} − a·x_n + b·x_{n−k} = 0", J. Math. Anal. Appl. 188 (1994) 719–731 (a = 1). Heavy-ball and Nesterov
+without delay: Jury's conditions ``P(1) > 0``, ``P(−1) > 0``, ``|P(0)| < 1``.
 """
 
 from __future__ import annotations
@@ -67,15 +52,7 @@ def _locus(method: LinearMethod, theta: np.ndarray) -> np.ndarray:
 
 
 def boundary_crossings(method: LinearMethod, *, n_theta: int = 4096) -> list[tuple[float, float]]:
-    """All ``(θ, z)`` with real ``z = z(θ)``, ``θ ∈ (0, π]``: where the real axis meets the locus.
-
-    Args:
-        method: a method with real coefficients.
-        n_theta: grid size used to bracket the roots of ``Im z(θ)`` before refining them.
-
-    Returns:
-        list of (θ, z) sorted by z.
-    """
+    """All ``(θ, z)`` with real ``z = z(θ)``, ``θ ∈ (0, π]``, sorted by z: where the real axis meets the locus."""
     theta = np.linspace(0.0, np.pi, n_theta + 1)[1:]
     im = _locus(method, theta).imag
     out: list[tuple[float, float]] = []
@@ -104,19 +81,8 @@ def boundary_crossings(method: LinearMethod, *, n_theta: int = 4096) -> list[tup
 def max_stable_step(method: LinearMethod, *, n_theta: int = 4096, check: bool = True) -> float:
     """Largest z* such that the method is stable for every real ``z ∈ (0, z*)``.
 
-    Args:
-        method: the linearised optimizer (real coefficients).
-        n_theta: θ grid used to bracket the crossings.
-        check: confirm with the Schur–Cohn test that ``z*(1 − 1e−6)`` is stable and ``z*(1 + 1e−6)`` is
-            not; raises ``RuntimeError`` otherwise.
-
-    Returns:
-        z* (0.0 when the method is unstable for every small positive z; ``inf`` if no crossing exists).
-
-    Example:
-        >>> from pipelab.stability import heavy_ball
-        >>> round(max_stable_step(heavy_ball(0.5)), 9)
-        3.0
+    0.0 when unstable for every small z > 0, ``inf`` without a crossing. ``check`` confirms with Schur–Cohn that
+    ``z*(1 ∓ 1e−6)`` is stable / unstable (``RuntimeError`` otherwise).
     """
     if isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer)) or n_theta < 2:
         raise ValueError(f"n_theta must be an integer >= 2, got {n_theta!r}")
