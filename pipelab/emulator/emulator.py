@@ -216,12 +216,13 @@ class Emulator:
         if copies:
             diverged = run_jobs(self.plan.sequence, copies, InMemoryTransport(), data, state, D=D, M=self.M,
                                 stop_on_divergence=True, split=self.table.split_set, placed=True,
+                                codecs=self.plan.codecs,
                                 collective=lambda c: emulate_collective(c, copies, counter),
                                 on_update=lambda st, t, W: snapshot(st.k, st.version, W)
                                 if st is self.stages[st.k] else None)
         else:
             diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state, D=D,
-                                M=self.M, stop_on_divergence=True, split=self.table.split_set,
+                                M=self.M, stop_on_divergence=True, split=self.table.split_set, codecs=self.plan.codecs,
                                 on_update=lambda st, t, W: snapshot(st.k, st.version, W))
         losses = [math.nan] * self.steps
         for t, total in state.losses.items():

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..links import Codec, boundary_codecs
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
 from ..precision import FP32, Precision, check_precision, weight_memory
 from ..schedules import VersionTable
@@ -108,6 +109,8 @@ class PipelinePlan:
             (:mod:`~pipelab.pipeline.placement`): every stage's C_k, H_k and kind; empty otherwise.
         sequence: the placed schedule's global sequence of jobs (with workers) and collectives.
         copies: the built stage copies, ``(worker, stage) -> executor`` (placed schedules only).
+        codecs: the codec of each boundary (:func:`pipelab.links.boundary_codecs`); empty when every hand-over
+            crosses untouched.
     """
 
     D: int
@@ -128,6 +131,7 @@ class PipelinePlan:
     placement: tuple[StagePlacement, ...] = ()
     sequence: list[PlacedJob | Collective] = field(default_factory=list)
     copies: dict[tuple[int, int], StageExecutor] = field(default_factory=dict)
+    codecs: tuple[Codec | None, ...] = ()
 
     @property
     def weight_copies(self) -> list[int]:
@@ -211,6 +215,8 @@ def build_pipeline(
     order = resolve_order(table, uses)
     waited = tuple(order) != table.order
     precision = spec.precision
+    codecs = boundary_codecs(spec.codec, D)
+    codecs = codecs if any(c is not None for c in codecs) else ()
     if sim is not None:
         if precision.loss_scaling is not None:
             raise ValueError("fp16 with loss scaling is not supported on placed schedules (replicated or sharded "
@@ -220,7 +226,7 @@ def build_pipeline(
             raise ValueError("placed schedules keep weight versions in the fp32 masters (they are what the "
                              "collectives send); use Precision(..., versions='master')")
         plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, waited,
-                            [1] * D, predicted, {}, weightless, precision)
+                            [1] * D, predicted, {}, weightless, precision, codecs=codecs)
         _build_placed(plan, sim, stages, uses, spec, worker)
         return plan
     if precision.loss_scaling is not None:  # fp16: every stage's update of step t waits for the step's flush
@@ -251,7 +257,7 @@ def build_pipeline(
             st.scheduler = lr_scheduler(opt)
         built[k] = st
     plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, waited,
-                        capacity, predicted, built, weightless, precision)
+                        capacity, predicted, built, weightless, precision, codecs=codecs)
     if precision.loss_scaling is not None:  # one loss scale for the stages built here (all ranks agree per step)
         plan.scaler = LossScaler(precision.loss_scaling, D)
         plan.scaler.members = [built[k] for k in sorted(built)]
