@@ -204,14 +204,15 @@ class Int8:
     stochastic: bool = False
     seed: int = 0
     name: str = "int8"
-    _noise: torch.Generator = field(default_factory=torch.Generator, init=False, repr=False, compare=False)
+    _noise: torch.Generator | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.stochastic not in (True, False):
             raise TypeError(f"Int8 stochastic must be a bool, got {self.stochastic!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"Int8 seed must be an int, got {self.seed!r}")
-        self._noise.manual_seed(self.seed)
+        if self.stochastic:
+            object.__setattr__(self, "_noise", torch.Generator().manual_seed(self.seed))
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         return math.prod(shape) + 4 * _rows(shape)
@@ -222,7 +223,7 @@ class Int8:
         # x/s in at least fp32: a bf16 quotient would not resolve the integers up to 127 and their halves
         work = torch.promote_types(x.dtype, torch.float32)
         z = rows.to(work) / torch.where(scale > 0, scale, 1).to(work)
-        if self.stochastic and x.device.type != "meta":
+        if self._noise is not None and x.device.type != "meta":
             z = torch.floor(z + torch.rand(z.shape, generator=self._noise, dtype=z.dtype).to(z.device))
         else:
             z = torch.round(z)
