@@ -312,7 +312,7 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
             sets["val"] = p0.val
 
         def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
-            loss, acc = evaluate(stages, x, y, W)
+            loss, acc = evaluate(stages, x, y, W, codec=cfg.codec)
             return [loss], [acc]
     else:
         check_stackable(torch.nn.Sequential(*p0.stages), cfg.optimizer, predicts=_predicts(cfg.policy))
@@ -331,7 +331,7 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
                            torch.stack([p.val[1] for p in preps if p.val is not None], 1))
 
         def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
-            return evaluate_arms(stages, x, y, K, W)
+            return evaluate_arms(stages, x, y, K, W, codec=cfg.codec)
 
     # per arm: the first epoch whose evaluation was non-finite (evaluate()'s rule: a weight, output or loss)
     bad_epoch: list[int | None] = [None] * K

@@ -14,6 +14,7 @@ from torch import nn
 
 from pipelab import Emulator, PipelineSpec
 from pipelab.distributed import spawn
+from pipelab.emulator import evaluate
 from pipelab.links import Bf16, Encoded, Identity, Int8, LowRank, as_codec, boundary_codecs, message_bytes
 from pipelab.pipeline.transport import Layout, decode_handover, encode_handover, pack
 from pipelab.runtime import PipelineRuntime
@@ -197,6 +198,13 @@ def test_lowrank_codec_trains_the_projected_network() -> None:
     assert full_losses == pytest.approx(plain_losses, abs=1e-12, rel=0)
     assert all(torch.allclose(a, b, atol=1e-12, rtol=0) for wa, wb in zip(full_weights, plain_weights)
                for a, b in zip(wa, wb))
+
+
+def test_evaluation_applies_the_codec_as_the_pipeline_does() -> None:
+    x, y = data(1)[0]
+    assert evaluate(stages(), x, y, codec=LowRank(5)) == pytest.approx(evaluate(stages(Project), x, y), abs=1e-12)
+    assert evaluate(stages(), x, y, codec="bf16") == evaluate(stages(Cast), x, y)
+    assert evaluate(stages(), x, y, codec="identity") == evaluate(stages(), x, y)
 
 
 def test_int8_codec_moves_the_run_by_about_its_rounding() -> None:

@@ -360,7 +360,8 @@ def test_a_codec_changes_the_curve_and_identity_does_not() -> None:
     assert run(RunConfig(**SMALL, policy="pipeoptim", codec="identity"))["train_loss"] == plain["train_loss"]
     for codec in ("bf16", "int8", "lowrank(4)"):
         coded = run(RunConfig(**SMALL, policy="pipeoptim", codec=codec))
-        assert coded["train_loss"][0] == plain["train_loss"][0] and coded["train_loss"][-1] != plain["train_loss"][-1]
+        assert coded["train_loss"][-1] != plain["train_loss"][-1]
+        assert all(math.isfinite(v) for v in coded["test_acc"])
 
 
 def test_stacked_seeds_with_a_codec_equal_separate_runs() -> None:
