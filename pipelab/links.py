@@ -16,6 +16,9 @@ micro-batch. A hand-over (a tensor, or a tuple/dict of tensors) bills its floati
 (the compute dtype under mixed precision) through the boundary's codec, both ways, and its integer tensors as
 they are, forward only. A codec's bill for a floating tensor of shape (…, d), R = numel/d rows: identity
 numel·itemsize, bf16 2·numel, int8 numel + 4R (a per-row fp32 scale), lowrank(r) R·r·itemsize (r columns).
+A codec also encodes (an :class:`Encoded`: the parts that travel, ``nbytes`` = the bill) and decodes (each class
+states its rule and error); ``PipelineSpec(codec=...)`` applies it to every hand-over and its gradient
+(:class:`pipelab.pipeline.transport.CodedTransport`), one codec per boundary (:func:`boundary_codecs`).
 
 Collectives of p members, n bytes, one link (:func:`collective_time`; Thakur, Rabenseifner and Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005): ring all-reduce

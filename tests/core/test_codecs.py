@@ -5,7 +5,6 @@ and the bytes it counts equal the codec's bill."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from pipelab.emulator import evaluate
 from pipelab.links import Bf16, Encoded, Identity, Int8, LowRank, as_codec, boundary_codecs, message_bytes
 from pipelab.pipeline.transport import Layout, decode_handover, encode_handover, pack
 from pipelab.runtime import PipelineRuntime
-from pipelab.schedules import gpipe, one_f_one_b, pipedream
+from pipelab.schedules import gpipe, hybrid, one_f_one_b, pipedream
 
 D, IN, WIDTH, CLASSES, BATCH, STEPS = 3, 6, 12, 4, 8, 5
 
@@ -215,16 +214,25 @@ def test_int8_codec_moves_the_run_by_about_its_rounding() -> None:
 
 # ---------------------------------------------------------------------------------------- in the runtime
 
-RT_CODECS: list[Any] = [None, "identity", "bf16", "int8", LowRank(5), [Int8(), LowRank(12)]]
+#: (codec, precision): float64 runs, and a float32 model under bf16 autocast (hand-overs in bf16, then encoded)
+RT_CASES: list[tuple[Any, str]] = [(None, "fp32"), ("identity", "fp32"), ("bf16", "fp32"), ("int8", "fp32"),
+                                   (LowRank(5), "fp32"), ([Int8(), LowRank(12)], "fp32"), ("int8", "bf16"),
+                                   ("lowrank(4)", "bf16")]
+
+
+def _case(precision: str) -> tuple[list[nn.Module], list]:
+    if precision == "fp32":
+        return stages(), data()
+    return [m.float() for m in stages()], [(x.float(), y) for x, y in data()]
 
 
 def _rt_run(rank: int, world: int) -> list:
     out = []
-    for codec in RT_CODECS:
-        model = [copy.deepcopy(m) for m in stages()]
+    for codec, precision in RT_CASES:
+        model, batches = _case(precision)
         rt = PipelineRuntime(model, schedule=pipedream(D, 1, STEPS), policy="stashing", optimizer=SGDM, codec=codec,
-                             record=True)
-        res = rt.run(data())
+                             precision=precision, record=True)
+        res = rt.run(batches)
         out.append((res.weights, res.losses, res.timeline.sent, res.timeline.received))
     return out
 
@@ -232,10 +240,13 @@ def _rt_run(rank: int, world: int) -> list:
 @pytest.mark.slow
 def test_runtime_equals_the_emulator_and_counts_the_codecs_bytes() -> None:
     per_rank = spawn(_rt_run, D)
-    x = data()[0][0]
-    for i, codec in enumerate(RT_CODECS):
-        losses, weights = emulate(stages(), codec)
-        bill = message_bytes(stages(), x, codec=codec)
+    for i, (codec, precision) in enumerate(RT_CASES):
+        model, batches = _case(precision)
+        emu = Emulator(model, schedule=pipedream(D, 1, STEPS), policy="stashing", optimizer=SGDM, codec=codec,
+                       precision=precision)
+        losses, weights = emu.run(batches).losses, emu.weights()
+        bill = message_bytes(_case(precision)[0], batches[0][0], codec=codec,
+                             dtype=None if precision == "fp32" else torch.bfloat16)
         for r in range(D):
             got_w, got_losses, sent, received = per_rank[r][i]
             assert got_losses == losses, codec
@@ -244,3 +255,12 @@ def test_runtime_equals_the_emulator_and_counts_the_codecs_bytes() -> None:
             assert received.get("activation", 0) == (STEPS * bill.activation[r - 1] if r else 0), codec
             assert received.get("gradient", 0) == (STEPS * bill.gradient[r] if r < D - 1 else 0), codec
             assert sent.get("activation", 0) == (STEPS * bill.activation[r] if r < D - 1 else 0), codec
+
+
+def test_placed_schedules_apply_the_codec_too() -> None:
+    """A stage replicated on R workers (hybrid pipeline × data parallel): every copy's hand-overs are encoded."""
+    sched = hybrid(D, 2, 2, STEPS)
+    res = Emulator(stages(), schedule=sched, policy="gpipe", optimizer=SGDM, codec="bf16").run(data())
+    ref = Emulator(stages(Cast), schedule=sched, policy="gpipe", optimizer=SGDM).run(data())
+    plain = Emulator(stages(), schedule=sched, policy="gpipe", optimizer=SGDM).run(data())
+    assert res.losses == ref.losses != plain.losses
