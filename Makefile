@@ -4,7 +4,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PRESET ?= quick
+# The preset: `make figures PRESET=paper`, else $PIPELAB_PRESET, else quick.
+PRESET ?= $(or $(PIPELAB_PRESET),quick)
 # Figures to draw (`make figures FIG="learning_curves schedules_bubble"`); empty: every figure of the preset.
 FIG ?=
 # Parallel test workers (pytest-xdist; `make test JOBS=0` runs in one process) and extra pytest
@@ -12,7 +13,7 @@ FIG ?=
 JOBS ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: venv figures test test-fast lint data notebooks-strip clean-venv
+.PHONY: venv figures test test-fast lint data notebooks-strip lab clean-venv
 
 # The stamp depends on pyproject.toml, so a change of dependencies reinstalls.
 $(VENV)/.installed: pyproject.toml
@@ -47,6 +48,13 @@ lint: venv
 
 notebooks-strip: venv
 	$(PY) -m pipelab strip-notebooks notebooks
+
+# JupyterLab on the notebooks, listening on this machine only: open the URL it prints (with its token); from another
+# machine forward the port first (ssh -L 8888:localhost:8888 HOST). Root (a container) needs --allow-root.
+LAB_PORT ?= 8888
+lab: venv
+	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --notebook-dir=notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -41,41 +41,70 @@ argument.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from . import predictors, schedules, stability
-from .distributed import RankFailure, spawn
-from .emulator import Emulator, EmulatorResult, train_plain
-from .optim import optimizer_factory
-from .partition import balanced_partition, split
-from .pipeline import PipelineSpec
-from .policies import Policy, available_policies, make_policy
-from .precision import LossScaling, Precision
-from .prediction_error import measure_in_pipeline, measure_prediction_error
-from .predictors import Predictor, available_predictors, make_predictor
-from .profiling import profile_stages
-from .runtime import PipelineRuntime, RuntimeResult, load_checkpoint, save_checkpoint
-from .schedules import Action, Schedule, ScheduleError, VersionTable, construct, validate
-from .simulator import SimResult, simulate
-from .stability import max_stable_step
-from .statistics import paired_difference, t_interval, winner_test
-
-#: The vocabulary; everything else is imported from its module (``pipelab.schedules.gpipe``,
-#: ``pipelab.stability.delayed_gd``, ...). The studies (presets, data, models, figures, the CLI) live in
-#: :mod:`pipelab.studies`, which the core never imports.
-__all__ = [
-    "__version__", "schedules", "predictors", "stability",
+#: The vocabulary, each name with the module defining it (a subpackage for itself); everything else is imported
+#: from its module (``pipelab.schedules.gpipe``, ``pipelab.stability.delayed_gd``, ...). The studies (presets,
+#: data, models, figures, the CLI) live in :mod:`pipelab.studies`, which the core never imports. A name's module is
+#: imported when the name is first used (PEP 562), so that ``import pipelab`` alone costs nothing and ``python -m
+#: pipelab --help`` answers without loading torch.
+_VOCABULARY: dict[str, str] = {
+    "schedules": "schedules", "predictors": "predictors", "stability": "stability",
     # schedules as data and the simulator
-    "Action", "Schedule", "ScheduleError", "VersionTable", "construct", "validate", "simulate", "SimResult",
+    **dict.fromkeys(("Action", "Schedule", "ScheduleError", "VersionTable", "construct", "validate"), "schedules"),
+    "simulate": "simulator", "SimResult": "simulator",
     # policies, predictors and the optimizer registry
-    "Policy", "make_policy", "available_policies", "Predictor", "make_predictor", "available_predictors",
-    "optimizer_factory",
+    "Policy": "policies", "make_policy": "policies", "available_policies": "policies",
+    "Predictor": "predictors", "make_predictor": "predictors", "available_predictors": "predictors",
+    "optimizer_factory": "optim",
     # running a pipeline: one process (emulator) or many (runtime)
-    "PipelineSpec", "Emulator", "EmulatorResult", "train_plain", "PipelineRuntime", "RuntimeResult",
-    "save_checkpoint", "load_checkpoint", "spawn", "RankFailure", "Precision", "LossScaling",
+    "PipelineSpec": "pipeline", "Emulator": "emulator", "EmulatorResult": "emulator", "train_plain": "emulator",
+    **dict.fromkeys(("PipelineRuntime", "RuntimeResult", "save_checkpoint", "load_checkpoint"), "runtime"),
+    "spawn": "distributed", "RankFailure": "distributed", "Precision": "precision", "LossScaling": "precision",
     # stages and their costs
-    "split", "balanced_partition", "profile_stages",
+    "split": "partition", "balanced_partition": "partition", "profile_stages": "profiling",
     # analyses
-    "measure_prediction_error", "measure_in_pipeline", "max_stable_step", "t_interval", "paired_difference",
-    "winner_test",
-]
+    "measure_prediction_error": "prediction_error", "measure_in_pipeline": "prediction_error",
+    "max_stable_step": "stability", "t_interval": "statistics", "paired_difference": "statistics",
+    "winner_test": "statistics",
+}
+__all__ = ["__version__", *_VOCABULARY]
+
+# The same names for type checkers (tests/core/test_imports.py keeps the two lists equal); ruff cannot read the
+# __all__ built from the table above, hence the file's F401 exemption.
+# ruff: noqa: F401
+if TYPE_CHECKING:
+    from . import predictors, schedules, stability
+    from .distributed import RankFailure, spawn
+    from .emulator import Emulator, EmulatorResult, train_plain
+    from .optim import optimizer_factory
+    from .partition import balanced_partition, split
+    from .pipeline import PipelineSpec
+    from .policies import Policy, available_policies, make_policy
+    from .precision import LossScaling, Precision
+    from .prediction_error import measure_in_pipeline, measure_prediction_error
+    from .predictors import Predictor, available_predictors, make_predictor
+    from .profiling import profile_stages
+    from .runtime import PipelineRuntime, RuntimeResult, load_checkpoint, save_checkpoint
+    from .schedules import Action, Schedule, ScheduleError, VersionTable, construct, validate
+    from .simulator import SimResult, simulate
+    from .stability import max_stable_step
+    from .statistics import paired_difference, t_interval, winner_test
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module of a vocabulary name on first use, and keep the name."""
+    module_name = _VOCABULARY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if name == module_name else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,7 +1,7 @@
 """Measured vs simulated: what a real run holds and sends, and how long it takes, against the simulator's forecast.
 
-Two comparisons of the multi-process runtime (:class:`~pipelab.runtime.PipelineRuntime`, ``record=True``)
-with :func:`pipelab.simulator.simulate` on the same schedule:
+The multi-process runtime (:class:`~pipelab.runtime.PipelineRuntime`, ``record=True``) against
+:func:`pipelab.simulator.simulate` on the same schedule.
 
 **Memory and transfers** (:func:`compare_memory`), per rank w, in bytes:
 
@@ -38,26 +38,18 @@ weights sent (broadcast)      ``collectives["bytes_sent"]``               the ow
 gradients sent / received     reduce + all-reduce bytes                   :func:`simulated_collectives`
 ============================  ==========================================  ==========================================
 
-Two counts of weight transfers: Rahimi's Table 1 (:attr:`SimResult.weight_transfers`) counts one fetch per F
-job of a stage the worker does not hold; the runtime fetches once per (stage, version, worker)
-(:attr:`SimResult.weight_fetches`), keeping the version for every job that uses it. On a flushed schedule
-(every job of step t uses version t) with n(w, k, t) F jobs of non-held stage k on worker w in step t,
-Rahimi's count is Σ n and the runtime's Σ [n > 0]: they agree exactly when every n ≤ 1 (FSDP with M = W,
-FSLPP with B = G: one micro-batch per worker per step), and otherwise differ by the factor n (M/W for FSDP,
-M/G for FSLPP: the micro-batches a worker runs per step). The bytes compare against the runtime's count.
+Weight transfers are counted twice: Rahimi's Table 1 (:attr:`SimResult.weight_transfers`) charges one fetch
+per F job of a stage the worker does not hold, the runtime one per (stage, version, worker)
+(:attr:`SimResult.weight_fetches`); they agree when a worker runs at most one micro-batch of the stage per step
+(FSDP with M = W, FSLPP with B = G) and otherwise differ by that count. The bytes compare against the runtime's.
+Activations agree exactly although the simulator holds (k, g) from the start of F to the end of its backward and
+the runtime from the end of F to the start of B: a worker's program order fixes which are resident at each job.
+``activation_bytes`` must then be the stage *input* bytes (:func:`pipelab.links.boundary_bytes`).
 
-The simulator's activation *count* holds (k, g) from the start of F(k, g) to the end of its backward, and
-the runtime holds the stage input from the end of F to the start of B; within one worker the program order
-fixes which activations are resident at each job, so the peaks agree exactly. The simulator's
-``activation_bytes`` must then be the stage *input* bytes (:func:`pipelab.links.boundary_bytes`), what the runtime
-counts, not :func:`pipelab.profiling.profile_stages`' saved-tensor bytes.
-
-**Makespan**: :func:`forecast_costs` turns every stage's profiled F, B (I, W when the schedule splits the
-backward) and U, the one-way transfer of a boundary tensor between ranks and a placed schedule's profiled
-collectives (charged to the update of their stage: the simulator itself has no collective cost) into the
-simulator's costs; :func:`measured_costs` reads the same costs off a traced run, so that replaying them separates
-the simulator's model from the profile. The study that profiles inside the ranks, runs and reports
-``forecast / measured − 1`` per schedule is :func:`pipelab.studies.calibration.calibrate`.
+**Makespan**: :func:`forecast_costs` turns every stage's profiled F, B (I, W), U, a boundary's one-way transfer
+and a placed schedule's collectives (charged to the update of their stage) into the simulator's costs;
+:func:`measured_costs` reads the same costs off a traced run, so that replaying them separates the simulator's
+model from the profile (the study: :func:`pipelab.studies.calibration.calibrate`).
 
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 (latency,
 activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §3.1: profile, then plan).
@@ -152,12 +144,9 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
         optimizer: the optimizer factory of the run (for the optimizer-state estimate; ``None``: not compared).
 
     Returns:
-        rows ``{"rank", "quantity", "measured", "simulated", "exact", "tolerance", "ok", "note"}`` — five per
-        rank: weight versions, activations, optimizer state, sent, received (bytes; see the module docstring),
-        and for a placed schedule five more: fetched weights, weights received and sent by broadcast,
-        gradients sent and received by the reductions.
-        ``exact`` rows require equality; the others ``|measured − simulated| ≤ tolerance`` (``None``: the
-        simulator has no figure, reported only).
+        rows ``{"rank", "quantity", "measured", "simulated", "exact", "tolerance", "ok", "note"}``, the module
+        docstring's rows per rank. ``exact`` rows require equality; the others
+        ``|measured − simulated| ≤ tolerance`` (``None``: the simulator has no figure, reported only).
 
     Raises:
         ValueError: results for a different number of ranks than the schedule's workers, or without a timeline.
@@ -168,83 +157,93 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
         raise ValueError("results have no timeline: run the PipelineRuntime with record=True")
     sizes = boundary_bytes(stages, x)
     weight_bytes = [tensor_bytes(s.parameters()) for s in stages]
-    n_tensors = [sum(1 for _ in s.parameters()) for s in stages]
     sim = simulate(schedule, activation_bytes=sizes, weight_bytes=weight_bytes)
-    table = sim.version_table
-    depth = [table.stash_depth(k) for k in range(schedule.D)]
+    depth = [sim.version_table.stash_depth(k) for k in range(schedule.D)]
     traffic = simulated_traffic(sim, sizes)
     act_peak = sim.peak_activation_bytes
     assert act_peak is not None  # activation_bytes were given
-    slots: list[int | None] = []
-    for s in stages:
-        params = [p for p in s.parameters() if p.requires_grad]
-        slots.append(optimizer_state_slots(optimizer(params)) if optimizer is not None and params else
-                     (0 if optimizer is not None else None))
-    rows: list[dict[str, Any]] = []
-
-    def row(rank: int, quantity: str, measured: int, simulated: int | None, exact: bool, tol: float | None,
-            note: str) -> None:
-        if simulated is None:
-            ok = True
-        elif exact:
-            ok = measured == simulated
-        else:
-            ok = tol is not None and abs(measured - simulated) <= tol
-        rows.append({"rank": rank, "quantity": quantity, "measured": int(measured),
-                     "simulated": None if simulated is None else int(simulated), "exact": exact,
-                     "tolerance": tol, "ok": ok, "note": note})
-
+    slots = [_stage_slots(s, optimizer) for s in stages]
+    n_tensors = [sum(1 for _ in s.parameters()) for s in stages]
     placed = is_placed(schedule)
-    holders = [tuple(h) for h in schedule.weight_holders]
-    if placed:
-        fetch = sim.weight_fetch_table
-        collectives = simulated_collectives(sim, weight_bytes)
+    collectives = simulated_collectives(sim, weight_bytes) if placed else []
+    exact = policy in EXACT_VERSION_POLICIES  # otherwise the versions held are not those the jobs use
+    rows: list[dict[str, Any]] = []
     for w, res in enumerate(results):
         # a placed schedule's rank keeps versions and optimizer state only for the stages it holds
-        mine = [k for k in range(schedule.D) if w in holders[k]] if placed else sorted(res.stages)
-        exact_versions = policy in EXACT_VERSION_POLICIES
-        row(w, "weight versions", res.memory["weight_versions"], sum(depth[k] * weight_bytes[k] for k in mine),
-            exact_versions, None if exact_versions else 0.0,
-            "stash depth × stage weights" if exact_versions else
-            f"policy {policy!r} keeps other versions than its jobs use (predictions, buffers): not counted")
-        if not exact_versions:
-            rows[-1]["simulated"] = None
-            rows[-1]["ok"] = True
-        row(w, "activations", res.memory["activations"], int(act_peak[w]), True, None,
-            "peak saved stage inputs")
-        if all(slots[k] is not None for k in mine):
-            est = sum(int(slots[k] or 0) * weight_bytes[k] for k in mine)
-            row(w, "optimizer state", res.memory["optimizer_state"], est, False, 8.0 * sum(n_tensors[k] for k in mine),
+        mine = [k for k, h in enumerate(schedule.weight_holders) if w in h] if placed else sorted(res.stages)
+        rows.append(_versions_row(w, res, [depth[k] * weight_bytes[k] for k in mine], policy, exact))
+        rows.append(_row(w, "activations", res.memory["activations"], int(act_peak[w]), True, None,
+                         "peak saved stage inputs"))
+        rows.append(_optimizer_row(w, res, mine, slots, weight_bytes, n_tensors))
+        rows += [_row(w, q, getattr(res.timeline, f"bytes_{q}"), sum(traffic[w][q].values()), True, None,
+                      "transfers × boundary bytes") for q in ("sent", "received")]
+        if placed:
+            rows += _placed_rows(w, res, sim, depth, weight_bytes, collectives[w], exact)
+    return rows
+
+
+def _stage_slots(stage: nn.Module, optimizer: Callable[[Any], torch.optim.Optimizer] | None) -> int | None:
+    """The weight-sized slots the run's optimizer keeps for ``stage`` (``None``: unknown, or no optimizer)."""
+    if optimizer is None:
+        return None
+    params = [p for p in stage.parameters() if p.requires_grad]
+    return optimizer_state_slots(optimizer(params)) if params else 0
+
+
+def _versions_row(w: int, res: Any, versions: list[int], policy: str, exact: bool) -> dict[str, Any]:
+    """Rank ``w``'s weight-version row (``versions``: the simulated bytes per stage, counted when ``exact``)."""
+    return _row(w, "weight versions", res.memory["weight_versions"], sum(versions) if exact else None, exact,
+                None if exact else 0.0,
+                "stash depth × stage weights" if exact else
+                f"policy {policy!r} keeps other versions than its jobs use (predictions, buffers): not counted")
+
+
+def _optimizer_row(w: int, res: Any, mine: list[int], slots: list[int | None], weight_bytes: list[int],
+                   n_tensors: list[int]) -> dict[str, Any]:
+    """Rank ``w``'s optimizer state against slots × the weights of its stages ``mine`` (± 8 bytes per tensor)."""
+    if any(slots[k] is None for k in mine):
+        return _row(w, "optimizer state", res.memory["optimizer_state"], None, False, None,
+                    "optimizer state of this type is not estimated")
+    return _row(w, "optimizer state", res.memory["optimizer_state"],
+                sum(int(slots[k] or 0) * weight_bytes[k] for k in mine), False, 8.0 * sum(n_tensors[k] for k in mine),
                 "estimate: state slots × stage weights (± 8 bytes per parameter tensor: step counters)")
-        else:
-            row(w, "optimizer state", res.memory["optimizer_state"], None, False, None,
-                "optimizer state of this type is not estimated")
-        for q in ("sent", "received"):
-            row(w, q, getattr(res.timeline, f"bytes_{q}"), sum(traffic[w][q].values()), True, None,
-                "transfers × boundary bytes")
-        if not placed:
-            continue
-        fetched = [k for k in sorted(res.stages) if w not in holders[k]]
-        row(w, "fetched weights", res.memory.get("fetched_weights", 0),
-            sum(depth[k] * weight_bytes[k] for k in fetched), exact_versions, None if exact_versions else 0.0,
-            "stash depth × weights of the stages computed without holding them")
-        if not exact_versions:
-            rows[-1]["simulated"] = None
-            rows[-1]["ok"] = True
-        got = res.collectives or {"bytes_sent": {}, "bytes_received": {}}
-        n_f = int(sim.weight_transfers[w])
-        row(w, "weights received (broadcast)", got["bytes_received"].get("broadcast", 0),
-            sum(int(fetch[w, k]) * weight_bytes[k] for k in range(schedule.D)), True, None,
-            f"{int(fetch[w].sum())} fetches, one per (stage, version) (weight_fetches; Rahimi's per-F-job "
-            f"weight_transfers: {n_f}) × stage weights")
-        row(w, "weights sent (broadcast)", got["bytes_sent"].get("broadcast", 0),
-            sum(int(fetch[:, k].sum()) * weight_bytes[k] for k in range(schedule.D) if holders[k][0] == w), True,
-            None, "the owner sends each fetched version once per receiver (weight_fetches of the others)")
-        for q in ("sent", "received"):
-            row(w, f"gradients {q} (reduce, all-reduce)",
-                sum(v for kind, v in got[f"bytes_{q}"].items() if kind != "broadcast"),
-                sum(v for kind, v in collectives[w][f"bytes_{q}"].items() if kind != "broadcast"), True, None,
-                "per step and stage: holders ∪ computing workers reduce the stage's gradient")
+
+
+def _row(rank: int, quantity: str, measured: int, simulated: int | None, exact: bool, tol: float | None,
+         note: str) -> dict[str, Any]:
+    """One row of :func:`compare_memory`; ``ok`` is equality when exact, else within ``tol``."""
+    if simulated is None:
+        ok = True
+    elif exact:
+        ok = measured == simulated
+    else:
+        ok = tol is not None and abs(measured - simulated) <= tol
+    return {"rank": rank, "quantity": quantity, "measured": int(measured),
+            "simulated": None if simulated is None else int(simulated), "exact": exact, "tolerance": tol,
+            "ok": ok, "note": note}
+
+
+def _placed_rows(w: int, res: Any, sim: SimResult, depth: list[int], weight_bytes: list[int],
+                 collectives: dict[str, dict[str, int]], exact: bool) -> list[dict[str, Any]]:
+    """A placed schedule's rows of rank ``w``: fetched weights, broadcasts and reductions."""
+    D, holders, fetch = sim.schedule.D, sim.schedule.weight_holders, sim.weight_fetch_table
+    fetched = [k for k in sorted(res.stages) if w not in holders[k]]
+    got = res.collectives or {"bytes_sent": {}, "bytes_received": {}}
+    rows = [_row(w, "fetched weights", res.memory.get("fetched_weights", 0),
+                 sum(depth[k] * weight_bytes[k] for k in fetched) if exact else None, exact, None if exact else 0.0,
+                 "stash depth × weights of the stages computed without holding them"),
+            _row(w, "weights received (broadcast)", got["bytes_received"].get("broadcast", 0),
+                 sum(int(fetch[w, k]) * weight_bytes[k] for k in range(D)), True, None,
+                 f"{int(fetch[w].sum())} fetches, one per (stage, version) (weight_fetches; Rahimi's per-F-job "
+                 f"weight_transfers: {int(sim.weight_transfers[w])}) × stage weights"),
+            _row(w, "weights sent (broadcast)", got["bytes_sent"].get("broadcast", 0),
+                 sum(int(fetch[:, k].sum()) * weight_bytes[k] for k in range(D) if holders[k][0] == w), True,
+                 None, "the owner sends each fetched version once per receiver (weight_fetches of the others)")]
+    for q in ("sent", "received"):
+        rows.append(_row(w, f"gradients {q} (reduce, all-reduce)",
+                         sum(v for kind, v in got[f"bytes_{q}"].items() if kind != "broadcast"),
+                         sum(v for kind, v in collectives[f"bytes_{q}"].items() if kind != "broadcast"), True, None,
+                         "per step and stage: holders ∪ computing workers reduce the stage's gradient"))
     return rows
 
 
@@ -291,7 +290,7 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int], bucket_by
     if any("all_reduce" in o["calls"] for o in out):
         from .pipeline.placement import bucket_parts, placed_sequence
 
-        for e in placed_sequence(sim, {}):  # the runs of fusable all-reduces do not depend on the fetches
+        for e in placed_sequence(sim):  # the runs of fusable all-reduces do not depend on the fetches
             if isinstance(e, Collective) and e.bucket and \
                     bucket_parts(e, lambda k: int(weight_bytes[k]), bucket_bytes)[0] != (e.stage, e.step):
                 for w in e.members:
@@ -337,11 +336,34 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
     U cost is charged with their time: for every (stage k, step t ≥ 0), the longest any rank spent in the
     collectives of (k, t), averaged over steps."""
     durations: dict[tuple[str, int], list[float]] = {}
-    ends: dict[tuple[str, int, int, int], float] = {}
     for tl in timelines:
         for r in tl.jobs:
             durations.setdefault((r.op, r.stage), []).append(r.duration)
-            ends[r.job] = r.end
+
+    def med(op: str) -> list[float] | None:
+        if not any((op, k) in durations for k in range(D)):
+            return None
+        return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
+
+    f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+    coll = _collective_costs(timelines, D)
+    if coll is not None:
+        u = [(u[k] if u is not None else 0.0) + coll[k] for k in range(D)]
+    transfer = _transfer_latency(timelines, D, transfer)
+    if f is None:
+        raise ValueError("the timelines hold no forward job")
+    if b is None:  # every backward split: B is only used for the default I/W split, which is given
+        b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
+    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0, "transfer_cost": transfer}
+    if i is not None:
+        costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
+    return costs
+
+
+def _transfer_latency(timelines: Sequence[Any], D: int, default: float) -> float:
+    """Mean (consumer start − producer end) over received tensors whose consumer was idle when the producer
+    ended; ``default`` when there is none."""
+    ends = {r.job: r.end for tl in timelines for r in tl.jobs}
     waits = []
     for tl in timelines:
         prev_end = 0.0
@@ -353,33 +375,22 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
                 if end is not None and prev_end <= end <= r.start:
                     waits.append(r.start - end)
             prev_end = r.end
-    if waits:
-        transfer = float(statistics.fmean(waits))
+    return float(statistics.fmean(waits)) if waits else default
 
-    def med(op: str) -> list[float] | None:
-        if not any((op, k) in durations for k in range(D)):
-            return None
-        return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
 
-    f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+def _collective_costs(timelines: Sequence[Any], D: int) -> list[float] | None:
+    """Per stage, the mean over steps of the longest time any rank spent in the stage's collectives of a step
+    (``None``: no collective ran)."""
     coll: dict[tuple[int, int, int], float] = {}
     for tl in timelines:
         for r in tl.jobs:
             if r.op in COLLECTIVE_KINDS and r.step >= 0:
                 key = (r.stage, r.step, tl.rank)
                 coll[key] = coll.get(key, 0.0) + r.duration
-    if coll:
-        longest: dict[tuple[int, int], float] = {}
-        for (k, t, _), d in coll.items():
-            longest[(k, t)] = max(longest.get((k, t), 0.0), d)
-        per_stage = [[d for (k, _), d in longest.items() if k == kk] for kk in range(D)]
-        u = [(u[k] if u is not None else 0.0) + (float(statistics.fmean(per_stage[k])) if per_stage[k] else 0.0)
-             for k in range(D)]
-    if f is None:
-        raise ValueError("the timelines hold no forward job")
-    if b is None:  # every backward split: B is only used for the default I/W split, which is given
-        b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
-    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0, "transfer_cost": transfer}
-    if i is not None:
-        costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
-    return costs
+    if not coll:
+        return None
+    longest: dict[tuple[int, int], float] = {}
+    for (k, t, _), d in coll.items():
+        longest[(k, t)] = max(longest.get((k, t), 0.0), d)
+    per_stage = [[d for (k, _), d in longest.items() if k == kk] for kk in range(D)]
+    return [float(statistics.fmean(per_stage[k])) if per_stage[k] else 0.0 for k in range(D)]

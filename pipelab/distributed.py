@@ -225,23 +225,27 @@ def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     the other; NaN equals NaN.
     """
     if isinstance(a, dict) and isinstance(b, dict):
-        out: list[tuple[str, Any, Any]] = []
-        for key in list(a) + [k for k in b if k not in a]:
-            sub = f"{path}.{key}" if path else str(key)
-            if key not in a or key not in b:
-                out.append((sub, a.get(key, "<absent>"), b.get(key, "<absent>")))
-            else:
-                out += differences(a[key], b[key], sub)
-        return out
+        return [d for key in list(a) + [k for k in b if k not in a] for d in _key_differences(a, b, key, path)]
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}.{i}" if path else str(i))]
+    return [] if _same(a, b) else [(path or "<value>", a, b)]
+
+
+def _key_differences(a: dict, b: dict, key: Any, path: str) -> list[tuple[str, Any, Any]]:
+    sub = f"{path}.{key}" if path else str(key)
+    if key not in a or key not in b:
+        return [(sub, a.get(key, "<absent>"), b.get(key, "<absent>"))]
+    return differences(a[key], b[key], sub)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` for two leaves, with NaN equal to NaN and an ambiguous comparison (tensors) unequal."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return []
+        return True
     try:
-        same = bool(a == b)
+        return bool(a == b)
     except Exception:  # e.g. tensors of several elements
-        same = False
-    return [] if same else [(path or "<value>", a, b)]
+        return False
 
 
 def describe_differences(diffs: list[tuple[str, Any, Any]], left: str, right: str, limit: int = 8) -> str:
@@ -517,6 +521,77 @@ def _end(procs: list[Any], grace_s: float) -> None:
             p.join()
 
 
+class _Ranks:
+    """The spawned processes, their heartbeats (:func:`heartbeat`) and what they reported, by rank: ``done``
+    (results) and ``errors`` (tracebacks, in the order they were reported)."""
+
+    def __init__(self, procs: list[Any], beats: list[Any], results: Any) -> None:
+        self.procs, self.beats, self.results = procs, beats, results
+        self.done: dict[int, bytes] = {}
+        self.errors: dict[int, str] = {}
+
+    def wait(self, timeout_s: float, grace_s: float) -> None:
+        """Collect reports until every rank has reported, or until ``grace_s`` after the first failure
+        (TimeoutError past ``timeout_s``)."""
+        world_size = len(self.procs)
+        deadline = time.monotonic() + timeout_s
+        error_deadline = float("inf")
+        while len(self.done) + len(self.errors) < world_size and time.monotonic() < error_deadline:
+            if time.monotonic() > deadline:
+                running = sorted(set(range(world_size)) - set(self.done) - set(self.errors))
+                raise TimeoutError(f"ranks still running after {timeout_s:.0f} s: {running}" + "".join(
+                    f"\n  rank {r}: {self.progress(r)}" for r in running))
+            self.drain()
+            if (self.errors or self.unreported_deaths()) and error_deadline == float("inf"):
+                error_deadline = time.monotonic() + grace_s
+        self.drain()
+
+    def stop(self, grace_s: float, comm_timeout_s: float) -> tuple[dict[int, str], dict[int, str]]:
+        """End every process (:func:`_end`); the ranks that died without reporting and, after a failure, those
+        unresponsive (still running, silent and without progress), each with its description."""
+        dead = self.unreported_deaths()  # before terminating the stragglers, which would then look dead too
+        hung = self.unresponsive(dead, grace_s, comm_timeout_s) if self.errors or dead else {}
+        for p in self.procs:  # a rank that reported exits by itself
+            p.join(timeout=0.5 if self.errors else 10)
+        _end(self.procs, grace_s)
+        self.drain()
+        return dead, hung
+
+    def raise_failure(self, dead: dict[int, str], hung: dict[int, str]) -> None:
+        """RankFailure naming the cause: a rank that died silently or hangs causes its peers' communication
+        errors; else the first report."""
+        dead = {r: d for r, d in dead.items() if r not in self.errors and r not in self.done}
+        hung = {r: d for r, d in hung.items() if r not in self.errors and r not in self.done}
+        if dead or self.errors:
+            first = min(dead) if dead else min(hung) if hung else next(iter(self.errors))
+            failures = {**self.errors, **hung, **dead}
+            raise RankFailure(first, failures[first], {r: d for r, d in failures.items() if r != first})
+
+    def drain(self) -> None:
+        while True:
+            try:
+                status, rank, payload = self.results.get(timeout=0.05)
+            except queue_mod.Empty:
+                return
+            (self.done if status == "ok" else self.errors)[rank] = payload
+
+    def unreported_deaths(self) -> dict[int, str]:
+        return {r: f"process exited with code {p.exitcode} without reporting" for r, p in enumerate(self.procs)
+                if p.exitcode not in (None, 0) and r not in self.done and r not in self.errors}
+
+    def unresponsive(self, dead: dict[int, str], grace_s: float, comm_timeout_s: float) -> dict[int, str]:
+        """The ranks still running without a report and without progress for ``comm_timeout_s``."""
+        return {r: f"unresponsive: still running without a report {grace_s:g} s after the first failure "
+                   f"({self.progress(r)})"
+                for r, p in enumerate(self.procs) if p.is_alive() and r not in self.done and r not in self.errors
+                and r not in dead and time.monotonic() - self.beats[r][1] >= comm_timeout_s}
+
+    def progress(self, r: int) -> str:
+        pos, when = self.beats[r][0], self.beats[r][1]
+        where = "no progress reported" if pos < 0 else f"last progress: position {int(pos)} of its program"
+        return f"{where}, {time.monotonic() - when:.1f} s ago"
+
+
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = 300.0, comm_timeout_s: float = 60.0, grace_s: float = 5.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return results by rank.
@@ -555,56 +630,10 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
                                                beats[r]), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
-    done: dict[int, bytes] = {}
-    errors: dict[int, str] = {}  # in the order they were reported
-    deadline = time.monotonic() + timeout_s
-    error_deadline = float("inf")
-    hung: dict[int, str] = {}
-
-    def unreported_deaths() -> dict[int, str]:
-        return {r: f"process exited with code {p.exitcode} without reporting"
-                for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done and r not in errors}
-
-    def progress(r: int) -> str:
-        pos, when = beats[r][0], beats[r][1]
-        where = "no progress reported" if pos < 0 else f"last progress: position {int(pos)} of its program"
-        return f"{where}, {time.monotonic() - when:.1f} s ago"
-
-    def drain() -> None:
-        while True:
-            try:
-                status, rank, payload = results.get(timeout=0.05)
-            except queue_mod.Empty:
-                return
-            (done if status == "ok" else errors)[rank] = payload
-
+    ranks = _Ranks(procs, beats, results)
     try:
-        while len(done) + len(errors) < world_size and time.monotonic() < error_deadline:
-            if time.monotonic() > deadline:
-                running = sorted(set(range(world_size)) - set(done) - set(errors))
-                raise TimeoutError(f"ranks still running after {timeout_s:.0f} s: {running}" + "".join(
-                    f"\n  rank {r}: {progress(r)}" for r in running))
-            drain()
-            if (errors or unreported_deaths()) and error_deadline == float("inf"):
-                error_deadline = time.monotonic() + grace_s
-        drain()
+        ranks.wait(timeout_s, grace_s)
     finally:
-        dead = unreported_deaths()  # before terminating the stragglers, which would then look dead too
-        if errors or dead:  # a failure: ranks still running, silent and without progress, hang
-            hung = {r: f"unresponsive: still running without a report {grace_s:g} s after the first failure "
-                       f"({progress(r)})"
-                    for r, p in enumerate(procs) if p.is_alive() and r not in done and r not in errors
-                    and r not in dead and time.monotonic() - beats[r][1] >= comm_timeout_s}
-        for p in procs:  # a rank that reported exits by itself
-            p.join(timeout=0.5 if errors else 10)
-        _end(procs, grace_s)
-    drain()
-    dead = {r: d for r, d in dead.items() if r not in errors and r not in done}
-    hung = {r: d for r, d in hung.items() if r not in errors and r not in done}
-    if dead or errors:
-        # A rank that died silently or hangs is the cause of its peers' communication errors; else the
-        # first report.
-        first = min(dead) if dead else min(hung) if hung else next(iter(errors))
-        failures = {**errors, **hung, **dead}
-        raise RankFailure(first, failures[first], {r: d for r, d in failures.items() if r != first})
-    return [torch.load(io.BytesIO(done[r]), weights_only=False) for r in range(world_size)]
+        dead, hung = ranks.stop(grace_s, comm_timeout_s)
+    ranks.raise_failure(dead, hung)
+    return [torch.load(io.BytesIO(ranks.done[r]), weights_only=False) for r in range(world_size)]

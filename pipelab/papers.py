@@ -3,16 +3,9 @@
 Each is written as the paper states it, with its reference; the tests, the figures and the notebooks compare
 the simulator, the version table and real runs with these and keep no copy of their own.
 
-- **Staleness presets** (PipeOptim, SpecTrain): :func:`pipeoptim_staleness`, :func:`spectrain_version_difference`,
-  and the closed form of asynchronous 1F1B, :func:`async_1f1b_staleness`. The policies derive s from the version
-  table; these are what the table gives on asynchronous 1F1B.
-- **Zero Bubble**, Table 1 (Qi et al., ICLR 2024): bubble and peak memory of 1F1B, ZB-H1, ZB-H2,
-  :func:`zero_bubble_closed_form`.
-- **The V-shape family** (Qi et al., NeurIPS 2024; DeepSeek-V3's DualPipe): :data:`V_SHAPE_FORMULAS`,
-  :func:`v_shape_bubble`, :func:`v_shape_memory`, keyed by the builders' registry names.
-- **Rahimi's Table 1** (latency, traffic and memory per worker of DDP, FSDP, PP, LPP, FSLPP):
-  :func:`rahimi_row`, the same quantities read off a simulation (:func:`rahimi_measured_row`), and the note's
-  throughput bound ρ ≤ M/S (:func:`rahimi_throughput`).
+The staleness presets of PipeOptim and SpecTrain (what the version table gives on asynchronous 1F1B), Zero
+Bubble's Table 1, the V-shape family's formulas (:data:`V_SHAPE_FORMULAS`) and Rahimi's Table 1 with its
+throughput bound ρ ≤ M/S.
 
 Rahimi's Table 1, with S stages, B micro-batches, W workers (G groups of R for the looped schemes), unit-time F+B
 per stage, unit weights and unit activations per stage:

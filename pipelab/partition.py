@@ -97,22 +97,27 @@ def stage_sizes(model: nn.Sequential, D: int, balance: str | Sequence[int] | Seq
     if D > n:
         raise ValueError(f"D={D} stages but the model has only {n} blocks; use D <= {n} or a deeper model")
     if isinstance(balance, str):
-        if balance == "layers":
-            base, extra = divmod(n, D)
-            return [base + (1 if k >= D - extra else 0) for k in range(D)]
-        if balance == "params":
-            return balanced_partition([sum(p.numel() for p in b.parameters()) for b in model], D)
-        raise ValueError(f"balance={balance!r}; use 'layers', 'params', D block counts, or one cost per block")
+        return _named_balance(model, D, balance)
     values = list(balance)
     counts = [_as_int(v) for v in values]
     blocks = [c for c in counts if c is not None]
-    if len(values) == D and len(blocks) == D:
+    if len(values) == D and len(blocks) == D:  # explicit block counts
         if any(c < 1 for c in blocks) or sum(blocks) != n:
             raise ValueError(f"balance={values} must be D={D} positive block counts summing to {n}")
         return blocks
-    if len(values) == n:
+    if len(values) == n:  # one cost per block
         return balanced_partition(values, D)
     raise ValueError(f"balance has {len(values)} entries; give D={D} block counts or one cost per block ({n})")
+
+
+def _named_balance(model: nn.Sequential, D: int, balance: str) -> list[int]:
+    """``"layers"``: equal block counts, the extra ones to the later stages; ``"params"``: balanced parameters."""
+    if balance == "layers":
+        base, extra = divmod(len(model), D)
+        return [base + (1 if k >= D - extra else 0) for k in range(D)]
+    if balance == "params":
+        return balanced_partition([sum(p.numel() for p in b.parameters()) for b in model], D)
+    raise ValueError(f"balance={balance!r}; use 'layers', 'params', D block counts, or one cost per block")
 
 
 def split(model: nn.Sequential, D: int,

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from . import links
 from .calibration import EXACT_VERSION_POLICIES, boundary_bytes, optimizer_state_slots
 from .partition import balanced_partition
 from .policies import make_policy
@@ -47,7 +48,7 @@ SCHEDULES: dict[str, str] = dict.fromkeys(("gpipe", "1f1b", "interleaved", "inte
                                           "dualpipe_v"), "sequential") | {"pipedream": "stashing", "2bw": "2bw"}
 _DEFAULT = ("gpipe", "1f1b", "interleaved:2", "zb_h1", "zb_h2", "zb_v", "dualpipe_v", "pipedream", "2bw")
 _F, _U = OP_CODE["F"], OP_CODE["U"]
-Link = float | Callable[[Sequence[float]], Mapping[str, Any]]
+Comm = float | links.Link | Callable[[Sequence[float]], Mapping[str, Any]]
 
 
 def _floats(name: str, values: Any, n: int, positive: bool) -> tuple[float, ...]:
@@ -129,26 +130,24 @@ class CriticalPath:
         return f"{what} ({t / max(self.end - self.start, 1e-300):.0%} of the step)"
 
 
-def _binding(sim: SimResult, j: int, tol: float) -> int:
-    """The job whose end (+ latency) is job j's start (−1: none): a data dependency (a wait on another device), an
-    update's gradient, the device's previous job. (Once the simulator records ``SimResult.binding``: read it.)"""
-    c, s = sim.compiled, float(sim.start[j])
-    for dep, lat in zip((c.dep1, c.dep2, c.dep3), sim.latency):
-        if dep[j] >= 0 and abs(sim.end[dep[j]] + lat[j] - s) <= tol:
-            return int(dep[j])
-    row = c.udeps[int(np.flatnonzero(c.u_ids == j)[0])].tolist() if c.op[j] == _U else []
-    return next((d for d in row + ([j - 1] if j > c.offsets[c.worker[j]] else []) if abs(sim.end[d] - s) <= tol), -1)
+def _comm(link: Comm, nbytes: list[float]) -> Mapping[str, Any]:
+    """The simulator's keywords for ``link`` and the bytes crossing each stage boundary: a
+    :class:`~pipelab.links.Link` on every boundary (gradients as large as activations), a function of the bytes, or
+    seconds per message (``transfer_cost``)."""
+    if isinstance(link, links.Link):
+        return {"network": links.Network.uniform(len(nbytes) + 1, link), "message_bytes": nbytes}
+    return link(nbytes) if callable(link) else {"transfer_cost": link}
 
 
 def critical_path(sim: SimResult, start: float | None = None, end: float | None = None) -> CriticalPath:
     """The critical path of ``sim`` in ``[start, end]`` (default: the whole run), found post hoc: from the job that
-    ends at ``end`` back, each job's binding predecessor (:func:`_binding`)."""
+    ends at ``end`` back, each job's binding predecessor (:attr:`~pipelab.simulator.SimResult.binding`)."""
     t0, t1 = float(sim.start.min()) if start is None else start, float(sim.end.max()) if end is None else end
     tol = 1e-9 * max(abs(t1), 1.0)
     j, jobs = int(np.flatnonzero(np.abs(sim.end - t1) <= tol)[-1]), []
     while j >= 0 and sim.end[j] > t0 + tol:
         jobs.append(j)
-        j = _binding(sim, j, tol)
+        j = int(sim.binding.job[j])
     return CriticalPath(sim, tuple(reversed(jobs)), t0, t1)
 
 
@@ -194,7 +193,7 @@ class Plans(tuple[Plan, ...]):
 class _Search:
     """A :func:`plan` call's state; ``seen``: (arm, policy, sizes) → (objective, bytes over the cap, peak bytes)."""
 
-    def __init__(self, blocks: Blocks, W: int, memory: Any, batch: int, link: Link, optimizer: Any, precision: Any,
+    def __init__(self, blocks: Blocks, W: int, memory: Any, batch: int, link: Comm, optimizer: Any, precision: Any,
                  budget: int, partition: Sequence[int] | None) -> None:
         _count("devices", W, f"the model has {len(blocks.f)} blocks and every device needs one", len(blocks.f))
         _count("global_batch", batch, "samples per step")
@@ -255,7 +254,7 @@ class _Arm:
         key = tuple(np.concatenate([c[k] for k in ("f", "b", "i", "w", "u", "activation_bytes", "output_bytes")]))
         if key not in self.memo:
             link = self.ctx.link
-            comm = link(c["output_bytes"][:-1].tolist()) if callable(link) else {"transfer_cost": link}
+            comm = _comm(link, c["output_bytes"][:-1].tolist())
             sim = simulate(self.schedule, c["f"], c["b"], u_cost=c["u"], i_cost=c["i"], w_cost=c["w"],
                            activation_bytes=c["activation_bytes"], **comm)
             self.ctx.simulations += 1
@@ -399,20 +398,21 @@ def _arms(ctx: _Search, schedules: Sequence[str], Ms: Sequence[int], recompute: 
 
 
 def plan(blocks: Blocks, devices: int, memory: float | Sequence[float] = math.inf, *, global_batch: int,
-         link: Link = 0.0, schedules: Sequence[str] = _DEFAULT, micro_batches: Sequence[int] | None = None,
+         link: Comm = 0.0, schedules: Sequence[str] = _DEFAULT, micro_batches: Sequence[int] | None = None,
          recompute: Sequence[bool] = (False,), policies: Mapping[str, Sequence[str]] | None = None,
          steps_to_target: Any = None, optimizer: int | Callable[[Any], torch.optim.Optimizer] = 2,
          precision: Any = "fp32", max_simulations: int = 300, nodes: int = 2000, top: int = 10,
          partition: Sequence[int] | None = None) -> Plans:
     """Rank plans for ``blocks`` on ``devices`` devices of ``memory`` bytes each (one cap, or one per device) for
-    ``global_batch`` samples per step (the module docstring). ``link``: seconds per message between devices, or
-    ``bytes per boundary -> simulate keywords``. Tried: ``schedules`` (:data:`SCHEDULES`; ``"interleaved:V"``: V
-    stages per device), ``micro_batches`` (default W, 2W, 4W, 8W), ``recompute``, ``policies`` (schedule → names).
-    ``steps_to_target``: ``(schedule, policy) -> steps``, callable or mapping; ``optimizer``: state tensors per
-    parameter (Adam 2) or a ``torch.optim`` factory; ``precision`` of the weight copies; budgets ``max_simulations``
-    (in all) and ``nodes`` (branch and bound, per schedule × M); ``top`` plans returned; ``partition``: score these
-    block counts per stage only (no search). Raises ValueError naming the constraint: more devices than blocks, no
-    schedule × M the builders accept (each with its reason), no plan under the cap (the least memory needed, where)."""
+    ``global_batch`` samples per step (the module docstring). ``link``: seconds per message between devices, a
+    :class:`~pipelab.links.Link` on every boundary, or ``bytes per boundary -> simulate keywords``. Tried:
+    ``schedules`` (:data:`SCHEDULES`; ``"interleaved:V"``: V stages per device), ``micro_batches`` (default W, 2W,
+    4W, 8W), ``recompute``, ``policies`` (schedule → names). ``steps_to_target``: ``(schedule, policy) -> steps``,
+    callable or mapping; ``optimizer``: state tensors per parameter (Adam 2) or a ``torch.optim`` factory;
+    ``precision`` of the weight copies; budgets ``max_simulations`` (in all) and ``nodes`` (branch and bound, per
+    schedule × M); ``top`` plans returned; ``partition``: score these block counts per stage only (no search). Raises
+    ValueError naming the constraint: more devices than blocks, no schedule × M the builders accept (each with its
+    reason), no plan under the cap (the least memory needed, where)."""
     ctx = _Search(blocks, devices, memory, global_batch, link, optimizer, precision, max_simulations, partition)
     arms = _arms(ctx, schedules, micro_batches or [devices * 2**e for e in range(4)], recompute, policies or {},
                  steps_to_target)

@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -136,7 +137,7 @@ SCHEDULE_FAMILIES = ("sequential", "gpipe", "1f1b", "pipedream", "2bw")
 
 
 class Policy:
-    """Base class. Subclasses set the class attributes and :meth:`forward`/:meth:`backward`.
+    """Base class. Subclasses set the class attributes and the rule, :meth:`versions`.
 
     The class attributes are the one source of a policy's label, schedule family and needs: figures, the
     learning-curve arms and the ``pipelab.studies.run`` choices read them from ``make_policy(name)``.
@@ -157,6 +158,7 @@ class Policy:
         corrects_gradient: the executor calls :meth:`correct_gradient` before each optimizer step.
         keeps_backward_weights: the executor keeps the mean backward weights of each step in flight (one
             weight-sized buffer per step) for :attr:`GradientContext.weights_used`.
+        prediction: the :attr:`Predicted.kind` of the policy's predictions (PipeMare: ``"correction"``).
     """
 
     name: str = ""  # not ClassVar: Sync sets these three per instance (one class, three names)
@@ -170,6 +172,7 @@ class Policy:
     optimizers: ClassVar[tuple[str, ...] | None] = None
     corrects_gradient: ClassVar[bool] = False
     keeps_backward_weights: ClassVar[bool] = False
+    prediction: ClassVar[str] = "predictor"
 
     def check(self, table: VersionTable) -> None:
         """Raise ValueError when the schedule does not suit the policy."""
@@ -181,11 +184,28 @@ class Policy:
                                  f"has staleness {worst[k]} at stage {k}; use 'vanilla', 'stashing' or a "
                                  "prediction policy for asynchronous schedules")
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        """The rule: ``(base, target)`` of the weights the forward (``op="F"``) or backward (``"B"``) of micro-batch
+        (k, t, j) uses, read from the version table's arrays.
+
+        ``target`` is the version the weights stand for, ``base`` the stored version they are made from: equal for
+        a stored version (:class:`Stored`), else a prediction of ``W^(target)`` from ``W^(base)`` (:class:`Predicted`
+        of kind :attr:`prediction`). k, t and j are ints, or integer arrays that broadcast together: the pipeline's
+        set-up asks for every job at once (``numpy.ogrid`` over [D, T, M]).
+        """
         raise NotImplementedError
 
+    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
+        """The weights of forward job ``("F", k, t, j)`` (:meth:`versions` for one job)."""
+        return self._spec(table, "F", key)
+
     def backward(self, table: VersionTable, key: Job) -> WeightSpec:
-        raise NotImplementedError
+        """The weights of the backward ``("B", k, t, j)`` of a micro-batch (its I when split)."""
+        return self._spec(table, "B", key)
+
+    def _spec(self, table: VersionTable, op: str, key: Job) -> WeightSpec:
+        base, target = (int(v) for v in self.versions(table, op, *key[1:]))
+        return Stored(base) if base == target else Predicted(base, target - base, self.prediction)
 
     def lr_factor(self, table: VersionTable, stage: int, step: int) -> float:
         """Multiplier of stage k's learning rate for the update of step t (1 unless PipeMare)."""
@@ -234,12 +254,9 @@ class Policy:
         return f"{type(self).__name__}({opts})"
 
 
-def _cur(table: VersionTable, key: Job, op: str | None = None) -> int:
-    return table.version((op or key[0], key[1], key[2], key[3]))
-
-
-def _predict(base: int, target: int) -> WeightSpec:
-    return Stored(base) if target == base else Predicted(base, target - base)
+def _cur(table: VersionTable, op: str, k: Any, t: Any, j: Any) -> Any:
+    """cur(op): stage k's version when the job started (a split backward's at its I)."""
+    return (table.forward if op == "F" else table.backward)[k, t, j]
 
 
 class Sync(Policy):
@@ -255,11 +272,9 @@ class Sync(Policy):
             raise ValueError(f"Sync policy name must be one of {sorted(titles)}, got {name!r}")
         self.name, self.title, self.schedule = name, titles[name], schedules[name]
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key))
-
-    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key))
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        v = _cur(table, op, k, t, j)
+        return v, v
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
         """One: the live weights (no version is kept besides them)."""
@@ -289,10 +304,9 @@ class Stashing(Policy):
     name, title = "stashing", "PipeDream (stashing)"
     summary = "forward at cur(F), backward at the same stashed version (PipeDream weight stashing)"
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key, "F"))
-
-    backward = forward
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        v = table.forward[k, t, j]
+        return v, v
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
         """D − k: stage k stashes the versions of its D − k micro-batches in flight (PipeOptim Table II:
@@ -306,11 +320,9 @@ class VerticalSync(Policy):
     name, title = "vertical_sync", "vertical sync"
     summary = "forward and backward at cur(F at stage 0) of the same micro-batch, at every stage"
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        _, k, t, j = key
-        return Stored(min(table.version(("F", 0, t, j)), table.version(("F", k, t, j))))
-
-    backward = forward
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        v = np.minimum(table.forward[0, t, j], table.forward[k, t, j])
+        return v, v
 
 
 class TwoBW(Policy):
@@ -337,20 +349,21 @@ class TwoBW(Policy):
             raise ValueError(f"rule must be one of {self.RULES}, got {rule!r}")
         self.rule = rule
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        _, k, t, _ = key
-        return Stored(table.version(("F", 0 if self.rule == "paper" else k, t, 0)))
-
-    backward = forward
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        v = table.forward[0 if self.rule == "paper" else k, t, 0]
+        return v, v
 
     def check(self, table: VersionTable) -> None:
         """Refuse a schedule on which a job would need a version its stage does not have yet."""
-        for key in table.jobs("F") + table.jobs("B"):
-            cur = table.version(key)
-            v = self.forward(table, key).version  # type: ignore[union-attr]
-            if v > cur:
-                raise ValueError(f"policy '2bw' on this schedule makes job {key} use version {v} of stage {key[1]} "
-                                 f"before it exists (current {cur}); use pipedream_2bw(D, M) with M >= D")
+        k, t, j = np.ogrid[:table.D, :table.steps, :table.M]
+        v = np.broadcast_to(self.versions(table, "F", k, t, j)[0], table.shape)
+        for op, cur in (("F", table.forward), ("B", table.backward)):
+            ahead = np.argwhere(v > cur)
+            if len(ahead):
+                k0, t0, j0 = (int(i) for i in ahead[0])
+                raise ValueError(f"policy '2bw' on this schedule makes job {(op, k0, t0, j0)} use version "
+                                 f"{v[k0, t0, j0]} of stage {k0} before it exists (current {cur[k0, t0, j0]}); use "
+                                 "pipedream_2bw(D, M) with M >= D")
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
         """Two: the double buffer (PipeOptim Table II: 2·M_θ for PipeDream-2BW)."""
@@ -386,19 +399,11 @@ class SpecTrainPolicy(_PredictingPolicy):
     default_predictor = "spectrain"
     summary = "forward and backward at weights predicted for the end of the round trip (prediction twice)"
 
-
-    def target(self, table: VersionTable, key: Job) -> int:
-        return table.round_trip_target(key)
-
-    def _spec(self, table: VersionTable, key: Job) -> WeightSpec:
-        base = _cur(table, key)
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        base = _cur(table, op, k, t, j)
         if self.staleness == "paper":
-
-            s = int(spectrain_version_difference(table.D, key[1], key[0]))
-            return Predicted(base, s) if s else Stored(base)
-        return _predict(base, self.target(table, key))
-
-    forward = backward = _spec
+            return base, base + spectrain_version_difference(table.D, k, op)
+        return base, table.round_trip_targets[op][k, t, j]
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
         """Two: the weights and their prediction (PipeOptim Table II: 2·M_θ for SpecTrain)."""
@@ -418,17 +423,13 @@ class PipeOptimPolicy(_PredictingPolicy):
     default_predictor = "pipeoptim"
     summary = "forward at weights predicted s = upd − cur(F) updates ahead, backward at cur(B)"
 
-
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        base = _cur(table, key)
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        base = _cur(table, op, k, t, j)
+        if op == "B":
+            return base, base
         if self.staleness == "paper":
-
-            s = int(pipeoptim_staleness(table.D, key[1]))
-            return Predicted(base, s) if s else Stored(base)
-        return _predict(base, int(table.update_version[key[1], key[2]]))
-
-    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key))
+            return base, base + pipeoptim_staleness(table.D, k)
+        return base, table.update_version[k, t]
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
         """Two below the last stage (the cached weights and the predicted ones), one on the last stage, which
@@ -452,6 +453,7 @@ class PipeMarePolicy(Policy):
     name, title = "pipemare", "PipeMare"
     uses_predictor = True
     default_predictor = "pipemare"
+    prediction = "correction"
     summary = "forward at cur(F), backward at cur(B) corrected back by (cur(B)−cur(F))·δ; LR τ^-(1-t/K)"
 
     def __init__(self, anneal_steps: int = 500, correction: bool = True) -> None:
@@ -461,14 +463,9 @@ class PipeMarePolicy(Policy):
         self.correction = correction
         self._tau: dict[int, list[int]] = {}
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key))
-
-    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
-        cur_b, cur_f = _cur(table, key), _cur(table, key, "F")
-        if not self.correction or cur_b == cur_f:
-            return Stored(cur_b)
-        return Predicted(cur_b, cur_f - cur_b, kind="correction")
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        cur = _cur(table, op, k, t, j)
+        return cur, table.forward[k, t, j] if op == "B" and self.correction else cur
 
     def taus(self, table: VersionTable) -> list[int]:
         tau = self._tau.get(id(table))
@@ -507,10 +504,9 @@ class Oracle(Policy):
     emulation_only = True
     summary = "forward and backward at W^(upd), the true weights of the job's own update (waits for them)"
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(int(table.update_version[key[1], key[2]]))
-
-    backward = forward
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        v = table.update_version[k, t]
+        return v, v
 
 
 class NesterovAsyncPolicy(Policy):
@@ -560,11 +556,9 @@ class NesterovAsyncPolicy(Policy):
             raise ValueError(f"beta_max must be a float in [0, 1), got {beta_max!r}")
         self.backward_rule, self.adaptive_momentum, self.beta_max = backward, bool(adaptive_momentum), float(beta_max)
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key))
-
-    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return Stored(_cur(table, key, "F" if self.backward_rule == "stashed" else None))
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        v = _cur(table, "F" if self.backward_rule == "stashed" else op, k, t, j)
+        return v, v
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer, stage: int) -> None:
         """NAdam, or SGD with Nesterov momentum (``nesterov=True``); the message lists them."""
@@ -618,11 +612,8 @@ class _CorrectingPolicy(Policy):
     def check(self, table: VersionTable) -> None:
         self.base.check(table)
 
-    def forward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return self.base.forward(table, key)
-
-    def backward(self, table: VersionTable, key: Job) -> WeightSpec:
-        return self.base.backward(table, key)
+    def versions(self, table: VersionTable, op: str, k: Any, t: Any, j: Any) -> tuple[Any, Any]:
+        return self.base.versions(table, op, k, t, j)
 
     def stated_weight_copies(self, stage: int, D: int) -> int | None:
         return self.base.stated_weight_copies(stage, D)

@@ -3,49 +3,32 @@
 A :class:`Precision` says how a pipeline computes (the one owner of the concept; :class:`~pipelab.pipeline.PipelineSpec`
 carries it to the emulator and the runtime alike):
 
-- **compute**: ``"fp32"`` (off: today's arithmetic, bit for bit, whatever the model's dtype), ``"bf16"`` or ``"fp16"``.
-  With bf16/fp16 every stage forward (and its recompute) runs under ``torch.autocast(device_type, dtype)`` on the
-  stage's device, the loss included (autocast keeps losses such as cross-entropy in fp32), so each op runs in the
-  dtype autocast's rules give it. A non-last stage's floating output is handed to the next stage in the compute
-  dtype (cast inside the graph when an op, e.g. a final ``softmax``, produced fp32): activations and their
-  gradients travel in half precision.
-- **master weights and optimizer state** are always the model's own dtype (fp32): autocast casts a weight per op;
-  its gradient comes back in the master dtype and is accumulated there over the step's micro-batches; the
-  ``torch.optim`` optimizer steps the masters. Predictors (:mod:`pipelab.predictors`) run on the masters' dtype
-  too: a base version stored in half precision is upcast before predicting.
-- **versions** (stored and predicted weight copies): ``"master"`` (default) keeps them in the master dtype, so that
-  a stashed or predicted copy is the exact weight the fp32 run would use and a policy's weights differ from its
-  fp32 run only by the compute's rounding. ``"compute"`` keeps them in the compute dtype, as PipeDream-2BW's
-  half-precision working copy (Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021,
-  §3): half the bytes per copy; for ops autocast runs in the compute dtype (linear, conv) the forward is
-  bit-identical (autocast would have cast the fp32 copy to the same values), ops autocast keeps in fp32
-  (normalisations) see rounded weights, and a prediction is rounded once more after the fp32 predictor. A stage
-  that holds one version at a time (flushed schedules) stores none: it computes from its masters in both modes.
-- **loss scaling** (fp16 only; bf16 has fp32's exponent range and needs none): a dynamic loss scale as
-  ``torch.amp.GradScaler`` defines it (:class:`LossScaling`). The last stage seeds each backward with S instead
-  of 1, so every stage's gradient is S·∇ (fp16 activation gradients then do not underflow); at U(k, t) the
-  accumulated gradient is multiplied by 1/S (S read as float32, its reciprocal taken in float64, as GradScaler
-  does); if any stage's step-t gradient holds an inf/NaN, step t is skipped on *every* stage (weights, optimizer
-  state and ``p.grad`` untouched; the version counter advances, so version t+1 equals version t, and a
-  learning-rate scheduler still steps, as in a GradScaler training loop), S ← S·backoff and the growth count
-  restarts; after ``growth_interval`` steps in a row without overflow, S ← S·growth.
+- **compute**: ``"fp32"`` (off: today's arithmetic, bit for bit), ``"bf16"`` or ``"fp16"``. With bf16/fp16 every
+  stage forward (and recompute) runs under ``torch.autocast`` on the stage's device, the loss included, and a
+  non-last stage's floating output is handed on in the compute dtype: activations and their gradients travel in
+  half precision.
+- **master weights and optimizer state** stay in the model's own dtype (fp32): gradients come back and accumulate
+  there, the ``torch.optim`` optimizer steps the masters, and predictors run on them (a half-precision base
+  version is upcast first).
+- **versions** (stored and predicted copies): ``"master"`` (default) keeps them in the master dtype, so a policy's
+  weights differ from its fp32 run only by the compute's rounding; ``"compute"`` keeps them in the compute dtype,
+  PipeDream-2BW's half-precision working copy (Narayanan et al., ICML 2021, §3): half the bytes, a bit-identical
+  forward for the ops autocast runs in half precision, rounded weights for those it keeps in fp32. A stage that
+  holds one version at a time (flushed schedules) stores none.
+- **loss scaling** (fp16 only): ``torch.amp.GradScaler``'s dynamic scale (:class:`LossScaling`). The last stage
+  seeds each backward with S, so every gradient is S·∇; U(k, t) multiplies by 1/S (S read as float32, its
+  reciprocal in float64, as GradScaler). If any stage's step-t gradient holds an inf/NaN, step t is skipped on
+  *every* stage (weights, optimizer state and ``p.grad`` untouched; the version counter and a learning-rate
+  scheduler still advance), S ← S·backoff; after ``growth_interval`` clean steps, S ← S·growth.
 
-Same skip decision on every stage. The decision of step t needs every stage's gradient of step t.
-
-- *Flushed schedules* (GPipe, 1F1B, interleaved, zero bubble with a flush): every job that uses version t+1 of a
-  stage runs after the last backward (B, I, W) of step t on all stages, so each U(·, t) can wait for the flush
-  without changing any job's version. pipelab moves every U(·, t) to the flush
-  (:func:`~pipelab.pipeline.loss_scale.defer_updates`, in the
-  emulator's execution order); the first U of step t then reads the non-finite flags of all stages (emulator) or
-  of the rank's stages, combined over ranks by one ``all_reduce(MAX)`` per step (runtime), as Megatron-LM and
-  DeepSpeed all-reduce ``found_inf`` over the pipeline group before their optimizer step.
-- *Asynchronous schedules* (PipeDream, 2BW, zb_async): U(k, t) of a later stage runs before stage 0 has finished
-  step t's backward, and its new version is used at once; no decision there can know an earlier stage's overflow
-  without waiting for it, which would be a flush. pipelab therefore refuses fp16 loss scaling on them
-  (:func:`~pipelab.pipeline.loss_scale.defer_updates` raises, naming the first job that would use a version before
-  the flush); run them in bf16,
-  which needs no scaler. (A per-stage scaler would let one stage skip a step the others took: a model no schedule
-  describes.)
+The skip decision of step t needs every stage's step-t gradient. On *flushed schedules* every job using version
+t+1 runs after step t's last backward on all stages, so pipelab moves every U(·, t) to the flush
+(:func:`~pipelab.pipeline.loss_scale.defer_updates`) where the first U reads all stages' flags (emulator) or one
+``all_reduce(MAX)`` of them per step (runtime), as Megatron-LM and DeepSpeed all-reduce ``found_inf``. On
+*asynchronous schedules* (PipeDream, 2BW, zb_async) a later stage's U(k, t) runs, and its version is used, before
+stage 0 has finished step t; no decision there can know an earlier overflow without a flush, so fp16 loss scaling
+is refused there (``defer_updates`` names the first job that would use a version early): run them in bf16. (A
+per-stage scaler would let one stage skip a step the others took: a model no schedule describes.)
 
 Example:
     >>> p = Precision("bf16")
@@ -271,8 +254,40 @@ def tensor_bytes(tensors: Iterable[Tensor]) -> int:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the state tensors ``optimizer`` holds now (its scalar step counters included)."""
-    return tensor_bytes(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))
+    """Bytes of the state tensors ``optimizer`` holds once every parameter has been stepped (scalar step counters
+    included): what a parameter's state holds now, and for a parameter without state yet what the same optimizer's
+    first step allocates for it.
+
+    ``torch.optim`` allocates state lazily, at a parameter's first step, so before it an Adam stage would count 0
+    bytes where it soon holds 2·4n. The first step's allocation is measured by stepping a twin optimizer (same class,
+    same param-group hyper-parameters) over ``meta``-device copies of those parameters with zero gradients: no
+    memory is allocated and neither the optimizer nor its parameters change.
+
+    Warns (and counts 0 for them) when the twin cannot be built or stepped, e.g. an optimizer class whose constructor
+    needs more than its param groups.
+    """
+    def state_of(states: Iterable[dict[Any, Any]]) -> int:
+        return tensor_bytes(v for state in states for v in state.values() if torch.is_tensor(v))
+
+    unstepped = {p for group in optimizer.param_groups for p in group["params"] if not optimizer.state.get(p)}
+    held = state_of(optimizer.state.values())
+    if not unstepped:
+        return held
+    twins = {p: torch.zeros_like(p, device="meta") for p in unstepped}
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [twins[p] for p in group["params"] if p in twins]} for group in optimizer.param_groups]
+    cls: Any = type(optimizer)  # a subclass's constructor: its param groups are all it is given
+    try:
+        twin = cls([g for g in groups if g["params"]])
+        for t in twins.values():
+            t.grad = torch.zeros_like(t)
+        twin.step()
+    except Exception as exc:  # any optimizer class may be passed: say what could not be measured, keep the rest
+        warnings.warn(f"cannot measure the state {type(optimizer).__name__} allocates at its first step "
+                      f"({type(exc).__name__}: {exc}); its {len(unstepped)} unstepped parameter(s) count 0 bytes",
+                      stacklevel=2)
+        return held
+    return held + state_of(twin.state.values())
 
 
 def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, predicted: int,
@@ -285,7 +300,8 @@ def weight_memory(precision: Precision, params: Sequence[Tensor], copies: int, p
 
         masters = P;  versions = (V − 1)·P ("master": the newest version is the masters) or V·c ("compute": every
         version is a working copy), and 0 when V = 1 (a flushed stage computes from its masters);
-        predicted = p·c;  optimizer_state = bytes of the optimizer's state tensors now (fp32, as the masters);
+        predicted = p·c;  optimizer_state = bytes of the optimizer's state tensors once stepped (fp32, as the
+        masters; :func:`optimizer_state_bytes`, so before the first step too);
         total = their sum.
 
     Autocast's per-op casts of a weight are transient and not counted.

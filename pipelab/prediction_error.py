@@ -149,6 +149,38 @@ def _per_param_sq(xs: list[Tensor]) -> list[Tensor]:
     return [n.square() for n in torch._foreach_norm(xs)]
 
 
+class _LayerSums:
+    """Per-parameter values summed per layer (the model's top-level children), and over the model (last index)."""
+
+    def __init__(self, model: nn.Module, params: Sequence[Tensor]) -> None:
+        names = layer_names(model, params)
+        self.layers = list(dict.fromkeys(names))
+        self.idx = torch.tensor([self.layers.index(n) for n in names])
+        self.numel = self([torch.tensor(float(p.numel())) for p in params])
+
+    def __call__(self, per_param: list[Tensor]) -> Tensor:
+        v = torch.stack([x.detach().to("cpu", torch.float64) for x in per_param])
+        out = torch.zeros(len(self.layers) + 1, dtype=torch.float64)
+        out.index_add_(0, self.idx, v)
+        out[-1] = v.sum()
+        return out
+
+    def compare(self, base: list[Tensor], params: Sequence[Tensor], predicted: list[list[Tensor]],
+                rmse: np.ndarray, stale: np.ndarray, cosine: np.ndarray) -> None:
+        """Write the errors of each predictor's ``predicted`` weights against ``params``, predicted from ``base``,
+        into the rows ``rmse`` and ``cosine`` (``[P, L+1]``) and ``stale`` (``[L+1]``)."""
+        now = [q.detach() for q in params]
+        true_disp = list(torch._foreach_sub(now, base))
+        sq_true = self(_per_param_sq(true_disp))
+        stale[:] = (sq_true / self.numel).sqrt().numpy()
+        for pi, w_hat in enumerate(predicted):
+            rmse[pi] = (self(_per_param_sq(list(torch._foreach_sub(w_hat, now)))) / self.numel).sqrt().numpy()
+            disp = list(torch._foreach_sub(w_hat, base))
+            dot = self([a.mul(b).sum() for a, b in zip(disp, true_disp)])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cosine[pi] = (dot / (self(_per_param_sq(disp)) * sq_true).sqrt()).numpy()
+
+
 def measure_prediction_error(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -184,28 +216,16 @@ def measure_prediction_error(
     for p in preds:
         p.check(optimizer)
     params = flat_params(optimizer)
-    names_of_layer = layer_names(model, params)
-    layers = list(dict.fromkeys(names_of_layer))
-    layer_idx = torch.tensor([layers.index(n) for n in names_of_layer])
-    numel = torch.zeros(len(layers) + 1, dtype=torch.float64)
-    numel.index_add_(0, layer_idx, torch.tensor([float(p.numel()) for p in params], dtype=torch.float64))
-    numel[-1] = numel[:-1].sum()
-
-    def per_layer(per_param: list[Tensor]) -> Tensor:
-        v = torch.stack([x.detach().to("cpu", torch.float64) for x in per_param])
-        out = torch.zeros(len(layers) + 1, dtype=torch.float64)
-        out.index_add_(0, layer_idx, v)
-        out[-1] = v.sum()
-        return out
-
+    sums = _LayerSums(model, params)
     origins = np.arange(measure_every, steps, measure_every)
-    T, P, L1 = len(origins), len(preds), len(layers) + 1
+    T, P, L1 = len(origins), len(preds), len(sums.layers) + 1
     rmse = np.full((P, max_s, T, L1), np.nan)
     cosine = np.full((P, max_s, T, L1), np.nan)
     stale = np.full((max_s, T, L1), np.nan)
     losses = np.full(steps, np.nan)
     ring = WeightRing(params, max_s + 1)
     ring.push(0, params)
+    # step t+s -> the predictions (origin t, s, one per predictor) to compare with its weights
     pending: dict[int, list[tuple[int, int, list[list[Tensor]]]]] = {}
     origin_index = {int(t): i for i, t in enumerate(origins)}
     diverged_at = None
@@ -229,18 +249,8 @@ def measure_prediction_error(
         with torch.no_grad():
             for origin, s, predicted in pending.pop(t, []):
                 ti = origin_index[origin]
-                base = ring.get(origin)
-                true_disp = list(torch._foreach_sub([q.detach() for q in params], base))
-                sq_true = per_layer(_per_param_sq(true_disp))
-                stale[s - 1, ti] = (sq_true / numel).sqrt().numpy()
-                for pi, w_hat in enumerate(predicted):
-                    err = list(torch._foreach_sub(w_hat, [q.detach() for q in params]))
-                    rmse[pi, s - 1, ti] = (per_layer(_per_param_sq(err)) / numel).sqrt().numpy()
-                    disp = list(torch._foreach_sub(w_hat, base))
-                    dot = per_layer([a.mul(b).sum() for a, b in zip(disp, true_disp)])
-                    sq_pred = per_layer(_per_param_sq(disp))
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        cosine[pi, s - 1, ti] = (dot / (sq_pred * sq_true).sqrt()).numpy()
+                sums.compare(ring.get(origin), params, predicted, rmse[:, s - 1, ti], stale[s - 1, ti],
+                             cosine[:, s - 1, ti])
             if t in origin_index:
                 horizon = min(max_s, steps - t)
                 per_pred = [p.predict_all(optimizer, horizon) for p in preds]
@@ -248,7 +258,7 @@ def measure_prediction_error(
                     pending.setdefault(t + s, []).append((t, s, [pp[s - 1] for pp in per_pred]))
     meta = {"optimizer": type(optimizer).__name__, "steps": steps, "measure_every": measure_every,
             "options": {n: p.options() for n, p in zip(names, preds)}}
-    return PredictionErrorResult(names, layers, origins, rmse, stale, cosine, losses, diverged_at, meta)
+    return PredictionErrorResult(names, sums.layers, origins, rmse, stale, cosine, losses, diverged_at, meta)
 
 
 # --------------------------------------------------------------------------------- inside the pipeline

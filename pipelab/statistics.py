@@ -3,14 +3,10 @@
 Every comparison of the learning-curve study is a handful of seeds per arm, and every arm of a seed starts
 from the same weights and sees the same mini-batches, so two arms are compared *paired by seed*.
 
-- :func:`t_interval`: mean ± t half-width of one arm, ``h = t_{(1+c)/2, n-1} · s / sqrt(n)`` with the sample
-  standard deviation ``s`` (ddof = 1) and confidence ``c``;
-- :func:`paired_difference`: the same interval for the per-seed differences ``d_i = a_i − b_i`` and the
-  two-sided p-value of the paired t test, ``t = mean(d) / (s_d / sqrt(n))`` with n − 1 degrees of freedom;
-- :func:`resolved`: an interval resolves a difference when it excludes 0 (``|mean| > h``);
-- :func:`holm`: Holm's step-down adjusted p-values;
-- :func:`winner_test` / :func:`resolved_winner`: the arm with the highest mean is the winner only when its
-  paired difference to *every* other arm is resolved after a Holm correction over those k − 1 comparisons.
+Each function states its rule: one arm's t interval (:func:`t_interval`), the paired difference and its t test
+(:func:`paired_difference`), Holm's adjustment (:func:`holm`), and the winner, declared only when its paired
+difference to *every* other arm is resolved after a Holm correction (:func:`winner_test`), and across the rows of a
+table only where that p-value survives a second Holm correction over the rows searched (:func:`winners_across_rows`).
 
 Divergence. A diverged run is recorded as NaN (or ±inf) and is never silently averaged: :func:`t_interval`
 leaves non-finite values out and counts them (``n_nan``) so a caller states them next to the interval;
@@ -24,7 +20,10 @@ Why Holm. Declaring "A is best" needs all k − 1 differences A − B_j resolved
 intersection–union test for one *pre-chosen* A, but here A is chosen after seeing the data (the highest mean),
 so the k − 1 tests are adjusted by Holm's method (strong family-wise error control, no independence needed,
 never less powerful than Bonferroni). The reported half-widths stay the unadjusted ones at ``confidence``;
-the Holm condition implies each of those intervals excludes 0.
+the Holm condition implies each of those intervals excludes 0. A table of R rows searched for winners is one more
+search: a winner somewhere among R rows is found by chance up to R times as often as in one row, so
+:func:`winners_across_rows` adjusts the R row p-values by Holm once more (strong control of the family-wise error
+over every row's winner claim; nested Holm is conservative, never anti-conservative).
 
 References: Student (1908), "The probable error of a mean"; S. Holm (1979), "A simple sequentially
 rejective multiple test procedure", Scand. J. Statist. 6:65-70; R. L. Berger (1982), intersection–union
@@ -43,13 +42,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 __all__ = ["Interval", "PairedDifference", "WinnerTest", "t_interval", "paired_difference", "resolved", "holm",
-           "winner_test", "resolved_winner", "CORRECTIONS"]
+           "winner_test", "resolved_winner", "winners_across_rows", "CORRECTIONS"]
 
 #: multiple-comparison corrections :func:`winner_test` accepts
 CORRECTIONS = ("holm", "none")
@@ -84,9 +83,11 @@ class Interval:
 
 @dataclass(frozen=True)
 class PairedDifference(Interval):
-    """:class:`Interval` of the per-seed differences a − b, with the paired t test's two-sided p-value."""
+    """:class:`Interval` of the per-seed differences a − b, with the paired t test's two-sided p-value against the
+    null mean ``null`` (0: no difference; −m: a non-inferiority margin m)."""
 
     p_value: float = math.nan
+    null: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class WinnerTest:
         alpha: 1 − confidence; correction: ``"holm"`` or ``"none"``.
         diverged: the arms that diverged on every seed (no finite value): they lose to the candidate without a
             test.
+        family_p: the row's :attr:`p_value` after a Holm correction over the rows searched for a winner
+            (:func:`winners_across_rows`); NaN when the row was tested alone.
     """
 
     candidate: str | None
@@ -111,6 +114,16 @@ class WinnerTest:
     alpha: float = 0.05
     correction: str = "holm"
     diverged: tuple[str, ...] = ()
+    family_p: float = math.nan
+
+    @property
+    def p_value(self) -> float:
+        """The smallest α at which ``candidate`` is declared the winner: the largest corrected p-value of its
+        comparisons (every one must fall below α), 1 when some difference has a mean <= 0 or there is no candidate,
+        0 when every other arm diverged on every seed (no comparison is left: it wins outright)."""
+        if self.candidate is None or any(d.mean <= 0 or not math.isfinite(d.mean) for d in self.differences.values()):
+            return 1.0
+        return max(self.adjusted_p.values(), default=0.0)
 
 
 def _t() -> Any:
@@ -179,21 +192,26 @@ def _pair(a: Values, b: Values) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def paired_difference(a: Values, b: Values, confidence: float = 0.95) -> PairedDifference:
+def paired_difference(a: Values, b: Values, confidence: float = 0.95, *, null: float = 0.0) -> PairedDifference:
     """Mean of ``a − b`` paired by seed, its t half-width and the paired t test's two-sided p-value.
 
     Rule: ``d_i = a_i − b_i`` over the seeds where both are finite; ``mean(d) ± t_{(1+c)/2, n-1} s_d/sqrt(n)``;
-    ``p = 2 · P(T_{n-1} > |mean(d)| sqrt(n) / s_d)`` (``scipy.stats.ttest_rel``). With ``s_d = 0`` the
-    half-width is 0 and p is 0 (mean ≠ 0) or 1 (mean = 0); with ``n < 2`` both are NaN.
+    ``p = 2 · P(T_{n-1} > |mean(d) − null| sqrt(n) / s_d)`` (``scipy.stats.ttest_rel``; with ``null ≠ 0``
+    ``scipy.stats.ttest_1samp(d, null)``). ``p < 1 − c`` exactly when the interval excludes ``null``. With
+    ``s_d = 0`` the half-width is 0 and p is 0 (mean ≠ null) or 1 (mean = null); with ``n < 2`` both are NaN.
 
     Args:
         a, b: one value per seed, aligned sequences or mappings seed -> value with the same seeds.
         confidence: c in (0, 1).
+        null: the mean difference under the null hypothesis (0; −m tests non-inferiority with margin m).
 
     Raises:
-        ValueError: lengths or seeds differ; ``confidence`` not in (0, 1). TypeError: not numbers.
+        ValueError: lengths or seeds differ; ``confidence`` not in (0, 1); ``null`` not a finite number.
+        TypeError: not numbers.
     """
     c = _check_confidence(confidence)
+    if isinstance(null, bool) or not isinstance(null, numbers.Real) or not math.isfinite(null):
+        raise ValueError(f"null must be a finite number (the null mean difference), got {null!r}")
     x, y = _pair(a, b)
     ok = np.isfinite(x) & np.isfinite(y)
     d = x[ok] - y[ok]
@@ -204,10 +222,10 @@ def paired_difference(a: Values, b: Values, confidence: float = 0.95) -> PairedD
     else:
         sd = float(d.std(ddof=1))
         if sd == 0.0:
-            p = 1.0 if mean == 0.0 else 0.0
+            p = 1.0 if mean == null else 0.0
         else:
-            p = float(2 * _t().sf(abs(mean) * math.sqrt(n) / sd, n - 1))
-    return PairedDifference(mean, hw, n, n_nan, c, p_value=p)
+            p = float(2 * _t().sf(abs(mean - null) * math.sqrt(n) / sd, n - 1))
+    return PairedDifference(mean, hw, n, n_nan, c, p_value=p, null=float(null))
 
 
 def resolved(interval: Interval) -> bool:
@@ -282,3 +300,30 @@ def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction
 def resolved_winner(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> str | None:
     """The arm that beats every other arm with resolved paired differences, else ``None`` (:func:`winner_test`)."""
     return winner_test(arms, confidence, correction).winner
+
+
+def winners_across_rows(rows: Mapping[Any, Mapping[str, Values]], confidence: float = 0.95,
+                        correction: str = "holm") -> dict[Any, WinnerTest]:
+    """:func:`winner_test` in every row, a winner kept only where it survives the search over the rows.
+
+    Rule: each row r gives its p-value ``p_r`` (:attr:`WinnerTest.p_value`: the largest Holm-adjusted p of its
+    candidate's comparisons); the R rows' p-values are Holm-adjusted (``"holm"``; ``"none"``: left as they are),
+    and row r keeps its winner only when its adjusted ``family_p < α``. E.g. a row with p = 0.040 among 4 rows
+    searched has ``family_p`` >= 0.16: no winner at α = 0.05.
+
+    Args:
+        rows: row key -> (arm name -> one value per seed), as :func:`winner_test` takes; confidence, correction:
+            as there (the same correction is used within and across rows).
+
+    Returns:
+        row key -> :class:`WinnerTest` with ``family_p`` set and ``winner`` cleared where it did not survive.
+    """
+    tests = {key: winner_test(arms, confidence, correction) for key, arms in rows.items()}
+    if not tests:
+        return {}
+    raw = np.array([t.p_value for t in tests.values()])
+    adj = holm(raw) if correction == "holm" else raw
+    out = {}
+    for (key, t), p in zip(tests.items(), map(float, adj)):
+        out[key] = replace(t, winner=t.winner if p < t.alpha else None, family_p=p)
+    return out

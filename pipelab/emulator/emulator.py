@@ -185,6 +185,19 @@ class Emulator:
                 dtype differs from the model's.
             ValueError: too few mini-batches, input and target of different lengths, a mini-batch not
                 divisible into M micro-batches, data and model on different devices.
+
+        ========  ============================================================================================
+        step      what it does
+        ========  ============================================================================================
+        check     an Emulator runs its schedule once: a second call is refused
+        data      the mini-batches, checked and cut into micro-batches as the jobs ask (:class:`MiniBatches`)
+        snapshot  every stage's version 0, then each update's, handed on once all stages reached v
+                  (:func:`_snapshotter`)
+        drive     :func:`run_jobs` over the order, or a placed schedule's global sequence with its
+                  collectives emulated
+        result    losses, the versions jobs ran at and used, ring and activation peaks, placed copies
+                  (:meth:`_result`)
+        ========  ============================================================================================
         """
         copies = self.plan.copies
         if any(st.position for st in (*self.stages, *copies.values())):
@@ -193,41 +206,29 @@ class Emulator:
                                "same model, which holds the trained weights (optimizer state starts afresh)")
         first = next((p for p in self.stages[0].module.parameters() if p.is_floating_point()), None)
         data = MiniBatches(batches, self.M, self.steps, reference=first)
-        D = self.D
-        snaps: dict[int, dict[int, tuple[Tensor, ...]]] = defaultdict(dict)
-
-        def snapshot(k: int, v: int, W: tuple[Tensor, ...]) -> None:
-            if on_snapshot is None or not snapshot_every or (v % snapshot_every and v != self.steps):
-                return
-            # a stage whose ring holds one version hands out views of its live weights, which a later update of
-            # this stage changes before the other stages reach v: keep a copy until the snapshot is complete
-            st = self.stages[k]
-            snaps[v][k] = st.full_weights(tuple(w.detach().clone() for w in W) if st.share_live else W)
-            if len(snaps[v]) == D:
-                on_snapshot(v, [snaps[v][kk] for kk in range(D)])
-                del snaps[v]
-
+        snapshot = _snapshotter(self.stages, self.steps, snapshot_every, on_snapshot)
         for st in self.stages:
             st.module.train()
             snapshot(st.k, 0, st.ring.get(0))
-
-        state = DriverState()
-        counter = CollectiveCounter()
-        if copies:
-            diverged = run_jobs(self.plan.sequence, copies, InMemoryTransport(), data, state, D=D, M=self.M,
-                                stop_on_divergence=True, split=self.table.split_set, placed=True,
-                                codecs=self.plan.codecs,
+        state, counter = DriverState(), CollectiveCounter()
+        common: dict[str, Any] = {"D": self.D, "M": self.M, "stop_on_divergence": True, "split": self.table.split_set,
+                                  "codecs": self.plan.codecs}
+        if copies:  # the stage's own copy (its first holder) stands for it in the snapshots
+            diverged = run_jobs(self.plan.sequence, copies, InMemoryTransport(), data, state, placed=True,
                                 collective=lambda c: emulate_collective(c, copies, counter),
                                 on_update=lambda st, t, W: snapshot(st.k, st.version, W)
-                                if st is self.stages[st.k] else None)
+                                if st is self.stages[st.k] else None, **common)
         else:
-            diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state, D=D,
-                                M=self.M, stop_on_divergence=True, split=self.table.split_set, codecs=self.plan.codecs,
-                                on_update=lambda st, t, W: snapshot(st.k, st.version, W))
+            diverged = run_jobs(self.order, dict(enumerate(self.stages)), InMemoryTransport(), data, state,
+                                on_update=lambda st, t, W: snapshot(st.k, st.version, W), **common)
+        return self._result(state, diverged, counter)
+
+    def _result(self, state: DriverState, diverged: int | None, counter: CollectiveCounter) -> EmulatorResult:
+        """The run's :class:`EmulatorResult` from the driver's state and the executors (or placed copies)."""
+        copies = self.plan.copies
         losses = [math.nan] * self.steps
         for t, total in state.losses.items():
             losses[t] = total
-        done = len(state.losses)
         everyone = list(copies.values()) if copies else self.stages
         current = {key: v for st in everyone for key, v in st.current.items()}
         placed: dict[str, Any] = {}
@@ -235,15 +236,36 @@ class Emulator:
             holders = {(w, k): st.full_weights([p.detach() for p in st.params]) for (w, k), st in copies.items()
                        if w in self.plan.placement[k].holders}
             placed = {"copies": holders, "collectives": {w: counter.of(w) for w in sorted(counter.calls)}}
-        used = {(op,) + kk: spec.target for kk, pair in self.specs.items() for op, spec in zip("FB", pair)}
-        return EmulatorResult(losses, diverged, current, used, self.waited, list(self.capacity), self.weight_copies,
-                              done, extra={**placed, "ring_peak": [max(st.ring.peak for st in everyone if st.k == k)
-                                                                   for k in range(D)],
-                                           "activation_peak": state.act_peak,
-                                           "stage_activation_peak": [state.stage_act_peak[k] for k in range(D)],
-                                           "arm_losses": [state.arm_losses.get(t) for t in range(self.steps)]})
+        D = self.D
+        return EmulatorResult(losses, diverged, current, self.specs.used(), self.waited, list(self.capacity),
+                              self.weight_copies, len(state.losses),
+                              extra={**placed, "ring_peak": [max(st.ring.peak for st in everyone if st.k == k)
+                                                             for k in range(D)],
+                                     "activation_peak": state.act_peak,
+                                     "stage_activation_peak": [state.stage_act_peak[k] for k in range(D)],
+                                     "arm_losses": [state.arm_losses.get(t) for t in range(self.steps)]})
 
     def weights(self) -> list[tuple[Tensor, ...]]:
         """The live (newest) weights of every stage, in ``named_parameters`` order (frozen parameters included)."""
         return [st.full_weights([p.detach() for p in st.params]) for st in self.stages]
 
+
+def _snapshotter(stages: Sequence[StageExecutor], steps: int, every: int | None,
+                 on_snapshot: Callable[[int, list[tuple[Tensor, ...]]], None] | None
+                 ) -> Callable[[int, int, tuple[Tensor, ...]], None]:
+    """``snapshot(k, v, W)``: collects stage k's version v and calls ``on_snapshot(v, weights)`` once every stage
+    reached v, for v = 0, ``every``, 2·``every``, ... and the final version ``steps``."""
+    snaps: dict[int, dict[int, tuple[Tensor, ...]]] = defaultdict(dict)
+
+    def snapshot(k: int, v: int, W: tuple[Tensor, ...]) -> None:
+        if on_snapshot is None or not every or (v % every and v != steps):
+            return
+        # a stage whose ring holds one version hands out views of its live weights, which a later update of
+        # this stage changes before the other stages reach v: keep a copy until the snapshot is complete
+        st = stages[k]
+        snaps[v][k] = st.full_weights(tuple(w.detach().clone() for w in W) if st.share_live else W)
+        if len(snaps[v]) == len(stages):
+            on_snapshot(v, [snaps[v][kk] for kk in range(len(stages))])
+            del snaps[v]
+
+    return snapshot

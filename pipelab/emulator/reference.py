@@ -82,28 +82,28 @@ def train_plain(
             :class:`~pipelab.precision.LossScaling`, growth_factor > 1 and backoff_factor < 1 as GradScaler
             requires), unscales every stage's optimizer, and skips the step on all of them when any gradient
             is non-finite. Default fp32: plain arithmetic.
+
+    ==========  ============================================================================================
+    step        what it does
+    ==========  ============================================================================================
+    arguments   the stages, the batches' getter and count, the precision and M checked
+    optimizers  one per stage with trainable parameters, fp16's GradScaler (:func:`_grad_scaler`), schedulers
+    loss        per mini-batch: the whole batch's loss (:func:`_whole_batch`), or the sum of M micro-batches'
+                with their gradients accumulated (:func:`_micro_steps`); a diverged loss stops the run
+    step        the backward and every optimizer's step (:func:`_step_all` under fp16: all or none), the
+                schedulers, ``record`` and ``callback``
+    ==========  ============================================================================================
     """
-    stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
+    stages, get, steps, M = _arguments(model, D, batches, steps, micro_batches)
     loss_fn = loss_fn or nn.functional.cross_entropy
-    get = batches if callable(batches) else batches.__getitem__
-    if steps is None:
-        if callable(batches):
-            raise ValueError("steps is required when batches is a callable")
-        steps = len(batches)
     prec = as_precision(precision)
-    M = 1 if micro_batches is None else micro_batches
-    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-        raise ValueError(f"micro_batches must be a positive int or None, got {micro_batches!r}")
     opts = [optimizer(ps) for ps in map(trainable_parameters, stages) if ps]
-    device = next((p.device for s in stages for p in s.parameters()), torch.device("cpu"))
-    ls = prec.loss_scaling
-    scaler = None if ls is None else torch.amp.GradScaler(
-        device.type, init_scale=ls.init_scale, growth_factor=ls.growth_factor, backoff_factor=ls.backoff_factor,
-        growth_interval=ls.growth_interval)
+    scaler = _grad_scaler(stages, prec)
     scheds = [lr_scheduler(o) for o in opts] if lr_scheduler is not None else []
     if record is not None:
         record.clear()
-        record.extend([[tuple(p.detach().clone() for p in s.parameters())] for s in stages])
+        record.extend([[] for _ in stages])
+        _record(record, stages)
     for s in stages:
         s.train()
     losses = [math.nan] * steps
@@ -112,35 +112,72 @@ def train_plain(
         check_examples(t, x)
         for o in opts:
             o.zero_grad(set_to_none=True)
-        micro = micro_batches is not None or prec.enabled
-        if micro:
+        if micro_batches is not None or prec.enabled:
             per_arm = _micro_steps(stages, x, y, M, loss_fn, prec, scaler)
+            step: Callable[[], None] = lambda: _step_all(opts, scaler)  # noqa: E731
         else:
-            h = x
-            for s in stages:
-                h = s(h)
-            loss = loss_fn(h, y)
-            per_arm = loss.detach()
+            per_arm, step = _whole_batch(stages, x, y, loss_fn, opts)
         losses[t] = float(per_arm.sum())
         if per_arm.ndim and arm_losses is not None:
             arm_losses.append(per_arm.tolist())
         # stacked arms (a loss vector, :mod:`pipelab.studies.stacking`) diverge one by one: stop once all of them have
         if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
             break
-        if micro:
-            _step_all(opts, scaler)
-        else:
-            loss.backward(torch.ones_like(loss) if loss.ndim else None)
-            for o in opts:
-                o.step()
+        step()
         for sc in scheds:
             sc.step()
         if record is not None:
-            for k, s in enumerate(stages):
-                record[k].append(tuple(p.detach().clone() for p in s.parameters()))
+            _record(record, stages)
         if callback is not None:
             callback(t + 1)
     return losses
+
+
+def _arguments(model: nn.Module | Sequence[nn.Module], D: int | None, batches: Any, steps: int | None,
+               micro_batches: int | None) -> tuple[list[nn.Module], Callable[[int], Any], int, int]:
+    """:func:`train_plain`'s stages, mini-batch getter, steps and M, checked."""
+    stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
+    if steps is None:
+        if callable(batches):
+            raise ValueError("steps is required when batches is a callable")
+        steps = len(batches)
+    M = 1 if micro_batches is None else micro_batches
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ValueError(f"micro_batches must be a positive int or None, got {micro_batches!r}")
+    return stages, batches if callable(batches) else batches.__getitem__, steps, M
+
+
+def _record(record: list[list[tuple[Tensor, ...]]], stages: Sequence[nn.Module]) -> None:
+    """Append a copy of every stage's current weights to ``record[k]``."""
+    for k, s in enumerate(stages):
+        record[k].append(tuple(p.detach().clone() for p in s.parameters()))
+
+
+def _grad_scaler(stages: Sequence[nn.Module], prec: Precision) -> torch.amp.GradScaler | None:
+    """fp16's ``torch.amp.GradScaler`` on the stages' device, set from the precision's loss scaling (else None)."""
+    ls = prec.loss_scaling
+    if ls is None:
+        return None
+    device = next((p.device for s in stages for p in s.parameters()), torch.device("cpu"))
+    return torch.amp.GradScaler(device.type, init_scale=ls.init_scale, growth_factor=ls.growth_factor,
+                                backoff_factor=ls.backoff_factor, growth_interval=ls.growth_interval)
+
+
+def _whole_batch(stages: Sequence[nn.Module], x: Tensor, y: Tensor, loss_fn: Callable[[Tensor, Tensor], Tensor],
+                 opts: Sequence[torch.optim.Optimizer]) -> tuple[Tensor, Callable[[], None]]:
+    """The loss of the whole mini-batch through every stage, and the step: its backward, then every optimizer's
+    step (run only if the loss did not diverge)."""
+    h = x
+    for s in stages:
+        h = s(h)
+    loss = loss_fn(h, y)
+
+    def step() -> None:
+        loss.backward(torch.ones_like(loss) if loss.ndim else None)
+        for o in opts:
+            o.step()
+
+    return loss.detach(), step
 
 
 def _micro_steps(stages: Sequence[nn.Module], x: Tensor, y: Tensor, M: int, loss_fn: Callable[[Tensor, Tensor], Tensor],

@@ -247,22 +247,26 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
 
     Raises:
         ValueError: a job whose op is not F, B, I, W or U.
+
+    ============  =========================================================================================
+    step          what it does
+    ============  =========================================================================================
+    plan          each mini-batch's last F/B/I job (its data is released after it); placed, the position
+                  where each all-reduce is launched (:func:`_launches`)
+    launch        before a job, the all-reduces whose gradients this program completed
+    collective    a placed sequence's broadcast / reduce / all-reduce entry, by the ``collective`` runner
+    F             input from the data or the previous stage, forward, output to the next stage or the loss
+                  recorded (:func:`_forward`); a diverged step stops the run when asked
+    B, I, W       gradient received, backward or its halves, input gradient sent back (:func:`_backward`)
+    U             the optimizer step (:meth:`StageExecutor.update`), then ``on_update``
+    ============  =========================================================================================
     """
     if codecs:
         transport = CodedTransport(transport, codecs)
-    last = D - 1
-    last_job: dict[int, int] = {}
-    for pos, job in enumerate(program):
-        if not isinstance(job, Collective) and job[0] in ("F", "B", "I"):
-            last_job[job[2]] = pos
+    last_job = _last_jobs(program)
     end = len(program) if end is None else end
-    # placed: each all-reduce is launched (a Launch handed to the collective runner) as soon as this program's
-    # gradients for it are complete, and waited for at its own entry (placement.launch_positions)
-    launches: dict[int, list[int]] = defaultdict(list)
-    if placed and collective is not None:
-        for at, L in launch_positions(program).items():
-            if at >= state.position and at < end:
-                launches[max(L, state.position)].append(at)
+    launches = _launches(program, state.position, end) if placed and collective is not None else {}
+    parts = loss_parts or (lambda t: M)
     for pos in range(state.position, end):
         item = program[pos]
         for at in launches.pop(pos, ()):
@@ -273,57 +277,88 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
                 raise ValueError(f"the program holds a collective ({item.kind} of stage {item.stage}) but no "
                                  "collective runner was given")
             collective(item)
-            state.position = pos + 1
-            if after_job is not None:
-                after_job(state.position)
-            continue
-        op, k, t, j = job = tuple(item[:4])
-        ex = executors[(item[4], k)] if placed else executors[k]
-        if op == "F":
-            src = received_from(job, D, split)
-            x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
-            out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == last else None)
-            state.hold(k, handover_bytes(x_in))
-            if k < last:
-                for dst in handed_to(job, D, split):
-                    transport.send(job, dst, out)
-            else:
-                state.partial[t].append(out)
-                if len(state.partial[t]) == (M if loss_parts is None else loss_parts(t)):
-                    per_arm = torch.stack(state.partial.pop(t)).sum(0)
-                    state.losses[t] = float(per_arm.sum())
-                    if per_arm.ndim:
-                        state.arm_losses[t] = per_arm.tolist()
-                    # stacked arms (a loss vector) diverge one by one; the run stops once all of them have
-                    if stop_on_divergence and not bool(torch.isfinite(per_arm).any()):
-                        state.position = pos + 1
-                        return t
-        elif op in ("B", "I"):
-            src = received_from(job, D, split)
-            g_out = transport.receive(src[0], job) if src else None
-            if op == "B":
-                saved_in = ex.saved[(t, j)][1]
-                state.hold(k, -handover_bytes(saved_in))
-                g_in = ex.backward(t, j, g_out)
-            else:
-                g_in = ex.input_grad(t, j, g_out)
-            for dst in handed_to(job, D, split):
-                assert g_in is not None  # only stage 0's backward has no input gradient, and no consumer
-                transport.send(job, dst, g_in)
-        elif op == "W":
-            # the stage input stays saved until the weight gradient is computed from it
-            saved_in = ex.pending[(t, j)][0][1]
-            state.hold(k, -handover_bytes(saved_in))
-            ex.weight_grad(t, j)
-        elif op == "U":
-            W = ex.update(t)
-            if on_update is not None:
-                on_update(ex, t, W)
         else:
-            raise ValueError(f"the pipeline drivers execute F, B, I, W and U jobs, not {op!r}")
-        if last_job.get(t) == pos:
-            data.release(t)
+            op, k, t, j = job = tuple(item[:4])
+            ex = executors[(item[4], k)] if placed else executors[k]
+            if op == "F":
+                done = _forward(job, ex, transport, data, state, D, split, parts)
+                # stacked arms (a loss vector) diverge one by one; the run stops once all of them have
+                if stop_on_divergence and done is not None and not bool(torch.isfinite(done).any()):
+                    state.position = pos + 1
+                    return t
+            elif op in ("B", "I", "W"):
+                _backward(job, ex, transport, state, D, split)
+            elif op == "U":
+                W = ex.update(t)
+                if on_update is not None:
+                    on_update(ex, t, W)
+            else:
+                raise ValueError(f"the pipeline drivers execute F, B, I, W and U jobs, not {op!r}")
+            if last_job.get(t) == pos:
+                data.release(t)
         state.position = pos + 1
         if after_job is not None:
             after_job(state.position)
     return None
+
+
+def _last_jobs(program: Sequence[Any]) -> dict[int, int]:
+    """``t -> position`` of mini-batch t's last F/B/I job in ``program``."""
+    return {job[2]: pos for pos, job in enumerate(program)
+            if not isinstance(job, Collective) and job[0] in ("F", "B", "I")}
+
+
+def _launches(program: Sequence[Any], start: int, end: int) -> dict[int, list[int]]:
+    """Placed: each all-reduce in ``program[start:end]`` is launched (a Launch handed to the collective runner) as
+    soon as this program's gradients for it are complete, and waited for at its own entry
+    (:func:`~pipelab.pipeline.placement.launch_positions`): ``position -> [all-reduce positions]``."""
+    launches: dict[int, list[int]] = defaultdict(list)
+    for at, L in launch_positions(program).items():
+        if start <= at < end:
+            launches[max(L, start)].append(at)
+    return launches
+
+
+def _forward(job: tuple[Any, ...], ex: StageExecutor, transport: Transport, data: MiniBatches, state: DriverState,
+             D: int, split: Split, parts: Callable[[int], int]) -> Tensor | None:
+    """F(k, t, j): the input (the data on stage 0, else received), the stage forward, its output handed to the next
+    stage, or on the last stage its loss recorded; returns step t's loss per arm once all ``parts(t)`` are in."""
+    _, k, t, j = job
+    src = received_from(job, D, split)
+    x_in = data.micro(t)[0][j] if not src else transport.receive(src[0], job)
+    out = ex.forward(t, j, x_in, data.micro(t)[1][j] if k == D - 1 else None)
+    state.hold(k, handover_bytes(x_in))
+    if k < D - 1:
+        for dst in handed_to(job, D, split):
+            transport.send(job, dst, out)
+        return None
+    state.partial[t].append(out)
+    if len(state.partial[t]) < parts(t):
+        return None
+    per_arm = torch.stack(state.partial.pop(t)).sum(0)
+    state.losses[t] = float(per_arm.sum())
+    if per_arm.ndim:
+        state.arm_losses[t] = per_arm.tolist()
+    return per_arm
+
+
+def _backward(job: tuple[Any, ...], ex: StageExecutor, transport: Transport, state: DriverState, D: int,
+              split: Split) -> None:
+    """B or I(k, t, j): the output gradient (received, or the loss's seed on the last stage), the backward (or its
+    input half), the input gradient handed to the previous stage; W(k, t, j): the weight half alone. The stage
+    input saved for the backward is released at B, or at W when split (the weight gradient is computed from it)."""
+    op, k, t, j = job
+    if op == "W":
+        state.hold(k, -handover_bytes(ex.pending[(t, j)][0][1]))
+        ex.weight_grad(t, j)
+        return
+    src = received_from(job, D, split)
+    g_out = transport.receive(src[0], job) if src else None
+    if op == "B":
+        state.hold(k, -handover_bytes(ex.saved[(t, j)][1]))
+        g_in = ex.backward(t, j, g_out)
+    else:
+        g_in = ex.input_grad(t, j, g_out)
+    for dst in handed_to(job, D, split):
+        assert g_in is not None  # only stage 0's backward has no input gradient, and no consumer
+        transport.send(job, dst, g_in)

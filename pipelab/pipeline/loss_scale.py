@@ -96,7 +96,8 @@ class LossScaler:
         if t not in self.decisions:
             for ex in self.members:
                 left = []
-                for e in ex.events[ex.position:]:  # a flushed stage's jobs of step t come before those of t + 1
+                for i in range(ex.position, len(ex.events)):  # a flushed stage's step t comes before t + 1
+                    e = ex.events[i]
                     if e[1] > t:
                         break
                     if e[0] != "U" and e[1] == t:

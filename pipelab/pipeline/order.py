@@ -10,7 +10,7 @@ Example:
     >>> from pipelab.schedules import pipedream
     >>> from pipelab.simulator import simulate
     >>> table = simulate(pipedream(D=2, M=1, steps=3)).version_table
-    >>> resolve_order(table, {}) == list(table.order)
+    >>> resolve_order(table, lambda job: 0) == list(table.order)
     True
 
 Reference: PipeOptim's oracle-free prediction vs. waiting (Guan et al., arXiv:2312.00839, §III).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
 
 from ..schedules.dependencies import Job, dependencies
 from ..schedules.versions import VersionTable
@@ -32,17 +32,16 @@ class DeadlockError(ValueError):
     """No event can run: some job needs a weight version that depends on its own result."""
 
 
-def resolve_order(table: VersionTable, needs: Mapping[Job, Sequence[tuple[int, int]]]) -> list[Job]:
+def resolve_order(table: VersionTable, needs: Callable[[Job], int]) -> list[Job]:
     """Execution order: the schedule's order, except that a job waits for the versions it needs.
 
     An event is *ready* when its data dependencies ran (F after the previous stage's F, B after its F and
-    the next stage's B, U(k, t) after every B(k, t, ·); I and W as B when the backward is split) and, for
-    every ``(k, v)`` in ``needs[event]``, stage k has reached version v. Among ready events the earliest in
-    the schedule runs first.
+    the next stage's B, U(k, t) after every B(k, t, ·); I and W as B when the backward is split) and its
+    stage k has reached version ``needs(event)``. Among ready events the earliest in the schedule runs first.
 
     Args:
         table: version table of the schedule's execution sequence.
-        needs: ``(stage, version)`` requirements per F/B/I/W job.
+        needs: ``job -> v``, the version of its own stage a job needs (0 for none).
 
     Returns:
         The executed order (equal to ``table.order`` when every needed version already exists).
@@ -64,10 +63,10 @@ def resolve_order(table: VersionTable, needs: Mapping[Job, Sequence[tuple[int, i
                 raise ValueError(f"event {key} depends on {dep}, which the schedule never runs")
             children[d].append(i)
             unmet[i] += 1
-        for k, v in needs.get(key, ()):
-            if v > 0:
-                waiting[(k, v)].append(i)
-                unmet[i] += 1
+        v = needs(key)
+        if v > 0:
+            waiting[(key[1], v)].append(i)
+            unmet[i] += 1
     ready = [i for i in range(len(order)) if unmet[i] == 0]
     heapq.heapify(ready)
     out: list[Job] = []

@@ -87,6 +87,7 @@ import torch
 from torch import Tensor, nn
 
 from ..precision import tensor_bytes
+from ..schedules.actions import gc_paused
 from ..schedules.dependencies import Job
 from .stage import StageExecutor, trainable_parameters
 
@@ -166,14 +167,14 @@ def stage_placements(schedule: Any) -> tuple[StagePlacement, ...]:
         >>> [(p.compute, p.holders, p.kind) for p in stage_placements(lpp(D=2, M=2, G=2, R=1))]
         [((0, 1), (0, 1), 'replicated'), ((0, 1), (0, 1), 'replicated')]
     """
+    computing: list[set[int]] = [set() for _ in range(schedule.D)]
+    for w, prog in enumerate(schedule.programs):  # one pass over the jobs (Schedule.stage_workers for all k)
+        for k in {a.stage for a in prog if a.op != "U"}:
+            computing[k].add(w)
     out = []
     for k in range(schedule.D):
-        compute = schedule.stage_workers(k)
-        holders = tuple(schedule.weight_holders[k])
-        if set(compute) <= set(holders):
-            kind = "single" if len(holders) == 1 else "replicated"
-        else:
-            kind = "sharded"
+        compute, holders = tuple(sorted(computing[k])), tuple(schedule.weight_holders[k])
+        kind = ("single" if len(holders) == 1 else "replicated") if set(compute) <= set(holders) else "sharded"
         out.append(StagePlacement(k, compute, holders, kind))
     return tuple(out)
 
@@ -192,13 +193,15 @@ def _grad_collective(p: StagePlacement, t: int, computed: set[int]) -> Collectiv
     return Collective("all_reduce", p.stage, t, -1, members, -1, tuple(sorted(p.holders)))
 
 
-def placed_sequence(sim: Any, needs: Mapping[Job, Sequence[tuple[int, int]]]) -> list[PlacedJob | Collective]:
+@gc_paused
+def placed_sequence(sim: Any, needs: Callable[[Job], int] | None = None) -> list[PlacedJob | Collective]:
     """The global sequence of a placed schedule: every action with its worker, and the collectives.
 
     Args:
         sim: the schedule's :class:`~pipelab.simulator.SimResult` (its execution order places the events).
-        needs: ``job -> [(k, v), ...]`` the stored versions each compute job uses (a predicted spec names
-            its base version); a non-holder's job makes its worker fetch (k, v).
+        needs: ``job -> v``, the stored version of its stage each compute job uses (a predicted spec names its
+            base version); a non-holder's job makes its worker fetch it. ``None``: no fetches (the reductions
+            alone).
 
     Returns:
         :class:`PlacedJob` and :class:`Collective` entries in one order valid for every worker (see the
@@ -215,9 +218,8 @@ def placed_sequence(sim: Any, needs: Mapping[Job, Sequence[tuple[int, int]]]) ->
     for w, a in flat:
         if a.op == "U":
             continue
-        if w not in places[a.stage].holders:
-            for k, v in needs.get((a.op, a.stage, a.step, a.micro), ()):
-                receivers[(k, v)].add(w)
+        if needs is not None and w not in places[a.stage].holders:
+            receivers[(a.stage, needs((a.op, a.stage, a.step, a.micro)))].add(w)
         if a.op in ("B", "W"):
             computed[(a.stage, a.step)].add(w)
 
@@ -382,7 +384,7 @@ def launch_positions(program: Sequence[Any]) -> dict[int, int]:
 
 
 def _check_sequence(seq: Sequence[PlacedJob | Collective], places: Sequence[StagePlacement],
-                    needs: Mapping[Job, Sequence[tuple[int, int]]]) -> None:
+                    needs: Callable[[Job], int] | None) -> None:
     """Every fetched version arrives before its use and every reduction follows the gradients it sums."""
     have: set[tuple[int, int, int]] = set()
     reduced: set[tuple[int, int]] = set()
@@ -398,11 +400,11 @@ def _check_sequence(seq: Sequence[PlacedJob | Collective], places: Sequence[Stag
         if (e.stage, e.step) in reduced and e.op in ("B", "W"):
             raise ValueError(f"{e.op}{e.stage}.{e.micro} of step {e.step} on worker {e.worker} runs after its "
                              "step's gradient reduction; the schedule's timeline cannot host the collectives")
-        if e.worker not in places[e.stage].holders:
-            for k, v in needs.get((e.op, e.stage, e.step, e.micro), ()):
-                if (e.worker, k, v) not in have:
-                    raise ValueError(f"{e.op}{e.stage}.{e.micro} of step {e.step} on worker {e.worker} uses "
-                                     f"version {v} of stage {k} before it is fetched")
+        if needs is not None and e.worker not in places[e.stage].holders:
+            v = needs((e.op, e.stage, e.step, e.micro))
+            if (e.worker, e.stage, v) not in have:
+                raise ValueError(f"{e.op}{e.stage}.{e.micro} of step {e.step} on worker {e.worker} uses "
+                                 f"version {v} of stage {e.stage} before it is fetched")
 
 
 def worker_sequence(seq: Sequence[PlacedJob | Collective], w: int) -> list[PlacedJob | Collective]:
@@ -467,15 +469,14 @@ class FetchedStage(StageExecutor):
     use here, or when the next one arrives if it was the newest.
     """
 
-    def __init__(self, k: int, D: int, M: int, module: nn.Module, capacity: int, specs: Any, events: Any,
-                 last_use: Mapping[int, int], policy: Any, table: Any, loss_fn: Callable[[Tensor, Tensor], Tensor],
-                 recompute: bool = False, precision: Any = None) -> None:
+    def __init__(self, k: int, D: int, M: int, module: nn.Module, events: Any, specs: Any, policy: Any, table: Any,
+                 loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False, precision: Any = None) -> None:
         params = trainable_parameters(module)
         # the base class checks that an optimizer holds exactly the stage's parameters; this copy never steps,
         # so a throwaway optimizer satisfies the check and is then discarded
         stand_in = torch.optim.SGD(params, lr=0.0) if params else None
-        super().__init__(k, D, M, module, stand_in, capacity, specs, events, last_use, policy, table, loss_fn,
-                         recompute, **({} if precision is None else {"precision": precision}))
+        super().__init__(k, D, M, module, stand_in, events, specs, policy, table, loss_fn, recompute,
+                         **({} if precision is None else {"precision": precision}))
         self.optimizer = None
         self.share_live = False
         self.ring.drop(0)
@@ -485,7 +486,7 @@ class FetchedStage(StageExecutor):
     def receive_version(self, v: int, W: Sequence[Tensor]) -> None:
         """Store W_k^(v), received from the owner; it becomes this copy's newest version."""
         old = self.version
-        if old >= 0 and self.last_use.get(old, -1) < self.position:
+        if old >= 0 and not self.uses[old]:
             self.ring.drop(old)
         self.ring.put(v, tuple(w.detach().requires_grad_(p.requires_grad) for w, p in zip(W, self.params)))
         self.version = max(v, old)
@@ -542,37 +543,3 @@ def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExec
 def copy_module(module: nn.Module) -> nn.Module:
     """An independent copy of a stage module (a replica's or a non-holder's own weights in the emulator)."""
     return copy.deepcopy(module)
-
-
-def fetched_ring(events: Sequence[Job | Collective], uses: Mapping[Job, Sequence[tuple[int, int]]], k: int
-                 ) -> tuple[int, dict[int, int]]:
-    """Ring size and last uses of a non-holder copy of stage k from its part of the sequence.
-
-    ``events``: its jobs (as ``(op, k, t, j)``) and the broadcasts it receives, in order. Returns ``(peak
-    versions held, version -> position of its last use among the jobs)``, following :class:`FetchedStage`'s
-    rule (a version goes after its last use, or when the next arrives if it was the newest).
-    """
-    jobs = [e for e in events if not isinstance(e, Collective)]
-    last_use: dict[int, int] = {}
-    for i, job in enumerate(jobs):
-        for kk, v in uses.get(job, ()):
-            if kk == k:
-                last_use[v] = i
-    expiring: dict[int, list[int]] = defaultdict(list)
-    for v, i in last_use.items():
-        expiring[i].append(v)
-    alive: set[int] = set()
-    current, pos, peak = -1, 0, 1
-    for e in events:
-        if isinstance(e, Collective):
-            if current >= 0 and last_use.get(current, -1) < pos:
-                alive.discard(current)
-            alive.add(e.version)
-            current = max(current, e.version)
-            peak = max(peak, len(alive))
-            continue
-        for v in expiring.pop(pos, ()):
-            if v != current:
-                alive.discard(v)
-        pos += 1
-    return peak, last_use

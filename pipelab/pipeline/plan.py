@@ -2,22 +2,29 @@
 
 :func:`build_pipeline` does the set-up the single-process :class:`~pipelab.emulator.Emulator` and the
 multi-process :class:`~pipelab.runtime.PipelineRuntime` share, from one
-:class:`~pipelab.pipeline.spec.PipelineSpec`: it derives every job's forward/backward weights from the policy
-and the version table (never from rank arithmetic), resolves the execution order (the oracle's waiting),
-sizes each stage's ring of weight versions, and builds a :class:`~pipelab.pipeline.stage.StageExecutor` for
-the requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
+:class:`~pipelab.pipeline.spec.PipelineSpec`: every job's forward/backward weights from the policy and the
+version table (never from rank arithmetic, :class:`JobSpecs`), the execution order (the oracle's waiting), each
+stage's events and ring of weight versions, and a :class:`~pipelab.pipeline.stage.StageExecutor` for the
+requested stages (all of them in the emulator, a rank's own in the runtime) with their optimizers,
 learning-rate schedulers and predictors. For a placed schedule (a stage computed or held by several workers:
 DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) it builds one copy per (worker, stage) — a holder's with its own
 optimizer, a computing non-holder's (:class:`~pipelab.pipeline.placement.FetchedStage`) without — and the
 global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`).
+
+The set-up is linear in the jobs and mostly array operations: the specs are the policy's rule evaluated on the
+version table's arrays, a stage's events are arrays too, and a placed schedule's sequence is cut into its
+copies' parts in one pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import product
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -25,6 +32,7 @@ from ..links import Codec, boundary_codecs
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
 from ..precision import FP32, Precision, check_precision, weight_memory
 from ..schedules import VersionTable
+from ..schedules.actions import gc_paused
 from ..schedules.dependencies import Job
 from .loss_scale import LossScaler, defer_updates
 from .order import resolve_order
@@ -34,16 +42,16 @@ from .placement import (
     PlacedJob,
     StagePlacement,
     copy_module,
-    fetched_ring,
     is_placed,
     placed_sequence,
     stage_placements,
 )
-from .rings import ring_capacities
+from .rings import OPS, StageEvents, job_columns
 from .spec import OptimizerFactory, PipelineSpec, make_spec
 from .stage import StageExecutor, trainable_parameters
 
-__all__ = ["PipelinePlan", "build_pipeline", "as_stages", "version_table", "stage_plans", "OptimizerFactory"]
+__all__ = ["PipelinePlan", "JobSpecs", "build_pipeline", "as_stages", "version_table", "stage_events",
+           "OptimizerFactory"]
 
 
 def as_stages(model: nn.Module | Sequence[nn.Module], D: int | None, balance: Any = "layers") -> list[nn.Module]:
@@ -92,12 +100,69 @@ def version_table(schedule: Any) -> VersionTable:
     return table
 
 
+class JobSpecs(Mapping[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]):
+    """Every micro-batch job's forward and backward weights, held as arrays: ``(k, t, j) -> (forward, backward)``.
+
+    ``base[op]`` and ``target[op]`` (op ``"F"`` or ``"B"``, int arrays [D, T, M]) are the policy's rule
+    (:meth:`~pipelab.policies.Policy.versions`) evaluated on the whole version table at once: a job's weights
+    are ``Stored(v)`` where base = target = v, else ``Predicted(base, target − base)``. With the oracle
+    predictor a prediction is the true future version instead (base = target). The specs themselves are made
+    when a job asks for them (:meth:`pair`).
+    """
+
+    def __init__(self, policy: Policy, table: VersionTable, oracle: bool = False) -> None:
+        self.shape, self.kind = table.shape, policy.prediction
+        grid = np.ogrid[:table.D, :table.steps, :table.M]
+        self.base: dict[str, np.ndarray] = {}
+        self.target: dict[str, np.ndarray] = {}
+        for op in "FB":
+            base, target = (np.broadcast_to(v, self.shape).astype(np.int32) for v in policy.versions(table, op, *grid))
+            self.base[op], self.target[op] = (target if oracle else base), target
+
+    def spec(self, op: str, k: int, t: int, j: int) -> WeightSpec:
+        """The weights of the forward (``op="F"``) or the backward (``"B"``) of micro-batch (k, t, j)."""
+        base, target = int(self.base[op][k, t, j]), int(self.target[op][k, t, j])
+        return Stored(base) if base == target else Predicted(base, target - base, self.kind)
+
+    def pair(self, k: int, t: int, j: int) -> tuple[WeightSpec, WeightSpec]:
+        return self.spec("F", k, t, j), self.spec("B", k, t, j)
+
+    def need(self, op: str, k: int, t: int, j: int) -> int:
+        """The stored version job (op, k, t, j) reads (a prediction's base); I and W read the backward's."""
+        return int(self.base["F" if op == "F" else "B"][k, t, j])
+
+    def needs(self, k: int, op: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """:meth:`need` of stage k's events (op codes of :data:`~pipelab.pipeline.rings.OPS`); −1 for U."""
+        need = np.where(op == OPS.index("F"), self.base["F"][k, t, j], self.base["B"][k, t, j])
+        return np.where(op == OPS.index("U"), -1, need)
+
+    def predicts(self, k: int) -> bool:
+        """Whether any job of stage k runs at predicted weights."""
+        return any(bool((self.base[op][k] != self.target[op][k]).any()) for op in "FB")
+
+    def used(self) -> dict[Job, int]:
+        """The version every F/B job's weights stand for (a prediction's target), ``("F", k, t, j) -> v``."""
+        keys = list(product(range(self.shape[0]), range(self.shape[1]), range(self.shape[2])))
+        return {(op, *key): v for op in "FB" for key, v in zip(keys, self.target[op].ravel().tolist())}
+
+    def __getitem__(self, key: tuple[int, int, int]) -> tuple[WeightSpec, WeightSpec]:
+        if len(key) != 3 or not all(0 <= i < n for i, n in zip(key, self.shape)):
+            raise KeyError(key)
+        return self.pair(*key)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return product(range(self.shape[0]), range(self.shape[1]), range(self.shape[2]))
+
+    def __len__(self) -> int:
+        return int(np.prod(self.shape))
+
+
 @dataclass
 class PipelinePlan:
     """Everything a driver needs to execute a schedule under a policy (see :func:`build_pipeline`).
 
     Attributes:
-        specs: ``(k, t, j) -> (forward spec, backward spec)`` for every micro-batch job.
+        specs: every micro-batch job's weights, ``(k, t, j) -> (forward spec, backward spec)`` (:class:`JobSpecs`).
         order: execution order of all events (the schedule's, or the oracle's waiting order).
         waited: whether ``order`` differs from the schedule's order.
         capacity: ring size of every stage (peak versions alive at once).
@@ -119,8 +184,8 @@ class PipelinePlan:
     table: VersionTable
     policy: Policy
     loss_fn: Callable[[Tensor, Tensor], Tensor]
-    specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]]
-    order: list[Job]
+    specs: JobSpecs
+    order: Sequence[Job]
     waited: bool
     capacity: list[int]
     predicted_stages: set[int]
@@ -144,12 +209,20 @@ class PipelinePlan:
     @property
     def weight_bytes(self) -> dict[int, dict[str, int]]:
         """Bytes each built stage holds for its weights in the run's precision: masters, stored versions,
-        predicted copies, optimizer state (now), total (:func:`pipelab.precision.weight_memory`), all of its trainable
-        parameters (frozen ones are held once, in the module, and are not counted)."""
+        predicted copies, optimizer state (once stepped, so before the first step too), total
+        (:func:`pipelab.precision.weight_memory`), all of its trainable parameters (frozen ones are held once, in the
+        module, and are not counted)."""
         copies = self.weight_copies
         return {k: weight_memory(self.precision, st.params, 0 if k in self.weightless else self.capacity[k],
                                  copies[k] - self.capacity[k] if k not in self.weightless else 0, st.optimizer)
                 for k, st in self.stages.items()}
+
+
+@gc_paused  # ~10^6 small tuples, no cycles (schedules.actions.gc_paused)
+def _codecs(codec: Any, D: int) -> tuple[Codec | None, ...]:
+    """Each boundary's codec (:func:`pipelab.links.boundary_codecs`); empty when every hand-over crosses untouched."""
+    codecs = boundary_codecs(codec, D)
+    return codecs if any(c is not None for c in codecs) else ()
 
 
 def build_pipeline(
@@ -176,96 +249,107 @@ def build_pipeline(
     read from the module and never versioned, predicted or stepped: :mod:`~pipelab.pipeline.stage`). A stage
     without trainable parameters gets no optimizer, learning-rate scheduler or predictor (its policy has nothing
     to choose); it still runs its jobs.
+
+    =========  ========================================================================================
+    step       what it does (each linear in the jobs)
+    =========  ========================================================================================
+    table      the version table (a schedule is simulated), the stages, the policy checked against both
+    specs      every job's forward and backward weights, as arrays (:class:`JobSpecs`)
+    order      the schedule's order, or the waiting order where a job needs a version not made yet
+    events     each stage's events, the uses of each version and its ring size (:func:`stage_events`)
+    executors  an executor per stage asked for (:func:`_executor`), or per placed copy
+               (:func:`_build_placed`); fp16's shared loss scale; the predictors of the stages that predict
+    =========  ========================================================================================
     """
     spec = make_spec(spec, fields, "build_pipeline")
-    schedule, optimizer, D, predictor = spec.schedule, spec.optimizer, spec.D, spec.predictor
-    sim = _placed_simulation(schedule)
-    # before the model, so that a bad schedule is not blamed on the model
-    table = version_table(sim if sim is not None else schedule)
-    if D is None and isinstance(model, nn.Sequential):
-        D = table.D
-    stages = as_stages(model, D, spec.balance)
+    sim, table, stages, policy = _table_and_stages(model, spec)
     D = len(stages)
-    if table.D != D:
-        raise ValueError(f"the schedule has D={table.D} stages but the model was cut into {D}")
-    policy = make_policy(spec.policy)
-    policy.check(table)
-    loss_fn = spec.loss_fn or nn.functional.cross_entropy
-    recompute, lr_scheduler = spec.recompute, spec.lr_scheduler
-
     weightless = frozenset(k for k, m in enumerate(stages) if not trainable_parameters(m))
-    # weight specs of every job, with the oracle predictor resolved to true future versions
-    oracle = isinstance(predictor, str) and predictor == "oracle"
-    specs: dict[tuple[int, int, int], tuple[WeightSpec, WeightSpec]] = {}
-    stage_specs: list[dict[tuple[int, int], tuple[WeightSpec, WeightSpec]]] = [{} for _ in range(D)]
-    uses: dict[Job, list[tuple[int, int]]] = {}
-    predicted: set[int] = set()
-    for key in table.jobs("F"):
-        bkey = ("B",) + key[1:]
-        f, b = policy.forward(table, key), policy.backward(table, bkey)
-        if oracle:
-            f, b = (Stored(w.target) if isinstance(w, Predicted) else w for w in (f, b))
-        specs[(key[1], key[2], key[3])] = stage_specs[key[1]][(key[2], key[3])] = (f, b)
-        uses[key] = [(key[1], _needed(f))]
-        # a split backward's W finishes the weight gradient from I's graph: it holds I's weights until it ran
-        for op in ("I", "W") if key[1:] in table.split_set else ("B",):
-            uses[(op,) + key[1:]] = [(key[1], _needed(b))]
-        if (isinstance(f, Predicted) or isinstance(b, Predicted)) and key[1] not in weightless:
-            predicted.add(key[1])
-    order = resolve_order(table, uses)
-    waited = tuple(order) != table.order
-    precision = spec.precision
-    codecs = boundary_codecs(spec.codec, D)
-    codecs = codecs if any(c is not None for c in codecs) else ()
+    specs = JobSpecs(policy, table, oracle=isinstance(spec.predictor, str) and spec.predictor == "oracle")
+    order, waited = _order(table, specs)
+    predicted = {k for k in range(D) if k not in weightless and specs.predicts(k)}
+    plan = PipelinePlan(D, table.M, table.steps, table, policy, spec.loss_fn or nn.functional.cross_entropy, specs,
+                        order, waited, [1] * D, predicted, {}, weightless, spec.precision,
+                        codecs=_codecs(spec.codec, D))
     if sim is not None:
-        if precision.loss_scaling is not None:
-            raise ValueError("fp16 with loss scaling is not supported on placed schedules (replicated or sharded "
-                             "stages: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) yet: their copies would need one "
-                             "shared skip decision across the collectives; use bf16 there")
-        if precision.versions != "master":
-            raise ValueError("placed schedules keep weight versions in the fp32 masters (they are what the "
-                             "collectives send); use Precision(..., versions='master')")
-        plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, waited,
-                            [1] * D, predicted, {}, weightless, precision, codecs=codecs)
-        _build_placed(plan, sim, stages, uses, spec, worker)
+        _build_placed(plan, sim, stages, spec, worker)
         return plan
-    if precision.loss_scaling is not None:  # fp16: every stage's update of step t waits for the step's flush
-        order = defer_updates(order)
-    capacity, last_use = ring_capacities(order, uses, D)
-    plans = stage_plans(order, last_use, D)
-
-    built: dict[int, StageExecutor] = {}
+    if plan.precision.loss_scaling is not None:  # fp16: every stage's update of step t waits for the step's flush
+        plan.order = defer_updates(order)
+    events = stage_events(plan.order, specs, D)
+    plan.capacity = [ev.capacity for ev in events]
     wanted = range(D) if only is None else sorted(set(only))
     if any(k not in range(D) for k in wanted):
         raise ValueError(f"only={sorted(set(only or ()))} must name stages in 0..{D - 1}")
-    for k in wanted:
-        module = stages[k]
-        params = trainable_parameters(module)
-        first = next((p for p in module.parameters() if p.is_floating_point()), None)
-        check_precision(precision, torch.device("cpu") if first is None else first.device,
-                        None if first is None else first.dtype)
-        opt = optimizer(params) if params else None
-        if params and not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
-        if opt is not None:  # the one place a policy meets its optimizer: refused (listing the supported), or set up
-            policy.check_optimizer(opt, k)
-            policy.setup_optimizer(opt, k, table)
-        events, local_last_use = plans[k]
-        st = StageExecutor(k, D, table.M, module, opt, capacity[k], stage_specs[k], events, local_last_use,
-                           policy, table, loss_fn, bool(recompute), precision=precision)
-        if lr_scheduler is not None and opt is not None:
-            st.scheduler = lr_scheduler(opt)
-        built[k] = st
-    plan = PipelinePlan(D, table.M, table.steps, table, policy, loss_fn, specs, order, waited,
-                        capacity, predicted, built, weightless, precision, codecs=codecs)
-    if precision.loss_scaling is not None:  # one loss scale for the stages built here (all ranks agree per step)
-        plan.scaler = LossScaler(precision.loss_scaling, D)
-        plan.scaler.members = [built[k] for k in sorted(built)]
-        for st in built.values():
+    plan.stages = {k: _executor(plan, spec, k, stages[k], events[k]) for k in wanted}
+    if plan.precision.loss_scaling is not None:  # one loss scale for the stages built here (all ranks agree per step)
+        plan.scaler = LossScaler(plan.precision.loss_scaling, D)
+        plan.scaler.members = [plan.stages[k] for k in sorted(plan.stages)]
+        for st in plan.stages.values():
             st.scaler = plan.scaler
-    # stages without parameters have no optimizer to follow and nothing to predict: no predictor for them
-    _attach_predictors(replace(plan, stages={k: st for k, st in built.items() if k not in weightless}), predictor)
+    _attach_predictors(plan, plan.stages.values(), spec.predictor)
     return plan
+
+
+def _table_and_stages(model: nn.Module | Sequence[nn.Module], spec: PipelineSpec
+                      ) -> tuple[Any, VersionTable, list[nn.Module], Policy]:
+    """The simulation of a placed schedule (else ``None``), the version table, the stages and the policy, checked
+    against each other (the schedule before the model, so that a bad schedule is not blamed on the model)."""
+    sim = _placed_simulation(spec.schedule)
+    table = version_table(sim if sim is not None else spec.schedule)
+    D = table.D if spec.D is None and isinstance(model, nn.Sequential) else spec.D
+    stages = as_stages(model, D, spec.balance)
+    if table.D != len(stages):
+        raise ValueError(f"the schedule has D={table.D} stages but the model was cut into {len(stages)}")
+    policy = make_policy(spec.policy)
+    policy.check(table)
+    return sim, table, stages, policy
+
+
+def _order(table: VersionTable, specs: JobSpecs) -> tuple[Sequence[Job], bool]:
+    """The execution order and whether it differs from the schedule's: the schedule's own, unless a job needs a
+    version its stage has not made when the job's turn comes (the oracle), then :func:`resolve_order`'s."""
+    if (specs.base["F"] <= table.forward).all() and (specs.base["B"] <= table.backward).all():
+        return table.order, False
+    order = resolve_order(table, lambda job: 0 if job[0] == "U" else specs.need(*job))
+    return order, tuple(order) != table.order
+
+
+def stage_events(order: Sequence[Job], specs: JobSpecs, D: int) -> list[StageEvents]:
+    """Every stage's events in ``order``, the uses of each of its versions and its ring size.
+
+    A stage's events come in the same relative order in the global sequence and in the program of the
+    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
+    """
+    op, k, t, j = job_columns(order)
+    out = []
+    for s in range(D):
+        mine = np.flatnonzero(k == s)
+        out.append(StageEvents(op[mine], t[mine], j[mine], specs.needs(s, op[mine], t[mine], j[mine])))
+    return out
+
+
+def _executor(plan: PipelinePlan, spec: PipelineSpec, k: int, module: nn.Module, events: StageEvents,
+              fetched: bool = False) -> StageExecutor:
+    """Stage k's executor over ``module``: with its optimizer (refused or set up by the policy, the one place a
+    policy meets its optimizer) and learning-rate scheduler; a computing non-holder's copy (``fetched``) has none."""
+    first = next((p for p in module.parameters() if p.is_floating_point()), None)
+    check_precision(plan.precision, torch.device("cpu") if first is None else first.device,
+                    None if first is None else first.dtype)
+    common = (plan.policy, plan.table, plan.loss_fn, bool(spec.recompute))
+    if fetched:
+        return FetchedStage(k, plan.D, plan.M, module, events, plan.specs, *common, precision=plan.precision)
+    params = trainable_parameters(module)
+    opt = spec.optimizer(params) if params else None
+    if params and not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
+    if opt is not None:
+        plan.policy.check_optimizer(opt, k)
+        plan.policy.setup_optimizer(opt, k, plan.table)
+    ex = StageExecutor(k, plan.D, plan.M, module, opt, events, plan.specs, *common, precision=plan.precision)
+    if spec.lr_scheduler is not None and opt is not None:
+        ex.scheduler = spec.lr_scheduler(opt)
+    return ex
 
 
 def _placed_simulation(schedule: Any) -> Any:
@@ -280,84 +364,97 @@ def _placed_simulation(schedule: Any) -> Any:
     return None
 
 
-def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], uses: dict[Job, list[tuple[int, int]]],
-                  spec: PipelineSpec, worker: int | None) -> None:
+def _build_placed(plan: PipelinePlan, sim: Any, stages: Sequence[nn.Module], spec: PipelineSpec,
+                  worker: int | None) -> None:
     """Fill ``plan`` for a placed schedule: the global sequence with its collectives and one stage copy per
     (worker, stage) computing or holding it (:mod:`~pipelab.pipeline.placement`); every holder gets its own
-    optimizer (replicas stay equal: they apply the same reduced gradient)."""
-    policy, D, schedule = plan.policy, plan.D, sim.schedule
-    if plan.waited:
-        raise ValueError(f"policy {policy.name!r} makes jobs wait for future weights, which placed schedules "
-                         f"({schedule.name}: stages computed or held by several workers) do not support")
-    if policy.corrects_gradient or policy.keeps_backward_weights:
-        raise ValueError(f"policy {policy.name!r} corrects the step's gradient from per-copy state, which placed "
-                         f"schedules ({schedule.name}) do not support; use a single-placement schedule")
-    if worker is not None and not 0 <= worker < schedule.W:
-        raise ValueError(f"worker={worker} must be in 0..{schedule.W - 1}")
-    places = stage_placements(schedule)
-    for (k, t, j), pair in plan.specs.items():
-        for op, w_spec in zip("FB", pair):
-            w = schedule.worker_of(op if op == "F" or (k, t, j) not in plan.table.split_set else "I", k, t, j)
-            if isinstance(w_spec, Predicted) and w not in places[k].holders:
-                raise ValueError(f"policy {policy.name!r} predicts stage {k}'s weights on worker {w}, which does not "
-                                 f"hold them in {schedule.name} (no optimizer state there); use a stored-version "
-                                 "policy")
-    seq = placed_sequence(sim, uses)
+    optimizer (replicas stay equal: they apply the same reduced gradient).
+
+    ========  ==========================================================================================
+    step      what it does
+    ========  ==========================================================================================
+    refuse    what the copies cannot serve: fp16's shared skip decision, versions kept off the masters,
+              waiting, per-copy gradient state, predictions on a worker without optimizer state
+    sequence  the global sequence of jobs and collectives (:func:`~pipelab.pipeline.placement.placed_sequence`)
+    parts     one pass over it: each (worker, stage) copy's jobs and the broadcasts it receives
+    copies    per copy its events and executor (a holder's own optimizer; a non-holder's FetchedStage)
+    ========  ==========================================================================================
+    """
+    places = _refuse_placed(plan, sim.schedule, worker)
+    seq = placed_sequence(sim, lambda job: plan.specs.need(*job))
     plan.placement, plan.sequence = places, seq
-    workers = range(schedule.W) if worker is None else (worker,)
-    capacity = [0] * D
-    for w in workers:
-        for k in range(D):
-            place = places[k]
+    parts: dict[tuple[int, int], list[PlacedJob | Collective]] = defaultdict(list)
+    for e in seq:
+        if not isinstance(e, Collective):
+            parts[(e.worker, e.stage)].append(e)
+        elif e.kind == "broadcast":
+            for w in e.holders:
+                parts[(w, e.stage)].append(e)
+    capacity = [1] * plan.D
+    for w in range(sim.schedule.W) if worker is None else (worker,):
+        for k, place in enumerate(places):
             if w not in place.holders and w not in place.compute:
                 continue
-            part: list[Job | Collective] = []
-            for e in seq:
-                if isinstance(e, Collective):
-                    if e.kind == "broadcast" and e.stage == k and w in e.holders:
-                        part.append(e)
-                elif e.worker == w and e.stage == k:
-                    part.append((e.op, k, e.step, e.micro))
-            jobs = [e for e in part if not isinstance(e, Collective)]
-            events = [(op, t, j) for op, _, t, j in jobs]
             own = worker is not None or w == place.holders[0]
-            module = stages[k] if own else copy_module(stages[k])
-            if w in place.holders:
-                caps, last = ring_capacities(jobs, uses, D)
-                cap, last_use = caps[k], {v: i for (_, v), i in last.items()}
-                params = trainable_parameters(module)
-                opt = spec.optimizer(params) if params else None
-                if params and not isinstance(opt, torch.optim.Optimizer):
-                    raise TypeError(f"optimizer factory returned {type(opt).__name__}, not a torch.optim.Optimizer")
-                if opt is not None:
-                    policy.check_optimizer(opt, k)
-                    policy.setup_optimizer(opt, k, plan.table)
-                ex: StageExecutor = StageExecutor(k, D, plan.M, module, opt, cap, plan_specs(plan, k), events,
-                                                  last_use, policy, plan.table, plan.loss_fn, bool(spec.recompute),
-                                                  precision=plan.precision)
-                if spec.lr_scheduler is not None and opt is not None:
-                    ex.scheduler = spec.lr_scheduler(opt)
-            else:
-                cap, last_use = fetched_ring(part, uses, k)
-                ex = FetchedStage(k, D, plan.M, module, cap, plan_specs(plan, k), events, last_use, policy,
-                                  plan.table, plan.loss_fn, bool(spec.recompute), precision=plan.precision)
-            capacity[k] = max(capacity[k], cap)
+            events = _copy_events(parts[(w, k)], plan.specs, k)
+            ex = _executor(plan, spec, k, stages[k] if own else copy_module(stages[k]), events,
+                           fetched=w not in place.holders)
+            capacity[k] = max(capacity[k], events.capacity)
             plan.copies[(w, k)] = ex
             if own:
                 plan.stages[k] = ex
-    plan.capacity = [max(c, 1) for c in capacity]
-    holders = {i: ex for i, ((w, k), ex) in enumerate(plan.copies.items())
-               if w in places[k].holders and k not in plan.weightless}
-    _attach_predictors(replace(plan, stages=holders), spec.predictor)
+    plan.capacity = capacity
+    holders = [ex for (w, k), ex in plan.copies.items() if w in places[k].holders]
+    _attach_predictors(plan, holders, spec.predictor)
 
 
-def plan_specs(plan: PipelinePlan, k: int) -> dict[tuple[int, int], tuple[WeightSpec, WeightSpec]]:
-    """Stage k's ``(t, j) -> (forward spec, backward spec)``."""
-    return {(t, j): pair for (kk, t, j), pair in plan.specs.items() if kk == k}
+def _refuse_placed(plan: PipelinePlan, schedule: Any, worker: int | None) -> tuple[StagePlacement, ...]:
+    """The placements of ``schedule``, after refusing what its stage copies cannot serve (see :func:`_build_placed`)."""
+    name, policy = schedule.name, plan.policy
+    if plan.precision.loss_scaling is not None:
+        raise ValueError("fp16 with loss scaling is not supported on placed schedules (replicated or sharded "
+                         "stages: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid) yet: their copies would need one "
+                         "shared skip decision across the collectives; use bf16 there")
+    if plan.precision.versions != "master":
+        raise ValueError("placed schedules keep weight versions in the fp32 masters (they are what the "
+                         "collectives send); use Precision(..., versions='master')")
+    if plan.waited:
+        raise ValueError(f"policy {policy.name!r} makes jobs wait for future weights, which placed schedules "
+                         f"({name}: stages computed or held by several workers) do not support")
+    if policy.corrects_gradient or policy.keeps_backward_weights:
+        raise ValueError(f"policy {policy.name!r} corrects the step's gradient from per-copy state, which placed "
+                         f"schedules ({name}) do not support; use a single-placement schedule")
+    if worker is not None and not 0 <= worker < schedule.W:
+        raise ValueError(f"worker={worker} must be in 0..{schedule.W - 1}")
+    places = stage_placements(schedule)
+    split = plan.table.split_set
+    for op in "FB":  # only the predicted jobs can be refused
+        for k, t, j in np.argwhere(plan.specs.base[op] != plan.specs.target[op]).tolist():
+            w = schedule.worker_of("I" if op == "B" and (k, t, j) in split else op, k, t, j)
+            if w not in places[k].holders:
+                raise ValueError(f"policy {policy.name!r} predicts stage {k}'s weights on worker {w}, which does "
+                                 f"not hold them in {name} (no optimizer state there); use a stored-version policy")
+    return places
 
 
-def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
-    """Give every stage its predictor (validated by :class:`~pipelab.pipeline.spec.PipelineSpec`).
+def _copy_events(part: Sequence[PlacedJob | Collective], specs: JobSpecs, k: int) -> StageEvents:
+    """A stage copy's events (its part of the global sequence): a holder's jobs, or a non-holder's jobs with the
+    versions it receives, each before the job it precedes."""
+    jobs = [e for e in part if not isinstance(e, Collective)]
+    arrivals, n = [], 0
+    for e in part:
+        if isinstance(e, Collective):
+            arrivals.append((n, e.version))
+        else:
+            n += 1
+    op = np.array([OPS.index(e.op) for e in jobs], np.int8)
+    t, j = (np.array([getattr(e, f) for e in jobs], np.int32) for f in ("step", "micro"))
+    return StageEvents(op, t, j, specs.needs(k, op, t, j), arrivals)
+
+
+def _attach_predictors(plan: PipelinePlan, stages: Iterable[StageExecutor], predictor: Any) -> None:
+    """Give every stage that predicts its predictor (validated by :class:`~pipelab.pipeline.spec.PipelineSpec`);
+    a stage that never predicts gets none, so it also keeps no predictor history.
 
     A predictor given to a plan in which no stage predicts is unused, and says so with a UserWarning.
     """
@@ -378,7 +475,9 @@ def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
     if predictor is None:
         raise ValueError(f"policy {plan.policy.name!r} predicts weights; pass predictor=")
 
-    for st in plan.stages.values():
+    for st in stages:
+        if st.k not in plan.predicted_stages:
+            continue
         if isinstance(predictor, str):
             pred = make_predictor(predictor)
         elif isinstance(predictor, Predictor) or hasattr(predictor, "predict"):
@@ -386,7 +485,7 @@ def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
         else:  # a factory stage -> Predictor (PipelineSpec refused anything else)
             pred = predictor(st.k)
         check = getattr(pred, "check", None)
-        if check is not None and st.k in plan.predicted_stages:
+        if check is not None:
             try:
                 check(st.optimizer)
             except (TypeError, ValueError) as exc:
@@ -399,25 +498,3 @@ def _attach_predictors(plan: PipelinePlan, predictor: Any) -> None:
         observe = getattr(pred, "observe", None)
         if observe is not None and getattr(pred, "needs_history", False):
             observe(st.optimizer)
-
-
-def _needed(spec: WeightSpec) -> int:
-    return spec.version if isinstance(spec, Stored) else spec.base
-
-
-def stage_plans(order: Sequence[Job], last_use: dict[tuple[int, int], int], D: int
-                ) -> list[tuple[list[tuple[str, int, int]], dict[int, int]]]:
-    """Per stage: its events in ``order`` and each version's last use as a position among them.
-
-    A stage's events come in the same relative order in the global sequence and in the program of the
-    worker that runs the stage, so these stage-local positions serve the emulator and the runtime alike.
-    """
-    events: list[list[tuple[str, int, int]]] = [[] for _ in range(D)]
-    local: dict[int, int] = {}
-    for i, (op, k, t, j) in enumerate(order):
-        local[i] = len(events[k])
-        events[k].append((op, t, j))
-    uses: list[dict[int, int]] = [{} for _ in range(D)]
-    for (k, v), i in last_use.items():
-        uses[k][v] = local[i]
-    return [(events[k], uses[k]) for k in range(D)]

@@ -51,19 +51,21 @@ is the tuple of their gradients.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from ..policies import GradientContext, Policy, Stored, WeightSpec
 from ..precision import FP32, Precision
 from ..schedules.dependencies import Job
 from .loss_scale import LossScaler
-from .rings import VersionRing
+from .rings import StageEvents, VersionRing
 from .transport import check_handover, describe_handover, grad_leaves, map_tensors, tensors_of
+
+if TYPE_CHECKING:
+    from .plan import JobSpecs
 
 __all__ = ["StageExecutor", "trainable_parameters"]
 
@@ -84,10 +86,9 @@ class StageExecutor:
         module: the stage module (trained in place: the optimizer owns its parameters).
         optimizer: a ``torch.optim`` optimizer over exactly ``module``'s trainable parameters
             (:func:`trainable_parameters`); ``None`` for a stage without any (and only then).
-        capacity: ring size (peak versions alive, from :func:`~pipelab.pipeline.rings.ring_capacities`).
-        specs: ``(t, j) -> (forward spec, backward spec)`` of this stage's jobs.
-        events: this stage's events in execution order, ``(op, t, j)`` (``j = -1`` for U).
-        last_use: ``version -> position in events`` of its last use.
+        events: this stage's events in execution order, the uses of each version and the ring's capacity
+            (:class:`~pipelab.pipeline.rings.StageEvents`).
+        specs: every job's weight specs (:class:`~pipelab.pipeline.plan.JobSpecs`).
         policy, table: for the learning-rate factor (PipeMare) of ``U(k, t)``.
         loss_fn: ``(output, target) -> mean loss`` (last stage only).
         recompute: always recompute the forward in the backward.
@@ -96,9 +97,7 @@ class StageExecutor:
     """
 
     def __init__(self, k: int, D: int, M: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 capacity: int,
-                 specs: Mapping[tuple[int, int], tuple[WeightSpec, WeightSpec]], events: Sequence[tuple[str, int, int]],
-                 last_use: Mapping[int, int], policy: Policy, table: Any,
+                 events: StageEvents, specs: JobSpecs, policy: Policy, table: Any,
                  loss_fn: Callable[[Tensor, Tensor], Tensor], recompute: bool = False,
                  precision: Precision = FP32) -> None:
         self.k, self.D, self.M = k, D, M
@@ -110,34 +109,22 @@ class StageExecutor:
         trainable = {id(p): i for i, p in enumerate(self.params)}
         #: per named parameter: its index in W, or the frozen parameter itself (for :meth:`full_weights`)
         self._slots: list[int | Tensor] = [trainable.get(id(p), p) for _, p in named]
-        self.buffer_names = [n for n, _ in module.named_buffers()]
-        if optimizer is None and self.params:
-            raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
-                             "without)")
+        self._weight_slots, self._buffer_slots = _call_slots(module, self.params)
         self.optimizer = optimizer
-        opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
-        if {id(p) for p in opt_params} != set(trainable) or len(opt_params) != len(self.params):
-            frozen = len(named) - len(self.params)
-            raise ValueError(f"the optimizer of stage {k} holds {len(opt_params)} parameters, not exactly the stage's "
-                             f"{len(self.params)} trainable ones ({frozen} frozen, requires_grad=False, are not "
-                             "trained): build it over the parameters the factory is given")
-        pos = {id(p): i for i, p in enumerate(opt_params)}  # predictors use param_groups order
-        self.opt_order = [pos[id(p)] for p in self.params]
+        self.opt_order = _optimizer_order(k, optimizer, self.params, len(named) - len(self.params))
         self.inv_order = _inverse(self.opt_order)
-        self.specs, self.events, self.last_use = specs, list(events), dict(last_use)
+        self.specs, self.events = specs, events
+        self.uses = events.uses.tolist()  # uses of each version left: at 0 it goes, unless it is the newest
         self.policy, self.table, self.loss_fn, self.recompute = policy, table, loss_fn, recompute
-        self.ring = VersionRing(capacity, k)
+        self.ring = VersionRing(events.capacity, k)
         self.precision = precision
         self.scaler: LossScaler | None = None
         self.store_dtype = precision.version_dtype()  # None: stored/predicted copies in the master dtype
         # A stage that never holds two versions at once (flushed schedules) stores its one version as views
         # of the live parameters: the optimizer step that overwrites them comes after the version's last use.
-        self.share_live = capacity == 1
+        self.share_live = events.capacity == 1
         self.version = 0
         self.position = 0  # index of the next event in ``events``
-        self.drops: dict[int, list[int]] = {}
-        for v, i in self.last_use.items():
-            self.drops.setdefault(i, []).append(v)
         self.scheduler: Any = None
         self.predictor: Any = None
         #: optional observer ``on_weights(event, spec, W)``: called with the weights :meth:`weights` hands to each
@@ -172,11 +159,27 @@ class StageExecutor:
         return tuple(W[s] if isinstance(s, int) else s.detach() for s in self._slots)
 
     def call(self, weights: Sequence[Tensor], x: Any, fresh_buffers: bool = False) -> Any:
-        """The stage at weights W (frozen parameters and buffers from the module) on input ``x``."""
-        mapping: dict[str, Tensor] = dict(zip(self.names, weights))
-        if fresh_buffers and self.buffer_names:
-            mapping.update({n: b.clone() for n, b in self.module.named_buffers()})
-        out = functional_call(self.module, mapping, (x,))
+        """The stage at weights W (frozen parameters and buffers from the module) on input ``x``.
+
+        As :func:`torch.func.functional_call` does, W's tensors stand in the module's parameter slots (all aliases
+        of a tied one) for the call, and copies of the buffers with ``fresh_buffers``; the slots are found once,
+        when the executor is built, instead of on every call.
+        """
+        swaps = [(slot, w) for slots, w in zip(self._weight_slots, weights) for slot in slots]
+        if fresh_buffers:
+            copies: dict[int, Tensor] = {}
+            for d, n in self._buffer_slots:
+                if id(d[n]) not in copies:
+                    copies[id(d[n])] = d[n].clone()
+                swaps.append(((d, n), copies[id(d[n])]))
+        held = [(d, n, d[n]) for (d, n), _ in swaps]
+        try:
+            for (d, n), w in swaps:
+                d[n] = w
+            out = self.module(x)
+        finally:
+            for d, n, w in held:
+                d[n] = w
         if self.k == self.D - 1:
             return out
         check_handover(out, self.k)
@@ -210,46 +213,44 @@ class StageExecutor:
 
     # ------------------------------------------------------------------------------------- jobs
 
-    def _check_event(self, op: str, t: int, j: int) -> None:
+    def _begin(self, op: str, t: int, j: int) -> None:
+        """Check that ``(op, t, j)`` is the stage's next event; record the version current at an F/B/I/W job."""
         expected = self.events[self.position] if self.position < len(self.events) else None
         if expected != (op, t, j):
             raise RuntimeError(f"stage {self.k}: expected event {expected}, got {(op, t, j)}: the execution order "
                                "does not match the version table")
+        if op != "U":
+            self.current[(op, self.k, t, j)] = self.version
 
-    def _advance(self) -> None:
-        for v in self.drops.pop(self.position, ()):
-            if v != self.version:
-                self.ring.drop(v)
+    def _advance(self, used: int | None = None) -> None:
+        """The event ran: one use fewer of the version it used (gone at the last one, unless it is the newest)."""
+        if used is not None:
+            self.uses[used] -= 1
+            if not self.uses[used] and used != self.version:
+                self.ring.drop(used)
         self.position += 1
 
     def forward(self, t: int, j: int, x_in: Tensor, target: Tensor | None = None) -> Tensor:
         """F(k, t, j): the stage output (detached), or on the last stage the micro-batch loss ℓ/M."""
-        self._check_event("F", t, j)
-        self.current[("F", self.k, t, j)] = self.version
+        self._begin("F", t, j)
         last = self.k == self.D - 1
         if last and target is None:
             raise ValueError(f"the last stage's forward of micro-batch ({t}, {j}) needs its target")
-        spec_f, spec_b = self.specs[(t, j)]
+        spec_f, spec_b = self.specs.pair(self.k, t, j)
+        # the graph is kept for the backward when it runs at the same stored weights; else it is recomputed then
         keep = spec_f == spec_b and isinstance(spec_f, Stored) and not self.recompute
         W = self.weights(spec_f, grad=False)
         device = tensors_of(x_in)[0].device
         rng = _rng_state(device)
-        if keep:
-            if self.k > 0:
-                for x in grad_leaves(x_in):
-                    x.requires_grad_(True)
-            with torch.enable_grad(), self.precision.autocast(device):
-                out = self._first_call(t, j, W, x_in)
-                if last:
-                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
-            self.saved[(t, j)] = ("graph", x_in, rng, target, out, W)
-        else:
-            with torch.no_grad(), self.precision.autocast(device):
-                out = self._first_call(t, j, W, x_in)
-                if last:
-                    out = self.loss_fn(out, cast(Tensor, target)) / self.M
-            self.saved[(t, j)] = ("recompute", x_in, rng, target)
-        self._advance()
+        if keep and self.k > 0:
+            for x in grad_leaves(x_in):
+                x.requires_grad_(True)
+        with torch.set_grad_enabled(keep), self.precision.autocast(device):
+            out = self._first_call(t, j, W, x_in)
+            if last:
+                out = self.loss_fn(out, cast(Tensor, target)) / self.M
+        self.saved[(t, j)] = ("graph", x_in, rng, target, out, W) if keep else ("recompute", x_in, rng, target)
+        self._advance(self.specs.need("F", self.k, t, j))
         return map_tensors(Tensor.detach, out)
 
     def _first_call(self, t: int, j: int, W: Sequence[Tensor], x_in: Any) -> Any:
@@ -277,7 +278,7 @@ class StageExecutor:
             _, x_in, _, _, out, W = entry
             return x_in, out, W
         _, x0, rng, target = entry
-        W = self.weights(self.specs[(t, j)][1], grad=True)
+        W = self.weights(self.specs.spec("B", self.k, t, j), grad=True)
         x_in, out = self._replay_forward(W, x0, rng, target)
         return x_in, out, W
 
@@ -312,13 +313,12 @@ class StageExecutor:
 
     def backward(self, t: int, j: int, g_out: Any) -> Any:
         """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
-        self._check_event("B", t, j)
-        self.current[("B", self.k, t, j)] = self.version
+        self._begin("B", t, j)
         x_in, out, W = self._graph(t, j)
         xs = grad_leaves(x_in) if self.k > 0 else []
         grads = self._vjp(out, self._seed(t, out, g_out), list(W) + xs)
         self._accumulate(t, W, grads[:len(W)])
-        self._advance()
+        self._advance(self.specs.need("B", self.k, t, j))
         return _input_grad(x_in, grads[len(W):]) if self.k > 0 else None
 
     def _vjp(self, out: Any, g_out: Any, inputs: list[Tensor], retain: bool = False) -> list[Tensor | None]:
@@ -343,8 +343,7 @@ class StageExecutor:
         computes the weight gradient from them: between I and W the stage holds its saved activations, the
         graph's intermediates and g (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2).
         """
-        self._check_event("I", t, j)
-        self.current[("I", self.k, t, j)] = self.version
+        self._begin("I", t, j)
         entry = self.saved[(t, j)][:4]
         x_in, out, W = self._graph(t, j)
         g_out = self._seed(t, out, g_out)
@@ -353,7 +352,7 @@ class StageExecutor:
             xs = grad_leaves(x_in)
             g_in = _input_grad(x_in, self._vjp(out, g_out, xs, retain=True))
         self.pending[(t, j)] = (entry, out, W, g_out)
-        self._advance()
+        self._advance(self.specs.need("B", self.k, t, j))
         return g_in
 
     def weight_grad(self, t: int, j: int) -> None:
@@ -361,15 +360,14 @@ class StageExecutor:
 
         With I it adds up to exactly B's weight gradient: the same graph, the same g, the same operations.
         """
-        self._check_event("W", t, j)
-        self.current[("W", self.k, t, j)] = self.version
+        self._begin("W", t, j)
         _, out, W, g_out = self.pending.pop((t, j))
         self._accumulate(t, W, self._vjp(out, g_out, list(W)))
-        self._advance()
+        self._advance(self.specs.need("B", self.k, t, j))
 
     def update(self, t: int) -> tuple[Tensor, ...]:
         """U(k, t): step the optimizer with step t's accumulated gradient; store and return the new version."""
-        self._check_event("U", t, -1)
+        self._begin("U", t, -1)
         # fp16: an overflow in any stage's gradient of step t skips step t on every stage (read before the pop)
         skipped = self.scaler.decide(t)[0] if self.scaler is not None and t in self.acc else False
         grads = self.acc.pop(t, None)
@@ -386,7 +384,7 @@ class StageExecutor:
             self.predictor.observe(self.optimizer)
         old = self.version
         self.version += 1
-        if self.last_use.get(old, -1) <= self.position:  # updated in place: no stored copy is needed
+        if not self.uses[old]:  # no job left uses it: updated in place, no stored copy is needed
             self.ring.drop(old)
         W = self.snapshot()
         self.ring.put(self.version, W)
@@ -420,7 +418,7 @@ class StageExecutor:
 
     def _corrected(self, t: int, grads: list[Tensor]) -> list[Tensor]:
         """The policy's correction of step t's accumulated gradient (error feedback, DC-ASGD)."""
-        used = tuple(self.specs[(t, j)][1].target for j in range(self.M))
+        used = tuple(self.specs.target["B"][self.k, t].tolist())
         total = self.used_sum.pop(t, None)
         mean = None if total is None else tuple(w / self.M for w in total)
         ctx = GradientContext(self.k, t, self.version, used, tuple(p.detach() for p in self.params), mean,
@@ -436,7 +434,7 @@ class StageExecutor:
         if self.predictor is not None and hasattr(self.predictor, "state_dict"):
             predictor_state = self.predictor.state_dict(self.optimizer)
         return {
-            "k": self.k, "version": self.version, "position": self.position,
+            "k": self.k, "version": self.version, "position": self.position, "uses": list(self.uses),
             "module": {n: t.detach().clone() for n, t in self.module.state_dict().items()},
             "ring": {v: self.ring.get(v) for v in self.ring.versions()}, "ring_peak": self.ring.peak,
             "saved": {key: entry[:4] for key, entry in self.saved.items()},  # graphs are rebuilt on load
@@ -457,7 +455,7 @@ class StageExecutor:
             raise ValueError(f"checkpoint of stage {state['k']} loaded into stage {self.k}")
         self.module.load_state_dict(state["module"])
         self.version, self.position = state["version"], state["position"]
-        self.drops = {i: vs for i, vs in self.drops.items() if i >= self.position}
+        self.uses = list(state["uses"])
         for v in self.ring.versions():
             self.ring.drop(v)
         for v, W in sorted(state["ring"].items()):
@@ -481,7 +479,7 @@ class StageExecutor:
                 self.saved[(t, j)] = (kind, x_in, rng, target)
                 continue
             # rebuild the forward's graph at the same stored weights and random state: bitwise the same
-            W = self.weights(self.specs[(t, j)][0], grad=False)
+            W = self.weights(self.specs.spec("F", self.k, t, j), grad=False)
             x_graph, out = self._replay_forward(W, x_in, rng, target)
             self.saved[(t, j)] = (kind, x_graph, rng, target, out, W)
         self.pending = {}
@@ -490,6 +488,38 @@ class StageExecutor:
             W = tuple(w.detach().requires_grad_(True) for w in weights)
             _, out = self._replay_forward(W, entry[1], entry[2], entry[3])
             self.pending[(t, j)] = (entry, out, W, g)
+
+
+def _slot(module: nn.Module, name: str, kind: str) -> tuple[dict, str]:
+    """Where tensor ``name`` of ``module`` lives: its submodule's ``_parameters`` or ``_buffers`` (``kind``), key."""
+    prefix, _, attr = name.rpartition(".")
+    return getattr(module.get_submodule(prefix), kind), attr
+
+
+def _call_slots(module: nn.Module, params: Sequence[Tensor]
+                ) -> tuple[list[list[tuple[dict, str]]], list[tuple[dict, str]]]:
+    """Where :meth:`StageExecutor.call` puts each trainable weight (every alias of a tied one), and each buffer."""
+    where: dict[int, list[tuple[dict, str]]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        where.setdefault(id(p), []).append(_slot(module, n, "_parameters"))
+    return [where[id(p)] for p in params], [_slot(module, n, "_buffers")
+                                            for n, _ in module.named_buffers(remove_duplicate=False)]
+
+
+def _optimizer_order(k: int, optimizer: torch.optim.Optimizer | None, params: Sequence[Tensor], frozen: int
+                     ) -> list[int]:
+    """The position of each of stage k's trainable ``params`` in the optimizer's param_groups (the order the
+    predictors use), after checking that the optimizer holds exactly them (``None`` only for a stage without)."""
+    if optimizer is None and params:
+        raise ValueError(f"stage {k} has trainable parameters, so it needs an optimizer (None is for stages "
+                         "without)")
+    opt_params = [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
+    if {id(p) for p in opt_params} != {id(p) for p in params} or len(opt_params) != len(params):
+        raise ValueError(f"the optimizer of stage {k} holds {len(opt_params)} parameters, not exactly the stage's "
+                         f"{len(params)} trainable ones ({frozen} frozen, requires_grad=False, are not "
+                         "trained): build it over the parameters the factory is given")
+    pos = {id(p): i for i, p in enumerate(opt_params)}
+    return [pos[id(p)] for p in params]
 
 
 def _inverse(perm: list[int]) -> list[int]:

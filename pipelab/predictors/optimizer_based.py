@@ -270,18 +270,21 @@ class Rollout(Predictor):
                              "(p.grad is None); predict before optimizer.zero_grad(set_to_none=True)")
         for b in bs:
             hp = b.hp if self.weight_decay else dict(b.hp, weight_decay=0.0)
-            lrs = future_lrs(self.lr_schedule, b.group_index, hp["lr"], s)
             g = [p.grad.detach() for p in b.params if p.grad is not None] if last else \
                 [torch.zeros_like(p) for p in b.params]
-            Wb = _gather(W, b.positions)
-            st = rule.read(hp, b.states)
-            for j, lr_j in enumerate(lrs):
-                Wb, st = rule.step(hp, lr_j, st, Wb, g, own_state=j > 0, own_weights=j > 0 and not keep_all)
-                if keep_all or j == s - 1:
-                    for i, t in zip(b.positions, Wb):
-                        outs[j if keep_all else 0][i] = t
+            self._roll_bucket(rule, b, hp, g, _gather(W, b.positions), s, outs, keep_all)
         # parameters outside every bucket (no gradient under "last") keep their starting weights
         return [_fill(out, W) for out in outs]
+
+    def _roll_bucket(self, rule: Any, b: Any, hp: dict[str, Any], g: list[Tensor], Wb: list[Tensor], s: int,
+                     outs: list[list[Tensor | None]], keep_all: bool) -> None:
+        """``s`` steps of one bucket with gradient ``g``, each kept step's weights written into ``outs``."""
+        st = rule.read(hp, b.states)
+        for j, lr_j in enumerate(future_lrs(self.lr_schedule, b.group_index, hp["lr"], s)):
+            Wb, st = rule.step(hp, lr_j, st, Wb, g, own_state=j > 0, own_weights=j > 0 and not keep_all)
+            if keep_all or j == s - 1:
+                for i, t in zip(b.positions, Wb):
+                    outs[j if keep_all else 0][i] = t
 
 
 class Repeat(Rollout):

@@ -4,8 +4,8 @@
   emulator runs (:mod:`pipelab.pipeline`: driver loop, stage executors, policies and predictors); gloo on
   CPU, NCCL on GPUs;
 - :class:`~pipelab.runtime.p2p.P2PTransport` (:mod:`.p2p`): the ``torch.distributed`` point-to-point transport;
-- :func:`check_order`, :func:`issue_sequences` (:mod:`.nccl_order`): the send/receive order that cannot deadlock
-  under NCCL's semantics (the transport's default there), and a checker that plays any order under them;
+- :mod:`.nccl_order`: the send/receive order that cannot deadlock under NCCL's semantics (the transport's
+  default there);
 - :func:`save_checkpoint`, :func:`load_checkpoint` (:mod:`.checkpoint`): resume a run mid-flight identically,
   through :meth:`PipelineRuntime.state_dict`; the cut is :func:`~pipelab.schedules.consistent_cut`;
 - :func:`run_torch_pipelining` (:mod:`.torch_pipelining`): a flushed schedule exported to, and run by,
@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from ..schedules.transfers import channels, consistent_cut
 from .checkpoint import CheckpointError, load_checkpoint, read_header, save_checkpoint
-from .nccl_order import NCCLOrderError, check_order, issue_sequences
 from .runtime import PipelineRuntime, RuntimeResult
 from .torch_pipelining import TorchPipeliningResult, run_torch_pipelining
 
 __all__ = ["PipelineRuntime", "RuntimeResult", "channels", "consistent_cut", "save_checkpoint", "load_checkpoint",
-           "read_header", "CheckpointError", "run_torch_pipelining", "TorchPipeliningResult",
-           "check_order", "issue_sequences", "NCCLOrderError"]
+           "read_header", "CheckpointError", "run_torch_pipelining", "TorchPipeliningResult"]

@@ -3,28 +3,20 @@
 An asynchronous pipeline has no moment when nothing is in flight: stashed weight versions, stage inputs
 awaiting their backward, partially accumulated gradients and messages between ranks all exist at once.
 A checkpoint is therefore taken at a *consistent cut* (Chandy & Lamport, "Distributed Snapshots",
-ACM TOCS 1985): every rank r stops before position p_r of its program, chosen so that no message is
-received before its receiver's cut but sent after its sender's cut. Messages sent before the sender's
-cut and received after the receiver's cut are *in flight*: the sender keeps them (unsent) in its
-checkpoint and sends them first on resume, which preserves each channel's order.
-
-The cut for "step c" is :func:`pipelab.schedules.transfers.consistent_cut`.
-
-Each rank writes ``<dir>/rank<r>.pt`` with its runtime's :meth:`~pipelab.runtime.PipelineRuntime.state_dict`
-(its stages' executor states, in-memory hand-overs, partial losses, the outbox and its program position);
-loading hands it to :meth:`~pipelab.runtime.PipelineRuntime.load_state_dict`. The file is::
+ACM TOCS 1985; :func:`pipelab.schedules.transfers.consistent_cut`): no message is received before its
+receiver's cut but sent after its sender's; the messages *in flight* across it stay unsent in the sender's
+checkpoint and go first on resume, which keeps each channel's order. Each rank writes ``<dir>/rank<r>.pt``
+with its runtime's :meth:`~pipelab.runtime.PipelineRuntime.state_dict`::
 
     PIPELAB-RUNTIME-CHECKPOINT 1
     <header: one line of JSON>
     <payload: the state, serialised by torch.save>
 
-The header records the rank, world size, the cut's mini-batch (``step``), the program position, the
-runtime's :meth:`~pipelab.runtime.PipelineRuntime.fingerprint`, the payload's length and a SHA-256 digest
-over the header's other fields and the payload. Loading checks, before any communication and identically
-on every rank, that the directory holds one file per rank from the same cut, world size and schedule; then
-it verifies this rank's digest (a flipped byte refuses to load, naming the file) and compares the
-fingerprint with the runtime's (naming each differing field: a resumed run must keep the learning rate,
-predictor, data seed, ...).
+The header records the rank, world size, cut (``step``), program position, the runtime's
+:meth:`~pipelab.runtime.PipelineRuntime.fingerprint`, the payload's length and a SHA-256 digest over the rest.
+Loading checks, before any communication and identically on every rank, that the directory holds one file per
+rank from the same cut, world size and schedule, then this rank's digest and fingerprint (naming each
+differing field).
 """
 
 from __future__ import annotations
@@ -101,9 +93,8 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     return header
 
 
-def _check_directory(runtime: PipelineRuntime, directory: Path) -> dict[int, dict[str, Any]]:
-    """Headers of every rank file, after checking that they form one checkpoint this runtime can resume."""
-    world = runtime.world
+def _rank_files(directory: Path, world: int) -> dict[int, Path]:
+    """The directory's ``rank<r>.pt`` files, exactly one per rank of the world."""
     files = {int(m.group(1)): f for f in directory.glob("rank*.pt") if (m := re.fullmatch(r"rank(\d+)\.pt", f.name))}
     missing = [r for r in range(world) if r not in files]
     if missing:
@@ -113,6 +104,13 @@ def _check_directory(runtime: PipelineRuntime, directory: Path) -> dict[int, dic
     if extra:
         raise CheckpointError(f"checkpoint {directory} has rank files {[files[r].name for r in extra]} beyond "
                               f"the world size {world}: it was written by (or mixes files of) a run with more ranks")
+    return files
+
+
+def _check_directory(runtime: PipelineRuntime, directory: Path) -> dict[int, dict[str, Any]]:
+    """Headers of every rank file, after checking that they form one checkpoint this runtime can resume."""
+    world = runtime.world
+    files = _rank_files(directory, world)
     headers = {r: read_header(files[r]) for r in range(world)}
     for field_ in ("world_size", "step"):
         values = {r: h[field_] for r, h in headers.items()}

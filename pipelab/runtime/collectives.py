@@ -1,29 +1,19 @@
 """The runtime's collectives: a placed schedule's all-reduce, reduce and broadcast with ``torch.distributed``.
 
-A placed schedule (:mod:`pipelab.pipeline.placement`: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP)
-lists, in one global sequence every rank derives identically, the collectives of each step:
+A placed schedule (:mod:`pipelab.pipeline.placement`) lists, in one global sequence every rank derives
+identically, the collectives of each step: the ``all_reduce`` (sum) of a replicated stage's step gradient among
+its holders, the ``reduce`` of a sharded stage's gradients onto its owner and the ``broadcast`` of the owner's
+weight version to the non-holders that use it. The sequence gives deadlock freedom and the matching order (a
+group's collectives appear in one order for all its members, each after everything it needs).
 
-- ``all_reduce`` of stage k's step-t gradient among its holders (replicated stages), summed (``ReduceOp.SUM``);
-- ``reduce`` of the computing workers' gradients onto the owner (sharded stages);
-- ``broadcast`` of the owner's weight version v to the non-holders that use it (sharded stages).
-
-:class:`DistributedCollectives` creates one process group per distinct member set (``dist.new_group``,
-called by every rank, members or not, in the order the sets first appear in the sequence, so every rank
-creates the same groups in the same order; each with the run's communication timeout,
-:func:`pipelab.distributed.comm_timeout`, so a rank stalled inside a collective is detected as in point-to-point
-transport) and runs each collective on its group when the rank's program
-reaches it, on flat buffers (one per dtype) of the stage's tensors, on the rank's device (gloo on CPU, NCCL
-on GPUs: nothing here is device-specific). Reduces and broadcasts block. All-reduces are bucketed and
-overlapped like torch's DDP (the rules are in :mod:`pipelab.pipeline.placement`): the parts of a run are cut
-into buckets of at most ``bucket_bytes`` (:func:`~pipelab.pipeline.placement.bucket_parts`); a bucket's single
-all-reduce of its parts' flat gradients starts with ``async_op=True`` when the driver has handed over a
-:class:`~pipelab.pipeline.placement.Launch` for each of its parts (its gradients are complete here), and is
-waited for at the bucket's first entry, where every holder gets its parts' sums. It counts, per collective
-kind, the bytes this rank sent and received under :func:`pipelab.pipeline.placement.collective_bytes`'s
-conventions (per part, so bucketing leaves them unchanged), and the calls (one per bucket).
-
-Deadlock freedom and matching order come from the sequence (see :mod:`pipelab.pipeline.placement`): the
-collectives of a group appear in one order for all its members, and each sits after everything it needs.
+:class:`DistributedCollectives` creates one process group per member set (every rank, in the order the sets
+first appear; each with the run's timeout, :func:`pipelab.distributed.comm_timeout`, so a rank stalled inside a
+collective is named as in point-to-point transport) and runs each collective on flat buffers (one per dtype) of
+the stage's tensors, on the rank's device. All-reduces are bucketed and overlapped like torch's DDP
+(:func:`~pipelab.pipeline.placement.bucket_parts`): a bucket's one all-reduce starts asynchronously once the
+driver has handed over a :class:`~pipelab.pipeline.placement.Launch` for each of its parts, and is waited for at
+the bucket's first entry. Bytes are counted per part under :func:`pipelab.pipeline.placement.collective_bytes`'s
+conventions, calls one per bucket.
 
 References: S. Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB
 2020); Y. Zhao et al., "PyTorch FSDP" (VLDB 2023).
@@ -157,49 +147,55 @@ class DistributedCollectives:
     def __call__(self, c: Collective, executors: Mapping[int, StageExecutor]) -> None:
         """Run collective ``c`` on this rank's copy of stage ``c.stage`` (a :class:`Launch`: start it)."""
         if c.kind == "all_reduce":
-            parts = self._bucket(c, executors)
-            if isinstance(c, Launch):
-                ready = self._launched.setdefault(parts, set())
-                ready.add((c.stage, c.step))
-                if self.overlap and len(ready) == len(parts) and parts not in self._inflight \
-                        and parts not in self._done:
-                    self._start(c, parts, executors, async_op=True)
-                return
-            if parts in self._done:
-                return  # fused into a bucket already reduced at its first entry
-            if parts not in self._inflight:
-                self._start(c, parts, executors, async_op=False)
-            self._finish(c, parts, executors)
-            self._launched.pop(parts, None)
-            return
+            self._all_reduce(c, executors)
+        elif not isinstance(c, Launch):  # only all-reduces are launched early
+            run = self._broadcast if c.kind == "broadcast" else self._reduce
+            self.counter.add(c, self.rank, tensor_bytes(run(c, executors[c.stage])))
+
+    def _all_reduce(self, c: Collective, executors: Mapping[int, StageExecutor]) -> None:
+        """A launch starts its bucket once every part is launched; the bucket's first entry waits for it (or runs
+        it blocking), the later entries find it done."""
+        parts = self._bucket(c, executors)
         if isinstance(c, Launch):
+            ready = self._launched.setdefault(parts, set())
+            ready.add((c.stage, c.step))
+            if self.overlap and len(ready) == len(parts) and parts not in self._inflight and parts not in self._done:
+                self._start(c, parts, executors, async_op=True)
             return
-        ex = executors[c.stage]
-        group = self.groups[c.members]
-        if c.kind == "broadcast":
-            if self.rank == c.root:
-                tensors: list[Tensor] = list(ex.ring.get(c.version))
-            else:
-                tensors = [torch.empty_like(p) for p in ex.params]
-            flats = flatten(tensors) if self.rank == c.root else [
-                torch.empty(sum(t.numel() for t in tensors if t.dtype == d), dtype=d, device=tensors[0].device)
-                for d in dict.fromkeys(t.dtype for t in tensors)]
-            with self._waiting(c):
-                for buf in flats:
-                    dist.broadcast(buf, src=c.root, group=group)
-            if self.rank != c.root:
-                if not isinstance(ex, FetchedStage):
-                    raise RuntimeError(f"rank {self.rank} receives stage {c.stage}'s weights but holds them")
-                ex.receive_version(c.version, unflatten(flats, tensors))
+        if parts in self._done:
+            return  # fused into a bucket already reduced at its first entry
+        if parts not in self._inflight:
+            self._start(c, parts, executors, async_op=False)
+        self._finish(c, parts, executors)
+        self._launched.pop(parts, None)
+
+    def _broadcast(self, c: Collective, ex: StageExecutor) -> list[Tensor]:
+        """The owner's version ``c.version`` to the members; a receiver stores it as a fetched version."""
+        if self.rank == c.root:
+            flats = flatten(list(ex.ring.get(c.version)))
         else:
-            grads = step_gradient(ex, c.step)
-            flats = flatten(grads)
-            with self._waiting(c):
-                for buf in flats:
-                    dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=group)
-            if self.rank in c.holders:
-                ex.acc[c.step] = unflatten(flats, grads)
-        self.counter.add(c, self.rank, tensor_bytes(flats))
+            like = [torch.empty_like(p) for p in ex.params]
+            flats = [torch.empty(sum(t.numel() for t in like if t.dtype == d), dtype=d, device=like[0].device)
+                     for d in dict.fromkeys(t.dtype for t in like)]
+        with self._waiting(c):
+            for buf in flats:
+                dist.broadcast(buf, src=c.root, group=self.groups[c.members])
+        if self.rank != c.root:
+            if not isinstance(ex, FetchedStage):
+                raise RuntimeError(f"rank {self.rank} receives stage {c.stage}'s weights but holds them")
+            ex.receive_version(c.version, unflatten(flats, like))
+        return flats
+
+    def _reduce(self, c: Collective, ex: StageExecutor) -> list[Tensor]:
+        """The computing workers' step gradients summed onto the owner."""
+        grads = step_gradient(ex, c.step)
+        flats = flatten(grads)
+        with self._waiting(c):
+            for buf in flats:
+                dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=self.groups[c.members])
+        if self.rank in c.holders:
+            ex.acc[c.step] = unflatten(flats, grads)
+        return flats
 
     def stats(self) -> dict[str, dict[str, int]]:
         """This rank's ``{"bytes_sent": {kind: bytes}, "bytes_received": {...}, "calls": {...}}``."""

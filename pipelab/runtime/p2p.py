@@ -12,7 +12,7 @@ output in place), in one of two orders:
   order, tags are ignored), and under NCCL this order deadlocks 1F1B already with two ranks.
 - ``rendezvous`` (NCCL's default, valid on gloo too): every rank issues its sends and receives in one
   global message order derived from the programs (:mod:`pipelab.runtime.nccl_order`, which states the
-  rule, proves it deadlock-free and checks it): a send once its tensor is produced and every earlier
+  rule and proves it deadlock-free): a send once its tensor is produced and every earlier
   operation of the order is issued; a receive at the latest when its job needs it. ``prefetch`` posts
   receives as soon as the order reaches them (the transfer then overlaps the compute before its consumer);
   ``batch`` issues the operations released at one moment as one ``batch_isend_irecv`` group (NCCL progresses
@@ -24,8 +24,8 @@ peer sent at program position p proves that every receive the peer placed before
 that crosses a checkpoint's consistent cut (:attr:`P2PTransport.retain`) is kept in the
 :attr:`~P2PTransport.outbox` instead, saved with the checkpoint, and sent by the resumed run (first, in the
 eager order; at its place in the message order, in the rendezvous order), which keeps every channel's FIFO
-order. ``record=True`` keeps what was issued and waited on in :attr:`~P2PTransport.log`, in the form
-:func:`pipelab.runtime.nccl_order.check_order` plays.
+order. ``record=True`` keeps what was issued and waited on in :attr:`~P2PTransport.log` (the tests play it
+under NCCL's rules).
 
 Reference: Chandy & Lamport, "Distributed Snapshots", ACM TOCS 1985 (messages in flight at a cut); NCCL and
 ``torch.distributed`` point-to-point semantics: see :mod:`pipelab.runtime.nccl_order`.

@@ -1,46 +1,23 @@
 """The multi-process pipeline runtime: a schedule × policy run for real, one process per worker.
 
-Rank w executes ``schedule.programs[w]`` with the pipeline core the single-process emulator runs: the same
-driver loop (:func:`~pipelab.pipeline.driver.run_jobs`) and :class:`~pipelab.pipeline.stage.StageExecutor`
-code, set up by :func:`~pipelab.pipeline.plan.build_pipeline` restricted to the stages w computes, so it
-computes exactly the same weights; only the transport of tensors differs (:mod:`pipelab.runtime.p2p`):
+Rank w executes ``schedule.programs[w]`` on the pipeline core the emulator runs (the driver loop
+:func:`~pipelab.pipeline.driver.run_jobs` and the stage executors of
+:func:`~pipelab.pipeline.plan.build_pipeline`, restricted to the stages w computes), so it computes exactly the
+emulator's weights; only the transport differs (:mod:`pipelab.runtime.p2p`: ``torch.distributed``
+point-to-point, each (receiving stage, direction) its own channel, checked at start-up to list its messages in
+the same order at both ends; hand-overs between stages of one rank stay in memory). Receive buffers are sized
+once per input shape by running the model on the ``meta`` device (in the compute dtype under bf16/fp16), a
+:class:`~pipelab.pipeline.transport.Layout` per boundary, so a mini-batch whose shape changes mid-run runs as in
+the emulator provided every rank is given the same shapes (checked across ranks before each run).
 
-- ``F(k, t, j)`` receives stage k's input from the rank of ``F(k−1, t, j)`` and sends its output to the rank
-  of ``F(k+1, t, j)``; ``B(k, t, j)`` receives ∂ℓ/∂(output) from the rank of ``B(k+1, t, j)`` and sends
-  ∂ℓ/∂(input) to the rank of ``B(k−1, t, j)``; ``U(k, t)`` is local. Hand-overs between stages on the same
-  rank (interleaved, folded) stay in memory.
-- Transport is ``torch.distributed`` point-to-point: on gloo, eager ``isend`` (so a valid schedule cannot
-  deadlock) and blocking ``irecv().wait()``; on NCCL, whose sends wait for the peer's receive, every rank
-  issues its transfers in one global order that cannot deadlock (:mod:`pipelab.runtime.nccl_order`).
-  Each (receiving stage, direction) is its own tag, and the runtime checks
-  at start-up that, on every channel, the sender's program and the receiver's program list the messages
-  in the same order — the FIFO matching point-to-point transports provide.
-- Receive buffers are sized once per input shape by running the model on the ``meta`` device (in the compute
-  dtype under bf16/fp16, :meth:`pipelab.precision.Precision.boundary_dtype`): the
-  :class:`~pipelab.pipeline.transport.Layout` of every boundary — a tensor's shape and dtype, or for a stage that
-  returns a structure (a tuple ``(hidden, mask)``, a dict) each of its tensors' and the structure, sent as one
-  packed message. So a mini-batch whose shape changes mid-run (a smaller last batch, another sequence length)
-  runs as in the emulator, provided every rank is given the same mini-batch shapes: a sequence of mini-batches
-  is checked for that across ranks before each run (one ``all_gather_object``; a callable is not read ahead,
-  as it may not be repeatable), and a stage that rejects a changed shape is named with both shapes.
+Placed schedules (a stage computed or held by several workers: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP)
+also run collectives (:mod:`pipelab.runtime.collectives`); each holder keeps its own copy of the stage and its
+optimizer, and each rank reports its bytes per collective kind. Checkpoints are not supported for them.
 
-Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to
-choose, per micro-batch, a stashed or predicted weight version, which is the point of pipelab's policies.
-It is the reference the tests and ``benchmarks/runtime.py`` compare against for the flushed schedules.
-
-Supported schedules: every schedule the emulator runs without waiting for future weights. Those where one
-worker computes and holds each stage (naive, GPipe, 1F1B, PipeDream async 1F1B, 2BW, interleaved 1F1B,
-folded, the zero-bubble family) need point-to-point transport only. Placed schedules — a stage computed or
-held by several workers: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP (:mod:`pipelab.pipeline.placement`)
-— also run collectives (:mod:`pipelab.runtime.collectives`): the rank follows its part of the placed global
-sequence, each holder keeps its own copy of the stage and its optimizer, a replicated stage's gradients are
-all-reduced before every update, a sharded stage's weights are broadcast from the owner to the non-holders
-that use them and their gradients reduced onto the owner. Each rank reports the bytes it sent and received
-per collective kind (:attr:`RuntimeResult.collectives`). Checkpoints (``stop_at_step``) are not supported
-for placed schedules.
-
-Launch: ``torchrun --nproc-per-node N -m pipelab.studies.run ...`` (gloo on CPU, NCCL on GPUs, several nodes with
-torchrun's rendezvous), or :func:`pipelab.distributed.spawn` from Python.
+Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to choose a
+stashed or predicted version per micro-batch, which is what pipelab's policies do; it is the reference the tests
+and ``benchmarks/runtime.py`` compare against. Launch: ``torchrun --nproc-per-node N -m pipelab.studies.run``
+or :func:`pipelab.distributed.spawn`.
 """
 
 from __future__ import annotations
@@ -85,25 +62,18 @@ class RuntimeResult:
             not reached).
         current: cur(job), the version of its stage current when each of this rank's F/B (or I/W) jobs ran.
         weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
-        memory: bytes this rank held at its peak — ``weight_versions`` (stored versions, measured),
-            ``activations`` (saved stage inputs awaiting their backward), ``optimizer_state`` (at the end) —
-            plus ``versions_peak`` (per stage) and ``stage_bytes`` (one copy of each stage's weights); on CUDA
-            also ``cuda_max_allocated``, ``torch.cuda.max_memory_allocated`` of this rank's device (everything
-            the allocator held at its peak since the process started or the caller last reset the peak).
+        memory: bytes at their peak: ``weight_versions`` (stored versions), ``activations`` (saved stage
+            inputs), ``optimizer_state`` (at the end), ``versions_peak`` and ``stage_bytes`` per stage, for a placed
+            schedule ``fetched_weights``; on CUDA ``cuda_max_allocated`` (``torch.cuda.max_memory_allocated``).
         trace: per completed step, ``(versions held, saved inputs, pending gradients, unfinished sends)``
             summed over this rank's stages, to check that nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
         steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
-        diverged: some computed loss, or some rank's final weight, is NaN or ±inf
-            (:func:`~pipelab.pipeline.driver.all_finite`; :mod:`pipelab`: divergence is a result, not a crash);
-            diverged_step: the first mini-batch whose loss is non-finite, else the last one done when only the
-            final weights are (``None`` if none).
-        timeline: with ``record=True``, this rank's measured job times and point-to-point bytes of the last
-            run (:class:`~pipelab.runtime.trace.Timeline`); else ``None``.
-        collectives: for a placed schedule, this rank's ``bytes_sent`` and ``bytes_received`` per collective
-            kind (``"all_reduce"``, ``"reduce"``, ``"broadcast"``) and ``calls`` per kind (empty otherwise);
-            ``weights`` then lists only the stages this rank holds, and ``memory["fetched_weights"]`` is the
-            peak bytes of versions it fetched for stages it computes without holding them.
+        diverged, diverged_step: some loss, or some rank's final weight, is NaN or ±inf (divergence is a
+            result), and the first such mini-batch (the last one done when only the weights are).
+        timeline: with ``record=True``, the last run's measured :class:`~pipelab.runtime.trace.Timeline`.
+        collectives: for a placed schedule, ``bytes_sent``, ``bytes_received`` and ``calls`` per collective kind;
+            ``weights`` then lists only the stages this rank holds.
     """
 
     rank: int
@@ -166,11 +136,7 @@ class PipelineRuntime:
         self.schedule = schedule
         self.program: list[Any] = list(schedule.programs[self.rank])
         self.my_stages = sorted({a.stage for a in self.program})
-        if device is None:
-            backend = dist.get_backend() if dist.is_initialized() else "gloo"
-            device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
-                      else torch.device("cpu"))
-        self.device = resolve_device(device)  # a clear error for CUDA without CUDA
+        self.device = resolve_device(_default_device() if device is None else device)
         stages = as_stages(model, schedule.D, spec.balance)
         for k in self.my_stages:
             stages[k].to(self.device)
@@ -196,17 +162,7 @@ class PipelineRuntime:
         self.cut_step = 0  # the mini-batch whose consistent cut this rank stands at (steps: the end)
         self._fingerprint = self._describe(spec.policy, predictor, spec.lr_scheduler, spec.recompute, config)
         if dist.is_initialized() and rank is None:
-            fp = self.fingerprint()
-            check_consistent({**fp, "optimizer": None}, "pipeline configuration")
-            # a rank whose stages have no parameters has no optimizer: compare optimizers among the others
-            opts: list[Any] = [None] * self.world
-            dist.all_gather_object(opts, fp["optimizer"])
-            held = [(r, o) for r, o in enumerate(opts) if o is not None]
-            for r, o in held[1:]:
-                diffs = differences({"optimizer": held[0][1]}, {"optimizer": o})
-                if diffs:
-                    raise ValueError("ranks disagree on the pipeline configuration:\n"
-                                     + describe_differences(diffs, f"rank {held[0][0]}", f"rank {r}"))
+            _check_ranks_agree(self.fingerprint(), self.world)
 
     @property
     def position(self) -> int:
@@ -216,15 +172,11 @@ class PipelineRuntime:
     # ------------------------------------------------------------------------------------- resume state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs besides the model and the configuration, as plain data.
+        """Everything a resumed run needs besides the model and the configuration, as plain data: the program
+        position and cut, each executor's state, hand-overs and messages in flight, partial and done losses.
 
-        Keys: ``rank``, ``position`` (next job of the program), ``cut_step`` (the consistent cut it stands
-        at), ``stages`` (each executor's :meth:`~pipelab.pipeline.stage.StageExecutor.state_dict`), ``local``
-        (same-rank hand-overs in flight), ``outbox`` (messages kept at the cut), ``step_loss`` (losses of
-        unfinished mini-batches), ``losses``, ``trace``, ``activations`` (saved-input bytes now and at the
-        peak). Call between runs (after ``run(..., stop_at_step=c)``), when no send is outstanding. Like
-        ``nn.Module.state_dict``, it holds references to the live tensors (optimizer state included): save
-        or copy it before this runtime, or one loaded from it, runs on.
+        Call between runs (after ``run(..., stop_at_step=c)``). Like ``nn.Module.state_dict`` it holds references
+        to the live tensors: save or copy it before the runtime runs on.
         """
         return {
             "rank": self.rank,
@@ -270,15 +222,10 @@ class PipelineRuntime:
     # ------------------------------------------------------------------------------------- set-up
 
     def fingerprint(self) -> dict[str, Any]:
-        """What every rank must agree on and a resumed run must keep, as JSON-able data.
-
-        Schedule (name, D, M, steps, a digest of the programs), policy and its options, predictor and its
-        options, optimizer type and hyper-parameters (every ``param_groups`` value but ``params``: lr,
-        momentum, betas, weight decay, ...), learning-rate scheduler, loss, recompute, the stages'
-        parameter names/shapes/dtypes (frozen ones marked), and the caller's ``config`` (data seed, batch size,
-        ...). Taken at construction, before any update changes a learning rate. Compare two with
-        :func:`pipelab.distributed.differences`.
-        """
+        """What every rank must agree on and a resumed run must keep, as JSON-able data: the schedule (with a
+        digest of its programs), policy, predictor, optimizer hyper-parameters, scheduler, loss, recompute,
+        precision, the stages' parameter names/shapes/dtypes and the caller's ``config``, taken at construction.
+        Compare two with :func:`pipelab.distributed.differences`."""
         return copy.deepcopy(self._fingerprint)
 
     def _describe(self, policy: Any, predictor: Any, lr_scheduler: Any, recompute: bool,
@@ -428,8 +375,20 @@ class PipelineRuntime:
                 self.transport.held())
 
     def _result(self) -> RuntimeResult:
+        losses, done, bad = self._gather_losses()
+        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
+        current = {key: v for e in self.executors.values() for key, v in e.current.items()}
+        weights = {k: tuple(p.detach().cpu().clone() for p in e.full_weights(e.params))
+                   for k, e in self.executors.items() if k not in fetched}
+        return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, self._memory(fetched),
+                             list(self.trace), self.position, steps_done=len(done), diverged=bool(bad),
+                             diverged_step=bad[0] if bad else None,
+                             collectives=self.collectives.stats() if self.collectives is not None else {})
+
+    def _gather_losses(self) -> tuple[list[float], set[int], list[int]]:
+        """Every rank learns every rank's losses and whether the weights it holds are finite: the losses per
+        step, the steps done, and the diverged ones."""
         losses = [math.nan] * self.steps
-        # every rank learns every rank's losses and whether the weights it holds are finite
         held = (p for e in self.executors.values() if not isinstance(e, FetchedStage) for p in e.params)
         mine = (self.state.losses, bool(all_finite(held)))
         parts: list[tuple[dict[int, float], bool] | None] = [None] * self.world
@@ -447,10 +406,13 @@ class PipelineRuntime:
         bad = [t for t in sorted(done) if not math.isfinite(losses[t])]
         if not bad and done and not all(part[1] for part in parts if part):
             bad = [max(done)]  # finite losses, but the last update done made some rank's weights non-finite
+        return losses, done, bad
+
+    def _memory(self, fetched: set[int]) -> dict[str, Any]:
+        """This rank's bytes at their peak (:attr:`RuntimeResult.memory`)."""
         stage_bytes = {k: tensor_bytes(e.params) for k, e in self.executors.items()}
         versions_peak = {k: e.ring.peak for k, e in self.executors.items()}
         opt_bytes = sum(optimizer_state_bytes(e.optimizer) for e in self.executors.values() if e.optimizer is not None)
-        fetched = {k for k, e in self.executors.items() if isinstance(e, FetchedStage)}
         memory: dict[str, Any] = {
             "weight_versions": sum(versions_peak[k] * stage_bytes[k] for k in self.executors if k not in fetched),
             "activations": self.state.act_peak,
@@ -463,13 +425,27 @@ class PipelineRuntime:
             memory["fetched_weights"] = sum(versions_peak[k] * stage_bytes[k] for k in fetched)
         if self.device.type == "cuda":  # measured beside the counts above: everything the allocator held
             memory["cuda_max_allocated"] = torch.cuda.max_memory_allocated(self.device)
-        current = {key: v for e in self.executors.values() for key, v in e.current.items()}
-        weights = {k: tuple(p.detach().cpu().clone() for p in e.full_weights(e.params))
-                   for k, e in self.executors.items() if k not in fetched}
-        return RuntimeResult(self.rank, list(self.my_stages), losses, current, weights, memory, list(self.trace),
-                             self.position, steps_done=len(done), diverged=bool(bad),
-                             diverged_step=bad[0] if bad else None,
-                             collectives=self.collectives.stats() if self.collectives is not None else {})
+        return memory
+
+
+def _default_device() -> torch.device:
+    """Under NCCL the rank's current CUDA device (``LOCAL_RANK``'s), else the CPU."""
+    backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def _check_ranks_agree(fp: dict[str, Any], world: int) -> None:
+    """Every rank's fingerprint equal (ValueError naming each differing field); the optimizers compared among the
+    ranks that have one (a rank whose stages have no parameters has none)."""
+    check_consistent({**fp, "optimizer": None}, "pipeline configuration")
+    opts: list[Any] = [None] * world
+    dist.all_gather_object(opts, fp["optimizer"])
+    held = [(r, o) for r, o in enumerate(opts) if o is not None]
+    for r, o in held[1:]:
+        diffs = differences({"optimizer": held[0][1]}, {"optimizer": o})
+        if diffs:
+            raise ValueError("ranks disagree on the pipeline configuration:\n"
+                             + describe_differences(diffs, f"rank {held[0][0]}", f"rank {r}"))
 
 
 def _form(shape: tuple[int, ...], dtype: Any) -> str:

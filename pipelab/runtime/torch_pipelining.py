@@ -1,21 +1,12 @@
 """Run a pipelab schedule on ``torch.distributed.pipelining``'s own runtime (``_PipelineScheduleRuntime``).
 
-The schedule is exported to torch's CSV format (:func:`pipelab.schedules.torch_actions.to_torch_csv`; with
-pipelab's SEND/RECV actions when ``comms=True``, else compute only and torch lowers the communication
-itself) and loaded by ``_PipelineScheduleRuntime._load_csv``, which then executes it: pipelab decides the
-order, torch does everything else (stages, point-to-point transfers, autograd, gradient scaling). Each
-rank builds torch ``PipelineStage`` s for the stages it computes (in increasing stage order, which is the
-chunk order of both libraries), one ``torch.optim`` optimizer per stage from the user's factory, and for
-every mini-batch calls ``schedule.step`` then ``optimizer.step()``: the update U(k, t) of pipelab's
-flushed schedules, which torch runs outside its schedule.
-
-Gradients: torch's last stage computes ``loss_fn`` per micro-batch (a mean over the micro-batch) and its
-``REDUCE_GRAD`` scales the accumulated gradient by 1/M, so the update uses the gradient of the mini-batch
-mean loss, as pipelab's emulator does (it scales each micro-batch loss by 1/M). With float64 the final
-weights agree to rounding (tests: ≤ 1e-10 against :class:`pipelab.Emulator`).
-
-Used by the tests as the torch-equivalence reference for exported schedules and by the benchmarks; it
-runs only flushed (synchronous) one-step schedules with one rank per stage, the class torch can express.
+The schedule is exported to torch's CSV format (:func:`pipelab.schedules.torch_actions.to_torch_csv`, with
+pipelab's SEND/RECV actions when ``comms=True``) and loaded by ``_PipelineScheduleRuntime._load_csv``: pipelab
+decides the order, torch does the rest (stages, transfers, autograd, gradient scaling). Each rank builds torch
+``PipelineStage`` s for its stages and one optimizer per stage, and per mini-batch calls ``schedule.step`` then
+``optimizer.step()`` (U of pipelab's flushed schedules, which torch runs outside its schedule). torch's
+``REDUCE_GRAD`` scales the accumulated gradient by 1/M, so the update is that of the mini-batch mean loss, as in
+the emulator (tests: ≤ 1e-10 in float64). Only flushed one-step schedules with one rank per stage.
 
 Reference: ``torch.distributed.pipelining`` (PyTorch ≥ 2.5): ``PipelineStage``, ``_PipelineScheduleRuntime``.
 """
@@ -26,6 +17,7 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,23 +57,17 @@ def run_torch_pipelining(model: nn.Sequential | Sequence[nn.Module], schedule: S
     """Train ``model`` for ``len(batches)`` steps of ``schedule`` on torch's pipelining runtime (this rank's part).
 
     Call on every rank of an initialised default process group of ``schedule.W`` ranks (e.g. under
-    :func:`pipelab.distributed.spawn`); rank w runs ``schedule.programs[w]``.
+    :func:`pipelab.distributed.spawn`).
 
     Args:
-        model: an ``nn.Sequential`` (cut into ``schedule.D`` stages by :func:`pipelab.partition.split` with
-            ``balance``) or the D stage modules; the stages this rank computes are trained in place.
-        schedule: a flushed schedule with ``steps = 1`` and one rank per stage (rules of
-            :func:`~pipelab.schedules.torch_actions.to_torch`); it runs once per mini-batch.
-        batches: mini-batches ``(x, y)``; each is cut into ``schedule.M`` micro-batches by torch.
+        model: an ``nn.Sequential`` (cut by :func:`pipelab.partition.split` with ``balance``) or the D stage
+            modules; this rank's stages are trained in place.
+        schedule: a flushed one-step schedule, one rank per stage (:func:`~pipelab.schedules.torch_actions.to_torch`).
+        batches: mini-batches ``(x, y)``, each cut into ``schedule.M`` micro-batches by torch.
         optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage.
         loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
-        comms: export pipelab's SEND/RECV actions (``format="compute_comms"``) or only compute actions and
-            let torch add the communication (``format="compute_only"``).
-        device: where the stages run (``"cpu"`` with gloo; a CUDA device with NCCL).
-        workdir: directory for the exported CSV (a temporary one by default).
-
-    Returns:
-        A :class:`TorchPipeliningResult`.
+        comms: export pipelab's SEND/RECV actions (``"compute_comms"``), else let torch add them.
+        device: where the stages run; workdir: directory for the exported CSV (a temporary one by default).
 
     Raises:
         RuntimeError: no process group, or its size is not ``schedule.W``.
@@ -91,13 +77,7 @@ def run_torch_pipelining(model: nn.Sequential | Sequence[nn.Module], schedule: S
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    if not dist.is_initialized():
-        raise RuntimeError("run_torch_pipelining needs an initialised default process group (torchrun, or "
-                           "pipelab.distributed.spawn)")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != schedule.W:
-        raise RuntimeError(f"schedule {schedule.name!r} has {schedule.W} workers but the process group has {world} "
-                           "ranks")
+    rank = _rank(schedule)
     if len(batches) == 0:
         raise ValueError("batches must hold at least one mini-batch (x, y)")
     D, M = schedule.D, schedule.M
@@ -113,18 +93,35 @@ def run_torch_pipelining(model: nn.Sequential | Sequence[nn.Module], schedule: S
         to_torch_csv(schedule, path, comms=comms)  # validates and refuses what torch cannot run
         runtime._load_csv(path, format="compute_comms" if comms else "compute_only")
     opts = [optimizer(ps) for k in mine if (ps := list(mods[k].parameters()))]
-    first, last = 0 in mine, D - 1 in mine
+    losses = _train(runtime, opts, batches, dev, first=0 in mine, last=D - 1 in mine)
+    actions = [str(a) for a in runtime.pipeline_order_with_comms[rank]]
+    weights = {k: tuple(p.detach().clone() for p in mods[k].parameters()) for k in mine}
+    return TorchPipeliningResult(rank, mine, weights, losses, actions)
+
+
+def _rank(schedule: Schedule) -> int:
+    """This process's rank, in a default process group of ``schedule.W`` ranks (RuntimeError otherwise)."""
+    if not dist.is_initialized():
+        raise RuntimeError("run_torch_pipelining needs an initialised default process group (torchrun, or "
+                           "pipelab.distributed.spawn)")
+    if dist.get_world_size() != schedule.W:
+        raise RuntimeError(f"schedule {schedule.name!r} has {schedule.W} workers but the process group has "
+                           f"{dist.get_world_size()} ranks")
+    return dist.get_rank()
+
+
+def _train(runtime: Any, opts: list[torch.optim.Optimizer], batches: Sequence[tuple[Tensor, Tensor]],
+           dev: torch.device, *, first: bool, last: bool) -> list[float]:
+    """One ``schedule.step`` and one optimizer step per mini-batch; the mean losses where the last stage runs."""
     losses: list[float] = []
     for x, y in batches:
         for o in opts:
             o.zero_grad(set_to_none=True)
         micro: list[Tensor] = []
-        args = (x.to(dev),) if first else ()
-        runtime.step(*args, target=y.to(dev) if last else None, losses=micro if last else None)
+        runtime.step(*((x.to(dev),) if first else ()), target=y.to(dev) if last else None,
+                     losses=micro if last else None)
         for o in opts:
             o.step()
         if last:
             losses.append(float(torch.stack([m.detach() for m in micro]).mean()))
-    actions = [str(a) for a in runtime.pipeline_order_with_comms[rank]]
-    weights = {k: tuple(p.detach().clone() for p in mods[k].parameters()) for k in mine}
-    return TorchPipeliningResult(rank, mine, weights, losses, actions)
+    return losses

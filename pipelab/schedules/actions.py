@@ -1,28 +1,16 @@
 """Schedules as data: the :class:`Action` record and the :class:`Schedule` value.
 
-A schedule is, for every worker w = 0..W−1, the ordered list of actions the worker executes. An action is
+A schedule is, for every worker w = 0..W−1, the ordered list of actions the worker executes: ``F`` (forward
+of stage k on micro-batch j of step t), ``B`` (its full backward) or ``I`` and ``W`` (the backward split into
+input gradient and weight gradient, the zero-bubble family), and ``U`` (the update of stage k's weights with
+step t's gradients, on every worker that holds a copy). The global micro-batch index is g = t·M + j; in
+interleaved and folded schedules several stages ("chunks") live on one worker and ``chunk`` says which.
 
-- ``F``: forward of stage k on micro-batch (t, j) (step / mini-batch t, micro-batch j = 0..M−1);
-- ``B``: full backward (input gradient and weight gradient) of stage k on micro-batch (t, j);
-- ``U``: the optimizer update of stage k's weights with the gradients of step t, run by a worker that
-  holds a copy of stage k's weights;
-- ``I`` / ``W``: reserved for a split backward (input gradient / weight gradient, as in zero-bubble
-  schedules). The validator and simulator understand them: a stage's micro-batch has either one ``B`` or
-  one ``I`` plus one ``W``.
-
-The global micro-batch index is g = t·M + j. Stages are numbered 0..D−1 in model order; in interleaved
-and folded schedules several stages ("chunks") live on one worker and ``chunk`` records which of the
-worker's chunks the stage is (0 elsewhere).
-
-Placement follows Rahimi's w(s, b, d) = (w_weights, w_compute): the compute placement is explicit in the
-programs (the worker whose list holds the action), the weight placement is ``Schedule.weight_holders[k]``,
-the workers holding a copy of stage k's weights. A job on worker w reads stage k's weights from w itself
-when w holds them, else from the first holder (:meth:`Schedule.weight_source`).
-
-Which job waits for which (Rahimi's pred) is :mod:`pipelab.schedules.dependencies`, the one place the rule
-is written. A schedule with ``sync_lag = L`` (not None) makes the jobs of stage k in step t wait for
-U(k, t−1−L) at their weight source: L = 0 is a flushed (synchronous) schedule; ``None`` means no weight
-barrier (PipeDream-style asynchronous schedules).
+Placement follows Rahimi's w(s, b, d) = (w_weights, w_compute): compute is where the action is listed,
+weights are ``Schedule.weight_holders[k]``; a job reads stage k's weights from its own worker when it holds
+them, else from the first holder (:meth:`Schedule.weight_source`). Which job waits for which is
+:mod:`pipelab.schedules.dependencies`; ``sync_lag = L`` adds the weight barrier (L = 0: flushed; ``None``:
+asynchronous).
 
 Example:
     >>> from pipelab.schedules import gpipe
@@ -39,13 +27,13 @@ from __future__ import annotations
 import functools
 import gc
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["Action", "Schedule", "OPS", "COMPUTE_OPS", "WEIGHT_RULES", "MAX_JOBS", "check_int", "check_flag",
-           "check_jobs"]
+           "check_jobs", "flushed_program", "unflushed_program"]
 
 #: Every op an action may carry. F/B/U are produced by the builders; I/W are the split backward.
 OPS: tuple[str, ...] = ("F", "B", "U", "I", "W")
@@ -61,18 +49,11 @@ MAX_JOBS: int = 50_000_000
 class Action(NamedTuple):
     """One entry of a worker's program (immutable, hashable, cheap to create).
 
-    Attributes:
-        op: "F", "B", "U" (and "I"/"W" for a split backward).
-        stage: stage index k in 0..D−1.
-        step: step / mini-batch index t.
-        micro: micro-batch index j in 0..M−1 within step t; −1 for "U".
-        chunk: which of the worker's chunks stage k is (interleaved / folded schedules), else 0.
+    ``micro`` is −1 for "U"; ``chunk`` is which of the worker's chunks stage k is (0 unless interleaved or folded).
 
     Example:
-        >>> Action("F", 2, 0, 3)
-        Action(op='F', stage=2, step=0, micro=3, chunk=0)
-        >>> str(Action("U", 1, 4, -1))
-        'U1'
+        >>> Action("F", 2, 0, 3), str(Action("U", 1, 4, -1))
+        (Action(op='F', stage=2, step=0, micro=3, chunk=0), 'U1')
     """
 
     op: str
@@ -96,31 +77,20 @@ class Schedule:
     """A pipeline schedule as data: per-worker ordered programs plus placement and update semantics.
 
     Attributes:
-        name: human-readable name (builder and parameters).
         programs: ``programs[w]`` is worker w's ordered tuple of :class:`Action`.
-        D: number of stages (model pieces; with V chunks per worker, D = V·W).
-        M: micro-batches per optimizer step.
-        steps: number of optimizer steps T (mini-batches) the schedule covers.
-        weight_holders: ``weight_holders[k]`` = workers holding a copy of stage k's weights; each of them
-            runs U(k, t) for every step t.
-        sync_lag: ``None`` (no weight barrier: asynchronous) or L ≥ 0: F/B of stage k in step t wait for
-            U(k, t−1−L) at their weight source (0 = flushed, synchronous training).
-        weight_rule: the weight version the schedule's design uses for a job: ``"current"`` (the version
-            current when the job runs), ``"double_buffer"`` (PipeDream-2BW: every micro-batch of step t, at
-            every stage, uses the version the input stage had when step t entered the pipeline, i.e.
-            max(t−1, 0) with M ≥ D) or ``"stage_step_first"`` (a variant that is *not* 2BW: stage k uses the
-            version current at its own first forward of step t, so the last stage is never stale).
-        update_rule: the written rule of when U happens in this schedule.
-        params: the builder's parameters (e.g. ``{"V": 2}``), recorded for figures and reports.
+        D: stages (with V chunks per worker, D = V·W); M: micro-batches per step; steps: optimizer steps T.
+        weight_holders: ``weight_holders[k]`` = workers holding a copy of stage k's weights, each running
+            U(k, t) (default: the workers that compute stage k).
+        sync_lag: ``None`` (asynchronous) or L ≥ 0: jobs of stage k in step t wait for U(k, t−1−L).
+        weight_rule: the version the design gives a job: ``"current"`` (current when it runs),
+            ``"double_buffer"`` (PipeDream-2BW: step t uses the version the input stage had when step t
+            entered the pipeline) or ``"stage_step_first"`` (not 2BW: stage k's version at its own first
+            forward of step t).
+        update_rule: the written rule of when U happens; params: the builder's parameters.
         send_after: ``{job: later}`` with jobs ``(op, k, t, j)``: the tensor ``job`` hands to another worker
-            leaves when ``later`` — a job after it on the same worker — ends, not when ``job`` ends (default:
-            every tensor leaves when its producer ends). torch's runtime sends the outputs of an
-            ``OVERLAP_F_B`` action after its last sub-action, and the SEND of an action list where the list
-            puts it (:mod:`pipelab.schedules.torch_actions`). A consumer on the producer's own worker gets the
-            tensor at once. The simulator and the validator time the schedule with it (the compiled
-            dependency of the consumer is ``later``); the point-to-point messages
-            (:func:`~pipelab.schedules.transfers.messages`) still name the producer, whose tensor exists from
-            its end on.
+            leaves when ``later``, a job after it on the same worker, ends (torch sends an ``OVERLAP_F_B``'s
+            outputs after its last sub-action). The simulator and the validator time the consumer after
+            ``later``; the messages (:func:`~pipelab.schedules.transfers.messages`) still name the producer.
 
     Example:
         >>> from pipelab.schedules import one_f_one_b
@@ -142,24 +112,13 @@ class Schedule:
     send_after: Mapping[tuple[str, int, int, int], tuple[str, int, int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # frozen: normalised fields are set with object.__setattr__
         for name in ("D", "M", "steps"):
             object.__setattr__(self, name, check_int(f"Schedule.{name}", getattr(self, name)))
         if not self.programs:
             raise ValueError("Schedule.programs must list at least one worker")
-        progs = tuple(tuple(p) for p in self.programs)
-        object.__setattr__(self, "programs", progs)
-        W = len(progs)
-        holders = self.weight_holders
-        if not holders:
-            holders = tuple(tuple(sorted({w for w, p in enumerate(progs) for a in p
-                                          if a.stage == k and a.op != "U"})) or (0,) for k in range(self.D))
-        holders = tuple(tuple(int(h) for h in hs) for hs in holders)
-        if len(holders) != self.D:
-            raise ValueError(f"weight_holders must have one entry per stage (D={self.D}), got {len(holders)}")
-        for k, hs in enumerate(holders):
-            if not hs or any(not 0 <= h < W for h in hs):
-                raise ValueError(f"weight_holders[{k}]={hs} must be non-empty workers in 0..{W - 1}")
-        object.__setattr__(self, "weight_holders", holders)
+        object.__setattr__(self, "programs", tuple(tuple(p) for p in self.programs))
+        object.__setattr__(self, "weight_holders", _holders(self.programs, self.D, self.weight_holders))
         if self.sync_lag is not None and (not isinstance(self.sync_lag, int) or self.sync_lag < 0):
             raise ValueError(f"sync_lag must be None or an int >= 0, got {self.sync_lag!r}")
         if self.weight_rule not in WEIGHT_RULES:
@@ -229,6 +188,21 @@ class Schedule:
         return f"Schedule({self.name!r}, W={self.W}, D={self.D}, M={self.M}, steps={self.steps})"
 
 
+def _holders(programs: tuple[tuple[Action, ...], ...], D: int, given: Any) -> tuple[tuple[int, ...], ...]:
+    """``given`` weight holders as int tuples, checked (default: the workers computing each stage, else 0)."""
+    W = len(programs)
+    if not given:
+        given = tuple(tuple(sorted({w for w, p in enumerate(programs) for a in p
+                                    if a.stage == k and a.op != "U"})) or (0,) for k in range(D))
+    holders = tuple(tuple(int(h) for h in hs) for hs in given)
+    if len(holders) != D:
+        raise ValueError(f"weight_holders must have one entry per stage (D={D}), got {len(holders)}")
+    for k, hs in enumerate(holders):
+        if not hs or any(not 0 <= h < W for h in hs):
+            raise ValueError(f"weight_holders[{k}]={hs} must be non-empty workers in 0..{W - 1}")
+    return holders
+
+
 def _job(what: str, job: Any) -> tuple[str, int, int, int]:
     """``job`` as a tuple ``(op, stage, step, micro)`` of a compute op and three ints, or a clear error."""
     try:
@@ -246,11 +220,8 @@ _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
 def gc_paused(fn: _Fn) -> _Fn:
-    """Decorator: run ``fn`` with Python's cyclic garbage collector paused.
-
-    Building or timing a schedule allocates ~10^5–10^6 small tuples and no reference cycles; the
-    collector's full passes over them would otherwise make the cost grow faster than linearly.
-    """
+    """Decorator: run ``fn`` with the cyclic garbage collector paused (building or timing a schedule allocates
+    ~10^5–10^6 small tuples and no cycles; the collector's passes would make the cost grow faster than linearly)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -266,10 +237,8 @@ def gc_paused(fn: _Fn) -> _Fn:
 
 
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """Return ``value`` as a Python int, raising a ValueError naming ``name`` unless it is an integer >= minimum.
-
-    Integers are anything ``operator.index`` accepts (``int``, ``numpy.int64``, ...); bools and floats are
-    refused, so ``gpipe(D=True, M=2.0)`` is an error rather than ``D=1, M=2``.
+    """``value`` as a Python int; ValueError naming ``name`` unless ``operator.index`` accepts it (bools and floats
+    refused: ``gpipe(D=True, M=2.0)`` is an error) and it is >= minimum.
 
     Example:
         >>> import numpy as np
@@ -288,25 +257,39 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def check_flag(name: str, value: Any) -> bool:
-    """``value`` as a bool; TypeError unless it is one (a string such as ``"false"`` would otherwise read as True).
-
-    Example:
-        >>> check_flag("asynchronous", False)
-        False
-    """
+    """``value`` as a bool; TypeError unless it is one (a string such as ``"false"`` would otherwise read as True)."""
     if isinstance(value, bool):
         return value
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 def check_jobs(name: str, jobs: int, limit: int | None = None) -> None:
-    """Refuse to build a schedule of more than ``limit`` (default :data:`MAX_JOBS`) compute jobs.
-
-    Builders call this before allocating anything, so an absurd size (``gpipe(10**9, 1)``) fails at once
-    with a clear error instead of running for hours and exhausting memory. Raise the module constant
-    ``pipelab.schedules.actions.MAX_JOBS`` to build larger schedules on purpose.
-    """
+    """Refuse to build a schedule of more than ``limit`` (default :data:`MAX_JOBS`) compute jobs, before anything is
+    allocated (raise the module constant to build larger schedules on purpose)."""
     limit = MAX_JOBS if limit is None else limit
     if jobs > limit:
         raise ValueError(f"{name} would have {jobs:,} compute jobs, too large: the limit is MAX_JOBS={limit:,} "
                          "(pipelab.schedules.actions.MAX_JOBS); use fewer stages, micro-batches or steps")
+
+
+def flushed_program(k: int, one_step: Sequence[tuple[str, int]], steps: int) -> tuple[Action, ...]:
+    """Worker k's program of a flushed one-stage-per-worker schedule: one step's ``(op, j)`` order, then U(k, t),
+    for every step t."""
+    p: list[Action] = []
+    for t in range(steps):
+        p += [Action(op, k, t, j) for op, j in one_step]
+        p.append(Action("U", k, t, -1))
+    return tuple(p)
+
+
+def unflushed_program(k: int, order: Sequence[tuple[str, int]], per_step: int, last: str, stride: int = 1,
+                      offset: int = 0) -> tuple[Action, ...]:
+    """Worker k's program of a never-flushed schedule: ``order`` runs over the micro-batches g = t·per_step + i of
+    the whole run (micro-batch i·stride + offset of step t) and U(k, t) follows the ``last`` op of i = per_step−1."""
+    p: list[Action] = []
+    for op, g in order:
+        t, i = divmod(g, per_step)
+        p.append(Action(op, k, t, i * stride + offset))
+        if op == last and i == per_step - 1:
+            p.append(Action("U", k, t, -1))
+    return tuple(p)

@@ -1,54 +1,27 @@
 """Named schedule builders: every schedule of the seed papers as a :class:`Schedule` value.
 
-Pipeline schedules (one stage per worker unless noted; F/B of micro-batch j, U once per step):
-
-========================  =====================================================  ==========================
-builder                   order on worker k                                      when U(k, t) happens
-========================  =====================================================  ==========================
-``naive``                 F(k,j), B(k,j) for j = 0..M−1 (one micro-batch in      after the step's last B,
-                          flight in the whole pipeline)                          flush
-``gpipe``                 F(k,0..M−1), then B(k,0..M−1)                          after the step's last B,
-                                                                                 flush
-``one_f_one_b``           min(D−k−1, M) warm-up F, then F/B pairs, then the      after the step's last B,
-(PipeDream-Flush/DAPPLE)  remaining B                                            flush
-``pipedream`` (async)     the same 1F1B order over all T·M micro-batches,        right after B(k, t, M−1);
-                          never flushed; D−k micro-batches in flight             no barrier
-``pipedream_2bw``         as ``pipedream`` with M ≥ D                            right after B(k, t, M−1);
-                                                                                 step t uses version t−1 at
-                                                                                 every stage (two buffers)
-``interleaved_1f1b``      Megatron's interleaved order, V chunks per worker,     after the step's last B,
-                          stage s on worker s mod W                              flush
-``folded``                worker i holds stages i and D−1−i, greedy B-first        after the step's last B,
-                                                                                 flush
-``ddp`` / ``fsdp``        micro-batch j on worker j mod W, all stages;           every holder, after all
-                          weights everywhere (DDP) or stage k on worker k mod W  B(k,·) of the step, flush
-``lpp`` / ``fslpp``       Rahimi's h(s,b) = (R·b mod W) + (s mod R)              every holder, flush
-``hybrid`` (PP × DP)      R replicas of a D-stage pipeline, micro-batch j on     every replica after the
-                          replica j mod R; 1F1B per replica (``asynchronous``:   all-reduce of step t's
-                          PipeDream's order, never flushed)                      B(k,·); flush unless async
-========================  =====================================================  ==========================
-
-``gpipe``, ``one_f_one_b``, ``pipedream`` and ``naive`` write their order in closed form (fast for long
-runs); tests check they equal the general constructor with the matching placement, priority and
-admission. The others are thin presets over :func:`~pipelab.schedules.constructor.construct`. The
-split-backward (zero-bubble) builders live in :mod:`pipelab.schedules.zero_bubble` and are registered here.
+``naive``, ``gpipe``, ``one_f_one_b``, ``pipedream`` and ``hybrid`` write their order in closed form (fast for long
+runs; tests check they equal the general constructor with the matching placement, priority and admission); the
+others are presets over :func:`~pipelab.schedules.constructor.construct`. The split-backward builders live in
+:mod:`~pipelab.schedules.zero_bubble` and :mod:`~pipelab.schedules.v_shape`; :data:`BUILDERS` registers every one.
 
 Example:
     >>> from pipelab.schedules import pipedream
     >>> [str(a) for a in pipedream(D=3, M=1, steps=3).programs[1]]
     ['F1.0', 'F1.0', 'B1.0', 'U1', 'F1.0', 'B1.0', 'U1', 'B1.0', 'U1']
 
-References: GPipe (Huang et al. 2019); PipeDream (Narayanan et al., SOSP 2019; see the PipeOptim paper,
-arXiv:2312.00839, Fig. 1); PipeDream-2BW and PipeDream-Flush (Narayanan et al., ICML 2021); DAPPLE (Fan
-et al. 2021); Megatron-LM interleaved schedule (Narayanan et al., SC 2021); A. Rahimi, "Unifying
-Parallelization Schemes to Train Deep Nets" (2025) for DDP, FSDP, LPP, FSLPP.
+References: GPipe (Huang et al. 2019); PipeDream (Narayanan et al., SOSP 2019; PipeOptim, arXiv:2312.00839,
+Fig. 1); PipeDream-2BW and PipeDream-Flush (Narayanan et al., ICML 2021); DAPPLE (Fan et al. 2021); Megatron-LM
+interleaved 1F1B (Narayanan et al., SC 2021); A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets"
+(2025) for DDP, FSDP, LPP, FSLPP.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from .actions import Action, Schedule, check_flag, check_int, check_jobs, gc_paused
+from .actions import Action, Schedule, check_flag, check_int, check_jobs, flushed_program, gc_paused, unflushed_program
 from .compiled import Cost
 from .constructor import construct
 from .v_shape import dualpipe, dualpipe_v, interleaved_zero_bubble, v_half, v_min, zb_v
@@ -64,6 +37,13 @@ def _one_stage_holders(D: int) -> tuple[tuple[int, ...], ...]:
     return tuple((k,) for k in range(D))
 
 
+def _flushed(name: str, D: int, M: int, steps: int, one_step: Callable[[int], list[tuple[str, int]]]) -> Schedule:
+    """A flushed schedule of D workers, worker k running ``one_step(k)``'s ``(op, j)`` order every step, then U."""
+    progs = tuple(flushed_program(k, one_step(k), steps) for k in range(D))
+    return Schedule(f"{name}(D={D}, M={M})", progs, D, M, steps, _one_stage_holders(D), 0, "current", _FLUSH,
+                    {"D": D, "M": M})
+
+
 @gc_paused
 def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
     """Naive model parallelism: one micro-batch in the whole pipeline at a time (PipeOptim Fig. 1(c)).
@@ -76,16 +56,7 @@ def naive(D: int, M: int = 1, steps: int = 1) -> Schedule:
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"naive(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
-    progs = []
-    for k in range(D):
-        p = []
-        for t in range(steps):
-            for j in range(M):
-                p += [Action("F", k, t, j), Action("B", k, t, j)]
-            p.append(Action("U", k, t, -1))
-        progs.append(tuple(p))
-    return Schedule(f"naive(D={D}, M={M})", tuple(progs), D, M, steps, _one_stage_holders(D), 0, "current",
-                    _FLUSH, {"D": D, "M": M})
+    return _flushed("naive", D, M, steps, lambda k: [(op, j) for j in range(M) for op in ("F", "B")])
 
 
 @gc_paused
@@ -100,21 +71,12 @@ def gpipe(D: int, M: int, steps: int = 1) -> Schedule:
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"gpipe(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
-    progs = []
-    for k in range(D):
-        p = []
-        for t in range(steps):
-            p += [Action("F", k, t, j) for j in range(M)]
-            p += [Action("B", k, t, j) for j in range(M)]
-            p.append(Action("U", k, t, -1))
-        progs.append(tuple(p))
-    return Schedule(f"GPipe(D={D}, M={M})", tuple(progs), D, M, steps, _one_stage_holders(D), 0, "current",
-                    _FLUSH, {"D": D, "M": M})
+    return _flushed("GPipe", D, M, steps, lambda k: [(op, j) for op in ("F", "B") for j in range(M)])
 
 
-def _one_f_one_b_order(k: int, D: int, n: int) -> list[tuple[str, int]]:
-    """1F1B order of worker k over n micro-batches: warm-up F, F/B pairs, cool-down B."""
-    warm = min(D - k - 1, n)
+def _one_f_one_b_order(warm: int, n: int) -> list[tuple[str, int]]:
+    """The 1F1B order over n micro-batches: min(warm, n) warm-up F, then F/B pairs, then the cool-down B."""
+    warm = min(warm, n)
     order = [("F", j) for j in range(warm)]
     for j in range(n - warm):
         order += [("F", warm + j), ("B", j)]
@@ -135,15 +97,7 @@ def one_f_one_b(D: int, M: int, steps: int = 1) -> Schedule:
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"one_f_one_b(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
-    progs = []
-    for k in range(D):
-        p = []
-        for t in range(steps):
-            p += [Action(op, k, t, j) for op, j in _one_f_one_b_order(k, D, M)]
-            p.append(Action("U", k, t, -1))
-        progs.append(tuple(p))
-    return Schedule(f"1F1B(D={D}, M={M})", tuple(progs), D, M, steps, _one_stage_holders(D), 0, "current",
-                    _FLUSH, {"D": D, "M": M})
+    return _flushed("1F1B", D, M, steps, lambda k: _one_f_one_b_order(D - k - 1, M))
 
 
 @gc_paused
@@ -162,36 +116,19 @@ def pipedream(D: int, M: int = 1, steps: int = 8, *, name: str = "PipeDream",
     """
     D, M, steps = check_int("D", D), check_int("M", M), check_int("steps", steps)
     check_jobs(f"{name}(D={D}, M={M}, steps={steps})", 2 * D * M * steps)
-    n = steps * M
-    progs = []
-    for k in range(D):
-        p = []
-        for op, g in _one_f_one_b_order(k, D, n):
-            t, j = divmod(g, M)
-            p.append(Action(op, k, t, j))
-            if op == "B" and j == M - 1:
-                p.append(Action("U", k, t, -1))
-        progs.append(tuple(p))
+    progs = tuple(unflushed_program(k, _one_f_one_b_order(D - k - 1, steps * M), M, "B") for k in range(D))
     rule = "U(k,t) right after B(k,t,M−1) on worker k; no flush, later micro-batches keep flowing"
-    return Schedule(f"{name}(D={D}, M={M}, T={steps})", tuple(progs), D, M, steps, _one_stage_holders(D),
+    return Schedule(f"{name}(D={D}, M={M}, T={steps})", progs, D, M, steps, _one_stage_holders(D),
                     None, weight_rule, rule, {"D": D, "M": M})
 
 
 def pipedream_2bw(D: int, M: int, steps: int = 8) -> Schedule:
     """PipeDream-2BW: asynchronous 1F1B with M ≥ D micro-batches per update and double-buffered weights.
 
-    Same order as :func:`pipedream`. The 2BW rule (Narayanan et al., ICML 2021, §3.1) is
-
-        W^(t+1) = W^(t) − ν · ∇f(W^(t−1))     at *every* stage,
-
-    so micro-batch g (counted over the run, g = t·M + j) uses version max(⌊g/M⌋ − 1, 0) in forward and
-    backward at every stage, and every stage holds two versions (the one in use and the newest). The
-    schedule records this as ``weight_rule="double_buffer"``: the version table reads the version as the one
-    the *input stage* had when step t's first micro-batch entered the pipeline, which equals t − 1 for
-    t ≥ 1 whenever M ≥ D (tested). It is derived from the simulated timeline, not from the formula.
-
-    The ``2bw`` policy's ``rule="stage_first"`` variant (each stage uses the version current at its own first
-    forward of the step, so the last stage is never stale) is *not* 2BW; it is kept only for comparison.
+    Same order as :func:`pipedream`. The 2BW rule (Narayanan et al., ICML 2021, §3.1),
+    W^(t+1) = W^(t) − ν·∇f(W^(t−1)) at every stage, is ``weight_rule="double_buffer"``: the version table
+    gives step t the version the input stage had when step t entered the pipeline, t − 1 whenever M ≥ D
+    (tested), read off the simulated timeline.
 
     Raises:
         ValueError: if M < D (two buffers are then not enough).
@@ -217,8 +154,8 @@ def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     """Interleaved 1F1B (Megatron-LM): V chunks per worker, stage s = c·W + w on worker w = s mod W.
 
     Worker w runs min(2(W−w−1) + (V−1)W, M·V) warm-up forwards, then (F, B) pairs, then the remaining
-    backwards. The i-th forward is chunk (i // W) mod V of micro-batch (i // (W·V))·W + i mod W; the i-th
-    backward is chunk V−1−((i // W) mod V) of the same micro-batch formula. Flushed per step.
+    backwards; the i-th forward is chunk (i // W) mod V, the i-th backward chunk V−1−((i // W) mod V), both of
+    micro-batch (i // (W·V))·W + i mod W. Flushed per step.
 
     Raises:
         ValueError: if M is not a multiple of W (Megatron's requirement) or V < 1.
@@ -235,23 +172,11 @@ def interleaved_1f1b(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     D = V * W
     progs = []
     for w in range(W):
-        total = M * V
-        warm = min(2 * (W - w - 1) + (V - 1) * W, total)
-
-        def fwd(i: int, t: int, w: int = w) -> Action:
-            c = (i // W) % V
-            return Action("F", c * W + w, t, (i // (W * V)) * W + i % W, c)
-
-        def bwd(i: int, t: int, w: int = w) -> Action:
-            c = V - 1 - (i // W) % V
-            return Action("B", c * W + w, t, (i // (W * V)) * W + i % W, c)
-
+        order = _one_f_one_b_order(2 * (W - w - 1) + (V - 1) * W, M * V)
+        chunks = [(i // W) % V if op == "F" else V - 1 - (i // W) % V for op, i in order]
         p = []
         for t in range(steps):
-            p += [fwd(i, t) for i in range(warm)]
-            for i in range(total - warm):
-                p += [fwd(warm + i, t), bwd(i, t)]
-            p += [bwd(i, t) for i in range(total - warm, total)]
+            p += [Action(op, c * W + w, t, (i // (W * V)) * W + i % W, c) for (op, i), c in zip(order, chunks)]
             p += [Action("U", c * W + w, t, -1, c) for c in range(V)]
         progs.append(tuple(p))
     return Schedule(f"interleaved 1F1B(W={W}, V={V}, M={M})", tuple(progs), D, M, steps,
@@ -321,13 +246,19 @@ def lpp_hash(s: int, b: int, G: int, R: int) -> int:
     return (R * b) % (G * R) + s % R
 
 
-def _check_lpp(D: int, M: int, G: int, R: int, name: str) -> tuple[int, int, int, int]:
+def _looped(name: str, D: int, M: int, G: int, R: int, steps: int, weights: Callable[[int, int, int], Any],
+            priority: str, costs: tuple[Cost, Cost, Cost], rule: str) -> Schedule:
+    """LPP's compute placement h(s, b) with the weight placement ``weights(s, G, R)`` (``lpp``, ``fslpp``)."""
     D, M, G, R = (check_int(n, v) for n, v in (("D", D), ("M", M), ("G", G), ("R", R)))
     if D % R:
-        raise ValueError(f"{name} needs D divisible by R so each worker holds D/R stages (D={D}, R={R})")
+        raise ValueError(f"{name.lower()} needs D divisible by R so each worker holds D/R stages (D={D}, R={R})")
     if M % G:
-        raise ValueError(f"{name} needs M divisible by G so groups get equal micro-batches (M={M}, G={G})")
-    return D, M, G, R
+        raise ValueError(f"{name.lower()} needs M divisible by G so groups get equal micro-batches (M={M}, G={G})")
+    order = "" if priority == "backward_first" else f", {priority}"
+    return construct(D, M, G * R, compute=lambda s, b, d: lpp_hash(s, b, G, R), weights=lambda s: weights(s, G, R),
+                     priority=priority, steps=steps, chunk=lambda s, w: s // R,
+                     name=f"{name}(D={D}, M={M}, G={G}, R={R}){order}", f_cost=costs[0], b_cost=costs[1],
+                     u_cost=costs[2], update_rule=rule, params={"D": D, "M": M, "G": G, "R": R})
 
 
 def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "backward_first", f_cost: Cost = 1.0,
@@ -338,63 +269,37 @@ def lpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "back
     Each group keeps its own copy of the weights; all copies apply U(s, t) after the step (flush).
     G = 1, R = D is GPipe's placement; G = M, R = 1 is DDP's.
 
-    ``priority`` (a name of :data:`~pipelab.schedules.constructor.PRIORITIES`) orders the jobs ready on a
-    worker: ``"backward_first"`` (1F1B's order, fewer micro-batches resident) or ``"forward_first"``
-    (GPipe's breadth-first order, the one under which G = 1, R = D is GPipe). Under ``"forward_first"`` the
-    latency, in F+B units of one stage, is max(S + B/G − 1, (S/R)(B/G) + R − 1): Rahimi's Table 1 value, or
-    a worker's own (S/R)(B/G) jobs plus the fill when that is longer (exact when B/G ≤ R or R divides B/G;
-    tested).
-
-    ``f_cost``, ``b_cost``, ``u_cost``: the costs the greedy constructor orders the jobs at, as
-    :func:`pipelab.simulate` takes them (default: unit F and B). Pass the costs the schedule will be
-    simulated or run with: the backward-first order built at unit costs and simulated at
-    B = 2F idles 21 % at D = 8, M = 64, G = 2, R = 4, built at B = 2F 6.8 % (tested); the forward-first order
-    does not depend on them there.
+    ``priority`` (:data:`~pipelab.schedules.constructor.PRIORITIES`): ``"backward_first"`` (1F1B's order) or
+    ``"forward_first"`` (GPipe's; G = 1, R = D is then GPipe). Under ``"forward_first"`` the latency in F+B units
+    of one stage is max(S + B/G − 1, (S/R)(B/G) + R − 1), Rahimi's Table 1 value or a worker's own jobs plus the
+    fill when longer (exact when B/G ≤ R or R divides B/G; tested). ``f_cost``, ``b_cost``, ``u_cost``: the
+    costs the constructor orders at (:func:`~pipelab.schedules.constructor.construct`); pass those the schedule
+    will run with.
     """
-    D, M, G, R = _check_lpp(D, M, G, R, "lpp")
-    W = G * R
-    return construct(D, M, W, compute=lambda s, b, d: lpp_hash(s, b, G, R),
-                     weights=lambda s: tuple(g * R + s % R for g in range(G)), priority=priority,
-                     steps=steps, chunk=lambda s, w: s // R, name=f"LPP(D={D}, M={M}, G={G}, R={R})"
-                     + ("" if priority == "backward_first" else f", {priority}"), f_cost=f_cost, b_cost=b_cost,
-                     u_cost=u_cost,
-                     update_rule="every group's copy applies U(s,t) after the all-reduce of step t (flush)",
-                     params={"D": D, "M": M, "G": G, "R": R})
+    return _looped("LPP", D, M, G, R, steps, lambda s, G, R: tuple(g * R + s % R for g in range(G)), priority,
+                   (f_cost, b_cost, u_cost), "every group's copy applies U(s,t) after the all-reduce of step t (flush)")
 
 
 def fslpp(D: int, M: int, G: int, R: int, steps: int = 1, *, priority: str = "backward_first", f_cost: Cost = 1.0,
           b_cost: Cost = 1.0, u_cost: Cost = 0.0) -> Schedule:
     """Fully sharded LPP: compute as :func:`lpp`, stage s's weights only on worker h(s, s).
 
-    w(s,b,d) = (h(s,s), h(s,b)); the owner applies U(s, t), the others fetch stage s's weights.
-    ``priority`` and the ordering costs ``f_cost``, ``b_cost``, ``u_cost`` order ready jobs as in :func:`lpp`
-    (same compute placement, so the same timeline).
+    w(s,b,d) = (h(s,s), h(s,b)); the owner applies U(s, t), the others fetch stage s's weights. ``priority``
+    and the ordering costs as in :func:`lpp` (same compute placement, so the same timeline).
     """
-    D, M, G, R = _check_lpp(D, M, G, R, "fslpp")
-    W = G * R
-    return construct(D, M, W, compute=lambda s, b, d: lpp_hash(s, b, G, R),
-                     weights=lambda s: lpp_hash(s, s, G, R), priority=priority, steps=steps,
-                     chunk=lambda s, w: s // R, name=f"FSLPP(D={D}, M={M}, G={G}, R={R})"
-                     + ("" if priority == "backward_first" else f", {priority}"), f_cost=f_cost, b_cost=b_cost,
-                     u_cost=u_cost, update_rule="the owner h(s,s) applies U(s,t) after the reduce of step t (flush)",
-                     params={"D": D, "M": M, "G": G, "R": R})
+    return _looped("FSLPP", D, M, G, R, steps, lambda s, G, R: lpp_hash(s, s, G, R), priority, (f_cost, b_cost, u_cost),
+                   "the owner h(s,s) applies U(s,t) after the reduce of step t (flush)")
 
 
 @gc_paused
 def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False) -> Schedule:
     """Hybrid pipeline × data parallelism: R replicas of a D-stage pipeline, W = D·R workers.
 
-    Replica r holds every stage, stage k on worker r·D + k (``weight_holders[k] = (k, D+k, ..., (R−1)D+k)``);
-    micro-batch j of a step goes to replica j mod R, as the replica's local micro-batch i = ⌊j/R⌋ of
-    M/R. Each replica runs 1F1B over its micro-batches; every replica's holder of stage k applies U(k, t)
-    after the all-reduce of all M gradients of the step, so the replicas share versions:
-
-    - synchronous (default): per step, :func:`one_f_one_b`'s order on M/R local micro-batches, then U (flush);
-      the same update as plain mini-batch training on M micro-batches (Narayanan et al., SC 2021's 2D
-      layout: PP within a replica, DP across replicas);
-    - ``asynchronous=True``: :func:`pipedream`'s order over all T·M/R local micro-batches, never flushed,
-      U(k, t) right after the replica's last B(k, t, ·) (and the all-reduce): PipeDream's replicated stages
-      (Narayanan et al., SOSP 2019, §3.1); each replica's version table is pipedream(D, M/R)'s.
+    Stage k of replica r on worker r·D + k; micro-batch j of a step goes to replica j mod R. Every holder of
+    stage k applies U(k, t) after the all-reduce of all M gradients of the step, so the replicas share versions.
+    Synchronous (default): :func:`one_f_one_b`'s order per replica, flushed, plain mini-batch training's update
+    (Narayanan et al., SC 2021); ``asynchronous=True``: :func:`pipedream`'s order, never flushed (PipeDream's
+    replicated stages, Narayanan et al., SOSP 2019, §3.1).
 
     Raises:
         ValueError: if M is not a multiple of R. TypeError: ``asynchronous`` not a bool.
@@ -411,20 +316,14 @@ def hybrid(D: int, M: int, R: int, steps: int = 1, *, asynchronous: bool = False
     check_jobs(f"hybrid(D={D}, M={M}, R={R}, steps={steps})", 2 * D * M * steps)
     Mr = M // R
     progs: list[tuple[Action, ...]] = []
-    for r in range(R):
+    for r in range(R):  # replica r's micro-batch i of a step is the step's micro-batch i·R + r
         for k in range(D):
-            p: list[Action] = []
             if asynchronous:
-                for op, g in _one_f_one_b_order(k, D, steps * Mr):
-                    t, i = divmod(g, Mr)
-                    p.append(Action(op, k, t, i * R + r))
-                    if op == "B" and i == Mr - 1:
-                        p.append(Action("U", k, t, -1))
+                order = _one_f_one_b_order(D - k - 1, steps * Mr)
+                progs.append(unflushed_program(k, order, Mr, "B", R, r))
             else:
-                for t in range(steps):
-                    p += [Action(op, k, t, i * R + r) for op, i in _one_f_one_b_order(k, D, Mr)]
-                    p.append(Action("U", k, t, -1))
-            progs.append(tuple(p))
+                order = _one_f_one_b_order(D - k - 1, Mr)
+                progs.append(flushed_program(k, [(op, i * R + r) for op, i in order], steps))
     holders = tuple(tuple(r * D + k for r in range(R)) for k in range(D))
     kind = "async " if asynchronous else ""
     rule = ("every replica applies U(k,t) after the all-reduce of step t's B(k,·) "

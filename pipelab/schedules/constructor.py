@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .actions import Action, Schedule, check_int, check_jobs, gc_paused
@@ -77,17 +78,174 @@ def priority_key(priority: str | Priority) -> Priority:
         raise ValueError(f"priority must be a callable or one of {sorted(PRIORITIES)}, got {priority!r}") from None
 
 
-def _holders(weights: Any, D: int, W: int, stage_workers: list[set[int]]) -> tuple[tuple[int, ...], ...]:
+def _limits(max_in_flight: int | Sequence[int | None] | None, W: int) -> list[int | None]:
+    """The admission bound of every worker (None: unbounded)."""
+    if max_in_flight is None or not isinstance(max_in_flight, Sequence):
+        limit: list[int | None] = [max_in_flight] * W
+    else:
+        limit = list(max_in_flight)
+        if len(limit) != W:
+            raise ValueError(f"max_in_flight has {len(limit)} entries, expected one per worker (W={W})")
+    for w, lim in enumerate(limit):
+        if lim is not None:
+            try:
+                limit[w] = check_int(f"max_in_flight[{w}]", lim)
+            except ValueError:
+                raise ValueError(f"max_in_flight[{w}] must be None or an int >= 1, got {lim!r}") from None
+    return limit
+
+
+def _placement(compute: Callable[[int, int, str], int], weights: Any, D: int, M: int, W: int
+               ) -> tuple[dict[tuple[str, int, int], int], tuple[tuple[int, ...], ...]]:
+    """w_compute of every ``(d, s, b)`` and w_weights of every stage (default: the workers that compute it)."""
+    where: dict[tuple[str, int, int], int] = {}
+    for s in range(D):
+        for b in range(M):
+            for d in ("F", "B"):
+                w = compute(s, b, d)
+                if not isinstance(w, int) or not 0 <= w < W:
+                    raise ValueError(f"compute({s}, {b}, {d!r}) = {w!r} is not a worker in 0..{W - 1}")
+                where[(d, s, b)] = w
     if weights is None:
-        return tuple(tuple(sorted(stage_workers[k])) for k in range(D))
-    out = []
+        workers: list[set[int]] = [set() for _ in range(D)]
+        for (_, s, _), w in where.items():
+            workers[s].add(w)
+        return where, tuple(tuple(sorted(ws)) for ws in workers)
+    holders = []
     for k in range(D):
         h = weights(k) if callable(weights) else weights[k]
         hs = (int(h),) if isinstance(h, int) else tuple(int(x) for x in h)
         if not hs or any(not 0 <= x < W for x in hs):
             raise ValueError(f"weights({k}) = {hs}: holders must be non-empty workers in 0..{W - 1}")
-        out.append(hs)
-    return tuple(out)
+        holders.append(hs)
+    return where, tuple(holders)
+
+
+@dataclass
+class _Graph:
+    """The jobs by integer id: the action, its worker, its unmet dependencies and its successors."""
+
+    jobs: list[Action]
+    worker: list[int]
+    index: dict[tuple[str, int, int, int, int], int]  # (op, s, t, b, holder or -1) -> id
+    n_dep: list[int]
+    succ: list[list[int]]
+
+
+def _job_graph(D: int, M: int, steps: int, split: bool, sync_lag: int | None, where: dict[tuple[str, int, int], int],
+               holders: tuple[tuple[int, ...], ...], chunk: Callable[[int, int], int] | None,
+               order: Sequence[Sequence[Job]] | None) -> _Graph:
+    """Every job of the run (U once per holder) with its edges: the dependency rule, the weight barrier at the
+    job's weight source, and a fixed relative ``order`` (each job waits for the previous one)."""
+    g = _Graph([], [], {}, [], [])
+
+    def add_job(op: str, s: int, t: int, b: int, w: int, holder: int = -1) -> None:
+        g.index[(op, s, t, b, holder)] = len(g.jobs)
+        g.jobs.append(Action(op, s, t, b, chunk(s, w) if chunk is not None else 0))
+        g.worker.append(w)
+
+    for t in range(steps):
+        for s in range(D):
+            for b in range(M):
+                for d in ("F", "I", "W") if split else ("F", "B"):
+                    add_job(d, s, t, b, where[("F" if d == "F" else "B", s, b)])
+            for h in holders[s]:
+                add_job("U", s, t, -1, h, h)
+    g.n_dep, g.succ = [0] * len(g.jobs), [[] for _ in g.jobs]
+
+    def edge(dep: int, job: int) -> None:
+        g.succ[dep].append(job)
+        g.n_dep[job] += 1
+
+    for i, a in enumerate(g.jobs):
+        job = (a.op, a.stage, a.step, a.micro)
+        for dep in dependencies(job, D, M, split):
+            edge(g.index[dep + (-1,)], i)
+        barrier = update_dependency(job, sync_lag)
+        if barrier is not None:  # U(s, t−1−L) at the weight source: the worker itself if it holds s
+            hs = holders[a.stage]
+            edge(g.index[("U", barrier[0], barrier[1], -1, g.worker[i] if g.worker[i] in hs else hs[0])], i)
+    for w, seq_w in enumerate(order or ()):
+        ids = [g.index[(op, s, t, b, -1)] for op, s, t, b in seq_w]
+        if any(g.worker[i] != w for i in ids):
+            raise ValueError(f"order[{w}] names jobs that do not run on worker {w}")
+        for before, after in zip(ids, ids[1:]):
+            edge(before, after)
+    return g
+
+
+def _greedy(g: _Graph, W: int, M: int, key: Priority, limit: list[int | None], admission: str,
+            cost_of: dict[str, list[float]], releases: str) -> tuple[list[list[Action]], int]:
+    """List scheduling, event by event: each worker's start order and the number of jobs that ran.
+
+    ``resident[w]`` counts the activations worker w holds per global micro-batch g = t·M + b: an F adds one,
+    the ``releases`` job (the weight-gradient job) of the same stage and micro-batch frees it.
+    """
+    ready: list[list[tuple]] = [[] for _ in range(W)]  # per worker, a heap of (priority, id)
+    keys = [(-1,) if a.op == "U" else key(a, M) for a in g.jobs]  # updates outrank compute
+    for i, n in enumerate(g.n_dep):
+        if n == 0:
+            heapq.heappush(ready[g.worker[i]], (keys[i], i))
+    resident: list[dict[int, int]] = [{} for _ in range(W)]
+    busy = [False] * W
+    events: list[tuple[float, int, int]] = []  # (end time, tie-break, id)
+    programs: list[list[Action]] = [[] for _ in range(W)]
+    now, done, seq = 0.0, 0, 0
+
+    def admitted(a: Action, w: int) -> bool:
+        bound, held = limit[w], resident[w]
+        if a.op != "F" or bound is None:
+            return True
+        if admission == "activations":
+            return sum(held.values()) < bound
+        return a.step * M + a.micro in held or len(held) < bound  # a resident micro-batch is never held back
+
+    def try_start(w: int) -> None:
+        nonlocal seq
+        if busy[w]:
+            return
+        held_back = []
+        while ready[w] and not admitted(g.jobs[ready[w][0][1]], w):
+            held_back.append(heapq.heappop(ready[w]))
+        if ready[w]:
+            i = heapq.heappop(ready[w])[1]
+            a = g.jobs[i]
+            if a.op == "F":
+                gm = a.step * M + a.micro
+                resident[w][gm] = resident[w].get(gm, 0) + 1
+            busy[w] = True
+            programs[w].append(a)
+            heapq.heappush(events, (now + cost_of[a.op][a.stage], seq, i))
+            seq += 1
+        for item in held_back:
+            heapq.heappush(ready[w], item)
+
+    for w in range(W):
+        try_start(w)
+    while events:
+        now = events[0][0]
+        touched = set()
+        while events and events[0][0] <= now:  # every job ending now, before any worker starts again
+            i = heapq.heappop(events)[2]
+            a, w = g.jobs[i], g.worker[i]
+            busy[w] = False
+            touched.add(w)
+            done += 1
+            if a.op == releases:
+                fw = g.worker[g.index[("F", a.stage, a.step, a.micro, -1)]]
+                r, gm = resident[fw], a.step * M + a.micro
+                r[gm] -= 1
+                if r[gm] == 0:
+                    del r[gm]
+                touched.add(fw)
+            for nxt in g.succ[i]:
+                g.n_dep[nxt] -= 1
+                if g.n_dep[nxt] == 0:
+                    heapq.heappush(ready[g.worker[nxt]], (keys[nxt], nxt))
+                    touched.add(g.worker[nxt])
+        for w in sorted(touched):
+            try_start(w)
+    return programs, done
 
 
 @gc_paused
@@ -115,185 +273,42 @@ def construct(D: int, M: int, W: int, *, compute: Callable[[int, int, str], int]
         split: split every backward into I and W (placed by ``compute(s, b, "B")``).
         order: per worker, jobs ``(op, s, t, b)`` it runs in this relative order (see the module docstring).
         f_cost, b_cost, u_cost, i_cost, w_cost: the job costs the greedy scheduler orders with, as
-            :func:`pipelab.simulate` takes them (scalar or one value per stage; F, B, I, W > 0, U >= 0; I and W
-            default to half of B). The order is the greedy one at
-            these costs: simulate the schedule at the same costs (the default, unit F and B, suits unit
-            costs only; e.g. LPP's backward-first order built at unit costs and simulated at B = 2F idles
-            21 % at S = 8, M = 64, G = 2, R = 4, built at B = 2F 6.8 %). Transfer latencies are not seen.
+            :func:`pipelab.simulate` takes them (I and W default to half of B). Simulate the schedule at the
+            same costs: e.g. LPP's backward-first order built at unit costs and simulated at B = 2F idles
+            21 % at S = 8, M = 64, G = 2, R = 4, built at B = 2F 6.8 %. Transfer latencies are not seen.
         chunk: optional (stage, worker) → chunk index recorded on actions.
         name, weight_rule, update_rule, params: recorded on the schedule.
-
-    Returns:
-        The schedule: each worker's jobs in the order the greedy scheduler started them.
 
     Raises:
         ValueError: bad sizes, a placement outside 0..W−1, negative costs, or a deadlock (e.g. an
             admission bound too small to ever run a backward), reported with the partial grid.
     """
+    # The constructor in four named steps:
+    #   _limits, costs   the admission bound per worker; the simulator's per-stage job costs
+    #   _placement       w_compute of every (d, s, b) and w_weights of every stage
+    #   _job_graph       the jobs and their edges, from the one dependency rule (schedules/dependencies.py)
+    #   _greedy          the list scheduler: the start order on every worker is the schedule
     D, M, W, steps = (check_int(n, v) for n, v in (("D", D), ("M", M), ("W", W), ("steps", steps)))
     check_jobs(f"{name}(D={D}, M={M}, W={W}, steps={steps})", (3 if split else 2) * D * M * steps)
     key = priority_key(priority)
     if admission not in ("micro_batches", "activations"):
         raise ValueError(f"admission must be 'micro_batches' or 'activations', got {admission!r}")
-    # the simulator's rule for costs (one value per stage)
-    fc = _per_stage("f_cost", f_cost, D, positive=True).tolist()
+    limit = _limits(max_in_flight, W)
     bc = _per_stage("b_cost", b_cost, D, positive=True).tolist()
-    uc = _per_stage("u_cost", u_cost, D, positive=False).tolist()
-    ic = [b / 2 for b in bc] if i_cost is None else _per_stage("i_cost", i_cost, D, positive=True).tolist()
-    wc = [b / 2 for b in bc] if w_cost is None else _per_stage("w_cost", w_cost, D, positive=True).tolist()
-    cost_of = {"F": fc, "B": bc, "U": uc, "I": ic, "W": wc}
-    backward_ops = ("I", "W") if split else ("B",)
-    releases = weight_gradient_job(split)  # the job whose end frees an activation
-    if max_in_flight is None or not isinstance(max_in_flight, Sequence):
-        limit = [max_in_flight] * W
-    else:
-        limit = list(max_in_flight)
-        if len(limit) != W:
-            raise ValueError(f"max_in_flight has {len(limit)} entries, expected one per worker (W={W})")
-    for w, lim in enumerate(limit):
-        if lim is not None:
-            try:
-                limit[w] = check_int(f"max_in_flight[{w}]", lim)
-            except ValueError:
-                raise ValueError(f"max_in_flight[{w}] must be None or an int >= 1, got {lim!r}") from None
-
-    # Placement of every compute job; stage_workers for the default weight placement.
-    where: dict[tuple[str, int, int], int] = {}
-    stage_workers: list[set[int]] = [set() for _ in range(D)]
-    for s in range(D):
-        for b in range(M):
-            for d in ("F", "B"):
-                w = compute(s, b, d)
-                if not isinstance(w, int) or not 0 <= w < W:
-                    raise ValueError(f"compute({s}, {b}, {d!r}) = {w!r} is not a worker in 0..{W - 1}")
-                where[(d, s, b)] = w
-                stage_workers[s].add(w)
-    holders = _holders(weights, D, W, stage_workers)
-    hold_set = [set(h) for h in holders]
-
-    def src(s: int, w: int) -> int:
-        return w if w in hold_set[s] else holders[s][0]
-
-    def chunk_of(s: int, w: int) -> int:
-        return chunk(s, w) if chunk is not None else 0
-
-    # Jobs by integer id; dependency counts and successor lists.
-    jobs: list[Action] = []
-    worker: list[int] = []
-    index: dict[tuple[str, int, int, int, int], int] = {}
-    for t in range(steps):
-        for s in range(D):
-            for b in range(M):
-                for d in ("F", *backward_ops):
-                    w = where[("F" if d == "F" else "B", s, b)]
-                    index[(d, s, t, b, -1)] = len(jobs)
-                    jobs.append(Action(d, s, t, b, chunk_of(s, w)))
-                    worker.append(w)
-            for h in holders[s]:
-                index[("U", s, t, -1, h)] = len(jobs)
-                jobs.append(Action("U", s, t, -1, chunk_of(s, h)))
-                worker.append(h)
-    n = len(jobs)
-    n_dep = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-
-    def add(dep: int, job: int) -> None:
-        succ[dep].append(job)
-        n_dep[job] += 1
-
-    for i, a in enumerate(jobs):
-        job = (a.op, a.stage, a.step, a.micro)
-        for dep in dependencies(job, D, M, split):
-            add(index[dep + (-1,)], i)
-        barrier = update_dependency(job, sync_lag)
-        if barrier is not None:
-            add(index[("U", barrier[0], barrier[1], -1, src(a.stage, worker[i]))], i)
-    for w, seq_w in enumerate(order or ()):  # a fixed relative order: each job waits for the previous one
-        ids = [index[(job[0], job[1], job[2], job[3], -1)] for job in seq_w]
-        if any(worker[i] != w for i in ids):
-            raise ValueError(f"order[{w}] names jobs that do not run on worker {w}")
-        for before, after in zip(ids, ids[1:]):
-            add(before, after)
-
-    ready: list[list[tuple]] = [[] for _ in range(W)]
-    keys = [(-1,) if a.op == "U" else key(a, M) for a in jobs]
-    for i in range(n):
-        if n_dep[i] == 0:
-            heapq.heappush(ready[worker[i]], (keys[i], i))
-    resident: list[dict[int, int]] = [dict() for _ in range(W)]  # worker -> {g: activations held}
-    busy = [False] * W
-    events: list[tuple[float, int, int]] = []
-    programs: list[list[Action]] = [[] for _ in range(W)]
-    now = 0.0
-    done = 0
-    seq = 0
-
-    def try_start(w: int) -> None:
-        nonlocal seq
-        if busy[w] or not ready[w]:
-            return
-        held = []
-        chosen = -1
-        while ready[w]:
-            item = heapq.heappop(ready[w])
-            a = jobs[item[1]]
-            g = a.step * M + a.micro
-            bound = limit[w]
-            if a.op == "F" and bound is not None and (sum(resident[w].values()) >= bound if admission == "activations"
-                                                      else g not in resident[w] and len(resident[w]) >= bound):
-                held.append(item)
-                continue
-            chosen = item[1]
-            break
-        for item in held:
-            heapq.heappush(ready[w], item)
-        if chosen < 0:
-            return
-        a = jobs[chosen]
-        if a.op == "F":
-            g = a.step * M + a.micro
-            resident[w][g] = resident[w].get(g, 0) + 1
-        cost = cost_of[a.op][a.stage]
-        busy[w] = True
-        programs[w].append(a)
-        heapq.heappush(events, (now + cost, seq, chosen))
-        seq += 1
-
-    for w in range(W):
-        try_start(w)
-    while events:
-        now = events[0][0]
-        touched = set()
-        while events and events[0][0] <= now:
-            _, _, i = heapq.heappop(events)
-            a = jobs[i]
-            w = worker[i]
-            busy[w] = False
-            touched.add(w)
-            done += 1
-            if a.op == releases:
-                fw = worker[index[("F", a.stage, a.step, a.micro, -1)]]
-                g = a.step * M + a.micro
-                r = resident[fw]
-                r[g] -= 1
-                if r[g] == 0:
-                    del r[g]
-                touched.add(fw)
-            for nxt in succ[i]:
-                n_dep[nxt] -= 1
-                if n_dep[nxt] == 0:
-                    heapq.heappush(ready[worker[nxt]], (keys[nxt], nxt))
-                    touched.add(worker[nxt])
-        for w in sorted(touched):
-            try_start(w)
-    if done != len(jobs):
+    cost_of = {"F": _per_stage("f_cost", f_cost, D, positive=True).tolist(), "B": bc,
+               "U": _per_stage("u_cost", u_cost, D, positive=False).tolist(),
+               "I": [b / 2 for b in bc] if i_cost is None else _per_stage("i_cost", i_cost, D, positive=True).tolist(),
+               "W": [b / 2 for b in bc] if w_cost is None else _per_stage("w_cost", w_cost, D, positive=True).tolist()}
+    where, holders = _placement(compute, weights, D, M, W)
+    graph = _job_graph(D, M, steps, split, sync_lag, where, holders, chunk, order)
+    programs, done = _greedy(graph, W, M, key, limit, admission, cost_of, weight_gradient_job(split))
+    if done != len(graph.jobs):
         from .validate import ScheduleError, format_grid
         partial = Schedule(name, tuple(tuple(p) for p in programs), D, M, steps, holders, sync_lag)
-        raise ScheduleError(f"construct({name!r}) deadlocked after {done} of {len(jobs)} jobs: the admission "
+        raise ScheduleError(f"construct({name!r}) deadlocked after {done} of {len(graph.jobs)} jobs: the admission "
                             f"bound max_in_flight={max_in_flight} or the placement leaves no runnable job.\n"
                             + format_grid(partial))
     rule = update_rule or ("U(s,t) on each holder of stage s as soon as all B(s,·) of step t are done"
                            + ("; step t+1 waits for it (flush)" if sync_lag == 0 else ""))
     return Schedule(name, tuple(tuple(p) for p in programs), D, M, steps, holders, sync_lag, weight_rule,
                     rule, dict(params or {}))
-

@@ -10,63 +10,37 @@ touches a process group): :func:`from_torch` / :func:`from_torch_csv` import, :f
 
 Vocabulary (pipelab ↔ torch):
 
-==========================================  ===============================================================
-pipelab                                     torch.distributed.pipelining
-==========================================  ===============================================================
-worker w (a process)                        rank (``pp_group`` rank)
-stage k = 0..D−1, ``Action.stage``           ``stage_index`` (a stage lives on one rank)
-chunk: index of stage k among its worker's  the position of the stage in the rank's ``stages`` list (torch
-stages, in increasing k                     keeps them in that order too)
-micro-batch j, ``Action.micro``              ``microbatch_index``
-step t (mini-batch, one update per stage)   one ``schedule.step()`` call; its action lists cover one step
-F / B / I / W                               ``F`` FORWARD / ``B`` FULL_BACKWARD / ``I`` BACKWARD_INPUT /
-                                            ``W`` BACKWARD_WEIGHT
-(F, B) run back to back, both tensors sent  ``OVERLAP_F_B`` with its ``sub_actions`` (run in order, the
-after B (``Schedule.send_after[F] = B``)     SENDs of all of them after the last)
-U(k, t): stage k's optimizer update         not in the lists: the user calls ``optimizer.step()`` after
-                                            ``schedule.step()``; ``REDUCE_GRAD`` (scale the accumulated
-                                            gradient by 1/M, sync data-parallel grads) is the last action
-                                            of a stage's step and stands where U would
-message into stage k (:func:`messages`):    ``SEND_F`` on the producer (``stage_index`` = k−1) and
-activation, channel 2k                      ``RECV_F`` on the consumer (``stage_index`` = k)
-message into stage k: output gradient,      ``SEND_B`` on the producer (``stage_index`` = k+1) and
-channel 2k+1                                ``RECV_B`` on the consumer (``stage_index`` = k)
-weight placement (``weight_holders``)       FSDP ``UNSHARD`` / ``RESHARD`` (no pipelab op yet)
-sync_lag = 0 (flushed), steps = 1           every torch schedule (synchronous, one step per call)
-==========================================  ===============================================================
+=======================================  ==================================================================
+pipelab                                  torch.distributed.pipelining
+=======================================  ==================================================================
+worker w; stage k; micro-batch j         rank; ``stage_index`` (on one rank); ``microbatch_index``
+chunk (stage k's index on its worker)    the stage's position in the rank's ``stages`` list
+step t, one update per stage             one ``schedule.step()`` call (the lists cover one step)
+F / B / I / W                            FORWARD / FULL_BACKWARD / BACKWARD_INPUT / BACKWARD_WEIGHT
+F then B, both sent after B              ``OVERLAP_F_B`` with its ``sub_actions`` (``send_after[F] = B``)
+U(k, t)                                  ``optimizer.step()`` after ``schedule.step()``; ``REDUCE_GRAD``
+                                         (the 1/M scaling) stands where U would
+message into stage k, channel 2k / 2k+1  ``SEND_F`` from stage k−1 and ``RECV_F`` / ``SEND_B`` from stage
+                                         k+1 and ``RECV_B``
+weight placement                         FSDP ``UNSHARD`` / ``RESHARD`` (no pipelab op yet)
+sync_lag = 0, steps = 1                  every torch schedule
+=======================================  ==================================================================
 
-Import (:func:`from_torch`): F/B/I/W become actions of step t (the list is repeated for ``steps`` steps, as
-calling ``schedule.step()`` that many times would), ``None`` entries are dropped, U(k, t) is placed right
-after the rank's last action of stage k in step t (where torch puts ``REDUCE_GRAD``). The timing is torch's
-runtime's (``_PipelineScheduleRuntime._step_microbatches``): a rank runs its list in order, SEND and RECV
-post without blocking, a compute job waits for the SEND of every tensor it consumes from another rank, and a
-tensor between two stages of one rank is handed over at once. So a tensor leaves its rank where the SEND
-stands: in a compute-only list, after the action that produces it, and for an ``OVERLAP_F_B`` after its last
-sub-action (torch's lowering ``_add_send_recv`` puts the SENDs of every sub-action behind the whole action);
-in a list with communication, after the last compute action before its SEND. Where that is later than the
-producer, the schedule records it in :attr:`Schedule.send_after <pipelab.schedules.Schedule>`, so
-:func:`pipelab.simulate` gives torch's start and end of every job. Communication actions are checked against
-pipelab's own transfers: every message has its SEND on the producer's rank after the producing job and its
-RECV on the consumer's rank before the consuming job, nothing else, and per ordered pair of ranks the RECVs
-come in the order of the SENDs (torch's point-to-point operations carry no tag, so a rank pair is one
-first-in first-out channel); a SEND placed behind a job that waits on its own consumer is a deadlock, which
-:func:`~pipelab.schedules.validate` reports with the job whose tensor leaves late.
-``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` have no pipelab op yet: they are kept in
-``Schedule.params["torch_extra"]`` as ``(rank, before, action)``, where ``before`` counts the rank's compute
-jobs ahead of it, and counted in ``update_rule``. The result is
-:func:`~pipelab.schedules.validate` d, so a missing or duplicated job or an order that cannot run raises
-:class:`~pipelab.schedules.ScheduleError` with the marked worker × time grid. Sizes are bounded as the
-builders bound theirs (:func:`~pipelab.schedules.actions.check_jobs`), and stage and micro-batch indices must
-be integers >= 0.
+Import (:func:`from_torch`): F/B/I/W become actions of step t (the lists repeat for ``steps`` steps), U(k, t)
+follows the rank's last action of stage k in step t (where torch puts ``REDUCE_GRAD``). Timing is torch's
+runtime's (``_PipelineScheduleRuntime._step_microbatches``): SEND and RECV post without blocking, a job waits
+for the SEND of every tensor it consumes from another rank, so a tensor leaves where its SEND stands (after an
+``OVERLAP_F_B``'s last sub-action in a compute-only list, torch's ``_add_send_recv``); where that is later than
+its producer the schedule records it in :attr:`Schedule.send_after <pipelab.schedules.Schedule>`. SEND/RECV
+actions must be pipelab's messages, each SEND after its producer, each RECV before its consumer, and per rank
+pair the RECVs in the order of the SENDs (torch's point-to-point operations carry no tag).
+``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` are kept in ``params["torch_extra"]`` as ``(rank, compute jobs before
+it, text)``. The result is validated (:class:`~pipelab.schedules.ScheduleError` with the marked grid).
 
-Export (:func:`to_torch`): one step of a synchronous schedule with one rank per stage. Compute-only lists
-(``comms=False``) are what torch's ``_load_csv(format="compute_only")`` lowers itself; a run of jobs whose
-tensors leave after the run's last job (``send_after``) becomes one ``OVERLAP_F_B``. With ``comms=True``
-the SEND/RECV actions come from :func:`~pipelab.schedules.transfers.messages` (each SEND right after the job
-whose end sends it: its producer or ``send_after``'s job; each RECV placed, on the consumer's rank, at the
-moment its SEND is issued in a dependency order of the whole schedule, so every rank pair's RECVs follow its
-SENDs) and U(k) becomes ``REDUCE_GRAD`` (k). Either way torch's runtime times the export as pipelab
-simulates the schedule.
+Export (:func:`to_torch`): one step of a synchronous schedule with one rank per stage. Compute-only lists are
+what torch's ``_load_csv(format="compute_only")`` lowers itself (a run of jobs whose tensors leave after its last
+job is one ``OVERLAP_F_B``); with ``comms=True`` each SEND follows the job whose end sends it, each RECV stands
+where its SEND is issued in a dependency order of the whole schedule, and U(k) becomes ``REDUCE_GRAD``.
 
 Example:
     >>> from pipelab.schedules import one_f_one_b
@@ -227,25 +201,16 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
     """Import torch's per-rank action lists as a pipelab :class:`Schedule` (rules: module docstring).
 
     Args:
-        pipeline_order: ``{rank: [action or None, ...]}`` for ranks 0..R−1, e.g. a torch schedule's
-            ``pipeline_order`` or ``pipeline_order_with_comms``; an action is a torch ``_Action``, a
-            :class:`TorchAction`, or its CSV text.
-        n_stages: D, torch's ``num_stages``.
-        n_microbatches: M.
-        steps: T, how many times the one-step lists run (one optimizer step after each).
-        name: the schedule's name.
-        check: validate the result (and the communication actions, if any); off only to inspect a broken list.
-
-    Returns:
-        A synchronous (``sync_lag = 0``) schedule; ``params`` records the source, the sizes and the actions
-        pipelab has no op for (``torch_extra``: ``(rank, compute jobs before it, text)``).
+        pipeline_order: ``{rank: [action or None, ...]}`` for ranks 0..R−1 (a torch schedule's
+            ``pipeline_order`` or ``pipeline_order_with_comms``); an action is a torch ``_Action``, a
+            :class:`TorchAction` or its CSV text.
+        n_stages, n_microbatches, steps: D, M, and T (the one-step lists run T times).
+        check: validate the result and its SEND/RECV actions (off only to inspect a broken list).
 
     Raises:
-        ScheduleError: (from :func:`validate`) missing or duplicated jobs, out-of-range stages or
-            micro-batches, an order that deadlocks; with the marked worker × time grid.
-        ValueError: ranks not numbered 0..R−1, a stage on two ranks, a compute action without a micro-batch,
-            SEND/RECV actions that do not match pipelab's transfers (missing, extra, misplaced, out of order,
-            or placed so that the ranks deadlock).
+        ScheduleError: missing or duplicated jobs, out-of-range indices, an order that deadlocks (marked grid).
+        ValueError: ranks not 0..R−1, a stage on two ranks, an action without a micro-batch, SEND/RECV actions
+            that do not match pipelab's transfers (missing, extra, misplaced, out of order).
         TypeError: an entry that is not an action, a string or None.
 
     Example:
@@ -253,6 +218,11 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
         >>> [str(a) for a in s.programs[0]], s.params["torch_extra"]
         (['F0.0', 'B0.0', 'U0'], ((0, 2, '0REDUCE_GRAD'),))
     """
+    # Import in four named steps:
+    #   _normalise       every entry as a checked TorchAction (idle slots dropped)
+    #   _chunks          each stage's one rank, and its chunk there
+    #   _rank_program    a rank's lists over T steps: jobs, U where REDUCE_GRAD stands, SEND/RECV, late sends
+    #   validate         the schedule, then _check_comms: the SEND/RECV against pipelab's messages
     D, M, T = _sizes(n_stages, n_microbatches, steps)
     if not isinstance(pipeline_order, Mapping) or not pipeline_order:
         raise TypeError("pipeline_order must be a non-empty dict {rank: list of actions}, got "
@@ -263,79 +233,89 @@ def from_torch(pipeline_order: Mapping[int, Sequence[Any]], *, n_stages: int, n_
     lists = [[n for a in pipeline_order[r] if (n := _normalise(a)) is not None] for r in ranks]
     per_step = sum(x.kind in COMPUTE_KINDS for acts in lists for a in acts for x in _flatten(a))
     check_jobs(f"from_torch of {per_step} compute actions per step, steps={T}", per_step * T)
-
-    # Stage placement: torch puts each stage on exactly one rank.
-    rank_of: dict[int, int] = {}
-    for r, acts in enumerate(lists):
-        for a in (x for y in acts for x in _flatten(y)):
-            if a.kind in COMPUTE_KINDS:
-                if a.micro is None:
-                    raise ValueError(f"rank {r}: compute action {a} has no microbatch index")
-                other = rank_of.setdefault(a.stage, r)
-                if other != r:
-                    raise ValueError(f"stage {a.stage} is computed on ranks {other} and {r} ({a}); torch places "
-                                     "each stage on one rank")
-    chunk_of = {k: sorted(s for s, rr in rank_of.items() if rr == r).index(k) for k, r in rank_of.items()}
-
-    programs: list[list[Action]] = []
-    comms: list[list[tuple[int, _Key, TorchAction]]] = []  # per rank: (compute jobs before it, key, action)
-    extra: list[tuple[int, int, str]] = []
-    counts: Counter[str] = Counter()
+    chunk_of = _chunks(lists)
     send_after: dict[Job, Job] = {}
-    for r, acts in enumerate(lists):
-        prog: list[Action] = []
-        jobs: list[Job] = []  # the rank's compute jobs in order
-        rank_comms: list[tuple[int, _Key, TorchAction]] = []
-        for t in range(T):
-            for action in acts:
-                for a in _flatten(action):
-                    if a.kind in COMPUTE_KINDS:
-                        prog.append(Action(a.kind, a.stage, t, int(a.micro or 0), chunk_of[a.stage]))
-                        jobs.append((a.kind, a.stage, t, int(a.micro or 0)))
-                    elif a.kind in COMM_KINDS:
-                        if a.micro is None:
-                            raise ValueError(f"rank {r}: communication action {a} has no microbatch index")
-                        rank_comms.append((len(jobs), (a.kind, a.stage, t, a.micro), a))
-                    else:
-                        extra.append((r, len(jobs), str(a)))
-                        counts[a.kind] += 1
-                if action.kind == _OVERLAP:  # torch's lowering sends every sub-action's output after the last
-                    subs = _flatten(action)
-                    for job in jobs[len(jobs) - len(subs):-1]:
-                        send_after[job] = jobs[-1]
-            # U(k, t) right after the rank's last action of stage k in step t (torch's REDUCE_GRAD slot).
-            last: dict[int, int] = {}
-            start = len(prog) - sum(x.kind in COMPUTE_KINDS for a in acts for x in _flatten(a))
-            for i in range(start, len(prog)):
-                last[prog[i].stage] = i
-            for k, i in sorted(last.items(), key=lambda kv: -kv[1]):
-                prog.insert(i + 1, Action("U", k, t, -1, chunk_of[k]))
-        # an explicit SEND leaves where the list puts it: after the last compute job before it
-        position = {job: n for n, job in enumerate(jobs)}
-        for before, (kind, k, t, j), _ in rank_comms:
-            if kind.startswith("SEND"):
-                producer = next((job for job in ((kind[-1], k, t, j), ("I", k, t, j)) if job in position), None)
-                if producer is not None and before - 1 > position[producer]:
-                    send_after[producer] = jobs[before - 1]
-                elif producer is not None:
-                    send_after.pop(producer, None)
-        programs.append(prog)
-        comms.append(rank_comms)
-
-    ignored = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    programs, comms, extra = zip(*(_rank_program(r, acts, T, chunk_of, send_after) for r, acts in enumerate(lists)))
+    extra_text = tuple((r, before, str(a)) for r, rank_extra in enumerate(extra) for before, a in rank_extra)
     n_comm = sum(len(c) for c in comms)
-    rule = ("U(k,t) right after the rank's last action of stage k in step t (torch steps the optimizer outside "
-            "the schedule); flushed" + (f"; torch actions with no pipelab op, kept in params['torch_extra']: "
-                                        f"{ignored}" if ignored else ""))
-    params = {"source": "torch.distributed.pipelining", "n_stages": D, "n_microbatches": M,
-              "ranks": len(ranks), "torch_comms": n_comm, "torch_extra": tuple(extra)}
+    params = {"source": "torch.distributed.pipelining", "n_stages": D, "n_microbatches": M, "ranks": len(ranks),
+              "torch_comms": n_comm, "torch_extra": extra_text}
     sched = Schedule(name=name, programs=tuple(tuple(p) for p in programs), D=D, M=M, steps=T, sync_lag=0,
-                     update_rule=rule, params=params, send_after=send_after)
+                     update_rule=_import_rule(extra), params=params, send_after=send_after)
     if check:
         validate(sched)
         if n_comm:
-            _check_comms(sched, comms)
+            _check_comms(sched, list(comms))
     return sched
+
+
+def _import_rule(extra: Sequence[list[tuple[int, TorchAction]]]) -> str:
+    """The imported schedule's update rule, counting the torch actions it keeps only as metadata."""
+    counts = Counter(a.kind for rank_extra in extra for _, a in rank_extra)
+    ignored = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    return ("U(k,t) right after the rank's last action of stage k in step t (torch steps the optimizer outside "
+            "the schedule); flushed" + (f"; torch actions with no pipelab op, kept in params['torch_extra']: "
+                                        f"{ignored}" if ignored else ""))
+
+
+def _chunks(lists: list[list[TorchAction]]) -> dict[int, int]:
+    """Each stage's chunk: its index among its rank's stages (ValueError: a stage on two ranks, or an F/B/I/W
+    without a micro-batch)."""
+    rank_of: dict[int, int] = {}
+    for r, acts in enumerate(lists):
+        for a in (x for y in acts for x in _flatten(y) if x.kind in COMPUTE_KINDS):
+            if a.micro is None:
+                raise ValueError(f"rank {r}: compute action {a} has no microbatch index")
+            other = rank_of.setdefault(a.stage, r)
+            if other != r:
+                raise ValueError(f"stage {a.stage} is computed on ranks {other} and {r} ({a}); torch places "
+                                 "each stage on one rank")
+    return {k: sorted(s for s, rr in rank_of.items() if rr == r).index(k) for k, r in rank_of.items()}
+
+
+def _rank_program(r: int, acts: list[TorchAction], T: int, chunk_of: dict[int, int], send_after: dict[Job, Job]
+                  ) -> tuple[list[Action], list[tuple[int, _Key, TorchAction]], list[tuple[int, TorchAction]]]:
+    """Rank r's program over T steps, its SEND/RECV ``(compute jobs before it, key, action)`` and its actions with
+    no pipelab op ``(compute jobs before it, action)``; the late sends are added to ``send_after``."""
+    prog: list[Action] = []
+    jobs: list[Job] = []  # the rank's compute jobs in order
+    comms: list[tuple[int, _Key, TorchAction]] = []
+    extra: list[tuple[int, TorchAction]] = []
+    for t in range(T):
+        first = len(prog)
+        for action in acts:
+            for a in _flatten(action):
+                if a.kind in COMPUTE_KINDS:
+                    prog.append(Action(a.kind, a.stage, t, int(a.micro or 0), chunk_of[a.stage]))
+                    jobs.append((a.kind, a.stage, t, int(a.micro or 0)))
+                elif a.kind in COMM_KINDS:
+                    if a.micro is None:
+                        raise ValueError(f"rank {r}: communication action {a} has no microbatch index")
+                    comms.append((len(jobs), (a.kind, a.stage, t, a.micro), a))
+                else:
+                    extra.append((len(jobs), a))
+            if action.kind == _OVERLAP:  # torch's lowering sends every sub-action's output after the last
+                for job in jobs[len(jobs) - len(_flatten(action)):-1]:
+                    send_after[job] = jobs[-1]
+        # U(k, t) right after the rank's last action of stage k in step t (torch's REDUCE_GRAD slot).
+        last = {prog[i].stage: i for i in range(first, len(prog))}
+        for k, i in sorted(last.items(), key=lambda kv: -kv[1]):
+            prog.insert(i + 1, Action("U", k, t, -1, chunk_of[k]))
+    _explicit_sends(jobs, comms, send_after)
+    return prog, comms, extra
+
+
+def _explicit_sends(jobs: list[Job], comms: list[tuple[int, _Key, TorchAction]], send_after: dict[Job, Job]) -> None:
+    """An explicit SEND leaves where the list puts it: after the last compute job before it."""
+    position = {job: n for n, job in enumerate(jobs)}
+    for before, (kind, k, t, j), _ in comms:
+        if not kind.startswith("SEND"):
+            continue
+        producer = next((job for job in ((kind[-1], k, t, j), ("I", k, t, j)) if job in position), None)
+        if producer is not None and before - 1 > position[producer]:
+            send_after[producer] = jobs[before - 1]
+        elif producer is not None:
+            send_after.pop(producer, None)
 
 
 def _sizes(n_stages: Any, n_microbatches: Any, steps: Any) -> tuple[int, int, int]:
@@ -349,14 +329,10 @@ def _sizes(n_stages: Any, n_microbatches: Any, steps: Any) -> tuple[int, int, in
 def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) -> None:
     """SEND/RECV actions equal pipelab's messages, each placed after its producer / before its consumer, and
     every rank pair's RECVs in the order of its SENDs (see the module docstring)."""
-    # compute index (position among the rank's compute jobs) of every job
-    cindex: dict[tuple[str, int, int, int], int] = {}
+    cindex: dict[Job, int] = {}  # each job's position among its rank's compute jobs
     for prog in s.programs:
-        n = 0
-        for a in prog:
-            if a.op != "U":
-                cindex[(a.op, a.stage, a.step, a.micro)] = n
-                n += 1
+        for n, a in enumerate(a for a in prog if a.op != "U"):
+            cindex[(a.op, a.stage, a.step, a.micro)] = n
     expected: dict[tuple[int, _Key], tuple[Message, str]] = {}
     for m in messages(s):
         send, recv = _message_keys(m)
@@ -373,34 +349,35 @@ def _check_comms(s: Schedule, comms: list[list[tuple[int, _Key, TorchAction]]]) 
                 raise ValueError(f"{what} matches no transfer of pipelab's schedule (a transfer crosses ranks "
                                  f"between adjacent stages: activations k→k+1, gradients k+1→k)")
             m, side = expected[(r, key)]
-            prog_src, prog_dst = s.programs[m.src], s.programs[m.dst]
-            if side == "send":
-                job = prog_src[m.send_pos]
-                if cindex[(job.op, job.stage, job.step, job.micro)] >= before:
-                    raise ValueError(f"{what} comes before the job that produces its tensor, {job}")
-            else:
-                job = prog_dst[m.recv_pos]
-                if cindex[(job.op, job.stage, job.step, job.micro)] < before:
-                    raise ValueError(f"{what} comes after the job that consumes its tensor, {job}")
+            job = s.programs[m.src][m.send_pos] if side == "send" else s.programs[m.dst][m.recv_pos]
+            n = cindex[(job.op, job.stage, job.step, job.micro)]
+            if side == "send" and n >= before:
+                raise ValueError(f"{what} comes before the job that produces its tensor, {job}")
+            if side == "recv" and n < before:
+                raise ValueError(f"{what} comes after the job that consumes its tensor, {job}")
     missing = [(r, key) for r, key in expected if (r, key) not in seen]
     if missing:
         r, (kind, stage, t, j) = missing[0]
         raise ValueError(f"rank {r} lacks {stage}{kind}{j} (step {t}), a transfer of pipelab's schedule "
                          f"({len(missing)} missing in all)")
-    # FIFO per ordered rank pair: torch's p2p ops carry no tag.
+    _check_fifo(s.M, comms, expected)
+
+
+def _check_fifo(M: int, comms: list[list[tuple[int, _Key, TorchAction]]],
+                expected: dict[tuple[int, _Key], tuple[Message, str]]) -> None:
+    """Per ordered rank pair, the RECVs in the order of the SENDs: torch's p2p ops carry no tag."""
     sends: dict[tuple[int, int], list[tuple[str, int, int]]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[tuple[str, int, int, str]]] = defaultdict(list)
     for r, rank_comms in enumerate(comms):
         for _, key, act in rank_comms:
             m, side = expected[(r, key)]
-            ident = (key[0][-1], m.channel, m.t * s.M + m.j)
+            ident = (key[0][-1], m.channel, m.t * M + m.j)
             if side == "send":
                 sends[(m.src, m.dst)].append(ident)
             else:
                 recvs[(m.src, m.dst)].append(ident + (str(act),))
     for pair, order in sends.items():
-        got = recvs[pair]
-        for i, (sent, rec) in enumerate(zip(order, got)):
+        for i, (sent, rec) in enumerate(zip(order, recvs[pair])):
             if sent != rec[:3]:
                 raise ValueError(f"rank {pair[1]}'s action {rec[3]} is its receive #{i} from rank {pair[0]}, but "
                                  f"rank {pair[0]}'s send #{i} to it is another tensor: torch matches a rank pair's "

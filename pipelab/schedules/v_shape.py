@@ -6,30 +6,12 @@ W workers hold D = 2W stages; stage s runs on worker
     w(s) = s            for s < W      (chunk 0, the way down),
     w(s) = 2W − 1 − s   for s ≥ W      (chunk 1, the way back up),
 
-so worker 0 holds the first and the last stage and the loss is computed where the input came in.
-
-========================  ==============================================================  ===================
-builder                   order on worker w (one step)                                    source
-========================  ==============================================================  ===================
-``zb_v``                  torch's ``ScheduleZBVZeroBubble``: 2(W−w)−1 F of chunk 0, w     ZB paper §6 (ZB-V),
-                          (F1, F0) pairs, W−w (F1, I1, W1), steady (F0, I0, W0, F1, I1,   torch
-                          W1), cool-down I-pairs, then the deferred W
-``v_half`` / ``v_min``    the V-Half / V-Min building block of the NeurIPS paper          NeurIPS 2024,
-                          repeated every 6 unit slots, squeezed and reordered under the   V-Shape blocks
-                          block's peak memory, W filling idle slots (FIFO)
-``interleaved_zero_``     torch's ``ScheduleInterleavedZeroBubble`` (ZB1P over V looped   ZB paper §2, torch
-``bubble``                chunks, stage s on worker s mod W)
-``dualpipe_v``            torch's ``ScheduleDualPipeV`` (DeepSeek's cut-in-half DualPipe;  DeepSeek-V3 §3.2.1,
-                          an overlapped F&B is the F, then the B; ``overlap="torch"``:    torch, DualPipe
-                          both tensors leave after the B, as in torch)                    README
-``dualpipe``              bidirectional DualPipe: W workers = D stages, stage k on workers DeepSeek-V3 §3.2.1,
-                          k and W−1−k; worker r runs DualPipeV's program of min(r, W−1−r) DualPipe repo
-                          with half the workers and M/2 micro-batches per direction
-========================  ==============================================================  ===================
-
-Every builder is flushed (``sync_lag=0``): U(k, t) follows the worker's last weight-gradient job (W, or B
-where the backward is not split) of stage k in step t (and, with two holders as in DualPipe, waits for the
-other holder's gradients too), and ``steps`` repeats the one-step program.
+so worker 0 holds the first and the last stage and the loss is computed where the input came in. The
+builders: ``zb_v`` (torch's ``ScheduleZBVZeroBubble``), ``v_half`` / ``v_min`` (the NeurIPS paper's building
+blocks, repeated, squeezed and reordered), ``interleaved_zero_bubble`` (torch's ZB1P over V looped chunks),
+``dualpipe_v`` (torch's ``ScheduleDualPipeV``) and ``dualpipe`` (bidirectional, two mirrored DualPipeV).
+Every one is flushed (``sync_lag=0``): U(k, t) follows the worker's last weight-gradient job (W, or B where the
+backward is not split) of stage k in step t, and ``steps`` repeats the one-step program.
 
 Example:
     >>> from pipelab.schedules import validate
@@ -156,23 +138,12 @@ def _zb_v_worker(w: int, W: int, M: int) -> list[_Job]:
 def zb_v(W: int, M: int, steps: int = 1) -> Schedule:
     """ZB-V: the zero-bubble V schedule, in the order torch's ``ScheduleZBVZeroBubble`` runs it.
 
-    Placement: D = 2W stages, stage s on worker s (s < W) or 2W − 1 − s. Worker w runs 2(W−w)−1 forwards
-    of chunk 0, w pairs (F chunk 1, F chunk 0), W − w triples (F, I, W of chunk 1), then the steady
-    phase (F0, I0, W0, F1, I1, W1) until every forward ran, then w pairs (I0, I1), W − w pairs (I0, W0)
-    and the remaining deferred W passes (chunk 1 first). With T_F = T_I = T_W the steady phase has no
-    bubble in the paper's sense: every worker is busy 6M units from its first job to its last (worker w
-    starts w units after worker 0, so the common makespan is 6M + W − 1); peak activation memory (held
-    from F to W) is 2W chunk activations = W micro-batches of a full worker, 1F1B's.
-
-    Torch plans n = max(2W − 1, M) micro-batches and deletes the jobs of micro-batches ≥ M, so any
-    M ≥ 1 is accepted (with M < 2W − 1 the pipeline never fills). The paper builds ZB-V (ZB paper §6) with a
-    greedy scheduler; torch's hand-written order is the one followed here (tests pin it against torch).
-    Where they differ: run once at T_F = T_B = T_W (W = 2..6, M = 2W, 4W; sail-sg's zbv.py, not part of
-    the tests), the authors' scheduler gives the same order up to the cool-down and places the last
-    deferred W passes differently there; both have zero bubble and peak memory W.
-
-    Args:
-        W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
+    Worker w runs 2(W−w)−1 forwards of chunk 0, w pairs (F1, F0), W − w triples (F1, I1, W1), the steady
+    phase (F0, I0, W0, F1, I1, W1), then w pairs (I0, I1), W − w pairs (I0, W0) and the deferred W passes.
+    At T_F = T_I = T_W every worker is busy 6M units from its first job to its last, and the peak activation
+    memory is W micro-batches, 1F1B's. torch plans max(2W − 1, M) micro-batches and drops those ≥ M, so any
+    M ≥ 1 is accepted. (The paper's greedy scheduler, sail-sg's zbv.py, places the last deferred W passes
+    differently; both have zero bubble and peak memory W.)
 
     Example:
         >>> [str(a) for a in zb_v(W=1, M=2).programs[0]]
@@ -213,15 +184,10 @@ def _interleaved_zb_worker(w: int, W: int, V: int, M: int, per_round: int) -> li
 def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
     """Interleaved zero bubble (ZB1P over V looped chunks), in the order of torch's ``ScheduleInterleavedZeroBubble``.
 
-    Placement: D = V·W stages, stage s = c·W + w on worker w = s mod W (chunk c), as in interleaved 1F1B.
-    With R = max(1, ⌊M/W⌋) rounds of P = M/R micro-batches, worker w runs (V−1)·P + W − 1 − w warm-up
-    forwards (capped at V·M); the i-th forward is of chunk ⌊i/P⌋ mod V, the i-th input gradient of chunk
-    V − 1 − (⌊i/P⌋ mod V). Then every input gradient I is preceded by the next forward (while any remain)
-    and, from the (w+1)-th input gradient on, followed by the oldest pending W; the w deferred W passes
-    run at the end (they fill the cool-down bubble: ZB-H1's idea applied to the interleaved order).
-
-    Args:
-        W: workers; V: chunks (stages) per worker; M: micro-batches per step; steps: optimizer steps.
+    Stage s = c·W + w on worker w (chunk c), as in interleaved 1F1B. With R = max(1, ⌊M/W⌋) rounds of
+    P = M/R micro-batches, worker w runs (V−1)·P + W − 1 − w warm-up forwards (at most V·M); the i-th forward is
+    of chunk ⌊i/P⌋ mod V, the i-th input gradient of chunk V − 1 − (⌊i/P⌋ mod V); each I follows the next
+    forward and, from the (w+1)-th on, precedes the oldest pending W (ZB-H1's w deferred W passes).
 
     Raises:
         ValueError: if M is not a multiple of the number of rounds max(1, ⌊M/W⌋) (torch's requirement).
@@ -248,7 +214,16 @@ def interleaved_zero_bubble(W: int, V: int, M: int, steps: int = 1) -> Schedule:
 # ----------------------------------------------------------------------------------------- DualPipeV
 def _dualpipe_v_worker(w: int, W: int, M: int) -> tuple[list[_Job], list[tuple[int, int]]]:
     """Worker w's one-step DualPipeV program and its overlapped pairs (positions of the F and the B of
-    every ``OVERLAP_F_B`` of torch's order)."""
+    every ``OVERLAP_F_B`` of torch's order), in eight phases:
+
+    ====  ==========================  ====  ===============================================================
+    1     2(W−w−1) F of chunk 0       5     W−w−1 of (B1, F1 & B0)
+    2     w+1 pairs (F0, F1)          6     w+1 pairs (B1, B0), the backward split (I) from half-way on
+    3     W−w−1 of (I1, W, F1)        7     W−w−1 of (W, B0 or I0)
+    4     M−2W+w+1 of (F0 & B1),      8     the pending W passes, oldest first
+          (F1 & B0)
+    ====  ==========================  ====  ===============================================================
+    """
     s0, s1 = v_stage(w, 0, W), v_stage(w, 1, W)
     out: list[_Job] = []
     pairs: list[tuple[int, int]] = []
@@ -331,32 +306,13 @@ def _overlap_sends(overlap: str, programs: Sequence[Sequence[_Job]], pairs: Sequ
 def dualpipe_v(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipeV (DeepSeek's "cut-in-half" DualPipe), in the order of torch's ``ScheduleDualPipeV``.
 
-    Placement: the V shape, D = 2W stages, stage s on worker s (s < W) or 2W − 1 − s. Worker w runs
-
-    1. 2(W−w−1) forwards of chunk 0;  2. w+1 pairs (F0, F1);  3. W−w−1 triples (I1, W, F1);
-    4. M − 2W + w + 1 rounds of the overlapped pairs (F0 & B1), (F1 & B0);  5. W−w−1 of (B1, F1 & B0);
-    6. w+1 pairs (B1, B0), switching to split backward (I) half-way;  7. W−w−1 of (W, I0);  8. the
-    pending W passes, oldest first.
-
-    Overlapped pairs (``overlap``, :data:`OVERLAP_MODELS`). DeepSeek runs the F and the full B of a pair
-    (two different chunks) overlapped, the computation of one hiding the communication of the other, in a
-    time F&B ≤ T_F + T_B (DeepSeek-V3 §3.2.1). pipelab has no overlap action: a pair is two jobs, the F then
-    the B, as torch's runtime executes its ``OVERLAP_F_B``, so a pair takes T_F + T_B. They differ in when
-    the pair's tensors leave:
-
-    - ``"pipelab"`` (default): each when its job ends, so the F's activation leaves before the B runs;
-    - ``"torch"``: both after the B, as torch's lowering sends an ``OVERLAP_F_B``'s outputs
-      (``Schedule.send_after[F] = B``); this is torch's ``ScheduleDualPipeV`` job for job (tests run its
-      lists), and it has DualPipe's README bubble: every worker idles (PP/2 − 1)(F&B + B − 3W) with PP = D =
-      2W stages and F&B = T_F + T_B, at T_F = T_I ≥ T_W (tests; B = T_I + T_W the full backward, W the
-      weight-gradient chunk); ``"pipelab"`` idles less (T_F·(W − 1) at T_F = T_I = T_W).
-
-    Micro-batches mix a fused B (most) and a split I + W (warm-up and cool-down), per (stage, micro-batch), as
-    torch does. Full (bidirectional) DualPipe is :func:`dualpipe`.
-
-    Args:
-        W: workers (D = 2W stages); M: micro-batches per step; steps: optimizer steps.
-        overlap: ``"pipelab"`` or ``"torch"``: when an overlapped pair's tensors leave (above).
+    Worker w runs the eight phases of ``_dualpipe_v_worker`` (torch's order); micro-batches mix a fused B (most)
+    and a split I + W (warm-up and cool-down). DeepSeek overlaps the F and the B of a pair (two chunks) in a
+    time F&B ≤ T_F + T_B (§3.2.1); pipelab runs a pair as the F then the B, as torch's runtime runs its
+    ``OVERLAP_F_B``, and ``overlap`` (:data:`OVERLAP_MODELS`) says when the pair's tensors leave:
+    ``"pipelab"`` (default) each when its job ends; ``"torch"`` both after the B (``send_after[F] = B``), torch's
+    ``ScheduleDualPipeV`` job for job, idling DualPipe's README bubble (PP/2 − 1)(F&B + B − 3W) at
+    T_F = T_I ≥ T_W (tests); ``"pipelab"`` idles less (T_F·(W − 1) at equal costs).
 
     Raises:
         ValueError: if M < 2W = D (torch's requirement: at least as many micro-batches as stages), or an
@@ -468,19 +424,10 @@ def _v_block_schedule(kind: str, label: str, W: int, M: int, steps: int) -> Sche
 def v_half(W: int, M: int, steps: int = 1) -> Schedule:
     """V-Half: the V-shape schedule with about half of 1F1B's activation memory (NeurIPS 2024).
 
-    Placement: D = 2W stages in a V (:func:`v_stage`). Construction, as in the paper (building block,
-    repeating, squeezing, reordering):
-
-    1. repeat the V-Half building block (:func:`_v_block`) once per micro-batch, 6 unit slots apart, the
-       W passes in the two free slots of each period (FIFO of their input gradients);
-    2. squeeze and reorder (:func:`_squeeze_and_reorder`): keep each worker's F/I order, run every job as
-       early as its dependencies allow at T_F = T_I = T_W, an F only while the worker holds fewer
-       activations than the repeated block's peak, W passes in the remaining idle slots.
-
-    Measured at T_F = T_I = T_W (tests): peak activation memory (held from F to W) exactly the paper's
-    (W+2)//2 micro-batches of a full worker ((W+2)//2·2 chunk activations; 1F1B holds W); idle time of
-    the longest worker 3W − 3 (even W) or 3W − 4 (odd W) unit jobs, just under the paper's ≈ 3W (bubble
-    rate ≈ W/(2M)). The order is designed at equal costs; with other costs the simulator times it as is.
+    As in the paper: repeat the V-Half building block (:func:`_v_block`) per micro-batch, 6 unit slots apart,
+    W passes in the free slots; then squeeze and reorder (:func:`_squeeze_and_reorder`). Measured at
+    T_F = T_I = T_W (tests): peak activation memory the paper's (W+2)//2 micro-batches (1F1B holds W); the
+    longest worker idles 3W − 3 (even W) or 3W − 4 (odd W) unit jobs, the paper's ≈ 3W.
 
     Example:
         >>> from pipelab.schedules import validate
@@ -499,10 +446,8 @@ def v_half(W: int, M: int, steps: int = 1) -> Schedule:
 def v_min(W: int, M: int, steps: int = 1) -> Schedule:
     """V-Min: the V-shape schedule with about a third of 1F1B's activation memory (NeurIPS 2024).
 
-    As :func:`v_half` with the V-Min building block (one-slot hops, see :func:`_v_block`). Measured at
-    T_F = T_I = T_W (tests): peak activation memory exactly the paper's (W+4)//3 micro-batches of a full
-    worker; idle time of the longest worker 4W − 5 (4W − 3 when 3 | W) unit jobs, the paper's ≈ 4W
-    (bubble rate ≈ 2W/(3M)) up to the ramps' O(1) terms.
+    As :func:`v_half` with the V-Min block (one-slot hops). Measured at T_F = T_I = T_W (tests): peak activation
+    memory the paper's (W+4)//3 micro-batches; the longest worker idles 4W − 5 (4W − 3 when 3 | W) unit jobs.
 
     Example:
         >>> from pipelab.schedules import validate
@@ -519,24 +464,12 @@ def v_min(W: int, M: int, steps: int = 1) -> Schedule:
 def dualpipe(W: int, M: int, steps: int = 1, *, overlap: str = "pipelab") -> Schedule:
     """DualPipe (DeepSeek-V3 §3.2.1): bidirectional, every stage on two workers, micro-batches fed from both ends.
 
-    W workers (even) and D = W stages; every worker holds two stages, k and W − 1 − k, so every stage has
-    two weight holders (``weight_holders[k] = (k, W−1−k)``, twice 1F1B's parameters). Micro-batches
-    j < M/2 run the *forward direction* (stage k on worker k); j ≥ M/2 the *reverse direction* (stage k
-    on worker W − 1 − k, entering at the last worker). Each holder applies U(k, t) after all M
-    weight-gradient jobs of stage k of the step, both directions' (the all-reduce of the two copies'
-    gradients): synchronous, the same update as plain mini-batch training on M micro-batches.
-
-    Order: worker r and its mirror W − 1 − r run the program of DualPipeV's worker h = min(r, W−1−r) with
-    W/2 workers and M/2 micro-batches (:func:`dualpipe_v`, torch's order; DeepSeek's DualPipe reference
-    implementation has the same eight steps on "half ranks"), DualPipeV's chunk 0 being stage h and its
-    chunk 1 stage W − 1 − h. On a worker of the first half chunk 0 carries forward-direction micro-batches
-    and chunk 1 reverse-direction ones; on the second half the other way round. Overlapped F&B pairs run
-    as F then B, their tensors leaving under ``overlap`` as in :func:`dualpipe_v`; with ``"torch"`` every
-    worker idles DualPipe's README bubble (PP/2 − 1)(F&B + B − 3W), PP = W, at T_F = T_I ≥ T_W (tests).
-
-    Args:
-        W: workers = stages (even); M: micro-batches per step (even, M/2 per direction); steps: steps.
-        overlap: ``"pipelab"`` or ``"torch"`` (:data:`OVERLAP_MODELS`, see :func:`dualpipe_v`).
+    D = W stages (W even); stage k on workers k and W − 1 − k (two holders, twice 1F1B's parameters).
+    Micro-batches j < M/2 run the forward direction (stage k on worker k), the others the reverse one (stage k
+    on worker W − 1 − k). Each holder applies U(k, t) after all M weight-gradient jobs of stage k (the
+    all-reduce of both copies): plain mini-batch training's update. Worker r and its mirror run DualPipeV's
+    program of worker min(r, W−1−r) with W/2 workers and M/2 micro-batches (DeepSeek's reference has the same
+    eight phases on "half ranks"); ``overlap`` as in :func:`dualpipe_v`.
 
     Raises:
         ValueError: W odd, M odd, or M < 2W (DeepSeek's requirement: at least W micro-batches per direction);

@@ -54,49 +54,47 @@ def format_grid(s: Schedule, mark: tuple[int, int] | None = None, *, max_cols: i
             drawn after the worker's last job.
         max_cols, max_rows: window size; the window is centred on the mark.
     """
-    c, (start, end, _, blocked, *_) = unit_timeline(s) if timeline is None else timeline
+    cells, horizon = _cells(s, mark, unit_timeline(s) if timeline is None else timeline)
+    mcol = next((col for (w, col), v in cells.items() if v.startswith(">>")), 0)
+    c0 = max(0, min(mcol - max_cols // 2, horizon - max_cols))
+    r0 = max(0, min((mark[0] if mark else 0) - max_rows // 2, s.W - max_rows))
+    cols, rows = range(c0, min(horizon, c0 + max_cols)), range(r0, min(s.W, r0 + max_rows))
+    width = max([len(v) for v in cells.values()] + [4])
+    lines = [f"{s.name}: worker × time grid (unit costs; cols {cols.start}..{cols.stop - 1} of {horizon}, "
+             f"workers {rows.start}..{rows.stop - 1} of {s.W})", "t=   " + " ".join(f"{t:<{width}}" for t in cols)]
+    lines += [f"w{w:<3} " + " ".join(f"{cells.get((w, t), '.'):<{width}}" for t in cols) for w in rows]
+    return "\n".join(lines)
+
+
+def _cells(s: Schedule, mark: tuple[int, int] | None, timeline: Any) -> tuple[dict[tuple[int, int], str], int]:
+    """The grid's cells ``(worker, column) -> text`` and its width in columns, from a unit-cost timeline."""
+    c, (start, end, *_) = timeline
     ran = end >= 0
-    W = s.W
     horizon = int(np.ceil(end[ran].max())) if ran.any() else 0
     cells: dict[tuple[int, int], str] = {}
-    for w in range(W):
+    for w in range(s.W):
         lo, hi = int(c.offsets[w]), int(c.offsets[w + 1])
         last = None
         for i in range(lo, hi):
-            a = s.programs[w][i - lo]
-            if not ran[i]:
+            a, marked = s.programs[w][i - lo], mark == (w, i - lo)
+            if not ran[i]:  # the first job that never ran (deadlock), after the worker's last job
                 col = int(np.ceil(end[lo:i][ran[lo:i]].max())) if ran[lo:i].any() else 0
-                cells[(w, col)] = str(a) + "?"
-                if mark == (w, i - lo):
-                    cells[(w, col)] = f">>{a}<<"
+                cells[(w, col)] = f">>{a}<<" if marked else str(a) + "?"
                 horizon = max(horizon, col + 1)
                 break
-            if a.op == "U":
+            col = int(round(start[i]))
+            if a.op == "U":  # drawn as a star after the worker's previous job
                 if last is not None and not cells[last].endswith("*"):
                     cells[last] += "*"
-                if mark == (w, i - lo):
-                    col = int(round(start[i]))
+                if marked:
                     cells[(w, col)] = f">>{a}<<"
                 continue
-            col = int(round(start[i]))
-            label = f">>{a}<<" if mark == (w, i - lo) else str(a)
+            label = f">>{a}<<" if marked else str(a)
             if (w, col) in cells:  # two jobs in one slot (only in corrupted timelines)
                 label = cells[(w, col)] + "|" + label
             cells[(w, col)] = label
             last = (w, col)
-    mcol = next((col for (w, col), v in cells.items() if v.startswith(">>")), 0)
-    mrow = mark[0] if mark else 0
-    c0 = max(0, min(mcol - max_cols // 2, horizon - max_cols))
-    r0 = max(0, min(mrow - max_rows // 2, W - max_rows))
-    cols = range(c0, min(horizon, c0 + max_cols))
-    rows = range(r0, min(W, r0 + max_rows))
-    width = max([len(v) for v in cells.values()] + [4])
-    head = "t=   " + " ".join(f"{t:<{width}}" for t in cols)
-    lines = [f"{s.name}: worker × time grid (unit costs; cols {cols.start}..{cols.stop - 1} of {horizon}, "
-             f"workers {rows.start}..{rows.stop - 1} of {W})", head]
-    for w in rows:
-        lines.append(f"w{w:<3} " + " ".join(f"{cells.get((w, t), '.'):<{width}}" for t in cols))
-    return "\n".join(lines)
+    return cells, horizon
 
 
 def _fail(s: Schedule, msg: str, mark: tuple[int, int] | None, timeline: Any = None) -> None:

@@ -11,22 +11,12 @@ of updates U(k,·) at h that *ended* at or before τ. For each job (op, k, t, j)
 
 so a gradient computed with the weights it is applied to has staleness 0.
 
-Split backward (zero-bubble schedules, Qi et al., ICLR 2024): I evaluates the stage's vector–Jacobian
-product and W finishes the weight gradient later *from what I saved* (the stage's graph at I's weights), so
-the weights a micro-batch's backward uses are decided at I; ``backward`` records the version at I and the
-key ``("B", k, t, j)`` names the backward of micro-batch (t, j) whether it is one B job or an I–W pair.
-``weight_pass`` records the version current when the deferred W runs: ``weight_pass − backward`` updates
-of stage k ran between a micro-batch's I and its W (possible only without a flush). U(k, t) waits for every
-W(k, t, ·), so deferring W passes delays the update and raises the staleness of later forwards.
-
-Which version a job *uses*
-depends on the weight rule: ``"current"`` (the version at the job), ``"double_buffer"`` (PipeDream-2BW: all
-of step t's jobs at every stage use the version the input stage had at step t's first forward, t − 1 when
-M ≥ D), ``"stage_step_first"`` (not 2BW: the version at stage k's own first forward of step t) or ``"stash"``
-(weight stashing: the backward uses the version its forward used).
-
-The papers' formulas for these staleness values (PipeOptim's s = D − k − 1, SpecTrain's round trip, the closed
-form of asynchronous 1F1B) are :mod:`pipelab.papers`' presets; the tests compare the table with them.
+With a split backward (Qi et al., ICLR 2024) W finishes the weight gradient from what I saved, so a
+micro-batch's weights are decided at I: ``("B", k, t, j)`` names its backward whether it is one B or an I–W
+pair, and ``weight_pass − backward`` counts the updates that ran between its I and its W (only without a flush).
+Which version a job *uses* is its weight rule (:data:`USED_RULES`: the schedule's ``weight_rule``, or
+``"stash"``: the backward uses its forward's version). The papers' staleness formulas are
+:mod:`pipelab.papers`' presets, which the tests compare with the table.
 
 Example:
     >>> from pipelab.schedules import pipedream
@@ -60,10 +50,8 @@ USED_RULES = ("current", "double_buffer", "stage_step_first", "stash")
 class VersionTable:
     """Weight versions of every job of a simulated schedule (see the module docstring for the rules).
 
-    The one version table of pipelab: the simulator builds it, the policies, the pipeline core (emulator
-    and runtime) and the analyses read it. Arrays answer questions about all jobs at once; the keyed
-    accessors (:meth:`version`, :meth:`staleness_of`, :meth:`round_trip_target`, :meth:`jobs`) answer them
-    for one job ``(op, k, t, j)``.
+    The simulator builds it; the policies, the pipeline core and the analyses read it: arrays for all jobs at
+    once, keyed accessors (:meth:`version`, :meth:`staleness_of`, :meth:`jobs`) for one job ``(op, k, t, j)``.
 
     Attributes:
         forward, backward: int arrays [D, T, M], version at the start of F / B (of I when split).
@@ -137,7 +125,9 @@ class VersionTable:
 
     @cached_property
     def split_set(self) -> frozenset[tuple[int, int, int]]:
-        """The ``(k, t, j)`` whose backward is split into I and W (read from :attr:`order`)."""
+        """The ``(k, t, j)`` whose backward is split into I and W (from :attr:`order`; none unless :attr:`split`)."""
+        if not self.split:
+            return frozenset()
         return frozenset(job[1:] for job in self.order if job[0] == "I")
 
     @cached_property
@@ -190,10 +180,11 @@ class VersionTable:
         op, k, t, j = job
         if op not in ("F", "B"):
             raise ValueError(f"round_trip_target() takes an F or B job, got op {op!r} in {job}")
-        return int(self._round_trip_targets[op][k, t, j])
+        return int(self.round_trip_targets[op][k, t, j])
 
     @cached_property
-    def _round_trip_targets(self) -> dict[str, np.ndarray]:
+    def round_trip_targets(self) -> dict[str, np.ndarray]:
+        """R of every job: ``{"F": [D, T, M], "B": [D, T, M]}`` (:meth:`round_trip_target`)."""
         return {"F": self.forward + self.round_trip_difference("F"),
                 "B": self.backward + self.round_trip_difference("B")}
 

@@ -20,18 +20,11 @@ schedule       warm-up forwards (k)    W lag (k)                bubble per step;
 ``zb_async``   D − k (never flushed)   k (``defer``)            no flush; see :func:`zb_async`
 =============  ======================  =======================  ==============================================
 
-(the paper's B is pipelab's I). ZB-H1 keeps 1F1B's peak of p micro-batches (each worker's deferred W
-passes use the memory 1F1B leaves free on later workers; every worker now peaks at p) and its bubble is a
-third of 1F1B's when T_F = T_I = T_W. ZB-H2 starts 2p−1 forwards on worker 0 to fill the bubble before the
-first I and defers the tail's W passes, turning the trapezoid into a parallelogram: every worker's span is
-exactly M(T_F+T_I+T_W) and, with the per-stage flush of pipelab's ``sync_lag=0`` (the paper's
-post-validation: no global synchronisation before the optimizer step, §4), consecutive steps tile with
-no bubble at all.
-
-The paper's bubble is per worker, from its first to its last pass of a step (the period of back-to-back
-steps, :func:`pipelab.simulator.steady_state`); measured on the simulated timeline it equals the closed form
-(:func:`pipelab.papers.zero_bubble_closed_form`, to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as
-max(0, formula), which covers T_F = T_I = T_W.
+(the paper's B is pipelab's I). The bubble is per worker, from its first to its last pass of a step (the
+period of back-to-back steps, :func:`pipelab.simulator.steady_state`); the simulated timeline equals the closed
+form (:func:`pipelab.papers.zero_bubble_closed_form`, to 1e-9) for ZB-H1 when T_W ≤ T_F and for ZB-H2 as
+max(0, formula). pipelab's per-stage flush (``sync_lag=0``) is the paper's post-validation (§4): no global
+synchronisation before the optimizer step, so ZB-H2's steps tile with no bubble.
 
 Example:
     >>> [str(a) for a in zb_h1(D=2, M=2).programs[1]]
@@ -46,22 +39,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .actions import Action, Schedule, check_int, check_jobs, gc_paused
+from .actions import Schedule, check_int, check_jobs, flushed_program, gc_paused, unflushed_program
 
 __all__ = ["split_order", "zb_h1", "zb_h2", "zb_async"]
 
 
 def split_order(n: int, warm: int, defer: int) -> list[tuple[str, int]]:
-    """One worker's order over micro-batches 0..n−1 with a split backward (the rule of the module docstring).
-
-    Args:
-        n: micro-batches on this worker (M for one flushed step, T·M for a run that is never flushed).
-        warm: forwards before the first I, 1 ≤ warm ≤ n.
-        defer: how many I passes run before the first W (W_j runs in the iteration of I_{j+defer}); ≥ 0.
-
-    Returns:
-        ``[(op, j), ...]`` with op in "F", "I", "W": each micro-batch's F, I and W exactly once, F_j before I_j
-        before W_j, forwards and W passes in micro-batch order.
+    """One worker's ``[(op, j), ...]`` over micro-batches 0..n−1 with a split backward (the module's rule):
+    ``warm`` (1..n) forwards before the first I, W_j in the iteration of I_{j+defer} (defer ≥ 0).
 
     Example:
         >>> split_order(3, warm=2, defer=1)
@@ -90,17 +75,10 @@ def _flushed(name: str, D: int, M: int, steps: int, warm: Sequence[int], defer: 
              params: dict[str, Any]) -> Schedule:
     """Repeat one step's :func:`split_order` per worker, U(k, t) after worker k's last W of step t."""
     check_jobs(f"{name}(D={D}, M={M}, steps={steps})", 3 * D * M * steps)
-    progs = []
-    for k in range(D):
-        one = split_order(M, warm[k], defer[k])
-        p: list[Action] = []
-        for t in range(steps):
-            p += [Action(op, k, t, j) for op, j in one]
-            p.append(Action("U", k, t, -1))
-        progs.append(tuple(p))
+    progs = tuple(flushed_program(k, split_order(M, warm[k], defer[k]), steps) for k in range(D))
     rule = ("U(k,t) right after worker k's last W of step t; step t+1 at stage k waits for it (per-stage flush, "
             "no global synchronisation)")
-    return Schedule(f"{name}(D={D}, M={M})", tuple(progs), D, M, steps, tuple((k,) for k in range(D)), 0,
+    return Schedule(f"{name}(D={D}, M={M})", progs, D, M, steps, tuple((k,) for k in range(D)), 0,
                     "current", rule, params)
 
 
@@ -108,15 +86,10 @@ def _flushed(name: str, D: int, M: int, steps: int, warm: Sequence[int], defer: 
 def zb_h1(D: int, M: int, steps: int = 1) -> Schedule:
     """ZB-H1: 1F1B's peak memory, a third of its bubble (Qi et al., ICLR 2024, §2.1 and Figure 3 top).
 
-    Worker k runs D − k warm-up forwards (1F1B's D − k − 1 plus the first forward of its steady state), then
-    I, W, F per micro-batch, where its first k W passes are deferred: W_j runs after I_{j+k}, and the k
-    W passes left over run at the end of the step (:func:`split_order` with warm = D − k, defer = k). Then
-    U(k, t); steps repeat the same program (flushed per stage, ``sync_lag=0``).
-
-    Under T_F, T_I, T_W with T_W ≤ T_F, every worker's span per step is M(T_F+T_I+T_W) + (D−1)(T_F+T_I−T_W)
-    (the paper's bubble, D−1 when all are 1, against 1F1B's 3(D−1)) and every worker peaks at D resident
-    micro-batches, 1F1B's peak. This is the order torch's ``ScheduleInterleavedZeroBubble`` builds with one
-    stage per rank (its "ZB1P"; tested).
+    :func:`split_order` with warm = D − k, defer = k on worker k, then U(k, t) (flushed per stage). With
+    T_W ≤ T_F a worker's span per step is M(T_F+T_I+T_W) + (D−1)(T_F+T_I−T_W) (D−1 at unit costs, 1F1B's
+    3(D−1)) and every worker peaks at D resident micro-batches. torch's ``ScheduleInterleavedZeroBubble`` with
+    one stage per rank ("ZB1P") builds this order (tested).
 
     Raises:
         ValueError: if M < D (worker 0's D warm-up forwards need D micro-batches).
@@ -136,15 +109,9 @@ def zb_h1(D: int, M: int, steps: int = 1) -> Schedule:
 def zb_h2(D: int, M: int, steps: int = 1) -> Schedule:
     """ZB-H2: zero bubble for 2D−1 resident micro-batches (Qi et al., ICLR 2024, §2.2 and Figure 3 bottom).
 
-    Worker k runs 2(D − k) − 1 warm-up forwards (filling the time until its first I can arrive, 2D−1−k
-    after it starts), then I, W, F per micro-batch with its first 2k W passes deferred (W_j after I_{j+2k});
-    the deferred W passes run at the end of the step (:func:`split_order` with warm = 2(D−k)−1,
-    defer = 2k). Then U(k, t); steps repeat the same program (flushed per stage, ``sync_lag=0``).
-
-    With T_F = T_I = T_W every worker is busy without a gap from its first F to its last W (a
-    parallelogram, span exactly M(T_F+T_I+T_W)), so back-to-back steps have no bubble; in general the span
-    exceeds M(T_F+T_I+T_W) by max(0, (D−1)(T_F+T_I−2T_W)). Every worker peaks at 2D−1 resident
-    micro-batches.
+    :func:`split_order` with warm = 2(D−k)−1 (the forwards that fill the time until worker k's first I can
+    arrive), defer = 2k, then U(k, t). A worker's span exceeds M(T_F+T_I+T_W) by max(0, (D−1)(T_F+T_I−2T_W)):
+    at equal costs every worker is busy from its first F to its last W (a parallelogram).
 
     Raises:
         ValueError: if M < 2D − 1: worker 0's first I cannot start before 2D − 1 forward/input-gradient
@@ -166,31 +133,16 @@ def zb_h2(D: int, M: int, steps: int = 1) -> Schedule:
 def zb_async(D: int, M: int = 1, steps: int = 8, defer: int | Sequence[int] | None = None) -> Schedule:
     """Asynchronous 1F1B with a split backward: I on the critical path, W deferred, never flushed.
 
-    PipeDream's order (:func:`~pipelab.schedules.builders.pipedream`: D − k micro-batches in flight at
-    stage k, over all n = T·M micro-batches of the run) with each B split into I and W by
-    :func:`split_order` with warm = min(D − k, n) and defer = ``defer[k]``: worker k runs
+    PipeDream's order over all n = T·M micro-batches, each B split by :func:`split_order` with warm =
+    min(D − k, n) and defer = d_k; U(k, t) right after W(k, t, M−1), no weight barrier (``sync_lag=None``).
+    ``defer`` (an int, or one per worker; default d_k = k, ZB-H1's lag, so T = 1 and M ≥ D is ZB-H1's order):
 
-        F_0 … F_{D−k−1};  then for g = 0..n−1:  I_g,  W_{g−d_k} (if g ≥ d_k),  F_{g+D−k};  then the rest of W,
+    - d_k = 0: PipeDream with B split in place: the same staleness (D−1−k at stage k's forwards, M = 1) and
+      peak memory (D − k); the run takes 3n + 2(D−1) at unit costs instead of 3n + 3(D−1);
+    - d_k = k: the later stages fill the ramps, and the run takes 3n + (D−1), the lower bound; the price is
+      that every worker holds D micro-batches and every stage's forwards are D − 1 versions stale (M = 1).
 
-    and applies U(k, t) right after W(k, t, M−1) (no weight barrier, ``sync_lag=None``), so W passes and
-    updates interleave with the forwards of later mini-batches. Which version each F, I and W uses is read
-    off the simulated timeline by the version table, not computed here.
-
-    ``defer`` (d_k ≥ 0; an int for every worker or one per worker; default d_k = k, ZB-H1's lag):
-
-    - d_k = 0 is PipeDream with B split in place (F, I, W): the same steady state, the same staleness
-      (D−1−k at stage k's forwards for M = 1) and peak memory (D − k), and only the fill/drain gets shorter:
-      the run takes 3n + 2(D−1) with unit costs instead of PipeDream's 3n + 3(D−1);
-    - d_k = k (default) fills the slots d_k = 0 leaves idle at the start and the end: the later stages run
-      F, I pairs while the first input gradients travel back, and their W passes run in the drain. The run
-      then takes 3n + (D−1) with unit costs, the lower bound (stage D−1 cannot start before D−1 forwards
-      and has 3n of work). It is the default because it is the split's whole gain in the makespan; the
-      price is memory and staleness: every worker holds D micro-batches (W keeps the activations, see
-      :mod:`pipelab.simulator`), and as W and the update lag k more micro-batches, forwards at every stage
-      are D − 1 versions stale (M = 1) instead of D − 1 − k. The steady-state throughput is the same for
-      every d_k (one micro-batch per T_F + T_I + T_W per worker).
-
-    With T = 1 and M ≥ D it is :func:`zb_h1`'s order (same rule and lag), without the barrier.
+    The steady-state throughput is the same for every d_k (one micro-batch per T_F + T_I + T_W per worker).
 
     Raises:
         ValueError: bad sizes, or a ``defer`` entry that is negative or not one per worker.
@@ -210,16 +162,8 @@ def zb_async(D: int, M: int = 1, steps: int = 8, defer: int | Sequence[int] | No
         lags = [check_int("defer", defer, 0)] * D
     n = steps * M
     check_jobs(f"zb_async(D={D}, M={M}, steps={steps})", 3 * D * n)
-    progs = []
-    for k in range(D):
-        p: list[Action] = []
-        for op, g in split_order(n, min(D - k, n), lags[k]):
-            t, j = divmod(g, M)
-            p.append(Action(op, k, t, j))
-            if op == "W" and j == M - 1:
-                p.append(Action("U", k, t, -1))
-        progs.append(tuple(p))
+    progs = tuple(unflushed_program(k, split_order(n, min(D - k, n), lags[k]), M, "W") for k in range(D))
     rule = ("U(k,t) right after W(k,t,M−1) on worker k; no flush: W passes deferred by d_k = "
             f"{lags} micro-batches and updates interleave with later forwards")
-    return Schedule(f"ZB-async(D={D}, M={M}, T={steps})", tuple(progs), D, M, steps,
+    return Schedule(f"ZB-async(D={D}, M={M}, T={steps})", progs, D, M, steps,
                     tuple((k,) for k in range(D)), None, "current", rule, {"D": D, "M": M, "defer": tuple(lags)})

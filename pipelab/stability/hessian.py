@@ -167,8 +167,7 @@ def top_eigenvalue(
     if not params:
         raise ValueError("model_or_stages has no parameters that require grad")
     ref = params[0]
-    data = [(x.to(ref.device, ref.dtype) if x.is_floating_point() else x.to(ref.device),
-             y.to(ref.device, ref.dtype) if y.is_floating_point() else y.to(ref.device)) for x, y in batches]
+    data = [(_like(x, ref), _like(y, ref)) for x, y in batches]
     if not data:
         raise ValueError("batches is empty: the loss needs at least one (x, y) batch")
     n_params = sum(p.numel() for p in params)
@@ -184,6 +183,11 @@ def top_eigenvalue(
         return HessianEigen(dominant, tuple(hist), ok, dominant, n_params)
     top, hist2, ok2 = _power(hvp, start, dominant, iters, tol)
     return HessianEigen(top + dominant, tuple(h + dominant for h in hist2), ok2, dominant, n_params)
+
+
+def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``t`` on ``ref``'s device, and in its dtype when floating."""
+    return t.to(ref.device, ref.dtype) if t.is_floating_point() else t.to(ref.device)
 
 
 def _power(hvp: Callable[[list[torch.Tensor], float], list[torch.Tensor]], start: list[torch.Tensor], shift: float,

@@ -22,7 +22,7 @@ miss with a :class:`CacheWarning`, and a store that fails (read-only or full dis
 result and warns once per cache directory.
 
 The cache root is ``$PIPELAB_CACHE`` if set, else ``$XDG_CACHE_HOME/pipelab`` (``~/.cache/pipelab``).
-Set ``PIPELAB_CACHE=off`` to disable caching.
+Set ``PIPELAB_CACHE=off`` to disable caching (:func:`pipelab.studies.environment.cache_root`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import environment
 from .config import config_hash
 
 try:  # POSIX: entries computed by one process at a time (ResultCache.claim)
@@ -51,7 +52,7 @@ try:  # POSIX: entries computed by one process at a time (ResultCache.claim)
 except ImportError:  # pragma: no cover - Windows: no claims, concurrent processes may compute an entry twice
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ResultCache", "Claim", "CacheWarning", "cached", "run_sweep", "SweepError", "default_cache_root",
+__all__ = ["ResultCache", "Claim", "CacheWarning", "cached", "run_sweep", "SweepError",
            "code_hash"]
 
 log = logging.getLogger(__name__)
@@ -225,20 +226,12 @@ def _makedirs(directory: Path) -> None:
         os.chmod(d, _DIR_MODE)
 
 
-def default_cache_root() -> Path | None:
-    """The cache directory, or ``None`` when ``$PIPELAB_CACHE`` is ``off``."""
-    env = os.environ.get("PIPELAB_CACHE")
-    if env is not None:
-        return None if env.lower() in {"off", "0", "none", ""} else Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pipelab"
-
-
 class ResultCache:
     """Pickle store of results keyed by ``config_hash(config, salt=version + code_hash(fn))``.
 
     Args:
-        root: directory of the store; ``None`` uses :func:`default_cache_root`.
+        root: directory of the store; ``None`` uses :func:`pipelab.studies.environment.cache_root` (``None`` there:
+            the cache is off).
         version: extra salt of every key; defaults to ``pipelab.__version__``. The code behind a result is
             keyed separately (see :func:`code_hash`), so edits recompute without a version bump.
 
@@ -250,7 +243,7 @@ class ResultCache:
         # The package's version, read without an import statement: importing the package facade would make
         # every module look like a dependency of code that imports the cache (see code_hash).
         self.version = version if version is not None else str(sys.modules[_PKG].__version__)
-        self.root = Path(root) if root is not None else default_cache_root()
+        self.root = Path(root) if root is not None else environment.cache_root()
 
     @property
     def enabled(self) -> bool:

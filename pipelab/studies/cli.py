@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import environment
 from .config import PRESETS
 
 
@@ -21,28 +22,24 @@ def _figures(args: argparse.Namespace) -> int:
         for spec in figures.available():
             print(f"{spec.name:32s} {spec.module.rsplit('.', 1)[-1]:20s} {spec.description}")
         return 0
+    if args.preset is None:
+        args.preset = environment.preset()
     from .runner import default_workers, run_figures
 
-    if args.workers is None:
-        raw = os.environ.get("PIPELAB_WORKERS")
-        try:
-            args.workers = int(raw) if raw is not None else default_workers()
-        except ValueError:
-            print(f"error: $PIPELAB_WORKERS must be an int >= 1, got {raw!r}", file=sys.stderr)
-            return 2
+    if args.workers is None:  # $PIPELAB_WORKERS when set (checked by environment.check), else one per core
+        args.workers = environment.workers() if os.environ.get(environment.WORKERS) else default_workers()
     if args.workers < 1:
         print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
         return 2
     if args.device is not None:
         from ..distributed import resolve_device
-        from .config import ENV_DEVICE
 
         try:  # before any experiment runs: "cuda" without CUDA is said plainly, with what to pass instead
             device = resolve_device(args.device, argument="--device")
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        os.environ[ENV_DEVICE] = str(device)  # every figure config's device (pipelab.studies.config.from_preset)
+        os.environ[environment.DEVICE] = str(device)  # every figure config's device (config.from_preset)
     if args.out is None:
         args.out = "figures/study" if args.preset == "study" else "figures"
     if args.names:
@@ -160,15 +157,17 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("figures", help="regenerate figures (all registered ones by default)")
     p.add_argument("names", nargs="*", metavar="NAME", help="figure names (see --list)")
-    p.add_argument("--preset", default="quick", choices=PRESETS, help="experiment size (default: quick)")
+    p.add_argument("--preset", default=None, choices=PRESETS,
+                   help=f"experiment size (default: ${environment.PRESET}, else quick)")
     p.add_argument("--out", default=None,
                    help="output directory (default: figures/, and figures/study/ for the study preset)")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes drawing figures side by side, one thread each (default: $PIPELAB_WORKERS, else one "
-                        "per CPU core); figures that need the same runs share them")
+                   help=f"processes drawing figures side by side, one thread each (default: ${environment.WORKERS}, "
+                        "else one per CPU core); figures that need the same runs share them")
     p.add_argument("--device", default=None,
                    help="run the experiments on cpu, cuda, cuda:N or auto (CUDA when present); sets the device of "
-                        "every figure's config, so the cache and the sidecars record it (default: each preset's)")
+                        "every figure's config, so the cache and the sidecars record it (default: "
+                        f"${environment.DEVICE}, else each preset's)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into the repository's figures/ although code outside it has uncommitted changes "
@@ -177,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("data", help="locate and verify (with --fetch: obtain) Fashion-MNIST and the word lists")
     p.add_argument("--fetch", action="store_true", help="install/download it when missing or damaged")
-    p.add_argument("--root", default=None, help="directory to look in / download to")
+    p.add_argument("--root", default=None,
+                   help=f"directory to look in / download to (default: ${environment.DATA}, else the system's)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="overall deadline in seconds for --fetch, retries included (default: 300)")
     p.set_defaults(func=_data)
@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    try:  # before any work: a variable set to a value pipelab cannot use is refused, never silently replaced
+        environment.check()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return args.func(args)
 
 

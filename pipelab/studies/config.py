@@ -5,14 +5,16 @@ Every experiment in pipelab is described by one frozen dataclass. Three named pr
 - ``tiny``: seconds on a 2-core CPU; used by the tests and when notebooks run in CI;
 - ``quick``: the default for regenerating figures on a CPU (minutes);
 - ``study``: the learning-curve study (issue "a comparison researchers can trust"): full datasets, learning rates
-  tuned per arm, 5 seeds; run once on a 2-core CPU (≈ 90 min with ``--workers 2``) and committed under
+  tuned per arm on 3 tuning seeds, 10 seeds; ≈ 13.5 h of CPU (an estimate from the earlier study's timings), run
+  in background chunks that the result cache stitches together, and committed under
   ``figures/study/``; only the learning-curve figures define it (``pipelab figures --preset study`` runs those);
 - ``paper``: GPU scale, closer to the published experiments.
 
 The active preset comes from an explicit argument, else the ``PIPELAB_PRESET`` environment variable,
 else ``quick``. ``PIPELAB_DEVICE`` (set by ``python -m pipelab figures --device``), when set, replaces the
 ``device`` of every config :func:`from_preset` returns (nested configs included), so that the cache key and
-the figure sidecars name the device the results were computed on.
+the figure sidecars name the device the results were computed on. Both variables are read and checked by
+:mod:`pipelab.studies.environment`.
 A config is turned into a canonical JSON form (:func:`config_to_dict`) that the result
 cache hashes and the figure sidecars record.
 
@@ -33,7 +35,6 @@ import enum
 import hashlib
 import json
 import math
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import PurePath
@@ -41,11 +42,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from . import environment
+
 __all__ = ["PRESETS", "resolve_preset", "from_preset", "config_to_dict", "config_hash"]
 
 PRESETS: tuple[str, ...] = ("tiny", "quick", "study", "paper")
-ENV_PRESET = "PIPELAB_PRESET"
-ENV_DEVICE = "PIPELAB_DEVICE"
 
 T = TypeVar("T")
 
@@ -56,11 +57,11 @@ def resolve_preset(preset: str | None = None) -> str:
     Raises:
         ValueError: if the name is not one of :data:`PRESETS`.
     """
-    name = preset if preset is not None else os.environ.get(ENV_PRESET, "quick")
-    if name not in PRESETS:
-        source = "preset" if preset is not None else f"${ENV_PRESET}"
-        raise ValueError(f"{source}={name!r} is not a preset; choose one of {', '.join(PRESETS)}")
-    return name
+    if preset is None:
+        return environment.preset()
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r} is not a preset; choose one of {', '.join(PRESETS)}")
+    return preset
 
 
 def from_preset(table: Mapping[str, T], preset: str | None = None) -> T:
@@ -70,7 +71,7 @@ def from_preset(table: Mapping[str, T], preset: str | None = None) -> T:
         config = table[name]
     except KeyError:
         raise ValueError(f"no config for preset {name!r}; this experiment defines {sorted(table)}") from None
-    device = os.environ.get(ENV_DEVICE)
+    device = environment.device()
     return _with_device(config, device) if device else config
 
 

@@ -48,6 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import environment
+
 __all__ = [
     "Dataset",
     "DataError",
@@ -81,7 +83,6 @@ log = logging.getLogger(__name__)
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 #: Where :func:`fetch_fashion_mnist` downloads to by default (searched last, so a download is found again).
 DOWNLOAD_DIR = Path.home() / ".cache" / "pipelab" / "data" / "fashion-mnist"
-ENV_DATA = "PIPELAB_DATA"
 FASHION_MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -211,7 +212,7 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
 
 def _candidate_dirs(root: str | os.PathLike[str] | None) -> list[Path]:
     dirs: list[Path] = []
-    for base in (root, os.environ.get(ENV_DATA) or None):
+    for base in (root, environment.data_dir()):
         if base is not None:
             base = Path(base).expanduser()
             dirs += [base, base / "FashionMNIST" / "raw", base / "fashion-mnist"]
@@ -441,7 +442,7 @@ def fetch_fashion_mnist(dest: str | os.PathLike[str] | None = None, *, timeout: 
     except DataError as exc:
         if "not found" not in str(exc):
             problems.append(str(exc).split(_HOW_TO_GET)[0].strip())
-    target = Path(dest or os.environ.get(ENV_DATA) or DOWNLOAD_DIR)
+    target = Path(dest or environment.data_dir() or DOWNLOAD_DIR)
     try:
         target.mkdir(parents=True, exist_ok=True)
         for name, md5 in FASHION_MNIST_MD5.items():
@@ -456,7 +457,7 @@ def fetch_fashion_mnist(dest: str | os.PathLike[str] | None = None, *, timeout: 
     raise DataError("Could not obtain Fashion-MNIST:\n  - " + "\n  - ".join(problems) + "\n"
                     "Install Debian's `dataset-fashion-mnist` (`sudo apt-get install dataset-fashion-mnist`, or "
                     "`python -m pipelab data --fetch` as root), or copy the four official IDX files into a "
-                    f"directory and set ${ENV_DATA} to it.")
+                    f"directory and set ${environment.DATA} to it.")
 
 
 # ------------------------------------------------------------------------------- other real data

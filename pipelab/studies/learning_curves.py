@@ -47,7 +47,6 @@ import functools
 import logging
 import math
 import numbers
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -61,6 +60,7 @@ from ..links import as_codec
 from ..optim import OPTIMIZERS, optimizer_factory
 from ..schedules.actions import check_int
 from ..threads import torch_threads
+from . import environment
 from .cache import run_sweep
 from .data import Dataset, load_dataset
 from .models import build_model, he_init
@@ -456,7 +456,7 @@ def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "
     """
     configs = list(configs)
     if workers is None:
-        workers = _env_workers()
+        workers = environment.workers()
     log.info("learning-curve sweep: %d runs (stacking up to %d seeds, %d worker(s))", len(configs), stack, workers)
     if run_fn is not None:
         return run_sweep("learning_curves", configs, run_fn, progress=progress, desc=desc)
@@ -477,17 +477,6 @@ def _predicts(policy: str) -> bool:
     from ..policies import make_policy
 
     return policy != "sequential" and make_policy(policy).uses_predictor
-
-
-def _env_workers() -> int:
-    raw = os.environ.get("PIPELAB_WORKERS", "1")
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"$PIPELAB_WORKERS must be an int >= 1, got {raw!r}")
-    return value
 
 
 def with_(cfg: RunConfig, **changes: Any) -> RunConfig:

@@ -40,23 +40,16 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from ..distributed import default_backend, init_from_env, resolve_device, spawn, waiting
 from ..files import atomic_write, check_writable
-from ..optim import available_optimizers
-from .learning_curves import RunConfig, prepare
-from .settings import ARM_POLICIES, ARM_SCHEDULES, TASKS
 
-__all__ = ["train", "train_distributed", "main", "PIPELINE_POLICIES"]
+if TYPE_CHECKING:
+    from .learning_curves import RunConfig
 
-#: ``--policy`` choices: the learning-curve arms that have a pipeline (all but the sequential arm), from the
-#: policy registry.
-PIPELINE_POLICIES = [p for p, family in ARM_POLICIES.items() if family != "sequential"]
+# torch and the modules reading it are imported inside the functions, so that --help answers at once.
+
+__all__ = ["train", "train_distributed", "main", "choices"]
 
 
 def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | None = None,
@@ -80,8 +73,12 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         ValueError: the sequential arm; a ``checkpoint`` directory that could not be written (checked before
             the run, :func:`pipelab.files.check_writable`).
     """
+    import torch.distributed as dist
+
+    from ..distributed import waiting
     from ..emulator import evaluate
     from ..runtime import PipelineRuntime, load_checkpoint, save_checkpoint
+    from .learning_curves import prepare
 
     if cfg.policy == "sequential":
         raise ValueError("the sequential arm has no pipeline; run it with pipelab.studies.learning_curves.run")
@@ -147,33 +144,59 @@ def train_distributed(cfg: RunConfig, world_size: int | None = None, *, backend:
         ValueError: a CUDA device without CUDA, or NCCL with fewer visible GPUs than ranks (before spawning).
 
     Example:
+        >>> from pipelab.studies.learning_curves import RunConfig
         >>> cfg = RunConfig(task="digits_mlp", policy="stashing", optimizer="sgdm", D=2, seed=0, epochs=1)
         >>> out = train_distributed(cfg)          # doctest: +SKIP
         >>> out["test_acc"], out["samples_per_s"]  # doctest: +SKIP
     """
+    from ..distributed import default_backend, resolve_device, spawn
+
     world = world_size or cfg.D
     device = resolve_device(cfg.device, argument="RunConfig.device")  # before any process starts
     backend = backend or default_backend(device)
     return spawn(_spawned, world, (cfg, kwargs), backend=backend, timeout_s=timeout_s)[0]
 
 
+def choices() -> dict[str, list[str]]:
+    """The names ``--task``, ``--policy``, ``--optimizer`` and ``--schedule`` accept, from their registries."""
+    from ..optim import available_optimizers
+    from .settings import ARM_SCHEDULES, PIPELINE_POLICIES, TASKS
+
+    return {"task": sorted(TASKS), "policy": list(PIPELINE_POLICIES), "optimizer": available_optimizers(),
+            "schedule": sorted(ARM_SCHEDULES)}
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and every option's default (unless its help says it, or it has none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if any(action.default is none for none in (None, False, argparse.SUPPRESS)) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
+    # --task, --policy, --optimizer and --schedule are checked after parsing (_parse): their names come from
+    # registries that import torch, which --help does not need
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node D -m pipelab.studies.run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="fashion_mnist_mlp", choices=sorted(TASKS))
-    p.add_argument("--policy", default="pipeoptim", choices=PIPELINE_POLICIES)
-    p.add_argument("--optimizer", default="adam", choices=available_optimizers())
+                                formatter_class=_HelpFormatter)
+    p.add_argument("--list", action="store_true", help="print the names --task, --policy, --optimizer and "
+                                                       "--schedule accept, and exit")
+    p.add_argument("--task", default="fashion_mnist_mlp", help="learning-curve task (--list shows them)")
+    p.add_argument("--policy", default="pipeoptim", help="weight-staleness policy of a pipelined arm (--list)")
+    p.add_argument("--optimizer", default="adam", help="optimizer of pipelab's registry (--list)")
     p.add_argument("--D", type=int, default=None, help="stages (default: the world size)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the data order and the split")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training set")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per mini-batch")
     p.add_argument("--M", type=int, default=4, help="micro-batches per step (GPipe/1F1B)")
-    p.add_argument("--n-train", type=int, default=10_000)
-    p.add_argument("--n-test", type=int, default=2_000)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--schedule", default=None, choices=sorted(ARM_SCHEDULES),
-                   help="run the policy on this schedule instead of its family's (e.g. zb_async: split backward)")
+    p.add_argument("--n-train", type=int, default=10_000, help="training examples")
+    p.add_argument("--n-test", type=int, default=2_000, help="test examples")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: the arm's setting)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="parameter dtype")
+    p.add_argument("--schedule", default=None,
+                   help="run the policy on this schedule instead of its family's (--list; zb_async: split backward)")
     p.add_argument("--device", default="cpu",
                    help="cpu (gloo), cuda (NCCL, rank r on GPU LOCAL_RANK; one GPU per rank) or auto")
     p.add_argument("--checkpoint", default=None, help="directory to save every rank's state at the end")
@@ -188,8 +211,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments, their names checked against :func:`choices`; ``--help``, ``--list`` and errors exit here."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    names = choices()
+    if args.list:
+        for option, allowed in names.items():
+            print(f"--{option}: {' '.join(allowed)}")
+        parser.exit()
+    for option, allowed in names.items():
+        value = getattr(args, option)
+        if value is not None and value not in allowed:
+            parser.error(f"argument --{option}: invalid choice: {value!r} (choose from {', '.join(allowed)})")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return _run(_parse(argv))
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from ..distributed import default_backend, init_from_env, resolve_device
+    from .learning_curves import RunConfig
+
     try:  # before joining: CUDA without CUDA, fewer GPUs than this machine's ranks, or outputs that could not
         # be written at the end of the run, are said plainly
         backend = default_backend(resolve_device(args.device, argument="--device"))
@@ -237,6 +285,9 @@ def _save_elsewhere(text: str) -> str:
 
 
 if __name__ == "__main__":
+    arguments = _parse(sys.argv[1:])  # --help, --list and a wrong name answer before torch is imported
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     # record: under torchrun, the failing rank's error (a StalledRank naming the stalled peer) becomes the cause
     # in torchrun's summary; applied here only, as it installs a fault handler on the process's stderr
-    sys.exit(record(main)())
+    sys.exit(record(_run)(arguments))

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from pipelab.distributed import check_nccl_devices, resolve_device, spawn
-from pipelab.studies.config import ENV_DEVICE, from_preset
+from pipelab.studies.config import from_preset
+from pipelab.studies.environment import DEVICE as ENV_DEVICE
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is "
@@ -161,6 +162,9 @@ def test_figure_cli_device_sets_every_config(one_gpu: None, monkeypatch: pytest.
 def test_device_override_reaches_nested_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import dataclass
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # two GPUs: cuda:1 is a device of this machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
     @dataclass(frozen=True)
     class Inner:
         device: str = "cpu"
@@ -177,6 +181,9 @@ def test_device_override_reaches_nested_configs(monkeypatch: pytest.MonkeyPatch)
     got = from_preset(table, "tiny")
     assert got == Outer(Inner("cuda:1"), (Inner("cuda:1", 2), Inner("cuda:1", 3)), "cuda:1")
     assert table["tiny"].inner.device == "cpu"  # the table itself is untouched
+    monkeypatch.setenv(ENV_DEVICE, "cuda:2")  # checked against this machine, as --device is
+    with pytest.raises(ValueError, match=r"\$PIPELAB_DEVICE='cuda:2': only 2 GPU\(s\) are visible"):
+        from_preset(table, "tiny")
 
 
 def test_benchmark_without_cuda_says_so_and_succeeds(no_cuda: None) -> None:
@@ -326,8 +333,9 @@ def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=gpu)])
 def test_runtime_on_nccl_equals_the_emulator(device: str) -> None:
+    from nccl_model import check_order
+
     from pipelab.emulator import Emulator
-    from pipelab.runtime import check_order
     from pipelab.schedules import gpipe, one_f_one_b, pipedream
     from pipelab.studies.models import deep_mlp
 

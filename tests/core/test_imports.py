@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -47,8 +48,30 @@ def _study(modules: set[str]) -> set[str]:
 
 
 def test_import_pipelab_runs_without_the_study_packages_and_loads_none() -> None:
-    loaded = _loaded("import pipelab, pipelab.calibration, pipelab.prediction_error", blocked=STUDY_PACKAGES)
+    loaded = _loaded("from pipelab import *; import pipelab.calibration, pipelab.prediction_error",
+                     blocked=STUDY_PACKAGES)
     assert "pipelab.runtime" in loaded and not _study(loaded), sorted(_study(loaded))
+
+
+def test_import_pipelab_alone_loads_no_torch() -> None:
+    """Each name of the vocabulary loads its module on first use, so that the command lines' ``--help`` is quick."""
+    loaded = _loaded("import pipelab; pipelab.__version__")
+    assert "torch" not in loaded and "pipelab.schedules" not in loaded
+    assert {"torch", "pipelab.emulator"} <= _loaded("import pipelab; pipelab.Emulator")
+
+
+def test_the_vocabulary_and_its_type_checking_imports_agree() -> None:
+    """``pipelab.__init__`` lists each name twice: in the table that loads it, and as an import for type checkers."""
+    import pipelab
+
+    tree = ast.parse((ROOT / "pipelab" / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    imported = {alias.name: (node.module or alias.name) for node in block.body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert imported == pipelab._VOCABULARY
+    assert all(getattr(pipelab, name) is not None for name in pipelab.__all__)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        pipelab.nothing  # noqa: B018
 
 
 def test_import_pipelab_loads_only_what_its_dependencies_load_themselves() -> None:

@@ -1,5 +1,6 @@
-"""NCCL-safe point-to-point order (pipelab.runtime.nccl_order): the checker, the rule on every builder, and the
-transport that follows it (gloo, CPU): same weights as the emulator, and exactly the operations the checker plays."""
+"""NCCL-safe point-to-point order (pipelab.runtime.nccl_order): the checker (nccl_model.py), the rule on every
+builder, and the transport that follows it (gloo, CPU): same weights as the emulator, and exactly the operations
+the checker plays."""
 
 from __future__ import annotations
 
@@ -12,21 +13,13 @@ import torch
 
 from pipelab.distributed import spawn
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
-from pipelab.runtime.nccl_order import (
-    Issue,
-    MessageOrder,
-    NCCLOrderError,
-    Op,
-    RankOrder,
-    Wait,
-    check_order,
-    issue_sequences,
-)
+from pipelab.runtime.nccl_order import Issue, MessageOrder, Op, RankOrder, Wait
 from pipelab.runtime.p2p import P2PTransport
 from pipelab.schedules import messages, one_f_one_b, pipedream
 from pipelab.schedules.builders import BUILDERS
 
 sys.path.insert(0, str(Path(__file__).parent))
+from nccl_model import NCCLOrderError, check_order, issue_sequences  # noqa: E402
 from test_runtime import batches, build, emulate  # noqa: E402
 
 #: builder -> argument tuples (D or W first), chosen to satisfy each builder's own constraints

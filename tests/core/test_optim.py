@@ -143,10 +143,9 @@ def test_errors_name_the_choices():
 
 
 def test_run_config_and_cli_accept_every_registered_optimizer():
-    from pipelab.studies.run import _parser
+    from pipelab.studies.run import choices
 
-    action = next(a for a in _parser()._actions if a.dest == "optimizer")
-    assert list(action.choices) == available_optimizers()
+    assert choices()["optimizer"] == available_optimizers()
     for name in available_optimizers():
         RunConfig(task="digits_mlp", policy="stashing", optimizer=name, D=2, seed=0)
     with pytest.raises(ValueError, match="optimizer="):

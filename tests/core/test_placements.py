@@ -127,8 +127,7 @@ def test_sequence_places_collectives_between_gradients_updates_and_uses():
     s = fsdp(D=2, M=4, W=2, steps=2)
     sim = simulate(s)
     table = sim.version_table
-    needs = {job: [(job[1], table.version(job))] for job in table.order if job[0] != "U"}
-    seq = placed_sequence(sim, needs)
+    seq = placed_sequence(sim, table.version)
     colls = [e for e in seq if isinstance(e, Collective)]
     # stage k owned by worker k: version 0 and 1 broadcast, one reduce per (k, t)
     assert sorted((c.kind, c.stage, c.version) for c in colls if c.kind == "broadcast") == [
@@ -181,7 +180,7 @@ def test_ddp_collective_counts(monkeypatch, bucket_bytes, calls):
 def test_ddp_all_reduces_of_a_step_form_one_run_after_its_last_backward():
     """DDP's all-reduces of step t meet after the step's last B (its updates deferred), are marked as one run,
     and each is launched right after this worker's last B of its own stage."""
-    seq = placed_sequence(simulate(ddp(D=3, M=4, W=2, steps=2)), {})
+    seq = placed_sequence(simulate(ddp(D=3, M=4, W=2, steps=2)))
     for w in range(2):
         prog = worker_sequence(seq, w)
         L = placement.launch_positions(prog)

@@ -13,6 +13,7 @@ import torch
 
 from pipelab.calibration import boundary_bytes
 from pipelab.emulator import Emulator
+from pipelab.links import Link
 from pipelab.partition import balanced_partition, split
 from pipelab.planner import SCHEDULES, Blocks, critical_path, plan
 from pipelab.profiling import profile_stages
@@ -224,6 +225,20 @@ def test_link_bytes_move_the_cut() -> None:
     skewed = Blocks([1.0] * 6, [2.0] * 6, output_bytes=[1e6, 1e6, 1e6, 10.0, 1e6, 0.0])
     assert list(plan(skewed, 2, global_batch=4, schedules=("1f1b",), micro_batches=(4,),
                      link=_alpha_beta(0.0, 1e5))[0].sizes) == [4, 2]
+
+
+def test_a_link_model_prices_bytes_and_reduces_to_transfer_cost() -> None:
+    # the simulator's link model on every boundary: bytes move the cut as the α + n/β model does ...
+    for bytes_, sizes in (([1e6, 1e6, 10.0, 1e6, 1e6, 0.0], [3, 3]), ([1e6, 1e6, 1e6, 10.0, 1e6, 0.0], [4, 2])):
+        got = plan(Blocks([1.0] * 6, [2.0] * 6, output_bytes=bytes_), 2, global_batch=4, schedules=("1f1b",),
+                   micro_batches=(4,), link=Link(0.0, 1e5))
+        assert list(got[0].sizes) == sizes
+    # ... and with β = ∞ it is transfer_cost = α: the same plans, step times equal
+    bl = _random_blocks(3, 7)
+    kw: dict[str, Any] = {"global_batch": 8, "schedules": ("gpipe", "1f1b", "zb_h1"), "micro_batches": (4, 8)}
+    a, b = plan(bl, 3, link=Link(latency=0.3), **kw), plan(bl, 3, link=0.3, **kw)
+    assert [(p.schedule, p.M, p.sizes) for p in a] == [(p.schedule, p.M, p.sizes) for p in b]
+    assert [p.step_time for p in a] == [p.step_time for p in b]
 
 
 def test_a_given_partition_is_scored_as_brute_force_scores_it() -> None:

@@ -73,11 +73,12 @@ def test_version_differences_match_the_papers_formulas_in_steady_state() -> None
         f = po.forward(table, ("F", k, t, 0))
         s = f.s if isinstance(f, Predicted) else 0
         assert s == pipeoptim_staleness(D, k)
-        for op in "FB":
-            spec = st.forward(table, (op, k, t, 0))
-            s = spec.s if isinstance(spec, Predicted) else 0
+        paper = make_policy("spectrain", staleness="paper")
+        for op, spec, by_paper in (("F", st.forward, paper.forward), ("B", st.backward, paper.backward)):
+            got = spec(table, (op, k, t, 0))
+            s = got.s if isinstance(got, Predicted) else 0
             assert s == spectrain_version_difference(D, k, op)
-            assert spec == make_policy("spectrain", staleness="paper").forward(table, (op, k, t, 0))
+            assert got == by_paper(table, (op, k, t, 0))
 
 
 @pytest.mark.parametrize("policy,copies", [
@@ -194,8 +195,7 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
     from pipelab.policies import SCHEDULE_FAMILIES, available_policies
     from pipelab.schedules.builders import BUILDERS
     from pipelab.studies.figures.learning_curves import LABELS
-    from pipelab.studies.run import PIPELINE_POLICIES
-    from pipelab.studies.settings import ARM_POLICIES, POLICY_ORDER
+    from pipelab.studies.settings import ARM_POLICIES, PIPELINE_POLICIES, POLICY_ORDER
 
     for name in available_policies():
         info = make_policy(name)
@@ -213,6 +213,6 @@ def test_policy_metadata_is_the_one_source_of_labels_families_and_choices() -> N
                       "pipemare": "PipeMare", "nesterov_async": "Nesterov (async PP)",
                       "error_feedback": "error feedback (gradient extrapolation)",
                       "dc_asgd": "DC-ASGD (delay compensation)"}
-    assert PIPELINE_POLICIES == [n for n in POLICY_ORDER if n != "sequential"]
+    assert PIPELINE_POLICIES == tuple(n for n in POLICY_ORDER if n != "sequential")
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope")

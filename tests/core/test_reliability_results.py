@@ -354,3 +354,55 @@ def _evaluate_chunks(batch_size: int) -> object:
 @probes.parametrize(EMPTY_BATCH_PROBES)
 def test_empty_batch_probe(probe: Probe) -> None:
     probe.check()
+
+
+# ------------------------------------------------------------------------------------------- optimizer state
+
+
+@pytest.mark.parametrize("name", __import__("pipelab.optim", fromlist=["x"]).available_optimizers())
+def test_optimizer_state_is_counted_before_the_first_step(name: str) -> None:
+    """``plan.weight_bytes`` printed optimizer_state 0 before the first step (torch.optim allocates its state
+    lazily): Adam's 2·4n appeared only after a step. The bytes are now those of the stepped optimizer, equal before
+    and after a real step, and measuring them changes neither the optimizer nor its parameters."""
+    from pipelab.optim import make_optimizer
+    from pipelab.precision import optimizer_state_bytes
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4, bias=name != "muon"), nn.Linear(4, 3, bias=False))  # Muon: matrices only
+    opt = make_optimizer(name, model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    state = {p: dict(st) for p, st in opt.state.items()}  # empty but for Adagrad, which allocates at construction
+    counted = optimizer_state_bytes(opt)
+    assert {p: dict(st) for p, st in opt.state.items()} == state
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert counted == optimizer_state_bytes(opt) == sum(v.numel() * v.element_size() for st in opt.state.values()
+                                                         for v in st.values() if torch.is_tensor(v))
+    assert (counted == 0) == (name == "sgd")  # plain SGD keeps no state
+
+
+def test_the_emulator_plan_counts_adam_state_before_it_runs() -> None:
+    import pipelab
+    from pipelab.schedules import pipedream
+
+    model = nn.Sequential(*[nn.Linear(6, 6) for _ in range(4)])
+    emu = pipelab.Emulator(model, schedule=pipedream(D=2, M=1, steps=2), policy="stashing",
+                           optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-3))
+    n = [sum(p.numel() for p in model[2 * k: 2 * k + 2].parameters()) for k in range(2)]
+    step_counters = 4 * 4  # one fp32 scalar per parameter tensor (2 Linear layers x weight and bias)
+    assert [emu.plan.weight_bytes[k]["optimizer_state"] for k in range(2)] == [8 * n[k] + step_counters
+                                                                                for k in range(2)]
+
+
+def test_an_optimizer_that_cannot_be_twinned_warns_and_counts_what_it_holds() -> None:
+    from pipelab.precision import optimizer_state_bytes
+
+    class Needy(torch.optim.SGD):
+        def __init__(self, params: object, extra: int, **kw: object) -> None:
+            super().__init__(params, **kw)  # type: ignore[arg-type]
+
+    opt = Needy([nn.Parameter(torch.zeros(3))], 1, lr=0.1, momentum=0.9)
+    with pytest.warns(UserWarning, match=r"cannot measure the state Needy allocates at its first step.*count 0"):
+        assert optimizer_state_bytes(opt) == 0

@@ -33,6 +33,18 @@ def test_render_writes_png_pdf_and_sidecar(tmp_path: Path) -> None:
     assert meta["notes"]["deep_mlp/layers"]["blocks"] == [4, 4, 4, 4]
 
 
+def test_a_figure_redrawn_at_another_commit_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registered figure drawn twice, the second time at another (fake) commit: the same files, byte for byte,
+    naming the first commit; the PNG and PDF carry no dates."""
+    files = []
+    for commit in ("a" * 40, "b" * 40):
+        monkeypatch.setattr(figures, "code_state", lambda *a, commit=commit, **kw: figures.CodeState(commit, True))
+        figures.render(["model_stages"], "tiny", tmp_path)
+        files.append({p.name: p.read_bytes() for p in tmp_path.iterdir()})
+    assert set(files[0]) == {"model_stages.json", "model_stages.pdf", "model_stages.png"}
+    assert files[1] == files[0] and json.loads(files[1]["model_stages.json"])["commit"] == "a" * 40
+
+
 def test_duplicate_registration_from_another_module_is_an_error() -> None:
     def fn(preset: str, *, progress: bool = False) -> figures.FigureOutput:
         raise AssertionError

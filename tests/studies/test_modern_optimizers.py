@@ -131,6 +131,8 @@ def test_tiny_preset_end_to_end(tmp_path: Path) -> None:
     assert out.notes["rates"]["sgdm"]["how"] == "tuned" and out.notes["rates"]["muon"] == {"lr": 0.02,
                                                                                            "how": "common"}
     assert set(out.notes["verdicts"]) == {c[0] for c in CLAIMS}
+    title = out.figure.get_suptitle()  # the verdicts in words, not the claims' keys
+    assert all(f"{name}: {out.notes['verdicts'][key]}" in title and key not in title for key, name, *_ in CLAIMS)
     by = {(r["optimizer"], r["policy"], r["seed"]): r for r in records}
     # the Nesterov policy's default (stashed backward) runs NAdam exactly as weight stashing does
     for s in (0, 1):

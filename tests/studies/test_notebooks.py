@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,16 @@ def test_there_are_notebooks() -> None:
 def test_committed_notebooks_have_no_outputs() -> None:
     bad = notebooks_with_outputs(NOTEBOOKS)
     assert not bad, f"strip them with `python -m pipelab strip-notebooks notebooks`: {bad}"
+
+
+def test_each_notebook_says_first_how_long_it_takes_with_and_without_the_cache() -> None:
+    """Notebooks 02 and 04 train for many minutes with an empty result cache: the first cell says so, measured."""
+    for path in NOTEBOOKS:
+        first = json.loads(path.read_text())["cells"][0]
+        text = "".join(first["source"])
+        assert first["cell_type"] == "markdown", path.name
+        assert re.search(r"\*\*How long\*\* \(preset `quick`, measured on [^:]+\): .*\d.* with an empty result cache"
+                         r".* with a full one", text), path.name
 
 
 @pytest.mark.slow

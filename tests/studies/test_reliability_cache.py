@@ -301,6 +301,47 @@ def test_footer_names_preset_and_commit(repo: Path) -> None:
     assert [t.get_text() for t in out.figure.texts] == [f"pipelab quick preset · {short} + uncommitted changes"]
 
 
+def test_unchanged_figures_redrawn_at_a_later_commit_are_byte_identical(repo: Path) -> None:
+    """Every sidecar and footer carried the commit, so ``make figures`` on unchanged data rewrote every file
+    (128 modified after one commit). The provenance now changes with the content only."""
+    first = figures.save("model_stages", _output(), repo / "figures", "tiny")
+    before = {p.name: p.read_bytes() for p in first}
+    made_at = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "add", "figures")
+    _git(repo, "commit", "-qm", "the figures")
+    (repo / "code.py").write_text("x = 2\n")
+    _git(repo, "commit", "-qam", "a later commit")
+    assert _git(repo, "rev-parse", "HEAD") != made_at
+    again = figures.save("model_stages", _output(), repo / "figures", "tiny")
+    assert {p.name: p.read_bytes() for p in again} == before
+    assert json.loads(before["model_stages.json"])["commit"] == made_at
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_changed_content_records_the_commit_that_made_it(repo: Path) -> None:
+    figures.save("model_stages", _output(), repo / "figures", "tiny")
+    (repo / "code.py").write_text("x = 2\n")
+    _git(repo, "commit", "-qam", "a later commit")
+    head = _git(repo, "rev-parse", "HEAD")
+    out = _output()
+    out.figure.axes[0].set_title("changed")  # the pixels differ
+    figures.save("model_stages", out, repo / "figures", "tiny")
+    meta = json.loads((repo / "figures" / "model_stages.json").read_text())
+    assert meta["commit"] == head and [t.get_text() for t in out.figure.texts] == [f"pipelab tiny preset · {head[:7]}"]
+    figures.save("model_stages", _output(), repo / "figures", "quick")  # another preset: other content
+    assert json.loads((repo / "figures" / "model_stages.json").read_text())["preset"] == "quick"
+
+
+def test_a_clean_redraw_replaces_the_provenance_of_unclean_code(repo: Path, tmp_path: Path) -> None:
+    (repo / "code.py").write_text("x = 2\n")
+    figures.save("model_stages", _output(), tmp_path / "out", "tiny")
+    assert json.loads((tmp_path / "out" / "model_stages.json").read_text())["code_clean"] is False
+    _git(repo, "commit", "-qam", "the change")
+    figures.save("model_stages", _output(), tmp_path / "out", "tiny")  # same content, now from a commit
+    meta = json.loads((tmp_path / "out" / "model_stages.json").read_text())
+    assert meta["code_clean"] is True and meta["commit"] == _git(repo, "rev-parse", "HEAD")
+
+
 def test_unpicklable_result_is_returned_not_lost(tmp_path: Path) -> None:
     with pytest.warns(CacheWarning, match="cannot be pickled"):
         out = cached("exp", Small(1), lambda c: {"fn": lambda: 1}, cache=ResultCache(tmp_path, version="1"))

@@ -34,11 +34,13 @@ def test_study_grids_straddle_the_measured_thresholds() -> None:
         STUDY_TUNING.lrs("rmsprop")
 
 
-def test_the_study_preset_is_full_scale_with_tuning_and_five_seeds() -> None:
+def test_the_study_preset_is_full_scale_tuned_on_three_seeds_with_ten_and_a_criterion() -> None:
     cfg = _config("study")
     assert cfg.n_train is None and cfg.n_test is None and cfg.n_val > 0 and cfg.tuning is not None
-    assert len(cfg.seeds) >= 5 and {4, 8} <= set(cfg.depths)
+    assert len(cfg.seeds) >= 10 and {4, 8} <= set(cfg.depths)   # 10 seeds in the rows that decide a verdict
     assert set(cfg.tuning.seeds).isdisjoint(cfg.seeds)          # rates are not chosen on the reported seeds
+    assert len(cfg.tuning.seeds) >= 3 and cfg.tuning.extend >= 1 and cfg.tuning.last_full
+    assert cfg.convergence is not None and cfg.convergence.tol > 0 and cfg.convergence.window >= 1
     assert "fashion_mnist_cnn" in cfg.tasks and cfg.optimizers_of("fashion_mnist_cnn") == ("adam",)
     assert "wordlang_transformer" in cfg.tasks
     assert cfg.epochs_of("fashion_mnist_mlp") == cfg.epochs and cfg.plan("fashion_mnist_mlp").n_train is None
@@ -48,8 +50,12 @@ def test_the_study_preset_is_full_scale_with_tuning_and_five_seeds() -> None:
     mlp = [c for c in arms if c.task == "fashion_mnist_mlp"]
     assert {c.D for c in mlp} == {4, 8} and {c.optimizer for c in mlp} == {"sgdm", "adam"}
     assert all(c.n_train is None for c in mlp)                  # the full 60k (minus the validation split)
-    assert {(c.D, c.optimizer, c.epochs, c.n_train) for c in arms if c.task == "fashion_mnist_cnn"} == {
-        (4, "adam", 3, 20_000)}
+    assert {(c.D, c.optimizer, c.n_train) for c in arms if c.task == "fashion_mnist_cnn"} == {(4, "adam", 20_000)}
+    assert {c.D for c in arms if c.task == "wordlang_transformer"} == {4, 8}
+    # the CNN and the Transformer run well past their earlier 351 steps and 4 epochs
+    assert cfg.epochs_of("fashion_mnist_cnn") >= 10 and cfg.epochs_of("wordlang_transformer") >= 10
+    # the D = 8 rows are run (and written per seed) by the depth figure
+    assert {"fashion_mnist_mlp", "wordlang_transformer"} <= set(cfg.gap_tasks)
 
 
 def _halving(policy: str, lrs: list[float], scores: list[float], kept: list[float], selected: float) -> Halving:
@@ -89,6 +95,19 @@ def test_tuned_rows_pair_tuned_and_common_runs_by_seed() -> None:
     assert row["diff_ci95"] == pytest.approx(half)
     assert row["diff_resolved"] and row["n_test"] == 359
     assert row["tuned_mean"] == pytest.approx(0.91)
+
+
+def test_tuned_cells_are_blank_when_never_run_and_leave_diverged_seeds_out() -> None:
+    from pipelab.studies.figures.study import _cell
+
+    tuned = [_rec("stashing", s, b, 0.03) for s, b in enumerate([0.90, 0.91, 0.92, 0.2])]
+    tuned[3]["diverged"] = True                                  # its last finite accuracy is not averaged in
+    (row,) = tuned_rows(tuned, [])
+    assert row["common_runs"] == 0 and _cell(row["common_mean"], row["common_ci95"], row["common_diverged"],
+                                             row["common_runs"]) == ""
+    assert row["tuned_mean"] == pytest.approx(0.91) and row["tuned_diverged"] == 1
+    assert _cell(row["tuned_mean"], row["tuned_ci95"], 1, 4).endswith(" 1✗")
+    assert _cell(math.nan, math.nan, 3, 3) == "diverged (3✗)"
 
 
 def test_the_tiny_preset_selects_each_arm_on_the_validation_split(tmp_path: Path, monkeypatch) -> None:
@@ -168,14 +187,18 @@ def test_runs_csv_round_trips_what_the_notebook_reads(tmp_path: Path) -> None:
     assert [r["best_mean"] for r in summary_rows(back)] == pytest.approx([0.7, 0.6], rel=1e-6)
 
 
-def test_convergence_reads_the_last_epoch_of_the_sequential_validation_curve() -> None:
-    from pipelab.studies.figures.study import convergence_markdown
+def test_convergence_reads_the_last_window_of_the_sequential_validation_curve() -> None:
+    from pipelab.studies.figures.study import convergence_markdown, convergence_of
 
-    flat = [_run("sequential", s, [0.1, 0.8, 0.85], [0.1, 0.800, 0.803]) for s in (0, 1)]
-    rising = [_run("sequential", s, [0.1, 0.8, 0.85], [0.1, 0.80, 0.83]) for s in (0, 1)]
-    assert "digits_mlp · Adam (lr 0.001): converged" in convergence_markdown(flat)
-    assert "+0.30 pp" in convergence_markdown(flat)
-    assert "**not converged**" in convergence_markdown(rising) and "+3.00 pp" in convergence_markdown(rising)
+    flat = [_run("sequential", s, [0.1, 0.8, 0.85, 0.85], [0.1, 0.800, 0.801, 0.802]) for s in (0, 1)]
+    rising = [_run("sequential", s, [0.1, 0.8, 0.85, 0.86], [0.1, 0.80, 0.82, 0.83]) for s in (0, 1)]
+    assert "digits_mlp · Adam · D=4 (lr 0.001, 3 epochs): converged" in convergence_markdown(flat)
+    assert "+0.20 pp" in convergence_markdown(flat, tol=0.003, window=2)
+    md = convergence_markdown(rising, tol=0.003, window=2)
+    assert "**not converged**" in md and "+3.00 pp" in md
+    assert ": converged" in convergence_markdown(rising, tol=0.02, window=1)  # +1 pp over the last epoch, under 2
+    assert convergence_of({"config": {"convergence": {"tol": 0.01, "window": 3}}}) == {"tol": 0.01, "window": 3}
+    assert "too short" not in convergence_markdown(flat) and "long enough" in convergence_markdown(flat[:1], window=3)
 
 
 def test_time_to_target_uses_the_first_epoch_at_the_target_and_the_forecast_period() -> None:

@@ -10,7 +10,16 @@ import pytest
 
 from pipelab.studies import learning_curves as lc
 from pipelab.studies.learning_curves import RunConfig
-from pipelab.studies.tuning import final_val_acc, halving_schedule, lr_grid, selected_configs, successive_halving
+from pipelab.studies.tuning import (
+    close_decisions,
+    final_val_acc,
+    halving_schedule,
+    lr_grid,
+    selected_configs,
+    selected_epoch,
+    selected_test_acc,
+    successive_halving,
+)
 
 ARM = dict(task="digits_mlp", optimizer="sgdm", D=4, epochs=9, n_train=256, n_test=100, n_eval_train=100,
            batch_size=32, n_val=64)
@@ -39,6 +48,10 @@ def test_halving_schedule_is_as_documented() -> None:
     assert halving_schedule(27, eta=3, rounds=2) == [(27, 1), (9, 3)]
     assert halving_schedule(5, eta=2, min_epochs=2) == [(5, 2), (3, 4), (2, 8)]  # ⌈5/2⌉ = 3, ⌈3/2⌉ = 2
     assert halving_schedule(1) == []
+    assert halving_schedule(27, eta=3, max_epochs=20, last_full=True) == [(27, 1), (9, 3), (3, 20)]
+    assert halving_schedule(6, eta=3, max_epochs=12, last_full=True) == [(6, 1), (2, 12)]
+    with pytest.raises(ValueError, match="last_full needs max_epochs"):
+        halving_schedule(9, last_full=True)
     with pytest.raises(ValueError, match="eta must be an int >= 2"):
         halving_schedule(9, eta=1)
 
@@ -120,6 +133,68 @@ def test_halving_rejects_unfair_or_inconsistent_input(monkeypatch: pytest.Monkey
     with pytest.raises(ValueError, match="no validation split"):
         final_val_acc({"n_val": 0, "val_acc": [0.5], "diverged": False})
     assert final_val_acc({"n_val": 5, "val_acc": [0.0, 0.6], "diverged": True}) == -math.inf
+
+
+def _by_rate(score: Any) -> Any:
+    """A stub run whose validation accuracy is ``score(lr, seed) -> (accuracy, diverged)``."""
+    def run(cfg: RunConfig) -> dict[str, Any]:
+        acc, diverged = score(cfg.lr, cfg.seed)
+        return {"n_val": cfg.n_val, "val_acc": [0.0, acc], "diverged": diverged, "test_acc": [0.0, -1.0]}
+    return run
+
+
+def test_edge_extension_follows_the_optimum_past_the_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELAB_CACHE", "off")
+    grid = lr_grid(1e-3, 1e-1, 5)  # spacing 10^0.5; the score peaks at 1 (two steps above the grid), diverges above
+    step = 10 ** 0.5
+    stub = _by_rate(lambda lr, seed: (1 - abs(math.log10(lr)) / 10 - 0.001 * seed, lr > 1.01))
+    cfgs = [RunConfig(**ARM, policy="stashing", seed=s, lr=lr) for lr in grid for s in (0, 1, 2)]
+    (h,) = successive_halving(cfgs, stub, eta=3, extend=2)
+    assert h.lr == pytest.approx(1.0) and h.on_edge  # the allowance ran out exactly at the optimum: flagged
+    assert h.extended == pytest.approx([grid[-1] * step, grid[-1] * step ** 2])
+    assert h.grid == pytest.approx(sorted([*grid, *h.extended]))
+    (h3,) = successive_halving(cfgs, stub, eta=3, extend=3)  # one more: the rate past it diverges, 1.0 is interior
+    assert h3.lr == pytest.approx(1.0) and not h3.on_edge and len(h3.extended) == 3
+    (h0,) = successive_halving(cfgs, stub, eta=3)  # no extension: stuck on the edge, and flagged
+    assert h0.lr == grid[-1] and h0.on_edge and h0.extended == ()
+    # every rate of the grid diverges: the grid grows downwards until one trains
+    below = _by_rate(lambda lr, seed: (0.5, False) if lr < grid[0] * 0.99 else (math.nan, True))
+    (hd,) = successive_halving([RunConfig(**ARM, policy="pipeoptim", seed=s, lr=lr) for lr in grid for s in (0, 1)],
+                               below, extend=1)
+    assert hd.lr == pytest.approx(grid[0] / step) and hd.on_edge
+    (hn,) = successive_halving([RunConfig(**ARM, policy="pipeoptim", seed=s, lr=lr) for lr in grid for s in (0, 1)],
+                               below)
+    assert hn.all_diverged
+
+
+def test_last_round_runs_the_full_budget_and_decisions_are_judged_against_seed_noise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELAB_CACHE", "off")
+    grid = lr_grid(1e-2, 1.0, 6)
+    # rate i scores 0.5 + 0.01 i with seed noise: seed s adds noise[s][i]; rates 4 and 5 differ by less than it
+    noise = [[0.0, 0.0, 0.0, 0.0, 0.02, -0.02], [0.0, 0.0, 0.0, 0.0, -0.02, 0.02], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    for i, lr in enumerate(grid):
+        _SCORES[("vanilla", lr)] = lambda e, seed, i=i: (0.5 + 0.1 * (i >= 4) + 0.001 * i + noise[seed][i], False)
+    cfgs = [RunConfig(**ARM, policy="vanilla", seed=s, lr=lr) for lr in grid for s in (0, 1, 2)]
+    _CALLS.clear()
+    (h,) = successive_halving(cfgs, _stub, eta=3, last_full=True, max_epochs=ARM["epochs"])
+    assert [(len(r.lrs), r.epochs) for r in h.rounds] == [(6, 1), (2, ARM["epochs"])]
+    assert h.rounds[0].seed_scores[4] == pytest.approx((0.624, 0.584, 0.604))
+    # round 0 keeps rates 5 and 4 and drops 3 by 0.1 (resolved); round 1 picks 5 over 4 by 0.001 (within noise)
+    assert h.rounds[0].decision() == (grid[4], grid[3]) and h.rounds[1].decision() == (grid[5], grid[4])
+    assert close_decisions([h]) == (1, 2)
+    assert close_decisions([h], confidence=0.5) == (1, 2)
+
+
+def test_selection_reads_the_epoch_off_the_validation_split() -> None:
+    rec = {"n_val": 10, "val_acc": [0.1, 0.7, 0.8, 0.8, 0.6], "test_acc": [0.1, 0.9, 0.75, 0.7, 0.95]}
+    assert selected_epoch(rec) == 2 and selected_test_acc(rec) == 0.75  # not the test set's best (0.95)
+    assert selected_epoch({"n_val": 0, "val_acc": [math.nan] * 4, "test_acc": [0.1, 0.9, 0.8, math.nan]}) == 2
+    assert selected_epoch({"test_acc": [0.1, 0.9, 0.8]}) == 2  # no split: the last finite epoch, nothing selected
+    diverged = {"n_val": 10, "val_acc": [0.1, math.nan], "test_acc": [0.1, math.nan]}
+    assert selected_epoch(diverged) is None and math.isnan(selected_test_acc(diverged))
+    late = {"n_val": 10, "val_acc": [0.1, 0.6, 0.7, math.nan], "test_acc": [0.1, 0.5, 0.65, math.nan]}
+    assert selected_epoch(late) == 2  # a run that diverged later is read at its best validated epoch
 
 
 # ------------------------------------------------------------------------------------------- a real task

@@ -13,6 +13,12 @@ accepts figures from clean code (:class:`ProvenanceError` otherwise, unless ``al
 ``--allow-dirty``, which warns and is recorded); other output directories accept anything. Every image
 carries a small footer ``pipelab <preset> preset · <short commit>``.
 
+Provenance changes only with the content: the sidecar's ``content_sha256`` (:func:`content_sha256`: the
+figure's pixels drawn without its footer, its tables, config, seed, notes and preset) is compared with the one
+already on disk, and when they are equal the old provenance (commit, cleanliness, package versions) is kept,
+the commit of the code that first made this content. Redrawing unchanged figures at a later commit therefore
+rewrites every file byte for byte (the PNG and PDF carry no dates), and ``git status`` stays clean.
+
 Example:
     >>> from pipelab.studies import figures
     >>> names = [spec.name for spec in figures.available()]   # doctest: +SKIP
@@ -41,7 +47,8 @@ from ...files import Writer, replace_files
 from ..config import PRESETS, config_to_dict, resolve_preset
 
 __all__ = ["FigureOutput", "FigureSpec", "register", "available", "get", "make", "save", "render", "CodeState",
-           "code_state", "check_outdir", "ProvenanceError", "footer_text", "add_footer", "FIGURES_DIR"]
+           "code_state", "check_outdir", "ProvenanceError", "footer_text", "add_footer", "content_sha256",
+           "FIGURES_DIR"]
 
 log = logging.getLogger(__name__)
 #: The repository's figure directory (relative to its top); the only place that requires clean code.
@@ -287,12 +294,62 @@ def footer_text(preset: str, state: CodeState) -> str:
     return text
 
 
-def add_footer(figure: Any, preset: str, state: CodeState) -> None:
-    """Write :func:`footer_text` small and light grey at the figure's bottom right (replacing an old one)."""
+def _remove_footer(figure: Any) -> None:
     for text in [t for t in figure.texts if t.get_gid() == _FOOTER_GID]:
         text.remove()
+
+
+def add_footer(figure: Any, preset: str, state: CodeState) -> None:
+    """Write :func:`footer_text` small and light grey at the figure's bottom right (replacing an old one)."""
+    _remove_footer(figure)
     figure.text(0.995, 0.003, footer_text(preset, state), ha="right", va="bottom", fontsize=5, color="0.6",
                 gid=_FOOTER_GID)
+
+
+def content_sha256(name: str, out: FigureOutput, preset: str) -> str:
+    """SHA-256 of what figure ``name`` shows: its pixels drawn without the footer (raw RGBA, so no file format's
+    metadata enters), the SHA-256 of each table, and its config, seed, notes and preset.
+
+    Drawn with the figures' style (:func:`pipelab.studies.style.context`), as :func:`save` writes them. Removes the
+    figure's footer (:func:`save` draws it again).
+    """
+    import io
+
+    from ..style import context
+
+    _remove_footer(out.figure)
+    pixels = io.BytesIO()
+    with context():
+        out.figure.savefig(pixels, format="rgba")
+    content = {
+        "name": name, "preset": preset, "seed": out.seed, "notes": out.notes,
+        "config": config_to_dict(out.config) if out.config is not None else None,
+        "tables": {suffix: hashlib.sha256(table.encode()).hexdigest() for suffix, table in out.tables.items()},
+        "pixels": hashlib.sha256(pixels.getvalue()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+#: the sidecar fields that say which code (and which packages) made a figure; kept while its content is unchanged
+PROVENANCE_FIELDS = ("commit", "code_clean", "code_diff_sha256", "allow_dirty", "pipelab_version", "torch_version",
+                     "matplotlib_version")
+
+
+def _provenance(sidecar: Path, content: str, fresh: dict[str, Any]) -> dict[str, Any]:
+    """``fresh`` (this run's provenance), unless ``sidecar`` already records the same ``content``: then its own.
+
+    An old record from unclean code gives way to a clean one, so that redrawing from a commit makes the figure
+    reproducible from that commit.
+    """
+    try:
+        old = json.loads(sidecar.read_text())
+    except (OSError, ValueError):  # none yet, unreadable or damaged: this run's
+        return fresh
+    if (not isinstance(old, dict) or old.get("content_sha256") != content
+            or any(key not in old for key in PROVENANCE_FIELDS)
+            or (old["code_clean"] is not True and fresh["code_clean"] is True)):
+        return fresh
+    return {key: old[key] for key in PROVENANCE_FIELDS}
 
 
 def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow_dirty: bool = False) -> list[Path]:
@@ -302,8 +359,10 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow
     (:func:`pipelab.files.replace_files`): a redraw that fails keeps the previous files whole.
 
     The sidecar records ``commit``, ``code_clean``, ``code_diff_sha256`` and ``allow_dirty`` (see
-    :func:`code_state`); each image carries :func:`footer_text`. Writing into the repository's ``figures/``
-    from unclean code raises :class:`ProvenanceError` unless ``allow_dirty`` (see :func:`check_outdir`).
+    :func:`code_state`) and the package versions, or, when ``NAME.json`` already records the same
+    ``content_sha256`` (:func:`content_sha256`), that sidecar's; each image carries :func:`footer_text` of
+    that provenance. Writing into the repository's ``figures/`` from unclean code raises
+    :class:`ProvenanceError` unless ``allow_dirty`` (see :func:`check_outdir`).
     """
     import matplotlib
     import matplotlib.pyplot as plt
@@ -314,7 +373,18 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow
     state = check_outdir(outdir, allow_dirty=allow_dirty)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    add_footer(out.figure, preset, state)
+    content = content_sha256(name, out, preset)
+    provenance = _provenance(outdir / f"{name}.json", content, {
+        "commit": state.commit,
+        "code_clean": state.clean,
+        "code_diff_sha256": state.diff_sha256,
+        "allow_dirty": bool(allow_dirty and state.clean is False),
+        # Read without an import statement of the package facade (see pipelab.studies.cache.code_hash).
+        "pipelab_version": str(sys.modules[__name__.partition(".")[0]].__version__),
+        "torch_version": torch.__version__,
+        "matplotlib_version": matplotlib.__version__,
+    })
+    add_footer(out.figure, preset, CodeState(provenance["commit"], provenance["code_clean"]))
 
     def image(ext: str) -> Writer:
         # Fixed metadata keeps the files reproducible (no creation dates in the PDF); the style's savefig
@@ -335,14 +405,8 @@ def save(name: str, out: FigureOutput, outdir: str | Path, preset: str, *, allow
         "config": config_to_dict(out.config) if out.config is not None else None,
         "seed": out.seed,
         "notes": out.notes,
-        # Read without an import statement of the package facade (see pipelab.studies.cache.code_hash).
-        "pipelab_version": str(sys.modules[__name__.partition(".")[0]].__version__),
-        "commit": state.commit,
-        "code_clean": state.clean,
-        "code_diff_sha256": state.diff_sha256,
-        "allow_dirty": bool(allow_dirty and state.clean is False),
-        "torch_version": torch.__version__,
-        "matplotlib_version": matplotlib.__version__,
+        "content_sha256": content,
+        **provenance,
     }
     files.append((outdir / f"{name}.json", text(json.dumps(sidecar, indent=2, sort_keys=True, default=repr) + "\n")))
     with context():  # all written before any is replaced, the sidecar last: a failed redraw keeps the old set

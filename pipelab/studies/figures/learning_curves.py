@@ -17,8 +17,9 @@
   the policy highlighted against sequential and the others in grey (the preset's first optimizer).
 
 Every figure states the preset, the learning rate(s) and the test-set size. The Markdown helpers
-(:func:`ranking_markdown`, :func:`comparison_markdown`, :func:`gap_markdown`, :func:`claims_markdown`)
-write notebook 04's statements from the same rows, so its prose cannot drift from the CSV.
+(:func:`ranking_markdown`, :func:`comparison_markdown`, :func:`gap_markdown`; the claims:
+:mod:`pipelab.studies.claims`) write notebook 04's statements from the same rows, so its prose cannot drift from
+the CSV.
 
 All runs go through :func:`pipelab.studies.learning_curves.sweep` (cached per run), so the three figures share
 their D=4 runs.
@@ -39,11 +40,21 @@ import numpy as np
 
 from ...optim import OPTIMIZERS, optimizer_label
 from ...policies import make_policy
-from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winner_test
+from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winners_across_rows
 from ..config import from_preset
 from ..data import load_dataset
 from ..learning_curves import grid, sweep, with_
-from ..settings import ARM_OPTIMIZER_SETTINGS, POLICY_ORDER, QUICK_POLICIES, STUDY_TUNING, TASKS, TINY_TUNING, Tuning
+from ..settings import (
+    ARM_OPTIMIZER_SETTINGS,
+    POLICY_ORDER,
+    QUICK_POLICIES,
+    STUDY_CONVERGENCE,
+    STUDY_TUNING,
+    TASKS,
+    TINY_TUNING,
+    Convergence,
+    Tuning,
+)
 from . import FigureOutput, register
 
 #: the learning-curve arms' legend labels (:attr:`pipelab.policies.Policy.title`)
@@ -76,6 +87,8 @@ class LearningCurvesConfig:
     ``n_val`` validation split (:class:`~pipelab.studies.settings.Tuning`); the common-rate runs
     (:data:`~pipelab.studies.settings.ARM_OPTIMIZER_SETTINGS`' rates, same
     splits and seeds) are made for ``common_tasks`` and ``common_optimizers`` (``None``: all) for comparison.
+    ``convergence`` states the criterion a row is called converged by (:class:`~pipelab.studies.settings.Convergence`;
+    the budget is each task's ``epochs``); both land in every figure's sidecar.
     """
 
     tasks: tuple[str, ...]
@@ -96,6 +109,7 @@ class LearningCurvesConfig:
     tasks_apart: tuple[tuple[str, TaskPlan], ...] = ()
     common_tasks: tuple[str, ...] | None = None
     common_optimizers: tuple[str, ...] | None = None
+    convergence: Convergence | None = None
 
     def common(self) -> dict:
         return dict(epochs=self.epochs, batch_size=self.batch_size, n_train=self.n_train, n_test=self.n_test,
@@ -121,13 +135,19 @@ def _presets() -> dict[str, LearningCurvesConfig]:
                                       QUICK_POLICIES, 4, (0, 1, 2), epochs=5, batch_size=64, n_train=5120,
                                       n_test=2000, n_eval_train=2000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp",)),
+        # the study: ten seeds; the CNN for 10 epochs (1170 steps) and the Transformer for 12 (3276 steps), so that
+        # their sequential baselines can meet the convergence criterion (their earlier 351 steps and 4 epochs did
+        # not); the CNN keeps 20k training examples (≈ 0.13 s per step and seed on this CPU: the whole set would cost
+        # ≈ 3× more); it has 4 blocks (no D = 8), the Transformer runs D = 4 and 8
         "study": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "wordlang_transformer"),
-                                      ("adam", "sgdm"), QUICK_POLICIES, 4, (0, 1, 2, 3, 4), epochs=6, batch_size=128,
+                                      ("adam", "sgdm"), QUICK_POLICIES, 4, tuple(range(10)), epochs=8, batch_size=128,
                                       n_train=None, n_test=None, n_eval_train=5000, depths=(4, 8),
-                                      gap_tasks=("fashion_mnist_mlp",), n_val=5000, tuning=STUDY_TUNING,
-                                      tasks_apart=(("fashion_mnist_cnn", TaskPlan(("adam",), (4,), 3, 20_000)),
-                                                   ("wordlang_transformer", TaskPlan(("adam",), (4,), 4))),
-                                      common_tasks=("fashion_mnist_mlp",), common_optimizers=("sgdm",)),
+                                      gap_tasks=("fashion_mnist_mlp", "wordlang_transformer"), n_val=5000,
+                                      tuning=STUDY_TUNING,
+                                      tasks_apart=(("fashion_mnist_cnn", TaskPlan(("adam",), (4,), 10, 20_000)),
+                                                   ("wordlang_transformer", TaskPlan(("adam",), (4, 8), 12))),
+                                      common_tasks=("fashion_mnist_mlp",), common_optimizers=("sgdm",),
+                                      convergence=STUDY_CONVERGENCE),
         "paper": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "fashion_mnist_resnet",
                                        "mnist1d_mlp", "digits_mlp"), ("sgdm", "adam", "adamw"), POLICY_ORDER, 4,
                                       (0, 1, 2, 3, 4), epochs=20, batch_size=64, n_train=None, n_test=None,
@@ -168,7 +188,7 @@ def tuned_arms(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str,
     candidates = [with_(a, lr=lr, seed=s) for a in sorted(arms, key=_arm_order) for lr in tn.lrs(a.optimizer)
                   for s in tn.seeds]
     return successive_halving(candidates, eta=tn.eta, min_epochs=tn.min_epochs, max_epochs=tn.max_epochs,
-                              progress=progress)
+                              last_full=tn.last_full, extend=tn.extend, progress=progress)
 
 
 def _arm_order(c: Any) -> tuple:
@@ -222,8 +242,11 @@ def _colors(policies: Sequence[str]) -> dict[str, tuple]:
 
 
 def _best(r: dict) -> float:
-    acc = np.asarray(r["test_acc"], dtype=float)
-    return float(np.nanmax(acc)) if np.isfinite(acc).any() else math.nan
+    """A run's figure of merit: the test accuracy at the epoch its validation accuracy selects (the last epoch
+    without a validation split; :func:`pipelab.studies.tuning.selected_test_acc`): the test set never picks it."""
+    from ..tuning import selected_test_acc
+
+    return selected_test_acc(r)
 
 
 def _final(r: dict) -> float:
@@ -301,11 +324,11 @@ def summary_rows(records: list[dict]) -> list[dict]:
     for row in rows:
         if row["policy"] != "sequential":
             by_row[(row["task"], row["optimizer"], row["D"])].append(row)
-    for group in by_row.values():
-        if len(group) >= 2:
-            w = winner_test({g["policy"]: g["best_by_seed"] for g in group}).winner
-            for g in group:
-                g["winner"] = g["policy"] == w
+    tests = winners_across_rows({k: {g["policy"]: g["best_by_seed"] for g in group} for k, group in by_row.items()
+                                 if len(group) >= 2})  # Holm within each row, then over the rows searched
+    for k, t in tests.items():
+        for g in by_row[k]:
+            g["winner"] = g["policy"] == t.winner
     return rows
 
 
@@ -317,7 +340,7 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     records = _runs(cfg, (cfg.D,), cfg.tasks, progress)
     groups = _group(records)
     nrow, ncol = len(cfg.tasks), 2 * len(cfg.optimizers)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 2.7 * nrow + 0.9), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(PANEL_WIDTH * ncol, 2.7 * nrow + 0.9), squeeze=False)
     colors = _colors(cfg.policies)
     handles: dict[str, Any] = {}
     for i, task in enumerate(cfg.tasks):
@@ -332,19 +355,16 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                 label = LABELS[pol] + (f" ({div}/{len(rs)} diverged)" if div else "")
                 style = dict(color=colors[pol], lw=2.0 if pol in ("sequential", "pipeoptim") else 1.3,
                              ls="--" if pol == "sequential" else "-")
-                for ax, key in ((ax_l, "train_loss"), (ax_a, "test_acc")):
-                    y = np.array([r[key] for r in rs], dtype=float)
-                    # the loss is drawn on a log axis: its band is the t interval of log(loss), i.e. a
-                    # geometric mean times/divided by a factor (an arithmetic band would cross 0)
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        y = np.log(y) if key == "train_loss" else 100 * y
-                    # per epoch: mean and 95% t half-width over the seeds still finite (diverged ones drop out)
-                    ivs = [t_interval(y[:, e]) for e in range(y.shape[1])]
-                    m = np.array([iv.mean for iv in ivs])
-                    lo, hi = m - np.array([iv.half_width for iv in ivs]), m + np.array([iv.half_width for iv in ivs])
-                    if key == "train_loss":
-                        m, lo, hi = np.exp(m), np.exp(lo), np.exp(hi)
-                    (line,) = ax.plot(ep, m, label=label, **style)
+                # the loss is drawn on a log axis: its band is the t interval of log(loss), i.e. a geometric mean
+                # times/divided by a factor (an arithmetic band would cross 0); per epoch over the seeds still
+                # finite (diverged ones drop out)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    log_loss = np.log(np.array([r["train_loss"] for r in rs], dtype=float))
+                ivs = [t_interval(log_loss[:, e]) for e in range(log_loss.shape[1])]
+                m, h = np.array([iv.mean for iv in ivs]), np.array([iv.half_width for iv in ivs])
+                for ax, (_, mean, lo, hi) in ((ax_l, (ep, np.exp(m), np.exp(m - h), np.exp(m + h))),
+                                              (ax_a, _acc_band(rs))):
+                    (line,) = ax.plot(ep, mean, label=label, **style)
                     ax.fill_between(ep, lo, hi, color=colors[pol], alpha=0.15, lw=0)
                 handles.setdefault(pol, line)
             n_test = test_set_size(task, cfg.n_test)
@@ -355,8 +375,8 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                             va="center", fontsize=8, color="0.4", transform=ax.transAxes)
                 continue
             ax_l.set_yscale("log")
-            ax_l.set_title(f"{task} · {optimizer_label(opt)}: train loss (geom. mean)", fontsize=9)
-            ax_a.set_title(f"{task} · {optimizer_label(opt)}: test acc. (%, n={n_test})", fontsize=9)
+            for ax, title in zip((ax_l, ax_a), _panel_titles(task, opt, n_test)):
+                ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
             for ax in (ax_l, ax_a):
                 ax.set_xlabel("epoch")
     band = (f"mean and 95% t band (ddof=1) over {len(cfg.seeds)} seeds" if len(cfg.seeds) > 1
@@ -379,13 +399,25 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
                                                        _round_pp(r["final_ci95"]) for r in rows}})
 
 
+#: the font size of :func:`learning_curves`' panel titles, and its panels' width in inches
+PANEL_TITLE_SIZE, PANEL_WIDTH = 9, 3.3
+
+
+def _panel_titles(task: str, opt: str, n_test: int) -> tuple[str, str]:
+    """The loss and accuracy panels' titles; on two lines, since a panel is narrower than the task's and the
+    optimizer's names plus the quantity (side by side, one-line titles ran into each other)."""
+    head = f"{task} · {optimizer_label(opt)}"
+    return f"{head}\ntrain loss (geom. mean)", f"{head}\ntest acc. (%, n={n_test})"
+
+
 def _acc_band(rs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Epochs, mean test accuracy (%) and its 95% t band over the seeds still finite at each epoch."""
+    """Epochs, mean test accuracy (%) and its 95% t band over the seeds still finite at each epoch, the band cut to
+    [0, 100] %: with few seeds the t interval reaches past what an accuracy can be."""
     y = 100 * np.array([r["test_acc"] for r in rs], dtype=float)
     ivs = [t_interval(y[:, e]) for e in range(y.shape[1])]
     m = np.array([iv.mean for iv in ivs])
     h = np.array([iv.half_width for iv in ivs])
-    return np.asarray(rs[0]["epoch"]), m, m - h, m + h
+    return np.asarray(rs[0]["epoch"]), m, np.clip(m - h, 0, 100), np.clip(m + h, 0, 100)
 
 
 @register("learning_curves_by_policy", "Test accuracy per epoch as small multiples: one panel per pipelined "
@@ -684,25 +716,30 @@ def runs_csv(records: list[dict]) -> str:
 
 
 def read_runs(path: Any) -> list[dict]:
-    """The records of a ``runs.csv`` (:func:`runs_csv`), with the fields :func:`summary_rows` and the notebook's
-    statements read (lists of floats per epoch, NaN where undefined)."""
+    """The records of a ``runs.csv`` file (:func:`parse_runs`)."""
+    with open(path, newline="") as fh:
+        return parse_runs(fh.read())
+
+
+def parse_runs(text: str) -> list[dict]:
+    """The records of a ``runs.csv`` text (:func:`runs_csv`), with the fields :func:`summary_rows`, the claims and
+    the notebook's statements read (lists of floats per epoch, NaN where undefined)."""
     import csv
 
     out = []
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            rec: dict[str, Any] = dict(row)
-            for c in ("D", "seed", "epochs", "steps_per_epoch", "n_test"):
-                rec[c] = int(row[c])
-            rec["lr"] = float(row["lr"])
-            rec["seconds"] = float(row["seconds"])
-            rec["diverged"] = row["diverged"] == "True"
-            rec["diverged_step"] = int(row["diverged_step"]) if row["diverged_step"] else None
-            rec["weight_copies"] = [int(x) for x in row["weight_copies"].split()]
-            for c in ("test_acc", "val_acc", "train_loss"):
-                rec[c] = [float(x) for x in row[c].split()]
-            rec["epoch"] = list(range(len(rec["test_acc"])))
-            out.append(rec)
+    for row in csv.DictReader(io.StringIO(text)):
+        rec: dict[str, Any] = dict(row)
+        for c in ("D", "seed", "epochs", "steps_per_epoch", "n_test"):
+            rec[c] = int(row[c])
+        rec["lr"] = float(row["lr"])
+        rec["seconds"] = float(row["seconds"])
+        rec["diverged"] = row["diverged"] == "True"
+        rec["diverged_step"] = int(row["diverged_step"]) if row["diverged_step"] else None
+        rec["weight_copies"] = [int(x) for x in row["weight_copies"].split()]
+        for c in ("test_acc", "val_acc", "train_loss"):
+            rec[c] = [float(x) for x in row[c].split()]
+        rec["epoch"] = list(range(len(rec["test_acc"])))
+        out.append(rec)
     return out
 
 
@@ -764,7 +801,8 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
             tab[i + 1, col].set_text_props(fontweight="bold")
     seeds = len(cfg.seeds)
     spread = f"mean ± 95% t half-width (ddof=1) over {seeds} seeds" if seeds > 1 else "1 seed (no interval)"
-    ax.set_title(f"Best test accuracy (%) over {cfg.epochs} epochs, D={cfg.D}, {spread}; preset {preset}, "
+    read = "at the validation-selected epoch" if cfg.n_val else "after the last epoch"
+    ax.set_title(f"Test accuracy (%) {read} (of {cfg.epochs}), D={cfg.D}, {spread}; preset {preset}, "
                  f"{lr_label(records)}\nbold: the pipelined policy whose paired difference (by seed) to every other "
                  "pipelined policy is resolved (t test, Holm, 95%); none bold: no resolved winner; "
                  "n/a: SpecTrain needs SGDM; ✗: diverged runs", fontsize=8)
@@ -779,11 +817,13 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
 
 
 def gap_rows(records: list[dict]) -> list[dict]:
-    """Per (task, optimizer, D, pipelined policy): best accuracy minus sequential's, paired by seed.
+    """Per (task, optimizer, D, pipelined policy): accuracy minus sequential's, paired by seed.
 
-    Each row holds ``gap`` (:class:`~pipelab.statistics.PairedDifference` of the per-seed best accuracies,
-    policy − sequential, 95% t) and ``n_test``; seeds where either run has no finite accuracy are left out
-    and counted in ``gap.n_nan``.
+    Each row holds ``gap`` (:class:`~pipelab.statistics.PairedDifference` of the per-seed accuracies at the
+    validation-selected epoch, policy − sequential, 95% t) over the seeds where neither run diverged, ``diverged``
+    (the seeds left out because either run diverged, counted in ``gap.n_nan``), ``diverged_gaps`` (the policy's
+    diverged seeds' gaps where they have a finite accuracy, to draw as markers, never inside an interval) and
+    ``n_test``.
     """
     groups = _group(records)
     out = []
@@ -792,27 +832,47 @@ def gap_rows(records: list[dict]) -> list[dict]:
         base = groups.get((task, opt, D, "sequential"))
         if pol == "sequential" or not base:
             continue
-        b = {r["seed"]: _best(r) for r in base}
-        a = {r["seed"]: _best(r) for r in rs if r["seed"] in b}
+        b = {r["seed"]: math.nan if r["diverged"] else _best(r) for r in base}
+        mine = {r["seed"]: r for r in rs if r["seed"] in b}
+        a = {s: math.nan if r["diverged"] else _best(r) for s, r in mine.items()}
         gap = paired_difference(a, {s: b[s] for s in a})
-        out.append({"task": task, "optimizer": opt, "D": D, "policy": pol, "gap": gap,
+        div = [s for s, r in mine.items() if r["diverged"]]
+        out.append({"task": task, "optimizer": opt, "D": D, "policy": pol, "gap": gap, "diverged": len(div),
+                    "diverged_gaps": [_best(mine[s]) - b[s] for s in div
+                                      if math.isfinite(_best(mine[s]) - b[s])],
                     "n_test": test_set_size(task, rs[0]["n_test"])})
     return out
 
 
-@register("accuracy_gap_vs_depth", "Best test accuracy of each policy minus the sequential baseline's (paired by "
-                                   "seed, 95% t intervals), against the number of stages D",
+def _gap_limits(gaps: list[dict]) -> tuple[float, float]:
+    """y-limits (pp) that hold 0 and every interval of the non-diverged seeds, with a margin: a diverged seed's
+    marker far below does not flatten the panel (it is drawn on the edge instead)."""
+    ends = [0.0]
+    for g in gaps:
+        iv = g["gap"]
+        if math.isfinite(iv.mean):
+            h = iv.half_width if math.isfinite(iv.half_width) else 0.0
+            ends += [100 * (iv.mean - h), 100 * (iv.mean + h)]
+    lo, hi = min(ends), max(ends)
+    pad = max(0.15 * (hi - lo), 0.25)
+    return lo - pad, hi + pad
+
+
+@register("accuracy_gap_vs_depth", "Test accuracy of each policy minus the sequential baseline's (paired by "
+                                   "seed, 95% t intervals, diverged seeds apart), against the number of stages D",
           budget={"tiny": 20, "quick": 150})
 def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     records = _runs(cfg, cfg.depths, cfg.gap_tasks, progress)
     colors = _colors(cfg.policies)
-    panels = [(t, o) for t in cfg.gap_tasks for o in cfg.optimizers]
+    panels = [(t, o) for t in cfg.gap_tasks for o in cfg.optimizers_of(t)]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     gaps = gap_rows(records)
     for ax, (task, opt) in zip(axes[0], panels):
+        mine = [g for g in gaps if (g["task"], g["optimizer"]) == (task, opt)]
+        lo, hi = _gap_limits(mine)
         for pol in cfg.policies:
-            pts = [g for g in gaps if (g["task"], g["optimizer"], g["policy"]) == (task, opt, pol)]
+            pts = [g for g in mine if g["policy"] == pol]
             if not pts:
                 continue
             xs = [g["D"] for g in pts]
@@ -822,24 +882,33 @@ def accuracy_gap_vs_depth(preset: str, *, progress: bool = False) -> FigureOutpu
             for g, x, m in zip(pts, xs, ms):  # filled marker: the gap is resolved (its interval excludes 0)
                 ax.plot([x], [m], marker="o", color=colors[pol],
                         markerfacecolor=colors[pol] if resolved(g["gap"]) else "white")
+                for v in g["diverged_gaps"]:  # a diverged seed: a cross, on the panel's edge when beyond it
+                    ax.plot([x], [min(max(100 * v, lo), hi)], marker="x", color=colors[pol], ms=7, mew=1.5)
+                if g["diverged"]:
+                    ax.annotate(f"{g['diverged']}✗", (x, m), textcoords="offset points", xytext=(5, -9), fontsize=7,
+                                color=colors[pol])
+        ax.set_ylim(lo, hi)
         ax.axhline(0, color="k", ls="--", lw=1)
         ax.set_xticks(list(cfg.depths))
         ax.set_xlabel("stages D")
         ax.set_title(f"{task} · {optimizer_label(opt)} (n_test={test_set_size(task, cfg.n_test)})", fontsize=9)
-    axes[0, 0].set_ylabel("best test acc. − sequential (pp)")
+    axes[0, 0].set_ylabel("test acc. − sequential (pp)")
     # one legend for all panels: a policy may run in some panels only (SpecTrain with SGDM)
     handles = {label: h for ax in axes[0] for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     bars = "bars: 95% t interval of the paired difference" if len(cfg.seeds) > 1 else "1 seed, no interval"
-    fig.suptitle(f"Accuracy gap to sequential training vs pipeline depth ({len(cfg.seeds)} seed(s), paired by seed; "
-                 f"{bars}; filled: resolved)\npreset {preset}, {lr_label(records)}", fontsize=10)
+    fig.suptitle(f"Accuracy gap to sequential training vs pipeline depth ({len(cfg.seeds)} seed(s), paired by seed, "
+                 f"each run at its validation-selected epoch; {bars}; filled: resolved;\n×: a diverged seed, left out "
+                 f"of the interval (k✗: how many), drawn on the edge when beyond it) preset {preset}, "
+                 f"{lr_label(records)}", fontsize=9)
     fig.tight_layout()
     key = "{task}/{optimizer}/{policy}/D={D}"
-    return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
+    return FigureOutput(fig, cfg, cfg.seeds[0], data=records, tables={"runs.csv": runs_csv(records)},
                         notes={"lr": lr_label(records),
                                "gap_pp": {key.format(**g): round(100 * g["gap"].mean, 2) for g in gaps},
                                "gap_ci95_pp": {key.format(**g): _round_pp(g["gap"].half_width) for g in gaps},
-                               "gap_resolved": {key.format(**g): resolved(g["gap"]) for g in gaps}})
+                               "gap_resolved": {key.format(**g): resolved(g["gap"]) for g in gaps},
+                               "gap_diverged": {key.format(**g): g["diverged"] for g in gaps}})
 
 
 # --- notebook 04's statements, written from the rows (so the prose cannot drift from the CSV) ---------------
@@ -894,86 +963,26 @@ def _pairs(rows: list[dict], a: str, b: str) -> list[tuple[tuple, PairedDifferen
     return out
 
 
-#: the papers' claims notebook 04 decides: (claim, source, kind, a, b); kind "beats": a − b > 0 resolved in
-#: every row; kind "matches": a − b >= −MATCH_MARGIN (non-inferiority) in every row
-CLAIMS: tuple[tuple[str, str, str, str, str], ...] = (
-    ("Prediction beats weight stashing", "PipeOptim §V-B, Table IV", "beats", "pipeoptim", "stashing"),
-    ("SpecTrain's prediction beats weight stashing", "SpecTrain §4.4, Table 1", "beats", "spectrain", "stashing"),
-    ("PipeOptim beats PipeDream-2BW", "PipeOptim Tables IV and VI", "beats", "pipeoptim", "2bw"),
-    ("PipeOptim matches (or beats) GPipe", "PipeOptim Table IV", "matches", "pipeoptim", "sequential"),
-    ("SpecTrain reaches the staleness-free accuracy", "SpecTrain Table 1", "matches", "spectrain", "sequential"),
-    ("PipeDream-2BW matches the accuracy of flushed training", "Narayanan et al., PipeDream-2BW (ICML 2021)",
-     "matches", "2bw", "sequential"),
-    ("Weight stashing is worse than vanilla", "SpecTrain Table 1", "beats", "vanilla", "stashing"),
-    ("PipeMare's rescheduling and correction beat vanilla", "PipeMare (Yang et al., MLSys 2021)", "beats",
-     "pipemare", "vanilla"),
-)
-
-#: "matches" claims: the 95% interval of (policy − sequential) must lie above −MATCH_MARGIN (1 percentage point)
-MATCH_MARGIN = 0.01
-
-
-def _verdict(kind: str, diffs: list[PairedDifference]) -> tuple[str, str]:
-    """(verdict, counts) of one claim over its rows: reproduced / refuted / inconclusive."""
-    n = len(diffs)
-    if not n:
-        return "not run", "no row holds both arms"
-    if kind == "beats":
-        good = sum(resolved(d) and d.mean > 0 for d in diffs)
-        bad = sum(resolved(d) and d.mean < 0 for d in diffs)
-        counts = f"ahead on the mean in {sum(d.mean > 0 for d in diffs)}/{n} rows, resolved ahead in {good}, " \
-                 f"resolved behind in {bad}"
-    else:
-        good = sum(math.isfinite(d.half_width) and d.low > -MATCH_MARGIN for d in diffs)
-        bad = sum(math.isfinite(d.half_width) and d.high < -MATCH_MARGIN for d in diffs)
-        counts = f"within {100 * MATCH_MARGIN:g} pp (95% lower bound) in {good}/{n} rows, resolved more than " \
-                 f"{100 * MATCH_MARGIN:g} pp behind in {bad}"
-    if all(not math.isfinite(d.half_width) for d in diffs):
-        return "inconclusive", counts + " (one seed: no interval)"
-    if bad:
-        return "refuted", counts
-    return ("reproduced" if good == n else "inconclusive"), counts
-
-
 def comparison_markdown(rows: list[dict], a: str, b: str) -> str:
-    """A Markdown list of ``a − b`` (best accuracy, pp, 95% t, paired by seed) per row; ``*``: resolved."""
+    """A Markdown list of ``a − b`` (pp, 95% t, paired by seed) per row; ``*``: resolved (each row on its own)."""
     pairs = _pairs(rows, a, b)
     many_D = len({k[2] for k, _ in pairs}) > 1
     return "; ".join(f"{_row_label(k[0], k[1], k[2], many_D)} {_pp(d, signed=True)}{'*' if resolved(d) else ''}"
                      for k, d in pairs) or "no row holds both"
 
 
-def claims_markdown(rows: list[dict]) -> str:
-    """The papers' claims (:data:`CLAIMS`) as a Markdown table: verdict at this scale, with the evidence.
-
-    ``beats``: reproduced when a − b is resolved positive (95% paired t) in every row holding both, refuted
-    when it is resolved negative in one; ``matches``: reproduced when the interval's lower bound is above
-    −1 pp in every row, refuted when its upper bound is below −1 pp in one; otherwise inconclusive.
-    """
-    m = f"{100 * MATCH_MARGIN:g}"
-    out = [f"Rule: *beats* is reproduced when a − b is resolved positive (95% paired t) in every row holding both, "
-           f"refuted when resolved negative in one; *matches* is reproduced when the 95% interval of a − b lies above "
-           f"−{m} pp in every row, refuted when it lies below −{m} pp in one; otherwise inconclusive.", "",
-           "| claim | source | verdict here | rows | per row: a − b in pp (95% t, paired by seed; * resolved) |",
-           "|---|---|---|---|---|"]
-    for claim, source, kind, a, b in CLAIMS:
-        pairs = _pairs(rows, a, b)
-        verdict, counts = _verdict(kind, [d for _, d in pairs])
-        out.append(f"| {claim} ({LABELS[a]} vs {LABELS[b]}) | {source} | **{verdict}** | {counts} | "
-                   f"{comparison_markdown(rows, a, b)} |")
-    return "\n".join(out)
-
-
 def gap_markdown(gap_notes: dict) -> str:
     """The gap to sequential per policy and D, from ``accuracy_gap_vs_depth``'s notes, as a Markdown table."""
     gaps, cis, res = gap_notes["gap_pp"], gap_notes["gap_ci95_pp"], gap_notes["gap_resolved"]
+    div = gap_notes.get("gap_diverged", {})
     cells: dict[str, dict[int, str]] = defaultdict(dict)
     depths: set[int] = set()
     for key, g in gaps.items():
         head, d = key.rsplit("/D=", 1)
         depths.add(int(d))
         ci = cis[key]
-        cells[head][int(d)] = f"{g:+.1f}" + (f" ± {ci:.1f}" if ci is not None else "") + ("*" if res[key] else "")
+        cells[head][int(d)] = (f"{g:+.1f}" + (f" ± {ci:.1f}" if ci is not None else "") + ("*" if res[key] else "")
+                               + (f" ({div[key]}✗ left out)" if div.get(key) else ""))
     ds = sorted(depths)
     out = ["| task / optimizer / policy | " + " | ".join(f"D = {d}" for d in ds) + " |",
            "|---|" + "---|" * len(ds)]
@@ -992,4 +1001,4 @@ def scale_caveat(cfg: LearningCurvesConfig, preset: str, lr: str) -> str:
     return (f"Scale: preset `{preset}`, {len(cfg.seeds)} seed(s), {cfg.epochs} epoch(s) on {n_train} training "
             f"examples per task, {rates}; intervals are 95% "
             "Student t over seeds (ddof = 1), winners are named only when resolved. Read every verdict as about "
-            "this setting only; the tuned five-seed study at full scale is section 6 (`figures/study/`).")
+            "this setting only; the tuned ten-seed study at full scale is section 6 (`figures/study/`).")

@@ -27,6 +27,7 @@ import numpy as np
 from ...optim import optimizer_label
 from ...statistics import paired_difference, resolved, t_interval
 from ..cache import cached
+from ..tuning import close_decisions
 from . import FigureOutput, register
 from .learning_curves import LABELS, POLICY_ORDER, _best, _config, _lr, _runs, test_set_size, tuned_arms
 
@@ -163,7 +164,8 @@ def study_lr_map(preset: str, *, progress: bool = False) -> FigureOutput:
     lam_text = ", ".join(f"{t}: λ_max={v:.3g}" for t, v in lams.items())
     fig.suptitle(f"Validation accuracy (%) after {tn.min_epochs} epoch(s), every rate of the grid (n_val={cfg.n_val}, "
                  f"tuning seed(s) {list(tn.seeds)}); × diverged; orange box: rate selected by successive halving "
-                 f"(η={tn.eta}, up to {tn.max_epochs} epochs)\nSGDM panels: heavy-ball threshold z*(β=0.9, τ)/λ_max, "
+                 f"(η={tn.eta}, up to {tn.max_epochs or 'the full budget of'} epochs)\n"
+                 f"SGDM panels: heavy-ball threshold z*(β=0.9, τ)/λ_max, "
                  f"white τ=0, red dashed τ=D−1 ({lam_text}, at initialisation); preset {preset}", fontsize=8.5)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     cols = ("task", "optimizer", "D", "policy", "round", "epochs", "lr", "val_acc", "diverged", "selected")
@@ -171,12 +173,20 @@ def study_lr_map(preset: str, *, progress: bool = False) -> FigureOutput:
                         notes={"eigenvalue": lams, "threshold_lr": {k: {str(t): v for t, v in thr.items()}
                                                                     for k, thr in thresholds.items()},
                                "selected_lr": {f"{h.base.task}/{h.base.optimizer}/{h.base.policy}/D={h.base.D}": h.lr
-                                               for h in halvings}})
+                                               for h in halvings},
+                               "close_decisions": list(close_decisions(halvings)),
+                               "extended": {_arm_name(h): list(h.extended) for h in halvings if h.extended},
+                               "on_edge": [_arm_name(h) for h in halvings if h.on_edge]})
+
+
+def _arm_name(h: Any) -> str:
+    return f"{h.base.task}/{h.base.optimizer}/{h.base.policy}/D={h.base.D}"
 
 
 def tuned_rows(tuned: list[dict], common: list[dict]) -> list[dict]:
-    """Per arm: best test accuracy at the tuned and at the common rate (mean and 95% t over seeds) and their paired
-    difference tuned − common (by seed)."""
+    """Per arm: test accuracy at the validation-selected epoch, at the tuned and at the common rate (mean and 95% t
+    over the seeds that did not diverge, the diverged counted), their paired difference tuned − common (by seed), and
+    ``common_runs`` (0: the arm was never run at the common rate)."""
     def by_arm(records: list[dict]) -> dict[tuple, list[dict]]:
         out: dict[tuple, list[dict]] = {}
         for r in records:
@@ -188,14 +198,16 @@ def tuned_rows(tuned: list[dict], common: list[dict]) -> list[dict]:
     for key in sorted(t_arms, key=lambda k: (k[0], k[1], k[2], POLICY_ORDER.index(k[3]))):
         task, opt, D, pol = key
         ts, cs = t_arms[key], c_arms.get(key, [])
-        tb = {r["seed"]: _best(r) for r in ts}
-        cb = {r["seed"]: _best(r) for r in cs}
+        # a diverged run is counted beside the interval, never inside it
+        tb = {r["seed"]: math.nan if r["diverged"] else _best(r) for r in ts}
+        cb = {r["seed"]: math.nan if r["diverged"] else _best(r) for r in cs}
         ti, ci = t_interval(list(tb.values())), t_interval(list(cb.values()))
         shared = sorted(set(tb) & set(cb))
         diff = paired_difference({s: tb[s] for s in shared}, {s: cb[s] for s in shared}) if shared else None
         rows.append({"task": task, "optimizer": opt, "D": D, "policy": pol, "seeds": len(ts),
                      "tuned_lr": _lr(ts[0]), "tuned_mean": ti.mean, "tuned_ci95": ti.half_width,
                      "tuned_diverged": sum(r["diverged"] for r in ts),
+                     "common_runs": len(cs),
                      "common_lr": _lr(cs[0]) if cs else math.nan, "common_mean": ci.mean, "common_ci95": ci.half_width,
                      "common_diverged": sum(r["diverged"] for r in cs),
                      "diff_mean": diff.mean if diff else math.nan, "diff_ci95": diff.half_width if diff else math.nan,
@@ -203,9 +215,13 @@ def tuned_rows(tuned: list[dict], common: list[dict]) -> list[dict]:
     return rows
 
 
-def _cell(mean: float, half: float, div: int) -> str:
+def _cell(mean: float, half: float, div: int, runs: int) -> str:
+    """One arm's cell: blank when it was never run, ``diverged (k✗)`` when every run diverged, else mean ± 95% t
+    over the finite runs with the diverged ones counted."""
+    if not runs:
+        return ""
     if not math.isfinite(mean):
-        return "diverged"
+        return f"diverged ({div}✗)"
     return f"{100 * mean:.1f}" + (f"±{100 * half:.1f}" if math.isfinite(half) else "") + (f" {div}✗" if div else "")
 
 
@@ -235,8 +251,11 @@ def study_tuned_table(preset: str, *, progress: bool = False) -> FigureOutput:
                 continue
             d = (f"{100 * r['diff_mean']:+.1f}" + ("*" if r["diff_resolved"] else "")) if math.isfinite(
                 r["diff_mean"]) else "–"
-            line.append(f"{_cell(r['tuned_mean'], r['tuned_ci95'], r['tuned_diverged'])} @{r['tuned_lr']:.0e}\n"
-                        f"{_cell(r['common_mean'], r['common_ci95'], r['common_diverged'])} (Δ {d})")
+            at_common = _cell(r['common_mean'], r['common_ci95'], r['common_diverged'], r['common_runs'])
+            # never run at the common rate: blank, not "diverged"
+            at_common = f"\n{at_common} (Δ {d})" if r["common_runs"] else ""
+            line.append(f"{_cell(r['tuned_mean'], r['tuned_ci95'], r['tuned_diverged'], r['seeds'])} "
+                        f"@{r['tuned_lr']:.0e}{at_common}")
         cells.append(line)
     fig, ax = plt.subplots(figsize=(1.9 * len(pols) + 3.4, 0.62 * len(keys) + 1.3))
     ax.axis("off")
@@ -246,14 +265,14 @@ def study_tuned_table(preset: str, *, progress: bool = False) -> FigureOutput:
     tab.set_fontsize(7)
     tab.scale(1, 2.6)
     seeds = len(cfg.seeds)
-    ax.set_title(f"Best test accuracy (%), mean ± 95% t half-width over {seeds} seeds: first line at the arm's tuned "
-                 f"rate (@lr, selected on the validation split), second at the common rate ({_common_text(common)});"
-                 f"\nΔ = tuned − common, paired by seed (*: resolved at 95%); ✗: diverged runs; preset {preset}",
-                 fontsize=8)
+    ax.set_title(f"Test accuracy (%) at the validation-selected epoch, mean ± 95% t half-width over {seeds} seeds: "
+                 f"first line at the arm's tuned rate (@lr, selected on the validation split), second at the common "
+                 f"rate ({_common_text(common)}; no second line: not run at it);\nΔ = tuned − common, paired by seed "
+                 f"(*: resolved at 95%); k✗: diverged runs, left out of the interval; preset {preset}", fontsize=8)
     fig.tight_layout()
     cols = ("task", "optimizer", "D", "policy", "seeds", "tuned_lr", "tuned_mean", "tuned_ci95", "tuned_diverged",
-            "common_lr", "common_mean", "common_ci95", "common_diverged", "diff_mean", "diff_ci95", "diff_resolved",
-            "n_test")
+            "common_runs", "common_lr", "common_mean", "common_ci95", "common_diverged", "diff_mean", "diff_ci95",
+            "diff_resolved", "n_test")
     pct = ("tuned_mean", "tuned_ci95", "common_mean", "common_ci95", "diff_mean", "diff_ci95")
     shown = [{c: (100 * r[c] if c in pct else r[c]) for c in cols} for r in rows]
     return FigureOutput(fig, cfg, cfg.seeds[0], tables={"csv": _csv(shown, cols)}, data=rows,
@@ -270,26 +289,35 @@ def _common_text(records: list[dict]) -> str:
 # --- notebook 04's statements about the study, written from the committed files -------------------------------
 
 
-def convergence_markdown(records: list[dict], tol: float = 0.005) -> str:
-    """Whether each sequential baseline converged, by the stated criterion: its mean validation accuracy over the
-    seeds changed by less than ``tol`` (0.5 pp) over its last epoch."""
+def convergence_markdown(records: list[dict], tol: float = 0.003, window: int = 2) -> str:
+    """Which rows converged, by the stated criterion (:class:`~pipelab.studies.settings.Convergence`, read from the
+    sidecar's ``config.convergence``): the sequential baseline's validation accuracy (mean over seeds) gains less
+    than ``tol`` over its last ``window`` epochs of the stated budget. Lists the converged rows and the others."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r["policy"] == "sequential":
             groups.setdefault((r["task"], r["optimizer"], r["D"]), []).append(r)
-    lines = [f"Criterion: the sequential baseline's validation accuracy (mean over seeds) changes by less than "
-             f"{100 * tol:g} pp over its last epoch.", ""]
+    lines = [f"Criterion: a row is converged when its sequential baseline's validation accuracy (mean over seeds) "
+             f"gains less than {100 * tol:g} pp over the last {window} epoch(s) of its budget (constant tuned rate; "
+             f"the test set plays no part).", ""]
     for (task, opt, D), rs in sorted(groups.items()):
         val = np.nanmean(np.array([r["val_acc"] for r in rs], dtype=float), axis=0)
-        if val.size < 3 or not np.isfinite(val[-2:]).all():
-            lines.append(f"- {task} · {optimizer_label(opt)} · D={D}: no validation curve")
+        if val.size < window + 2 or not np.isfinite(val[-1 - window:]).all():
+            lines.append(f"- {task} · {optimizer_label(opt)} · D={D}: no validation curve long enough to judge")
             continue
-        step = float(val[-1] - val[-2])
-        verdict = "converged" if abs(step) < tol else "**not converged**"
-        lines.append(f"- {task} · {optimizer_label(opt)} (lr {_lr(rs[0]):.2g}): {verdict} — validation accuracy "
-                     f"{100 * val[-2]:.2f}% → {100 * val[-1]:.2f}% over epoch {len(val) - 1} "
-                     f"({100 * step:+.2f} pp, {len(rs)} seeds).")
+        gain = float(val[-1] - val[-1 - window])
+        verdict = "converged" if gain < tol else "**not converged**"
+        lines.append(f"- {task} · {optimizer_label(opt)} · D={D} (lr {_lr(rs[0]):.2g}, {len(val) - 1} epochs): "
+                     f"{verdict} — validation accuracy {100 * val[-1 - window]:.2f}% → {100 * val[-1]:.2f}% over the "
+                     f"last {window} epoch(s) ({100 * gain:+.2f} pp, {len(rs)} seeds).")
     return "\n".join(lines)
+
+
+def convergence_of(sidecar: dict) -> dict[str, Any]:
+    """``{"tol", "window"}`` of the study's criterion from a sidecar (the preset's ``convergence``); the defaults of
+    :func:`convergence_markdown` when the sidecar predates it."""
+    conv = sidecar["config"].get("convergence") or {}
+    return {"tol": conv.get("tol", 0.003), "window": conv.get("window", 2)}
 
 
 def read_periods(path: Any) -> dict[str, dict[str, float]]:
@@ -395,11 +423,20 @@ def study_setup_markdown(sidecar: dict) -> str:
                      f"{epochs} epoch(s) at batch {cfg['batch_size']}; {opts}; D = {depths}.")
     tn = cfg["tuning"]
     grids = "; ".join(f"{optimizer_label(o)} {n} rates from {lo:g} to {hi:g}" for o, lo, hi, n in tn["grids"])
+    budget = f"at most {tn['max_epochs']}" if tn.get("max_epochs") else "up to the arm's full budget"
+    extra = (" the last round at the full budget;" if tn.get("last_full") else "") + (
+        f" a selection on an end of the grid adds up to {tn['extend']} rate(s) past it;" if tn.get("extend") else "")
     lines.append(f"- **Rates**: {grids}, log-spaced; successive halving (η = {tn['eta']}, {tn['min_epochs']} epoch "
-                 f"first, at most {tn['max_epochs']}) on the validation accuracy of tuning seed(s) "
-                 f"{', '.join(map(str, tn['seeds']))}; then seeds {', '.join(map(str, cfg['seeds']))} at the selected "
-                 f"rate. Common-rate runs: {', '.join(cfg.get('common_tasks') or cfg['tasks'])}, "
+                 f"first, {budget});{extra} on the validation accuracy (mean over tuning seeds "
+                 f"{', '.join(map(str, tn['seeds']))}); then seeds {', '.join(map(str, cfg['seeds']))} at the selected "
+                 f"rate, each run read at its validation-selected epoch. Common-rate runs: "
+                 f"{', '.join(cfg.get('common_tasks') or cfg['tasks'])}, "
                  f"{', '.join(optimizer_label(o) for o in (cfg.get('common_optimizers') or cfg['optimizers']))}.")
+    conv = cfg.get("convergence")
+    if conv:
+        lines.append(f"- **Convergence criterion**: the sequential baseline's validation accuracy gains less than "
+                     f"{100 * conv['tol']:g} pp over the last {conv['window']} epochs of the budget above (constant "
+                     f"tuned rate, no decaying schedule).")
     lines.append(f"- **Made at** commit `{sidecar['commit'][:12]}` (clean: {sidecar['code_clean']}), torch "
                  f"{sidecar['torch_version']}.")
     return "\n".join(lines)
@@ -409,6 +446,12 @@ def lr_map_markdown(notes: dict, rows: list[dict]) -> str:
     """The measured curvature, the thresholds it implies and where the selected SGDM rates fall, from
     ``study_lr_map``'s sidecar notes and CSV."""
     lines = []
+    if "close_decisions" in notes:
+        close, total = notes["close_decisions"]
+        lines.append(f"- **Tuning against seed noise**: {close} of {total} halving decisions (last rate kept against "
+                     f"best rate dropped) are within seed noise (their paired 95% t interval over the tuning seeds "
+                     f"includes 0); grids extended past an edge: {len(notes.get('extended', {}))} arm(s); selections "
+                     f"still on an edge: {', '.join(notes.get('on_edge', [])) or 'none'}.")
     for task, lam in notes["eigenvalue"].items():
         lines.append(f"- **{task}**: λ_max = {lam:.3g} at initialisation.")
     for key, thr in notes["threshold_lr"].items():
@@ -430,9 +473,10 @@ def lr_map_markdown(notes: dict, rows: list[dict]) -> str:
 def study_caveat(sidecar: dict) -> str:
     """The caveat every verdict of the study carries, from its sidecar."""
     cfg = sidecar["config"]
-    return (f"Caveat: small models on a CPU (float32, one core per arm), {len(cfg['seeds'])} seeds, budgets of a "
-            "few epochs chosen to fit the study's time budget, rates tuned on one tuning seed; the verdicts hold "
-            "for these tasks and this scale, not for the papers' ImageNet-size runs. Float32 rounding alone (the "
-            "same arm run stacked with other seeds or alone, or on another CPU) moves a single run by amounts "
-            "comparable to the seed spread, which is why every comparison is paired by seed and read through its "
-            "interval.")
+    n_tune = len(cfg["tuning"]["seeds"])
+    return (f"Caveat: small models on a CPU (float32, one core per arm), {len(cfg['seeds'])} seeds, budgets fixed in "
+            f"advance (constant rates; which rows meet the convergence criterion is stated above), rates tuned on "
+            f"{n_tune} tuning seed(s); the verdicts hold for these tasks and this scale, not for the papers' "
+            "ImageNet-size runs. Float32 rounding alone (the same arm run stacked with other seeds or alone, or on "
+            "another CPU) moves a single run by amounts comparable to the seed spread, which is why every comparison "
+            "is paired by seed, read through its interval and Holm-corrected over the rows it is drawn from.")

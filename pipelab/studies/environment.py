@@ -1,0 +1,143 @@
+"""The environment variables of the studies, read in one place: each one's meaning, default and check.
+
+- ``PIPELAB_PRESET``: the experiment size, ``tiny``, ``quick``, ``study`` or ``paper``; unset: ``quick``.
+- ``PIPELAB_WORKERS``: processes running learning-curve arms in parallel, an integer >= 1; unset: 1.
+- ``PIPELAB_CACHE``: the result cache's directory, ``off`` (or ``0``, ``none``, empty) to disable it; unset:
+  ``$XDG_CACHE_HOME/pipelab``, i.e. ``~/.cache/pipelab``.
+- ``PIPELAB_DATA``: a directory searched for Fashion-MNIST before the system's, and downloaded to; unset: none.
+- ``PIPELAB_DEVICE``: the device of every figure's config, ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; unset: each
+  preset's own.
+
+Each function below reads one variable and returns it checked; an empty value counts as unset (but turns the
+cache off, as ``off`` does). A value it cannot use raises ``ValueError`` naming the variable, the value and the
+allowed values, never silently replaced by a default. The command line (``python -m pipelab``) runs :func:`check`
+before any work, and its options default to these variables: ``--preset`` to ``PIPELAB_PRESET``, ``--workers`` to
+``PIPELAB_WORKERS`` (an option given wins); ``--workers`` and ``--device`` set their variables for the sweeps and
+configs they start. Paths may start with ``~`` (expanded here, as a shell does not inside quotes).
+
+Example:
+    >>> import os
+    >>> os.environ["PIPELAB_WORKERS"] = "two"
+    >>> workers()
+    Traceback (most recent call last):
+    ...
+    ValueError: $PIPELAB_WORKERS='two' is not a number of worker processes; use an integer >= 1, e.g. ...
+    >>> del os.environ["PIPELAB_WORKERS"]
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["PRESET", "WORKERS", "CACHE", "DATA", "DEVICE", "VARIABLES", "preset", "workers", "cache_root",
+           "data_dir", "device", "check"]
+
+PRESET, WORKERS, CACHE, DATA, DEVICE = "PIPELAB_PRESET", "PIPELAB_WORKERS", "PIPELAB_CACHE", "PIPELAB_DATA", \
+    "PIPELAB_DEVICE"
+#: every variable the studies read, in the order :func:`check` checks them
+VARIABLES = (PRESET, WORKERS, CACHE, DATA, DEVICE)
+#: values of ``PIPELAB_CACHE`` that disable the cache (compared in lower case)
+CACHE_OFF = ("off", "0", "none", "")
+
+
+def _raw(name: str) -> str | None:
+    """The variable's value stripped of surrounding blanks; ``None`` when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def preset() -> str:
+    """``$PIPELAB_PRESET``, else ``"quick"``.
+
+    Raises:
+        ValueError: not one of :data:`pipelab.studies.config.PRESETS`.
+    """
+    from .config import PRESETS  # config reads this module: imported here, not at the top
+
+    value = _raw(PRESET)
+    if value is None:
+        return "quick"
+    if value not in PRESETS:
+        raise ValueError(f"${PRESET}={value!r} is not a preset; choose one of {', '.join(PRESETS)}")
+    return value
+
+
+def workers() -> int:
+    """``$PIPELAB_WORKERS``, else 1.
+
+    Raises:
+        ValueError: not an integer >= 1.
+    """
+    value = _raw(WORKERS)
+    if value is None:
+        return 1
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"${WORKERS}={value!r} is not a number of worker processes; use an integer >= 1, e.g. "
+                         f"{WORKERS}=2")
+    return number
+
+
+def _directory(name: str, value: str) -> Path:
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"${name}={value!r} is a file, not a directory; name a directory")
+    return path
+
+
+def cache_root() -> Path | None:
+    """The result cache's directory: ``$PIPELAB_CACHE``, else ``$XDG_CACHE_HOME/pipelab`` (``~/.cache/pipelab``);
+    ``None`` when ``$PIPELAB_CACHE`` is one of :data:`CACHE_OFF`.
+
+    Raises:
+        ValueError: ``$PIPELAB_CACHE`` names an existing file.
+    """
+    value = os.environ.get(CACHE)
+    if value is not None and value.strip().lower() in CACHE_OFF:
+        return None
+    if value is not None:
+        return _directory(CACHE, value.strip())
+    base = _raw("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pipelab"
+
+
+def data_dir() -> Path | None:
+    """``$PIPELAB_DATA``: where Fashion-MNIST is searched first and downloaded to; ``None`` when unset.
+
+    Raises:
+        ValueError: it names an existing file.
+    """
+    value = _raw(DATA)
+    return None if value is None else _directory(DATA, value)
+
+
+def device() -> str | None:
+    """``$PIPELAB_DEVICE`` as the device it names on this machine (``auto`` resolved); ``None`` when unset.
+
+    Raises:
+        ValueError: not a device pipelab runs on (:func:`pipelab.distributed.resolve_device`), or CUDA asked for
+            without CUDA.
+    """
+    value = _raw(DEVICE)
+    if value is None:
+        return None
+    from ..distributed import resolve_device  # imports torch: only when the variable is set
+
+    return str(resolve_device(value, argument=f"${DEVICE}"))
+
+
+def check() -> None:
+    """Read every variable of :data:`VARIABLES`, so that a bad value is refused before any work.
+
+    Raises:
+        ValueError: the first variable whose value cannot be used (see each function).
+    """
+    preset()
+    workers()
+    cache_root()
+    data_dir()
+    device()

@@ -1,0 +1,115 @@
+"""The claims' rule on constructed rows: Holm over a claim's rows, divergences as failures, scipy's t test as the
+reference for every p-value."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pipelab.statistics import holm
+from pipelab.studies import claims as C
+
+SEEDS = range(6)
+SEED_EFFECT = np.array([0.80, 0.86, 0.83, 0.89, 0.84, 0.82])  # shared by every arm of a seed
+
+
+def _rec(task: str, D: int, policy: str, seed: int, acc: float, diverged: bool = False,
+         curve: list[float] | None = None) -> dict[str, Any]:
+    """A run whose validation accuracy peaks at epoch 2, where its test accuracy is ``acc``; epoch 3's test accuracy
+    is higher (a test-selected epoch would read it)."""
+    val = curve or [0.1, acc - 0.02, acc, acc - 0.01]
+    test = [0.1, acc - 0.03, math.nan if diverged else acc, math.nan if diverged else acc + 0.05]
+    return {"task": task, "optimizer": "adam", "D": D, "policy": policy, "seed": seed, "diverged": diverged,
+            "val_acc": val, "test_acc": test, "steps_per_epoch": 10, "n_val": 100}
+
+
+def _rows(offsets: dict[tuple[str, int], dict[str, list[float]]]) -> list[dict[str, Any]]:
+    return [_rec(task, D, pol, s, SEED_EFFECT[s] + off[s]) for (task, D), arms in offsets.items()
+            for pol, off in arms.items() for s in SEEDS]
+
+
+def _claim(records: list[dict[str, Any]], name: str) -> C.ClaimVerdict:
+    return next(v for v in C.decide_all(records) if v.claim == name)
+
+
+NOISE = [0.002, -0.003, 0.001, 0.004, -0.002, 0.0]
+
+
+def test_beats_is_holm_adjusted_over_the_rows_of_the_claim() -> None:
+    # two rows, each with pipeoptim ~0.3 pp ahead of stashing at 0.025 < p < 0.05: each alone would reproduce
+    near = [0.003, 0.001, 0.006, 0.002, 0.0, 0.005]
+    near2 = [0.005, 0.002, 0.0, 0.006, 0.001, 0.003]
+    records = _rows({("t1", 4): {"pipeoptim": near, "stashing": [0.0] * 6},
+                     ("t2", 8): {"pipeoptim": near2, "stashing": [0.0] * 6}})
+    raw = [stats.ttest_rel(SEED_EFFECT + x, SEED_EFFECT).pvalue for x in (near, near2)]
+    assert all(0.025 < p < 0.05 for p in raw)  # the case this test is about
+    v = _claim(records, "Prediction beats weight stashing")
+    assert [e.row for e in v.rows] == [("t1", "adam", 4), ("t2", "adam", 8)]  # D = 4 and D = 8 rows both decide
+    assert [e.diff.p_value for e in v.rows] == pytest.approx(raw, rel=1e-6)
+    assert [e.p_adjusted for e in v.rows] == pytest.approx(list(holm(raw)), rel=1e-6)
+    assert [e.outcome for e in v.rows] == ["open", "open"]  # adjusted, 2 × 0.03 > 0.05
+    assert v.verdict == "inconclusive" and v.p == pytest.approx(max(holm(raw)))
+    alone = _claim([r for r in records if r["task"] == "t2"], "Prediction beats weight stashing")
+    assert alone.verdict == "reproduced" and alone.p == pytest.approx(raw[1], rel=1e-6)
+    # a third row far ahead (p tiny) is for the claim; the two near rows still need 2 p < 0.05 (Holm steps 2, 3)
+    far = [0.02 + n for n in NOISE]
+    both = records + _rows({("t3", 4): {"pipeoptim": far, "stashing": [0.0] * 6}})
+    assert [e.outcome for e in _claim(both, "Prediction beats weight stashing").rows] == ["open", "open", "for"]
+    # a row resolved against (after Holm) refutes it
+    against = _rows({("t3", 4): {"pipeoptim": [-x for x in far], "stashing": [0.0] * 6}})
+    w = _claim(records + against, "Prediction beats weight stashing")
+    assert w.verdict == "refuted" and w.rows[2].outcome == "against"
+    assert w.p == pytest.approx(w.rows[2].p_adjusted)
+
+
+def test_matches_tests_against_the_margin_on_the_validation_selected_epoch() -> None:
+    # 2BW is 0.5 pp behind sequential (within the 1-pp margin, resolved); PipeOptim 2 pp behind (resolved outside)
+    behind_half = [-0.005 + n / 4 for n in NOISE]
+    behind_two = [-0.02 + n / 4 for n in NOISE]
+    records = _rows({("t1", 4): {"sequential": [0.0] * 6, "2bw": behind_half, "pipeoptim": behind_two}})
+    v2 = _claim(records, "PipeDream-2BW matches the accuracy of flushed training")
+    ref = stats.ttest_1samp(np.array(behind_half), -C.MATCH_MARGIN).pvalue
+    assert v2.rows[0].diff.p_value == pytest.approx(ref, rel=1e-6) and v2.verdict == "reproduced"
+    # the difference is read at the validation-selected epoch (epoch 2), not the test set's best (epoch 3)
+    assert v2.rows[0].diff.mean == pytest.approx(np.mean(behind_half))
+    vp = _claim(records, "PipeOptim matches (or beats) GPipe")
+    assert vp.verdict == "refuted" and vp.rows[0].outcome == "against"
+    # the fixed target: sequential's mean best validation accuracy − 1 pp, reached at epoch 2 (or never)
+    st = C.steps_to_target(records, ("t1", "adam", 4), "pipeoptim", "sequential")
+    assert st is not None and st["target"] == pytest.approx(SEED_EFFECT.mean() - 0.01)
+    t = st["target"]
+    assert st["sequential"] == [10 if a - 0.02 >= t else 20 if a >= t else None for a in SEED_EFFECT]
+    assert st["sequential"].count(None) == 3  # seeds below the mean never reach it: the target is a fixed bar
+    md = C.claims_markdown(records)
+    assert "steps to" in md and "p̃" in md and "Holm" in md
+
+
+def test_a_divergence_of_the_claimed_arm_is_a_failure_and_of_the_other_is_left_out() -> None:
+    good = [0.02 + n for n in NOISE]
+    records = _rows({("t1", 4): {"pipeoptim": good, "stashing": [0.0] * 6}})
+    records[0] = _rec("t1", 4, "pipeoptim", 0, 0.5, diverged=True)  # one diverged seed of the claimed arm
+    v = _claim(records, "Prediction beats weight stashing")
+    e = v.rows[0]
+    assert e.diverged_a == 1 and e.diff.n == 5 and e.diff.n_nan == 1
+    assert e.outcome == "against" and v.verdict == "refuted" and math.isnan(v.p)
+    assert "divergence" in C.claims_markdown(records)
+    # the same seed diverging in the other arm is left out of the test, which still resolves the claim
+    records = _rows({("t1", 4): {"pipeoptim": good, "stashing": [0.0] * 6}})
+    records[6] = _rec("t1", 4, "stashing", 0, 0.5, diverged=True)
+    v = _claim(records, "Prediction beats weight stashing")
+    assert v.rows[0].diverged_b == 1 and v.rows[0].diff.n == 5 and v.verdict == "reproduced"
+    assert _claim(records, "SpecTrain reaches the staleness-free accuracy").verdict == "not run"
+
+
+def test_winners_are_corrected_over_the_rows_searched() -> None:
+    near = [0.003, 0.001, 0.006, 0.002, 0.0, 0.005]  # p ~ 0.03 over its one rival
+    rows = {("t1", 4): {"pipeoptim": near, "stashing": [0.0] * 6, "sequential": [0.05] * 6}}
+    rows.update({(f"n{k}", 4): {"pipeoptim": [0.0] * 6, "stashing": [n * (k + 1) for n in NOISE]} for k in range(3)})
+    md_one = C.winners_markdown(_rows({("t1", 4): rows[("t1", 4)]}))
+    assert "**resolved winner**" in md_one and "1 of 1 rows" in md_one  # sequential is no candidate
+    md = C.winners_markdown(_rows(rows))
+    assert "0 of 4 rows" in md and "**resolved winner**" not in md
