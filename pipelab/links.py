@@ -245,9 +245,10 @@ class LowRank:
     dtype), decode ↦ xPPᵀ, the orthogonal projection onto span(P). Applied to the gradient g with the same P,
     the sender gets gPPᵀ: exactly the gradient of the projected network x ↦ xPPᵀ (a projection is symmetric),
     so the pipeline trains that network. r = d: P is orthogonal and decode(encode(x)) = x up to rounding.
-    A random fixed subspace, as in random-projection activation compression (e.g. "Does compressing
-    activations help model parallel training?", Bian et al., MLSys 2024, which compares it with learned ones);
-    a learned (PowerSGD-style, Vogels et al. NeurIPS 2019) basis is not implemented."""
+    The basis is a fixed random one (the Gaussian range finder of Halko, Martinsson and Tropp, SIAM Review 2011),
+    the simplest subspace compressor of pipeline activations; learned compressors (autoencoders, which Bian et al.,
+    "Does compressing activations help model parallel training?", MLSys 2024, compare with Top-K and
+    quantisation) and a PowerSGD-style basis (Vogels et al., NeurIPS 2019) are not implemented."""
 
     rank: int
     seed: int = 0

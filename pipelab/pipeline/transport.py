@@ -9,6 +9,8 @@ A :class:`Transport` carries them: :meth:`~Transport.send` is called by the prod
 ran; :meth:`~Transport.receive` by the consuming job, right before it runs. :class:`InMemoryTransport` is the
 single-process emulator's (a dictionary); the runtime's ``torch.distributed`` point-to-point transport
 (:class:`pipelab.runtime.p2p.P2PTransport`) implements the same interface across processes.
+With a codec (``PipelineSpec(codec=...)``) the driver wraps either one in a :class:`CodedTransport`, the one place
+a hand-over is encoded (before it is sent) and decoded (after it is received).
 
 **What crosses a boundary** (a *hand-over*): a stage's output is a tensor, or a structure of tensors — a
 tuple, list, dict or named tuple, nested, with ``None`` entries allowed (a transformer block returning
