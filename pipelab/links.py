@@ -16,6 +16,9 @@ micro-batch. A hand-over (a tensor, or a tuple/dict of tensors) bills its floati
 (the compute dtype under mixed precision) through the boundary's codec, both ways, and its integer tensors as
 they are, forward only. A codec's bill for a floating tensor of shape (…, d), R = numel/d rows: identity
 numel·itemsize, bf16 2·numel, int8 numel + 4R (a per-row fp32 scale), lowrank(r) R·r·itemsize (r columns).
+A codec also encodes (an :class:`Encoded`: the parts that travel, ``nbytes`` = the bill) and decodes (each class
+states its rule and error); ``PipelineSpec(codec=...)`` applies it to every hand-over and its gradient
+(:class:`pipelab.pipeline.transport.CodedTransport`), one codec per boundary (:func:`boundary_codecs`).
 
 Collectives of p members, n bytes, one link (:func:`collective_time`; Thakur, Rabenseifner and Gropp,
 "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005): ring all-reduce
@@ -33,16 +36,19 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import math
+import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-__all__ = ["Link", "Network", "Codec", "Identity", "Bf16", "Int8", "LowRank", "CODECS", "MessageBytes",
+__all__ = ["Link", "Network", "Codec", "Encoded", "Identity", "Bf16", "Int8", "LowRank", "CODECS", "as_codec",
+           "boundary_codecs", "MessageBytes",
            "message_bytes", "boundary_bytes", "COLLECTIVES", "collective_time"]
 
 
@@ -117,13 +123,37 @@ class Network:
                    key=lambda x: x.time(nbytes), default=Link())
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A floating tensor as a codec sends it: the ``parts`` that cross the boundary, and the ``shape`` and ``dtype``
+    it decodes to. A pytree node whose children are the parts (so a transport packs exactly them, and the shape and
+    dtype travel in the structure the receiver already knows: no bytes)."""
+
+    parts: tuple[Tensor, ...]
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parts)
+
+
+pytree.register_pytree_node(Encoded, lambda e: (list(e.parts), (e.shape, e.dtype)),
+                            lambda parts, ctx: Encoded(tuple(parts), *ctx))
+
+
 class Codec(Protocol):
-    """What the simulator and the meter need of a codec: a name and the bytes a floating tensor costs encoded."""
+    """A per-boundary codec: a name, the bytes a floating tensor costs encoded (what the simulator and the meter
+    bill), and the encoding itself, with ``encode(x).nbytes == encoded_bytes(x.shape, x.dtype)``."""
 
     @property
     def name(self) -> str: ...
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int: ...
+
+    def encode(self, x: Tensor) -> Encoded: ...
+
+    def decode(self, e: Encoded) -> Tensor: ...
 
 
 def _rows(shape: tuple[int, ...]) -> int:
@@ -132,35 +162,102 @@ def _rows(shape: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True)
 class Identity:
+    """The tensor itself: ``decode(encode(x)) is x``."""
+
     name: str = "identity"
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         return math.prod(shape) * dtype.itemsize
 
+    def encode(self, x: Tensor) -> Encoded:
+        return Encoded((x,), x.shape, x.dtype)
+
+    def decode(self, e: Encoded) -> Tensor:
+        return e.parts[0]
+
 
 @dataclass(frozen=True)
 class Bf16:
+    """A cast to bfloat16 and back: ``decode(encode(x)) == x.to(torch.bfloat16).to(x.dtype)`` (round to nearest
+    even; a no-op for a bf16 hand-over)."""
+
     name: str = "bf16"
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         return 2 * math.prod(shape)
 
+    def encode(self, x: Tensor) -> Encoded:
+        return Encoded((x.to(torch.bfloat16),), x.shape, x.dtype)
+
+    def decode(self, e: Encoded) -> Tensor:
+        return e.parts[0].to(e.dtype)
+
 
 @dataclass(frozen=True)
 class Int8:
+    """Per-row absmax quantisation to int8: for each row x (the last axis), s = fp32(max|x| / 127) and
+    q = clamp(round(x / s), −127, 127); decoded q·s. Round to nearest: |x − q·s| ≤ s/2 per element (a zero row
+    stays zero). ``stochastic=True`` rounds x/s down or up with probability its fractional part (unbiased:
+    E[q·s] = x, error < s), with noise from a generator seeded by ``seed`` and owned by this codec (each process
+    draws its own stream: a runtime then differs from the emulator). Off by default: deterministic, so the
+    runtime equals the emulator bit for bit. Per-row scales as in LLM.int8() (Dettmers et al., NeurIPS 2022)
+    without its outlier columns; stochastic rounding as in Gupta et al., "Deep Learning with Limited Numerical
+    Precision", ICML 2015."""
+
+    stochastic: bool = False
+    seed: int = 0
     name: str = "int8"
+    _noise: torch.Generator | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.stochastic not in (True, False):
+            raise TypeError(f"Int8 stochastic must be a bool, got {self.stochastic!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"Int8 seed must be an int, got {self.seed!r}")
+        if self.stochastic:
+            object.__setattr__(self, "_noise", torch.Generator().manual_seed(self.seed))
 
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         return math.prod(shape) + 4 * _rows(shape)
 
+    def encode(self, x: Tensor) -> Encoded:
+        rows = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+        scale = (rows.abs().amax(1, keepdim=True) / 127).float()
+        # x/s in at least fp32: a bf16 quotient would not resolve the integers up to 127 and their halves
+        work = torch.promote_types(x.dtype, torch.float32)
+        z = rows.to(work) / torch.where(scale > 0, scale, 1).to(work)
+        if self._noise is not None and x.device.type != "meta":
+            z = torch.floor(z + torch.rand(z.shape, generator=self._noise, dtype=z.dtype).to(z.device))
+        else:
+            z = torch.round(z)
+        q = z.clamp(-127, 127).to(torch.int8)
+        return Encoded((q.reshape(x.shape), scale.reshape(x.shape[:-1])), x.shape, x.dtype)
+
+    def decode(self, e: Encoded) -> Tensor:
+        q, scale = e.parts
+        return q.to(e.dtype) * scale.to(e.dtype).unsqueeze(-1) if q.dim() else q.to(e.dtype) * scale.to(e.dtype)
+
 
 @dataclass(frozen=True)
 class LowRank:
+    """A fixed subspace projection of the last axis: with P ∈ R^{d×r} orthonormal columns (QR of a Gaussian
+    matrix drawn from ``seed``, the same on every process), encode x ↦ xP (r numbers per row, in the hand-over
+    dtype), decode ↦ xPPᵀ, the orthogonal projection onto span(P). Applied to the gradient g with the same P,
+    the sender gets gPPᵀ: exactly the gradient of the projected network x ↦ xPPᵀ (a projection is symmetric),
+    so the pipeline trains that network. r = d: P is orthogonal and decode(encode(x)) = x up to rounding.
+    The basis is a fixed random one (the Gaussian range finder of Halko, Martinsson and Tropp, SIAM Review 2011),
+    the simplest subspace compressor of pipeline activations; learned compressors (autoencoders, which Bian et al.,
+    "Does compressing activations help model parallel training?", MLSys 2024, compare with Top-K and
+    quantisation) and a PowerSGD-style basis (Vogels et al., NeurIPS 2019) are not implemented."""
+
     rank: int
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"LowRank rank must be an int >= 1, got {self.rank!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"LowRank seed must be an int, got {self.seed!r}")
 
     @property
     def name(self) -> str:
@@ -169,9 +266,67 @@ class LowRank:
     def encoded_bytes(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         return _rows(shape) * self.rank * dtype.itemsize
 
+    def basis(self, d: int) -> Tensor:
+        """P (d × r, float64, orthonormal columns) for a last axis of width d."""
+        if self.rank > d:
+            raise ValueError(f"LowRank rank={self.rank} exceeds the hand-over's last axis d={d}; choose rank <= {d}")
+        return _basis(self.seed, d, self.rank)
+
+    def encode(self, x: Tensor) -> Encoded:
+        return Encoded((x @ self.basis(x.shape[-1]).to(x.dtype).to(x.device),), x.shape, x.dtype)
+
+    def decode(self, e: Encoded) -> Tensor:
+        P = self.basis(e.shape[-1]).to(e.dtype).to(e.parts[0].device)
+        return e.parts[0].to(e.dtype) @ P.T
+
+
+@functools.lru_cache(maxsize=64)
+def _basis(seed: int, d: int, r: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(d, r, generator=g, dtype=torch.float64))
+    return q
+
 
 #: the codecs without a parameter, by name (``LowRank(r)`` takes its rank)
 CODECS: dict[str, Codec] = {c.name: c for c in (Identity(), Bf16(), Int8())}
+
+
+def as_codec(codec: Codec | str) -> Codec:
+    """A codec from itself or its name: one of :data:`CODECS`, or ``"lowrank(r)"``.
+
+    Raises:
+        ValueError: an unknown name. TypeError: neither a name nor a codec.
+    """
+    if isinstance(codec, str):
+        m = re.fullmatch(r"lowrank\((\d+)\)", codec)
+        if m:
+            return LowRank(int(m.group(1)))
+        if codec not in CODECS:
+            raise ValueError(f"codec={codec!r}; choose one of {', '.join(CODECS)} or 'lowrank(r)'")
+        return CODECS[codec]
+    if not all(hasattr(codec, a) for a in ("name", "encoded_bytes", "encode", "decode")):
+        raise TypeError(f"codec must be a Codec (name, encoded_bytes, encode, decode) or its name, "
+                        f"got {type(codec).__name__}")
+    return codec
+
+
+def boundary_codecs(codec: Codec | str | Sequence[Codec | str | None] | None, D: int) -> tuple[Codec | None, ...]:
+    """The codec of each boundary k = 0..D−2 of a D-stage run (``None``: identity, the hand-over untouched).
+
+    ``codec`` is one for every boundary (a ``LowRank`` given once gets seed + k on boundary k: one projection per
+    boundary), or one per boundary.
+
+    Raises:
+        ValueError: a list of the wrong length, an unknown name. TypeError: an entry that is not a codec.
+    """
+    if codec is None or isinstance(codec, str) or not isinstance(codec, Sequence):
+        one = None if codec is None else as_codec(codec)
+        codecs = [replace(one, seed=one.seed + k) if isinstance(one, LowRank) else one for k in range(D - 1)]
+    else:
+        if len(codec) != D - 1:
+            raise ValueError(f"codec must be one codec or one per boundary (D-1={D - 1}), got {len(codec)}")
+        codecs = [None if c is None else as_codec(c) for c in codec]
+    return tuple(None if isinstance(c, Identity) else c for c in codecs)
 
 
 def _tensors(value: Any) -> list[Tensor]:
@@ -203,20 +358,18 @@ class MessageBytes(NamedTuple):
 
 
 def message_bytes(stages: Sequence[nn.Module], x: Any, *, dtype: torch.dtype | None = None,
-                  codec: Codec | Sequence[Codec | None] | None = None) -> MessageBytes:
+                  codec: Codec | str | Sequence[Codec | str | None] | None = None) -> MessageBytes:
     """The bytes each boundary's messages bill (module docstring), from a shape pass with the micro-batch ``x``.
 
     Args:
         dtype: the hand-over dtype of floating tensors (mixed precision: ``Precision.dtype``); ``None``: a plain
-            run's. codec: one for every boundary, or one per boundary (``None``: identity).
+            run's. codec: one for every boundary, or one per boundary (``None``: identity; :func:`boundary_codecs`).
 
     Example:
         >>> message_bytes([nn.Linear(4, 8), nn.Linear(8, 2)], torch.zeros(3, 4), dtype=torch.bfloat16)
         MessageBytes(activation=(48,), gradient=(48,))
     """
-    codecs = list(codec) if isinstance(codec, Sequence) else [codec] * (len(stages) - 1)
-    if len(codecs) != len(stages) - 1:
-        raise ValueError(f"codec must be one Codec or one per boundary (D-1={len(stages) - 1}), got {len(codecs)}")
+    codecs = boundary_codecs(codec, len(stages))
     act, grad = [], []
     for h, c in zip(_stage_inputs(stages, x)[1:], codecs):
         ts, bill_of = _tensors(h), (c or Identity()).encoded_bytes

@@ -211,7 +211,8 @@ class Emulator:
             st.module.train()
             snapshot(st.k, 0, st.ring.get(0))
         state, counter = DriverState(), CollectiveCounter()
-        common: dict[str, Any] = {"D": self.D, "M": self.M, "stop_on_divergence": True, "split": self.table.split_set}
+        common: dict[str, Any] = {"D": self.D, "M": self.M, "stop_on_divergence": True, "split": self.table.split_set,
+                                  "codecs": self.plan.codecs}
         if copies:  # the stage's own copy (its first holder) stands for it in the snapshots
             diverged = run_jobs(self.plan.sequence, copies, InMemoryTransport(), data, state, placed=True,
                                 collective=lambda c: emulate_collective(c, copies, counter),

@@ -35,9 +35,11 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from ..links import boundary_codecs
 from ..pipeline.driver import all_finite, check_examples
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..pipeline.stage import trainable_parameters
+from ..pipeline.transport import decode_handover, encode_handover
 from ..precision import Precision, as_precision
 from ..schedules.actions import check_int
 
@@ -224,8 +226,10 @@ def evaluate(
     *,
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
     batch_size: int = 2048,
+    codec: Any = None,
 ) -> tuple[float, float]:
-    """Mean loss and accuracy of the stages (with ``weights[k]`` in ``named_parameters`` order, if given).
+    """Mean loss and accuracy of the stages (with ``weights[k]`` in ``named_parameters`` order, if given), each
+    hand-over encoded and decoded by ``codec`` as in the pipeline (``PipelineSpec.codec``; :func:`forward_batches`).
 
     The stages are put in eval mode for the call and restored afterwards. Both are NaN when a weight evaluated,
     an output (logit) or a loss is NaN or ±inf (:func:`~pipelab.pipeline.driver.all_finite`): a diverged model
@@ -244,7 +248,7 @@ def evaluate(
     used = [list(s.parameters()) for s in stages] if weights is None else weights
     finite = all_finite(w for W in used for w in W)
     total, correct, n = 0.0, 0, x.shape[0]
-    for h, yy in forward_batches(stages, x, y, weights, batch_size):
+    for h, yy in forward_batches(stages, x, y, weights, batch_size, codec):
         loss = loss_fn(h, yy)
         finite &= all_finite((h, loss))
         total += float(loss) * yy.shape[0]
@@ -257,14 +261,20 @@ def evaluate(
 
 def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
                     weights: Sequence[Sequence[Tensor]] | None = None,
-                    batch_size: int = 2048) -> Iterator[tuple[Tensor, Tensor]]:
+                    batch_size: int = 2048, codec: Any = None) -> Iterator[tuple[Tensor, Tensor]]:
     """``(output, target)`` of the stages on ``x`` in chunks of ``batch_size`` (with ``weights[k]`` in
     ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends).
+
+    ``codec`` (``PipelineSpec.codec``'s forms): each hand-over crosses its boundary encoded and decoded, so the
+    function evaluated is the one the pipeline trains (a ``LowRank`` run's weights outside its subspace are never
+    trained: without the codec its accuracy would mean nothing). Every codec acts row by row, so chunking does
+    not change the result.
 
     Raises:
         ValueError: ``batch_size`` not an int >= 1 (chunks of 0 examples never advance).
     """
     check_int("batch_size", batch_size)
+    codecs = boundary_codecs(codec, len(stages))
     modes = [s.training for s in stages]
     for s in stages:
         s.eval()
@@ -278,6 +288,8 @@ def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
                     else:
                         names = [name for name, _ in s.named_parameters()]
                         h = functional_call(s, dict(zip(names, weights[k])), (h,))
+                    if k < len(codecs):
+                        h = decode_handover(codecs[k], encode_handover(codecs[k], h))
                 yield h, yy
     finally:
         for s, m in zip(stages, modes):

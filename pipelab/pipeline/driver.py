@@ -42,10 +42,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..links import Codec
 from ..schedules.dependencies import Split, handed_to, received_from
 from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
-from .transport import Transport, handover_bytes
+from .transport import CodedTransport, Transport, handover_bytes
 
 __all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
 
@@ -221,7 +222,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
              on_update: Callable[[StageExecutor, int, tuple[Tensor, ...]], None] | None = None,
              after_job: Callable[[int], None] | None = None, placed: bool = False,
              collective: Callable[[Collective], None] | None = None,
-             loss_parts: Callable[[int], int] | None = None) -> int | None:
+             loss_parts: Callable[[int], int] | None = None, codecs: Sequence[Codec | None] = ()) -> int | None:
     """Execute ``program[state.position:end]``; jobs are ``(op, k, t, j, ...)`` (tuples or ``Action`` s).
 
     Args:
@@ -260,6 +261,8 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
     U             the optimizer step (:meth:`StageExecutor.update`), then ``on_update``
     ============  =========================================================================================
     """
+    if codecs:
+        transport = CodedTransport(transport, codecs)
     last_job = _last_jobs(program)
     end = len(program) if end is None else end
     launches = _launches(program, state.position, end) if placed and collective is not None else {}

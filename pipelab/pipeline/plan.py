@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..links import Codec, boundary_codecs
 from ..policies import Policy, Predicted, Stored, WeightSpec, make_policy
 from ..precision import FP32, Precision, check_precision, weight_memory
 from ..schedules import VersionTable
@@ -137,7 +138,8 @@ class PipelinePlan:
 
     ``order``: the schedule's, or the oracle's waiting order (``waited``); ``capacity``: each stage's ring size;
     ``stages``: the built executors (placed: the owner's or the rank's copy); ``weightless``: stages without
-    trainable parameters; ``placement``, ``sequence``, ``copies``: a placed schedule's, else empty.
+    trainable parameters; ``placement``, ``sequence``, ``copies``: a placed schedule's, else empty; ``codecs``: each
+    boundary's (:func:`pipelab.links.boundary_codecs`), empty when every hand-over crosses untouched.
     """
 
     D: int
@@ -158,6 +160,7 @@ class PipelinePlan:
     placement: tuple[StagePlacement, ...] = ()
     sequence: list[PlacedJob | Collective] = field(default_factory=list)
     copies: dict[tuple[int, int], StageExecutor] = field(default_factory=dict)
+    codecs: tuple[Codec | None, ...] = ()
 
     @property
     def weight_copies(self) -> list[int]:
@@ -177,6 +180,12 @@ class PipelinePlan:
 
 
 @gc_paused  # ~10^6 small tuples, no cycles (schedules.actions.gc_paused)
+def _codecs(codec: Any, D: int) -> tuple[Codec | None, ...]:
+    """Each boundary's codec (:func:`pipelab.links.boundary_codecs`); empty when every hand-over crosses untouched."""
+    codecs = boundary_codecs(codec, D)
+    return codecs if any(c is not None for c in codecs) else ()
+
+
 def build_pipeline(
     model: nn.Module | Sequence[nn.Module],
     spec: PipelineSpec | None = None,
@@ -207,7 +216,8 @@ def build_pipeline(
     order, waited = _order(table, specs)
     predicted = {k for k in range(D) if k not in weightless and specs.predicts(k)}
     plan = PipelinePlan(D, table.M, table.steps, table, policy, spec.loss_fn or nn.functional.cross_entropy, specs,
-                        order, waited, [1] * D, predicted, {}, weightless, spec.precision)
+                        order, waited, [1] * D, predicted, {}, weightless, spec.precision,
+                        codecs=_codecs(spec.codec, D))
     if sim is not None:
         _build_placed(plan, sim, stages, spec, worker)
         return plan

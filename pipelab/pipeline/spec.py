@@ -60,12 +60,16 @@ class PipelineSpec:
             dtype; stored as a ``Precision``. Default fp32: no autocast, today's arithmetic bit for bit. bf16/fp16
             run every stage forward under ``torch.autocast`` with fp32 master weights and optimizer state
             (fp16 with a dynamic loss scale, flushed schedules only); see :mod:`pipelab.precision`.
+        codec: how activations and their gradients cross the stage boundaries (:mod:`pipelab.links`): ``None``
+            (identity: today's hand-over bit for bit), a codec (``Bf16()``, ``Int8()``, ``LowRank(r)``) or its
+            name (``"bf16"``, ``"int8"``, ``"lowrank(8)"``) for every boundary, or a list of one per boundary;
+            applied by :class:`~pipelab.pipeline.transport.CodedTransport` in both drivers.
 
     Raises:
         TypeError: a schedule given by name, a policy that is neither a name nor a ``Policy``, an optimizer
             that is not a factory, a loss function, scheduler factory or predictor of the wrong type, a D
             that is not an int, a recompute that is not a bool, a precision of another type.
-        ValueError: an unknown policy, predictor or precision name.
+        ValueError: an unknown policy, predictor, precision or codec name.
     """
 
     schedule: Any
@@ -78,6 +82,7 @@ class PipelineSpec:
     balance: Any = "layers"
     recompute: bool = False
     precision: Any = None
+    codec: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, str):
@@ -107,6 +112,12 @@ class PipelineSpec:
         from ..precision import as_precision
 
         object.__setattr__(self, "precision", as_precision(self.precision))
+        if self.codec is not None:  # names and types checked now; the per-boundary list once D is known
+            from ..links import as_codec
+
+            for c in (self.codec if isinstance(self.codec, (list, tuple)) else [self.codec]):
+                if c is not None:
+                    as_codec(c)
 
     def fields(self) -> dict[str, Any]:
         """The spec as keywords (``PipelineSpec(**spec.fields()) == spec``)."""

@@ -9,6 +9,8 @@ A :class:`Transport` carries them: :meth:`~Transport.send` is called by the prod
 ran; :meth:`~Transport.receive` by the consuming job, right before it runs. :class:`InMemoryTransport` is the
 single-process emulator's (a dictionary); the runtime's ``torch.distributed`` point-to-point transport
 (:class:`pipelab.runtime.p2p.P2PTransport`) implements the same interface across processes.
+With a codec (``PipelineSpec(codec=...)``) the driver wraps either one in a :class:`CodedTransport`, the one place
+a hand-over is encoded (before it is sent) and decoded (after it is received).
 
 **What crosses a boundary** (a *hand-over*): a stage's output is a tensor, or a structure of tensors — a
 tuple, list, dict or named tuple, nested, with ``None`` entries allowed (a transformer block returning
@@ -33,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,10 +43,12 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from ..links import Codec, Encoded
 from ..precision import tensor_bytes
 from ..schedules.dependencies import Job
 
-__all__ = ["Transport", "InMemoryTransport", "Layout", "check_handover", "tensors_of", "grad_leaves", "map_tensors",
+__all__ = ["Transport", "InMemoryTransport", "CodedTransport", "encode_handover", "decode_handover", "Layout",
+           "check_handover", "tensors_of", "grad_leaves", "map_tensors",
            "handover_bytes", "pack", "describe_handover"]
 
 
@@ -89,6 +93,51 @@ class InMemoryTransport:
         return 0
 
 
+class CodedTransport:
+    """A transport whose hand-overs cross boundary k encoded by ``codecs[k]`` (``None``: untouched).
+
+    The one encode point (:meth:`send`) and the one decode point (:meth:`receive`) of both drivers: the wrapped
+    transport carries the :class:`~pipelab.links.Encoded` parts (the runtime sends exactly those bytes), the
+    consumer gets the decoded hand-over. A message between stages k and k+1 crosses boundary min(k, k+1), both
+    ways: the activation forward, its gradient back. Straight-through: the producer's backward starts from the
+    decoded gradient as if it were the gradient of its own output (:mod:`pipelab.links` states each codec's
+    error).
+    """
+
+    def __init__(self, transport: Transport, codecs: Sequence[Codec | None]) -> None:
+        self.transport, self.codecs = transport, tuple(codecs)
+
+    def send(self, src: Job, dst: Job, tensor: Any) -> None:
+        self.transport.send(src, dst, encode_handover(self.codecs[min(src[1], dst[1])], tensor))
+
+    def receive(self, src: Job, dst: Job) -> Any:
+        return decode_handover(self.codecs[min(src[1], dst[1])], self.transport.receive(src, dst))
+
+    def flush(self) -> None:
+        self.transport.flush()
+
+    def held(self) -> int:
+        return self.transport.held()
+
+
+def encode_handover(codec: Codec | None, value: Any) -> Any:
+    """``value`` with each floating tensor replaced by its :class:`~pipelab.links.Encoded` form (integer tensors,
+    which travel forward only, and ``None`` entries kept); ``codec=None``: ``value`` itself."""
+    if codec is None:
+        return value
+    return map_tensors(lambda x: codec.encode(x.detach()) if x.is_floating_point() else x, value)
+
+
+def decode_handover(codec: Codec | None, value: Any) -> Any:
+    """The inverse of :func:`encode_handover`: each :class:`~pipelab.links.Encoded` decoded."""
+    if codec is None:
+        return value
+    if isinstance(value, Encoded):
+        return codec.decode(value)
+    return pytree.tree_map(lambda x: codec.decode(x) if isinstance(x, Encoded) else x, value,
+                           is_leaf=lambda x: isinstance(x, Encoded))
+
+
 # ----------------------------------------------------------------------------------------- hand-over structures
 
 
@@ -104,7 +153,7 @@ def grad_leaves(value: Any) -> list[Tensor]:
     return [x for x in tensors_of(value) if x.is_floating_point()]
 
 
-def map_tensors(fn: Callable[[Tensor], Tensor], value: Any) -> Any:
+def map_tensors(fn: Callable[[Tensor], Any], value: Any) -> Any:
     """``value`` with ``fn`` applied to each of its tensors (the structure kept)."""
     if isinstance(value, Tensor):
         return fn(value)
@@ -156,17 +205,21 @@ class Layout:
 
     leaves: tuple[tuple[torch.Size, torch.dtype] | None, ...]
     spec: Any = None
+    #: the layout of the gradient handed back, when it is not derived from this one (an encoded hand-over's)
+    back: Layout | None = None
 
     @staticmethod
-    def of(value: Any, dtype: Callable[[torch.dtype], torch.dtype] = lambda d: d) -> Layout:
+    def of(value: Any, dtype: Callable[[torch.dtype], torch.dtype] = lambda d: d, back: Layout | None = None) -> Layout:
         """The layout of ``value`` (a checked hand-over), with each tensor's dtype mapped by ``dtype``."""
         if isinstance(value, Tensor):
-            return Layout(((value.shape, dtype(value.dtype)),))
+            return Layout(((value.shape, dtype(value.dtype)),), back=back)
         flat, spec = pytree.tree_flatten(value)
-        return Layout(tuple(None if x is None else (x.shape, dtype(x.dtype)) for x in flat), spec)
+        return Layout(tuple(None if x is None else (x.shape, dtype(x.dtype)) for x in flat), spec, back)
 
     def gradient(self) -> Layout:
         """The layout of the gradient handed back for this hand-over (module docstring)."""
+        if self.back is not None:
+            return self.back
         if self.spec is None and self.leaves[0] is not None and self.leaves[0][1].is_floating_point:
             return self
         floating = tuple(x for x in self.leaves if x is not None and x[1].is_floating_point)
@@ -175,6 +228,18 @@ class Layout:
     @property
     def nbytes(self) -> int:
         return sum(_numel(x[0]) * _itemsize(x[1]) for x in self.leaves if x is not None)
+
+    def meta(self) -> Any:
+        """A hand-over of this layout on the ``meta`` device (for shape passes)."""
+        ts = [None if x is None else torch.empty(x[0], dtype=x[1], device="meta") for x in self.leaves]
+        return ts[0] if self.spec is None else pytree.tree_unflatten(ts, self.spec)
+
+    def encoded(self, codec: Codec | None) -> Layout:
+        """The layout of this hand-over as ``codec`` sends it (:class:`CodedTransport`), with its gradient's."""
+        if codec is None:
+            return self
+        grad = self.gradient().meta()
+        return Layout.of(encode_handover(codec, self.meta()), back=Layout.of(encode_handover(codec, grad)))
 
     def empty(self, device: torch.device) -> Tensor:
         """A receive buffer: the tensor itself, or for a structure its packed bytes (:func:`pack`)."""

@@ -251,6 +251,7 @@ class PipelineRuntime:
             "loss_fn": _name(self.plan.loss_fn),
             "recompute": bool(recompute),
             "precision": repr(self.plan.precision),
+            "codec": [repr(c) for c in self.plan.codecs],
             # a frozen parameter (requires_grad=False) is marked: every rank must train the same ones
             "stages": [[(n, tuple(p.shape), str(p.dtype)) + (() if p.requires_grad else ("frozen",))
                         for n, p in m.named_parameters()] for m in self.modules],
@@ -276,8 +277,10 @@ class PipelineRuntime:
                             f"{_form(*key)}{seen}) by running stages 0..{i} on the meta device, and stage {i} failed "
                             f"({type(exc).__name__}: {exc}): either the model rejects this input's shape, or stage {i} "
                             "cannot run on the meta device (data-dependent shapes, .item())") from exc
-                    # under bf16/fp16 activations (and their gradients) cross in the compute dtype
-                    metas.append(Layout.of(h, self.plan.precision.boundary_dtype))
+                    # under bf16/fp16 activations (and their gradients) cross in the compute dtype, encoded by
+                    # the boundary's codec (pipeline.transport.CodedTransport)
+                    codec = self.plan.codecs[i] if self.plan.codecs else None
+                    metas.append(Layout.of(h, self.plan.precision.boundary_dtype).encoded(codec))
             self._meta[key] = metas
         return self._meta[key]
 
@@ -354,10 +357,11 @@ class PipelineRuntime:
             run_jobs(self.program, {(self.rank, k): ex for k, ex in executors.items()}, self.transport, data,
                      self.state, D=self.D, M=self.M, end=end, on_update=on_update, after_job=after_job,
                      split=self.plan.table.split_set, placed=True, collective=lambda c: collectives(c, executors),
-                     loss_parts=parts.__getitem__)
+                     loss_parts=parts.__getitem__, codecs=self.plan.codecs)
         else:
             run_jobs(self.program, self.executors, self.transport, data, self.state, D=self.D, M=self.M, end=end,
-                     on_update=on_update, after_job=after_job, split=self.plan.table.split_set)
+                     on_update=on_update, after_job=after_job, split=self.plan.table.split_set,
+                     codecs=self.plan.codecs)
         self.transport.flush()
         self.cut_step = self.steps if stop_at_step is None else stop_at_step
         result = self._result()

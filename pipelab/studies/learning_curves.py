@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from ..distributed import resolve_device
+from ..links import as_codec
 from ..optim import OPTIMIZERS, optimizer_factory
 from ..schedules.actions import check_int
 from ..threads import torch_threads
@@ -89,11 +90,15 @@ class RunConfig:
             :func:`pipelab.distributed.resolve_device` when the run is prepared).
         schedule: ``None`` (the policy's family) or one of :data:`~pipelab.studies.settings.ARM_SCHEDULES`
             serving that family.
+        codec: how activations and their gradients cross the stage boundaries (``PipelineSpec(codec=...)``,
+            :mod:`pipelab.links`): ``"identity"`` (untouched), ``"bf16"``, ``"int8"`` or ``"lowrank(r)"``; its
+            accuracy cost shows in the curves.
 
     Raises:
         ValueError: an unknown task/policy/optimizer/dtype; a count (``D``, ``epochs``, ``batch_size``,
             ``M``, ``n_eval_train``, ``n_train``/``n_test`` unless ``None``) that is not an int >= 1; an
-            ``n_val`` that is not an int >= 0; a non-integer seed; an ``lr`` that is not a finite number > 0.
+            ``n_val`` that is not an int >= 0; a non-integer seed; an ``lr`` that is not a finite number > 0; an
+            unknown codec, or a codec for the sequential arm (it has no stage boundary).
     """
 
     task: str
@@ -112,6 +117,7 @@ class RunConfig:
     device: str = "cpu"
     schedule: str | None = None
     n_val: int = 0
+    codec: str = "identity"
 
     def __post_init__(self) -> None:
         for name, table in (("task", TASKS), ("policy", ARM_POLICIES), ("optimizer", OPTIMIZERS)):
@@ -145,6 +151,13 @@ class RunConfig:
         if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, numbers.Real)
                                     or not math.isfinite(self.lr) or self.lr <= 0):
             raise ValueError(f"lr must be a finite number > 0 or None (the optimizer's default), got {self.lr!r}")
+        if not isinstance(self.codec, str):
+            raise ValueError(f"codec must be a codec's name ('identity', 'bf16', 'int8', 'lowrank(r)'), "
+                             f"got {self.codec!r}")
+        as_codec(self.codec)
+        if self.policy == "sequential" and self.codec != "identity":
+            raise ValueError(f"codec={self.codec!r} encodes the hand-over between stages, but the sequential arm "
+                             "has none; use codec='identity' for it")
 
 
 def arm_optimizer(name: str, lr: float | None = None) -> Callable[[Any], torch.optim.Optimizer]:
@@ -299,7 +312,7 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
             sets["val"] = p0.val
 
         def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
-            loss, acc = evaluate(stages, x, y, W)
+            loss, acc = evaluate(stages, x, y, W, codec=cfg.codec)
             return [loss], [acc]
     else:
         check_stackable(torch.nn.Sequential(*p0.stages), cfg.optimizer, predicts=_predicts(cfg.policy))
@@ -318,7 +331,7 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
                            torch.stack([p.val[1] for p in preps if p.val is not None], 1))
 
         def measure(x: torch.Tensor, y: torch.Tensor, W: Any) -> tuple[list[float], list[float]]:
-            return evaluate_arms(stages, x, y, K, W)
+            return evaluate_arms(stages, x, y, K, W, codec=cfg.codec)
 
     # per arm: the first epoch whose evaluation was non-finite (evaluate()'s rule: a weight, output or loss)
     bad_epoch: list[int | None] = [None] * K
@@ -342,7 +355,7 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
                              arm_losses=arm_losses)
     else:
         extra: dict[str, Any] = {} if loss_fn is None else {"loss_fn": loss_fn}
-        emu = Emulator(stages, schedule=p0.schedule, policy=p0.policy, optimizer=opt, **extra)
+        emu = Emulator(stages, schedule=p0.schedule, policy=p0.policy, optimizer=opt, codec=cfg.codec, **extra)
         for rec in recs:
             rec["weight_copies"] = emu.weight_copies
         res = emu.run(batch, snapshot_every=per_epoch, on_snapshot=lambda v, W: record(v // per_epoch, W))

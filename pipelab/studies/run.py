@@ -90,7 +90,7 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     # "cuda"/"auto" under NCCL: this rank's GPU (LOCAL_RANK); an explicit "cuda:N" or "cpu" as given
     rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
                          device=cfg.device if cfg.device not in ("cuda", "auto") else None, config=shared,
-                         precision=precision)
+                         precision=precision, codec=cfg.codec)
     if resume is not None:
         load_checkpoint(rt, resume)
     everyone = range(world)

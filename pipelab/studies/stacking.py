@@ -264,8 +264,9 @@ def stacked_batch(batches: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor, Ten
 def evaluate_arms(stages: Sequence[nn.Module], x: Tensor, y: Tensor, K: int,
                   weights: Sequence[Sequence[Tensor]] | None = None, *,
                   loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-                  batch_size: int = 2048) -> tuple[list[float], list[float]]:
-    """Per-arm mean loss and accuracy of stacked stages (with ``weights[k]`` in ``named_parameters`` order).
+                  batch_size: int = 2048, codec: Any = None) -> tuple[list[float], list[float]]:
+    """Per-arm mean loss and accuracy of stacked stages (with ``weights[k]`` in ``named_parameters`` order; hand-overs
+    through ``codec`` as in :func:`~pipelab.emulator.evaluate`).
 
     ``x``/``y`` are either shared by every arm (``(N, ...)``, e.g. the test set) or per arm (``(N, K, ...)``, e.g. each
     seed's own validation split) — the latter when axis 1 has length K and ``y`` has two axes or more. Accuracy is
@@ -291,7 +292,7 @@ def evaluate_arms(stages: Sequence[nn.Module], x: Tensor, y: Tensor, K: int,
     finite = all_finite((w for W in used for w in W), arm_dim=0)  # stacked weights: (K, ...)
     total = torch.zeros(K, dtype=torch.float64)
     correct = torch.zeros(K, dtype=torch.float64)
-    for h, yy in forward_batches(stages, x, y, weights, batch_size):
+    for h, yy in forward_batches(stages, x, y, weights, batch_size, codec):
         losses = vmap(base, in_dims=(1, 1))(h, yy)
         finite = finite & all_finite([h], arm_dim=1) & all_finite([losses], arm_dim=0)
         total += losses.detach().to(torch.float64).cpu() * yy.shape[0]

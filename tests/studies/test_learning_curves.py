@@ -340,6 +340,34 @@ def test_the_grid_skips_arms_a_policy_cannot_serve() -> None:
                     ("stashing", "nadam")}
 
 
+def test_codec_config_errors() -> None:
+    with pytest.raises(ValueError, match="codec='fp8'; choose one of identity, bf16, int8 or 'lowrank"):
+        RunConfig(**SMALL, policy="stashing", codec="fp8")
+    with pytest.raises(ValueError, match="the sequential arm has none"):
+        RunConfig(**SMALL, policy="sequential", codec="int8")
+
+
+def test_a_codec_changes_the_curve_and_identity_does_not() -> None:
+    plain = run(RunConfig(**SMALL, policy="pipeoptim"))
+    assert run(RunConfig(**SMALL, policy="pipeoptim", codec="identity"))["train_loss"] == plain["train_loss"]
+    for codec in ("bf16", "int8", "lowrank(4)"):
+        coded = run(RunConfig(**SMALL, policy="pipeoptim", codec=codec))
+        assert coded["train_loss"][-1] != plain["train_loss"][-1]
+        assert all(math.isfinite(v) for v in coded["test_acc"])
+
+
+def test_stacked_seeds_with_a_codec_equal_separate_runs() -> None:
+    """Every codec works row by row on the last axis, so the stacked arms (rows (example, arm)) are encoded as
+    each arm alone: float64, 1e-10."""
+    cfgs = [RunConfig(**{**SMALL, "dtype": "float64", "seed": s}, policy="stashing", codec=codec)
+            for codec in ("int8", "lowrank(8)") for s in (0, 1)]
+    for pair in (cfgs[:2], cfgs[2:]):
+        for cfg, rec in zip(pair, lc.run_stacked(pair)):
+            alone = run(cfg)
+            for key in ("train_loss", "test_loss"):
+                assert all(abs(x - y) <= 1e-10 * max(1.0, abs(y)) for x, y in zip(rec[key], alone[key])), (cfg, key)
+
+
 def test_accuracy_bands_stay_within_0_and_100_percent() -> None:
     """Two seeds at 99% and 100%: the 95% t interval (half-width 12.7 · 0.5 pp) reaches past 100%; the band stops
     there, the mean does not move."""
