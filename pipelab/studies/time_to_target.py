@@ -60,12 +60,13 @@ class Arm:
 
 
 #: the study's arms: synchronous 1F1B, asynchronous 1F1B (PipeDream) under three policies, PipeDream-2BW, and
-#: synchronous 1F1B with int8 activations (its steps pending the emulator's codecs). The Nesterov policy runs its
-#: paper's NAdam with β1 = 0.99 (``nadam_async``): under the study's NAdam its weights are weight stashing's.
+#: synchronous 1F1B with int8 activations and gradients (its steps from GPipe-policy runs through the int8 codec: a
+#: flushed pipeline trains as plain training but for the codec). The Nesterov policy runs its paper's NAdam with
+#: β1 = 0.99 (``nadam_async``): under the study's NAdam its weights are weight stashing's.
 ARMS: tuple[Arm, ...] = (Arm("sync 1F1B", "1f1b", "sequential"), Arm("async 1F1B, stashing", "pipedream", "stashing"),
                          Arm("async 1F1B, PipeOptim", "pipedream", "pipeoptim"),
                          Arm("async 1F1B, Nesterov", "pipedream", "nesterov_async", optimizer="nadam_async"),
-                         Arm("2BW", "2bw", "2bw"), Arm("sync 1F1B, int8", "1f1b", None, "int8"))
+                         Arm("2BW", "2bw", "2bw"), Arm("sync 1F1B, int8", "1f1b", "gpipe", "int8"))
 
 
 def stage_flops(stages: Sequence[nn.Module], sample: torch.Tensor) -> list[tuple[float, float]]:

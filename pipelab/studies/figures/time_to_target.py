@@ -82,19 +82,20 @@ class TimeToTargetResult:
         return np.asarray(c.bandwidths_mbps if sweep_name == "bandwidth" else c.latencies_ms, dtype=np.float64)
 
 
-def _records(cfg: TimeToTargetConfig, progress: bool) -> dict[tuple[str, str], list[dict]]:
-    """The runs of every arm's (policy, optimizer), through the learning-curve cache: ``modern_optimizers``' configs
-    where it runs the pair, its sequential config of that optimizer with the policy changed where not (PipeOptim)."""
+def _records(cfg: TimeToTargetConfig, progress: bool) -> dict[tuple[str, str, str], list[dict]]:
+    """The runs of every arm's (policy, optimizer, codec), through the learning-curve cache: ``modern_optimizers``'
+    configs where it runs the pair uncoded, else its sequential config of that optimizer with the policy (and codec)
+    changed (PipeOptim; the int8 arm)."""
     base = [c for c in modern_configs(cfg.runs) if c.D == cfg.runs.depths[0]]
-    want = {(a.steps_from, a.optimizer or cfg.optimizer) for a in ARMS if a.steps_from is not None}
-    have = {(c.policy, c.optimizer) for c in base}
-    configs = [c for c in base if (c.policy, c.optimizer) in want] + [
-        with_(c, policy=p) for p, o in sorted(want - have) for c in base if (c.policy, c.optimizer) == ("sequential",
-                                                                                                       o)]
-    out: dict[tuple[str, str], list[dict]] = {k: [] for k in want}
-    for r in sweep(configs, progress=progress, desc="time to target"):
-        out[(r["policy"], r["optimizer"])].append(r)
-    return {k: sorted(rs, key=lambda r: r["seed"]) for k, rs in out.items()}
+    want = {(a.steps_from, a.optimizer or cfg.optimizer, a.codec) for a in ARMS if a.steps_from is not None}
+    have = {(c.policy, c.optimizer, c.codec) for c in base}
+    configs = [c for c in base if (c.policy, c.optimizer, c.codec) in want] + [
+        with_(c, policy=p, codec=k) for p, o, k in sorted(want - have) for c in base
+        if (c.policy, c.optimizer, c.codec) == ("sequential", o, "identity")]
+    out: dict[tuple[str, str, str], list[dict]] = {key: [] for key in want}
+    for cfg_, r in zip(configs, sweep(configs, progress=progress, desc="time to target")):
+        out[(cfg_.policy, cfg_.optimizer, cfg_.codec)].append(r)
+    return {key: sorted(rs, key=lambda r: r["seed"]) for key, rs in out.items()}
 
 
 def _model(cfg: TimeToTargetConfig) -> tuple[list[torch.nn.Sequential], int]:
@@ -127,8 +128,8 @@ def time_to_target_result(preset: str, *, progress: bool = False) -> TimeToTarge
                          for s, ls in links.items()}
         step_times[arm.label] = memo[key]
         if arm.steps_from is not None:
-            measured[arm.label] = arm_steps(records[(arm.steps_from, arm.optimizer or cfg.optimizer)], cfg.metric,
-                                            cfg.target)
+            measured[arm.label] = arm_steps(records[(arm.steps_from, arm.optimizer or cfg.optimizer, arm.codec)],
+                                            cfg.metric, cfg.target)
         steps[arm.label] = measured.get(arm.label)
         shown = measured[arm.label if arm.steps_from is not None else _sync(arm).label]
         times[arm.label] = {s: [time_to_target(shown, float(t)) for t in ts] for s, ts in memo[key].items()}
