@@ -31,6 +31,7 @@ Reference: the α–β (latency–bandwidth, Hockney) model; the receiver-side w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -47,7 +48,7 @@ from ..pipeline.transport import handover_bytes
 from ..schedules.dependencies import Job
 from ..schedules.transfers import ACT, GRAD, messages
 
-__all__ = ["MeteredTransport", "MeterStats", "MeteredMessage"]
+__all__ = ["MeteredTransport", "MeterStats", "MeteredMessage", "sleep_until"]
 
 #: a stamp: sender's clock at the send, bytes, kind (ACT/GRAD), receiving stage, step, micro-batch, sender rank
 _STAMP = 7
@@ -59,7 +60,9 @@ class MeteredMessage:
 
     ``send``: the sender's stamp; ``ready``: send + α; ``begin``/``arrival``: its transmission on the wire;
     ``seen``: when the receiver's thread took the stamp in; ``late``: the condition failed for it
-    (module docstring)."""
+    (module docstring); ``asked``: when the consuming job asked for it; ``handed``: when it got it, at the
+    earliest ``max(arrival, asked)``: the difference is the meter's overshoot on this machine (a sleep's wake-up,
+    the local receive), which the model does not have."""
 
     kind: int
     stage: int
@@ -73,6 +76,13 @@ class MeteredMessage:
     arrival: float
     seen: float
     late: bool
+    asked: float = math.nan
+    handed: float = math.nan
+
+    @property
+    def overshoot(self) -> float:
+        """``handed − max(arrival, asked)``: how long after its modelled arrival the job got the message."""
+        return self.handed - max(self.arrival, self.asked)
 
 
 @dataclass
@@ -84,6 +94,12 @@ class MeterStats:
     @property
     def late(self) -> int:
         return sum(m.late for m in self.messages)
+
+    @property
+    def overshoot(self) -> float:
+        """Mean :attr:`MeteredMessage.overshoot` over the messages a job waited for (asked before arrival)."""
+        waited = [m.overshoot for m in self.messages if m.asked < m.arrival]
+        return sum(waited) / len(waited) if waited else 0.0
 
 
 class MeteredTransport:
@@ -250,6 +266,7 @@ class MeteredTransport:
                                        f"{key} from rank {peer}")
 
     def receive(self, src: Job, dst: Job) -> Any:
+        asked = time.perf_counter()
         op, k, t, j = dst
         peer = self.inner.schedule.worker_of(src[0], src[1], t, j)
         if peer == self.inner.rank:
@@ -261,7 +278,7 @@ class MeteredTransport:
             with self._cond:
                 ready = None if key in self._placed else self._order(key)[0]
             if ready is not None:
-                _sleep_until(ready)  # every message ready before it has been stamped by now (the condition)
+                sleep_until(ready)  # every message ready before it has been stamped by now (the condition)
                 with self._cond:
                     if key not in self._placed:
                         wire = self._wire(key[0])
@@ -271,8 +288,13 @@ class MeteredTransport:
                             self._place(other)
             with self._cond:
                 msg = self._placed.pop(key)
-            _sleep_until(msg.arrival)
-        return self.inner.receive(src, dst)
+            sleep_until(msg.arrival)
+        out = self.inner.receive(src, dst)
+        handed = time.perf_counter()
+        with self._cond:
+            i = self.stats.messages.index(msg)
+            self.stats.messages[i] = dataclasses.replace(msg, asked=asked, handed=handed)
+        return out
 
     def flush(self) -> None:
         """Complete the run: outstanding sends (stamps included) and the stamp thread; warn about late messages."""
@@ -300,8 +322,9 @@ class MeteredTransport:
         return int(self.inner.held())
 
 
-def _sleep_until(when: float) -> None:
-    """Sleep until ``perf_counter()`` reaches ``when`` (at once if it has)."""
+def sleep_until(when: float) -> None:
+    """Sleep until ``perf_counter()`` reaches ``when`` (at once if it has): the meter's hold. On a loaded machine
+    the process runs again some time after ``when`` (its wake-up), :attr:`MeteredMessage.overshoot`."""
     delay = when - time.perf_counter()
     if delay > 0:
         time.sleep(delay)
