@@ -44,17 +44,20 @@ COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex"
            "busy_error_pct", "measured_min_s", "measured_max_s", "load1")
 
 
-def run(ranks: int, mbps: float, latency_ms: float, args: argparse.Namespace) -> list[dict[str, object]]:
-    """One calibration on ``ranks`` processes with every boundary metered as ``mbps`` Mb/s, ``latency_ms`` ms."""
+def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namespace) -> list[dict[str, object]]:
+    """One calibration on ``ranks`` processes with every boundary metered as ``mbps`` Mb/s, ``latency_ms`` ms
+    (``mbps=None``: unmetered, the forecast with the profiled local transfer)."""
     cfg = CalibrationConfig(ranks=ranks, cases=tuple(CalibrationCase(k) for k in args.kinds), width=args.width,
                             depth=args.depth, in_features=args.width, micro=args.micro, steps=args.steps,
                             repeats=args.repeats, profile_reps=args.profile_reps,
-                            link=Link.mbps(mbps, latency_ms=latency_ms), duplex=args.duplex, timeout_s=580.0)
+                            link=None if mbps is None else Link.mbps(mbps, latency_ms=latency_ms),
+                            duplex=args.duplex, timeout_s=580.0)
     rows = calibrate(cfg)
     load = load_average()
     out = []
     for r in rows:
-        out.append({"schedule": r.schedule, "kind": r.kind, "policy": r.policy, "ranks": ranks, "mbps": mbps,
+        out.append({"schedule": r.schedule, "kind": r.kind, "policy": r.policy, "ranks": ranks,
+                    "mbps": "none" if mbps is None else mbps,
                     "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps,
                     "forecast_step_s": r.forecast_s / args.steps, "measured_step_s": r.measured_s / args.steps,
                     "error_pct": 100 * r.error, "link_share": r.link_time, "late": r.late,
@@ -68,7 +71,7 @@ def run(ranks: int, mbps: float, latency_ms: float, args: argparse.Namespace) ->
 
 def line(row: dict[str, object]) -> str:
     ok = "yes" if abs(float(row["error_pct"])) <= 5.0 else "MISSED"  # type: ignore[arg-type]
-    return (f"{row['schedule']:<26} {row['ranks']:>2} {row['mbps']:>6g} {row['latency_ms']:>5g} "
+    return (f"{row['schedule']:<26} {row['ranks']:>2} {row['mbps']:>6} {row['latency_ms']:>5g} "
             f"{1e3 * float(row['forecast_step_s']):>10.1f} {1e3 * float(row['measured_step_s']):>10.1f} "  # type: ignore[arg-type]
             f"{float(row['error_pct']):>+7.1f}% {100 * float(row['link_share']):>5.0f}% {row['late']:>4} "  # type: ignore[arg-type]
             f"{float(row['overhead_ms']):>5.1f} {float(row['overshoot_ms']):>5.1f} "  # type: ignore[arg-type]
@@ -82,6 +85,8 @@ def main() -> None:
     ap.add_argument("--mbps", type=float, nargs="+", default=[10.0, 50.0, 200.0])
     ap.add_argument("--latency-ms", type=float, nargs="+", default=[5.0, 50.0])
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument("--unmetered", action="store_true",
+                    help="also run every schedule without a meter (the forecast takes the profiled local transfer)")
     ap.add_argument("--duplex", action="store_true", help="separate wires for activations and gradients")
     ap.add_argument("--width", type=int, default=512, help="deep_mlp width (and input features)")
     ap.add_argument("--depth", type=int, default=8)
@@ -98,14 +103,16 @@ def main() -> None:
     print(f"{'schedule':<26} {'W':>2} {'Mb/s':>6} {'ms':>5} {'fcst ms':>10} {'meas ms':>10} {'error':>8} "
           f"{'link':>6} {'late':>4} {'o ms':>5} {'over':>5} {'busy err':>8} {'replay':>8} {'load':>5}  within ±5%")
     rows = []
+    links: list[tuple[float | None, float]] = [(mbps, ms) for mbps in args.mbps for ms in args.latency_ms]
+    if args.unmetered:
+        links.append((None, 0.0))
     for ranks in args.ranks:
-        for mbps in args.mbps:
-            for ms in args.latency_ms:
-                t0 = time.perf_counter()
-                for row in run(ranks, mbps, ms, args):
-                    rows.append(row)
-                    print(line(row), flush=True)
-                print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        for mbps, ms in links:
+            t0 = time.perf_counter()
+            for row in run(ranks, mbps, ms, args):
+                rows.append(row)
+                print(line(row), flush=True)
+            print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     missed = [r for r in rows if not abs(float(r["error_pct"])) <= 5.0]  # type: ignore[arg-type]
     print(f"{len(rows) - len(missed)} of {len(rows)} rows within ±5 %; "
           f"mean |error| {sum(abs(float(r['error_pct'])) for r in rows) / max(len(rows), 1):.1f} %")  # type: ignore[arg-type]

@@ -28,14 +28,13 @@ from torch import Tensor, nn
 from ..calibration import forecast_costs, measured_costs
 from ..links import Link, Network, message_bytes
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
-from ..runtime.meter import sleep_until
 from ..schedules.actions import Schedule, check_int
 from ..schedules.builders import BUILDERS
 from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "RahimiRunConfig",
+           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
@@ -163,7 +162,7 @@ class CalibrationRow:
         path spends on links (:attr:`~pipelab.simulator.SimResult.link_time`); overshoot: the median run's mean
         time from a waited-for message's modelled arrival to its job getting it, over the ranks
         (:attr:`~pipelab.runtime.meter.MeterStats.overshoot`), which the replay takes as its receive overhead;
-        receive_overhead: the profiled one the forecast takes (:func:`_hold_overhead`,
+        receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
         :func:`pipelab.calibration.forecast_costs`).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
@@ -226,7 +225,9 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     measurement then follows a pause of :data:`PROFILE_PAUSE_S`, as in the run: on a loaded machine a process that
     computes without pause exhausts its time slice and is preempted (a mean of 9–13 ms against a median of 1 ms
     for a 1 ms F+B on this project's 2-core machine at load 23), while one that wakes from a sleep runs its short
-    job at once (1.3 ms mean)."""
+    job at once (1.3 ms mean). Such a burst is rarely preempted in the run, so a metered profile takes the
+    *median* of the measurements: the mean of ten would be dominated by one preempted measurement (it
+    overestimated the run's job times 3–4× at load 10–13)."""
     from ..optim import optimizer_factory
     from ..partition import split
     from ..profiling import profile_stage
@@ -247,7 +248,8 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
                 if cfg.link is not None:  # a metered rank computes in bursts after waiting: profile it so
                     time.sleep(PROFILE_PAUSE_S)
                 samples.append(once(0))
-            mine[k] = {name: float(statistics.fmean(getattr(c, a) for c in samples)) for name, a in keys.items()}
+            stat = statistics.fmean if cfg.link is None else statistics.median
+            mine[k] = {name: float(stat(getattr(c, a) for c in samples)) for name, a in keys.items()}
         with torch.no_grad():
             h = s(h)
     parts: list[Any] = [mine]
@@ -258,23 +260,31 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     return {name: [every[k][name] for k in range(D)] for name in keys}
 
 
-def _hold_overhead(cfg: CalibrationConfig, rank: int, world: int) -> float:
-    """A metered run's receive overhead on this machine: the mean time from the target of the meter's hold (a
-    sleep until a message's modelled arrival, :mod:`pipelab.runtime.meter`) to the rank running again, over
-    ``profile_reps`` holds of the link's latency per rank, all ranks at once; 0 when not metered. LogP's receiver
-    overhead *o* (Culler et al., PPoPP 1993): the consumer of a message it waited for starts o after the arrival."""
-    if cfg.link is None:
-        return 0.0
-    late = []
-    for _ in range(cfg.profile_reps):
-        target = time.perf_counter() + max(cfg.link.latency, PROFILE_PAUSE_S)
-        sleep_until(target)
-        late.append(time.perf_counter() - target)
-    parts: list[Any] = [late]
-    if dist.is_initialized():
-        parts = [None] * world
-        dist.all_gather_object(parts, late)
-    return float(statistics.fmean(x for p in parts for x in p))
+def _receive_overheads(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
+                       data: Sequence[tuple[Tensor, Tensor]]) -> list[float]:
+    """Samples of a metered run's receive overhead on this machine: for every message this rank waited for in one
+    metered step of the case, run before the measured runs (a probe, not timed), the time from its modelled
+    arrival to its job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`: the wake-up from the
+    meter's hold). :func:`calibration_rows` pools them (:func:`receive_overhead`). Collective: every rank calls
+    it."""
+    from ..optim import optimizer_factory
+    from ..runtime import PipelineRuntime
+
+    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, 1)
+    probe = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
+                            optimizer=optimizer_factory(cfg.optimizer), network=cfg.network(sched.D))
+    meter = probe.run(lambda t: data[t % len(data)]).meter
+    return [m.overshoot for m in meter.messages if m.asked < m.arrival] if meter is not None else []
+
+
+def receive_overhead(per_rank: Sequence[dict[str, Any]]) -> float:
+    """The profiled receive overhead of a metered calibration: the median of every rank's probe samples over every
+    case (:func:`_receive_overheads`; 0 without any). LogP's receiver overhead *o* (Culler et al., PPoPP 1993),
+    which the forecast adds to every link's latency (:func:`pipelab.calibration.forecast_costs`). A property of
+    the machine (a process's wake-up after a sleep), not of the schedule, so all cases' samples are pooled; the
+    median, as a probe is the ranks' first run, whose first messages also wait for one-off set-up costs."""
+    every = [x for p in per_rank for c in p["cases"] for x in c.get("overhead", [])]
+    return float(statistics.median(every)) if every else 0.0
 
 
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
@@ -372,7 +382,6 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
     data = _micro_data(cfg, device)
     x0, y0 = data[0][0][:cfg.micro], data[0][1][:cfg.micro]
     transfer = _transfer(cfg, rank, world)
-    overhead = _hold_overhead(cfg, rank, world)
     profiles: dict[int, dict[str, list[float]]] = {}
     cases: list[dict[str, Any]] = []
     runtimes: list[Any] = []
@@ -392,6 +401,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
             if rt.collectives is not None:
                 info["collective_cost"] = _profile_collectives(rt, sched, cfg)
+            if cfg.link is not None:
+                info["overhead"] = _receive_overheads(base, case, cfg, data)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -409,8 +420,7 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
             info["overshoot"].append(0.0 if res.meter is None else res.meter.overshoot)
         if extra is not None:
             extras.append(extra(rep))
-    return {"rank": rank, "profiles": profiles, "transfer": transfer, "overhead": overhead, "cases": cases,
-            "extra": extras}
+    return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases, "extra": extras}
 
 
 def calibrate(cfg: CalibrationConfig | None = None, *, backend: str = "gloo") -> list[CalibrationRow]:
@@ -433,6 +443,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
     """The rows of a calibration from every rank's :func:`calibrate_rank` result (index = rank)."""
     rows = []
     transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
+    overhead = receive_overhead(per_rank)
     for i, case in enumerate(cfg.cases):
         info = per_rank[0]["cases"][i]
         sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
@@ -451,9 +462,9 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         mb = None if network is None else _message_bytes(sched.D, cfg)
         row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
                                    bool(sched.split_set), info.get("collective_cost"), network=network,
-                                   message_bytes=mb, receive_overhead=per_rank[0]["overhead"])
+                                   message_bytes=mb, receive_overhead=overhead)
         row.late = sum(p["cases"][i]["late"][mid] for p in per_rank)
-        row.receive_overhead = per_rank[0]["overhead"]
+        row.receive_overhead = overhead
         row.overshoot = float(statistics.fmean(p["cases"][i]["overshoot"][mid] for p in per_rank))
         row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
