@@ -6,16 +6,23 @@ on every boundary (:mod:`pipelab.runtime.meter`: each message is held until the 
 the schedules of ``--kinds`` (GPipe, 1F1B, async 1F1B = PipeDream with weight stashing, 2BW, ZB-H1). Each rank
 profiles its stages' F, B (I, W), U and weight-copy times on this machine, at the same time as the others
 (sharing the cores as in the run); the forecast is :func:`pipelab.simulator.simulate` with those costs, the
-network and the bytes of the real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`); the
+network and the bytes of the real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`), with
+two inputs profiled as a metered rank behaves: each job timed after a pause (a rank computes in bursts after
+waiting for a message; the median of the measurements), and the receive overhead o (LogP's: the time from a
+message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the median over one
+metered probe step per schedule, added to every link's latency (:func:`pipelab.calibration.forecast_costs`); the
 measured time is the traced run's makespan (first start to last end over the ranks, one host clock), the median
 over ``--repeats`` runs (schedules interleaved within a repeat, so load from other processes hits them alike).
 
 Per row: schedule, ranks, Mb/s, latency, forecast and measured step time (makespan / steps), error
 (forecast / measured − 1), the forecast's link share (:attr:`~pipelab.simulator.SimResult.link_time`: the part
 of the critical path spent on links), late messages (stamps that came after their modelled arrival or out of
-their wire's order: the meter's condition failed), the replay (the same simulation with the run's own mean job
-times: what is left is the model's error, not the profile's) and the 1-minute load average. ``--csv`` writes
-the rows.
+their wire's order: the meter's condition failed), the profiled o and the run's own mean overshoot, the busy
+error (the forecast's busiest rank's compute against the measured one: the profile's error), the replay (the same
+simulation with the run's own mean job times and overshoot: what is left is the model's error, not the
+profile's) and the 1-minute load average. ``--csv`` writes the rows; ``--unmetered`` adds each schedule without
+a meter (the forecast then takes the profiled local transfer, and the profile's mean over compute-bound
+measurements).
 
     python benchmarks/links.py                       # 2 and 4 ranks, 10/50/200 Mb/s, 5 and 50 ms
     python benchmarks/links.py --ranks 2 --mbps 50 --latency-ms 5 --kinds gpipe 1f1b
