@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .links import boundary_bytes
+from .links import Link, MessageBytes, Network, boundary_bytes
 from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
 from .precision import tensor_bytes
 from .schedules.actions import Schedule
@@ -307,23 +307,51 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int], bucket_by
 
 
 def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
-                   split_backward: bool, collective: Sequence[float] | None = None) -> dict[str, Any]:
+                   split_backward: bool, collective: Sequence[float] | None = None, *,
+                   network: Network | None = None, message_bytes: MessageBytes | None = None,
+                   receive_overhead: float = 0.0) -> dict[str, Any]:
     """The simulator's costs for a run: profiled F, B (I, W when the schedule splits) and U per stage, U plus
     a weight copy on stages that keep more than one version (the runtime snapshots the new version), plus a
     placed schedule's profiled collective time per step of the stage (``collective``; the simulator has no
     collective cost of its own, and they sit right before or after the update), and the one-way transfer time
-    between ranks."""
+    between ranks — or, for a run metered with ``network`` (:mod:`pipelab.runtime.meter`), that network and the
+    bytes of the messages (:func:`pipelab.links.message_bytes` of the run's stages and micro-batch) instead: the
+    meter holds every message until the link model's arrival, which covers the local transfer (``transfer`` is
+    then not used). ``receive_overhead`` o (seconds, profiled: the meter's hold overshoots its target by the
+    machine's wake-up time) is LogP's receiver overhead: a job that waited for its message starts o after the
+    arrival. The simulator has no such term, so it is added to every link's latency: exact for a consumer that
+    waits (ready and arrival both move by o, and so does a queue of messages behind it on the wire), which is
+    the link-bound case the meter is for; a consumer busy past the arrival is charged up to o too much."""
     extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
     u = [u + (c if cap > 1 else 0.0) + e
          for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
-    costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u,
-                             "transfer_cost": transfer}
+    costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u}
+    if network is not None and receive_overhead:
+        network = _later(network, receive_overhead)
+    costs.update(_links(transfer, network, message_bytes))
     if split_backward:
         costs.update(i_cost=profile["i_cost"], w_cost=profile["w_cost"])
     return costs
 
 
-def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[str, Any]:
+def _later(network: Network, overhead: float) -> Network:
+    """``network`` with ``overhead`` seconds added to every link's latency."""
+    def shift(links: Sequence[Link]) -> tuple[Link, ...]:
+        return tuple(Link(x.latency + overhead, x.bandwidth) for x in links)
+    return Network(shift(network.forward), shift(network.backward), network.duplex, network.collective)
+
+
+def _links(transfer: float, network: Network | None, message_bytes: MessageBytes | None) -> dict[str, Any]:
+    """The simulator's link arguments: a scalar transfer time, or a metered run's network and message bytes."""
+    if network is None:
+        return {"transfer_cost": transfer}
+    if message_bytes is None:
+        raise ValueError("a metered forecast needs message_bytes (pipelab.links.message_bytes) with its network")
+    return {"network": network, "message_bytes": message_bytes}
+
+
+def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network: Network | None = None,
+                   message_bytes: MessageBytes | None = None, receive_overhead: float = 0.0) -> dict[str, Any]:
     """Per-stage costs read off a measured run: the median duration of each stage's F, B, I, W and U jobs over
     every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), and the run's own
     transfer latency: the mean, over received tensors whose consumer was already idle when the producer
@@ -334,7 +362,11 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
     A placed schedule's collectives (timed as jobs named after their kind) have no cost in the simulator; they
     sit right before (reductions) or after (broadcasts) the update of their stage and step, so each stage's
     U cost is charged with their time: for every (stage k, step t ≥ 0), the longest any rank spent in the
-    collectives of (k, t), averaged over steps."""
+    collectives of (k, t), averaged over steps.
+
+    A metered run (``network``, ``message_bytes``): its waits are the link model's, so the replay takes the
+    network instead of a measured transfer latency, and ``receive_overhead`` the run's own mean overshoot
+    (:attr:`pipelab.runtime.meter.MeterStats.overshoot`), as :func:`forecast_costs` takes the profiled one."""
     durations: dict[tuple[str, int], list[float]] = {}
     for tl in timelines:
         for r in tl.jobs:
@@ -354,7 +386,10 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float) -> dict[st
         raise ValueError("the timelines hold no forward job")
     if b is None:  # every backward split: B is only used for the default I/W split, which is given
         b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
-    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0, "transfer_cost": transfer}
+    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0}
+    if network is not None and receive_overhead:
+        network = _later(network, receive_overhead)
+    costs.update(_links(transfer, network, message_bytes))
     if i is not None:
         costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
     return costs

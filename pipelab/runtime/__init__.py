@@ -4,6 +4,8 @@
   emulator runs (:mod:`pipelab.pipeline`: driver loop, stage executors, policies and predictors); gloo on
   CPU, NCCL on GPUs;
 - :class:`~pipelab.runtime.p2p.P2PTransport` (:mod:`.p2p`): the ``torch.distributed`` point-to-point transport;
+  :class:`~pipelab.runtime.meter.MeteredTransport` (:mod:`.meter`, ``PipelineRuntime(network=...)``): the same,
+  each message held until its arrival under the link model of :mod:`pipelab.links` (slow links on one machine);
 - :mod:`.nccl_order`: the send/receive order that cannot deadlock under NCCL's semantics (the transport's
   default there);
 - :func:`save_checkpoint`, :func:`load_checkpoint` (:mod:`.checkpoint`): resume a run mid-flight identically,

@@ -26,6 +26,7 @@ import copy
 import hashlib
 import math
 import re
+import socket
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device, waiting
+from ..links import Network
 from ..pipeline.driver import Batch, DriverState, MiniBatches, all_finite, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
@@ -45,6 +47,7 @@ from ..pipeline.transport import Layout, check_handover
 from ..precision import optimizer_state_bytes, tensor_bytes
 from ..schedules.transfers import consistent_cut
 from .collectives import DistributedCollectives
+from .meter import MeteredTransport, MeterStats
 from .p2p import P2PTransport
 from .trace import JobClock, MeasuredTransport, Timeline
 
@@ -74,6 +77,8 @@ class RuntimeResult:
         timeline: with ``record=True``, the last run's measured :class:`~pipelab.runtime.trace.Timeline`.
         collectives: for a placed schedule, ``bytes_sent``, ``bytes_received`` and ``calls`` per collective kind;
             ``weights`` then lists only the stages this rank holds.
+        meter: with a ``network``, the messages this rank received under the link model and how many were late
+            (:class:`~pipelab.runtime.meter.MeterStats`); else ``None``.
     """
 
     rank: int
@@ -90,6 +95,7 @@ class RuntimeResult:
     diverged_step: int | None = None
     timeline: Timeline | None = None
     collectives: dict[str, dict[str, int]] = field(default_factory=dict)
+    meter: MeterStats | None = None
 
 
 class PipelineRuntime:
@@ -109,10 +115,15 @@ class PipelineRuntime:
             :mod:`pipelab.studies.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
         record: measure each run (:mod:`pipelab.runtime.trace`): every job's start and end after a barrier,
             and the bytes sent and received per rank, returned as ``RuntimeResult.timeline``.
+        network: meter the point-to-point messages with this link model (:mod:`pipelab.runtime.meter`): each
+            receiving job waits for its message's modelled arrival, so a run on one machine takes the time it
+            would over these links; the weights are unchanged. All ranks on one host; not for placed schedules
+            or checkpoints.
 
     Raises:
         TypeError: a schedule that is not a ``Schedule``; an unknown keyword; a field of the wrong type.
-        ValueError: world size ≠ workers; the oracle predictor (not realisable); a placed schedule with a
+        ValueError: world size ≠ workers; the oracle predictor (not realisable); a ``network`` for a placed
+            schedule, for another number of stages, or with ranks on several hosts; a placed schedule with a
             policy it cannot serve (see :func:`~pipelab.pipeline.plan.build_pipeline`); channels whose send and
             receive orders differ; ranks whose configurations disagree (the message names each differing field
             and its values).
@@ -121,7 +132,7 @@ class PipelineRuntime:
     def __init__(self, model: nn.Module | Sequence[nn.Module], spec: PipelineSpec | None = None, *,
                  device: torch.device | str | None = None, rank: int | None = None,
                  world_size: int | None = None, config: Mapping[str, Any] | None = None, record: bool = False,
-                 **fields: Any) -> None:
+                 network: Network | None = None, **fields: Any) -> None:
         spec = make_spec(spec, fields, "PipelineRuntime")
         schedule, predictor = spec.schedule, spec.predictor
         if not hasattr(schedule, "programs"):
@@ -154,6 +165,10 @@ class PipelineRuntime:
             self.collectives = DistributedCollectives(self.plan.sequence, self.rank)
         self._meta: dict[tuple, list[Layout]] = {}
         self.transport = P2PTransport(schedule, self.rank, self.device)
+        self.meter: MeteredTransport | None = None
+        if network is not None:
+            self.meter = self._metered(network)
+            self.transport = self.meter  # type: ignore[assignment]
         self.record = bool(record)
         if self.record:
             self.transport = MeasuredTransport(self.transport)  # type: ignore[assignment]
@@ -161,8 +176,25 @@ class PipelineRuntime:
         self.trace: list[tuple[int, int, int, int]] = []
         self.cut_step = 0  # the mini-batch whose consistent cut this rank stands at (steps: the end)
         self._fingerprint = self._describe(spec.policy, predictor, spec.lr_scheduler, spec.recompute, config)
+        self._fingerprint["network"] = None if network is None else repr(network)
         if dist.is_initialized() and rank is None:
             _check_ranks_agree(self.fingerprint(), self.world)
+
+    def _metered(self, network: Network) -> MeteredTransport:
+        """The point-to-point transport under ``network``'s link model, its stamps on a group of their own."""
+        if not isinstance(network, Network):
+            raise TypeError(f"network must be a pipelab.links.Network or None, got {type(network).__name__}")
+        if self.placed:
+            raise ValueError(f"network: placed schedules ({self.schedule.name}) are not metered (their collectives "
+                             "would run unmetered); simulate them with simulate(..., network=)")
+        if dist.is_initialized() and self.world > 1:
+            hosts: list[Any] = [None] * self.world
+            dist.all_gather_object(hosts, socket.gethostname())
+            if len(set(hosts)) > 1:
+                raise ValueError(f"network: a metered run needs every rank on one host (one monotonic clock for "
+                                 f"the stamps), got hosts {sorted(set(hosts))}")
+        group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        return MeteredTransport(self.transport, network, group=group)
 
     @property
     def position(self) -> int:
@@ -321,6 +353,8 @@ class PipelineRuntime:
         data = MiniBatches(batches, self.M, self.steps, reference=ref, device=self.device)
         end = len(self.program)
         self.transport.retain = set()
+        if stop_at_step is not None and self.meter is not None:
+            raise ValueError("stop_at_step (checkpoints) is not supported for metered runs (network=)")
         if stop_at_step is not None and self.placed:
             raise ValueError(f"stop_at_step (checkpoints) is not supported for placed schedules ({self.schedule.name})")
         if stop_at_step is not None:
@@ -334,7 +368,14 @@ class PipelineRuntime:
         self.transport.shape_of = lambda t, j, boundary: self._boundaries(data.micro(t)[0][j], t, j)[boundary]
         self.transport.begin(self.position, end)  # sends kept at a checkpoint's cut go out in this run
         last_stage = self.my_stages[-1]
-        after_job: Callable[[int], None] = heartbeat
+        meter = self.meter
+        if meter is not None:
+            program = self.program
+
+            def metered_job(position: int) -> None:
+                heartbeat(position)
+                meter.job_done(tuple(program[position - 1][:4]))
+        after_job: Callable[[int], None] = heartbeat if meter is None else metered_job
         clock = None
         if self.record:  # a fresh timeline per run, t0 after a barrier
             assert isinstance(self.transport, MeasuredTransport)
@@ -342,9 +383,10 @@ class PipelineRuntime:
             clock = JobClock(self.transport, self.program)
             clock.begin()
 
-            def after_job(position: int) -> None:
-                heartbeat(position)
+            def traced(position: int, first: Callable[[int], None] = after_job) -> None:
+                first(position)
                 clock.job_done(position)
+            after_job = traced
 
         def on_update(ex: StageExecutor, t: int, W: tuple[Tensor, ...]) -> None:
             if ex.k == last_stage:
@@ -367,6 +409,8 @@ class PipelineRuntime:
         result = self._result()
         if clock is not None:
             result.timeline = clock.finish()
+        if meter is not None:
+            result.meter = meter.stats
         return result
 
     def _held(self) -> tuple[int, int, int, int]:

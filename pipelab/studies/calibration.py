@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..calibration import forecast_costs, measured_costs
+from ..links import Link, Network, message_bytes
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
 from ..schedules.actions import Schedule, check_int
 from ..schedules.builders import BUILDERS
@@ -32,10 +34,13 @@ from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "RahimiRunConfig",
+           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
+
+#: seconds a metered calibration pauses before each profiled job (:func:`_profile_split`)
+PROFILE_PAUSE_S = 0.01
 
 def schedule_for(kind: str, ranks: int, M: int, steps: int) -> Schedule:
     """The schedule of ``kind`` (a key of :data:`~pipelab.studies.settings.CALIBRATION_KINDS`: gpipe, 1f1b, pipedream,
@@ -75,7 +80,9 @@ class CalibrationConfig:
         (float32; depth ≥ the most stages a case cuts it into); micro: samples per micro-batch; M: micro-batches
         per step (default 2·ranks); steps: steps per run; repeats: timed runs per case (median); profile_reps:
         repeats of each profiled job (median, after 2 discarded); optimizer: a :mod:`pipelab.optim` name;
-        seed: model and data seed; timeout_s: bound on the spawn.
+        seed: model and data seed; timeout_s: bound on the spawn; link, duplex: meter every run with this link
+        on every boundary (:mod:`pipelab.runtime.meter`, :meth:`network`) and forecast with it (``None``: unmetered
+        runs, forecast with the profiled transfer time).
     """
 
     ranks: int = 2
@@ -92,10 +99,16 @@ class CalibrationConfig:
     optimizer: str = "sgdm"
     seed: int = 0
     timeout_s: float = 600.0
+    link: Link | None = None
+    duplex: bool = False
 
     @property
     def M(self) -> int:
         return 2 * self.ranks if self.microbatches is None else self.microbatches
+
+    def network(self, D: int) -> Network | None:
+        """The metered network of a D-stage cut: :attr:`link` on every boundary (``None`` when not metered)."""
+        return None if self.link is None else Network.uniform(D, self.link, duplex=self.duplex)
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first bad field, before any process is spawned.
@@ -116,6 +129,8 @@ class CalibrationConfig:
                 raise ValueError(f"case kind must be one of {', '.join(CALIBRATION_KINDS)}; got {c.kind!r}")
             if c.policy is not None and c.policy not in POLICIES:
                 raise ValueError(f"case {c.kind!r}: policy must be one of {', '.join(POLICIES)}; got {c.policy!r}")
+        if self.link is not None and not isinstance(self.link, Link):
+            raise TypeError(f"link must be a pipelab.links.Link or None, got {type(self.link).__name__}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}")
         if self.depth < 2 * self.ranks:
@@ -142,6 +157,13 @@ class CalibrationRow:
         latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
         one fixed latency per transfer, no time between jobs), not the profile.
         collective_s: the most time any rank of the median run spent in collectives (placed schedules).
+        late: in a metered run (``CalibrationConfig.link``), the median run's late messages over all ranks
+        (:class:`~pipelab.runtime.meter.MeterStats`); link_time: the forecast's share of the makespan its critical
+        path spends on links (:attr:`~pipelab.simulator.SimResult.link_time`); overshoot: the median run's mean
+        time from a waited-for message's modelled arrival to its job getting it, over the ranks
+        (:attr:`~pipelab.runtime.meter.MeterStats.overshoot`), which the replay takes as its receive overhead;
+        receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
+        :func:`pipelab.calibration.forecast_costs`).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
     """
@@ -166,6 +188,10 @@ class CalibrationRow:
     replay_error: float = math.nan
     collective_s: float = 0.0
     collective_cost: list[float] = field(default_factory=list)
+    late: int = 0
+    overshoot: float = 0.0
+    receive_overhead: float = 0.0
+    link_time: float = math.nan
 
     @property
     def throughput(self) -> float:
@@ -193,7 +219,15 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     """Every stage's F, B, I, W, U and weight-copy times when ``base`` is cut into D stages; stage k is profiled
     by rank k mod world, all ranks at once (sharing the cores as in the run), then gathered. Each time is the
     *mean* of ``profile_reps`` single measurements (:func:`~pipelab.profiling.profile_stage` with one
-    repetition, after a warm-up call), as the makespan sums job times (see :func:`measured_costs`)."""
+    repetition, after a warm-up call), as the makespan sums job times (see :func:`measured_costs`).
+
+    A metered run (``cfg.link``) computes in bursts: a rank waits for its message, then runs a job. Each
+    measurement then follows a pause of :data:`PROFILE_PAUSE_S`, as in the run: on a loaded machine a process that
+    computes without pause exhausts its time slice and is preempted (a mean of 9–13 ms against a median of 1 ms
+    for a 1 ms F+B on this project's 2-core machine at load 23), while one that wakes from a sleep runs its short
+    job at once (1.3 ms mean). Such a burst is rarely preempted in the run, so a metered profile takes the
+    *median* of the measurements: the mean of ten would be dominated by one preempted measurement (it
+    overestimated the run's job times 3–4× at load 10–13)."""
     from ..optim import optimizer_factory
     from ..partition import split
     from ..profiling import profile_stage
@@ -209,8 +243,13 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
                                      reps=1, warmup=warmup, input_grad=k > 0)
 
             once(2)
-            samples = [once(0) for _ in range(cfg.profile_reps)]
-            mine[k] = {name: float(statistics.fmean(getattr(c, a) for c in samples)) for name, a in keys.items()}
+            samples = []
+            for _ in range(cfg.profile_reps):
+                if cfg.link is not None:  # a metered rank computes in bursts after waiting: profile it so
+                    time.sleep(PROFILE_PAUSE_S)
+                samples.append(once(0))
+            stat = statistics.fmean if cfg.link is None else statistics.median
+            mine[k] = {name: float(stat(getattr(c, a) for c in samples)) for name, a in keys.items()}
         with torch.no_grad():
             h = s(h)
     parts: list[Any] = [mine]
@@ -219,6 +258,33 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
         dist.all_gather_object(parts, mine)
     every = {k: c for p in parts for k, c in p.items()}
     return {name: [every[k][name] for k in range(D)] for name in keys}
+
+
+def _receive_overheads(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
+                       data: Sequence[tuple[Tensor, Tensor]]) -> list[float]:
+    """Samples of a metered run's receive overhead on this machine: for every message this rank waited for in one
+    metered step of the case, run before the measured runs (a probe, not timed), the time from its modelled
+    arrival to its job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`: the wake-up from the
+    meter's hold). :func:`calibration_rows` pools them (:func:`receive_overhead`). Collective: every rank calls
+    it."""
+    from ..optim import optimizer_factory
+    from ..runtime import PipelineRuntime
+
+    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, 1)
+    probe = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
+                            optimizer=optimizer_factory(cfg.optimizer), network=cfg.network(sched.D))
+    meter = probe.run(lambda t: data[t % len(data)]).meter
+    return [m.overshoot for m in meter.messages if m.asked < m.arrival] if meter is not None else []
+
+
+def receive_overhead(per_rank: Sequence[dict[str, Any]]) -> float:
+    """The profiled receive overhead of a metered calibration: the median of every rank's probe samples over every
+    case (:func:`_receive_overheads`; 0 without any). LogP's receiver overhead *o* (Culler et al., PPoPP 1993),
+    which the forecast adds to every link's latency (:func:`pipelab.calibration.forecast_costs`). A property of
+    the machine (a process's wake-up after a sleep), not of the schedule, so all cases' samples are pooled; the
+    median, as a probe is the ranks' first run, whose first messages also wait for one-off set-up costs."""
+    every = [x for p in per_rank for c in p["cases"] for x in c.get("overhead", [])]
+    return float(statistics.median(every)) if every else 0.0
 
 
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
@@ -278,6 +344,16 @@ def _profile_collectives(rt: Any, sched: Schedule, cfg: CalibrationConfig) -> li
     return out
 
 
+def _message_bytes(D: int, cfg: CalibrationConfig) -> Any:
+    """The bytes of each boundary's messages when the calibration's ``deep_mlp`` is cut into D stages (a shape pass
+    over one micro-batch, :func:`pipelab.links.message_bytes`): what the metered forecast bills."""
+    from ..partition import split
+    from .models import deep_mlp
+
+    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    return message_bytes(split(base, D), torch.zeros(cfg.micro, cfg.in_features))
+
+
 def _stage_numels(D: int, cfg: CalibrationConfig) -> list[int]:
     """Parameters of each of the D stages the calibration's ``deep_mlp`` is cut into (float32 payloads)."""
     from ..partition import split
@@ -311,10 +387,11 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
     runtimes: list[Any] = []
     for case in cfg.cases:
         sched = schedule_for(case.kind, world, cfg.M, cfg.steps)
-        info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": []}
+        info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": [], "late": [],
+                                "overshoot": []}
         try:
             rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
-                                 optimizer=optimizer_factory(cfg.optimizer), record=True)
+                                 optimizer=optimizer_factory(cfg.optimizer), record=True, network=cfg.network(sched.D))
         except ValueError as exc:  # e.g. a placement the runtime does not execute yet
             info.update(runnable=False, note=str(exc).splitlines()[0])
             rt = None
@@ -324,6 +401,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
             if rt.collectives is not None:
                 info["collective_cost"] = _profile_collectives(rt, sched, cfg)
+            if cfg.link is not None:
+                info["overhead"] = _receive_overheads(base, case, cfg, data)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -333,9 +412,12 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 continue
             if rep > 0:  # a fresh run from the same weights
                 rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
-                                     optimizer=optimizer_factory(cfg.optimizer), record=True)
+                                     optimizer=optimizer_factory(cfg.optimizer), record=True,
+                                     network=cfg.network(rt.schedule.D))
             res = rt.run(lambda t: data[t % len(data)])
             info["timelines"].append(res.timeline)
+            info["late"].append(0 if res.meter is None else res.meter.late)
+            info["overshoot"].append(0.0 if res.meter is None else res.meter.overshoot)
         if extra is not None:
             extras.append(extra(rep))
     return {"rank": rank, "profiles": profiles, "transfer": transfer, "cases": cases, "extra": extras}
@@ -361,6 +443,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
     """The rows of a calibration from every rank's :func:`calibrate_rank` result (index = rank)."""
     rows = []
     transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
+    overhead = receive_overhead(per_rank)
     for i, case in enumerate(cfg.cases):
         info = per_rank[0]["cases"][i]
         sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
@@ -375,16 +458,24 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         order = sorted(range(len(spans)), key=spans.__getitem__)
         mid = order[len(order) // 2]
         row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
+        network = cfg.network(sched.D)
+        mb = None if network is None else _message_bytes(sched.D, cfg)
         row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
-                                   bool(sched.split_set), info.get("collective_cost"))
+                                   bool(sched.split_set), info.get("collective_cost"), network=network,
+                                   message_bytes=mb, receive_overhead=overhead)
+        row.late = sum(p["cases"][i]["late"][mid] for p in per_rank)
+        row.receive_overhead = overhead
+        row.overshoot = float(statistics.fmean(p["cases"][i]["overshoot"][mid] for p in per_rank))
         row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
         row.forecast_s = sim.makespan
+        row.link_time = sim.link_time
         row.error = row.forecast_s / row.measured_s - 1.0
         busy = max(tl.busy for tl in row.timelines)
         row.busy_error = float(sim.busy.max()) / busy - 1.0
         row.collective_s = max(sum(j.duration for j in tl.jobs if j.op in COLLECTIVE_KINDS) for tl in row.timelines)
-        row.measured_costs = measured_costs(row.timelines, sched.D, transfer)
+        row.measured_costs = measured_costs(row.timelines, sched.D, transfer, network=network, message_bytes=mb,
+                                            receive_overhead=row.overshoot)
         row.replay_s = simulate(sched, **row.measured_costs).makespan
         row.replay_error = row.replay_s / row.measured_s - 1.0
     return rows

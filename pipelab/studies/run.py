@@ -19,6 +19,11 @@ writes it to ``--out`` if given. ``--out`` and ``--checkpoint`` are checked befo
 directory where the summary file should go, no permission, ...); if ``--out`` still cannot be written at
 the end, the summary is saved in the temporary directory and the error says where.
 
+``--link-mbps R --link-latency-ms A [--duplex]`` meters every point-to-point message with the link model of
+:mod:`pipelab.links` (:mod:`pipelab.runtime.meter`): each boundary a link of R Mb/s and A ms, so the run on one
+machine takes the time it would over such links; the weights are those of an unmetered run. The summary then
+gives the network and ``late_messages`` (messages whose stamp came too late for the model's wire order).
+
 Each communication call waits at most ``--comm-timeout`` seconds; a rank whose call fails raises
 :class:`pipelab.distributed.StalledRank` naming the stalled peer (one that stopped, or makes no progress
 outside communication), which torchrun reports as the root cause.
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ..files import atomic_write, check_writable
 
 if TYPE_CHECKING:
+    from ..links import Network
     from .learning_curves import RunConfig
 
 # torch and the modules reading it are imported inside the functions, so that --help answers at once.
@@ -53,12 +59,14 @@ __all__ = ["train", "train_distributed", "main", "choices"]
 
 
 def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | None = None,
-          resume: str | None = None, precision: str = "fp32") -> dict[str, Any] | None:
+          resume: str | None = None, precision: str = "fp32", network: Network | None = None
+          ) -> dict[str, Any] | None:
     """Run ``cfg`` on this rank of an initialised process group; rank 0 returns the summary.
 
     ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"``: :class:`~pipelab.precision.Precision`) is the compute
     precision, with fp32 master weights and optimizer state; it is not a field of :class:`RunConfig`, whose
-    fields key the learning curves' result cache.
+    fields key the learning curves' result cache. ``network`` meters the run's messages
+    (:class:`~pipelab.runtime.PipelineRuntime`'s ``network``).
 
     Returns:
         On rank 0: the config, ``losses`` per step (NaN where not reached or diverged), ``steps_done``
@@ -67,7 +75,8 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         done when only the final weights or outputs are non-finite; ``None``), ``test_loss``/``test_acc`` of
         the final weights and
         ``samples_per_s`` (NaN when diverged: neither means anything for NaN weights), ``seconds``,
-        ``memory`` per rank and ``position`` per rank; ``None`` elsewhere.
+        ``memory`` per rank and ``position`` per rank; with a ``network`` also ``network`` (its repr) and
+        ``late_messages`` (summed over ranks, :class:`~pipelab.runtime.meter.MeterStats`); ``None`` elsewhere.
 
     Raises:
         ValueError: the sequential arm; a ``checkpoint`` directory that could not be written (checked before
@@ -90,7 +99,7 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
     # "cuda"/"auto" under NCCL: this rank's GPU (LOCAL_RANK); an explicit "cuda:N" or "cpu" as given
     rt = PipelineRuntime(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer,
                          device=cfg.device if cfg.device not in ("cuda", "auto") else None, config=shared,
-                         precision=precision, codec=cfg.codec)
+                         precision=precision, codec=cfg.codec, network=network)
     if resume is not None:
         load_checkpoint(rt, resume)
     everyone = range(world)
@@ -105,7 +114,8 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
         save_checkpoint(rt, checkpoint)
     gathered: list[Any] = [None] * world
     with waiting(everyone, "the gathering of the results"):
-        dist.all_gather_object(gathered, (res.weights, res.memory, res.position))
+        dist.all_gather_object(gathered, (res.weights, res.memory, res.position,
+                                          None if res.meter is None else res.meter.late))
     if rank != 0:
         return None
     weights = {k: W for part in gathered for k, W in part[0].items()}
@@ -121,8 +131,10 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
                                        [weights[k] for k in range(len(stages))])
         if not math.isfinite(test_loss):  # finite weights, non-finite outputs: evaluate()'s rule
             diverged, diverged_step = True, done - 1
+    metered = {} if network is None else {"network": repr(network),
+                                          "late_messages": sum(part[3] for part in gathered)}
     return {
-        "config": asdict(cfg), "precision": precision, "world_size": world, "schedule": prep.schedule.name,
+        **metered, "config": asdict(cfg), "precision": precision, "world_size": world, "schedule": prep.schedule.name,
         "losses": res.losses, "steps_done": done, "diverged": diverged, "diverged_step": diverged_step,
         "test_loss": test_loss, "test_acc": test_acc, "seconds": seconds,
         "samples_per_s": done * cfg.batch_size / seconds if seconds > 0 and not diverged else nan,
@@ -205,6 +217,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="compute precision (autocast) with fp32 master weights; fp16 adds a loss scaler and "
                         "needs a flushed schedule")
+    p.add_argument("--link-mbps", type=float, default=None, metavar="R",
+                   help="meter every stage boundary as a link of R megabits/s (pipelab.runtime.meter)")
+    p.add_argument("--link-latency-ms", type=float, default=None, metavar="A",
+                   help="the metered links' latency in milliseconds (default 0)")
+    p.add_argument("--duplex", action="store_true",
+                   help="metered: each rank's activations and gradients arrive on separate wires")
     p.add_argument("--out", default=None, help="write rank 0's JSON summary here")
     p.add_argument("--comm-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="bound on one communication call; a rank whose call times out names the stalled peer")
@@ -245,7 +263,9 @@ def _run(args: argparse.Namespace) -> int:
             check_writable(args.out, "--out")
         if args.checkpoint is not None:
             check_writable(args.checkpoint, "--checkpoint", directory=True)
+        network = _network(args, args.D)
         rank, world = init_from_env(backend, timeout_s=args.comm_timeout)
+        network = _network(args, args.D or world)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -255,7 +275,7 @@ def _run(args: argparse.Namespace) -> int:
                     epochs=args.epochs, batch_size=args.batch_size, M=args.M, n_train=args.n_train,
                     n_test=args.n_test, lr=args.lr, dtype=args.dtype, device=args.device, schedule=args.schedule)
     out = train(cfg, checkpoint=args.checkpoint, stop_at_step=args.stop_at_step, resume=args.resume,
-                precision=args.precision)
+                precision=args.precision, network=network)
     code = 0
     if out is not None:
         out.pop("weights")
@@ -271,6 +291,21 @@ def _run(args: argparse.Namespace) -> int:
                 code = 1
     dist.destroy_process_group()
     return code
+
+
+def _network(args: argparse.Namespace, D: int | None) -> Network | None:
+    """The metered network the flags describe (``None`` without ``--link-mbps``/``--link-latency-ms``); checked
+    before the ranks join (``D`` unknown yet: the world size), built once D is known."""
+    from ..links import Link, Network
+
+    if args.link_mbps is None and args.link_latency_ms is None:
+        if args.duplex:
+            raise ValueError("--duplex needs a metered link: give --link-mbps and/or --link-latency-ms")
+        return None
+    if args.link_mbps is not None and not args.link_mbps > 0:
+        raise ValueError(f"--link-mbps must be > 0 megabits/s, got {args.link_mbps}")
+    link = Link.mbps(args.link_mbps if args.link_mbps is not None else math.inf, args.link_latency_ms or 0.0)
+    return Network.uniform(D if D is not None else 2, link, duplex=args.duplex)
 
 
 def _save_elsewhere(text: str) -> str:

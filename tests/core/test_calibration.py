@@ -17,6 +17,7 @@ from pipelab.calibration import (
     simulated_traffic,
 )
 from pipelab.emulator import Emulator
+from pipelab.links import Link, MessageBytes, Network
 from pipelab.partition import split
 from pipelab.pipeline.placement import COLLECTIVE_KINDS
 from pipelab.runtime.trace import JobRecord, Timeline
@@ -39,6 +40,7 @@ from pipelab.studies.calibration import (
     CalibrationConfig,
     calibrate,
     format_rows,
+    receive_overhead,
     rows_csv,
     schedule_for,
 )
@@ -111,6 +113,47 @@ def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:
     assert c == {"f_cost": [1.0, 2.0], "b_cost": [2.0, 4.0], "u_cost": [0.625, 0.25], "transfer_cost": 0.1}
     assert forecast_costs(prof, 0.1, [1, 1], split_backward=True)["w_cost"] == [1.0, 2.0]
     assert forecast_costs(prof, 0.1, [2, 1], False, collective=[1.0, 2.0])["u_cost"] == [1.625, 2.25]
+
+
+def test_a_metered_forecast_takes_the_network_and_bytes_instead_of_the_transfer() -> None:
+    prof = {"f_cost": [1.0, 2.0], "b_cost": [2.0, 4.0], "u_cost": [0.5, 0.25], "copy_cost": [0.0, 0.0]}
+    net, mb = Network.uniform(2, Link.mbps(10, latency_ms=5)), MessageBytes((1000,), (1000,))
+    c = forecast_costs(prof, 0.1, [1, 1], False, network=net, message_bytes=mb)
+    assert "transfer_cost" not in c and c["network"] is net and c["message_bytes"] is mb
+    tl = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("B", 0, 0, 0, 1.0, 3.0)])
+    r = measured_costs([tl], 2, 0.25, network=net, message_bytes=mb)
+    assert "transfer_cost" not in r and r["network"] is net
+    with pytest.raises(ValueError, match="message_bytes"):
+        forecast_costs(prof, 0.1, [1, 1], False, network=net)
+    # the receive overhead o (LogP) lengthens every link's latency, forecast and replay alike
+    o = forecast_costs(prof, 0.1, [1, 1], False, network=net, message_bytes=mb, receive_overhead=0.002)["network"]
+    assert o == Network.uniform(2, Link(0.007, net.forward[0].bandwidth))
+    assert measured_costs([tl], 2, 0.25, network=net, message_bytes=mb, receive_overhead=0.002)["network"] == o
+    # pooled over every case and rank of a calibration: the median of the probes' samples
+    per_rank = [{"cases": [{"overhead": [0.001, 0.009]}, {}]}, {"cases": [{"overhead": [0.002]}, {"overhead": []}]}]
+    assert receive_overhead(per_rank) == 0.002 and receive_overhead([{"cases": [{}]}]) == 0.0
+
+
+@pytest.mark.slow
+def test_metered_calibration_forecasts_with_the_network_and_counts_late_messages() -> None:
+    """A metered calibration (CalibrationConfig.link): every run held to the link model, the forecast simulated
+    with the same network and the shape pass's bytes; the rows report late messages and the link share."""
+    cfg = CalibrationConfig(ranks=2, cases=(CalibrationCase("1f1b"), CalibrationCase("zb_h1")), width=64, depth=4,
+                            in_features=64, micro=64, steps=2, repeats=1, profile_reps=3,
+                            link=Link.mbps(20, latency_ms=50))
+    rows = calibrate(cfg)
+    for r in rows:
+        # the metered link, each latency lengthened by the profiled receive overhead (LogP's o, the meter's wake-up)
+        late_link = Link(cfg.link.latency + r.receive_overhead, cfg.link.bandwidth)
+        assert r.costs["network"] == Network.uniform(2, late_link) and "transfer_cost" not in r.costs
+        assert 0 <= r.receive_overhead < cfg.link.latency
+        assert r.costs["message_bytes"] == MessageBytes((64 * 64 * 4,), (64 * 64 * 4,))
+        assert r.simulate().makespan == r.forecast_s and 0.5 < r.link_time <= 1.0
+        assert 0 <= r.late <= 4 and r.overshoot >= 0
+        # the links alone bound a run from below: every micro-batch's activation crosses at 20 Mb/s plus α
+        assert r.measured_s > cfg.steps * cfg.M * 64 * 64 * 4 / cfg.link.bandwidth
+    with pytest.raises(TypeError, match="link must be"):
+        CalibrationConfig(link=10.0).check()  # type: ignore[arg-type]
 
 
 def test_schedule_for_and_config_errors() -> None:

@@ -67,3 +67,35 @@ def test_train_distributed_in_bf16_equals_the_emulator_in_bf16() -> None:
     for k, W in enumerate(emu.weights()):
         for a, b in zip(out["weights"][k], W):
             assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_torchrun_metered_run_equals_the_emulator_arm(tmp_path: Path) -> None:
+    """``--link-mbps/--link-latency-ms/--duplex`` meter the run (pipelab.runtime.meter); the losses stay the
+    emulator's in float64."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not found")
+    out = tmp_path / "summary.json"
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.studies.run", "--task", "digits_mlp",
+           "--policy", "pipeoptim", "--optimizer", "adam", "--n-train", "256", "--n-test", "128", "--batch-size", "32",
+           "--dtype", "float64", "--link-mbps", "50", "--link-latency-ms", "10", "--duplex", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert "Link(latency=0.01, bandwidth=6250000.0)" in summary["network"] and "duplex=True" in summary["network"]
+    assert isinstance(summary["late_messages"], int)
+    prep = prepare(CFG)
+    res = Emulator(prep.stages, schedule=prep.schedule, policy=prep.policy, optimizer=prep.optimizer).run(prep.batch)
+    assert summary["losses"] == pytest.approx(res.losses, abs=1e-12)
+
+
+@pytest.mark.parametrize("argv, needle", [(["--duplex"], "--duplex needs a metered link"),
+                                          (["--link-mbps", "0"], "--link-mbps must be > 0"),
+                                          (["--link-latency-ms", "-1"], "latency must be finite and >= 0")])
+def test_metered_flags_are_checked_before_joining(argv: list[str], needle: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelab.studies.run import main
+
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err

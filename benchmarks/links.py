@@ -1,0 +1,136 @@
+"""The link model's forecast against metered runs: does the simulator predict a run over slow links within 5 %?
+
+What runs: for every rank count (``--ranks``) and every link (``--mbps`` × ``--latency-ms``), one
+:func:`pipelab.studies.calibration.calibrate` on spawned gloo ranks (one thread each) with the link metered
+on every boundary (:mod:`pipelab.runtime.meter`: each message is held until the link model's arrival), over
+the schedules of ``--kinds`` (GPipe, 1F1B, async 1F1B = PipeDream with weight stashing, 2BW, ZB-H1). Each rank
+profiles its stages' F, B (I, W), U and weight-copy times on this machine, at the same time as the others
+(sharing the cores as in the run); the forecast is :func:`pipelab.simulator.simulate` with those costs, the
+network and the bytes of the real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`), with
+two inputs profiled as a metered rank behaves: each job timed after a pause (a rank computes in bursts after
+waiting for a message; the median of the measurements), and the receive overhead o (LogP's: the time from a
+message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the median over one
+metered probe step per schedule, added to every link's latency (:func:`pipelab.calibration.forecast_costs`); the
+measured time is the traced run's makespan (first start to last end over the ranks, one host clock), the median
+over ``--repeats`` runs (schedules interleaved within a repeat, so load from other processes hits them alike).
+
+Per row: schedule, ranks, Mb/s, latency, forecast and measured step time (makespan / steps), error
+(forecast / measured − 1), the forecast's link share (:attr:`~pipelab.simulator.SimResult.link_time`: the part
+of the critical path spent on links), late messages (stamps that came after their modelled arrival or out of
+their wire's order: the meter's condition failed), the profiled o and the run's own mean overshoot, the busy
+error (the forecast's busiest rank's compute against the measured one: the profile's error), the replay (the same
+simulation with the run's own mean job times and overshoot: what is left is the model's error, not the
+profile's) and the 1-minute load average. ``--csv`` writes the rows; ``--unmetered`` adds each schedule without
+a meter (the forecast then takes the profiled local transfer, and the profile's mean over compute-bound
+measurements).
+
+    python benchmarks/links.py                       # 2 and 4 ranks, 10/50/200 Mb/s, 5 and 50 ms
+    python benchmarks/links.py --ranks 2 --mbps 50 --latency-ms 5 --kinds gpipe 1f1b
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import header, load_average  # noqa: E402
+
+from pipelab.links import Link  # noqa: E402
+from pipelab.studies.calibration import CalibrationCase, CalibrationConfig, calibrate  # noqa: E402
+
+KINDS = ("gpipe", "1f1b", "pipedream", "2bw", "zb_h1")
+COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex", "steps", "forecast_step_s",
+           "measured_step_s", "error_pct", "link_share", "late", "overhead_ms", "overshoot_ms", "replay_error_pct",
+           "busy_error_pct", "measured_min_s", "measured_max_s", "load1")
+
+
+def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namespace) -> list[dict[str, object]]:
+    """One calibration on ``ranks`` processes with every boundary metered as ``mbps`` Mb/s, ``latency_ms`` ms
+    (``mbps=None``: unmetered, the forecast with the profiled local transfer)."""
+    cfg = CalibrationConfig(ranks=ranks, cases=tuple(CalibrationCase(k) for k in args.kinds), width=args.width,
+                            depth=args.depth, in_features=args.width, micro=args.micro, steps=args.steps,
+                            repeats=args.repeats, profile_reps=args.profile_reps,
+                            link=None if mbps is None else Link.mbps(mbps, latency_ms=latency_ms),
+                            duplex=args.duplex, timeout_s=580.0)
+    rows = calibrate(cfg)
+    load = load_average()
+    out = []
+    for r in rows:
+        out.append({"schedule": r.schedule, "kind": r.kind, "policy": r.policy, "ranks": ranks,
+                    "mbps": "none" if mbps is None else mbps,
+                    "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps,
+                    "forecast_step_s": r.forecast_s / args.steps, "measured_step_s": r.measured_s / args.steps,
+                    "error_pct": 100 * r.error, "link_share": r.link_time, "late": r.late,
+                    "overhead_ms": 1e3 * r.receive_overhead, "overshoot_ms": 1e3 * r.overshoot,
+                    "replay_error_pct": 100 * r.replay_error, "busy_error_pct": 100 * r.busy_error,
+                    "measured_min_s": min(r.measured_all) / args.steps,
+                    "measured_max_s": max(r.measured_all) / args.steps,
+                    "load1": load})
+    return out
+
+
+def line(row: dict[str, object]) -> str:
+    ok = "yes" if abs(float(row["error_pct"])) <= 5.0 else "MISSED"  # type: ignore[arg-type]
+    return (f"{row['schedule']:<26} {row['ranks']:>2} {row['mbps']:>6} {row['latency_ms']:>5g} "
+            f"{1e3 * float(row['forecast_step_s']):>10.1f} {1e3 * float(row['measured_step_s']):>10.1f} "  # type: ignore[arg-type]
+            f"{float(row['error_pct']):>+7.1f}% {100 * float(row['link_share']):>5.0f}% {row['late']:>4} "  # type: ignore[arg-type]
+            f"{float(row['overhead_ms']):>5.1f} {float(row['overshoot_ms']):>5.1f} "  # type: ignore[arg-type]
+            f"{float(row['busy_error_pct']):>+7.1f}% "  # type: ignore[arg-type]
+            f"{float(row['replay_error_pct']):>+7.1f}% {float(row['load1']):>5.1f}  {ok}")  # type: ignore[arg-type]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--mbps", type=float, nargs="+", default=[10.0, 50.0, 200.0])
+    ap.add_argument("--latency-ms", type=float, nargs="+", default=[5.0, 50.0])
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    ap.add_argument("--unmetered", action="store_true",
+                    help="also run every schedule without a meter (the forecast takes the profiled local transfer)")
+    ap.add_argument("--duplex", action="store_true", help="separate wires for activations and gradients")
+    ap.add_argument("--width", type=int, default=512, help="deep_mlp width (and input features)")
+    ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--micro", type=int, default=32, help="samples per micro-batch")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile-reps", type=int, default=10)
+    ap.add_argument("--csv", default=None, help="write the rows here (e.g. benchmarks/results/links.csv)")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(header("link model: forecast vs metered runs (gloo, CPU)", "1"))
+    print(f"deep_mlp width {args.width}, depth {args.depth}; micro-batch {args.micro}; M = 2·ranks; "
+          f"{args.steps} steps; median of {args.repeats} runs; {'duplex' if args.duplex else 'half-duplex'} wires")
+    print(f"{'schedule':<26} {'W':>2} {'Mb/s':>6} {'ms':>5} {'fcst ms':>10} {'meas ms':>10} {'error':>8} "
+          f"{'link':>6} {'late':>4} {'o ms':>5} {'over':>5} {'busy err':>8} {'replay':>8} {'load':>5}  within ±5%")
+    rows = []
+    links: list[tuple[float | None, float]] = [(mbps, ms) for mbps in args.mbps for ms in args.latency_ms]
+    if args.unmetered:
+        links.append((None, 0.0))
+    for ranks in args.ranks:
+        for mbps, ms in links:
+            t0 = time.perf_counter()
+            for row in run(ranks, mbps, ms, args):
+                rows.append(row)
+                print(line(row), flush=True)
+            print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    missed = [r for r in rows if not abs(float(r["error_pct"])) <= 5.0]  # type: ignore[arg-type]
+    print(f"{len(rows) - len(missed)} of {len(rows)} rows within ±5 %; "
+          f"mean |error| {sum(abs(float(r['error_pct'])) for r in rows) / max(len(rows), 1):.1f} %")  # type: ignore[arg-type]
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, COLUMNS)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()})
+
+
+if __name__ == "__main__":
+    main()
