@@ -352,9 +352,10 @@ def _in_workers(order: list[str], preset: str, out: Path, workers: int, allow_di
     remaining = set(order)
 
     def start(line: int) -> None:
+        # not daemonic: figures that run gloo ranks spawn processes of their own, which a daemon may not; a
+        # worker still ends with the runner (PR_SET_PDEATHSIG in _worker, _stop on Ctrl-C)
         p = ctx.Process(target=_worker, args=(line, preset, str(out), allow_dirty, tasks, results, os.getpid()),
-                        daemon=True,
-                        name=f"pipelab-figures-{line}")
+                        daemon=False, name=f"pipelab-figures-{line}")
         with _one_thread_env():
             p.start()
         procs[line] = p
