@@ -114,6 +114,14 @@ def test_a_failing_figure_is_reported_and_the_others_are_drawn(tmp_path: Path, c
     assert (tmp_path / "model_stages.png").exists()
 
 
+@pytest.mark.slow
+def test_figures_that_spawn_ranks_are_drawn_by_the_workers(tmp_path: Path) -> None:
+    """Probe: runtime_timeline runs gloo ranks, spawned processes; under the worker processes (once daemonic, which
+    may not have children) it failed with "daemonic processes are not allowed to have children"."""
+    assert run_figures(["runtime_timeline", "model_stages"], "tiny", tmp_path, workers=2) == 0
+    assert (tmp_path / "runtime_timeline.png").exists() and (tmp_path / "model_stages.png").exists()
+
+
 def _processes_with(marker: str) -> list[int]:
     """Processes whose environment holds ``marker`` (the run's private cache directory)."""
     found = []

@@ -104,7 +104,7 @@ def plans_csv(plans: Plans) -> str:
 
 @register("planner_critical_path", "The planner's best plans for an uneven model: each plan's timeline around one "
           "steady step with its critical path (jobs and transfers) outlined, and the stage or link to relieve",
-          budget={"tiny": 5, "quick": 10})
+          budget={"tiny": 5, "quick": 14})  # quick: 11.6 s measured
 def planner_critical_path(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_PLANNER, preset)
     plans = plan(example_blocks(cfg), cfg.devices, math.inf, global_batch=cfg.batch, link=cfg.link,

@@ -271,7 +271,7 @@ def summary_table(cfg: PredictionFigureConfig, model: tuple | None = None, *, pr
 
 
 @register("prediction_ratio_summary", "RMSE ratio predicted/stale for every predictor × optimizer and s (heatmaps)",
-          budget={"tiny": 20, "quick": 200})
+          budget={"tiny": 20, "quick": 90})  # quick: 71 s measured
 def prediction_ratio_summary(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(PRESET_CONFIGS, preset)
     models: list[tuple[str, tuple[tuple[str, object], ...]] | None] = list(cfg.models) or [None]
