@@ -34,6 +34,7 @@ import math
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -291,8 +292,12 @@ def run_figures(names: Sequence[str], preset: str, outdir: str | os.PathLike[str
         print(f"interrupted after {_clock(total)}: {drawn} of {len(order)} figures drawn; every finished run is in the "
               "result cache, so the same command resumes where it stopped", file=stream)
         return status
+    where = out / TIMINGS
+    if status == 0 and _keep_committed_timings(out):
+        where = Path(f"{where} unchanged: these figures are byte for byte the committed ones, so it keeps the run that "
+                     "drew them")
     print(f"{drawn} figure(s) in {_clock(total)} ({total:.0f} s; {preset} preset, {workers} worker(s), load average "
-          f"{load}) -> {out / TIMINGS}", file=stream)
+          f"{load}) -> {where}", file=stream)
     if record.failed:
         print(f"error: {len(record.failed)} figure(s) failed: {', '.join(record.failed)}", file=stream)
         return 1
@@ -401,6 +406,26 @@ def _in_workers(order: list[str], preset: str, out: Path, workers: int, allow_di
         p.join(timeout=_GRACE_S)
     _stop(p for p in procs.values() if p.is_alive())
     return 0
+
+
+def _keep_committed_timings(out: Path) -> bool:
+    """Put back the committed ``timings.csv`` of ``out`` when the run changed no other file there (a redraw of
+    unchanged figures leaves ``git status`` clean; the committed file stays the record of the run that drew them);
+    whether it did. Outside a git checkout, or with ``timings.csv`` untracked: False, the new file stays."""
+    from .figures import _git
+
+    try:
+        root = Path(_git(out, "rev-parse", "--show-toplevel").decode().strip())
+        rel = (out / TIMINGS).resolve().relative_to(root.resolve()).as_posix()
+        _git(root, "ls-files", "--error-unmatch", rel)
+        changed = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", str(out.resolve()))
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return False
+    paths = {entry[3:] for entry in changed.decode().split("\0") if entry}
+    if paths - {rel}:
+        return False
+    _git(root, "checkout", "--", rel)
+    return True
 
 
 @contextlib.contextmanager

@@ -195,3 +195,33 @@ def test_a_terminated_or_killed_runner_leaves_no_worker_running(tmp_path: Path, 
     while _processes_with(str(cache)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_with(str(cache)) == [], "worker processes outlived the runner"
+
+
+def _git_repo(tmp_path: Path) -> Path:
+    for args in (["init", "-q"], ["config", "user.email", "t@example.org"], ["config", "user.name", "t"]):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True)
+    out = tmp_path / "figures"
+    out.mkdir()
+    (out / "a.png").write_bytes(b"png")
+    (out / TIMINGS).write_text("figure,seconds\na,1.0\n")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "commit", "-qm", "figures"], check=True)
+    return out
+
+
+def test_a_redraw_of_unchanged_figures_keeps_the_committed_timings(tmp_path: Path) -> None:
+    """`make figures` twice leaves `git status` clean: when no other output changed, timings.csv is put back."""
+    out = _git_repo(tmp_path)
+    (out / TIMINGS).write_text("figure,seconds\na,2.0\n")
+    assert runner._keep_committed_timings(out)
+    assert (out / TIMINGS).read_text() == "figure,seconds\na,1.0\n"
+    # a changed figure: the new timings are the record of the run that drew it
+    (out / "a.png").write_bytes(b"new png")
+    (out / TIMINGS).write_text("figure,seconds\na,3.0\n")
+    assert not runner._keep_committed_timings(out)
+    assert (out / TIMINGS).read_text() == "figure,seconds\na,3.0\n"
+    # outside a checkout, or an untracked timings.csv: nothing to keep
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-plain"
+    elsewhere.mkdir()
+    (elsewhere / TIMINGS).write_text("x")
+    assert not runner._keep_committed_timings(elsewhere)
