@@ -27,7 +27,6 @@ from ..optim import OptimizerFactory
 __all__ = ["PipelineSpec", "make_spec", "OptimizerFactory", "SPEC_FIELDS"]
 
 
-
 @dataclass(frozen=True)
 class PipelineSpec:
     """A schedule × staleness policy × optimizer run of a model cut into stages.
