@@ -69,11 +69,10 @@ def train_plain(
             receives each step's per-arm losses; the returned loss is then their sum.
         micro_batches: M: split each mini-batch into M equal micro-batches and accumulate the gradients of
             their losses ℓ_j/M (the returned loss is Σ_j ℓ_j/M); default: one backward of the whole mini-batch.
-        precision: ``"bf16"``/``"fp16"`` (or a :class:`~pipelab.precision.Precision`): autocast compute with the
-            parameters as fp32 masters; fp16 scales the loss with ``torch.amp.GradScaler`` (the precision's
-            :class:`~pipelab.precision.LossScaling`, growth_factor > 1 and backoff_factor < 1 as GradScaler
-            requires), unscales every stage's optimizer, and skips the step on all of them when any gradient
-            is non-finite. Default fp32: plain arithmetic.
+        precision: ``"bf16"``/``"fp16"`` (or a :class:`~pipelab.precision.Precision`): autocast with fp32 masters;
+            fp16 scales the loss with ``torch.amp.GradScaler`` (set from the precision's
+            :class:`~pipelab.precision.LossScaling`) and skips the step on every stage when any gradient is
+            non-finite.
     """
     stages, get, steps, M = _arguments(model, D, batches, steps, micro_batches)
     loss_fn = loss_fn or nn.functional.cross_entropy
