@@ -68,8 +68,8 @@ def resolve_device(device: str | torch.device | None = "auto", *, argument: str 
 
     Raises:
         TypeError: ``device`` is not a string, a ``torch.device`` or ``None``.
-        ValueError: a name other than :data:`DEVICE_NAMES`; CUDA without CUDA (saying why and what to pass
-            instead); a GPU index beyond the visible GPUs.
+        ValueError: a name other than :data:`DEVICE_NAMES`; CUDA asked for without CUDA (saying why and
+            what to pass instead); a GPU index beyond the visible GPUs.
     """
     if device is None or (isinstance(device, str) and device == "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -97,7 +97,7 @@ def resolve_device(device: str | torch.device | None = "auto", *, argument: str 
 def check_nccl_devices(ranks: int, local_rank: int | None = None) -> None:
     """Refuse NCCL (ValueError) unless this machine has a GPU for each of its ``ranks`` and for ``local_rank``.
 
-    NCCL runs one rank per GPU; itself it refuses two ranks on one GPU only after a hang or with an opaque error.
+    NCCL runs one rank per GPU, and itself refuses two ranks on one GPU only after a hang or opaquely.
     """
     if not torch.cuda.is_available():
         raise ValueError(f"the NCCL backend needs CUDA GPUs, but {_no_cuda_reason()}; use the gloo backend "
