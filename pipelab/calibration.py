@@ -38,18 +38,14 @@ weights sent (broadcast)      ``collectives["bytes_sent"]``               the ow
 gradients sent / received     reduce + all-reduce bytes                   :func:`simulated_collectives`
 ============================  ==========================================  ==========================================
 
-Weight transfers are counted twice: Rahimi's Table 1 (:attr:`SimResult.weight_transfers`) charges one fetch
-per F job of a stage the worker does not hold, the runtime one per (stage, version, worker)
-(:attr:`SimResult.weight_fetches`); they agree when a worker runs at most one micro-batch of the stage per step
-(FSDP with M = W, FSLPP with B = G) and otherwise differ by that count. The bytes compare against the runtime's.
-Activations agree exactly although the simulator holds (k, g) from the start of F to the end of its backward and
-the runtime from the end of F to the start of B: a worker's program order fixes which are resident at each job.
-``activation_bytes`` must then be the stage *input* bytes (:func:`pipelab.links.boundary_bytes`).
+Rahimi's Table 1 (:attr:`SimResult.weight_transfers`) charges one weight fetch per F job of a stage the worker
+does not hold, the runtime one per (stage, version, worker) (:attr:`SimResult.weight_fetches`, compared here); they
+agree when a worker runs at most one micro-batch of the stage per step. Activations agree exactly (a worker's
+program order fixes which are resident at each job) when ``activation_bytes`` are the stage *input* bytes
+(:func:`pipelab.links.boundary_bytes`).
 
-**Makespan**: :func:`forecast_costs` turns every stage's profiled F, B (I, W), U, a boundary's one-way transfer
-and a placed schedule's collectives (charged to the update of their stage) into the simulator's costs;
-:func:`measured_costs` reads the same costs off a traced run, so that replaying them separates the simulator's
-model from the profile (the study: :func:`pipelab.studies.calibration.calibrate`).
+**Makespan**: :func:`forecast_costs` (from a profile) and :func:`measured_costs` (from a traced run) give the
+simulator's costs; replaying both separates the model from the profile (:mod:`pipelab.studies.calibration`).
 
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 (latency,
 activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §3.1: profile, then plan).
@@ -86,13 +82,9 @@ EXACT_VERSION_POLICIES = ("sequential", "gpipe", "1f1b", "stashing", "2bw")
 def simulated_traffic(sim: SimResult, sizes: Sequence[int]) -> list[dict[str, dict[str, int]]]:
     """Bytes each worker sends and receives over point-to-point, by kind, as the simulator counts transfers.
 
-    An activation crosses into F(k, g) from F(k−1, g) when they run on different workers (``sizes[k]``
-    bytes); a gradient into B(k, g) or I(k, g) from stage k+1's gradient job (``sizes[k+1]`` bytes). The
-    counts are :attr:`SimResult.activation_transfers` and :attr:`SimResult.gradient_transfers`, here
-    split by stage (for the sizes) and credited to the sender as well.
-
-    Returns:
-        per worker, ``{"sent": {"activation": n, "gradient": m}, "received": {...}}``.
+    An activation into F(k, g) from another worker costs ``sizes[k]``, a gradient into B(k, g) or I(k, g)
+    ``sizes[k+1]`` (:attr:`SimResult.activation_transfers`, ``gradient_transfers``, split by stage). Returns per
+    worker ``{"sent": {"activation": n, "gradient": m}, "received": {...}}``.
     """
     c, W, D = sim.compiled, sim.schedule.W, sim.schedule.D
     if len(sizes) != D:
@@ -136,17 +128,15 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
     """Each rank's measured bytes against the simulator's figures for the same schedule and sizes.
 
     Args:
-        results: every rank's :class:`~pipelab.runtime.RuntimeResult` (index = rank), from a run with
-            ``record=True`` (for the bytes sent and received).
-        schedule: the schedule that ran; stages: the D stage modules (for their sizes); x: one micro-batch
-            input of stage 0 (for the boundary sizes).
-        policy: the policy's name (the weight-version row is exact for :data:`EXACT_VERSION_POLICIES`).
-        optimizer: the optimizer factory of the run (for the optimizer-state estimate; ``None``: not compared).
+        results: every rank's :class:`~pipelab.runtime.RuntimeResult` from a run with ``record=True``.
+        x: one micro-batch input of stage 0 (for the boundary sizes).
+        policy: its name (the weight-version row is exact for :data:`EXACT_VERSION_POLICIES`).
+        optimizer: the run's factory, for the optimizer-state estimate (``None``: not compared).
 
     Returns:
-        rows ``{"rank", "quantity", "measured", "simulated", "exact", "tolerance", "ok", "note"}``, the module
-        docstring's rows per rank. ``exact`` rows require equality; the others
-        ``|measured − simulated| ≤ tolerance`` (``None``: the simulator has no figure, reported only).
+        the module docstring's rows per rank, ``{"rank", "quantity", "measured", "simulated", "exact",
+        "tolerance", "ok", "note"}``: ``exact`` rows require equality, others ``|measured − simulated| ≤
+        tolerance`` (``simulated`` ``None``: reported only).
 
     Raises:
         ValueError: results for a different number of ranks than the schedule's workers, or without a timeline.
@@ -251,17 +241,12 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int], bucket_by
                           ) -> list[dict[str, dict[str, int]]]:
     """Bytes and calls each worker's collectives move in a placed schedule, by kind, counted from the simulation.
 
-    Per step t and stage k, the members are k's holders H_k and the workers that ran a B (or W) of (k, t):
-    with one holder and another member, a ``reduce`` onto it; with several holders, an ``all_reduce``
-    (:mod:`pipelab.pipeline.placement`); the payload is the stage's weight bytes. Each version v of stage k
-    that a non-holder uses (:attr:`SimResult.weight_fetch_table`) is a ``broadcast`` from the owner H_k[0]
-    to the workers that use it. Bytes follow :func:`pipelab.pipeline.placement.collective_bytes`. All-reduces
-    fused into one bucket (:func:`pipelab.pipeline.placement.bucket_parts` under ``bucket_bytes``, default
-    :data:`~pipelab.pipeline.placement.BUCKET_BYTES`) count one call per bucket, as the executors issue them.
-
-    Returns:
-        per worker, ``{"bytes_sent": {kind: n}, "bytes_received": {kind: n}, "calls": {kind: n}}`` (kinds
-        that occur only), the runtime's :attr:`~pipelab.runtime.RuntimeResult.collectives` format.
+    Per step t and stage k, among k's holders H_k and the workers that ran a B (or W) of (k, t): a ``reduce``
+    onto a single holder, else an ``all_reduce`` of the stage's weight bytes; each version a non-holder uses
+    (:attr:`SimResult.weight_fetch_table`) is a ``broadcast`` from H_k[0]. Bytes follow
+    :func:`pipelab.pipeline.placement.collective_bytes`; all-reduces fused into one bucket
+    (:func:`~pipelab.pipeline.placement.bucket_parts` under ``bucket_bytes``) count one call. Returns the
+    runtime's :attr:`~pipelab.runtime.RuntimeResult.collectives` format, per worker.
     """
     from .pipeline.placement import collective_bytes
 
@@ -310,18 +295,13 @@ def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: S
                    split_backward: bool, collective: Sequence[float] | None = None, *,
                    network: Network | None = None, message_bytes: MessageBytes | None = None,
                    receive_overhead: float = 0.0) -> dict[str, Any]:
-    """The simulator's costs for a run: profiled F, B (I, W when the schedule splits) and U per stage, U plus
-    a weight copy on stages that keep more than one version (the runtime snapshots the new version), plus a
-    placed schedule's profiled collective time per step of the stage (``collective``; the simulator has no
-    collective cost of its own, and they sit right before or after the update), and the one-way transfer time
-    between ranks — or, for a run metered with ``network`` (:mod:`pipelab.runtime.meter`), that network and the
-    bytes of the messages (:func:`pipelab.links.message_bytes` of the run's stages and micro-batch) instead: the
-    meter holds every message until the link model's arrival, which covers the local transfer (``transfer`` is
-    then not used). ``receive_overhead`` o (seconds, profiled: the meter's hold overshoots its target by the
-    machine's wake-up time) is LogP's receiver overhead: a job that waited for its message starts o after the
-    arrival. The simulator has no such term, so it is added to every link's latency: exact for a consumer that
-    waits (ready and arrival both move by o, and so does a queue of messages behind it on the wire), which is
-    the link-bound case the meter is for; a consumer busy past the arrival is charged up to o too much."""
+    """The simulator's costs from a profile: F, B (I, W when split) per stage; U plus a weight copy where a stage
+    keeps more than one version, plus a placed schedule's ``collective`` time per step (they sit next to the
+    update); and the one-way ``transfer`` time, or for a metered run the ``network`` and ``message_bytes``.
+
+    ``receive_overhead`` o (profiled: the meter's wake-up) is LogP's receiver overhead, added to every link's
+    latency: exact for a consumer that waits (the link-bound case the meter is for), up to o too much for one
+    busy past the arrival."""
     extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
     u = [u + (c if cap > 1 else 0.0) + e
          for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
@@ -352,21 +332,11 @@ def _links(transfer: float, network: Network | None, message_bytes: MessageBytes
 
 def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network: Network | None = None,
                    message_bytes: MessageBytes | None = None, receive_overhead: float = 0.0) -> dict[str, Any]:
-    """Per-stage costs read off a measured run: the median duration of each stage's F, B, I, W and U jobs over
-    every rank's :class:`~pipelab.runtime.trace.Timeline` (I and W only when present), and the run's own
-    transfer latency: the mean, over received tensors whose consumer was already idle when the producer
-    ended, of (consumer start − producer end) on the shared clock; ``transfer`` when there is none. Means,
-    not medians: the makespan is a sum of job times and latencies, so a heavy tail (a descheduled process)
-    counts with its weight.
-
-    A placed schedule's collectives (timed as jobs named after their kind) have no cost in the simulator; they
-    sit right before (reductions) or after (broadcasts) the update of their stage and step, so each stage's
-    U cost is charged with their time: for every (stage k, step t ≥ 0), the longest any rank spent in the
-    collectives of (k, t), averaged over steps.
-
-    A metered run (``network``, ``message_bytes``): its waits are the link model's, so the replay takes the
-    network instead of a measured transfer latency, and ``receive_overhead`` the run's own mean overshoot
-    (:attr:`pipelab.runtime.meter.MeterStats.overshoot`), as :func:`forecast_costs` takes the profiled one."""
+    """Per-stage costs read off every rank's :class:`~pipelab.runtime.trace.Timeline`: the mean duration of each
+    stage's F, B, I, W and U jobs (means, not medians: the makespan is a sum, so a heavy tail counts), U plus the
+    mean over steps of the longest time a rank spent in the stage's collectives of a step, and the transfer
+    latency (:func:`_transfer_latency`). A metered run passes its ``network`` and its own mean overshoot
+    (:attr:`pipelab.runtime.meter.MeterStats.overshoot`) as ``receive_overhead``, as in :func:`forecast_costs`."""
     durations: dict[tuple[str, int], list[float]] = {}
     for tl in timelines:
         for r in tl.jobs:

@@ -1,32 +1,13 @@
 """Process groups for the multi-process runtime: launch under ``torchrun`` or spawn ranks locally.
 
-Two ways to get ranks:
+Ranks come from ``torchrun ... -m pipelab.studies.run`` (each process calls :func:`init_from_env`; one machine or
+several) or from :func:`spawn` (local processes: tests, notebooks, benchmarks).
 
-- ``torchrun --nproc-per-node N [--nnodes ... --rdzv-endpoint ...] -m pipelab.studies.run ...``: each process calls
-  :func:`init_from_env`, which reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` (set by
-  torchrun, so the same code runs on one machine or across machines);
-- :func:`spawn` (tests, notebooks, benchmarks): starts ``world_size`` local processes on a free port,
-  runs ``fn(rank, world_size, *args)`` in each and returns the per-rank results.
-
-Failures are bounded in time, never a hang: every process group is created with a timeout; a rank that
-raises tears its process group down (so peers blocked in a receive fail at once instead of waiting for
-the timeout) and reports its traceback; :func:`spawn` then terminates the remaining ranks (killing those
-that do not exit, a stopped process included) and raises :class:`RankFailure` naming the rank that failed
-first. A rank that dies without reporting (killed, ``os._exit``) is detected by its exit code. A rank that
-*hangs* (alive, silent, or stopped) makes its peers' receives time out (collectives too: every group has the
-run's timeout, :func:`comm_timeout`); :func:`spawn` then names it as unresponsive, with the last progress it
-reported through :func:`heartbeat` (the runtime reports its program position), rather than the peer whose
-receive timed out.
-
-Without a parent watching the ranks (``torchrun``), the ranks name it themselves: each publishes its
-progress, and whether it is blocked in a communication call (:func:`waiting`), to the process group's store
-(torchrun's agent hosts it, as :func:`spawn` does; it outlives every rank), and a rank whose call fails raises
-:class:`StalledRank` naming the peers that stopped publishing or make no progress outside communication.
-
-Backends: ``gloo`` on CPU, ``nccl`` on CUDA (:func:`default_backend`). Devices: :func:`resolve_device` is the
-one place a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``) becomes a ``torch.device``, for the
-emulator's learning curves, the figure CLI, the prediction-error runs and the runtime, and says what to
-pass instead when CUDA is absent; :func:`check_nccl_devices` refuses NCCL with fewer visible GPUs than ranks.
+Failures are bounded in time, never a hang: every process group has the run's timeout (:func:`comm_timeout`), and
+a rank that raises tears its group down so blocked peers fail at once. Under :func:`spawn` the parent names the
+cause (:class:`RankFailure`); under torchrun the ranks do, from the progress each publishes to the group's store
+(:func:`heartbeat`, :func:`waiting`, :class:`StalledRank`). :func:`resolve_device` is the one place a device name
+becomes a ``torch.device``.
 """
 
 from __future__ import annotations
@@ -82,14 +63,13 @@ def _instead(argument: str, value: str) -> str:
 def resolve_device(device: str | torch.device | None = "auto", *, argument: str = "device") -> torch.device:
     """The ``torch.device`` named by ``device``, checked against this machine.
 
-    ``"auto"`` (or ``None``): CUDA when a GPU is visible, else CPU; ``"cpu"``; ``"cuda"`` (the current GPU) or
-    ``"cuda:N"`` (the N-th visible GPU), refused when CUDA is absent. ``argument`` names the setting in the
-    error (``"--device"`` for a command line, ``"RunConfig.device"``, ...).
+    ``"auto"`` (or ``None``): CUDA when a GPU is visible, else CPU. ``argument`` names the setting in errors
+    (``"--device"``, ``"RunConfig.device"``, ...).
 
     Raises:
         TypeError: ``device`` is not a string, a ``torch.device`` or ``None``.
-        ValueError: a name other than :data:`DEVICE_NAMES`; CUDA asked for without CUDA (the message says why
-            and what to pass instead); a GPU index beyond the visible GPUs.
+        ValueError: a name other than :data:`DEVICE_NAMES`; CUDA asked for without CUDA (saying why and
+            what to pass instead); a GPU index beyond the visible GPUs.
     """
     if device is None or (isinstance(device, str) and device == "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -115,14 +95,9 @@ def resolve_device(device: str | torch.device | None = "auto", *, argument: str 
 
 
 def check_nccl_devices(ranks: int, local_rank: int | None = None) -> None:
-    """Refuse NCCL unless this machine has a GPU for each of its ``ranks`` (and for ``local_rank``).
+    """Refuse NCCL (ValueError) unless this machine has a GPU for each of its ``ranks`` and for ``local_rank``.
 
-    NCCL runs one rank per GPU (rank r on GPU ``LOCAL_RANK``); two ranks sharing a GPU are refused by NCCL
-    itself, after a hang or with an opaque error.
-
-    Raises:
-        ValueError: no CUDA; fewer visible GPUs than ``ranks``, or ``local_rank`` beyond them (the message
-            gives both counts and what to launch instead).
+    NCCL runs one rank per GPU, and itself refuses two ranks on one GPU only after a hang or opaquely.
     """
     if not torch.cuda.is_available():
         raise ValueError(f"the NCCL backend needs CUDA GPUs, but {_no_cuda_reason()}; use the gloo backend "
@@ -152,11 +127,9 @@ def free_port() -> int:
 def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment; return ``(rank, world_size)``.
 
-    On CUDA, each process uses the GPU ``LOCAL_RANK``. Once joined, a thread publishes this rank's progress
-    to the group's store (:func:`heartbeat`, :func:`waiting`). Joining is bounded by ``timeout_s``: torch's store
-    client waits without limit when ``MASTER_PORT`` is held by a program that is not a torch.distributed
-    store, so the join runs in a helper thread and a ``TimeoutError`` naming ``MASTER_ADDR:MASTER_PORT``
-    is raised when it has not finished ``timeout_s`` (+ 1 s, for torch's own timeout to report first) later.
+    On CUDA, each process uses the GPU ``LOCAL_RANK``. Once joined, a thread publishes this rank's progress to
+    the group's store. The join runs in a helper thread bounded by ``timeout_s`` + 1 s: torch's store client waits
+    without limit when ``MASTER_PORT`` is held by a program that is not a torch.distributed store.
 
     Raises:
         RuntimeError: the environment variables are missing, or ``MASTER_PORT`` is in use on this rank 0.
@@ -208,10 +181,8 @@ def init_from_env(backend: str | None = None, *, timeout_s: float = 120.0) -> tu
 def comm_timeout() -> datetime.timedelta:
     """The default process group's timeout: how long one collective or point-to-point operation may wait.
 
-    Every other process group pipelab creates (the placements' sub-groups, :mod:`pipelab.runtime.collectives`)
-    is given this timeout, so a rank stalled inside any collective is detected within the same bound as in
-    point-to-point transport; ``dist.new_group`` alone would give torch's default, 30 minutes. torch has no
-    public getter: the value is read from the default group's backend options.
+    Every group pipelab creates gets it (``dist.new_group`` alone would give torch's 30 minutes). torch has no
+    public getter: it is read from the default group's backend options.
     """
     device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
     timeout: datetime.timedelta = dist.group.WORLD._get_backend(device).options._timeout  # type: ignore[union-attr]
@@ -219,11 +190,8 @@ def comm_timeout() -> datetime.timedelta:
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """Fields where two nested configurations (dicts, lists, tuples, scalars) differ: ``(field, a, b)``.
-
-    ``field`` is a dotted path (``optimizer.0.lr``); a key present on one side only gives ``<absent>`` on
-    the other; NaN equals NaN.
-    """
+    """``(field, a, b)`` where two nested configurations differ: ``field`` dotted (``optimizer.0.lr``), a key on
+    one side only ``<absent>`` on the other, NaN equal to NaN."""
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for key in list(a) + [k for k in b if k not in a] for d in _key_differences(a, b, key, path)]
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
@@ -261,11 +229,8 @@ def describe_differences(diffs: list[tuple[str, Any, Any]], left: str, right: st
 
 
 def check_consistent(obj: Any, what: str = "config") -> None:
-    """Raise ``ValueError`` on every rank unless all ranks pass an equal ``obj``.
-
-    Every rank gathers every rank's ``obj`` (keep it small: a configuration, not tensors); the message
-    names each field that differs, with its value on rank 0 and on the ranks that disagree.
-    """
+    """Raise ``ValueError`` on every rank, naming each differing field, unless all ranks pass an equal (small)
+    ``obj``."""
     objs: list[Any] = [None] * dist.get_world_size()
     with waiting(range(len(objs)), f"the exchange of the {what}"):
         dist.all_gather_object(objs, obj)
@@ -304,10 +269,8 @@ _PREFIX = "pipelab/progress/"  # store key of rank r: _PREFIX + str(r)
 def heartbeat(progress: int) -> None:
     """Record that this rank made progress (e.g. reached position ``progress`` of its program).
 
-    Under :func:`spawn` the parent reads it to name a hung rank and say where it stopped. In a process group
-    joined with :func:`init_from_env` (``torchrun`` included) it is also published to the group's store,
-    with what :func:`waiting` records, for the other ranks to name a stalled peer (:class:`StalledRank`).
-    Cheap: two writes to shared memory and one tuple, no communication (a thread publishes).
+    Read by :func:`spawn`'s parent, and published to the group's store by a thread, to name a hung rank and where
+    it stopped. Cheap: no communication.
     """
     global _STATE
     if _BEAT is not None:
@@ -317,11 +280,7 @@ def heartbeat(progress: int) -> None:
 
 
 class StalledRank(RuntimeError):
-    """A communication call failed (timed out, or a peer left); ``ranks`` are the peers found stalled.
-
-    The message says which call failed and how, names each stalled peer, and gives every rank's published
-    progress (:func:`waiting`); the backend's error is the ``__cause__``.
-    """
+    """A communication call failed (timed out, or a peer left); ``ranks``: the peers :func:`waiting` found stalled."""
 
     def __init__(self, message: str, ranks: list[int]) -> None:
         super().__init__(message)
@@ -332,12 +291,9 @@ class StalledRank(RuntimeError):
 def waiting(peers: Iterable[int], what: str) -> Iterator[None]:
     """Mark this rank as blocked on ``peers`` (itself left out) in a communication call (``what``) while inside.
 
-    The mark is published with the rank's progress (:func:`heartbeat`), so that a peer whose own call fails
-    can tell ranks that wait from a rank that stalls. If the call raises, the other ranks' progress is read
-    from the store and :class:`StalledRank` is raised from the error, naming the stalled peers: a peer that
-    no longer publishes (stopped, killed, exited) or that is outside any communication call without
-    progress for at least half the communication timeout (stuck or sleeping in its own code). Wrap only
-    the call that communicates: an error raised inside is reported as that call's failure.
+    If the call raises, :class:`StalledRank` is raised from the error, naming the stalled peers: those that no
+    longer publish (stopped, killed, exited) or are outside any communication call without progress for half the
+    communication timeout. Wrap only the call that communicates.
     """
     global _STATE
     members = tuple(sorted(set(peers) - {dist.get_rank() if dist.is_initialized() else -1}))
@@ -358,18 +314,15 @@ def _interval(timeout_s: float) -> float:
 
 
 def _store(timeout_s: float) -> Any:
-    """A client of the process group's TCP store at ``MASTER_ADDR:MASTER_PORT`` (hosted by torchrun's agent,
-    by :func:`spawn`, or by rank 0 in a group joined without either)."""
+    """A client of the process group's TCP store at ``MASTER_ADDR:MASTER_PORT``."""
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 class _Publisher(threading.Thread):
-    """Publishes this rank's :class:`_State` to the store every ``interval`` seconds, with a sequence number.
+    """Publishes this rank's :class:`_State` every ``interval`` seconds until the first store error or exit.
 
-    The sequence number shows the other ranks that this process still runs; ages are sent as durations
-    measured here, so no clock is compared across machines. Stops at the first store error (the group was
-    destroyed, its store's host exited) and at interpreter exit.
+    The sequence number shows that the process still runs; ages are durations, so no clocks are compared.
     """
 
     def __init__(self, rank: int, interval: float, timeout_s: float) -> None:
@@ -504,10 +457,7 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
 def _end(procs: list[Any], grace_s: float) -> None:
     """Terminate the processes still running, and kill those still alive ``grace_s`` later.
 
-    SIGTERM first lets a rank clean up; SIGKILL after the grace period ends what SIGTERM cannot: a stopped
-    process (SIGSTOP, a debugger) holds SIGTERM until it is continued, and one that ignores or handles it may
-    not exit. Without this, the caller's interpreter would hang at exit, where multiprocessing joins its
-    children without a timeout.
+    A stopped process holds SIGTERM until continued, and the caller's interpreter would hang at exit joining it.
     """
     alive = [p for p in procs if p.is_alive()]
     for p in alive:
@@ -598,20 +548,16 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
 
     Args:
         fn: a picklable (module-level) function; its return value is sent back with ``torch.save``.
-        backend: ``gloo`` (CPU) or ``nccl`` (one GPU per rank).
-        timeout_s: bound on the whole run; past it every rank is terminated and ``TimeoutError`` raised.
+        timeout_s: bound on the whole run.
         comm_timeout_s: the process group's timeout for a single collective/point-to-point operation.
-        grace_s: after the first failure, how long the other ranks get to report before being terminated
-            (SIGTERM), and how long a terminated rank gets to exit before it is killed (SIGKILL), so that
-            this call, and the caller's process, always end.
+        grace_s: after the first failure, how long the other ranks get to report before SIGTERM, and a
+            terminated rank to exit before SIGKILL.
 
     Raises:
         ValueError: ``nccl`` with fewer visible GPUs than ``world_size`` (before any process starts).
-        RankFailure: a rank raised or died; the message has its traceback (and what followed on the others).
-            Its ``rank`` is the cause: a rank that died without reporting, else a rank that is
-            *unresponsive* — still running, silent, ``grace_s`` after the first failure, and without
-            :func:`heartbeat` progress for at least ``comm_timeout_s`` (its peers' receives timed out
-            waiting for it) — else the first rank that reported an error.
+        RankFailure: a rank raised or died, with its traceback. Its ``rank`` is the cause: a rank that died
+            without reporting, else one *unresponsive* (running, silent ``grace_s`` after the first failure,
+            without :func:`heartbeat` progress for ``comm_timeout_s``), else the first that reported an error.
         TimeoutError: the run exceeded ``timeout_s`` (the message gives each running rank's last progress).
     """
     if world_size < 1:

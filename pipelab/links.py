@@ -196,13 +196,11 @@ class Bf16:
 @dataclass(frozen=True)
 class Int8:
     """Per-row absmax quantisation to int8: for each row x (the last axis), s = fp32(max|x| / 127) and
-    q = clamp(round(x / s), −127, 127); decoded q·s. Round to nearest: |x − q·s| ≤ s/2 per element (a zero row
-    stays zero). ``stochastic=True`` rounds x/s down or up with probability its fractional part (unbiased:
-    E[q·s] = x, error < s), with noise from a generator seeded by ``seed`` and owned by this codec (each process
-    draws its own stream: a runtime then differs from the emulator). Off by default: deterministic, so the
-    runtime equals the emulator bit for bit. Per-row scales as in LLM.int8() (Dettmers et al., NeurIPS 2022)
-    without its outlier columns; stochastic rounding as in Gupta et al., "Deep Learning with Limited Numerical
-    Precision", ICML 2015."""
+    q = clamp(round(x / s), −127, 127); decoded q·s, |x − q·s| ≤ s/2 (a zero row stays zero). ``stochastic=True``
+    rounds x/s up with probability its fractional part (E[q·s] = x, error < s), from this codec's generator
+    seeded by ``seed`` (one stream per process: a runtime then differs from the emulator). Per-row scales as in
+    LLM.int8() (Dettmers et al., NeurIPS 2022) without its outlier columns; stochastic rounding as in Gupta et al.,
+    "Deep Learning with Limited Numerical Precision", ICML 2015."""
 
     stochastic: bool = False
     seed: int = 0
@@ -240,15 +238,11 @@ class Int8:
 
 @dataclass(frozen=True)
 class LowRank:
-    """A fixed subspace projection of the last axis: with P ∈ R^{d×r} orthonormal columns (QR of a Gaussian
-    matrix drawn from ``seed``, the same on every process), encode x ↦ xP (r numbers per row, in the hand-over
-    dtype), decode ↦ xPPᵀ, the orthogonal projection onto span(P). Applied to the gradient g with the same P,
-    the sender gets gPPᵀ: exactly the gradient of the projected network x ↦ xPPᵀ (a projection is symmetric),
-    so the pipeline trains that network. r = d: P is orthogonal and decode(encode(x)) = x up to rounding.
-    The basis is a fixed random one (the Gaussian range finder of Halko, Martinsson and Tropp, SIAM Review 2011),
-    the simplest subspace compressor of pipeline activations; learned compressors (autoencoders, which Bian et al.,
-    "Does compressing activations help model parallel training?", MLSys 2024, compare with Top-K and
-    quantisation) and a PowerSGD-style basis (Vogels et al., NeurIPS 2019) are not implemented."""
+    """A fixed subspace projection of the last axis: P ∈ R^{d×r} with orthonormal columns (QR of a Gaussian matrix
+    from ``seed``, the same on every process); encode x ↦ xP, decode ↦ xPPᵀ. The gradient g gets gPPᵀ, exactly
+    the gradient of the projected network x ↦ xPPᵀ (a projection is symmetric), so the pipeline trains that
+    network. A random basis: the Gaussian range finder of Halko, Martinsson and Tropp, SIAM Review 2011 (learned
+    compressors, Bian et al., MLSys 2024, and PowerSGD's basis, Vogels et al., NeurIPS 2019, are not implemented)."""
 
     rank: int
     seed: int = 0
@@ -311,10 +305,9 @@ def as_codec(codec: Codec | str) -> Codec:
 
 
 def boundary_codecs(codec: Codec | str | Sequence[Codec | str | None] | None, D: int) -> tuple[Codec | None, ...]:
-    """The codec of each boundary k = 0..D−2 of a D-stage run (``None``: identity, the hand-over untouched).
+    """The codec of each boundary k = 0..D−2 (``None``: identity) from one for all or one per boundary.
 
-    ``codec`` is one for every boundary (a ``LowRank`` given once gets seed + k on boundary k: one projection per
-    boundary), or one per boundary.
+    A ``LowRank`` given once gets seed + k on boundary k: one projection per boundary.
 
     Raises:
         ValueError: a list of the wrong length, an unknown name. TypeError: an entry that is not a codec.
@@ -361,9 +354,7 @@ def message_bytes(stages: Sequence[nn.Module], x: Any, *, dtype: torch.dtype | N
                   codec: Codec | str | Sequence[Codec | str | None] | None = None) -> MessageBytes:
     """The bytes each boundary's messages bill (module docstring), from a shape pass with the micro-batch ``x``.
 
-    Args:
-        dtype: the hand-over dtype of floating tensors (mixed precision: ``Precision.dtype``); ``None``: a plain
-            run's. codec: one for every boundary, or one per boundary (``None``: identity; :func:`boundary_codecs`).
+    ``dtype``: the hand-over dtype of floating tensors (``None``: a plain run's); ``codec``: :func:`boundary_codecs`.
 
     Example:
         >>> message_bytes([nn.Linear(4, 8), nn.Linear(8, 2)], torch.zeros(3, 4), dtype=torch.bfloat16)

@@ -1,57 +1,38 @@
 """The exact pipeline emulator: any schedule × staleness policy × ``torch.optim`` optimizer, one device.
 
-:class:`Emulator` replays the simulator's execution sequence of F, B and U events, stage by stage, as a
-real pipeline would, but in one process:
+:class:`Emulator` replays the simulator's execution order of F, B (I, W) and U events in one process, on the
+pipeline core the multi-process :class:`~pipelab.runtime.PipelineRuntime` shares (the loop
+:func:`~pipelab.pipeline.driver.run_jobs`, the :class:`~pipelab.pipeline.stage.StageExecutor` s built by
+:func:`~pipelab.pipeline.plan.build_pipeline`), handing tensors over in memory. The rules:
 
-The loop itself (:func:`pipelab.pipeline.driver.run_jobs`), the stage arithmetic
-(:class:`~pipelab.pipeline.stage.StageExecutor`) and the set-up (:func:`~pipelab.pipeline.plan.build_pipeline`)
-are the pipeline core the multi-process :class:`~pipelab.runtime.PipelineRuntime` shares; the emulator runs
-the whole execution order in one process and hands tensors over in memory.
-
-- **Weights.** Stage k's versions ``W_k^(v)`` are explicit tensors in a
-  :class:`~pipelab.pipeline.rings.VersionRing` keyed by version number. The stage's own ``torch.optim``
-  optimizer owns the live parameters (the stage module's ``nn.Parameter`` s, i.e. the user's model is
-  trained in place); after each update the new version is cloned into the ring; stored versions are never
-  written to and are dropped after their last use. The ring's capacity is the peak
-  number of versions alive at once, i.e. the copies a real stage holds.
-- **Forward.** ``F(k, t, j)`` runs the stage through :func:`torch.func.functional_call` with the weights
-  its policy asks for (a stored version, or a predictor's output) on micro-batch j of mini-batch t. The
-  last stage also computes the loss, scaled by 1/M so that the M micro-batch gradients sum to the gradient
-  of the mini-batch mean loss.
-- **Backward.** ``B(k, t, j)`` differentiates the stage alone, from its saved input, with the gradient of
-  its output received from stage k+1 (per-stage autograd, as a real pipeline does). When the forward and
-  backward weights are the same stored version the forward's autograd graph is kept and used (no
-  recompute: stashing and flushed schedules pay nothing extra). When they differ (vanilla, PipeOptim,
-  SpecTrain, PipeMare) the backward is the vector–Jacobian product of the stage *at the backward weights*,
-  evaluated by recomputing the stage forward from the saved input — the recompute semantics of PipeOptim's
-  experiments, where every scheme used recomputation (Guan et al., arXiv:2312.00839, §V-A). The recompute
-  replays the forward's random-number state (dropout) and runs on copies of the buffers.
-- **Update.** ``U(k, t)`` hands the accumulated gradient of step t to stage k's optimizer (with PipeMare's
-  learning-rate factor if any), steps the optional learning-rate scheduler and the predictor's history.
-- **Versions** come from the version table of the simulator's sequence, never from rank arithmetic; the
-  emulator records the version each job actually ran at (``EmulatorResult.current``) for comparison.
-- **Placements** (DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP: a stage computed or held by several
-  workers, :mod:`pipelab.pipeline.placement`): every holder has its own copy of the stage's weights and its
-  own optimizer (the first holder's is the user's module, trained in place; the others are copies), a
-  computing non-holder holds only the versions it fetched, and every job computes with its own worker's copy.
-  The collectives run in memory at the places of the global sequence the runtime follows: a replicated
-  stage's gradients are summed over its holders before each U (all-reduce), a sharded stage's weights are
-  handed from the owner to the non-holders before they use them (broadcast) and their gradients summed onto
-  the owner (reduce). ``EmulatorResult.extra["collectives"]`` counts the bytes each rank would move.
-- **Precision** (:class:`~pipelab.precision.Precision`, spec field ``precision``): bf16/fp16 autocast compute
-  with fp32 master weights and optimizer state; fp16 adds one loss scale and one skip decision per step for
-  every stage (flushed schedules only). The default fp32 runs exactly as without it.
-- **Buffers** (e.g. BatchNorm running statistics) are not versioned: they live in the stage modules and
-  are updated in place by every (non-recomputed) forward in execution order, whatever weights it used.
-- **Frozen parameters** (``requires_grad=False``) are not weights either: every job reads them from the stage
-  module; they are never versioned, predicted or stepped, and the optimizer factory is given only the
-  trainable ones (:mod:`pipelab.pipeline.stage`), as :func:`~pipelab.emulator.reference.train_plain` does.
-- **Hand-overs** may be structures (a block returning ``(hidden, mask)``): the next stage is called with the
-  structure as its one input, as ``nn.Sequential`` does; gradients flow back through its floating-point tensors
-  (:mod:`pipelab.pipeline.transport`).
-- **Mini-batch shapes** may change from one mini-batch to the next (a smaller last batch, another sequence
-  length) wherever the model accepts them; each is still split into M equal micro-batches. Where a stage
-  rejects a changed shape, the error names the stage, the mini-batch and micro-batch, and both shapes.
+- **Weights.** Stage k's versions ``W_k^(v)`` are tensors in a :class:`~pipelab.pipeline.rings.VersionRing`,
+  never written to, dropped after their last use (capacity: the peak held at once, i.e. a real stage's copies).
+  The stage's ``torch.optim`` optimizer owns the live parameters (the user's model is trained in place); each
+  update's result is cloned into the ring.
+- **Forward.** ``F(k, t, j)`` runs the stage (:func:`torch.func.functional_call`) at the weights its policy
+  asks for (a stored version, or a predictor's output); the last stage adds the loss ℓ/M, so the M micro-batch
+  gradients sum to the gradient of the mini-batch mean loss.
+- **Backward.** ``B(k, t, j)`` is the vector–Jacobian product (∂out/∂W)ᵀg, (∂out/∂x)ᵀg of the stage alone, from
+  its saved input and the gradient received from stage k+1. When forward and backward weights are the same stored
+  version the forward's graph is reused; otherwise (vanilla, PipeOptim, SpecTrain, PipeMare) the stage forward is
+  recomputed at the backward weights, replaying the forward's random state on copies of the buffers (PipeOptim's
+  recompute semantics, Guan et al., arXiv:2312.00839, §V-A). ``I``/``W`` split it: I returns (∂out/∂x)ᵀg and
+  keeps the graph, the later W adds (∂out/∂W)ᵀg: together exactly B.
+- **Update.** ``U(k, t)`` steps the optimizer with step t's accumulated gradient (PipeMare's learning-rate factor;
+  a ``corrects_gradient`` policy's correction first), then the scheduler and the predictor's history.
+- **Versions** come from the simulator's version table, never from rank arithmetic; ``EmulatorResult.current``
+  records the version each job actually ran at.
+- **Placements** (DDP, FSDP, LPP, FSLPP, DualPipe, PP × DP: :mod:`pipelab.pipeline.placement`): each holder keeps
+  its own copy and optimizer (the first holder's is the user's module), a computing non-holder only the versions
+  it fetched; the collectives (all-reduce, broadcast, reduce) run in memory where the runtime's global sequence
+  has them, and ``EmulatorResult.extra["collectives"]`` counts the bytes each rank would move.
+- **Precision** (:class:`~pipelab.precision.Precision`): bf16/fp16 autocast with fp32 masters; fp16 adds one loss
+  scale and one skip decision per step for every stage (flushed schedules only).
+- **Buffers** (BatchNorm statistics) are not versioned: every non-recomputed forward updates them in order.
+  Frozen parameters and stages without parameters: :mod:`pipelab.pipeline.stage`; hand-over structures:
+  :mod:`pipelab.pipeline.transport`.
+- **Mini-batch shapes** may change between mini-batches where the model accepts them (each split into M equal
+  micro-batches); a stage that rejects one is named with both shapes.
 
 Example:
     >>> import torch
@@ -94,21 +75,17 @@ class EmulatorResult:
     """What :meth:`Emulator.run` returns.
 
     Attributes:
-        losses: mean training loss of every mini-batch (the last stage's forward), NaN where not reached.
+        losses: mean training loss of every mini-batch, NaN where not reached.
         diverged_at: first step whose loss was NaN/inf (the run stops there), else ``None``.
-        current: cur(job), the version of its stage current when each F/B (or I/W) job ran (as executed).
-        used: the version each F/B job's weights stand for: v for a stored version, base+s for a
-            prediction of it (``("F", k, t, j) -> int``).
+        current: cur(job), the version of its stage current when each F/B (or I/W) job ran.
+        used: the version each F/B job's weights stand for: v stored, base+s predicted.
         waited: whether the execution order differs from the schedule's (oracle-type waiting).
         ring_capacity: versions stage k holds at its peak (weight stashing: D−k).
         weight_copies: weight-sized tensors a real stage holds: ring + predicted copy + extra buffers.
-        steps_done: number of mini-batches whose loss was computed.
-        extra: ``ring_peak`` (versions each stage held at its peak), ``activation_peak`` (bytes of stage
-            inputs saved for a backward at the peak, all stages together; held until W when split) and
-            ``stage_activation_peak`` (the same per stage); for a placed schedule ``copies`` (``(worker,
-            stage) -> final weights`` of every holder's copy) and ``collectives`` (per rank: ``bytes_sent``,
-            ``bytes_received`` and ``calls`` per collective kind); ``arm_losses`` (per step, the per-arm losses when the
-            loss is a vector of stacked arms' losses, :mod:`pipelab.studies.stacking`; ``None`` entries otherwise).
+        extra: ``ring_peak``, ``activation_peak`` (bytes of saved stage inputs, all stages; held until W when
+            split), ``stage_activation_peak``; placed: ``copies`` (``(worker, stage) -> final weights``) and
+            ``collectives`` (per rank and kind: ``bytes_sent``, ``bytes_received``, ``calls``); ``arm_losses``
+            (per step, stacked arms' losses, :mod:`pipelab.studies.stacking`; else ``None`` entries).
     """
 
     losses: list[float]
@@ -128,10 +105,8 @@ class Emulator:
     Args:
         model: an ``nn.Sequential`` (split into D stages by :func:`pipelab.partition.split`) or a list of
             stage modules. It is trained in place.
-        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`: schedule, policy, optimizer, D, loss_fn,
-            predictor, lr_scheduler, balance, recompute, precision, documented there), or the same fields as keywords,
-            e.g. ``Emulator(model, schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=factory)``; keywords
-            given with a spec replace its fields.
+        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords, which replace a
+            given spec's.
 
     Raises:
         ValueError: D larger than the number of blocks, schedule and model disagreeing on D, a synchronous
@@ -139,9 +114,6 @@ class Emulator:
             shared by two stages.
         TypeError: a schedule given by name (``"gpipe"``) or of another type, an optimizer that is not a
             factory, a loss function or scheduler factory that is not callable, an unknown keyword.
-
-    A stage without parameters (e.g. a lone ``nn.Tanh`` stage) is allowed: it runs its forwards and
-    backwards but has no optimizer, no predictor and no weight copies.
     """
 
     def __init__(self, model: nn.Module | Sequence[nn.Module], spec: PipelineSpec | None = None,
@@ -174,30 +146,13 @@ class Emulator:
                 for v = 0, n, 2n, ... and the final version (weights: one tuple of tensors per stage,
                 in ``named_parameters`` order, frozen parameters included; they must not be modified).
 
-        Returns:
-            An :class:`EmulatorResult`.
-
         Raises:
-            RuntimeError: on a second call. An Emulator runs its schedule once: the version table, the
-                weight specs and the rings are those of one pass (versions 0..steps); a second pass would
-                need every version renumbered. Build a new Emulator on the same model to continue.
+            RuntimeError: on a second call (the version table, specs and rings are one pass's; build a new
+                Emulator on the same model to continue).
             TypeError: a mini-batch that is not a tuple ``(x, y)`` of tensors, or an input whose floating
                 dtype differs from the model's.
             ValueError: too few mini-batches, input and target of different lengths, a mini-batch not
                 divisible into M micro-batches, data and model on different devices.
-
-        ========  ============================================================================================
-        step      what it does
-        ========  ============================================================================================
-        check     an Emulator runs its schedule once: a second call is refused
-        data      the mini-batches, checked and cut into micro-batches as the jobs ask (:class:`MiniBatches`)
-        snapshot  every stage's version 0, then each update's, handed on once all stages reached v
-                  (:func:`_snapshotter`)
-        drive     :func:`run_jobs` over the order, or a placed schedule's global sequence with its
-                  collectives emulated
-        result    losses, the versions jobs ran at and used, ring and activation peaks, placed copies
-                  (:meth:`_result`)
-        ========  ============================================================================================
         """
         copies = self.plan.copies
         if any(st.position for st in (*self.stages, *copies.values())):

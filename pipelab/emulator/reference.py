@@ -7,14 +7,8 @@ pipeline schedule must reproduce it exactly:
 
     W^(t+1) = opt_step(W^(t), ∇ (1/|B_t|) Σ_{i∈B_t} ℓ(f(x_i; W^(t)), y_i)).
 
-With ``micro_batches=M`` each mini-batch is split into M micro-batches as the pipeline splits it, and their
-gradients of ℓ_j/M accumulate before the step (the pipeline's arithmetic, micro-batch by micro-batch). With a
-``precision`` (:mod:`pipelab.precision`) the forward and the loss run under ``torch.autocast`` with the fp32
-parameters as masters, a stage's output is handed on in the compute dtype, and fp16's dynamic loss scale is
-``torch.amp.GradScaler``'s, with one skip decision for all stages' optimizers: a flushed schedule in bf16/fp16
-must reproduce this exactly.
-
-:func:`evaluate` computes loss and accuracy of given stage weights (eval mode, no gradient).
+With ``micro_batches=M`` (the pipeline's arithmetic) or a ``precision`` (bf16/fp16: the pipeline's casts and
+GradScaler) a flushed schedule must reproduce it exactly as well. :func:`evaluate`: loss and accuracy.
 
 Example:
     >>> import torch
@@ -66,10 +60,8 @@ def train_plain(
 
     Args:
         model: an ``nn.Sequential`` (cut into D stages, D=1 if not given) or a list of stage modules.
-        optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage with its trainable parameters
-            (``requires_grad``; a stage without any has no optimizer), as the pipeline drivers call it.
+        optimizer: factory ``params -> torch.optim.Optimizer``, called per stage with its trainable parameters.
         batches: mini-batch t is ``batches[t]`` or ``batches(t)``.
-        steps: number of steps (default ``len(batches)``).
         record: if given a list, ``record[k][v]`` receives stage k's weights after v updates.
         stop_on_divergence: stop at the first non-finite loss (later losses are NaN).
         callback: called with v = t + 1 after the update of step t (e.g. to evaluate at epoch ends).
@@ -77,22 +69,10 @@ def train_plain(
             receives each step's per-arm losses; the returned loss is then their sum.
         micro_batches: M: split each mini-batch into M equal micro-batches and accumulate the gradients of
             their losses ℓ_j/M (the returned loss is Σ_j ℓ_j/M); default: one backward of the whole mini-batch.
-        precision: ``"bf16"``/``"fp16"`` (or a :class:`~pipelab.precision.Precision`): autocast compute with the
-            parameters as fp32 masters; fp16 scales the loss with ``torch.amp.GradScaler`` (the precision's
-            :class:`~pipelab.precision.LossScaling`, growth_factor > 1 and backoff_factor < 1 as GradScaler
-            requires), unscales every stage's optimizer, and skips the step on all of them when any gradient
-            is non-finite. Default fp32: plain arithmetic.
-
-    ==========  ============================================================================================
-    step        what it does
-    ==========  ============================================================================================
-    arguments   the stages, the batches' getter and count, the precision and M checked
-    optimizers  one per stage with trainable parameters, fp16's GradScaler (:func:`_grad_scaler`), schedulers
-    loss        per mini-batch: the whole batch's loss (:func:`_whole_batch`), or the sum of M micro-batches'
-                with their gradients accumulated (:func:`_micro_steps`); a diverged loss stops the run
-    step        the backward and every optimizer's step (:func:`_step_all` under fp16: all or none), the
-                schedulers, ``record`` and ``callback``
-    ==========  ============================================================================================
+        precision: ``"bf16"``/``"fp16"`` (or a :class:`~pipelab.precision.Precision`): autocast with fp32 masters;
+            fp16 scales the loss with ``torch.amp.GradScaler`` (set from the precision's
+            :class:`~pipelab.precision.LossScaling`) and skips the step on every stage when any gradient is
+            non-finite.
     """
     stages, get, steps, M = _arguments(model, D, batches, steps, micro_batches)
     loss_fn = loss_fn or nn.functional.cross_entropy
@@ -231,10 +211,8 @@ def evaluate(
     """Mean loss and accuracy of the stages (with ``weights[k]`` in ``named_parameters`` order, if given), each
     hand-over encoded and decoded by ``codec`` as in the pipeline (``PipelineSpec.codec``; :func:`forward_batches`).
 
-    The stages are put in eval mode for the call and restored afterwards. Both are NaN when a weight evaluated,
-    an output (logit) or a loss is NaN or ±inf (:func:`~pipelab.pipeline.driver.all_finite`): a diverged model
-    has no loss, and the argmax of NaN logits is an arbitrary class, not an accuracy. Callers flag divergence
-    by a non-finite loss.
+    Both are NaN when a weight, an output or a loss is NaN or ±inf (:func:`~pipelab.pipeline.driver.all_finite`):
+    the argmax of NaN logits is an arbitrary class, not an accuracy.
 
     Raises:
         ValueError: on an empty evaluation set (a mean over no examples is undefined).
@@ -265,10 +243,8 @@ def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
     """``(output, target)`` of the stages on ``x`` in chunks of ``batch_size`` (with ``weights[k]`` in
     ``named_parameters`` order, if given), without gradients, in eval mode (restored when the iteration ends).
 
-    ``codec`` (``PipelineSpec.codec``'s forms): each hand-over crosses its boundary encoded and decoded, so the
-    function evaluated is the one the pipeline trains (a ``LowRank`` run's weights outside its subspace are never
-    trained: without the codec its accuracy would mean nothing). Every codec acts row by row, so chunking does
-    not change the result.
+    ``codec``: each hand-over is encoded and decoded, so the function evaluated is the one the pipeline trains
+    (codecs act row by row: chunking does not change the result).
 
     Raises:
         ValueError: ``batch_size`` not an int >= 1 (chunks of 0 examples never advance).

@@ -1,32 +1,17 @@
 """The one driver loop: execute a program of F/B/I/W/U jobs on stage executors, handing tensors over a transport.
 
-Both drivers run :func:`run_jobs`: the single-process :class:`~pipelab.emulator.Emulator` on the whole
-execution order with an in-memory transport, every rank of :class:`~pipelab.runtime.PipelineRuntime` on its
-own program with a ``torch.distributed`` one. Which job receives whose tensor is the dependency rule's
-(:func:`~pipelab.schedules.dependencies.received_from` / :func:`~pipelab.schedules.dependencies.handed_to`).
-For each job ``(op, k, t, j)``:
+The emulator runs :func:`run_jobs` on the whole execution order with an in-memory transport, every runtime rank on
+its own program with a ``torch.distributed`` one. Which job receives whose tensor is the dependency rule's
+(:func:`~pipelab.schedules.dependencies.received_from`, :func:`~pipelab.schedules.dependencies.handed_to`): F
+takes micro-batch (t, j) on stage 0, else F(k−1)'s output, and on the last stage adds ℓ_j/M to mini-batch t's loss
+(complete after M: the mean loss Σ_j ℓ_j/M); B (or I) takes B(k+1)'s (I(k+1)'s) input gradient, none on the last
+stage, and sends its own to stage k−1; W and U receive and send nothing.
 
-- ``F``: its input is micro-batch j of mini-batch t (stage 0) or the hand-over from ``F(k−1, t, j)``; the
-  stage runs at its policy's forward weights; its output is handed to ``F(k+1, t, j)``, or, on the last stage,
-  its loss ℓ_j/M is added to mini-batch t's loss, complete after M micro-batches (the mini-batch mean loss
-  Σ_j ℓ_j/M);
-- ``B``: the gradient of its output comes from ``B(k+1, t, j)`` (none on the last stage, which starts from
-  its loss); the stage's vector–Jacobian product runs; the gradient of its input goes to ``B(k−1, t, j)``;
-- ``I``/``W`` (a split backward): I is B's input-gradient half, receiving from ``I(k+1, t, j)`` and handing
-  to ``I(k−1, t, j)``; W, later on the same stage, adds the weight gradient (it receives and sends nothing);
-- ``U``: the stage's optimizer steps with the gradient accumulated over step t's micro-batches.
-
-A placed schedule (stages computed or held by several workers, :mod:`~pipelab.pipeline.placement`) runs its
-global sequence: jobs carry their worker (``(op, k, t, j, w)``, executors keyed by ``(w, k)``) and
-:class:`~pipelab.pipeline.placement.Collective` entries are handed to the ``collective`` callback (in memory
-in the emulator, ``torch.distributed`` in the runtime). Before that, each all-reduce entry is handed over once
-more as a :class:`~pipelab.pipeline.placement.Launch`, at the position
-:func:`~pipelab.pipeline.placement.launch_positions` gives (once the program's gradients for it are complete),
-so the runtime can start it asynchronously and overlap it with the jobs until its entry.
-
-The data side lives here once too: :class:`MiniBatches` checks each mini-batch's form, sizes, dtype and
-device, splits it into M micro-batches (:func:`split_micro`) and keeps it only while a job of the program
-still needs it.
+A placed schedule (:mod:`~pipelab.pipeline.placement`) runs its global sequence: jobs ``(op, k, t, j, w)`` on
+executors keyed by ``(w, k)``, and :class:`~pipelab.pipeline.placement.Collective` entries handed to the
+``collective`` callback, each all-reduce also earlier as a :class:`~pipelab.pipeline.placement.Launch` (once the
+program's gradients for it are complete, :func:`~pipelab.pipeline.placement.launch_positions`) so the runtime can
+overlap it with the jobs until its entry. :class:`MiniBatches` checks and splits the data, held only while needed.
 
 Reference: the F/B/U semantics of GPipe (Huang et al., NeurIPS 2019) and PipeDream (Narayanan et al.,
 SOSP 2019).
@@ -56,18 +41,10 @@ Batch = tuple[Tensor, Tensor]
 def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
     """The divergence test: whether no tensor holds a NaN or ±inf, as a CPU bool tensor.
 
-    A run has diverged once a loss it computed, an output it evaluated or a weight it holds is non-finite:
-    :func:`~pipelab.emulator.evaluate` (hence the learning curves and :mod:`pipelab.studies.run`) and the runtime's
-    result ask this one function.
-
-    Args:
-        tensors: losses, outputs, weights (any devices; integer tensors are always finite).
-        arm_dim: ``None``: one 0-d bool over every element; ``d``: one bool per stacked arm
-            (:mod:`pipelab.studies.stacking`), the arms along axis d of every tensor.
+    A run has diverged once a loss, an output it evaluated or a weight it holds is non-finite; ``arm_dim``: one
+    bool per stacked arm (:mod:`pipelab.studies.stacking`) along that axis, instead of one 0-d bool.
 
     Example:
-        >>> all_finite([torch.ones(2), torch.tensor([1.0, float("nan")])])
-        tensor(False)
         >>> all_finite([torch.tensor([[1.0, float("inf")], [2.0, 3.0]])], arm_dim=0)
         tensor([False,  True])
     """
@@ -83,25 +60,14 @@ def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
 
 
 def check_examples(t: int, x: Tensor) -> None:
-    """Refuse mini-batch t when it holds no example (a batch size of 0, or cut from an empty data split).
-
-    Its mean loss would be 0/0 = NaN, which every driver reads as divergence: the empty batch must be named
-    where it is used instead.
-
-    Raises:
-        ValueError: ``x`` has 0 examples along dimension 0.
-    """
+    """Refuse an empty mini-batch t: its mean loss 0/0 = NaN would read as divergence (ValueError)."""
     if x.dim() > 0 and x.shape[0] == 0:
         raise ValueError(f"mini-batch {t} is empty (input shape {tuple(x.shape)}): a mean loss over 0 examples is "
                          "NaN, not a divergence; check the batch size and the data split the batches are cut from")
 
 
 def split_micro(x: Tensor, M: int, name: str = "batch") -> tuple[Tensor, ...]:
-    """Split a mini-batch into M equal micro-batches along dimension 0.
-
-    Raises:
-        ValueError: the mini-batch size is not a multiple of M.
-    """
+    """Split a mini-batch into M equal micro-batches along dimension 0 (ValueError unless M divides its size)."""
     n = x.shape[0]
     if n % M:
         raise ValueError(f"{name} size {n} is not divisible by the M={M} micro-batches of the schedule; "
@@ -114,18 +80,15 @@ class MiniBatches:
 
     Args:
         batches: mini-batch t is ``batches[t]`` or ``batches(t)``, a tuple ``(x, y)`` of tensors.
-        M: micro-batches per mini-batch; ``steps``: mini-batches the schedule runs.
-        reference: a floating-point weight of stage 0: the input's dtype must be its dtype and, unless
-            ``device`` is given, its device must be the weight's (``None``: no dtype/device check).
+        reference: a floating-point weight of stage 0 whose dtype (and, without ``device``, device) the input
+            must have (``None``: no check).
         device: move every mini-batch there before splitting (the runtime's rank device).
 
     Raises:
-        TypeError: ``batches`` neither a sequence nor a callable.
-        ValueError: a sequence with fewer than ``steps`` mini-batches.
-
-    :meth:`micro` raises TypeError for a mini-batch that is not a tuple ``(x, y)`` of tensors or whose input
-    dtype differs from the model's, ValueError for an input and a target of different lengths, a size not
-    divisible by M, or data on another device than the model.
+        TypeError: ``batches`` neither a sequence nor a callable; from :meth:`micro`, a mini-batch not a tuple
+            ``(x, y)`` of tensors or of another dtype than the model.
+        ValueError: fewer than ``steps`` mini-batches; from :meth:`micro`, input and target of different
+            lengths, a size not divisible by M, data on another device than the model.
     """
 
     def __init__(self, batches: Sequence[Batch] | Callable[[int], Batch], M: int, steps: int, *,
@@ -190,13 +153,10 @@ class DriverState:
     """Where a driver stands: what a resumed run needs besides the executors and the transport.
 
     Attributes:
-        position: index of the next job of the program.
         partial: ``t -> [ℓ_j/M, ...]`` losses of mini-batch t's micro-batches computed so far.
-        losses: ``t -> Σ_j ℓ_j/M``, the mean loss of every completed mini-batch (summed over arms when the loss
-            is a vector of stacked arms' losses, :mod:`pipelab.studies.stacking`).
-        arm_losses: ``t -> [Σ_j ℓ_{j,a}/M for each arm a]`` when the loss is such a vector (else empty).
-        act_bytes, act_peak: bytes of stage inputs saved for a backward, now and at the peak.
-        stage_act_bytes, stage_act_peak: the same per stage (``k -> bytes``).
+        losses: ``t -> Σ_j ℓ_j/M`` of every completed mini-batch (summed over stacked arms).
+        arm_losses: ``t -> [Σ_j ℓ_{j,a}/M for each arm a]`` when the loss is a vector of arms' losses.
+        act_bytes, act_peak: bytes of stage inputs saved for a backward, now and at the peak (``stage_``: per k).
     """
 
     position: int = 0
@@ -226,40 +186,20 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
     """Execute ``program[state.position:end]``; jobs are ``(op, k, t, j, ...)`` (tuples or ``Action`` s).
 
     Args:
-        program: the jobs in execution order (the emulator's whole order, or one rank's program).
-        executors: stage index -> executor, for every stage the program computes.
-        transport: carries activations and gradients between jobs.
-        data: the mini-batches; a mini-batch is released after the program's last F/B job of it.
         state: position, losses and activation counters; advanced in place.
-        end: stop before this position (default: the program's end).
         stop_on_divergence: return as soon as a mini-batch's loss is NaN or ±inf (for stacked arms: every arm's).
-        split: which backwards are split into I and W (:data:`~pipelab.schedules.dependencies.Split`; a rank's
-            program needs the whole schedule's, as its neighbours' jobs decide what it receives).
+        split: which backwards are split into I and W (a rank needs the whole schedule's: its neighbours' jobs
+            decide what it receives).
         on_update: called after each ``U(k, t)`` with the executor, t and the new weights.
         after_job: called with the new position after each job.
-        placed: the program is a placed sequence: jobs ``(op, k, t, j, w)`` run on ``executors[(w, k)]``.
-        collective: runs each :class:`~pipelab.pipeline.placement.Collective` entry of a placed sequence.
-        loss_parts: how many of step t's micro-batch losses the program computes (default M; a runtime rank of
-            a data-parallel placement computes only its own micro-batches', summed across ranks afterwards).
+        loss_parts: how many of step t's micro-batch losses the program computes (default M; a data-parallel
+            runtime rank computes only its own, summed across ranks afterwards).
 
     Returns:
         The first mini-batch whose loss diverged, when ``stop_on_divergence``; else ``None``.
 
     Raises:
         ValueError: a job whose op is not F, B, I, W or U.
-
-    ============  =========================================================================================
-    step          what it does
-    ============  =========================================================================================
-    plan          each mini-batch's last F/B/I job (its data is released after it); placed, the position
-                  where each all-reduce is launched (:func:`_launches`)
-    launch        before a job, the all-reduces whose gradients this program completed
-    collective    a placed sequence's broadcast / reduce / all-reduce entry, by the ``collective`` runner
-    F             input from the data or the previous stage, forward, output to the next stage or the loss
-                  recorded (:func:`_forward`); a diverged step stops the run when asked
-    B, I, W       gradient received, backward or its halves, input gradient sent back (:func:`_backward`)
-    U             the optimizer step (:meth:`StageExecutor.update`), then ``on_update``
-    ============  =========================================================================================
     """
     if codecs:
         transport = CodedTransport(transport, codecs)

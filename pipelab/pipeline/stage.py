@@ -1,52 +1,16 @@
 """One pipeline stage's work — forward, backward (whole or split), update — shared by the emulator and the runtime.
 
-A :class:`StageExecutor` owns stage k's module, its ``torch.optim`` optimizer, its ring of weight versions
-and the per-job weight specs its policy chose. It knows nothing about transport: the single-process
-:class:`~pipelab.emulator.Emulator` hands activations and gradients between executors in memory, in the
-simulator's order; the multi-process :mod:`pipelab.runtime` sends them between ranks with
-``torch.distributed`` point-to-point operations, each rank running its own program. Both therefore
-execute exactly the same arithmetic.
+A :class:`StageExecutor` owns stage k's module, its ``torch.optim`` optimizer, its ring of weight versions and its
+jobs' weight specs. It knows nothing about transport (the emulator hands tensors over in memory, the runtime
+between ranks), so both drivers execute exactly the same arithmetic; the F/B/I/W/U rules are stated in
+:mod:`pipelab.emulator.emulator`. Versions are dropped after their last use, counted in the stage's own event
+sequence (the same in the global order and in a rank's program).
 
-Semantics (the rules the emulator's docstring states in full):
-
-- ``forward(t, j, x)``: stage output at the policy's forward weights (a stored version W_k^(v), or a
-  prediction from one); on the last stage the micro-batch loss ℓ/M, so that the M micro-batch gradients
-  sum to the gradient of the mini-batch mean loss.
-- ``backward(t, j, g)``: the vector–Jacobian product (∂out/∂W)ᵀg, (∂out/∂x)ᵀg of the stage alone, from its
-  saved input; the forward's graph is reused when forward and backward weights are the same stored
-  version, otherwise the stage forward is recomputed at the backward weights (recompute semantics,
-  PipeOptim §V-A). Parameter gradients accumulate over the step's micro-batches.
-- ``input_grad(t, j, g)`` / ``weight_grad(t, j)``: the backward split into I and W (zero-bubble schedules):
-  I returns (∂out/∂x)ᵀg and keeps the graph (built as for ``backward``, at the backward's weights) and g;
-  the later W adds (∂out/∂W)ᵀg to the step's gradient. Together they give exactly ``backward``'s result.
-- ``update(t)``: the optimizer step with the accumulated gradient, then the new version is stored. A policy
-  with ``corrects_gradient`` (error feedback, DC-ASGD) first maps the accumulated gradient through
-  :meth:`~pipelab.policies.Policy.correct_gradient`, told the versions the step's backwards used and, for a
-  policy with ``keeps_backward_weights``, the mean of their weights (summed as each micro-batch's weight gradient
-  is accumulated: one weight-sized buffer per step in flight, as the versions themselves may be dropped by then).
-
-Versions are dropped from the ring after their last use, counted in the stage's own event sequence, which
-is the same in the simulator's global order and in the worker's program.
-
-A stage without parameters (say a lone ``nn.Tanh`` between two Linear stages) is a real pipeline stage: its
-forwards and backwards run and pass activations and input gradients on, but it has no optimizer, nothing
-to predict and nothing to store. Its U events only advance its version counter, so that its jobs'
-versions current at its jobs still agree with the version table; its ring holds empty tuples (zero weight bytes).
-
-Frozen parameters (``requires_grad=False``, integer tensors held as parameters included) are not weights the
-pipeline trains: the stage's *weights* W are its trainable parameters (:func:`trainable_parameters`), the ones
-that are versioned, predicted, differentiated and stepped; a frozen parameter is read from the module by every
-job, is never copied into a version, never predicted, never given a gradient, and so never changes, exactly as
-in plain training, where ``torch.optim`` skips a parameter without a gradient. The optimizer factory is called
-with the trainable parameters only, so ``lambda ps: Adam(ps)`` and ``lambda ps: Adam([p for p in ps if
-p.requires_grad])`` build the same optimizer; a stage whose parameters are all frozen is a stage without
-weights (above) that still passes gradients to its input. Which parameters are trainable is read once, when
-the executor is built. :meth:`StageExecutor.full_weights` puts the frozen ones back (``named_parameters``
-order) for what users read: snapshots, final weights.
-
-Hand-overs may be structures of tensors (:mod:`pipelab.pipeline.transport`): a tuple ``(hidden, mask)`` from
-stage k is stage k+1's one input, its floating-point tensors require grad there, and the gradient handed back
-is the tuple of their gradients.
+The weights W are the *trainable* parameters (:func:`trainable_parameters`), read once at construction: a frozen
+one (``requires_grad=False``) is read from the module by every job and never versioned, predicted or stepped, as
+``torch.optim`` skips a parameter without a gradient; :meth:`StageExecutor.full_weights` puts it back for users.
+A stage without any still runs its jobs and passes gradients on; its U only advances the version counter (its
+ring holds empty tuples).
 """
 
 from __future__ import annotations
@@ -71,10 +35,7 @@ __all__ = ["StageExecutor", "trainable_parameters"]
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """The parameters of ``module`` a pipeline trains: those with ``requires_grad`` (``named_parameters`` order).
-
-    The optimizer factory of every driver (and of :func:`pipelab.train_plain`) is called with these.
-    """
+    """The parameters of ``module`` a pipeline trains (``requires_grad``): what every optimizer factory is given."""
     return [p for p in module.parameters() if p.requires_grad]
 
 
@@ -82,18 +43,11 @@ class StageExecutor:
     """Stage k of a pipeline: weights, optimizer, version ring, and its F/B/U (and I/W) jobs.
 
     Args:
-        k: stage index; ``D``, ``M``: stages and micro-batches per step.
-        module: the stage module (trained in place: the optimizer owns its parameters).
-        optimizer: a ``torch.optim`` optimizer over exactly ``module``'s trainable parameters
-            (:func:`trainable_parameters`); ``None`` for a stage without any (and only then).
-        events: this stage's events in execution order, the uses of each version and the ring's capacity
-            (:class:`~pipelab.pipeline.rings.StageEvents`).
-        specs: every job's weight specs (:class:`~pipelab.pipeline.plan.JobSpecs`).
+        optimizer: over exactly ``module``'s trainable parameters; ``None`` for a stage without any (and only then).
+        events: this stage's events in execution order, each version's uses, the ring's capacity.
         policy, table: for the learning-rate factor (PipeMare) of ``U(k, t)``.
-        loss_fn: ``(output, target) -> mean loss`` (last stage only).
-        recompute: always recompute the forward in the backward.
-        precision: compute under autocast, hand-over dtype, stored-version dtype (:mod:`pipelab.precision`;
-            default fp32: none of it). ``scaler`` (set by the plan for fp16): the run's shared loss scale.
+        precision: autocast, hand-over and stored-version dtypes; ``scaler`` (set by the plan for fp16): the run's
+            shared loss scale.
     """
 
     def __init__(self, k: int, D: int, M: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -161,9 +115,7 @@ class StageExecutor:
     def call(self, weights: Sequence[Tensor], x: Any, fresh_buffers: bool = False) -> Any:
         """The stage at weights W (frozen parameters and buffers from the module) on input ``x``.
 
-        As :func:`torch.func.functional_call` does, W's tensors stand in the module's parameter slots (all aliases
-        of a tied one) for the call, and copies of the buffers with ``fresh_buffers``; the slots are found once,
-        when the executor is built, instead of on every call.
+        As :func:`torch.func.functional_call`, but with the slots (every alias of a tied weight) found once.
         """
         swaps = [(slot, w) for slots, w in zip(self._weight_slots, weights) for slot in slots]
         if fresh_buffers:
@@ -322,12 +274,7 @@ class StageExecutor:
         return _input_grad(x_in, grads[len(W):]) if self.k > 0 else None
 
     def _vjp(self, out: Any, g_out: Any, inputs: list[Tensor], retain: bool = False) -> list[Tensor | None]:
-        """(∂out/∂inputs)ᵀ g_out over the outputs that carry a gradient (``None`` for an input it does not reach).
-
-        ``out`` is the loss, or a hand-over whose floating-point tensors are seeded by ``g_out`` (a tensor, or the
-        tuple of their gradients); an output that does not require grad (a detached or constant entry) drops
-        its seed. Stage 0 without weights has no inputs: nothing is differentiated.
-        """
+        """(∂out/∂inputs)ᵀ g_out over the outputs that require grad (``None`` for an input it does not reach)."""
         outs = grad_leaves(out)
         seeds = [g_out] if isinstance(out, Tensor) else list(g_out)
         pairs = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
@@ -339,9 +286,8 @@ class StageExecutor:
     def input_grad(self, t: int, j: int, g_out: Any) -> Any:
         """I(k, t, j) of a split backward: the input gradient (∂out/∂x)ᵀg alone (``None`` on stage 0).
 
-        The stage's graph (at the backward's weights, decided here) and g are kept for W(k, t, j), which
-        computes the weight gradient from them: between I and W the stage holds its saved activations, the
-        graph's intermediates and g (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §2).
+        The graph (at the backward's weights) and g are kept for W(k, t, j) (Qi et al., "Zero Bubble Pipeline
+        Parallelism", ICLR 2024, §2).
         """
         self._begin("I", t, j)
         entry = self.saved[(t, j)][:4]
@@ -356,10 +302,7 @@ class StageExecutor:
         return g_in
 
     def weight_grad(self, t: int, j: int) -> None:
-        """W(k, t, j) of a split backward: (∂out/∂W)ᵀg from I's graph, accumulated into step t's gradient.
-
-        With I it adds up to exactly B's weight gradient: the same graph, the same g, the same operations.
-        """
+        """W(k, t, j) of a split backward: (∂out/∂W)ᵀg from I's graph (with I, exactly B's result)."""
         self._begin("W", t, j)
         _, out, W, g_out = self.pending.pop((t, j))
         self._accumulate(t, W, self._vjp(out, g_out, list(W)))
@@ -417,7 +360,9 @@ class StageExecutor:
                 group["lr"] = lr
 
     def _corrected(self, t: int, grads: list[Tensor]) -> list[Tensor]:
-        """The policy's correction of step t's accumulated gradient (error feedback, DC-ASGD)."""
+        """The policy's correction of step t's gradient (error feedback, DC-ASGD), told the versions its backwards
+        used and, with ``keeps_backward_weights``, their mean weights (summed per micro-batch by :meth:`_accumulate`:
+        one buffer per step in flight, as the versions may be dropped by then)."""
         used = tuple(self.specs.target["B"][self.k, t].tolist())
         total = self.used_sum.pop(t, None)
         mean = None if total is None else tuple(w / self.M for w in total)
@@ -553,9 +498,7 @@ class _replay_rng:
 
 
 def _input_grad(x_in: Any, grads: Sequence[Tensor | None]) -> Any:
-    """The gradient handed to the previous stage for its hand-over ``x_in`` (:mod:`~pipelab.pipeline.transport`):
-    a tensor for a floating tensor, else the tuple of its floating-point tensors' gradients; zeros where the
-    loss does not depend on one (the message has a fixed form)."""
+    """The gradient handed back for hand-over ``x_in`` (:mod:`~pipelab.pipeline.transport`), zeros where unreached."""
     full = [torch.zeros_like(x) if g is None else g for x, g in zip(grad_leaves(x_in), grads)]
     return full[0] if isinstance(x_in, Tensor) and x_in.is_floating_point() else tuple(full)
 

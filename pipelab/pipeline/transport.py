@@ -5,25 +5,16 @@ Two hand-overs exist between neighbouring stages of one micro-batch ``(t, j)``:
 - ``F(k, t, j) → F(k+1, t, j)``: stage k's output is stage k+1's input (an activation);
 - ``B(k, t, j) → B(k−1, t, j)``: ∂ℓ/∂(stage k's input) is ∂ℓ/∂(stage k−1's output) (a gradient).
 
-A :class:`Transport` carries them: :meth:`~Transport.send` is called by the producing job, right after it
-ran; :meth:`~Transport.receive` by the consuming job, right before it runs. :class:`InMemoryTransport` is the
-single-process emulator's (a dictionary); the runtime's ``torch.distributed`` point-to-point transport
-(:class:`pipelab.runtime.p2p.P2PTransport`) implements the same interface across processes.
-With a codec (``PipelineSpec(codec=...)``) the driver wraps either one in a :class:`CodedTransport`, the one place
-a hand-over is encoded (before it is sent) and decoded (after it is received).
+A :class:`Transport` carries them: the producing job sends right after it ran, the consuming job receives right
+before it runs; :class:`InMemoryTransport` is the emulator's, :class:`pipelab.runtime.p2p.P2PTransport` the
+runtime's, and a :class:`CodedTransport` around either is the one place a codec encodes and decodes.
 
-**What crosses a boundary** (a *hand-over*): a stage's output is a tensor, or a structure of tensors — a
-tuple, list, dict or named tuple, nested, with ``None`` entries allowed (a transformer block returning
-``(hidden, mask)``). Stage k+1 is called with it as its one input, exactly as ``nn.Sequential`` calls its next
-module (so a model cut into stages computes what the uncut ``nn.Sequential`` computes; a stage that wants the
-parts unpacks them itself). Any other entry (a Python number, a string) is refused at the stage's first
-forward, naming the stage and what it returned (:func:`check_handover`). Only the floating-point tensors of a
-hand-over carry a gradient back: the gradient handed from stage k+1 to stage k is, for a floating tensor, a
-tensor of its shape; for anything else, the tuple of the gradients of its floating-point leaves in flattening
-order (zeros where the loss does not depend on one); integer entries (masks, indices) get none.
-:class:`Layout` describes a hand-over (its structure and each tensor's shape and dtype); the runtime sends a
-structure as one message, its tensors' bytes packed into one buffer (:func:`pack`, :meth:`Layout.unpack`), so
-that every hand-over stays one point-to-point message.
+**A hand-over** is a tensor or a structure of tensors (tuple, list, dict, named tuple, nested, ``None`` entries
+allowed: a block returning ``(hidden, mask)``); stage k+1 is called with it as its one input, as
+``nn.Sequential`` does. Any other entry is refused at the stage's first forward (:func:`check_handover`). The
+gradient handed back is, for a floating tensor, a tensor of its shape; else the tuple of its floating-point
+leaves' gradients in flattening order (zeros where the loss does not depend on one; integer entries get none).
+The runtime sends a structure as one message, its bytes packed into one buffer (:func:`pack`, :class:`Layout`).
 
 Example:
     >>> import torch
@@ -69,10 +60,7 @@ class Transport(Protocol):
 
 
 class InMemoryTransport:
-    """The single-process transport: a tensor waits in a dictionary, keyed by its consumer, until received.
-
-    A received tensor is forgotten, so the dictionary holds exactly the hand-overs in flight.
-    """
+    """The single-process transport: a dictionary, keyed by consumer, of exactly the hand-overs in flight."""
 
     def __init__(self) -> None:
         self.waiting: dict[Job, Any] = {}
@@ -96,12 +84,9 @@ class InMemoryTransport:
 class CodedTransport:
     """A transport whose hand-overs cross boundary k encoded by ``codecs[k]`` (``None``: untouched).
 
-    The one encode point (:meth:`send`) and the one decode point (:meth:`receive`) of both drivers: the wrapped
-    transport carries the :class:`~pipelab.links.Encoded` parts (the runtime sends exactly those bytes), the
-    consumer gets the decoded hand-over. A message between stages k and k+1 crosses boundary min(k, k+1), both
-    ways: the activation forward, its gradient back. Straight-through: the producer's backward starts from the
-    decoded gradient as if it were the gradient of its own output (:mod:`pipelab.links` states each codec's
-    error).
+    The wrapped transport carries the :class:`~pipelab.links.Encoded` parts; a message between stages k and k+1
+    crosses boundary min(k, k+1) both ways. Straight-through: the producer's backward starts from the decoded
+    gradient as if it were the gradient of its own output.
     """
 
     def __init__(self, transport: Transport, codecs: Sequence[Codec | None]) -> None:
@@ -178,12 +163,7 @@ def describe_handover(value: Any) -> str:
 
 
 def check_handover(value: Any, stage: int) -> None:
-    """Refuse a stage output that cannot be handed over (module docstring): anything but a tensor or a structure
-    of tensors and ``None`` entries.
-
-    Raises:
-        TypeError: naming the stage and what it returned.
-    """
+    """Refuse a stage output that cannot be handed over (module docstring): TypeError naming the stage and value."""
     if isinstance(value, Tensor):
         return
     bad = [x for x in pytree.tree_leaves(value) if x is not None and not isinstance(x, Tensor)]
@@ -198,9 +178,8 @@ def check_handover(value: Any, stage: int) -> None:
 class Layout:
     """The form of a hand-over: each tensor's shape and dtype (``None`` for a ``None`` entry) and the structure.
 
-    ``spec`` is ``None`` for a plain tensor, else the ``torch.utils._pytree`` spec of the structure. The runtime
-    sizes its receive buffers from a layout (found by running the stages on the ``meta`` device) and rebuilds
-    the structure from the received bytes.
+    ``spec`` is ``None`` for a plain tensor, else the structure's ``torch.utils._pytree`` spec; the runtime sizes
+    its receive buffers from it.
     """
 
     leaves: tuple[tuple[torch.Size, torch.dtype] | None, ...]

@@ -1,12 +1,8 @@
 """Checkpoint and resume a runtime run mid-flight, so the resumed run continues identically.
 
-An asynchronous pipeline has no moment when nothing is in flight: stashed weight versions, stage inputs
-awaiting their backward, partially accumulated gradients and messages between ranks all exist at once.
-A checkpoint is therefore taken at a *consistent cut* (Chandy & Lamport, "Distributed Snapshots",
-ACM TOCS 1985; :func:`pipelab.schedules.transfers.consistent_cut`): no message is received before its
-receiver's cut but sent after its sender's; the messages *in flight* across it stay unsent in the sender's
-checkpoint and go first on resume, which keeps each channel's order. Each rank writes ``<dir>/rank<r>.pt``
-with its runtime's :meth:`~pipelab.runtime.PipelineRuntime.state_dict`::
+An asynchronous pipeline is never empty, so a checkpoint is taken at a *consistent cut* (Chandy & Lamport,
+"Distributed Snapshots", ACM TOCS 1985; :func:`pipelab.schedules.transfers.consistent_cut`); the messages in
+flight across it stay in the sender's outbox and go first on resume. Each rank writes ``<dir>/rank<r>.pt``::
 
     PIPELAB-RUNTIME-CHECKPOINT 1
     <header: one line of JSON>
@@ -14,9 +10,6 @@ with its runtime's :meth:`~pipelab.runtime.PipelineRuntime.state_dict`::
 
 The header records the rank, world size, cut (``step``), program position, the runtime's
 :meth:`~pipelab.runtime.PipelineRuntime.fingerprint`, the payload's length and a SHA-256 digest over the rest.
-Loading checks, before any communication and identically on every rank, that the directory holds one file per
-rank from the same cut, world size and schedule, then this rank's digest and fingerprint (naming each
-differing field).
 """
 
 from __future__ import annotations
@@ -54,11 +47,7 @@ def _digest(meta: dict[str, Any], payload: bytes) -> str:
 
 
 def save_checkpoint(runtime: PipelineRuntime, directory: str | os.PathLike[str]) -> Path:
-    """Write this rank's state (call after ``runtime.run(..., stop_at_step=c)``) and return the file.
-
-    The file is written to a temporary name, flushed to disk and renamed (:func:`pipelab.files.atomic_write`),
-    so a crash never leaves a half-written ``rank<r>.pt``.
-    """
+    """Write this rank's state (after ``runtime.run(..., stop_at_step=c)``) atomically; return the file."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = runtime.state_dict()
@@ -134,8 +123,8 @@ def _check_directory(runtime: PipelineRuntime, directory: Path) -> dict[int, dic
 def load_checkpoint(runtime: PipelineRuntime, directory: str | os.PathLike[str]) -> None:
     """Restore this rank's state into a runtime built with the same model, schedule, policy and optimizer.
 
-    Every check runs before any communication and reads only the headers of the other ranks' files, so
-    every rank of an inconsistent checkpoint refuses it at once rather than deadlocking later.
+    Every check runs before any communication, from the headers alone, so every rank refuses an inconsistent
+    checkpoint at once rather than deadlocking later.
 
     Raises:
         FileNotFoundError: this rank's or another rank's file is missing.

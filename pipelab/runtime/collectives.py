@@ -1,19 +1,12 @@
 """The runtime's collectives: a placed schedule's all-reduce, reduce and broadcast with ``torch.distributed``.
 
-A placed schedule (:mod:`pipelab.pipeline.placement`) lists, in one global sequence every rank derives
-identically, the collectives of each step: the ``all_reduce`` (sum) of a replicated stage's step gradient among
-its holders, the ``reduce`` of a sharded stage's gradients onto its owner and the ``broadcast`` of the owner's
-weight version to the non-holders that use it. The sequence gives deadlock freedom and the matching order (a
-group's collectives appear in one order for all its members, each after everything it needs).
-
-:class:`DistributedCollectives` creates one process group per member set (every rank, in the order the sets
-first appear; each with the run's timeout, :func:`pipelab.distributed.comm_timeout`, so a rank stalled inside a
-collective is named as in point-to-point transport) and runs each collective on flat buffers (one per dtype) of
-the stage's tensors, on the rank's device. All-reduces are bucketed and overlapped like torch's DDP
-(:func:`~pipelab.pipeline.placement.bucket_parts`): a bucket's one all-reduce starts asynchronously once the
-driver has handed over a :class:`~pipelab.pipeline.placement.Launch` for each of its parts, and is waited for at
-the bucket's first entry. Bytes are counted per part under :func:`pipelab.pipeline.placement.collective_bytes`'s
-conventions, calls one per bucket.
+The collectives and their order are the placed sequence's (:mod:`pipelab.pipeline.placement`: one order for all
+members of a group, so no deadlock). :class:`DistributedCollectives` creates one process group per member set
+(every rank, in first-appearance order, each with :func:`pipelab.distributed.comm_timeout`) and runs each
+collective on flat per-dtype buffers on the rank's device. All-reduces are bucketed and overlapped like torch's DDP
+(:func:`~pipelab.pipeline.placement.bucket_parts`): a bucket's all-reduce starts asynchronously once each of its
+parts' :class:`~pipelab.pipeline.placement.Launch` arrived, and is waited for at the bucket's first entry.
+Bytes count per part (:func:`~pipelab.pipeline.placement.collective_bytes`), calls per bucket.
 
 References: S. Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB
 2020); Y. Zhao et al., "PyTorch FSDP" (VLDB 2023).
@@ -72,18 +65,10 @@ class DistributedCollectives:
     """Run a placed schedule's collectives for rank ``rank`` (see the module docstring).
 
     Args:
-        sequence: the global sequence (:attr:`pipelab.pipeline.plan.PipelinePlan.sequence`), the same on
-            every rank.
-        rank: this process's rank.
-        bucket_bytes: cap on a fused all-reduce's payload (default
-            :data:`pipelab.pipeline.placement.BUCKET_BYTES`, read when the object is made; 0: one all-reduce
-            per stage, as unbucketed).
-        overlap: start all-reduces asynchronously at their :class:`~pipelab.pipeline.placement.Launch`
-            (default); ``False`` runs each bucket blocking at its first entry.
-
-    Attributes:
-        groups: ``members -> process group``.
-        counter: bytes and calls per kind (:meth:`stats` gives this rank's as plain dicts).
+        sequence: the global sequence (:attr:`pipelab.pipeline.plan.PipelinePlan.sequence`).
+        bucket_bytes: cap on a fused all-reduce's payload (default :data:`pipelab.pipeline.placement.BUCKET_BYTES`,
+            read now; 0: one all-reduce per stage).
+        overlap: start all-reduces asynchronously at their ``Launch``; ``False``: blocking at the first entry.
     """
 
     def __init__(self, sequence: Sequence[PlacedJob | Collective], rank: int, bucket_bytes: int | None = None,

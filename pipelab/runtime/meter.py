@@ -4,15 +4,11 @@
 The tensors travel as before (so the weights are those of an unmetered run, bit for bit); what changes is *when*
 a receiving job gets its input. For every message to another rank:
 
-- the **sender** stamps it with its clock at the moment the model says it is sent (right after the producing
-  job, or after ``Schedule.send_after``'s job): ``time.perf_counter()``, which on Linux is ``CLOCK_MONOTONIC``,
-  one clock for every process of the machine; the stamp ``(s, n bytes, kind, stage, step, micro)`` travels as
-  a small message on a process group of its own, which a thread of the receiver takes in as it comes;
-- the **receiver** keeps its inbound wire (two with ``Network.duplex``: activations, gradients) as the
-  simulator does: a message over link L is ready at ``s + α_L``, the wire transmits ready messages one at a time
-  in order of ready time (ties: earlier send, then lower sender rank),
-  ``arrival = max(ready, free) + n / β_L``, ``free ← arrival``; the consuming job sleeps until the arrival
-  before it is handed the tensor. Messages between stages of one rank cost nothing.
+- the **sender** stamps it with ``time.perf_counter()`` (``CLOCK_MONOTONIC`` on Linux: one clock for the
+  machine's processes) when the model says it is sent; the stamp travels on a process group of its own, taken in
+  by a thread of the receiver;
+- the **receiver** keeps its inbound wire(s) as the simulator does (:mod:`pipelab.links`: ready at s + α_L,
+  arrival = max(ready, free) + n/β_L), and the consuming job sleeps until the arrival. Same-rank hand-overs are free.
 
 **Condition.** To place message m on its wire the receiver must know every message that was ready before m.
 It waits until m is ready (``s_m + α``), then commits, in order, every message it knows with an earlier
@@ -23,10 +19,8 @@ in after its modelled arrival, or after a message ready later was already placed
 **late** (:attr:`MeterStats.late`; a ``RuntimeWarning`` at the end of the run); a late message is placed at
 ``max(ready, free)`` when it is seen, so the run goes on, but its wire order may differ from the simulator's.
 
-Limits: the ranks must share one machine's clock (every rank checks the host name); placed schedules
-(collectives) and checkpoints (``stop_at_step``) are not metered.
-
-Reference: the α–β (latency–bandwidth, Hockney) model; the receiver-side wire of :mod:`pipelab.links`.
+Limits: one host (one clock); placed schedules and checkpoints are not metered. Reference: the α–β (Hockney)
+model.
 """
 
 from __future__ import annotations
@@ -58,11 +52,9 @@ _STAMP = 7
 class MeteredMessage:
     """One message a rank received under the meter; times in ``perf_counter`` seconds (shared by the ranks).
 
-    ``send``: the sender's stamp; ``ready``: send + α; ``begin``/``arrival``: its transmission on the wire;
-    ``seen``: when the receiver's thread took the stamp in; ``late``: the condition failed for it
-    (module docstring); ``asked``: when the consuming job asked for it; ``handed``: when it got it, at the
-    earliest ``max(arrival, asked)``: the difference is the meter's overshoot on this machine (a sleep's wake-up,
-    the local receive), which the model does not have."""
+    ``begin``/``arrival``: its transmission on the wire; ``seen``: when the stamp was taken in; ``late``: the
+    condition failed for it (module docstring); ``asked``/``handed``: when the consuming job asked for it and got
+    it."""
 
     kind: int
     stage: int
@@ -105,14 +97,10 @@ class MeterStats:
 class MeteredTransport:
     """A rank's transport with the link model applied on receipt (module docstring).
 
-    Every attribute it does not define itself is read from and written to the wrapped transport (``shape_of``,
-    ``retain``, ``outbox``, ...), as for :class:`~pipelab.runtime.trace.MeasuredTransport`.
+    Other attributes are those of the wrapped transport, as for :class:`~pipelab.runtime.trace.MeasuredTransport`.
 
     Args:
-        inner: the rank's :class:`~pipelab.runtime.p2p.P2PTransport`.
-        network: the links (:class:`~pipelab.links.Network` of ``schedule.D`` stages).
-        group: the process group the stamps travel on (every rank creates it: ``dist.new_group()``);
-            ``None``: a group of its own is created here (a collective call).
+        group: the process group the stamps travel on (``None``: one is created here, a collective call).
         timeout_s: how long a receive waits for a stamp before it raises.
 
     Raises:

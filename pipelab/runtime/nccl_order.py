@@ -1,8 +1,7 @@
 """Point-to-point ordering that cannot deadlock under NCCL.
 
-Why an order is needed. Gloo's ``isend`` copies the tensor out and completes on its own, so the runtime's
-first transport (send eagerly when a job produces, receive when a job consumes) cannot deadlock for a valid
-schedule. NCCL gives no such buffering. Its documented semantics, which this module models:
+Why an order is needed: gloo buffers an ``isend``, so sending eagerly cannot deadlock a valid schedule; NCCL
+does not. Its documented semantics, which this module models:
 
 1. **Rendezvous.** ``ncclSend`` "is blocking for the GPU": it completes only once the peer has posted the
    matching ``ncclRecv`` and the data has moved, and likewise for a receive (NCCL user guide, API
@@ -10,9 +9,8 @@ schedule. NCCL gives no such buffering. Its documented semantics, which this mod
 2. **Issue order on a stream.** Operations a rank issues run in issue order on the communicator's stream;
    an operation that cannot complete holds back every later one on that stream. Only operations fused in
    one group (``ncclGroupStart/End``; ``torch.distributed.batch_isend_irecv``) progress concurrently (NCCL
-   user guide, "Group Calls"). The checker's strict model puts all of a rank's point-to-point operations
-   on one stream (``streams="rank"``, as when one communicator serves every peer); one stream per pair of
-   ranks (``streams="pair"``, as with a communicator per pair) only removes waits, so an order that passes
+   user guide, "Group Calls"). The checker's strict model puts a rank's operations on one stream
+   (``streams="rank"``); one per pair of ranks (``streams="pair"``) only removes waits, so an order that passes
    the strict model passes both, whichever torch's process group uses.
 3. **No tags.** ``tag`` "is not supported with the NCCL backend" (``torch.distributed.isend``): the k-th
    send from rank a to rank b meets the k-th receive on b from a, whatever the channel. Both ends must
@@ -184,10 +182,9 @@ class MessageOrder:
 class RankOrder:
     """The cursor a rank's transport follows through its g-ordered operations (:meth:`MessageOrder.for_rank`).
 
-    Each method returns the operations to issue now, as groups (a list of lists; one group per call):
-    :meth:`produced` after a job made a tensor to send, :meth:`needed` before a job receives, :meth:`drain`
-    at the end of the run. A send waits for its tensor; a receive is issued when needed, or as soon as the
-    order reaches it with ``prefetch`` (so that the transfer overlaps the compute before its consumer).
+    :meth:`produced` (after a job made a tensor), :meth:`needed` (before a job receives) and :meth:`drain` (at the
+    end) return the groups of operations to issue now; with ``prefetch`` a receive is issued as soon as the order
+    reaches it.
 
     Raises:
         RuntimeError: a receive ordered behind a send whose tensor is not produced (impossible for an order

@@ -1,31 +1,20 @@
 """The runtime's transport: ``torch.distributed`` point-to-point hand-overs between the workers' programs.
 
-Implements :class:`pipelab.pipeline.transport.Transport` for one rank. A hand-over between two jobs of this
-rank (interleaved or folded stages) stays in memory; the others cross ranks on the rank's device (CUDA
-tensors stay on the GPU end to end: receive buffers are allocated there, sends read the producing job's
-output in place), in one of two orders:
+A hand-over between two jobs of this rank stays in memory; the others cross ranks on the rank's device (CUDA
+tensors stay on the GPU), in one of two orders:
 
-- ``eager`` (gloo's default): the producer sends as soon as its job ran (``isend``) on the channel of the
-  receiving stage and kind (:func:`pipelab.schedules.transfers.channel`, used as the tag), and the consumer
-  blocks on ``irecv().wait()`` when its job is about to run. Gloo buffers a send, so a valid schedule cannot
-  deadlock; NCCL does not (a send completes only when the peer posts the receive, operations run in issue
-  order, tags are ignored), and under NCCL this order deadlocks 1F1B already with two ranks.
-- ``rendezvous`` (NCCL's default, valid on gloo too): every rank issues its sends and receives in one
-  global message order derived from the programs (:mod:`pipelab.runtime.nccl_order`, which states the
-  rule and proves it deadlock-free): a send once its tensor is produced and every earlier
-  operation of the order is issued; a receive at the latest when its job needs it. ``prefetch`` posts
-  receives as soon as the order reaches them (the transfer then overlaps the compute before its consumer);
-  ``batch`` issues the operations released at one moment as one ``batch_isend_irecv`` group (NCCL progresses
-  them concurrently). Both only relax waits of the order, so they keep it deadlock-free; whether they speed
-  a run up is measured by ``benchmarks/gpu.py``, not assumed.
+- ``eager`` (gloo's default): the producer ``isend`` s as soon as its job ran, tagged with the channel of the
+  receiving stage and kind (:func:`pipelab.schedules.transfers.channel`), and the consumer waits on ``irecv``
+  when its job is about to run. Gloo buffers a send, so a valid schedule cannot deadlock; under NCCL this order
+  deadlocks 1F1B already with two ranks.
+- ``rendezvous`` (NCCL's default, valid on gloo too): every rank issues its operations in one global message
+  order (:mod:`pipelab.runtime.nccl_order` states the rule and proves it deadlock-free). ``prefetch`` posts
+  receives as soon as the order reaches them, ``batch`` groups the operations released at one moment in one
+  ``batch_isend_irecv``; both only relax waits, and ``benchmarks/gpu.py`` measures whether they help.
 
-In both orders a completed send is released as soon as it is known to be received: receiving a message the
-peer sent at program position p proves that every receive the peer placed before p has finished. A send
-that crosses a checkpoint's consistent cut (:attr:`P2PTransport.retain`) is kept in the
-:attr:`~P2PTransport.outbox` instead, saved with the checkpoint, and sent by the resumed run (first, in the
-eager order; at its place in the message order, in the rendezvous order), which keeps every channel's FIFO
-order. ``record=True`` keeps what was issued and waited on in :attr:`~P2PTransport.log` (the tests play it
-under NCCL's rules).
+A completed send is released once known received (receiving the peer's message sent at position p proves its
+earlier receives finished). A send across a checkpoint's cut (:attr:`P2PTransport.retain`) is kept in the
+:attr:`~P2PTransport.outbox`, saved, and sent by the resumed run where each channel's FIFO order puts it.
 
 Reference: Chandy & Lamport, "Distributed Snapshots", ACM TOCS 1985 (messages in flight at a cut); NCCL and
 ``torch.distributed`` point-to-point semantics: see :mod:`pipelab.runtime.nccl_order`.
@@ -67,8 +56,7 @@ class P2PTransport:
         local: same-rank hand-overs waiting for their consumer, ``(kind, stage, t, j) -> tensor``.
         outbox: messages kept at a checkpoint's cut, ``(dst, tag, t, j, tensor)``, sent by the resumed run.
         retain: ``(dst, tag, t, j)`` of the sends to keep in the outbox (set per run by the runtime).
-        shape_of: the layout of a received hand-over (set per run by the runtime): a tensor's shape and dtype, or a
-            structure's, whose tensors travel packed in one buffer (:mod:`pipelab.pipeline.transport`).
+        shape_of: the :class:`~pipelab.pipeline.transport.Layout` of a received hand-over (set per run).
         log: with ``record``, the :class:`~pipelab.runtime.nccl_order.Issue` and ``Wait`` items in host order.
 
     Raises:

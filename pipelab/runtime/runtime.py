@@ -1,23 +1,14 @@
 """The multi-process pipeline runtime: a schedule × policy run for real, one process per worker.
 
-Rank w executes ``schedule.programs[w]`` on the pipeline core the emulator runs (the driver loop
-:func:`~pipelab.pipeline.driver.run_jobs` and the stage executors of
-:func:`~pipelab.pipeline.plan.build_pipeline`, restricted to the stages w computes), so it computes exactly the
-emulator's weights; only the transport differs (:mod:`pipelab.runtime.p2p`: ``torch.distributed``
-point-to-point, each (receiving stage, direction) its own channel, checked at start-up to list its messages in
-the same order at both ends; hand-overs between stages of one rank stay in memory). Receive buffers are sized
-once per input shape by running the model on the ``meta`` device (in the compute dtype under bf16/fp16), a
-:class:`~pipelab.pipeline.transport.Layout` per boundary, so a mini-batch whose shape changes mid-run runs as in
-the emulator provided every rank is given the same shapes (checked across ranks before each run).
+Rank w executes ``schedule.programs[w]`` on the emulator's pipeline core (:func:`~pipelab.pipeline.driver.run_jobs`,
+the executors of :func:`~pipelab.pipeline.plan.build_pipeline` for the stages w computes), so it computes exactly
+the emulator's weights; only the transport differs (:mod:`pipelab.runtime.p2p`). Receive buffers are sized once
+per input shape by running the model on the ``meta`` device, so a mini-batch shape may change mid-run provided
+every rank is given the same shapes (checked before each run). Placed schedules also run collectives
+(:mod:`pipelab.runtime.collectives`).
 
-Placed schedules (a stage computed or held by several workers: DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP)
-also run collectives (:mod:`pipelab.runtime.collectives`); each holder keeps its own copy of the stage and its
-optimizer, and each rank reports its bytes per collective kind. Checkpoints are not supported for them.
-
-Why not ``torch.distributed.pipelining``: its stages run the module's live parameters, with no hook to choose a
-stashed or predicted version per micro-batch, which is what pipelab's policies do; it is the reference the tests
-and ``benchmarks/runtime.py`` compare against. Launch: ``torchrun --nproc-per-node N -m pipelab.studies.run``
-or :func:`pipelab.distributed.spawn`.
+Why not ``torch.distributed.pipelining``: its stages run the live parameters, with no hook to choose a stashed or
+predicted version per micro-batch; it is the reference the tests and ``benchmarks/runtime.py`` compare against.
 """
 
 from __future__ import annotations
@@ -54,31 +45,25 @@ from .trace import JobClock, MeasuredTransport, Timeline
 __all__ = ["PipelineRuntime", "RuntimeResult"]
 
 
-
 @dataclass
 class RuntimeResult:
     """What one rank's :meth:`PipelineRuntime.run` returns.
 
     Attributes:
-        rank: this process's rank; stages: the stages it computes.
-        losses: mean training loss of every mini-batch (gathered from the last stage's rank; NaN where
-            not reached).
+        losses: mean training loss of every mini-batch (NaN where not reached), gathered from every rank.
         current: cur(job), the version of its stage current when each of this rank's F/B (or I/W) jobs ran.
-        weights: final weights of this rank's stages, ``k -> tuple`` in ``named_parameters`` order.
-        memory: bytes at their peak: ``weight_versions`` (stored versions), ``activations`` (saved stage
-            inputs), ``optimizer_state`` (at the end), ``versions_peak`` and ``stage_bytes`` per stage, for a placed
-            schedule ``fetched_weights``; on CUDA ``cuda_max_allocated`` (``torch.cuda.max_memory_allocated``).
-        trace: per completed step, ``(versions held, saved inputs, pending gradients, unfinished sends)``
-            summed over this rank's stages, to check that nothing grows over a run.
+        weights: final weights of the stages this rank holds, ``k -> tuple`` in ``named_parameters`` order.
+        memory: peak bytes: ``weight_versions``, ``activations`` (saved stage inputs), ``optimizer_state`` (at the
+            end), per stage ``versions_peak`` and ``stage_bytes``; placed ``fetched_weights``; CUDA
+            ``cuda_max_allocated``.
+        trace: per step, ``(versions held, saved inputs, pending gradients, unfinished sends)``, to check that
+            nothing grows over a run.
         position: index in this rank's program where the run stopped (its end unless ``stop_at_step``).
-        steps_done: mini-batches whose loss was computed (over all runs since the start, checkpoints included).
-        diverged, diverged_step: some loss, or some rank's final weight, is NaN or ±inf (divergence is a
-            result), and the first such mini-batch (the last one done when only the weights are).
-        timeline: with ``record=True``, the last run's measured :class:`~pipelab.runtime.trace.Timeline`.
-        collectives: for a placed schedule, ``bytes_sent``, ``bytes_received`` and ``calls`` per collective kind;
-            ``weights`` then lists only the stages this rank holds.
-        meter: with a ``network``, the messages this rank received under the link model and how many were late
-            (:class:`~pipelab.runtime.meter.MeterStats`); else ``None``.
+        steps_done: mini-batches whose loss was computed (all runs since the start).
+        diverged, diverged_step: some loss or final weight is NaN or ±inf, and the first such mini-batch (the
+            last one done when only the weights are).
+        collectives: placed: ``bytes_sent``, ``bytes_received`` and ``calls`` per collective kind.
+        meter: with a ``network``, the :class:`~pipelab.runtime.meter.MeterStats` of this rank's receipts.
     """
 
     rank: int
@@ -102,23 +87,16 @@ class PipelineRuntime:
     """Run a schedule × policy on ``torch.distributed`` ranks, one worker per rank.
 
     Args:
-        model: the whole model as an ``nn.Sequential`` (cut into ``schedule.D`` stages) or the list of all
-            stage modules, built identically on every rank; each rank trains only its own stages.
-        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`), or its fields as keywords (schedule,
-            policy, optimizer, D, loss_fn, predictor, lr_scheduler, balance, recompute), as for
-            :class:`pipelab.emulator.Emulator`; the schedule must be a :class:`pipelab.schedules.Schedule`
-            with ``schedule.W`` workers = world size.
-        device: this rank's device (default: CUDA device ``LOCAL_RANK`` under NCCL, else CPU).
-        rank, world_size: default to the initialised process group's (then every rank's
-            :meth:`fingerprint` is compared at construction).
-        config: the caller's settings every rank must share and a resumed run must keep (JSON-able; e.g.
-            :mod:`pipelab.studies.run` passes its ``RunConfig``: data seed, batch size, ...); part of the fingerprint.
-        record: measure each run (:mod:`pipelab.runtime.trace`): every job's start and end after a barrier,
-            and the bytes sent and received per rank, returned as ``RuntimeResult.timeline``.
-        network: meter the point-to-point messages with this link model (:mod:`pipelab.runtime.meter`): each
-            receiving job waits for its message's modelled arrival, so a run on one machine takes the time it
-            would over these links; the weights are unchanged. All ranks on one host; not for placed schedules
-            or checkpoints.
+        model: an ``nn.Sequential`` (cut into ``schedule.D`` stages) or all stage modules, built identically on
+            every rank; each rank trains only its own stages.
+        spec: the run (:class:`~pipelab.pipeline.spec.PipelineSpec`, a ``Schedule`` with ``W`` = world size), or
+            its fields as keywords.
+        device: default: CUDA device ``LOCAL_RANK`` under NCCL, else CPU.
+        rank, world_size: default to the process group's (then every rank's :meth:`fingerprint` is compared).
+        config: the caller's JSON-able settings every rank must share and a resumed run must keep.
+        record: measure each run (:mod:`pipelab.runtime.trace`) into ``RuntimeResult.timeline``.
+        network: meter the messages with this link model (:mod:`pipelab.runtime.meter`): a run on one host takes
+            the time it would over these links, with unchanged weights.
 
     Raises:
         TypeError: a schedule that is not a ``Schedule``; an unknown keyword; a field of the wrong type.
@@ -204,11 +182,10 @@ class PipelineRuntime:
     # ------------------------------------------------------------------------------------- resume state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs besides the model and the configuration, as plain data: the program
-        position and cut, each executor's state, hand-overs and messages in flight, partial and done losses.
+        """Everything a resumed run needs besides the model and the configuration, as plain data.
 
-        Call between runs (after ``run(..., stop_at_step=c)``). Like ``nn.Module.state_dict`` it holds references
-        to the live tensors: save or copy it before the runtime runs on.
+        Call between runs (after ``run(..., stop_at_step=c)``); like ``nn.Module.state_dict`` it references the
+        live tensors.
         """
         return {
             "rank": self.rank,
@@ -254,10 +231,8 @@ class PipelineRuntime:
     # ------------------------------------------------------------------------------------- set-up
 
     def fingerprint(self) -> dict[str, Any]:
-        """What every rank must agree on and a resumed run must keep, as JSON-able data: the schedule (with a
-        digest of its programs), policy, predictor, optimizer hyper-parameters, scheduler, loss, recompute,
-        precision, the stages' parameter names/shapes/dtypes and the caller's ``config``, taken at construction.
-        Compare two with :func:`pipelab.distributed.differences`."""
+        """What every rank must agree on and a resumed run must keep, as JSON-able data (taken at construction;
+        compare two with :func:`pipelab.distributed.differences`)."""
         return copy.deepcopy(self._fingerprint)
 
     def _describe(self, policy: Any, predictor: Any, lr_scheduler: Any, recompute: bool,
@@ -317,9 +292,8 @@ class PipelineRuntime:
         return self._meta[key]
 
     def _check_same_data(self, batches: Any, data: MiniBatches, start: int) -> None:
-        """Every rank must be given the same mini-batch shapes (its receive buffers are sized from its own copy of
-        the data): for a sequence of mini-batches, compare the input shapes and dtypes of steps ``start..`` across
-        ranks before any message (a callable is not read ahead: it may not be repeatable)."""
+        """Refuse ranks given different input forms from step ``start`` (each sizes its receive buffers from its
+        own copy); a callable is not read ahead: it may not be repeatable."""
         if callable(batches) or not dist.is_initialized() or self.world == 1:
             return
         runs: list[tuple[int, tuple[int, ...], str]] = []  # (first step, shape, dtype) of each run of equal forms
@@ -344,10 +318,9 @@ class PipelineRuntime:
         """Execute this rank's program from where it stands (the start, or a loaded checkpoint).
 
         Args:
-            batches: mini-batch t is ``batches[t]`` or ``batches(t)``; every rank is given the same data
-                (the ranks of the first and last stage read inputs and targets; others read input shapes).
-            stop_at_step: stop at the consistent cut of mini-batch ``stop_at_step`` so that
-                :func:`~pipelab.runtime.checkpoint.save_checkpoint` can save a resumable state.
+            batches: mini-batch t is ``batches[t]`` or ``batches(t)``, the same on every rank.
+            stop_at_step: stop at the consistent cut of that mini-batch, for
+                :func:`~pipelab.runtime.checkpoint.save_checkpoint`.
         """
         ref = next((p for p in self.modules[0].parameters() if p.is_floating_point()), None)
         data = MiniBatches(batches, self.M, self.steps, reference=ref, device=self.device)

@@ -1,12 +1,9 @@
 """Run a pipelab schedule on ``torch.distributed.pipelining``'s own runtime (``_PipelineScheduleRuntime``).
 
-The schedule is exported to torch's CSV format (:func:`pipelab.schedules.torch_actions.to_torch_csv`, with
-pipelab's SEND/RECV actions when ``comms=True``) and loaded by ``_PipelineScheduleRuntime._load_csv``: pipelab
-decides the order, torch does the rest (stages, transfers, autograd, gradient scaling). Each rank builds torch
-``PipelineStage`` s for its stages and one optimizer per stage, and per mini-batch calls ``schedule.step`` then
-``optimizer.step()`` (U of pipelab's flushed schedules, which torch runs outside its schedule). torch's
-``REDUCE_GRAD`` scales the accumulated gradient by 1/M, so the update is that of the mini-batch mean loss, as in
-the emulator (tests: ≤ 1e-10 in float64). Only flushed one-step schedules with one rank per stage.
+The schedule is exported to torch's CSV format (:func:`pipelab.schedules.torch_actions.to_torch_csv`) and loaded
+by ``_PipelineScheduleRuntime._load_csv``: pipelab decides the order, torch does the rest. Per mini-batch each rank
+calls ``schedule.step`` then each stage's ``optimizer.step()``; torch's ``REDUCE_GRAD`` scales the gradient by 1/M,
+so the update is the emulator's (tests: ≤ 1e-10 in float64). Only flushed one-step schedules, one rank per stage.
 
 Reference: ``torch.distributed.pipelining`` (PyTorch ≥ 2.5): ``PipelineStage``, ``_PipelineScheduleRuntime``.
 """
@@ -35,10 +32,9 @@ class TorchPipeliningResult:
     """What one rank's :func:`run_torch_pipelining` returns.
 
     Attributes:
-        rank: this process's rank; stages: the stages it computes (increasing).
         weights: final weights of this rank's stages, ``k -> tuple`` in ``parameters()`` order.
-        losses: mean loss of every mini-batch, on the rank that computes the last stage (empty elsewhere).
-        actions: the action list torch executed on this rank (its ``pipeline_order_with_comms`` row, as text).
+        losses: mean loss of every mini-batch on the last stage's rank (empty elsewhere).
+        actions: the action list torch executed on this rank, as text.
     """
 
     rank: int
@@ -60,14 +56,9 @@ def run_torch_pipelining(model: nn.Sequential | Sequence[nn.Module], schedule: S
     :func:`pipelab.distributed.spawn`).
 
     Args:
-        model: an ``nn.Sequential`` (cut by :func:`pipelab.partition.split` with ``balance``) or the D stage
-            modules; this rank's stages are trained in place.
-        schedule: a flushed one-step schedule, one rank per stage (:func:`~pipelab.schedules.torch_actions.to_torch`).
-        batches: mini-batches ``(x, y)``, each cut into ``schedule.M`` micro-batches by torch.
-        optimizer: factory ``params -> torch.optim.Optimizer``, called once per stage.
-        loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
+        model: an ``nn.Sequential`` (cut with ``balance``) or the D stage modules, trained in place.
         comms: export pipelab's SEND/RECV actions (``"compute_comms"``), else let torch add them.
-        device: where the stages run; workdir: directory for the exported CSV (a temporary one by default).
+        workdir: directory for the exported CSV (default: a temporary one).
 
     Raises:
         RuntimeError: no process group, or its size is not ``schedule.W``.

@@ -1,36 +1,20 @@
 """Measured runs: a per-rank timeline of every job and the bytes each rank sent and received.
 
-Opt-in (``PipelineRuntime(..., record=True)``) and cheap: two ``time.perf_counter()`` reads and a few
-dictionary updates per job. Two pieces:
+Opt-in (``PipelineRuntime(..., record=True)``) and cheap: two ``time.perf_counter()`` reads per job.
+:class:`MeasuredTransport` counts the bytes of every hand-over to or from another rank, per kind and peer, and
+notes when each receive returned; :class:`JobClock` records every job's times since a t0 taken after a barrier:
 
-- :class:`MeasuredTransport` wraps a rank's transport (:class:`~pipelab.runtime.p2p.P2PTransport`, or any
-  object with ``schedule``, ``rank``, ``send`` and ``receive``): it passes every call through unchanged and
-  counts the bytes of each tensor that crosses to or from another rank (``numel × element_size``), per
-  kind (activation or gradient) and per peer; same-rank hand-overs (interleaved, folded stages) are not
-  counted, as they never leave the process. It also notes when each receive returned, i.e. when the job's
-  input had arrived.
-- :class:`JobClock` records, for every job the driver runs, ``start`` and ``end`` in seconds since a t0
-  that every rank takes right after a barrier:
+    start(job) = when its last receive returned (its input arrived)  if it received from another rank,
+                 end of the previous job of this rank                 otherwise,
+    end(job)   = when its output was ready: its first send (before posting it, so the record stays causal
+                 across ranks), or, for a job that sends nothing, when the driver finished it.
 
-      start(job) = when its last receive returned (its input arrived)  if it received from another rank,
-                   end of the previous job of this rank                 otherwise,
-      end(job)   = when its output was ready: its first send (before posting it), or, for a job that
-                   sends nothing, when the driver finished it.
+This is the simulator's rule ``start(j) = max(end of the worker's previous job, arrival of its inputs)`` read off
+a real run, so a :class:`Timeline` and a :class:`~pipelab.simulator.SimResult` compare job for job.
 
-  Taking the end before a send is posted keeps the record causal across ranks: a receiver cannot see the
-  tensor before the sender's recorded end, even when the sender is descheduled right after posting it.
-
-  This is the simulator's rule ``start(j) = max(end of the worker's previous job, arrival of its inputs)``
-  (:mod:`pipelab.simulator`) read off a real run, so a measured :class:`Timeline` and a
-  :class:`~pipelab.simulator.SimResult` can be laid side by side job for job.
-
-A rank's record is a :class:`Timeline` (``RuntimeResult.timeline``). Clocks: every rank reads its
-``perf_counter`` right after leaving a barrier. When all ranks run on one host (their host names agree),
-that clock is the host's monotonic clock, shared by every process, so :meth:`JobClock.finish` re-bases all
-ranks on one t0, the earliest of these readings: times are then comparable across ranks exactly (a rank
-descheduled just after the barrier, as happens when ranks share cores, would otherwise shift its whole
-timeline by a time slice). Across hosts each rank keeps its own reading, and ranks agree to within the
-barrier's exit skew.
+On one host the ranks share the monotonic clock and :meth:`JobClock.finish` re-bases them on the earliest t0 (a
+rank descheduled after the barrier would shift its timeline by a time slice); across hosts they agree to within
+the barrier's exit skew.
 
 Reference: the measured-vs-modelled timelines of PipeDream's profiler (Narayanan et al., SOSP 2019, §3.1).
 """
@@ -82,12 +66,8 @@ class Timeline:
     """What one rank measured during a run (see the module docstring).
 
     Attributes:
-        rank: the rank; jobs: its jobs in program order.
-        sent, received: bytes over point-to-point, by kind (``"activation"``, ``"gradient"``).
-        sent_to, received_from: bytes by peer rank (all kinds).
-        messages_sent, messages_received: messages by kind.
+        sent, received: bytes by kind (``"activation"``, ``"gradient"``); ``sent_to``, ``received_from``: by peer.
         t0_monotonic: the raw ``perf_counter`` reading taken as t0 (common to all ranks when ``shared_clock``).
-        shared_clock: all ranks ran on one host and share t0.
     """
 
     rank: int
@@ -123,13 +103,8 @@ class Timeline:
 class MeasuredTransport:
     """A transport wrapper that counts cross-rank bytes and notes receive times (see the module docstring).
 
-    Every attribute it does not define itself is read from and written to the wrapped transport, so code
-    that sets ``transport.shape_of`` or saves ``transport.outbox`` works unchanged.
-
-    Args:
-        inner: the rank's transport; it must expose ``schedule`` (to tell which rank a job runs on) and
-            ``rank``.
-        timeline: where the counts go (default: a new one for ``inner.rank``).
+    Every attribute it does not define itself is read from and written to ``inner`` (which must expose
+    ``schedule`` and ``rank``), so ``transport.shape_of`` and ``transport.outbox`` work unchanged.
     """
 
     _own = ("inner", "timeline", "arrived", "produced")
