@@ -201,6 +201,13 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
     Raises:
         ValueError: a job whose op is not F, B, I, W or U.
     """
+    # step        what it does
+    # plan        each mini-batch's last job (its data is released after it); placed: where each all-reduce launches
+    # launch      before a job, the all-reduces whose gradients this program has completed
+    # collective  a placed sequence's broadcast / reduce / all-reduce entry, run by ``collective``
+    # F           input from the data or the previous stage, forward, output on or the loss recorded (_forward)
+    # B, I, W     gradient received, backward or its halves, input gradient sent back (_backward)
+    # U           the optimizer step (StageExecutor.update), then ``on_update``
     if codecs:
         transport = CodedTransport(transport, codecs)
     last_job = _last_jobs(program)
