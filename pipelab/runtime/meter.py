@@ -41,6 +41,7 @@ from ..links import Link, Network
 from ..pipeline.transport import handover_bytes
 from ..schedules.dependencies import Job
 from ..schedules.transfers import ACT, GRAD, messages
+from .trace import Wrapper
 
 __all__ = ["MeteredTransport", "MeterStats", "MeteredMessage", "sleep_until"]
 
@@ -94,10 +95,10 @@ class MeterStats:
         return sum(waited) / len(waited) if waited else 0.0
 
 
-class MeteredTransport:
+class MeteredTransport(Wrapper):
     """A rank's transport with the link model applied on receipt (module docstring).
 
-    Other attributes are those of the wrapped transport, as for :class:`~pipelab.runtime.trace.MeasuredTransport`.
+    Other attributes are those of the wrapped transport (:class:`~pipelab.runtime.trace.Wrapper`).
 
     Args:
         group: the process group the stamps travel on (``None``: one is created here, a collective call).
@@ -134,15 +135,6 @@ class MeteredTransport:
         s(self, "_expect", 0)
         s(self, "_deferred", {})  # send_after: the departure job -> stamps to send at its end
         s(self, "_error", None)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._own:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.inner, name, value)
 
     # ------------------------------------------------------------------------------------- the model
 

@@ -100,12 +100,25 @@ class Timeline:
         return sum(self.received.values())
 
 
-class MeasuredTransport:
-    """A transport wrapper that counts cross-rank bytes and notes receive times (see the module docstring).
+class Wrapper:
+    """A transport wrapping ``inner``: attributes outside ``_own`` are read from and written to ``inner`` (which
+    must expose ``schedule`` and ``rank``), so ``transport.shape_of`` and ``transport.outbox`` work unchanged."""
 
-    Every attribute it does not define itself is read from and written to ``inner`` (which must expose
-    ``schedule`` and ``rank``), so ``transport.shape_of`` and ``transport.outbox`` work unchanged.
-    """
+    _own: tuple[str, ...] = ("inner",)
+    inner: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._own:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+
+class MeasuredTransport(Wrapper):
+    """A transport wrapper that counts cross-rank bytes and notes receive times (see the module docstring)."""
 
     _own = ("inner", "timeline", "arrived", "produced")
 
@@ -118,15 +131,6 @@ class MeasuredTransport:
         object.__setattr__(self, "timeline", timeline if timeline is not None else Timeline(inner.rank))
         object.__setattr__(self, "arrived", None)  # perf_counter when the current job's last receive returned
         object.__setattr__(self, "produced", None)  # perf_counter at the current job's first send
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._own:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.inner, name, value)
 
     @staticmethod
     def _kind(dst: Job) -> str:
