@@ -15,6 +15,14 @@ from . import environment
 from .config import PRESETS
 
 
+def measured_in(names: list[str], out: str | Path) -> list[str]:
+    """The figures of ``names`` that plot measured wall-clock times (``register(measured=True)``) and are already
+    drawn in ``out`` (their sidecar is there)."""
+    from . import figures
+
+    return [n for n in names if figures.get(n).measured and (Path(out) / f"{n}.json").exists()]
+
+
 def _figures(args: argparse.Namespace) -> int:
     from . import figures
 
@@ -50,6 +58,12 @@ def _figures(args: argparse.Namespace) -> int:
         names = list(STUDY_FIGURES)
     else:
         names = [s.name for s in figures.available() if s.runs_under(args.preset)]
+    if not args.names and args.preset != "study" and not args.remeasure:  # measured times differ each run: keep
+        kept = measured_in(names, args.out)
+        if kept:
+            print(f"kept {len(kept)} measured figure(s) already in {args.out} ({', '.join(kept)}): --remeasure or "
+                  "their names draw them again", file=sys.stderr)
+            names = [n for n in names if n not in kept]
     try:
         specs = [figures.get(n) for n in names]
     except ValueError as exc:
@@ -169,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                         "every figure's config, so the cache and the sidecars record it (default: "
                         f"${environment.DEVICE}, else each preset's)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
+    p.add_argument("--remeasure", action="store_true",
+                   help="also redraw the figures of measured wall-clock times that are already in --out (without "
+                        "it, a run of the whole preset keeps them: their times differ on every run)")
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into the repository's figures/ although code outside it has uncommitted changes "
                         "(warns; the sidecars record code_clean=false and a hash of the diff)")

@@ -225,3 +225,17 @@ def test_a_redraw_of_unchanged_figures_keeps_the_committed_timings(tmp_path: Pat
     elsewhere.mkdir()
     (elsewhere / TIMINGS).write_text("x")
     assert not runner._keep_committed_timings(elsewhere)
+
+
+def test_measured_figures_already_drawn_are_kept_by_a_whole_preset_run(tmp_path: Path) -> None:
+    """Figures of measured wall-clock times differ on every run: redrawing the preset keeps the ones in --out, so a
+    second `make figures` leaves `git status` clean (issue 30); the others, and those not drawn yet, are drawn."""
+    from pipelab.studies.cli import measured_in
+
+    measured = sorted(s.name for s in figures.available() if s.measured)
+    assert {"runtime_timeline", "links_timeline", "schedules_rahimi_measured", "time_to_accuracy"} <= set(measured)
+    names = [s.name for s in figures.available() if s.runs_under("quick")]
+    assert measured_in(names, tmp_path) == []
+    for n in (*measured[:2], "model_stages"):
+        (tmp_path / f"{n}.json").write_text("{}")
+    assert measured_in(names, tmp_path) == measured[:2]

@@ -92,6 +92,7 @@ class FigureSpec:
     module: str
     presets: tuple[str, ...] | None = None
     budgets: tuple[tuple[str, float], ...] = ()
+    measured: bool = False
 
     def runs_under(self, preset: str) -> bool:
         """Whether ``pipelab figures --preset PRESET`` (without names) draws this figure."""
@@ -107,7 +108,7 @@ _discovered = False
 
 
 def register(name: str, description: str, *, presets: tuple[str, ...] | None = None,
-             budget: Mapping[str, float] | None = None) -> Callable[[FigureFn], FigureFn]:
+             budget: Mapping[str, float] | None = None, measured: bool = False) -> Callable[[FigureFn], FigureFn]:
     """Decorator registering a figure function under ``name`` (letters, digits, ``_`` and ``-``).
 
     ``presets``: the presets the figure is drawn for when the CLI is given no names (``None``: all but ``study``,
@@ -117,6 +118,9 @@ def register(name: str, description: str, *, presets: tuple[str, ...] | None = N
     (drawn first), the others only draw (every figure declares ``tiny``, and ``quick`` where it runs under it).
     The figure runner (:mod:`pipelab.studies.runner`) schedules the longest first and forecasts its ETA from them
     (or from the last measured times), and warns when a figure takes more than 1.5 times its budget.
+    ``measured``: the figure plots wall-clock times of real processes, which differ on every run; a run of the
+    whole preset keeps its existing files (the CLI's ``--remeasure``, or naming it, draws it again), so that
+    redrawing unchanged figures leaves ``git status`` clean.
 
     Raises:
         ValueError: a name with other characters, or a budget that names an unknown preset or is not a finite
@@ -136,7 +140,7 @@ def register(name: str, description: str, *, presets: tuple[str, ...] | None = N
         existing = _REGISTRY.get(name)
         if existing is not None and existing.module != fn.__module__:
             raise ValueError(f"figure {name!r} registered twice ({existing.module} and {fn.__module__})")
-        _REGISTRY[name] = FigureSpec(name, fn, description, fn.__module__, presets, budgets)
+        _REGISTRY[name] = FigureSpec(name, fn, description, fn.__module__, presets, budgets, measured)
         return fn
 
     return deco

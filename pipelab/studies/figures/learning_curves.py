@@ -637,7 +637,7 @@ def step_times(task: str, optimizer: str, D: int, policies: Sequence[str], batch
 
 @register("time_to_accuracy", "Test accuracy against forecast wall-clock time: each arm's epochs placed at the "
           "simulator's time per step from profiled stage costs, with each policy's extra work",
-          budget={"tiny": 15, "quick": 15})
+          budget={"tiny": 15, "quick": 15}, measured=True)
 def time_to_accuracy(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = _config(preset)
     opt = cfg.optimizers[0]

@@ -56,7 +56,7 @@ _CONFIGS = {
 
 @register("links_timeline", "One schedule on real processes without and with a metered slow link: measured "
           "per-rank timelines over the simulated ones, forecast and replay errors", presets=("tiny", "quick"),
-          budget={"tiny": 20, "quick": 25})  # quick: 21 s measured
+          budget={"tiny": 20, "quick": 25}, measured=True)  # quick: 21 s measured
 def links_timeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_CONFIGS, preset)
     rows: dict[str, CalibrationRow] = {}

@@ -124,7 +124,7 @@ def _errors(ax: Any, rows: list[CalibrationRow], target: float = 0.10) -> None:
 
 @register("runtime_timeline", "Measured per-rank timelines of the multi-process runtime over the simulated ones, "
           "and the simulator's makespan forecast error per schedule (profiled costs)",
-          budget={"tiny": 30, "quick": 40})
+          budget={"tiny": 30, "quick": 40}, measured=True)
 def runtime_timeline(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_CONFIGS, preset)
     results: dict[int, list[CalibrationRow]] = {}
@@ -215,7 +215,7 @@ def rahimi_measured_markdown(rows: list[dict[str, Any]], preset: str) -> str:
 
 @register("schedules_rahimi_measured", "Rahimi's Table 1 on real processes (gloo ranks, traced runtime) beside the "
           "note's formulas and the simulator: latency, activation and weight transfers, storage per worker",
-          budget={"tiny": 30, "quick": 30})
+          budget={"tiny": 30, "quick": 30}, measured=True)
 def schedules_rahimi_measured(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_RAHIMI_MEASURED, preset)
     if progress:
