@@ -45,6 +45,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from . import environment
+
 __all__ = ["run_figures", "forecast", "expected_costs", "read_timings", "default_workers", "TIMINGS", "FIELDS",
            "TOTAL", "DEFAULT_COST", "OVER_BUDGET"]
 
@@ -461,7 +463,7 @@ def _die_with_parent(parent: int) -> None:
 @contextlib.contextmanager
 def _one_thread_env() -> Any:
     """Spawned workers start with one OpenMP/BLAS thread (read when torch and numpy load) and in-process sweeps."""
-    keys = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PIPELAB_WORKERS": "1"}
+    keys = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", environment.WORKERS: "1"}
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update(keys)
     try:

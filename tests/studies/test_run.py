@@ -35,17 +35,23 @@ def test_train_distributed_equals_the_emulator_arm() -> None:
     assert set(out["memory"]) == {0, 1} and out["memory"][0]["weight_versions"] > 0
 
 
-@pytest.mark.slow
-def test_torchrun_entry_point(tmp_path: Path) -> None:
+def _torchrun(tmp_path: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``torchrun`` on 2 ranks of the Digits MLP at the test's sizes with ``args``; the summary's path and the
+    finished process (asserted successful)."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     if torchrun is None:
         pytest.skip("torchrun not found")
     out = tmp_path / "summary.json"
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.studies.run", "--task", "digits_mlp",
-           "--policy", "stashing", "--optimizer", "sgdm", "--n-train", "256", "--n-test", "128", "--batch-size", "32",
-           "--out", str(out)]
+           "--n-train", "256", "--n-test", "128", "--batch-size", "32", *args, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+@pytest.mark.slow
+def test_torchrun_entry_point(tmp_path: Path) -> None:
+    out, proc = _torchrun(tmp_path, "--policy", "stashing", "--optimizer", "sgdm")
     assert "RuntimeWarning" not in proc.stderr, proc.stderr[-3000:]  # pipelab does not import its entry module
     summary = json.loads(out.read_text())
     assert summary["world_size"] == 2 and summary["steps_done"] == 8
@@ -73,15 +79,8 @@ def test_train_distributed_in_bf16_equals_the_emulator_in_bf16() -> None:
 def test_torchrun_metered_run_equals_the_emulator_arm(tmp_path: Path) -> None:
     """``--link-mbps/--link-latency-ms/--duplex`` meter the run (pipelab.runtime.meter); the losses stay the
     emulator's in float64."""
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun not found")
-    out = tmp_path / "summary.json"
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.studies.run", "--task", "digits_mlp",
-           "--policy", "pipeoptim", "--optimizer", "adam", "--n-train", "256", "--n-test", "128", "--batch-size", "32",
-           "--dtype", "float64", "--link-mbps", "50", "--link-latency-ms", "10", "--duplex", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out, _ = _torchrun(tmp_path, "--policy", "pipeoptim", "--optimizer", "adam", "--dtype", "float64",
+                       "--link-mbps", "50", "--link-latency-ms", "10", "--duplex")
     summary = json.loads(out.read_text())
     assert "Link(latency=0.01, bandwidth=6250000.0)" in summary["network"] and "duplex=True" in summary["network"]
     assert isinstance(summary["late_messages"], int)
