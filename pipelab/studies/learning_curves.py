@@ -175,7 +175,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         validation metrics are NaN when ``n_val = 0``), ``diverged`` (bool: a training loss, or a loss, output
         or weight of an epoch-end evaluation, is NaN or ±inf), ``diverged_step`` (the first mini-batch whose loss
         is non-finite, or whose update produced weights that evaluate non-finite, whichever is earlier),
-        ``weight_copies`` (per stage), ``steps_per_epoch``, ``seconds``. ``n_test`` is the size of the test
+        ``weight_copies`` (per stage), ``steps_per_epoch``, ``seconds``, ``device_name`` (the GPU's name, or
+        ``"cpu"``) and ``torch`` (the version that computed the run). ``n_test`` is the size of the test
         set actually evaluated (the config's ``n_test`` capped by the dataset; an int even when the config
         says ``None``), so every accuracy can be quoted with its sample size.
     """
@@ -361,10 +362,14 @@ def _run(cfgs: Sequence[RunConfig]) -> Any:
         res = emu.run(batch, snapshot_every=per_epoch, on_snapshot=lambda v, W: record(v // per_epoch, W))
         losses, arm_losses = res.losses, [a for a in res.extra["arm_losses"] if a is not None]
     seconds = (time.perf_counter() - t0) / K
+    device = resolve_device(cfg.device)
+    # what computed the run: results cached on a GPU machine are drawn elsewhere, and say where they came from
+    made_on = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     for a, rec in enumerate(recs):
         mine = losses if K == 1 else [row[a] for row in arm_losses]
         _finish(rec, mine, steps, per_epoch, cfg.epochs, bad_epoch[a])
         rec["seconds"] = seconds
+        rec["device_name"], rec["torch"] = made_on, torch.__version__
         if K > 1:
             rec["stacked_arms"] = K
     return recs[0] if K == 1 else recs

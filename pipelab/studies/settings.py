@@ -47,6 +47,11 @@ TASKS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
                                  {"in_features": 784, "width": 128, "depth": 8, "bias": False}),
     "fashion_mnist_cnn": ("fashion_mnist", {}, "small_cnn", {"width": 16}),
     "fashion_mnist_resnet": ("fashion_mnist", {}, "small_resnet", {"width": 8, "blocks_per_stage": 2}),
+    # ResNet-20 (He et al., CVPR 2016, §4.2: 6n + 2 layers, n = 3, widths 16/32/64), the paper-regime task of the
+    # ``paper`` preset: GroupNorm in place of BatchNorm (no running statistics, so every stale weight version and
+    # every stacked seed is a function of its weights alone) and Fashion-MNIST in place of CIFAR-10 (a Debian
+    # package; nothing is downloaded from a hub)
+    "fashion_mnist_resnet20": ("fashion_mnist", {}, "small_resnet", {"width": 16, "blocks_per_stage": 3}),
     "mnist1d_mlp": ("mnist1d", {}, "deep_mlp", {"in_features": 40, "width": 128, "depth": 8}),
     "digits_mlp": ("digits", {"flatten": True}, "deep_mlp", {"in_features": 64, "width": 64, "depth": 8}),
     "digits_mlp_nobias": ("digits", {"flatten": True}, "deep_mlp",
