@@ -391,8 +391,7 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     fig.tight_layout(rect=(0, 0, 1, top - 0.01))
     rows = summary_rows(records)
     return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
-                        notes={"runs": len(records), "seconds": round(sum(r["seconds"] for r in records), 1),
-                               "lr": lr_label(records),
+                        notes={"runs": len(records), "lr": lr_label(records),
                                "final_test_acc": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
                                                   round(100 * r["final_mean"], 2) for r in rows},
                                "final_test_acc_ci95": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
@@ -690,9 +689,11 @@ CSV_COLUMNS = ("task", "optimizer", "D", "policy", "seeds", "diverged", "best_me
                "final_mean", "final_ci95", "final_std", "n_test", "winner", "lr", "weight_copies")
 
 
-#: the per-run CSV's columns (``NAME.runs.csv``): the epoch-by-epoch metrics as space-separated lists
+#: the per-run CSV's columns (``NAME.runs.csv``): the epoch-by-epoch metrics as space-separated lists. A run's
+#: wall-clock ``seconds`` is not among them: it is no result (the cache record keeps it, the runner's
+#: ``timings.csv`` each figure's), and it would make every recomputation rewrite the committed file.
 RUN_COLUMNS = ("task", "optimizer", "D", "policy", "seed", "lr", "epochs", "steps_per_epoch", "n_test", "diverged",
-               "diverged_step", "weight_copies", "test_acc", "val_acc", "train_loss", "seconds")
+               "diverged_step", "weight_copies", "test_acc", "val_acc", "train_loss")
 
 
 def runs_csv(records: list[dict]) -> str:
@@ -708,8 +709,6 @@ def runs_csv(records: list[dict]) -> str:
                 v = f"{_lr(r):.6g}"
             elif c in ("test_acc", "val_acc", "train_loss", "weight_copies"):
                 v = " ".join(f"{x:.6g}" if isinstance(x, float) else str(x) for x in (v or ()))
-            elif c == "seconds":
-                v = f"{v:.3f}"
             vals.append("" if v is None else str(v))
         buf.write(",".join(vals) + "\n")
     return buf.getvalue()
@@ -732,7 +731,6 @@ def parse_runs(text: str) -> list[dict]:
         for c in ("D", "seed", "epochs", "steps_per_epoch", "n_test"):
             rec[c] = int(row[c])
         rec["lr"] = float(row["lr"])
-        rec["seconds"] = float(row["seconds"])
         rec["diverged"] = row["diverged"] == "True"
         rec["diverged_step"] = int(row["diverged_step"]) if row["diverged_step"] else None
         rec["weight_copies"] = [int(x) for x in row["weight_copies"].split()]
