@@ -414,7 +414,7 @@ def run_sweep(
     desc: str | None = None,
     batch_fn: Callable[[list[Any]], list[R]] | None = None,
     group: Callable[[Any], Any] | None = None,
-    max_batch: int = 8,
+    max_batch: int | Callable[[Any], int] = 8,
     workers: int = 1,
 ) -> list[R]:
     """Run ``fn`` over ``configs`` through the cache, in order; an interrupted sweep resumes.
@@ -424,8 +424,9 @@ def run_sweep(
             library code leaves it off).
         batch_fn: computes several configs' results at once, ``batch_fn(cs)[i] == fn(cs[i])`` (up to floating-point
             rounding); the missing configs with equal ``group(config)`` are handed to it together, at most
-            ``max_batch`` at a time (a group of one goes to ``fn``). Every result is stored under ``fn``'s key, so a
-            result computed in a batch and one computed alone are the same entry.
+            ``max_batch`` at a time, or ``max_batch(group(config))`` for a cap per group (a group of one goes to
+            ``fn``). Every result is stored under ``fn``'s key, so a result computed in a batch and one computed
+            alone are the same entry.
         workers: processes that compute the missing results in parallel (``1``: in this process). Workers are
             spawned, so ``fn`` and ``batch_fn`` must be module-level functions; each result is stored as soon as
             its batch ends, so an interrupted parallel sweep resumes too.
@@ -444,8 +445,16 @@ def run_sweep(
     cache = cache if cache is not None else ResultCache()
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+
+    def cap_of(key: Any) -> int:
+        cap = max_batch(key) if callable(max_batch) else max_batch
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {cap!r}"
+                             + (f" for the group {key!r}" if callable(max_batch) else ""))
+        return cap
+
+    if not callable(max_batch):
+        cap_of(None)  # refused before any work
     results: list[Any] = [None] * len(configs)
     missing: list[int] = []
     finished: list[int] = []  # results in the cache (found there, or computed and stored)
@@ -461,8 +470,9 @@ def run_sweep(
         groups: dict[Any, list[int]] = {}
         for i in missing:
             groups.setdefault(group(configs[i]), []).append(i)
-        for members in groups.values():
-            jobs += [members[a:a + max_batch] for a in range(0, len(members), max_batch)]
+        for key, members in groups.items():
+            cap = cap_of(key)
+            jobs += [members[a:a + cap] for a in range(0, len(members), cap)]
     else:
         jobs = [[i] for i in missing]
     bar = None

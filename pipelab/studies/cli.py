@@ -39,6 +39,11 @@ def _figures(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print(f"error: --workers must be >= 1, got {args.workers}", file=sys.stderr)
         return 2
+    if args.stack is not None:
+        if args.stack < 1:
+            print(f"error: --stack must be an integer >= 1 (1: every run alone), got {args.stack}", file=sys.stderr)
+            return 2
+        os.environ[environment.STACK] = str(args.stack)  # every learning-curve sweep (learning_curves.stack_cap)
     if args.device is not None:
         from ..distributed import resolve_device
 
@@ -178,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=None,
                    help=f"processes drawing figures side by side, one thread each (default: ${environment.WORKERS}, "
                         "else one per CPU core); figures that need the same runs share them")
+    p.add_argument("--stack", type=int, default=None, metavar="N",
+                   help="train at most N seeds of one arm as one stacked run in every learning-curve sweep, tuning "
+                        "included (1: every run alone; the results do not change, a stacked run takes about N times "
+                        f"one seed's time and is lost whole when killed; default: ${environment.STACK}, else each "
+                        "task's cap in its preset, else 8)")
     p.add_argument("--device", default=None,
                    help="run the experiments on cpu, cuda, cuda:N or auto (CUDA when present); sets the device of "
                         "every figure's config, so the cache and the sidecars record it (default: "

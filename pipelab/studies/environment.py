@@ -7,13 +7,16 @@
 - ``PIPELAB_DATA``: a directory searched for Fashion-MNIST before the system's, and downloaded to; unset: none.
 - ``PIPELAB_DEVICE``: the device of every figure's config, ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; unset: each
   preset's own.
+- ``PIPELAB_STACK``: the most seeds of one arm a learning-curve sweep trains as one stacked run, an integer >= 1 for
+  every task (1: each run alone); unset: each task's cap in its preset, else 8
+  (:func:`pipelab.studies.learning_curves.stack_cap`).
 
 Each function below reads one variable and returns it checked; an empty value counts as unset (but turns the
 cache off, as ``off`` does). A value it cannot use raises ``ValueError`` naming the variable, the value and the
 allowed values, never silently replaced by a default. The command line (``python -m pipelab``) runs :func:`check`
 before any work, and its options default to these variables: ``--preset`` to ``PIPELAB_PRESET``, ``--workers`` to
-``PIPELAB_WORKERS`` (an option given wins); ``--workers`` and ``--device`` set their variables for the sweeps and
-configs they start. Paths may start with ``~`` (expanded here, as a shell does not inside quotes).
+``PIPELAB_WORKERS`` (an option given wins); ``--workers``, ``--device`` and ``--stack`` set their variables for the
+sweeps and configs they start. Paths may start with ``~`` (expanded here, as a shell does not inside quotes).
 
 Example:
     >>> import os
@@ -30,13 +33,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["PRESET", "WORKERS", "CACHE", "DATA", "DEVICE", "VARIABLES", "preset", "workers", "cache_root",
-           "data_dir", "device", "check"]
+__all__ = ["PRESET", "WORKERS", "CACHE", "DATA", "DEVICE", "STACK", "VARIABLES", "preset", "workers", "cache_root",
+           "data_dir", "device", "stack", "check"]
 
-PRESET, WORKERS, CACHE, DATA, DEVICE = "PIPELAB_PRESET", "PIPELAB_WORKERS", "PIPELAB_CACHE", "PIPELAB_DATA", \
-    "PIPELAB_DEVICE"
+PRESET, WORKERS, CACHE, DATA, DEVICE, STACK = "PIPELAB_PRESET", "PIPELAB_WORKERS", "PIPELAB_CACHE", "PIPELAB_DATA", \
+    "PIPELAB_DEVICE", "PIPELAB_STACK"
 #: every variable the studies read, in the order :func:`check` checks them
-VARIABLES = (PRESET, WORKERS, CACHE, DATA, DEVICE)
+VARIABLES = (PRESET, WORKERS, CACHE, DATA, DEVICE, STACK)
 #: values of ``PIPELAB_CACHE`` that disable the cache (compared in lower case)
 CACHE_OFF = ("off", "0", "none", "")
 
@@ -70,15 +73,27 @@ def workers() -> int:
         ValueError: not an integer >= 1.
     """
     value = _raw(WORKERS)
-    if value is None:
-        return 1
+    return 1 if value is None else _count(WORKERS, value, "worker processes", "")
+
+
+def stack() -> int | None:
+    """``$PIPELAB_STACK``: the most seeds stacked into one learning-curve run, for every task; ``None`` when unset.
+
+    Raises:
+        ValueError: not an integer >= 1.
+    """
+    value = _raw(STACK)
+    return None if value is None else _count(STACK, value, "stacked seeds", " (1: every run alone)")
+
+
+def _count(name: str, value: str, what: str, note: str) -> int:
+    """``value`` of variable ``name`` as an integer >= 1, else ``ValueError`` saying it is no number of ``what``."""
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number < 1:
-        raise ValueError(f"${WORKERS}={value!r} is not a number of worker processes; use an integer >= 1, e.g. "
-                         f"{WORKERS}=2")
+        raise ValueError(f"${name}={value!r} is not a number of {what}; use an integer >= 1{note}, e.g. {name}=2")
     return number
 
 
@@ -141,3 +156,4 @@ def check() -> None:
     cache_root()
     data_dir()
     device()
+    stack()

@@ -66,8 +66,8 @@ from .data import Dataset, load_dataset
 from .models import build_model, he_init
 from .settings import ARM_OPTIMIZER_SETTINGS, ARM_POLICIES, ARM_SCHEDULES, TASKS, arm_schedule
 
-__all__ = ["RunConfig", "Prepared", "prepare", "run", "run_stacked", "sweep", "serves", "arm_optimizer", "grid",
-           "with_"]
+__all__ = ["RunConfig", "Prepared", "prepare", "run", "run_stacked", "sweep", "stack_cap", "STACK", "serves",
+           "arm_optimizer", "grid", "with_"]
 
 log = logging.getLogger(__name__)
 
@@ -447,22 +447,50 @@ def _blocks(task: str) -> int:
     return len(build_model(model_name, **mkw))
 
 
+#: the most seeds of one arm a sweep stacks into one run, unless a task's plan or ``$PIPELAB_STACK`` says otherwise
+STACK = 8
+
+
+def stack_cap(planned: int | None = None) -> int:
+    """The most seeds of one arm stacked into one run: ``$PIPELAB_STACK`` when set (the same for every task: an
+    operator's override, e.g. to keep each stacked run within a time limit), else ``planned`` (a task's cap in its
+    preset), else :data:`STACK`.
+
+    A stacked run of K seeds takes about K times one seed's time and is lost whole when killed, so a preset caps K
+    per task where one seed is slow; the records do not depend on K (:func:`run_stacked`).
+
+    Raises:
+        ValueError: ``$PIPELAB_STACK`` or ``planned`` is not an integer >= 1.
+    """
+    override = environment.stack()
+    if override is not None:
+        return override
+    if planned is None:
+        return STACK
+    return check_int("planned", planned, 1)
+
+
 def sweep(configs: Iterable[RunConfig], *, progress: bool = False, desc: str = "learning curves",
-          run_fn: Callable[[RunConfig], dict[str, Any]] | None = None, stack: int = 8,
-          workers: int | None = None) -> list[dict]:
+          run_fn: Callable[[RunConfig], dict[str, Any]] | None = None,
+          stack: int | Callable[[RunConfig], int] | None = None, workers: int | None = None) -> list[dict]:
     """Run every config through the result cache (one entry per run; an interrupted sweep resumes).
 
     Args:
         run_fn: replaces :func:`run` (a stub or a wrapper, e.g. in tests; it then runs every config alone, in this
             process); the cache keys its entries on the code of whichever function runs.
         stack: seeds of one arm trained together as one stacked model (:func:`run_stacked`), at most this many
-            (1: every run alone). Arms that cannot be stacked (Muon under a predicting policy) run alone.
+            (1: every run alone), or a function of an arm's config giving its cap (e.g. its task's); default
+            :func:`stack_cap` (``$PIPELAB_STACK``, else :data:`STACK`). Arms that cannot be stacked (Muon under a
+            predicting policy) run alone.
         workers: processes running arms in parallel (default ``$PIPELAB_WORKERS``, else 1).
     """
     configs = list(configs)
     if workers is None:
         workers = environment.workers()
-    log.info("learning-curve sweep: %d runs (stacking up to %d seeds, %d worker(s))", len(configs), stack, workers)
+    if stack is None:
+        stack = stack_cap()
+    log.info("learning-curve sweep: %d runs (stacking up to %s seeds, %d worker(s))", len(configs),
+             "a cap per task" if callable(stack) else stack, workers)
     if run_fn is not None:
         return run_sweep("learning_curves", configs, run_fn, progress=progress, desc=desc)
     return run_sweep("learning_curves", configs, run, progress=progress, desc=desc, batch_fn=run_stacked,

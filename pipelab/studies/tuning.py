@@ -225,7 +225,8 @@ def _arm_key(cfg: RunConfig) -> RunConfig:
 def successive_halving(configs: Iterable[RunConfig], run_fn: RunFn | None = None, *, eta: int = 3,
                        min_epochs: int = 1, max_epochs: int | None = None, rounds: int | None = None,
                        metric: Callable[[dict[str, Any]], float] = final_val_acc, last_full: bool = False,
-                       extend: int = 0, progress: bool = False) -> list[Halving]:
+                       extend: int = 0, progress: bool = False,
+                       stack: int | Callable[[RunConfig], int] | None = None) -> list[Halving]:
     """Select a learning rate per arm by successive halving on the validation split (see the module docstring).
 
     Args:
@@ -241,6 +242,7 @@ def successive_halving(configs: Iterable[RunConfig], run_fn: RunFn | None = None
         extend: at most this many rates added past each end of an arm's grid where the selection lands on that end
             (or below the grid when every rate diverged); the halving is then run again over the larger grid.
         progress: show a progress bar per round.
+        stack: the most seeds stacked into one run, or a cap per arm (:func:`pipelab.studies.learning_curves.sweep`).
 
     Returns:
         one :class:`Halving` per arm, in the order the arms first appear.
@@ -288,7 +290,8 @@ def successive_halving(configs: Iterable[RunConfig], run_fn: RunFn | None = None
             active = [p for p in todo if r < len(p.schedule)]
             batch = [replace(p.key, lr=lr, seed=s, epochs=p.schedule[r][1]) for p in active for lr in p.alive
                      for s in p.seeds]
-            records = iter(sweep(batch, progress=progress, desc=f"lr halving, round {r}", run_fn=run_fn))
+            records = iter(sweep(batch, progress=progress, desc=f"lr halving, round {r}", run_fn=run_fn,
+                                 stack=stack))
             for p in active:
                 p.advance(r, [[next(records) for _ in p.seeds] for _ in p.alive], metric, eta)
         todo = [p for p in todo if p.extend_edge(extend)]

@@ -27,6 +27,7 @@ VENV_BIN = Path(sys.executable).parent  # the environment these tests run in sta
 
 #: how each shell command of the README is exercised, by the first pattern that matches it
 HOW: list[tuple[str, str]] = [
+    (r"^nohup bash -c ", "chunks"),  # the study's background loop: hours of training, checked by its parts
     (r"^make ", "make-n"),
     (r"^\.venv/bin/torchrun .*--device cuda", "parse"),  # a GPU (and a second machine) are not here
     (r"^\.venv/bin/torchrun ", "run-slow"),
@@ -62,7 +63,9 @@ def test_every_readme_command_is_exercised_and_uses_the_environment_or_make() ->
     assert {lang for lang, _ in fenced()} == {"bash", "python"}, "every block is bash or python, and says which"
     assert len(SHELL) >= 10
     for command in SHELL:
-        assert re.match(r"(make|\.venv/bin/)", command), f"{command!r}: run it from the environment (.venv/bin/...)"
+        match = CHUNKS.match(command)
+        run = match[3] if match else command  # a loop of chunks: the command it retries
+        assert re.match(r"(make|\.venv/bin/)", run), f"{command!r}: run it from the environment (.venv/bin/...)"
         assert how(command) is not None, f"{command!r}: add to HOW how the README test exercises it"
         assert "[" not in command, f"{command!r}: optional arguments in brackets do not paste"
 
@@ -114,6 +117,39 @@ def test_readme_commands_that_cannot_run_here_parse(command: str) -> None:
     proc = subprocess.run([sys.executable, "-c", _PARSE_ONLY, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert proc.returncode == 0 and "PARSED" in proc.stdout, proc.stderr[-2000:]
+
+
+#: ``nohup bash -c 'for i in $(seq N); do timeout SECONDS COMMAND && break; done' &``: COMMAND run in chunks of at
+#: most SECONDS until one finishes, in the background (the result cache carries each chunk's runs to the next)
+CHUNKS = re.compile(r"^nohup bash -c '(for i in \$\(seq \d+\); do timeout (\d+) (\.venv/bin/python -m pipelab [^']*?) "
+                    r"&& break; done)' &$")
+
+
+@pytest.mark.parametrize("command", [c for c in SHELL if how(c) == "chunks"])
+def test_readme_background_chunks_retry_a_pipelab_command_that_parses(command: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from pipelab.studies import cli
+
+    match = CHUNKS.match(command)
+    assert match, f"{command!r}: write a background loop as CHUNKS says"
+    loop, seconds, run = match.groups()
+    assert 0 < int(seconds) <= 600, command
+    assert subprocess.run(["bash", "-n", "-c", loop], check=False).returncode == 0, loop
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_only(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
+        parse(self, args, namespace)  # a wrong option or value exits 2 with argparse's message
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+    with pytest.raises(Parsed):
+        cli.main(shlex.split(run)[3:])
 
 
 @pytest.fixture

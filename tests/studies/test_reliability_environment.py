@@ -1,5 +1,5 @@
 """Reliability probes for the environment variables (``PIPELAB_PRESET``, ``_WORKERS``, ``_CACHE``, ``_DATA``,
-``_DEVICE``): the command line honours them, and refuses a value it cannot use before any work."""
+``_DEVICE``, ``_STACK``): the command line honours them, and refuses a value it cannot use before any work."""
 
 from __future__ import annotations
 
@@ -57,6 +57,11 @@ PROBES = [
           r"\$PIPELAB_DATA='.*' is a file, not a directory"),
     Probe("device-unknown", lambda: run_cli(STRIP, PIPELAB_DEVICE="gpu"), CliError,
           r"\$PIPELAB_DEVICE='gpu' is not a device pipelab runs on; choose one of auto, cpu, cuda, cuda:N"),
+    Probe("stack-zero", lambda: run_cli(STRIP, PIPELAB_STACK="0"), CliError,
+          r"\$PIPELAB_STACK='0' is not a number of stacked seeds; use an integer >= 1 \(1: every run alone\)"),
+    Probe("stack-word", lambda: run_cli(STRIP, PIPELAB_STACK="eight"), CliError, r"\$PIPELAB_STACK='eight'"),
+    Probe("stack-option-zero", lambda: run_cli(["figures", "model_stages", "--stack", "0"]), CliError,
+          r"--stack must be an integer >= 1 \(1: every run alone\), got 0"),
 ]
 
 
@@ -83,3 +88,14 @@ def test_the_figure_command_runs_the_preset_of_the_environment(drawn: list[str],
 def test_the_cache_directory_may_start_with_a_tilde(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPELAB_CACHE", "~/pipelab-cache")  # as written inside quotes, the shell leaves ~ alone
     assert ResultCache().root == Path.home() / "pipelab-cache"
+
+
+def test_the_stack_option_sets_the_cap_of_the_sweeps_it_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pipelab.studies import runner
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(runner, "run_figures", lambda *a, **kw: seen.append(os.environ.get("PIPELAB_STACK")) or 0)
+    monkeypatch.setenv("PIPELAB_STACK", "4")  # restored after the test: the option sets it for the figures' workers
+    run_cli(["figures", "model_stages", "--out", str(tmp_path)])
+    run_cli(["figures", "model_stages", "--out", str(tmp_path), "--stack", "2"])
+    assert seen == ["4", "2"]  # the variable, unless --stack says otherwise

@@ -233,3 +233,86 @@ def test_bad_worker_counts_are_refused(monkeypatch) -> None:
     monkeypatch.setenv("PIPELAB_WORKERS", "two")
     with pytest.raises(ValueError, match="PIPELAB_WORKERS"):
         sweep([])
+
+
+METRIC_KEYS = ("train_loss", "test_loss", "test_acc", "val_loss", "val_acc")
+
+
+def test_the_records_do_not_depend_on_the_stack_cap(tmp_path, monkeypatch) -> None:
+    from pipelab.studies.learning_curves import sweep
+
+    cfgs = [with_(_tiny(s, n_val=32), policy=p) for p in ("stashing", "pipeoptim") for s in range(4)]
+    records = {}
+    for stack in (1, 3):
+        monkeypatch.setenv("PIPELAB_CACHE", str(tmp_path / f"stack{stack}"))  # every run recomputed
+        records[stack] = sweep(cfgs, stack=stack)
+    assert [r.get("stacked_arms", 1) for r in records[3]] == [3, 3, 3, 1] * 2
+    for cfg, a, b in zip(cfgs, records[1], records[3]):
+        assert (a["seed"], a["policy"], b["seed"], b["policy"]) == (cfg.seed, cfg.policy) * 2
+        for key in METRIC_KEYS:
+            assert _close(b[key], a[key]), (cfg, key)
+
+
+#: (task, size) of every job the stubbed sweep was handed, in order
+JOBS: list[tuple[str, int]] = []
+
+
+def _stub_record(cfg: RunConfig) -> dict:
+    score = -abs(math.log10(cfg.lr / 1e-2))  # the halving selects the rate nearest 1e-2
+    return {"task": cfg.task, "optimizer": cfg.optimizer, "D": cfg.D, "policy": cfg.policy, "seed": cfg.seed,
+            "lr": cfg.lr, "n_val": cfg.n_val, "diverged": False, "val_acc": [0.0, score], "test_acc": [0.0, score]}
+
+
+def _stub_run(cfg: RunConfig) -> dict:
+    JOBS.append((cfg.task, 1))
+    return _stub_record(cfg)
+
+
+def _stub_run_stacked(cfgs: list[RunConfig]) -> list[dict]:
+    JOBS.append((cfgs[0].task, len(cfgs)))
+    return [_stub_record(c) for c in cfgs]
+
+
+@pytest.mark.parametrize("env,expected", [
+    (None, {"digits_mlp": [5], "mnist1d_mlp": [2, 2, 1]}),    # each task's plan: 8 (the default) and 2
+    ("3", {"digits_mlp": [3, 2], "mnist1d_mlp": [3, 2]}),     # $PIPELAB_STACK: one cap for every task
+    ("1", {"digits_mlp": [1] * 5, "mnist1d_mlp": [1] * 5}),
+])
+def test_every_sweep_of_the_learning_curve_figures_honours_the_cap(env, expected, tmp_path, monkeypatch) -> None:
+    """The tuning's sweeps and the full runs' sweep hand ``run_stacked`` no more seeds than each task's cap."""
+    from pipelab.studies import learning_curves
+    from pipelab.studies.figures.learning_curves import LearningCurvesConfig, TaskPlan, _runs
+    from pipelab.studies.settings import Tuning
+
+    monkeypatch.setenv("PIPELAB_CACHE", str(tmp_path))
+    if env is None:
+        monkeypatch.delenv("PIPELAB_STACK", raising=False)
+    else:
+        monkeypatch.setenv("PIPELAB_STACK", env)
+    monkeypatch.setattr(learning_curves, "run", _stub_run)
+    monkeypatch.setattr(learning_curves, "run_stacked", _stub_run_stacked)
+    tuning = Tuning(grids=(("sgdm", 1e-3, 1e-1, 5),), seeds=tuple(range(100, 105)), max_epochs=1)
+    cfg = LearningCurvesConfig(("digits_mlp", "mnist1d_mlp"), ("sgdm",), ("sequential", "stashing"), 4,
+                               tuple(range(5)), epochs=1, batch_size=32, n_train=64, n_test=32, n_eval_train=32,
+                               depths=(4,), gap_tasks=(), n_val=16, tuning=tuning,
+                               tasks_apart=(("mnist1d_mlp", TaskPlan(stack=2)),))
+    JOBS.clear()
+    records = _runs(cfg, (4,), cfg.tasks, progress=False)
+    assert len(records) == 2 * 2 * 5 and all(r["lr"] == pytest.approx(1e-2) for r in records)
+    # per task 2 arms, each tuned over 5 rates in one round (a 1-epoch budget) with 5 seeds, then run at the selected
+    # rate with its 5 seeds: 6 groups of 5 seeds, each cut to the cap
+    groups_per_task = 2 * (5 + 1)
+    for task, sizes in expected.items():
+        jobs = [n for t, n in JOBS if t == task]
+        assert jobs == sizes * groups_per_task, (task, jobs)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_stack_variable_is_refused_naming_it(value, monkeypatch) -> None:
+    from pipelab.studies.learning_curves import stack_cap, sweep
+
+    monkeypatch.setenv("PIPELAB_STACK", value)
+    for call in (stack_cap, lambda: sweep([])):
+        with pytest.raises(ValueError, match=rf"\$PIPELAB_STACK='{value}' is not a number of stacked seeds; use an "
+                                             r"integer >= 1"):
+            call()

@@ -43,7 +43,7 @@ from ...policies import make_policy
 from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winners_across_rows
 from ..config import from_preset
 from ..data import load_dataset
-from ..learning_curves import grid, sweep, with_
+from ..learning_curves import grid, stack_cap, sweep, with_
 from ..settings import (
     ARM_OPTIMIZER_SETTINGS,
     POLICY_ORDER,
@@ -70,12 +70,15 @@ def _device() -> str:
 @dataclass(frozen=True)
 class TaskPlan:
     """How one task departs from its preset (``None``: the preset's value): its optimizers, the depths it runs at
-    (within the preset's), its epochs and its training-subset size (``n_train``; 0 means the whole set)."""
+    (within the preset's), its epochs, its training-subset size (``n_train``; 0 means the whole set) and the most
+    seeds of one arm stacked into one run (``stack``; :func:`pipelab.studies.learning_curves.stack_cap`:
+    ``$PIPELAB_STACK`` overrides it, ``None`` means 8)."""
 
     optimizers: tuple[str, ...] | None = None
     depths: tuple[int, ...] | None = None
     epochs: int | None = None
     n_train: int | None = None
+    stack: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,11 @@ class LearningCurvesConfig:
     def epochs_of(self, task: str) -> int:
         return self.plan(task).epochs or self.epochs
 
+    def stack_of(self, run: Any) -> int:
+        """The most seeds stacked into one run of ``run``'s arm (a :class:`~pipelab.studies.learning_curves.
+        RunConfig`): its task's cap (:func:`~pipelab.studies.learning_curves.stack_cap`)."""
+        return stack_cap(self.plan(run.task).stack)
+
 
 def _presets() -> dict[str, LearningCurvesConfig]:
     return {
@@ -138,14 +146,18 @@ def _presets() -> dict[str, LearningCurvesConfig]:
         # the study: ten seeds; the CNN for 10 epochs (1170 steps) and the Transformer for 12 (3276 steps), so that
         # their sequential baselines can meet the convergence criterion (their earlier 351 steps and 4 epochs did
         # not); the CNN keeps 20k training examples (≈ 0.13 s per step and seed on this CPU: the whole set would cost
-        # ≈ 3× more); it has 4 blocks (no D = 8), the Transformer runs D = 4 and 8
+        # ≈ 3× more); it has 4 blocks (no D = 8), the Transformer runs D = 4 and 8. Stacked runs of 8 CNN seeds took
+        # 1070–1570 s, past the 600 s chunks the study runs in (a run killed mid-way is lost): the CNN stacks 2 seeds,
+        # the Transformer 3, the MLP keeps 8
         "study": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "wordlang_transformer"),
                                       ("adam", "sgdm"), QUICK_POLICIES, 4, tuple(range(10)), epochs=8, batch_size=128,
                                       n_train=None, n_test=None, n_eval_train=5000, depths=(4, 8),
                                       gap_tasks=("fashion_mnist_mlp", "wordlang_transformer"), n_val=5000,
                                       tuning=STUDY_TUNING,
-                                      tasks_apart=(("fashion_mnist_cnn", TaskPlan(("adam",), (4,), 10, 20_000)),
-                                                   ("wordlang_transformer", TaskPlan(("adam",), (4, 8), 12))),
+                                      tasks_apart=(("fashion_mnist_cnn",
+                                                    TaskPlan(("adam",), (4,), 10, 20_000, stack=2)),
+                                                   ("wordlang_transformer",
+                                                    TaskPlan(("adam",), (4, 8), 12, stack=3))),
                                       common_tasks=("fashion_mnist_mlp",), common_optimizers=("sgdm",),
                                       convergence=STUDY_CONVERGENCE),
         "paper": LearningCurvesConfig(("fashion_mnist_mlp", "fashion_mnist_cnn", "fashion_mnist_resnet",
@@ -188,7 +200,7 @@ def tuned_arms(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str,
     candidates = [with_(a, lr=lr, seed=s) for a in sorted(arms, key=_arm_order) for lr in tn.lrs(a.optimizer)
                   for s in tn.seeds]
     return successive_halving(candidates, eta=tn.eta, min_epochs=tn.min_epochs, max_epochs=tn.max_epochs,
-                              last_full=tn.last_full, extend=tn.extend, progress=progress)
+                              last_full=tn.last_full, extend=tn.extend, progress=progress, stack=cfg.stack_of)
 
 
 def _arm_order(c: Any) -> tuple:
@@ -209,7 +221,7 @@ def _runs(cfg: LearningCurvesConfig, Ds: tuple[int, ...], tasks: tuple[str, ...]
         chosen = {(h.base.task, h.base.optimizer, h.base.D, h.base.policy): h.lr
                   for h in check_selected(tuned_arms(cfg, Ds, tasks, progress))}
         configs = [with_(c, lr=chosen[(c.task, c.optimizer, c.D, c.policy)]) for c in configs]
-    return sweep(configs, progress=progress)
+    return sweep(configs, progress=progress, stack=cfg.stack_of)
 
 
 def _group(records: list[dict]) -> dict[tuple, list[dict]]:
@@ -391,8 +403,7 @@ def learning_curves(preset: str, *, progress: bool = False) -> FigureOutput:
     fig.tight_layout(rect=(0, 0, 1, top - 0.01))
     rows = summary_rows(records)
     return FigureOutput(fig, cfg, cfg.seeds[0], data=records,
-                        notes={"runs": len(records), "seconds": round(sum(r["seconds"] for r in records), 1),
-                               "lr": lr_label(records),
+                        notes={"runs": len(records), "lr": lr_label(records),
                                "final_test_acc": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
                                                   round(100 * r["final_mean"], 2) for r in rows},
                                "final_test_acc_ci95": {f"{r['task']}/{r['optimizer']}/{r['policy']}":
@@ -690,9 +701,11 @@ CSV_COLUMNS = ("task", "optimizer", "D", "policy", "seeds", "diverged", "best_me
                "final_mean", "final_ci95", "final_std", "n_test", "winner", "lr", "weight_copies")
 
 
-#: the per-run CSV's columns (``NAME.runs.csv``): the epoch-by-epoch metrics as space-separated lists
+#: the per-run CSV's columns (``NAME.runs.csv``): the epoch-by-epoch metrics as space-separated lists. A run's
+#: wall-clock ``seconds`` is not among them: it is no result (the cache record keeps it, the runner's
+#: ``timings.csv`` each figure's), and it would make every recomputation rewrite the committed file.
 RUN_COLUMNS = ("task", "optimizer", "D", "policy", "seed", "lr", "epochs", "steps_per_epoch", "n_test", "diverged",
-               "diverged_step", "weight_copies", "test_acc", "val_acc", "train_loss", "seconds")
+               "diverged_step", "weight_copies", "test_acc", "val_acc", "train_loss")
 
 
 def runs_csv(records: list[dict]) -> str:
@@ -708,8 +721,6 @@ def runs_csv(records: list[dict]) -> str:
                 v = f"{_lr(r):.6g}"
             elif c in ("test_acc", "val_acc", "train_loss", "weight_copies"):
                 v = " ".join(f"{x:.6g}" if isinstance(x, float) else str(x) for x in (v or ()))
-            elif c == "seconds":
-                v = f"{v:.3f}"
             vals.append("" if v is None else str(v))
         buf.write(",".join(vals) + "\n")
     return buf.getvalue()
@@ -732,7 +743,6 @@ def parse_runs(text: str) -> list[dict]:
         for c in ("D", "seed", "epochs", "steps_per_epoch", "n_test"):
             rec[c] = int(row[c])
         rec["lr"] = float(row["lr"])
-        rec["seconds"] = float(row["seconds"])
         rec["diverged"] = row["diverged"] == "True"
         rec["diverged_step"] = int(row["diverged_step"]) if row["diverged_step"] else None
         rec["weight_copies"] = [int(x) for x in row["weight_copies"].split()]

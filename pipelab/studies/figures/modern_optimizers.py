@@ -356,9 +356,10 @@ def _csv(rows: Sequence[dict], cols: Sequence[str]) -> str:
 GAP_COLUMNS = ("optimizer", "D", "policy", "lr", "pairs", "diverged", "sequential_loss", "loss_gap", "loss_gap_ci95",
                "loss_gap_resolved", "acc_gap_pp", "acc_gap_ci95_pp", "acc_gap_resolved")
 CLAIM_COLUMNS = ("claim", "optimizer", "D", "pairs", "quantity", "ci95", "resolved", "fraction", "outcome")
-#: the per-run CSV (``NAME.runs.csv``): per-epoch lists space-separated
+#: the per-run CSV (``NAME.runs.csv``): per-epoch lists space-separated; no wall-clock ``seconds``, which is no
+#: result (see :data:`pipelab.studies.figures.learning_curves.RUN_COLUMNS`)
 RUN_COLUMNS = ("task", "optimizer", "D", "policy", "seed", "lr", "epochs", "diverged", "test_loss", "test_acc",
-               "train_loss", "seconds")
+               "train_loss")
 
 
 def modern_runs_csv(records: Sequence[dict]) -> str:
@@ -373,8 +374,6 @@ def modern_runs_csv(records: Sequence[dict]) -> str:
                 v = f"{_lr(r):.6g}"
             elif c in ("test_loss", "test_acc", "train_loss"):
                 v = " ".join(f"{float(x):.6g}" for x in v)
-            elif c == "seconds":
-                v = f"{float(v):.3f}"
             vals.append(str(v))
         buf.write(",".join(vals) + "\n")
     return buf.getvalue()
@@ -395,7 +394,7 @@ def parse_modern_runs(text: str) -> list[dict]:
         rec: dict[str, Any] = dict(row)
         for c in ("D", "seed", "epochs"):
             rec[c] = int(row[c])
-        rec["lr"], rec["seconds"] = float(row["lr"]), float(row["seconds"])
+        rec["lr"] = float(row["lr"])
         rec["diverged"] = row["diverged"] == "True"
         for c in ("test_loss", "test_acc", "train_loss"):
             rec[c] = [float(x) for x in row[c].split()]
@@ -523,8 +522,8 @@ def modern_optimizers(preset: str, *, progress: bool = False) -> FigureOutput:
     fig.legend([handles[p] for p in drawn], [LABELS[p] for p in drawn], loc="lower center", ncol=4, fontsize=8,
                frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 0.93))
-    notes = {"runs": len(records), "seconds": round(sum(float(r["seconds"]) for r in records), 1),
-             "lr": lr_label(records), "rates": {o: {"lr": lr, "how": how} for o, (lr, how) in rates.items()},
+    notes = {"runs": len(records), "lr": lr_label(records),
+             "rates": {o: {"lr": lr, "how": how} for o, (lr, how) in rates.items()},
              "seeds": list(cfg.seeds), "depths": list(cfg.depths), "task": cfg.task,
              "verdicts": {v["claim"]: v["verdict"] for v in verdicts}, "loss_margin": LOSS_MARGIN,
              "loss_gap": {f"{g['optimizer']}/D={g['D']}/{g['policy']}": [round(g["loss_gap"], 4),
