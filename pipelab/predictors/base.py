@@ -187,12 +187,12 @@ def step_overwrites_grad(optimizer: torch.optim.Optimizer, rule: UpdateRule, gro
     """
     group = optimizer.param_groups[group_index]
     cls = registered_class(optimizer)
-    accepted = inspect.signature(cls.__init__).parameters
-    settings = {k: v for k, v in group.items() if k != "params" and k in accepted}
     devices = sorted({p.device for p in group["params"]}, key=str)
-    key = (cls, tuple((k, _signature(v)) for k, v in sorted(settings.items())), tuple(devices))
+    key = (cls, tuple((k, _signature(v)) for k, v in sorted(group.items()) if k != "params"), tuple(devices))
     known = _OVERWRITES.get(key)
     if known is None:
+        accepted = inspect.signature(cls.__init__).parameters
+        settings = {k: v for k, v in group.items() if k != "params" and k in accepted}
         known = _OVERWRITES[key] = _probe_step(cls, rule, settings, devices)
     return known
 
