@@ -3,7 +3,8 @@
 ``Ŵ_{t+s} = predictor.predict(optimizer, s)``: a pure function of the user's ``torch.optim`` optimizer (params,
 groups, state) and s, which it never writes to. History predictors (linear, PipeMare) need
 :meth:`Predictor.observe` after every ``optimizer.step()``. ``params=`` predicts from given weights (e.g. a
-stashed version) with the optimizer's state and hyper-parameters.
+stashed version) with the optimizer's state and hyper-parameters. Predictors that use the last gradient read it
+through :func:`last_gradients`: ``p.grad``, mapped back where torch's step overwrote it (foreach SGD-Nesterov).
 """
 
 from __future__ import annotations
