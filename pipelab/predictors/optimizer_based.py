@@ -13,7 +13,16 @@ import torch
 from torch import Tensor
 
 from ..schedules.actions import check_flag
-from .base import LRSchedule, Predictor, buckets, check_optimizer, check_steps, future_lrs, resolve_weights
+from .base import (
+    LRSchedule,
+    Predictor,
+    buckets,
+    check_optimizer,
+    check_steps,
+    future_lrs,
+    last_gradients,
+    resolve_weights,
+)
 from .rules import LastUpdateOptions, SGDRule, rule_for
 
 __all__ = ["Stale", "SpecTrain", "PipeOptim", "Rollout", "Repeat", "ZeroGradRollout"]
@@ -25,16 +34,6 @@ def _gather(seq: list[Tensor], positions: list[int]) -> list[Tensor]:
 
 def _fill(out: list[Tensor | None], W: list[Tensor]) -> list[Tensor]:
     return [w.clone() if o is None else o for o, w in zip(out, W)]
-
-
-def _last_grads(params: list[Tensor], *, missing_as_zero: bool = False) -> list[Tensor] | None:
-    """The last gradients; ``None`` if one is missing, unless ``missing_as_zero`` fills those with zeros."""
-    grads = [p.grad for p in params]
-    if any(g is None for g in grads):
-        if not missing_as_zero:
-            return None
-        return [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
-    return [g.detach() for g in grads if g is not None]
 
 
 class Stale(Predictor):
@@ -96,7 +95,7 @@ class SpecTrain(Predictor):
                 continue  # no step yet: zero velocity, stale
             total_lr = sum(future_lrs(self.lr_schedule, b.group_index, b.hp["lr"], s))
             if self.formula == "code":
-                g = _last_grads(b.params)
+                g = last_gradients(optimizer, rule, b)
                 if g is None:
                     raise ValueError("spectrain_code uses the last gradient (p.grad); predict before "
                                      "optimizer.zero_grad()")
@@ -153,7 +152,7 @@ class PipeOptim(Predictor):
             # own weights W_t, also when the prediction starts from other weights (params=)
             Wt = [p.detach() for p in b.params]
             current = None if all(w.is_set_to(p) for w, p in zip(Wb, Wt)) else Wt
-            g = _last_grads(b.params, missing_as_zero=any_grad)
+            g = last_gradients(optimizer, rule, b, missing_as_zero=any_grad)
             scale = sum(lrs) / lr if lr != 0 else float(s)
             pred = rule.apply_last(b.hp, lr, rule.read(b.hp, b.states), Wb, g, self.last, scale, current=current)
             for i, t in zip(b.positions, pred):
@@ -215,8 +214,8 @@ class Rollout(Predictor):
                              "(p.grad is None); predict before optimizer.zero_grad(set_to_none=True)")
         for b in bs:
             hp = b.hp if self.weight_decay else dict(b.hp, weight_decay=0.0)
-            g = [p.grad.detach() for p in b.params if p.grad is not None] if last else \
-                [torch.zeros_like(p) for p in b.params]
+            g = last_gradients(optimizer, rule, b) if last else [torch.zeros_like(p) for p in b.params]
+            assert g is not None  # every parameter of a bucket under "last" has a gradient
             self._roll_bucket(rule, b, hp, g, _gather(W, b.positions), s, outs, keep_all)
         # parameters outside every bucket (no gradient under "last") keep their starting weights
         return [_fill(out, W) for out in outs]

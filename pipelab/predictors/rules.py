@@ -30,7 +30,8 @@ from torch import Tensor
 from ..schedules.actions import check_flag
 
 __all__ = [
-    "UpdateRule", "Direction", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "supported_optimizers",
+    "UpdateRule", "Direction", "BucketState", "LastUpdateOptions", "register_rule", "rule_for", "registered_class",
+    "supported_optimizers",
     "SGDRule", "RMSpropRule", "AdagradRule", "scalar", "denominator", "keep_fraction",
     "fmul", "flerp", "fadd", "faddcmul", "faddcdiv", "fmaximum",
 ]
@@ -252,6 +253,14 @@ class UpdateRule:
         """How error messages name this rule when its last update needs the last gradient."""
         return self.name
 
+    def gradient_from_step(self, hp: dict[str, Any], st: BucketState, held: list[Tensor]) -> list[Tensor] | None:
+        """The gradient ``g_t`` of the last step, from ``held``, what that step left in ``p.grad`` in its place.
+
+        Only for an implementation whose step overwrites ``p.grad`` (:func:`pipelab.predictors.base.last_gradients`
+        asks torch whether it does); ``st`` is the state after the step. ``None``: this rule has no inverse.
+        """
+        return None
+
     # -- derived: one step, the last update, and W − scale·(last update) ------------------------
     def step(self, hp: dict[str, Any], lr: float, st: BucketState, W: list[Tensor], g: list[Tensor], *,
              own_state: bool = False, own_weights: bool = False) -> tuple[list[Tensor], BucketState]:
@@ -376,6 +385,14 @@ def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
     A subclass with its own ``step()`` may update differently, so it gets no inherited rule (TypeError): register
     one, e.g. ``register_rule(MyAdamRule())`` with ``class MyAdamRule(AdamRule): optimizer_types = (MyAdam,)``.
     """
+    return _RULES[registered_class(optimizer)]
+
+
+def registered_class(optimizer: torch.optim.Optimizer) -> type[torch.optim.Optimizer]:
+    """The class whose rule ``optimizer`` follows: its own or its nearest registered base with the same ``step()``.
+
+    Raises TypeError as :func:`rule_for` does.
+    """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     cls = type(optimizer)
@@ -389,7 +406,7 @@ def rule_for(optimizer: torch.optim.Optimizer) -> UpdateRule:
                     f"explicitly: class {cls.__name__}Rule({rule.__module__}.{rule.__qualname__}): "
                     f"optimizer_types = ({cls.__name__},), then pipelab.predictors.rules.register_rule("
                     f"{cls.__name__}Rule()) (or subclass UpdateRule if its update differs)")
-            return _RULES[base]
+            return cast(type[torch.optim.Optimizer], base)
     raise TypeError(f"optimizer {type(optimizer).__name__} is not supported by the weight predictors; "
                     f"supported: {', '.join(supported_optimizers())}")
 
@@ -429,6 +446,20 @@ class SGDRule(UpdateRule):
 
     def needs_grad_for(self, hp: dict[str, Any]) -> str:
         return "SGD with nesterov=True or momentum=0"
+
+    def gradient_from_step(self, hp: dict[str, Any], st: BucketState, held: list[Tensor]) -> list[Tensor] | None:
+        """``g_t = d − μ·b_t`` from the Nesterov direction ``d = g_t + μ·b_t`` held in ``p.grad``.
+
+        torch's multi-tensor SGD (``foreach``, the default for CUDA tensors) forms ``d`` in place in the gradient
+        tensors when nothing copied them first (Nesterov, weight_decay 0, maximize False), so ``p.grad`` holds
+        ``d`` after the step; the for-loop leaves ``g_t``. Without buffers no step has run: ``held`` is ``g``.
+        """
+        bufs = st.tensors["momentum_buffer"]
+        if any(b is None for b in bufs):
+            return held
+        if not hp["nesterov"]:
+            return None
+        return list(torch._foreach_add(held, cast(list[Tensor], bufs), alpha=-hp["momentum"]))
 
     def advance(self, hp: dict[str, Any], st: BucketState, g: list[Tensor], own: bool) -> BucketState:
         mu, bufs = hp["momentum"], st.tensors["momentum_buffer"]

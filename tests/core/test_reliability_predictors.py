@@ -215,3 +215,122 @@ def test_a_registered_rule_serves_the_subclass(monkeypatch: pytest.MonkeyPatch) 
     opt = _opt(_ClippedAdam, steps=3)
     assert isinstance(rules.rule_for(opt), _ClippedAdamRule)
     assert all(torch.isfinite(w).all() for w in PipeOptim().predict(opt, 2))
+
+
+# ------------------------------------------------ torch's optimizer implementations (for-loop, foreach, fused)
+
+def _implementations(name: str) -> list[dict[str, bool]]:
+    """The implementations of registry optimizer ``name`` that torch offers on the CPU: for-loop, foreach, fused."""
+    from pipelab.optim import optimizer_spec
+
+    accepted = optimizer_spec(name).accepted()
+    out = [{"foreach": False}, {"foreach": True}] if "foreach" in accepted else [{}]
+    return out + ([{"fused": True}] if "fused" in accepted else [])
+
+
+def _predictions_after_steps(opt_name: str, impl: dict[str, bool], pred_name: str, **overrides: object
+                             ) -> list[list[torch.Tensor]] | None:
+    """Three real steps of ``opt_name`` built with ``impl``, then ``pred_name``'s predictions for s = 1, 2, 3."""
+    from pipelab.optim import make_optimizer
+
+    gen = torch.Generator().manual_seed(0)
+    params = [nn.Parameter(torch.randn(s, generator=gen, dtype=DT)) for s in ((4, 3), (3, 5))]
+    opt = make_optimizer(opt_name, params, **impl, **overrides)
+    pred = make_predictor(pred_name)
+    for _ in range(3):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=DT)
+        opt.step()
+        pred.observe(opt)
+    try:
+        return [pred.predict(opt, s) for s in (1, 2, 3)]
+    except (ValueError, TypeError):  # a predictor that does not serve this optimizer refuses whatever the impl
+        return None
+
+
+IMPL_CASES = [(o, impl, overrides) for o in ("sgd", "sgdm", "nesterov", "adam", "adamw", "rmsprop", "rmsprop_momentum",
+                                             "adagrad", "nadam", "nadam_async", "radam", "adamax", "muon")
+              for impl in _implementations(o)[1:]
+              for overrides in ([{}, {"weight_decay": 0.1}, {"maximize": True}] if o in ("sgd", "sgdm", "nesterov")
+                                else [{}])]
+
+
+@pytest.mark.parametrize(("opt_name", "impl", "overrides"), IMPL_CASES,
+                         ids=[f"{o}-{next(iter(i))}-{'-'.join(v) or 'default'}" for o, i, v in IMPL_CASES])
+def test_every_predictor_equal_under_every_torch_implementation(opt_name: str, impl: dict[str, bool],
+                                                                overrides: dict[str, object]) -> None:
+    """torch's foreach SGD with Nesterov (weight_decay 0, maximize False) leaves g + μ·b_t in p.grad after a step,
+    the for-loop leaves g: every predictor predicts the same weights (float64, 1e-12) whatever the implementation."""
+    from pipelab.predictors import available_predictors
+
+    served = 0
+    for name in available_predictors():
+        if name == "oracle":
+            continue
+        ref = _predictions_after_steps(opt_name, _implementations(opt_name)[0], name, **overrides)
+        got = _predictions_after_steps(opt_name, impl, name, **overrides)
+        assert (ref is None) == (got is None), name
+        if ref is None or got is None:
+            continue
+        served += 1
+        for ws, rs in zip(got, ref):
+            for w, r in zip(ws, rs):
+                torch.testing.assert_close(w, r, rtol=1e-12, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+    assert served >= 2
+
+
+PIPELINE_CASES = [("pipeoptim", None), ("pipeoptim", "repeat"), ("spectrain", "spectrain_code"), ("spectrain", None),
+                  ("nesterov_async", None)]
+
+
+@pytest.mark.parametrize(("policy", "predictor"), PIPELINE_CASES, ids=[f"{p}-{q}" for p, q in PIPELINE_CASES])
+def test_pipeline_with_foreach_nesterov_equals_for_loop(policy: str, predictor: str | None) -> None:
+    """The emulator trains a Nesterov-SGD pipeline to the same weights and losses (float64, 1e-12) whether the
+    stages' optimizers run torch's foreach or for-loop SGD (the stage's p.grad holds g + μ·b_t under foreach)."""
+    from pipelab.optim import optimizer_factory
+    from pipelab.schedules import pipedream
+
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 4, generator=gen, dtype=DT), torch.randint(0, 3, (8,), generator=gen))
+               for _ in range(6)]
+
+    def run(foreach: bool) -> tuple[list[float], list[torch.Tensor]]:
+        model = _model()
+        res = Emulator(model, D=3, schedule=pipedream(3, 1, 6), policy=policy, predictor=predictor,
+                       optimizer=optimizer_factory("nesterov", lr=0.1, foreach=foreach)).run(batches)
+        return res.losses, [p.detach() for p in model.parameters()]
+
+    (ref_losses, ref_w), (losses, w) = run(False), run(True)
+    assert losses == pytest.approx(ref_losses, rel=1e-12, abs=1e-12)
+    for a, b in zip(w, ref_w):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+class _DoublingSGD(torch.optim.SGD):
+    """An SGD whose step leaves 2·g in p.grad afterwards: no rule can rebuild the step from what p.grad holds."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = super().step(closure)
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(2)
+        return loss
+
+
+def test_a_step_that_overwrites_p_grad_unrecoverably_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Predictions that read p.grad refuse (they used to read 2·g as the gradient); those that do not still work."""
+    from pipelab.predictors import rules
+
+    monkeypatch.setattr(rules, "_RULES", dict(rules._RULES))
+
+    class _DoublingSGDRule(rules.SGDRule):
+        optimizer_types = (_DoublingSGD,)
+
+    rules.register_rule(_DoublingSGDRule())
+    opt = _opt(_DoublingSGD, steps=2, momentum=0.9, nesterov=True)
+    for name in ("pipeoptim", "repeat", "spectrain_code"):
+        with pytest.raises(ValueError, match=r"_DoublingSGD\.step\(\).*cannot rebuild the step.*foreach=False"):
+            make_predictor(name).predict(opt, 1)
+    assert all(torch.isfinite(w).all() for w in make_predictor("spectrain").predict(opt, 1))
