@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import insort
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -315,7 +316,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end."""
     L = _loop_inputs(c, cost, (lat1, lat2, lat3), wires)
     dd1, dd2, ll1, ll2, cst, rows, waiting, us = L.d1, L.d2, L.l1, L.l2, L.cost, L.rows, L.waiting, L.us
-    al, tx, wi, dep, sender = L.latency, L.transmission, L.wire, L.departure, L.sender
+    al, tx, wi, sender, sends, stream = L.latency, L.transmission, L.wire, L.sender, L.sends, L.stream
     n, W, inf = c.n, c.schedule.W, math.inf
     end = [inf] * (us + 1) + [-inf]
     start = array("d", bytes(8 * n))
@@ -324,15 +325,34 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     order: list[int] = []
     append = order.append
     cursor: dict[int, tuple[int, float]] = {}
-    stack, heap = list(range(W - 1, -1, -1)), []  # type: list[int], list[tuple[float, float, int, int]]
+    stack = list(range(W - 1, -1, -1))
     wfree, begin = [0.0] * (max(wi, default=-1) + 1), [0.0] * (us - n)
+    # Messages wait in streams (one per sender and latency: pushed as the sender's jobs end, so already in ready
+    # order) and the heap holds each stream's head: the earliest ready message is found in O(log streams), not
+    # O(log messages) — GPipe's forward alone queues M messages per boundary.
+    queue: list[list[tuple[float, float, int, int]]] = [[] for _ in range(L.streams)]
+    head = [0] * L.streams
+    heap: list[tuple[tuple[float, float, int, int], int]] = []
+
+    def post(m: int, t: float) -> None:
+        """Message m departs at t (its departure job's end) into its stream, kept in key order."""
+        key, s = (t + al[m], t, sender[m], m), stream[m]
+        q, h = queue[s], head[s]
+        if h == len(q):
+            q.clear()
+            head[s] = h = 0
+        if h < len(q) and key < q[-1]:  # a tie broken by m out of push order: insert in place (rare)
+            insort(q, key, lo=h)
+            if q[h] is key:  # a new head: its entry is pushed, the old one skipped when popped
+                heappush(heap, (key, s))
+            return
+        q.append(key)
+        if len(q) - h == 1:
+            heappush(heap, (key, s))
+
     while True:
         while stack:
             w = stack.pop()
-            if w >= W:  # message w − W: its departure job has ended
-                m, d = w - W, dep[w - W]
-                heappush(heap, (end[d] + al[m], end[d], sender[m], m))
-                continue
             i, e_w, t_free = ptr[w], stop[w], free[w]
             while i < e_w:
                 t0 = t_free
@@ -361,11 +381,23 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
                 ws = waiting[i]
                 if ws is not None:
                     stack.extend(ws)
+                ms = sends[i]
+                if ms is not None:
+                    for m in ms:
+                        post(m, t_free)
                 i += 1
             ptr[w], free[w] = i, t_free
-        if not heap:
+        while heap:  # the earliest ready message: a stream's current head (a displaced head's entry is skipped)
+            key, s = heappop(heap)
+            h = head[s]
+            if h < len(queue[s]) and queue[s][h] is key:
+                break
+        else:
             break
-        ready, _, _, m = heappop(heap)
+        head[s] = h + 1
+        if h + 1 < len(queue[s]):
+            heappush(heap, (queue[s][h + 1], s))
+        ready, _, _, m = key
         r = wi[m]
         b = begin[m] = max(wfree[r], ready)
         wfree[r] = end[n + m] = b + tx[m]
@@ -400,18 +432,21 @@ class _Loop(NamedTuple):
     l2: list[float]
     cost: list[float]
     rows: dict[int, list[tuple[int, float]]]  # (dependency, latency) of a job with three, or an update's wait
-    waiting: list[list[int] | None]  # per job the workers parked on it, seeded with W + m at message m's departure
+    waiting: list[list[int] | None]  # per job (a message: n + m) the workers parked on it
     us: int
     latency: list[float]  # per message m
     transmission: list[float]
     wire: list[int]
     departure: list[int]
     sender: list[int]
+    sends: list[list[int] | None]  # per job the messages it sends when it ends
+    stream: list[int]  # per message its stream (sender, latency), and the number of streams
+    streams: int
 
 
 def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wires: Wires | None) -> _Loop:
     """:class:`_Loop` for ``c``: a dependency met by program order is dropped, the rest moved to the first slots."""
-    n, W, ids = c.n, c.schedule.W, np.arange(c.n)
+    n, ids = c.n, np.arange(c.n)
     nm = 0 if wires is None else len(wires.consumer)
     us = n + nm
     deps, lat = np.stack([c.dep1, c.dep2, c.dep3]), np.stack(lats).copy()
@@ -429,8 +464,13 @@ def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wi
     rows |= {u: [(d, 0.0) for d in row] for u, row in zip(c.u_ids[~own.all(1)].tolist(), c.udeps[~own.all(1)].tolist())}
     deps[0, list(rows)], deps[1, list(rows)] = us, -1
     waiting: list[list[int] | None] = [None] * us
+    sends: list[list[int] | None] = [None] * n
     for m, d in enumerate(departure.tolist()):
-        waiting[d] = (waiting[d] or []) + [W + m]
+        sends[d] = (sends[d] or []) + [m]
+    sender = c.worker[departure]
+    # a stream: the messages of one sender with one latency, which become ready in the order its jobs end
+    alphas, kind = np.unique(np.zeros(0) if wires is None else wires.latency, return_inverse=True)
+    stream = sender * len(alphas) + kind.reshape(-1)
     pool = np.arange(us + 2).astype(object)
     stage = np.clip(c.stage, 0, c.schedule.D - 1)
     d1, d2 = (pool[np.where(d < 0, us + 1, d)].tolist() for d in deps[:2])
@@ -438,7 +478,7 @@ def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wi
     msg = Wires(*(np.zeros(0, int),) * 5) if wires is None else wires
     return _Loop(d1, d2, l1, l2, _floats(cost, np.clip(c.op, 0, 4) * c.schedule.D + stage), rows, waiting, us,
                  msg.latency.tolist(), msg.transmission.tolist(), msg.wire.tolist(), departure.tolist(),
-                 c.worker[departure].tolist())
+                 sender.tolist(), sends, stream.tolist(), c.schedule.W * len(alphas))
 
 
 def _floats(values: np.ndarray, codes: np.ndarray) -> list[float]:
