@@ -8,7 +8,7 @@ pipeline core the multi-process :class:`~pipelab.runtime.PipelineRuntime` shares
 - **Weights.** Stage k's versions ``W_k^(v)`` are tensors in a :class:`~pipelab.pipeline.rings.VersionRing`,
   never written to, dropped after their last use (capacity: the peak held at once, i.e. a real stage's copies).
   The stage's ``torch.optim`` optimizer owns the live parameters (the user's model is trained in place); each
-  update's result is copied into the ring (into the storage of a version it dropped, when there is one).
+  update's result is cloned into the ring.
 - **Forward.** ``F(k, t, j)`` runs the stage (:func:`torch.func.functional_call`) at the weights its policy
   asks for (a stored version, or a predictor's output); the last stage adds the loss ℓ/M, so the M micro-batch
   gradients sum to the gradient of the mini-batch mean loss.
@@ -215,9 +215,10 @@ def _snapshotter(stages: Sequence[StageExecutor], steps: int, every: int | None,
     def snapshot(k: int, v: int, W: tuple[Tensor, ...]) -> None:
         if on_snapshot is None or not every or (v % every and v != steps):
             return
-        # W is the live weights (a stage whose ring holds one version) or a stored version whose storage the ring
-        # reuses once it is dropped: either changes before the other stages reach v, so the snapshot keeps a copy
-        snaps[v][k] = stages[k].full_weights(tuple(w.detach().clone() for w in W))
+        # a stage whose ring holds one version hands out views of its live weights, which a later update of
+        # this stage changes before the other stages reach v: keep a copy until the snapshot is complete
+        st = stages[k]
+        snaps[v][k] = st.full_weights(tuple(w.detach().clone() for w in W) if st.share_live else W)
         if len(snaps[v]) == len(stages):
             on_snapshot(v, [snaps[v][kk] for kk in range(len(stages))])
             del snaps[v]

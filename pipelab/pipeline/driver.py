@@ -190,8 +190,7 @@ def run_jobs(program: Sequence[Any], executors: Mapping[Any, StageExecutor], tra
         stop_on_divergence: return as soon as a mini-batch's loss is NaN or ±inf (for stacked arms: every arm's).
         split: which backwards are split into I and W (a rank needs the whole schedule's: its neighbours' jobs
             decide what it receives).
-        on_update: called after each ``U(k, t)`` with the executor, t and the new weights (to be copied if kept:
-            they are the live weights or a version whose storage the ring reuses once it is dropped).
+        on_update: called after each ``U(k, t)`` with the executor, t and the new weights.
         after_job: called with the new position after each job.
         loss_parts: how many of step t's micro-batch losses the program computes (default M; a data-parallel
             runtime rank computes only its own, summed across ranks afterwards).

@@ -35,7 +35,6 @@ from torch import Tensor, nn
 from ..precision import tensor_bytes
 from ..schedules.actions import gc_paused
 from ..schedules.dependencies import Job
-from .rings import VersionRing
 from .stage import StageExecutor, trainable_parameters
 
 __all__ = ["KINDS", "COLLECTIVE_KINDS", "StagePlacement", "Collective", "PlacedJob", "stage_placements",
@@ -372,7 +371,8 @@ class FetchedStage(StageExecutor):
                          **({} if precision is None else {"precision": precision}))
         self.optimizer = None
         self.share_live = False
-        self.ring = VersionRing(events.capacity, k)  # empty: versions arrive (the base class stored its own 0)
+        self.ring.drop(0)
+        self.ring.peak = 0
         self.version = -1  # nothing received yet
 
     def receive_version(self, v: int, W: Sequence[Tensor]) -> None:

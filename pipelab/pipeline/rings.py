@@ -2,9 +2,7 @@
 
 A version is dropped when no use of it is left and it is not the newest (the live weights), so a ring's
 capacity, the peak number of versions alive at once, is exactly the number of weight copies a real stage holds
-(weight stashing: D − k at stage k). A copy the ring made itself (:meth:`VersionRing.store_copy`) is not freed
-when dropped but kept as the storage of the next copy, as a real stage reuses its weight buffers: no allocation
-(and no fresh page of memory) per update, and ring plus that spare never exceed the capacity.
+(weight stashing: D − k at stage k).
 
 Reference: PipeDream's weight stashing (Narayanan et al., SOSP 2019).
 """
@@ -15,7 +13,6 @@ from collections.abc import Sequence
 from operator import itemgetter
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from ..schedules.dependencies import Job
@@ -77,13 +74,7 @@ class StageEvents:
 
 
 class VersionRing:
-    """Weight versions of one stage by number, at most ``capacity``: leaves never written to while stored, dropped
-    after last use.
-
-    Versions stored by :meth:`store_copy` are the ring's own: once dropped, the storage of one of them is the spare
-    that the next :meth:`store_copy` writes into (module docstring), so a dropped version's tensors must not be held
-    elsewhere (whoever keeps a version beyond its use copies it). Versions given to :meth:`put` are never reused.
-    """
+    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use."""
 
     def __init__(self, capacity: int, stage: int = 0) -> None:
         if not isinstance(capacity, int) or capacity < 1:
@@ -91,12 +82,9 @@ class VersionRing:
         self.capacity = capacity
         self.stage = stage
         self._store: dict[int, tuple[Tensor, ...]] = {}
-        self._own: set[int] = set()  # versions whose tensors store_copy made
-        self._spare: tuple[Tensor, ...] | None = None
         self.peak = 0
 
     def put(self, version: int, tensors: Sequence[Tensor]) -> None:
-        """Store ``tensors`` as ``version`` (they stay the caller's: never reused)."""
         if version in self._store:
             raise ValueError(f"stage {self.stage}: version {version} is already stored (versions are immutable)")
         if len(self._store) >= self.capacity:
@@ -104,22 +92,6 @@ class VersionRing:
                                f"{sorted(self._store)}) when storing version {version}")
         self._store[version] = tuple(tensors)
         self.peak = max(self.peak, len(self._store))
-
-    def store_copy(self, version: int, source: Sequence[Tensor], dtype: torch.dtype | None = None
-                   ) -> tuple[Tensor, ...]:
-        """Store a copy of ``source`` (cast to ``dtype``; ``requires_grad`` as the source's) as ``version``, written
-        into the spare storage of a dropped copy when there is one; return it."""
-        spare, self._spare = self._spare, None
-        if spare is None:
-            copy = tuple(w.detach().to(dtype or w.dtype, copy=True).requires_grad_(w.requires_grad) for w in source)
-        else:
-            copy = spare
-            if copy:  # a stage without trainable parameters stores empty tuples
-                with torch.no_grad():
-                    torch._foreach_copy_(list(copy), [w.detach() for w in source])
-        self.put(version, copy)
-        self._own.add(version)
-        return copy
 
     def get(self, version: int) -> tuple[Tensor, ...]:
         try:
@@ -129,11 +101,7 @@ class VersionRing:
                            f"(have {sorted(self._store)})") from None
 
     def drop(self, version: int) -> None:
-        tensors = self._store.pop(version, None)
-        if version in self._own:
-            self._own.discard(version)
-            if self._spare is None:
-                self._spare = tensors
+        self._store.pop(version, None)
 
     def versions(self) -> list[int]:
         return list(self._store)

@@ -82,8 +82,7 @@ class StageExecutor:
         self.scheduler: Any = None
         self.predictor: Any = None
         #: optional observer ``on_weights(event, spec, W)``: called with the weights :meth:`weights` hands to each
-        #: job (``event``: the running ``(op, t, j)``); it must not modify ``W``, nor keep it past the call (the ring
-        #: reuses a dropped version's storage): pipelab.prediction_error copies what it keeps
+        #: job (``event``: the running ``(op, t, j)``); it must not modify ``W`` (pipelab.prediction_error reads it)
         self.on_weights: Callable[[tuple[str, int, int], WeightSpec, tuple[Tensor, ...]], None] | None = None
         self.saved: dict[tuple[int, int], tuple] = {}
         self.pending: dict[tuple[int, int], tuple] = {}  # split backward: I's graph waiting for its W
@@ -95,19 +94,18 @@ class StageExecutor:
         self.first_input: tuple[int, int, list[tuple[torch.Size, torch.dtype]], str] | None = None
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
-        self.store_current()
+        self.ring.put(0, self.snapshot())
 
     # ------------------------------------------------------------------------------------- weights
 
-    def store_current(self) -> tuple[Tensor, ...]:
-        """Store the current weights as version :attr:`version` and return them: views of the live weights
-        (``share_live``), else a copy (in ``store_dtype`` when set: Precision.versions="compute") written into the
-        storage of a dropped version where the ring has one (:class:`~pipelab.pipeline.rings.VersionRing`)."""
+    def snapshot(self) -> tuple[Tensor, ...]:
+        """The current weights as a stored version: a copy, or views of the live weights (``share_live``)."""
         if self.share_live:
-            W = tuple(p.detach().requires_grad_(p.requires_grad) for p in self.params)
-            self.ring.put(self.version, W)
-            return W
-        return self.ring.store_copy(self.version, self.params, self.store_dtype)
+            return tuple(p.detach().requires_grad_(p.requires_grad) for p in self.params)
+        if self.store_dtype is not None:  # a half-precision working copy (Precision.versions="compute")
+            return tuple(p.detach().to(self.store_dtype, copy=True).requires_grad_(p.requires_grad)
+                         for p in self.params)
+        return tuple(p.detach().clone().requires_grad_(p.requires_grad) for p in self.params)
 
     def full_weights(self, W: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """Weights ``W`` (trainable, in :attr:`names` order) with the frozen parameters, in ``named_parameters``
@@ -331,7 +329,8 @@ class StageExecutor:
         self.version += 1
         if not self.uses[old]:  # no job left uses it: updated in place, no stored copy is needed
             self.ring.drop(old)
-        W = self.store_current()
+        W = self.snapshot()
+        self.ring.put(self.version, W)
         self._advance()
         return W
 
@@ -382,9 +381,7 @@ class StageExecutor:
         return {
             "k": self.k, "version": self.version, "position": self.position, "uses": list(self.uses),
             "module": {n: t.detach().clone() for n, t in self.module.state_dict().items()},
-            # copies: the ring reuses a dropped version's storage (and a shared version is the live weights)
-            "ring": {v: tuple(w.detach().clone().requires_grad_(w.requires_grad) for w in self.ring.get(v))
-                     for v in self.ring.versions()}, "ring_peak": self.ring.peak,
+            "ring": {v: self.ring.get(v) for v in self.ring.versions()}, "ring_peak": self.ring.peak,
             "saved": {key: entry[:4] for key, entry in self.saved.items()},  # graphs are rebuilt on load
             # I ran, W not yet: I's weights and g are kept so that the graph is rebuilt at exactly those weights
             "pending": {key: (entry, tuple(w.detach() for w in W), g)

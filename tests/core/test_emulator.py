@@ -13,9 +13,6 @@ from torch.func import functional_call
 from pipelab.emulator import Emulator, train_plain
 from pipelab.optim import optimizer_factory
 from pipelab.partition import split
-from pipelab.pipeline.driver import DriverState, MiniBatches, run_jobs
-from pipelab.pipeline.rings import VersionRing
-from pipelab.pipeline.transport import InMemoryTransport
 from pipelab.policies import PipeMarePolicy, available_policies, make_policy
 from pipelab.schedules import gpipe, naive, one_f_one_b, pipedream, pipedream_2bw
 from pipelab.studies.models import deep_mlp, small_cnn
@@ -354,12 +351,9 @@ def test_stage_without_parameters_under_asynchronous_policies(policy) -> None:
     assert res.weight_copies[1] == 0 and emu.stages[1].predictor is None and 1 not in emu.predicted_stages
 
 
-@pytest.mark.parametrize("policy,capacity", [("pipeoptim", [1, 1, 1]), ("stashing", [3, 2, 1])])
-def test_snapshots_hold_each_stages_version_v_even_when_it_keeps_one_copy(policy: str, capacity: list[int]) -> None:
-    """A stage whose ring holds one version shares its live weights, and a larger ring reuses the storage of the
-    versions it drops; neither a later update nor a reused version may leak into the snapshot of version v taken
-    once every stage has reached v, kept by the caller as handed over (asynchronous 1F1B: PipeOptim's capacity 1,
-    weight stashing's D − k)."""
+def test_snapshots_hold_each_stages_version_v_even_when_it_keeps_one_copy() -> None:
+    """A stage whose ring holds one version shares its live weights; a later update of that stage must not leak into
+    the snapshot of version v taken once every stage has reached v (asynchronous 1F1B, PipeOptim: capacity 1)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 4), nn.Linear(4, 3)).double()
     gen = torch.Generator().manual_seed(1)
@@ -376,52 +370,11 @@ def test_snapshots_hold_each_stages_version_v_even_when_it_keeps_one_copy(policy
         return opt
 
     snaps: dict[int, list[list[torch.Tensor]]] = {}
-    emu = Emulator(model, D=3, schedule=pipedream(3, 1, 8), policy=policy, optimizer=factory)
-    assert emu.capacity == capacity
-    emu.run(batches, snapshot_every=1, on_snapshot=lambda v, W: snaps.__setitem__(v, [list(Wk) for Wk in W]))
+    emu = Emulator(model, D=3, schedule=pipedream(3, 1, 8), policy="pipeoptim", optimizer=factory)
+    assert emu.capacity == [1, 1, 1]
+    emu.run(batches, snapshot_every=1, on_snapshot=lambda v, W: snaps.__setitem__(v, [[w.clone() for w in Wk]
+                                                                                      for Wk in W]))
     assert sorted(snaps) == list(range(9))
     for v, W in snaps.items():
         for k in range(3):
             assert all(torch.equal(a, b) for a, b in zip(W[k], trajectory[k][v])), (v, k)
-
-
-def test_version_ring_reuses_only_the_storage_of_its_own_dropped_copies() -> None:
-    """store_copy writes into the storage of a copy it made and that was dropped (bitwise the copy a clone makes,
-    ``requires_grad`` kept); a version given to put is never written to, also after its drop."""
-    ring = VersionRing(2)
-    w = [torch.randn(3, 2, dtype=torch.float64, requires_grad=True), torch.randn(2, dtype=torch.float64)]
-    first = ring.store_copy(0, w)
-    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(first, w))
-    assert [a.requires_grad for a in first] == [True, False]
-    ring.drop(0)
-    with torch.no_grad():
-        for x in w:
-            x.mul_(2)
-    second = ring.store_copy(1, w)
-    assert [a.data_ptr() for a in second] == [a.data_ptr() for a in first]  # the dropped copy's storage
-    assert all(torch.equal(a, b) for a, b in zip(ring.get(1), w)) and second[0].requires_grad
-    given = tuple(x.detach().clone() for x in w)
-    kept = [x.clone() for x in given]
-    ring.put(2, given)
-    ring.drop(2)
-    ring.drop(1)
-    third = ring.store_copy(3, [x + 1 for x in w])
-    assert [a.data_ptr() for a in third] == [a.data_ptr() for a in first]
-    assert all(torch.equal(a, b) for a, b in zip(given, kept))  # the put version is untouched
-    assert ring.peak == 2 and ring.versions() == [3]
-
-
-def test_stage_state_dict_copies_the_ring() -> None:
-    """A checkpoint's stored versions are copies: the ring reuses a dropped version's storage, and a stage keeping one
-    version stores views of its live weights, so later training must not change a state already taken."""
-    emu = Emulator(make_model(), D=3, schedule=pipedream(3, 1, 6), policy="stashing", optimizer=OPTIMIZERS["adam"])
-    state, transport = DriverState(), InMemoryTransport()
-    batches = MiniBatches(make_data(6), emu.M, emu.steps, reference=None)
-    cut = len(emu.order) // 2
-    run_jobs(emu.order, dict(enumerate(emu.stages)), transport, batches, state, D=3, M=1, end=cut)
-    taken = [st.state_dict() for st in emu.stages]
-    kept = [{v: [w.clone() for w in W] for v, W in sd["ring"].items()} for sd in taken]
-    assert all(sd["ring"] for sd in taken)
-    run_jobs(emu.order, dict(enumerate(emu.stages)), transport, batches, state, D=3, M=1)
-    for sd, ring in zip(taken, kept):
-        assert all(torch.equal(a, b) for v, W in ring.items() for a, b in zip(sd["ring"][v], W))
