@@ -246,17 +246,50 @@ class StageExecutor:
                 out = self.loss_fn(out, cast(Tensor, target)) / self.M
         return x_in, out
 
+    def _weight_grads(self, t: int, out: Any, g_out: Any, W: Sequence[Tensor], xs: Sequence[Tensor] = ()
+                      ) -> list[Tensor | None]:
+        """The vector–Jacobian product of B (or W) at weights ``W``: the weight gradient is added into step t's sum,
+        and the input gradients of ``xs`` are returned (``None`` where unreached).
+
+        As ``loss.backward()`` accumulates into ``.grad``, autograd adds each weight's gradient into the step's sum
+        (set as ``W``'s ``.grad`` for the call) as soon as it is computed and frees it, so a micro-batch's gradients
+        are never all held at once: returning them all and summing afterwards held a stage's worth of extra
+        gradient memory and freed it in one block, which the C allocator returned to the system and faulted in
+        again at the next backward. The first micro-batch's gradient becomes the sum; bitwise the same sums.
+        Half-precision copies (``store_dtype``) accumulate in the master dtype instead (:meth:`_accumulate`).
+        """
+        if self.store_dtype is not None:
+            grads = self._vjp(out, g_out, [*W, *xs])
+            self._accumulate(t, W, grads[:len(W)])
+            return grads[len(W):]
+        self._sum_backward_weights(t, W)
+        for w, g in zip(W, self.acc.get(t, ())):
+            w.grad = g
+        try:
+            pairs = _pairs(out, g_out)
+            if pairs and (W or xs):
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs], inputs=[*W, *xs])
+            self.acc[t] = [torch.zeros_like(w) if w.grad is None else w.grad for w in W]
+            return [x.grad for x in xs]
+        finally:  # W is a stored version (or a prediction) other jobs read: it keeps no gradient
+            for x in (*W, *xs):
+                x.grad = None
+
+    def _sum_backward_weights(self, t: int, W: Sequence[Tensor]) -> None:
+        """``keeps_backward_weights``: add the weights of step t's backward into their sum (:meth:`_corrected`)."""
+        if not (self.policy.keeps_backward_weights and W):
+            return
+        if self.store_dtype is not None:
+            W = [w.to(p.dtype) for w, p in zip(W, self.params)]
+        if t in self.used_sum:
+            torch._foreach_add_(self.used_sum[t], [w.detach() for w in W])
+        else:
+            self.used_sum[t] = [w.detach().clone() for w in W]
+
     def _accumulate(self, t: int, W: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
-        pgrads = [torch.zeros_like(w) if g is None else g for w, g in zip(W, grads)]
-        if self.store_dtype is not None:  # gradients of half-precision copies accumulate in the master dtype
-            pgrads = [g.to(p.dtype) for g, p in zip(pgrads, self.params)]
-            if self.policy.keeps_backward_weights:
-                W = [w.to(p.dtype) for w, p in zip(W, self.params)]
-        if self.policy.keeps_backward_weights and W:
-            if t in self.used_sum:
-                torch._foreach_add_(self.used_sum[t], [w.detach() for w in W])
-            else:
-                self.used_sum[t] = [w.detach().clone() for w in W]
+        """Add step t's weight gradient ``grads`` of half-precision copies ``W`` into its sum, in the master dtype."""
+        pgrads = [(torch.zeros_like(w) if g is None else g).to(p.dtype) for w, g, p in zip(W, grads, self.params)]
+        self._sum_backward_weights(t, W)
         if t in self.acc:
             if pgrads:
                 torch._foreach_add_(self.acc[t], pgrads)
@@ -268,16 +301,13 @@ class StageExecutor:
         self._begin("B", t, j)
         x_in, out, W = self._graph(t, j)
         xs = grad_leaves(x_in) if self.k > 0 else []
-        grads = self._vjp(out, self._seed(t, out, g_out), list(W) + xs)
-        self._accumulate(t, W, grads[:len(W)])
+        x_grads = self._weight_grads(t, out, self._seed(t, out, g_out), W, xs)
         self._advance(self.specs.need("B", self.k, t, j))
-        return _input_grad(x_in, grads[len(W):]) if self.k > 0 else None
+        return _input_grad(x_in, x_grads) if self.k > 0 else None
 
     def _vjp(self, out: Any, g_out: Any, inputs: list[Tensor], retain: bool = False) -> list[Tensor | None]:
         """(∂out/∂inputs)ᵀ g_out over the outputs that require grad (``None`` for an input it does not reach)."""
-        outs = grad_leaves(out)
-        seeds = [g_out] if isinstance(out, Tensor) else list(g_out)
-        pairs = [(o, g) for o, g in zip(outs, seeds) if o.requires_grad]
+        pairs = _pairs(out, g_out)
         if not inputs or not pairs:
             return [None] * len(inputs)
         return list(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True,
@@ -305,7 +335,7 @@ class StageExecutor:
         """W(k, t, j) of a split backward: (∂out/∂W)ᵀg from I's graph (with I, exactly B's result)."""
         self._begin("W", t, j)
         _, out, W, g_out = self.pending.pop((t, j))
-        self._accumulate(t, W, self._vjp(out, g_out, list(W)))
+        self._weight_grads(t, out, g_out, W)
         self._advance(self.specs.need("B", self.k, t, j))
 
     def update(self, t: int) -> tuple[Tensor, ...]:
@@ -495,6 +525,12 @@ class _replay_rng:
         torch.set_rng_state(self.saved[0])
         if self.saved[1] is not None:
             torch.cuda.set_rng_state(self.saved[1], self.device)
+
+
+def _pairs(out: Any, g_out: Any) -> list[tuple[Tensor, Any]]:
+    """``(output, its gradient)`` for the outputs of a stage call that require grad (what a backward starts from)."""
+    seeds = [g_out] if isinstance(out, Tensor) else list(g_out)
+    return [(o, g) for o, g in zip(grad_leaves(out), seeds) if o.requires_grad]
 
 
 def _input_grad(x_in: Any, grads: Sequence[Tensor | None]) -> Any:

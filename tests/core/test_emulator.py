@@ -378,3 +378,17 @@ def test_snapshots_hold_each_stages_version_v_even_when_it_keeps_one_copy() -> N
     for v, W in snaps.items():
         for k in range(3):
             assert all(torch.equal(a, b) for a, b in zip(W[k], trajectory[k][v])), (v, k)
+
+
+@pytest.mark.parametrize("policy,builder", [("1f1b", one_f_one_b), ("2bw", pipedream_2bw)])
+def test_stored_weights_keep_no_gradient(policy: str, builder) -> None:
+    """The backward adds a micro-batch's weight gradient into its step's sum through the weights' ``.grad`` during
+    the call only: a stored version read by a later job (a forward after a backward at the same version) carries
+    none."""
+    M = 3
+    emu = Emulator(make_model(), D=3, schedule=builder(3, M, 6), policy=policy, optimizer=OPTIMIZERS["adam"])
+    seen: list[bool] = []
+    for st in emu.stages:
+        st.on_weights = lambda event, spec, W: seen.append(all(w.grad is None for w in W))
+    emu.run(make_data(6, n=12))
+    assert len(seen) >= 3 * 6 * M and all(seen)  # at least every forward's request
