@@ -125,9 +125,9 @@ def test_a_metered_forecast_takes_the_network_and_bytes_instead_of_the_transfer(
     assert "transfer_cost" not in r and r["network"] is net
     with pytest.raises(ValueError, match="message_bytes"):
         forecast_costs(prof, 0.1, [1, 1], False, network=net)
-    # the receive overhead o (LogP) lengthens every link's latency, forecast and replay alike
+    # the receive overhead o (LogP) is the network's, after each arrival (not the links'), forecast and replay alike
     o = forecast_costs(prof, 0.1, [1, 1], False, network=net, message_bytes=mb, receive_overhead=0.002)["network"]
-    assert o == Network.uniform(2, Link(0.007, net.forward[0].bandwidth))
+    assert o == Network.uniform(2, Link.mbps(10, latency_ms=5), receive_overhead=0.002)
     assert measured_costs([tl], 2, 0.25, network=net, message_bytes=mb, receive_overhead=0.002)["network"] == o
     # pooled over every case and rank of a calibration: the median of the probes' samples
     per_rank = [{"cases": [{"overhead": [0.001, 0.009]}, {}]}, {"cases": [{"overhead": [0.002]}, {"overhead": []}]}]
@@ -143,9 +143,9 @@ def test_metered_calibration_forecasts_with_the_network_and_counts_late_messages
                             link=Link.mbps(20, latency_ms=50))
     rows = calibrate(cfg)
     for r in rows:
-        # the metered link, each latency lengthened by the profiled receive overhead (LogP's o, the meter's wake-up)
-        late_link = Link(cfg.link.latency + r.receive_overhead, cfg.link.bandwidth)
-        assert r.costs["network"] == Network.uniform(2, late_link) and "transfer_cost" not in r.costs
+        # the metered link and the profiled receive overhead (LogP's o, the meter's wake-up)
+        want = Network.uniform(2, cfg.link, receive_overhead=r.receive_overhead)
+        assert r.costs["network"] == want and "transfer_cost" not in r.costs
         assert 0 <= r.receive_overhead < cfg.link.latency
         assert r.costs["message_bytes"] == MessageBytes((64 * 64 * 4,), (64 * 64 * 4,))
         assert r.simulate().makespan == r.forecast_s and 0.5 < r.link_time <= 1.0
