@@ -9,8 +9,9 @@ profiles its stages' F, B (I, W), U and weight-copy times on this machine, at th
 network and the bytes of the real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`), with
 two inputs profiled as a metered rank behaves: each job timed after a pause (a rank computes in bursts after
 waiting for a message; the median of the measurements), and the receive overhead o (LogP's: the time from a
-message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the median over one
-metered probe step per schedule, added to every link's latency (:func:`pipelab.calibration.forecast_costs`); the
+message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the median over the
+waited-for, not late messages of a metered probe run per schedule (``PROBE_STEPS`` steps, the first left out),
+charged after every arrival (:attr:`pipelab.links.Network.receive_overhead`, apart from the links' α); the
 measured time is the traced run's makespan (first start to last end over the ranks, one host clock), the median
 over ``--repeats`` runs (schedules interleaved within a repeat, so load from other processes hits them alike).
 
@@ -20,7 +21,9 @@ of the critical path spent on links), late messages (stamps that came after thei
 their wire's order: the meter's condition failed), the profiled o and the run's own mean overshoot, the busy
 error (the forecast's busiest rank's compute against the measured one: the profile's error), the replay (the same
 simulation with the run's own mean job times and overshoot: what is left is the model's error, not the
-profile's) and the 1-minute load average. ``--csv`` writes the rows; ``--unmetered`` adds each schedule without
+profile's) and the 1-minute load average. Per link setting it prints what the probes measured of the metered
+transport (:func:`pipelab.studies.calibration.probe_summary`): o with its quartiles, the hand-over of a message
+already there and the share of late messages. ``--csv`` writes the rows; ``--unmetered`` adds each schedule without
 a meter (the forecast then takes the profiled local transfer, and the profile's mean over compute-bound
 measurements).
 
@@ -48,7 +51,8 @@ from pipelab.studies.calibration import CalibrationCase, CalibrationConfig, cali
 KINDS = ("gpipe", "1f1b", "pipedream", "2bw", "zb_h1")
 COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex", "steps", "forecast_step_s",
            "measured_step_s", "error_pct", "link_share", "late", "overhead_ms", "overshoot_ms", "replay_error_pct",
-           "busy_error_pct", "measured_min_s", "measured_max_s", "load1")
+           "busy_error_pct", "measured_min_s", "measured_max_s", "probe_overhead_q1_ms", "probe_overhead_q3_ms",
+           "probe_samples", "probe_busy_ms", "probe_late_share", "load1")
 
 
 def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namespace) -> list[dict[str, object]]:
@@ -72,7 +76,16 @@ def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namesp
                     "replay_error_pct": 100 * r.replay_error, "busy_error_pct": 100 * r.busy_error,
                     "measured_min_s": min(r.measured_all) / args.steps,
                     "measured_max_s": max(r.measured_all) / args.steps,
-                    "load1": load})
+                    "probe_overhead_q1_ms": 1e3 * r.probe.get("overhead_q1", math.nan),
+                    "probe_overhead_q3_ms": 1e3 * r.probe.get("overhead_q3", math.nan),
+                    "probe_samples": int(r.probe.get("samples", 0)),
+                    "probe_busy_ms": 1e3 * r.probe.get("busy", math.nan),
+                    "probe_late_share": r.probe.get("late", math.nan), "load1": load})
+    if rows and rows[0].probe:
+        p = rows[0].probe
+        print(f"  probe: o = {1e3 * p['overhead']:.2f} ms [{1e3 * p['overhead_q1']:.2f}, {1e3 * p['overhead_q3']:.2f}]"
+              f" over {p['samples']:.0f} waited messages (α = {latency_ms:g} ms); hand-over when there "
+              f"{1e3 * p['busy']:.2f} ms; late {100 * p['late']:.1f} % of the messages", flush=True)
     return out
 
 

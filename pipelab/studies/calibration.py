@@ -34,7 +34,8 @@ from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "RahimiRunConfig",
+           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "probe_summary",
+           "PROBE_STEPS", "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
@@ -163,7 +164,8 @@ class CalibrationRow:
         time from a waited-for message's modelled arrival to its job getting it, over the ranks
         (:attr:`~pipelab.runtime.meter.MeterStats.overshoot`), which the replay takes as its receive overhead;
         receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
-        :func:`pipelab.calibration.forecast_costs`).
+        :func:`pipelab.calibration.forecast_costs`); probe: what the probes measured of the metered transport
+        (:func:`probe_summary`, the same for every row of a calibration; empty when not metered).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
     """
@@ -191,6 +193,7 @@ class CalibrationRow:
     late: int = 0
     overshoot: float = 0.0
     receive_overhead: float = 0.0
+    probe: dict[str, float] = field(default_factory=dict)
     link_time: float = math.nan
 
     @property
@@ -260,31 +263,69 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     return {name: [every[k][name] for k in range(D)] for name in keys}
 
 
-def _receive_overheads(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
-                       data: Sequence[tuple[Tensor, Tensor]]) -> list[float]:
-    """Samples of a metered run's receive overhead on this machine: for every message this rank waited for in one
-    metered step of the case, run before the measured runs (a probe, not timed), the time from its modelled
-    arrival to its job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`: the wake-up from the
-    meter's hold). :func:`calibration_rows` pools them (:func:`receive_overhead`). Collective: every rank calls
-    it."""
+#: steps of a metered probe run per case (:func:`_receive_probe`); its first step is set-up and not sampled
+PROBE_STEPS = 4
+
+
+def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
+                   data: Sequence[tuple[Tensor, Tensor]]) -> dict[str, list[float]]:
+    """Samples of how the metered transport behaves on this machine, from a metered run of :data:`PROBE_STEPS`
+    steps of the case before the measured runs (a probe, not timed), its first step left out (connections set up,
+    buffers touched). Per received message (:class:`~pipelab.runtime.meter.MeteredMessage`):
+
+    - ``"overhead"``: for a message its job waited for and that was not late, the time from its modelled arrival
+      to the job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`): the receive overhead o,
+      the wake-up from the meter's hold and the hand-over (a late message's wait is the stamp's, not o);
+    - ``"busy"``: the same for a message its job asked for after the arrival (the hand-over alone);
+    - ``"late"``: 1.0 per late message, 0.0 per other.
+
+    :func:`calibration_rows` pools them (:func:`receive_overhead`, :func:`probe_summary`). Collective: every rank
+    calls it."""
     from ..optim import optimizer_factory
     from ..runtime import PipelineRuntime
 
-    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, 1)
+    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, PROBE_STEPS)
     probe = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
                             optimizer=optimizer_factory(cfg.optimizer), network=cfg.network(sched.D))
     meter = probe.run(lambda t: data[t % len(data)]).meter
-    return [m.overshoot for m in meter.messages if m.asked < m.arrival] if meter is not None else []
+    out: dict[str, list[float]] = {"overhead": [], "busy": [], "late": []}
+    for m in (meter.messages if meter is not None else []):
+        if m.step == 0:
+            continue
+        out["late"].append(float(m.late))
+        if not m.late:
+            out["overhead" if m.asked < m.arrival else "busy"].append(m.overshoot)
+    return out
+
+
+def _pooled(per_rank: Sequence[dict[str, Any]], what: str) -> list[float]:
+    return [x for p in per_rank for c in p["cases"] for x in c.get("probe", {}).get(what, [])]
 
 
 def receive_overhead(per_rank: Sequence[dict[str, Any]]) -> float:
-    """The profiled receive overhead of a metered calibration: the median of every rank's probe samples over every
-    case (:func:`_receive_overheads`; 0 without any). LogP's receiver overhead *o* (Culler et al., PPoPP 1993),
-    which the forecast adds to every link's latency (:func:`pipelab.calibration.forecast_costs`). A property of
-    the machine (a process's wake-up after a sleep), not of the schedule, so all cases' samples are pooled; the
-    median, as a probe is the ranks' first run, whose first messages also wait for one-off set-up costs."""
-    every = [x for p in per_rank for c in p["cases"] for x in c.get("overhead", [])]
+    """The profiled receive overhead of a metered calibration: the median of every rank's waited-for, not late
+    probe messages over every case (:func:`_receive_probe`; 0 without any). LogP's receiver overhead *o*
+    (Culler et al., PPoPP 1993), which the forecast charges after every arrival
+    (:attr:`pipelab.links.Network.receive_overhead`), apart from the links' α. A property of the machine (a
+    process's wake-up after a sleep, the hand-over), not of the schedule, so all cases' samples are pooled; the
+    median, as a descheduled wake-up now and then is a heavy tail the makespan does not sum over every message."""
+    every = _pooled(per_rank, "overhead")
     return float(statistics.median(every)) if every else 0.0
+
+
+def probe_summary(per_rank: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """What the probes measured of the metered transport (:func:`_receive_probe`), pooled over ranks and cases:
+    o (``overhead``, its quartiles ``overhead_q1``/``overhead_q3`` and ``samples``), the hand-over of a message
+    already there (``busy``, median) and the ``late`` share of the messages; NaN where there were none."""
+    def q(xs: list[float], p: float) -> float:
+        return float(statistics.quantiles(xs, n=100, method="inclusive")[round(p) - 1]) if len(xs) > 1 else \
+            (xs[0] if xs else math.nan)
+
+    o, busy, late = (_pooled(per_rank, w) for w in ("overhead", "busy", "late"))
+    return {"overhead": receive_overhead(per_rank) if o else math.nan, "overhead_q1": q(o, 25),
+            "overhead_q3": q(o, 75), "samples": float(len(o)),
+            "busy": float(statistics.median(busy)) if busy else math.nan,
+            "late": float(statistics.fmean(late)) if late else math.nan}
 
 
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
@@ -402,7 +443,7 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
             if rt.collectives is not None:
                 info["collective_cost"] = _profile_collectives(rt, sched, cfg)
             if cfg.link is not None:
-                info["overhead"] = _receive_overheads(base, case, cfg, data)
+                info["probe"] = _receive_probe(base, case, cfg, data)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -444,6 +485,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
     rows = []
     transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
     overhead = receive_overhead(per_rank)
+    probe = probe_summary(per_rank) if cfg.link is not None else {}
     for i, case in enumerate(cfg.cases):
         info = per_rank[0]["cases"][i]
         sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
@@ -464,7 +506,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
                                    bool(sched.split_set), info.get("collective_cost"), network=network,
                                    message_bytes=mb, receive_overhead=overhead)
         row.late = sum(p["cases"][i]["late"][mid] for p in per_rank)
-        row.receive_overhead = overhead
+        row.receive_overhead, row.probe = overhead, probe
         row.overshoot = float(statistics.fmean(p["cases"][i]["overshoot"][mid] for p in per_rank))
         row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
