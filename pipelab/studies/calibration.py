@@ -14,12 +14,13 @@ References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (20
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,9 @@ from ..schedules.actions import Schedule, check_int
 from ..schedules.builders import BUILDERS
 from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
+
+if TYPE_CHECKING:
+    from .time_to_target import NanoGPTSetting
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
            "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "probe_summary",
@@ -83,7 +87,10 @@ class CalibrationConfig:
         repeats of each profiled job (median, after 2 discarded); optimizer: a :mod:`pipelab.optim` name;
         seed: model and data seed; timeout_s: bound on the spawn; link, duplex: meter every run with this link
         on every boundary (:mod:`pipelab.runtime.meter`, :meth:`network`) and forecast with it (``None``: unmetered
-        runs, forecast with the profiled transfer time).
+        runs, forecast with the profiled transfer time); model: instead of the ``deep_mlp`` (width, depth and
+        in_features then unused), the transformer of a :class:`~pipelab.studies.time_to_target.NanoGPTSetting`
+        (:func:`~pipelab.studies.time_to_target.nanogpt_model`: one block per stage), fed micro-batches of shape
+        (micro, seq, d_model) with a mean-squared-error loss against a random target of that shape.
     """
 
     ranks: int = 2
@@ -102,6 +109,7 @@ class CalibrationConfig:
     timeout_s: float = 600.0
     link: Link | None = None
     duplex: bool = False
+    model: NanoGPTSetting | None = None
 
     @property
     def M(self) -> int:
@@ -134,8 +142,10 @@ class CalibrationConfig:
             raise TypeError(f"link must be a pipelab.links.Link or None, got {type(self.link).__name__}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}")
-        if self.depth < 2 * self.ranks:
+        if self.model is None and self.depth < 2 * self.ranks:
             raise ValueError(f"depth ({self.depth}) must be >= 2 × ranks ({2 * self.ranks}): a block per stage")
+        if self.model is not None and self.model.D < self.ranks:
+            raise ValueError(f"model has {self.model.D} blocks, fewer than ranks ({self.ranks}): a block per stage")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
@@ -166,6 +176,11 @@ class CalibrationRow:
         receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
         :func:`pipelab.calibration.forecast_costs`); probe: what the probes measured of the metered transport
         (:func:`probe_summary`, the same for every row of a calibration; empty when not metered).
+        A metered forecast takes its compute costs from the case's pilot run (:func:`_receive_probe`: the mean
+        duration of each stage's F, B, I, W, U jobs, as :func:`measured_costs` reads them, after its first step),
+        not from the stages profiled one by one: under load those missed the run's job times by −20 % to +250 %
+        (a job timed alone after a pause is not a job in a stream); profile_s, profile_error: the forecast with
+        the stage profile, kept beside it (NaN when not metered).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
     """
@@ -194,6 +209,8 @@ class CalibrationRow:
     overshoot: float = 0.0
     receive_overhead: float = 0.0
     probe: dict[str, float] = field(default_factory=dict)
+    profile_s: float = math.nan
+    profile_error: float = math.nan
     link_time: float = math.nan
 
     @property
@@ -210,11 +227,32 @@ class CalibrationRow:
         return simulate(self.sim_schedule, **self.costs)
 
 
+def _base(cfg: CalibrationConfig) -> nn.Sequential:
+    """The calibration's model (seeded by the caller): the ``deep_mlp``, or ``cfg.model``'s transformer."""
+    if cfg.model is not None:
+        from .time_to_target import nanogpt_model
+
+        return nanogpt_model(cfg.model)
+    from .models import deep_mlp
+
+    return deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+
+
+def _loss(cfg: CalibrationConfig) -> Callable[[Tensor, Tensor], Tensor]:
+    return nn.functional.mse_loss if cfg.model is not None else nn.functional.cross_entropy
+
+
+def _sample(cfg: CalibrationConfig, n: int) -> tuple[int, ...]:
+    """The shape of ``n`` samples of the model's input (and of a transformer's target)."""
+    return (n, cfg.model.seq, cfg.model.d_model) if cfg.model is not None else (n, cfg.in_features)
+
+
 def _micro_data(cfg: CalibrationConfig, device: torch.device) -> list[tuple[Tensor, Tensor]]:
     g = torch.Generator().manual_seed(cfg.seed + 1)
     n = cfg.M * cfg.micro
-    return [(torch.randn(n, cfg.in_features, generator=g).to(device),
-             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(2)]
+    return [(torch.randn(_sample(cfg, n), generator=g).to(device),
+             (torch.randn(_sample(cfg, n), generator=g) if cfg.model is not None else
+              torch.randint(0, 10, (n,), generator=g)).to(device)) for _ in range(2)]
 
 
 def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: CalibrationConfig, x: Tensor,
@@ -242,7 +280,8 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     for k, s in enumerate(stages):
         if k % world == rank:
             def once(warmup: int, s: nn.Module = s, h: Tensor = h, k: int = k) -> Any:
-                return profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
+                return profile_stage(s, h, y if k == D - 1 else None, loss_fn=_loss(cfg),
+                                     optimizer=optimizer_factory(cfg.optimizer),
                                      reps=1, warmup=warmup, input_grad=k > 0)
 
             once(2)
@@ -268,10 +307,12 @@ PROBE_STEPS = 4
 
 
 def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
-                   data: Sequence[tuple[Tensor, Tensor]]) -> dict[str, list[float]]:
-    """Samples of how the metered transport behaves on this machine, from a metered run of :data:`PROBE_STEPS`
-    steps of the case before the measured runs (a probe, not timed), its first step left out (connections set up,
-    buffers touched). Per received message (:class:`~pipelab.runtime.meter.MeteredMessage`):
+                   data: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Any]:
+    """What a pilot run tells of this machine: a metered run of :data:`PROBE_STEPS` steps of the case before the
+    measured runs (traced, not timed), its first step left out (connections set up, buffers touched).
+    ``"pilot"``: its :class:`~pipelab.runtime.trace.Timeline`, the jobs of the later steps (their durations are
+    the metered forecast's costs, :func:`calibration_rows`). Per received message
+    (:class:`~pipelab.runtime.meter.MeteredMessage`):
 
     - ``"overhead"``: for a message its job waited for and that was not late, the time from its modelled arrival
       to the job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`): the receive overhead o,
@@ -286,9 +327,13 @@ def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationC
 
     sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, PROBE_STEPS)
     probe = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
-                            optimizer=optimizer_factory(cfg.optimizer), network=cfg.network(sched.D))
-    meter = probe.run(lambda t: data[t % len(data)]).meter
-    out: dict[str, list[float]] = {"overhead": [], "busy": [], "late": []}
+                            optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg),
+                            network=cfg.network(sched.D), record=True)
+    res = probe.run(lambda t: data[t % len(data)])
+    meter, tl = res.meter, res.timeline
+    assert tl is not None  # record=True
+    out: dict[str, Any] = {"overhead": [], "busy": [], "late": [],
+                           "pilot": dataclasses.replace(tl, jobs=[r for r in tl.jobs if r.step])}
     for m in (meter.messages if meter is not None else []):
         if m.step == 0:
             continue
@@ -329,14 +374,14 @@ def probe_summary(per_rank: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
-    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks: the *mean*
+    """One-way time of a boundary tensor (the first boundary's, float32) between neighbouring ranks: the *mean*
     of single ping-pongs / 2 over boundaries and repeats (a makespan sums latencies along its critical path, so
     their mean, heavy tail of descheduled wake-ups included, is what it sees, not their median)."""
     from ..profiling import transfer_times
 
     if world < 2:
         return 0.0
-    act = torch.zeros(cfg.micro, cfg.width)
+    act = torch.zeros((cfg.micro, cfg.width) if cfg.model is None else _sample(cfg, cfg.micro))
     out, inp = (act if rank < world - 1 else None), (act if rank > 0 else None)
     transfer_times(out, inp, reps=2, warmup=1)  # connections set up, buffers touched
     samples = [t for _ in range(cfg.profile_reps) for t in transfer_times(out, inp, reps=1, warmup=0)]
@@ -386,22 +431,18 @@ def _profile_collectives(rt: Any, sched: Schedule, cfg: CalibrationConfig) -> li
 
 
 def _message_bytes(D: int, cfg: CalibrationConfig) -> Any:
-    """The bytes of each boundary's messages when the calibration's ``deep_mlp`` is cut into D stages (a shape pass
-    over one micro-batch, :func:`pipelab.links.message_bytes`): what the metered forecast bills."""
+    """The bytes of each boundary's messages when the calibration's model is cut into D stages (a shape pass over
+    one micro-batch, :func:`pipelab.links.message_bytes`): what the metered forecast bills."""
     from ..partition import split
-    from .models import deep_mlp
 
-    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
-    return message_bytes(split(base, D), torch.zeros(cfg.micro, cfg.in_features))
+    return message_bytes(split(_base(cfg), D), torch.zeros(_sample(cfg, cfg.micro)))
 
 
 def _stage_numels(D: int, cfg: CalibrationConfig) -> list[int]:
-    """Parameters of each of the D stages the calibration's ``deep_mlp`` is cut into (float32 payloads)."""
+    """Parameters of each of the D stages the calibration's model is cut into (float32 payloads)."""
     from ..partition import split
-    from .models import deep_mlp
 
-    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
-    return [sum(p.numel() for p in s.parameters()) for s in split(base, D)]
+    return [sum(p.numel() for p in s.parameters()) for s in split(_base(cfg), D)]
 
 
 def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
@@ -415,11 +456,9 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
     """
     from ..optim import optimizer_factory
     from ..runtime import PipelineRuntime
-    from .models import deep_mlp
-
     device = torch.device("cpu")
     torch.manual_seed(cfg.seed)
-    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    base = _base(cfg)
     data = _micro_data(cfg, device)
     x0, y0 = data[0][0][:cfg.micro], data[0][1][:cfg.micro]
     transfer = _transfer(cfg, rank, world)
@@ -432,7 +471,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                                 "overshoot": []}
         try:
             rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
-                                 optimizer=optimizer_factory(cfg.optimizer), record=True, network=cfg.network(sched.D))
+                                 optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg), record=True,
+                                 network=cfg.network(sched.D))
         except ValueError as exc:  # e.g. a placement the runtime does not execute yet
             info.update(runnable=False, note=str(exc).splitlines()[0])
             rt = None
@@ -453,7 +493,7 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 continue
             if rep > 0:  # a fresh run from the same weights
                 rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
-                                     optimizer=optimizer_factory(cfg.optimizer), record=True,
+                                     optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg), record=True,
                                      network=cfg.network(rt.schedule.D))
             res = rt.run(lambda t: data[t % len(data)])
             info["timelines"].append(res.timeline)
@@ -502,9 +542,14 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
         network = cfg.network(sched.D)
         mb = None if network is None else _message_bytes(sched.D, cfg)
-        row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
-                                   bool(sched.split_set), info.get("collective_cost"), network=network,
-                                   message_bytes=mb, receive_overhead=overhead)
+        profiled = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
+                                  bool(sched.split_set), info.get("collective_cost"), network=network,
+                                  message_bytes=mb, receive_overhead=overhead)
+        row.costs = profiled
+        if network is not None:  # the pilot run's job durations: jobs as they run metered on this machine
+            row.profile_s = simulate(sched, **profiled).makespan
+            row.costs = measured_costs([p["cases"][i]["probe"]["pilot"] for p in per_rank], sched.D, transfer,
+                                       network=network, message_bytes=mb, receive_overhead=overhead)
         row.late = sum(p["cases"][i]["late"][mid] for p in per_rank)
         row.receive_overhead, row.probe = overhead, probe
         row.overshoot = float(statistics.fmean(p["cases"][i]["overshoot"][mid] for p in per_rank))
@@ -513,6 +558,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.forecast_s = sim.makespan
         row.link_time = sim.link_time
         row.error = row.forecast_s / row.measured_s - 1.0
+        row.profile_error = row.profile_s / row.measured_s - 1.0
         busy = max(tl.busy for tl in row.timelines)
         row.busy_error = float(sim.busy.max()) / busy - 1.0
         row.collective_s = max(sum(j.duration for j in tl.jobs if j.op in COLLECTIVE_KINDS) for tl in row.timelines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -38,6 +39,8 @@ from pipelab.simulator import simulate
 from pipelab.studies.calibration import (
     CalibrationCase,
     CalibrationConfig,
+    _message_bytes,
+    _micro_data,
     calibrate,
     format_rows,
     probe_summary,
@@ -47,6 +50,7 @@ from pipelab.studies.calibration import (
 )
 from pipelab.studies.models import deep_mlp
 from pipelab.studies.settings import CALIBRATION_KINDS
+from pipelab.studies.time_to_target import NANOGPT
 
 
 @pytest.mark.parametrize("sched", [one_f_one_b(3, 4, 2), interleaved_1f1b(2, 2, 4, 2), zb_h1(3, 4),
@@ -157,6 +161,7 @@ def test_metered_calibration_forecasts_with_the_network_and_counts_late_messages
         assert 0 <= r.receive_overhead < cfg.link.latency
         assert r.costs["message_bytes"] == MessageBytes((64 * 64 * 4,), (64 * 64 * 4,))
         assert r.simulate().makespan == r.forecast_s and 0.5 < r.link_time <= 1.0
+        assert r.profile_s > 0 and math.isfinite(r.profile_error)  # the stage profile's forecast, kept beside
         assert 0 <= r.late <= 4 and r.overshoot >= 0
         # the links alone bound a run from below: every micro-batch's activation crosses at 20 Mb/s plus α
         assert r.measured_s > cfg.steps * cfg.M * 64 * 64 * 4 / cfg.link.bandwidth
@@ -176,6 +181,20 @@ def test_schedule_for_and_config_errors() -> None:
         CalibrationConfig(ranks=4, depth=6).check()
     with pytest.raises(ValueError, match="steps"):
         CalibrationConfig(steps=0).check()
+    with pytest.raises(ValueError, match="fewer than ranks"):
+        CalibrationConfig(ranks=4, model=replace(NANOGPT["cpu"], D=2)).check()
+
+
+def test_a_transformer_setting_replaces_the_deep_mlp() -> None:
+    """CalibrationConfig(model=NANOGPT["cpu"]): one encoder block per stage, micro-batches (micro, seq, d_model) and
+    a mean-squared-error loss; the metered forecast bills micro · seq · d_model float32 bytes per message."""
+    s = NANOGPT["cpu"]
+    cfg = CalibrationConfig(ranks=8, cases=(CalibrationCase("1f1b"),), micro=s.micro, microbatches=s.M, model=s)
+    cfg.check()  # depth (the deep_mlp's) is not asked for
+    n = s.micro * s.seq * s.d_model * 4
+    assert _message_bytes(8, cfg) == MessageBytes((n,) * 7, (n,) * 7)
+    x, y = _micro_data(cfg, torch.device("cpu"))[0]
+    assert x.shape == y.shape == (s.M * s.micro, s.seq, s.d_model) and y.is_floating_point()
 
 
 @pytest.mark.slow
