@@ -3,9 +3,9 @@
 What runs: for every rank count (``--ranks``) and every link (``--mbps`` × ``--latency-ms``), one
 :func:`pipelab.studies.calibration.calibrate` on spawned gloo ranks (one thread each) with the link metered
 on every boundary (:mod:`pipelab.runtime.meter`: each message is held until the link model's arrival), over
-the schedules of ``--kinds`` (GPipe, 1F1B, async 1F1B = PipeDream with weight stashing, 2BW, ZB-H1). Before the
-measured runs, each schedule runs once as a pilot (``PROBE_STEPS`` metered steps, traced, the first left out):
-the forecast is :func:`pipelab.simulator.simulate` with the pilot's mean F, B (I, W), U durations per stage
+the schedules of ``--kinds`` (GPipe, 1F1B, async 1F1B = PipeDream with weight stashing, 2BW, ZB-H1). Right before
+each measured run, its schedule runs as a pilot (``PROBE_STEPS`` metered steps, traced, the first left out): the
+forecast is :func:`pipelab.simulator.simulate` with the pilots' mean F, B (I, W), U durations per stage
 (jobs as they run metered on this machine, sharing the cores as in the run), the network and the bytes of the
 real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`), and the receive overhead o (LogP's:
 the time from a message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the
@@ -61,7 +61,7 @@ from pipelab.studies.calibration import CalibrationCase, CalibrationConfig, cali
 from pipelab.studies.time_to_target import NANOGPT, benchmark_forecast  # noqa: E402
 
 KINDS = ("gpipe", "1f1b", "pipedream", "2bw", "zb_h1")
-COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex", "steps", "forecast_step_s",
+COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex", "steps", "repeats", "forecast_step_s",
            "measured_step_s", "error_pct", "link_share", "late", "overhead_ms", "overshoot_ms", "replay_error_pct",
            "busy_error_pct", "profile_error_pct", "measured_min_s", "measured_max_s", "probe_overhead_q1_ms",
            "probe_overhead_q3_ms", "probe_samples", "probe_busy_ms", "probe_late_share", "load1")
@@ -81,7 +81,7 @@ def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namesp
     for r in rows:
         out.append({"schedule": r.schedule, "kind": r.kind, "policy": r.policy, "ranks": ranks,
                     "mbps": "none" if mbps is None else mbps,
-                    "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps,
+                    "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps, "repeats": args.repeats,
                     "forecast_step_s": r.forecast_s / args.steps, "measured_step_s": r.measured_s / args.steps,
                     "error_pct": 100 * r.error, "link_share": r.link_time, "late": r.late,
                     "overhead_ms": 1e3 * r.receive_overhead, "overshoot_ms": 1e3 * r.overshoot,

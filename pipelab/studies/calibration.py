@@ -176,8 +176,9 @@ class CalibrationRow:
         receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
         :func:`pipelab.calibration.forecast_costs`); probe: what the probes measured of the metered transport
         (:func:`probe_summary`, the same for every row of a calibration; empty when not metered).
-        A metered forecast takes its compute costs from the case's pilot run (:func:`_receive_probe`: the mean
-        duration of each stage's F, B, I, W, U jobs, as :func:`measured_costs` reads them, after its first step),
+        A metered forecast takes its compute costs from the case's pilot runs (:func:`_receive_probe`, one right
+        before each measured run: the mean duration of each stage's F, B, I, W, U jobs over them, as
+        :func:`measured_costs` reads them, after each one's first step),
         not from the stages profiled one by one: under load those missed the run's job times by −20 % to +250 %
         (a job timed alone after a pause is not a job in a stream); profile_s, profile_error: the forecast with
         the stage profile, kept beside it (NaN when not metered).
@@ -308,8 +309,8 @@ PROBE_STEPS = 4
 
 def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
                    data: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Any]:
-    """What a pilot run tells of this machine: a metered run of :data:`PROBE_STEPS` steps of the case before the
-    measured runs (traced, not timed), its first step left out (connections set up, buffers touched).
+    """What a pilot run tells of this machine: a metered run of :data:`PROBE_STEPS` steps of the case right before
+    a measured run (traced, not timed), its first step left out (connections set up, buffers touched).
     ``"pilot"``: its :class:`~pipelab.runtime.trace.Timeline`, the jobs of the later steps (their durations are
     the metered forecast's costs, :func:`calibration_rows`). Per received message
     (:class:`~pipelab.runtime.meter.MeteredMessage`):
@@ -344,7 +345,7 @@ def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationC
 
 
 def _pooled(per_rank: Sequence[dict[str, Any]], what: str) -> list[float]:
-    return [x for p in per_rank for c in p["cases"] for x in c.get("probe", {}).get(what, [])]
+    return [x for p in per_rank for c in p["cases"] for probe in c.get("probes", []) for x in probe.get(what, [])]
 
 
 def receive_overhead(per_rank: Sequence[dict[str, Any]]) -> float:
@@ -449,7 +450,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                    extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
 
-    Cases are interleaved within a repeat, so that load from other processes hits them alike; ``extra(rep)``
+    Cases are interleaved within a repeat, so that load from other processes hits them alike; a metered run
+    follows its case's pilot run (:func:`_receive_probe`), which sees the same load; ``extra(rep)``
     (e.g. a benchmark's reference runs) is called at the end of every repeat, its results returned under
     ``"extra"``. Collective: every rank of the default process group calls it with the same arguments.
     Combine the ranks' returns with :func:`calibration_rows`.
@@ -468,7 +470,7 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
     for case in cfg.cases:
         sched = schedule_for(case.kind, world, cfg.M, cfg.steps)
         info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": [], "late": [],
-                                "overshoot": []}
+                                "overshoot": [], "probes": []}
         try:
             rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
                                  optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg), record=True,
@@ -482,8 +484,6 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
             if rt.collectives is not None:
                 info["collective_cost"] = _profile_collectives(rt, sched, cfg)
-            if cfg.link is not None:
-                info["probe"] = _receive_probe(base, case, cfg, data)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -495,6 +495,8 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
                                      optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg), record=True,
                                      network=cfg.network(rt.schedule.D))
+            if cfg.link is not None:  # its pilot right before it: the same load on the machine
+                info["probes"].append(_receive_probe(base, case, cfg, data))
             res = rt.run(lambda t: data[t % len(data)])
             info["timelines"].append(res.timeline)
             info["late"].append(0 if res.meter is None else res.meter.late)
@@ -548,7 +550,8 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.costs = profiled
         if network is not None:  # the pilot run's job durations: jobs as they run metered on this machine
             row.profile_s = simulate(sched, **profiled).makespan
-            row.costs = measured_costs([p["cases"][i]["probe"]["pilot"] for p in per_rank], sched.D, transfer,
+            pilots = [probe["pilot"] for p in per_rank for probe in p["cases"][i]["probes"]]
+            row.costs = measured_costs(pilots, sched.D, transfer,
                                        network=network, message_bytes=mb, receive_overhead=overhead)
         row.late = sum(p["cases"][i]["late"][mid] for p in per_rank)
         row.receive_overhead, row.probe = overhead, probe

@@ -135,9 +135,8 @@ def test_a_metered_forecast_takes_the_network_and_bytes_instead_of_the_transfer(
     assert o == Network.uniform(2, Link.mbps(10, latency_ms=5), receive_overhead=0.002)
     assert measured_costs([tl], 2, 0.25, network=net, message_bytes=mb, receive_overhead=0.002)["network"] == o
     # pooled over every case and rank of a calibration: the median of the probes' samples
-    per_rank = [{"cases": [{"probe": {"overhead": [0.001, 0.009], "late": [0.0, 1.0]}},
-                           {}]},
-                {"cases": [{"probe": {"overhead": [0.002], "busy": [1e-4]}}, {"probe": {"overhead": []}}]}]
+    per_rank = [{"cases": [{"probes": [{"overhead": [0.001], "late": [0.0, 1.0]}, {"overhead": [0.009]}]}, {}]},
+                {"cases": [{"probes": [{"overhead": [0.002], "busy": [1e-4]}]}, {"probes": [{"overhead": []}]}]}]
     assert receive_overhead(per_rank) == 0.002 and receive_overhead([{"cases": [{}]}]) == 0.0
     summary = probe_summary(per_rank)
     assert (summary["overhead"], summary["samples"], summary["busy"], summary["late"]) == (0.002, 3, 1e-4, 0.5)
