@@ -3,29 +3,40 @@
 What runs: for every rank count (``--ranks``) and every link (``--mbps`` × ``--latency-ms``), one
 :func:`pipelab.studies.calibration.calibrate` on spawned gloo ranks (one thread each) with the link metered
 on every boundary (:mod:`pipelab.runtime.meter`: each message is held until the link model's arrival), over
-the schedules of ``--kinds`` (GPipe, 1F1B, async 1F1B = PipeDream with weight stashing, 2BW, ZB-H1). Each rank
-profiles its stages' F, B (I, W), U and weight-copy times on this machine, at the same time as the others
-(sharing the cores as in the run); the forecast is :func:`pipelab.simulator.simulate` with those costs, the
-network and the bytes of the real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`), with
-two inputs profiled as a metered rank behaves: each job timed after a pause (a rank computes in bursts after
-waiting for a message; the median of the measurements), and the receive overhead o (LogP's: the time from a
-message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the median over one
-metered probe step per schedule, added to every link's latency (:func:`pipelab.calibration.forecast_costs`); the
-measured time is the traced run's makespan (first start to last end over the ranks, one host clock), the median
-over ``--repeats`` runs (schedules interleaved within a repeat, so load from other processes hits them alike).
+the schedules of ``--kinds`` (GPipe, 1F1B, async 1F1B = PipeDream with weight stashing, 2BW, ZB-H1). Right before
+each measured run, its schedule runs as a pilot (``PROBE_STEPS`` metered steps, traced, the first left out): the
+forecast is :func:`pipelab.simulator.simulate` with the pilots' mean F, B (I, W), U durations per stage
+(jobs as they run metered on this machine, sharing the cores as in the run), the network and the bytes of the
+real boundary tensors (a shape pass, :func:`pipelab.links.message_bytes`), and the receive overhead o (LogP's:
+the time from a message's modelled arrival to its waiting job running, the wake-up from the meter's hold), the
+median over the pilots' waited-for, not late messages, charged after every arrival
+(:attr:`pipelab.links.Network.receive_overhead`, apart from the links' α). The measured time is the traced
+run's makespan (first start to last end over the ranks, one host clock), the median over ``--repeats`` runs
+(schedules interleaved within a repeat, so load from other processes hits them alike).
 
 Per row: schedule, ranks, Mb/s, latency, forecast and measured step time (makespan / steps), error
 (forecast / measured − 1), the forecast's link share (:attr:`~pipelab.simulator.SimResult.link_time`: the part
-of the critical path spent on links), late messages (stamps that came after their modelled arrival or out of
-their wire's order: the meter's condition failed), the profiled o and the run's own mean overshoot, the busy
-error (the forecast's busiest rank's compute against the measured one: the profile's error), the replay (the same
-simulation with the run's own mean job times and overshoot: what is left is the model's error, not the
-profile's) and the 1-minute load average. ``--csv`` writes the rows; ``--unmetered`` adds each schedule without
-a meter (the forecast then takes the profiled local transfer, and the profile's mean over compute-bound
-measurements).
+of the critical path spent on links), late messages (placed out of their wire's order, or found by a waiting
+job after their modelled arrival: the meter's condition failed), o and the run's own mean overshoot, the busy
+error (the forecast's busiest rank's compute against the measured one: the pilot's error), the profile error
+(the same forecast with each stage profiled alone, after a pause, median of ``--profile-reps``: kept to show
+what it missed), the replay (the same simulation with the run's own mean job times and overshoot: what is left
+is the model's error) and the 1-minute load average. Per link setting it prints what the pilots measured of the
+metered transport (:func:`pipelab.studies.calibration.probe_summary`): o with its quartiles, the hand-over of a
+message already there and the share of late messages. ``--csv`` writes the rows; ``--unmetered`` adds each
+schedule without a meter (the forecast then takes the stage profile and the profiled local transfer).
+
+``--nanogpt`` runs the benchmark-like preset instead (:data:`pipelab.studies.time_to_target.NANOGPT` ``["cpu"]``:
+eight ranks, one transformer block each, 200 Mb/s and 50 ms on every boundary, torch's 1F1B = pipelab's ``1f1b``)
+and reports its *steady* step time (the median spacing of step ends after the first step) and link share (the
+steady step's critical path outside compute: traced back from its last job, each job to the one that bound its
+start, its input's sender when it waited for a message, else its rank's previous job) three ways: the study's
+forecast from FLOPs (:func:`~pipelab.studies.time_to_target.benchmark_forecast`), the simulator with the pilot
+run's costs (as the rows above), and the metered run's own timeline; ``--csv`` then writes that row.
 
     python benchmarks/links.py                       # 2 and 4 ranks, 10/50/200 Mb/s, 5 and 50 ms
     python benchmarks/links.py --ranks 2 --mbps 50 --latency-ms 5 --kinds gpipe 1f1b
+    python benchmarks/links.py --nanogpt --csv benchmarks/results/links_nanogpt.csv
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import argparse
 import csv
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,12 +55,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import header, load_average  # noqa: E402
 
 from pipelab.links import Link  # noqa: E402
+from pipelab.planner import critical_path  # noqa: E402
+from pipelab.schedules.dependencies import received_from  # noqa: E402
 from pipelab.studies.calibration import CalibrationCase, CalibrationConfig, calibrate  # noqa: E402
+from pipelab.studies.time_to_target import NANOGPT, benchmark_forecast  # noqa: E402
 
 KINDS = ("gpipe", "1f1b", "pipedream", "2bw", "zb_h1")
-COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex", "steps", "forecast_step_s",
+COLUMNS = ("schedule", "kind", "policy", "ranks", "mbps", "latency_ms", "duplex", "steps", "repeats", "forecast_step_s",
            "measured_step_s", "error_pct", "link_share", "late", "overhead_ms", "overshoot_ms", "replay_error_pct",
-           "busy_error_pct", "measured_min_s", "measured_max_s", "load1")
+           "busy_error_pct", "profile_error_pct", "measured_min_s", "measured_max_s", "probe_overhead_q1_ms",
+           "probe_overhead_q3_ms", "probe_samples", "probe_busy_ms", "probe_late_share", "load1")
 
 
 def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namespace) -> list[dict[str, object]]:
@@ -65,15 +81,95 @@ def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namesp
     for r in rows:
         out.append({"schedule": r.schedule, "kind": r.kind, "policy": r.policy, "ranks": ranks,
                     "mbps": "none" if mbps is None else mbps,
-                    "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps,
+                    "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps, "repeats": args.repeats,
                     "forecast_step_s": r.forecast_s / args.steps, "measured_step_s": r.measured_s / args.steps,
                     "error_pct": 100 * r.error, "link_share": r.link_time, "late": r.late,
                     "overhead_ms": 1e3 * r.receive_overhead, "overshoot_ms": 1e3 * r.overshoot,
                     "replay_error_pct": 100 * r.replay_error, "busy_error_pct": 100 * r.busy_error,
+                    "profile_error_pct": 100 * r.profile_error,
                     "measured_min_s": min(r.measured_all) / args.steps,
                     "measured_max_s": max(r.measured_all) / args.steps,
-                    "load1": load})
+                    "probe_overhead_q1_ms": 1e3 * r.probe.get("overhead_q1", math.nan),
+                    "probe_overhead_q3_ms": 1e3 * r.probe.get("overhead_q3", math.nan),
+                    "probe_samples": int(r.probe.get("samples", 0)),
+                    "probe_busy_ms": 1e3 * r.probe.get("busy", math.nan),
+                    "probe_late_share": r.probe.get("late", math.nan), "load1": load})
+    if rows and rows[0].probe:
+        p = rows[0].probe
+        print(f"  probe: o = {1e3 * p['overhead']:.2f} ms [{1e3 * p['overhead_q1']:.2f}, {1e3 * p['overhead_q3']:.2f}]"
+              f" over {p['samples']:.0f} waited messages (α = {latency_ms:g} ms); hand-over when there "
+              f"{1e3 * p['busy']:.2f} ms; late {100 * p['late']:.1f} % of the messages", flush=True)
     return out
+
+
+NANOGPT_COLUMNS = ("setting", "schedule", "ranks", "mbps", "latency_ms", "steps", "flops_step_s", "flops_link_share",
+                   "forecast_step_s", "forecast_link_share", "measured_step_s", "measured_link_share", "error_pct",
+                   "late", "overhead_ms", "overshoot_ms", "measured_min_s", "measured_max_s", "load1")
+
+
+def step_ends(ends: dict[int, float]) -> float:
+    """The steady step time: the median spacing of consecutive step ends after the first step."""
+    t = [ends[k] for k in sorted(ends)]
+    return statistics.median(b - a for a, b in zip(t, t[1:]))
+
+
+def measured_link_share(timelines: list, D: int, start: float, end: float) -> float:
+    """Share of ``[start, end]`` (seconds since t0) that the measured critical path spends outside compute: from
+    the last job back, each job to its input's sender when it waited for a message (the sender's end after its
+    rank's previous job), else to its rank's previous job."""
+    at = {(r.job, tl.rank): r for tl in timelines for r in tl.jobs}
+    where = {r.job: tl.rank for tl in timelines for r in tl.jobs if r.op != "U"}
+    prev = {(r.job, tl.rank): (tl.jobs[i - 1].job, tl.rank) if i else None for tl in timelines
+            for i, r in enumerate(tl.jobs)}
+    key = max(at, key=lambda x: at[x].end)
+    compute = 0.0
+    while key is not None and at[key].end > start:
+        r = at[key]
+        compute += min(r.end, end) - max(r.start, start)
+        before = prev[key]
+        senders = [(j, where[j]) for j in received_from(r.job, D) if j in where and where[j] != key[1]]
+        waited = [x for x in senders if before is None or at[x].end > at[before].end]
+        key = waited[0] if r.received and waited else before
+    return 1.0 - compute / (end - start)
+
+
+def nanogpt(args: argparse.Namespace) -> dict[str, object]:
+    """The benchmark-like preset at CPU scale, metered (module docstring)."""
+    s = NANOGPT["cpu"]
+    flops = benchmark_forecast(s)
+    cfg = CalibrationConfig(ranks=s.D, cases=(CalibrationCase("1f1b"),), micro=s.micro, microbatches=s.M,
+                            steps=args.steps, repeats=args.repeats, profile_reps=args.profile_reps,
+                            link=Link.mbps(s.mbps, latency_ms=s.latency_ms), model=s, timeout_s=580.0)
+    r = calibrate(cfg)[0]
+    load = load_average()
+    sim = r.simulate()
+    c = sim.compiled
+    fends = {t: float(sim.end[c.step == t].max()) for t in range(args.steps)}
+    mends: dict[int, float] = {}
+    for tl in r.timelines:
+        for j in tl.jobs:
+            mends[j.step] = max(mends.get(j.step, -math.inf), j.end)
+    fstep, mstep = step_ends(fends), step_ends(mends)
+    last = args.steps - 1
+    path = critical_path(sim, fends[last - 1], fends[last])
+    flink = sum(path.time_by("transfer").values()) / (fends[last] - fends[last - 1])
+    mlink = measured_link_share(r.timelines, s.D, mends[last - 1], mends[last])
+    return {"setting": "NANOGPT['cpu']", "schedule": r.schedule, "ranks": s.D, "mbps": s.mbps,
+            "latency_ms": s.latency_ms, "steps": args.steps, "flops_step_s": flops["step_time"],
+            "flops_link_share": flops["link_share"], "forecast_step_s": fstep, "forecast_link_share": flink,
+            "measured_step_s": mstep, "measured_link_share": mlink, "error_pct": 100 * (fstep / mstep - 1),
+            "late": r.late, "overhead_ms": 1e3 * r.receive_overhead, "overshoot_ms": 1e3 * r.overshoot,
+            "measured_min_s": min(r.measured_all) / args.steps, "measured_max_s": max(r.measured_all) / args.steps,
+            "load1": load}
+
+
+def write_csv(path: str, columns: tuple[str, ...], rows: list[dict[str, object]]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, columns)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()})
 
 
 def line(row: dict[str, object]) -> str:
@@ -82,7 +178,7 @@ def line(row: dict[str, object]) -> str:
             f"{1e3 * float(row['forecast_step_s']):>10.1f} {1e3 * float(row['measured_step_s']):>10.1f} "  # type: ignore[arg-type]
             f"{float(row['error_pct']):>+7.1f}% {100 * float(row['link_share']):>5.0f}% {row['late']:>4} "  # type: ignore[arg-type]
             f"{float(row['overhead_ms']):>5.1f} {float(row['overshoot_ms']):>5.1f} "  # type: ignore[arg-type]
-            f"{float(row['busy_error_pct']):>+7.1f}% "  # type: ignore[arg-type]
+            f"{float(row['busy_error_pct']):>+7.1f}% {float(row['profile_error_pct']):>+7.1f}% "  # type: ignore[arg-type]
             f"{float(row['replay_error_pct']):>+7.1f}% {float(row['load1']):>5.1f}  {ok}")  # type: ignore[arg-type]
 
 
@@ -102,13 +198,33 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-reps", type=int, default=10)
     ap.add_argument("--csv", default=None, help="write the rows here (e.g. benchmarks/results/links.csv)")
+    ap.add_argument("--nanogpt", action="store_true",
+                    help="the NANOGPT['cpu'] preset instead: 8 ranks, 200 Mb/s + 50 ms, torch's 1F1B (--steps, "
+                         "--repeats, --profile-reps apply)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.nanogpt:
+        print(header("NANOGPT['cpu'] preset: forecast vs metered run (gloo, CPU)", "1"))
+        t0 = time.perf_counter()
+        row = nanogpt(args)
+        print(f"{row['schedule']}, {row['ranks']} ranks, {row['mbps']:g} Mb/s + {row['latency_ms']:g} ms, "
+              f"{args.steps} steps, median of {args.repeats} runs ({time.perf_counter() - t0:.0f} s)")
+        for what, step, share in (("FLOP-model forecast", "flops_step_s", "flops_link_share"),
+                                  ("forecast (pilot run)", "forecast_step_s", "forecast_link_share"),
+                                  ("metered measurement", "measured_step_s", "measured_link_share")):
+            print(f"  {what:<21} steady step {1e3 * float(row[step]):8.1f} ms, link share "  # type: ignore[arg-type]
+                  f"{100 * float(row[share]):5.1f} %")  # type: ignore[arg-type]
+        print(f"  error {float(row['error_pct']):+.1f} % (forecast / measured - 1); late {row['late']}; "  # type: ignore[arg-type]
+              f"o {float(row['overhead_ms']):.2f} ms; load {float(row['load1']):.1f}")  # type: ignore[arg-type]
+        if args.csv:
+            write_csv(args.csv, NANOGPT_COLUMNS, [row])
+        return
     print(header("link model: forecast vs metered runs (gloo, CPU)", "1"))
     print(f"deep_mlp width {args.width}, depth {args.depth}; micro-batch {args.micro}; M = 2·ranks; "
           f"{args.steps} steps; median of {args.repeats} runs; {'duplex' if args.duplex else 'half-duplex'} wires")
     print(f"{'schedule':<26} {'W':>2} {'Mb/s':>6} {'ms':>5} {'fcst ms':>10} {'meas ms':>10} {'error':>8} "
-          f"{'link':>6} {'late':>4} {'o ms':>5} {'over':>5} {'busy err':>8} {'replay':>8} {'load':>5}  within ±5%")
+          f"{'link':>6} {'late':>4} {'o ms':>5} {'over':>5} {'busy err':>8} {'profile':>8} {'replay':>8} {'load':>5}  "
+          "within ±5%")
     rows = []
     links: list[tuple[float | None, float]] = [(mbps, ms) for mbps in args.mbps for ms in args.latency_ms]
     if args.unmetered:
@@ -124,12 +240,7 @@ def main() -> None:
     print(f"{len(rows) - len(missed)} of {len(rows)} rows within ±5 %; "
           f"mean |error| {sum(abs(float(r['error_pct'])) for r in rows) / max(len(rows), 1):.1f} %")  # type: ignore[arg-type]
     if args.csv:
-        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, COLUMNS)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()})
+        write_csv(args.csv, COLUMNS, rows)
 
 
 if __name__ == "__main__":

@@ -55,13 +55,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .links import Link, MessageBytes, Network, boundary_bytes
+from .links import MessageBytes, Network, boundary_bytes
 from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
 from .precision import tensor_bytes
 from .schedules.actions import Schedule
@@ -299,26 +300,19 @@ def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: S
     keeps more than one version, plus a placed schedule's ``collective`` time per step (they sit next to the
     update); and the one-way ``transfer`` time, or for a metered run the ``network`` and ``message_bytes``.
 
-    ``receive_overhead`` o (profiled: the meter's wake-up) is LogP's receiver overhead, added to every link's
-    latency: exact for a consumer that waits (the link-bound case the meter is for), up to o too much for one
-    busy past the arrival."""
+    ``receive_overhead`` o (profiled: the meter's wake-up) is LogP's receiver overhead, the network's
+    :attr:`~pipelab.links.Network.receive_overhead`: a consumer starts o after its message's arrival at the
+    earliest, off the wire."""
     extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
     u = [u + (c if cap > 1 else 0.0) + e
          for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
     costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u}
     if network is not None and receive_overhead:
-        network = _later(network, receive_overhead)
+        network = replace(network, receive_overhead=receive_overhead)
     costs.update(_links(transfer, network, message_bytes))
     if split_backward:
         costs.update(i_cost=profile["i_cost"], w_cost=profile["w_cost"])
     return costs
-
-
-def _later(network: Network, overhead: float) -> Network:
-    """``network`` with ``overhead`` seconds added to every link's latency."""
-    def shift(links: Sequence[Link]) -> tuple[Link, ...]:
-        return tuple(Link(x.latency + overhead, x.bandwidth) for x in links)
-    return Network(shift(network.forward), shift(network.backward), network.duplex, network.collective)
 
 
 def _links(transfer: float, network: Network | None, message_bytes: MessageBytes | None) -> dict[str, Any]:
@@ -358,7 +352,7 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network
         b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
     costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0}
     if network is not None and receive_overhead:
-        network = _later(network, receive_overhead)
+        network = replace(network, receive_overhead=receive_overhead)
     costs.update(_links(transfer, network, message_bytes))
     if i is not None:
         costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)

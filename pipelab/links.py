@@ -11,6 +11,14 @@ r's inbound *wire* (one per worker; with ``duplex`` two: activations and gradien
 messages one at a time in order of ready time (ties: earlier send, then lower sender worker). Messages between
 stages on one worker cost nothing. β = ∞ and α = ``transfer_cost[k]`` is the simulator's scalar model.
 
+The network's ``receive_overhead`` o is the receiving side's cost per message, LogP's *o* (Culler, Karp,
+Patterson, Sahay, Schauser, Santos, Subramonian and von Eicken, "LogP: Towards a Realistic Model of Parallel
+Computation", PPoPP 1993): the consuming job starts at ``max(free_w, arrival + o)``. It is charged after the
+arrival, on the receiving worker's timeline, and does not occupy the wire (the next message's transmission may
+begin at ``arrival``); a worker still computing at ``arrival + o`` starts the job when free (the overhead overlaps
+its compute: a waiting thread's wake-up, the hand-over's copy). Only the simulator's timing reads it; the meter
+(:mod:`pipelab.runtime.meter`) models the wire alone, and o is what the machine adds to it.
+
 Bytes (:func:`message_bytes`): a shape pass on the ``meta`` device over the user's stages and a sample
 micro-batch. A hand-over (a tensor, or a tuple/dict of tensors) bills its floating tensors in the hand-over dtype
 (the compute dtype under mixed precision) through the boundary's codec, both ways, and its integer tensors as
@@ -84,14 +92,16 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """Per boundary k = 0..D−2 the link of each direction, the wires (``duplex``) and the collectives' link
+    """Per boundary k = 0..D−2 the link of each direction, the wires (``duplex``), the collectives' link
     (``None``: per collective, the slowest link, largest α + n/β, of the boundaries next to the stages its
-    members compute; free when there are none)."""
+    members compute; free when there are none) and the ``receive_overhead`` o ≥ 0 seconds per received message
+    (LogP's o, module docstring)."""
 
     forward: tuple[Link, ...]
     backward: tuple[Link, ...]
     duplex: bool = False
     collective: Link | None = None
+    receive_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward"):
@@ -103,13 +113,19 @@ class Network:
                              f"{len(self.forward)} and {len(self.backward)}")
         if self.collective is not None and not isinstance(self.collective, Link):
             raise TypeError(f"Network collective must be a Link or None, got {self.collective!r}")
+        o = self.receive_overhead
+        if isinstance(o, bool) or not isinstance(o, (int, float)):
+            raise TypeError(f"Network receive_overhead must be a number of seconds, got {type(o).__name__} {o!r}")
+        if not (math.isfinite(o) and o >= 0):
+            raise ValueError(f"Network receive_overhead must be finite and >= 0 seconds, got {o!r}")
 
     @classmethod
-    def uniform(cls, D: int, link: Link, *, duplex: bool = False, collective: Link | None = None) -> Network:
+    def uniform(cls, D: int, link: Link, *, duplex: bool = False, collective: Link | None = None,
+                receive_overhead: float = 0.0) -> Network:
         """``link`` on every boundary of a D-stage pipeline, both directions."""
         if isinstance(D, bool) or not isinstance(D, int) or D < 1:
             raise ValueError(f"D must be an int >= 1, got {D!r}")
-        return cls((link,) * (D - 1), (link,) * (D - 1), duplex, collective)
+        return cls((link,) * (D - 1), (link,) * (D - 1), duplex, collective, receive_overhead)
 
     @property
     def D(self) -> int:

@@ -51,7 +51,8 @@ def costs_from_profile(profile: Any) -> dict[str, Any]:
 class Messages(NamedTuple):
     """Per message m: its receiving job (``consumer``), the job whose end sends it (``sender``), its ``boundary``
     and ``kind`` (0: activation, forward; 1: gradient), the receiving ``wire`` (worker w; 2w + kind when duplex),
-    ``nbytes``, and its times: ``send``, ``ready`` = send + α, ``begin`` (wire free), ``arrival`` = begin + n/β.
+    ``nbytes``, and its times: ``send``, ``ready`` = send + α, ``begin`` (wire free), ``arrival`` = begin + n/β
+    (the consumer may start o = ``Network.receive_overhead`` later).
     """
 
     consumer: np.ndarray
@@ -67,7 +68,7 @@ class Messages(NamedTuple):
 
 
 #: what can bind a job's start (:attr:`SimResult.binding`)
-BINDINGS: tuple[str, ...] = ("start", "worker", "dependency", "latency", "queueing", "transmission")
+BINDINGS: tuple[str, ...] = ("start", "worker", "dependency", "latency", "queueing", "transmission", "overhead")
 
 
 class Binding(NamedTuple):
@@ -378,6 +379,11 @@ class SimResult:
         nbytes = np.zeros(len(consumer)) if self.message_bytes is None else np.stack(self.message_bytes)[kind, boundary]
         return Messages(consumer, sender, boundary, kind, wire, nbytes, send, ready, begin, arrival)
 
+    @property
+    def receive_overhead(self) -> float:
+        """o: seconds from a message's arrival until its consumer may start (:class:`~pipelab.links.Network`)."""
+        return 0.0 if self.network is None else float(self.network.receive_overhead)
+
     @cached_property
     def link_busy(self) -> np.ndarray:
         """Transmission time per boundary and direction (Σ n/β of its messages), shape [D−1, 2] (forward, backward)."""
@@ -418,13 +424,15 @@ class SimResult:
             if mid is not None:
                 msg[ok] = mid[ok]
 
-        parts = np.stack([m.ready - m.send, m.begin - m.ready, m.arrival - m.begin])
+        o = self.receive_overhead
+        parts = np.stack([m.ready - m.send, m.begin - m.ready, m.arrival - m.begin, np.full(len(m.send), o)])
         mkind = np.append(np.where(parts.max(axis=0) > 0, 3 + parts.argmax(axis=0), 2), 0)
-        arrival, sender, none = np.append(m.arrival, np.nan), np.append(m.sender, -1), len(m.send)
+        # when the consumer may start: the very sum the timing loop takes (arrival + o)
+        usable, sender, none = np.append(m.arrival + o, np.nan), np.append(m.sender, -1), len(m.send)
         mid = np.full((2, n), none)  # index ``none``: not a message (NaN arrival)
         mid[m.kind, m.consumer] = np.arange(none)
         for i in mid:
-            bind(self.start == arrival[i], mkind[i], sender[i], np.where(i < none, i, -1))
+            bind(self.start == usable[i], mkind[i], sender[i], np.where(i < none, i, -1))
         d3 = c.dep3
         bind((d3 >= 0) & (self.start == self.end[d3] + self.latency[2]), 2, d3)
         if c.u_ids.size:
@@ -443,7 +451,8 @@ class SimResult:
         """The chain that bounds the makespan, first to last; its durations sum to the makespan.
 
         ``("job", id, cost)``; a message that bound a start: ``("latency", m, α)``, ``("transmission", m, n/β)``,
-        preceded by the message ahead on its wire if it queued; ``("latency", -1, ℓ)`` for a weight fetch.
+        preceded by the message ahead on its wire if it queued, then ``("overhead", m, o)`` (the receiver's,
+        :class:`~pipelab.links.Network`); ``("latency", -1, ℓ)`` for a weight fetch.
         """
         b, m = self.binding, self.messages
         o = np.lexsort((m.begin, m.wire))
@@ -454,6 +463,8 @@ class SimResult:
         while i >= 0:
             out.append(("job", i, float(self.cost[i])))
             j, mm = int(b.job[i]), int(b.message[i])
+            if mm >= 0:
+                out.append(("overhead", mm, self.receive_overhead))
             while mm >= 0:
                 out.append(("transmission", mm, float(m.arrival[mm] - m.begin[mm])))
                 if m.begin[mm] > m.ready[mm]:
@@ -468,7 +479,8 @@ class SimResult:
 
     @property
     def link_time(self) -> float:
-        """Share of the makespan the critical path spends in messages and fetches (not computing)."""
+        """Share of the makespan the critical path spends in messages (the receiver's overhead included) and
+        fetches (not computing)."""
         return sum(d for what, _, d in self.critical_path() if what != "job") / self.makespan
 
     def summary(self) -> dict[str, Any]:
@@ -493,7 +505,8 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
         transfer_cost: time to send stage k's output to k+1 (and its gradient back) between workers.
         weight_transfer_cost: time to fetch stage k's updated weights from another worker.
         network: a :class:`~pipelab.links.Network` instead of ``transfer_cost``: messages take α + n/β and queue
-            on the receiver's wire; with ``weight_bytes`` a placed schedule's collectives are costed too.
+            on the receiver's wire, their consumers start o (``receive_overhead``) after the arrival at the
+            earliest; with ``weight_bytes`` a placed schedule's collectives are costed too.
         message_bytes: bytes of each boundary's messages; needed when a link's bandwidth is finite.
 
     Raises:
@@ -574,14 +587,15 @@ def _links(c: Compiled, cost: np.ndarray, transfer_cost: Cost, weight_transfer_c
             raise ValueError("with a network and weight_bytes the collectives are costed from the links: leave "
                              f"weight_transfer_cost at 0, got {weight_transfer_cost!r}")
         _collectives(c, network, wb, cost, lat[2])
-    if not tx.any():  # nothing occupies a wire: arrival = send + α
+    o = float(network.receive_overhead)
+    if not tx.any() and not o:  # nothing occupies a wire, nothing after it: arrival = send + α
         for s in (1, 2):
             lat[s - 1][consumer[slot == s]] = alpha[slot == s]
         return lat, None, (mb[0], mb[1])
     wire = c.worker[consumer] * 2 + kind if network.duplex else c.worker[consumer]
-    for s in (1, 2):  # a lower bound (α + n/β) for the validator; the loop reads the wires
-        lat[s - 1][consumer[slot == s]] = (alpha + tx)[slot == s]
-    return lat, Wires(consumer, slot, wire, alpha, tx), (mb[0], mb[1])
+    for s in (1, 2):  # a lower bound (α + n/β + o) for the validator; the loop reads the wires
+        lat[s - 1][consumer[slot == s]] = (alpha + tx + o)[slot == s]
+    return lat, Wires(consumer, slot, wire, alpha, tx, o), (mb[0], mb[1])
 
 
 def _boundary_bytes(message_bytes: MessageBytes | Cost | None, D: int) -> np.ndarray:

@@ -145,21 +145,38 @@ class P2PTransport:
         self._ready[key] = tensor
         self._issue(self._cursor.produced(key))
 
-    def receive(self, src: Job, dst: Job) -> Any:
+    def post(self, src: Job, dst: Job) -> None:
+        """Eager order: post the receive of ``dst``'s input from ``src`` now, so that the transfer goes on while
+        this rank does something else until :meth:`receive` (the meter's hold: gloo moves a buffered send's data
+        once the receive is posted, and the sender's thread must run for it). Nothing for a hand-over on this
+        rank, a receive already posted, or the rendezvous order (its receives follow the global order)."""
+        if self._messages is not None:
+            return
+        op = self._recv_op(src, dst)
+        if op is not None and op.key not in self._posted:
+            self._issue([[op]])
+
+    def _recv_op(self, src: Job, dst: Job) -> Op | None:
+        """The receive of ``dst``'s input from ``src`` (``None``: a hand-over on this rank)."""
         _, k, t, j = dst
-        kind = self._kind(dst)
         peer = self.schedule.worker_of(src[0], src[1], t, j)
         if peer == self.rank:
-            return self.local.pop((kind, k, t, j))
+            return None
         if self.shape_of is None:
             raise RuntimeError("P2PTransport.shape_of must be set before receiving")
-        tag = channel(kind, k)
-        key = (peer, self.rank, tag, t, j)
-        op = Op("recv", self.rank, peer, tag, t, j)
+        return Op("recv", self.rank, peer, channel(self._kind(dst), k), t, j)
+
+    def receive(self, src: Job, dst: Job) -> Any:
+        op = self._recv_op(src, dst)
+        if op is None:
+            _, k, t, j = dst
+            return self.local.pop((self._kind(dst), k, t, j))
+        peer, tag, t, j, key = op.peer, op.channel, op.t, op.j, op.key
         if self._cursor is None:
             if self._messages is not None:
                 raise RuntimeError("P2PTransport.begin() must be called before a run in the rendezvous order")
-            self._issue([[op]])
+            if key not in self._posted:  # not posted ahead (:meth:`post`)
+                self._issue([[op]])
         else:
             self._issue(self._cursor.needed(key))
         work, buf, layout = self._posted.pop(key)

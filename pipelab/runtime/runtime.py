@@ -159,7 +159,7 @@ class PipelineRuntime:
             _check_ranks_agree(self.fingerprint(), self.world)
 
     def _metered(self, network: Network) -> MeteredTransport:
-        """The point-to-point transport under ``network``'s link model, its stamps on a group of their own."""
+        """The point-to-point transport under ``network``'s link model, its stamps on a board the ranks share."""
         if not isinstance(network, Network):
             raise TypeError(f"network must be a pipelab.links.Network or None, got {type(network).__name__}")
         if self.placed:
@@ -171,8 +171,7 @@ class PipelineRuntime:
             if len(set(hosts)) > 1:
                 raise ValueError(f"network: a metered run needs every rank on one host (one monotonic clock for "
                                  f"the stamps), got hosts {sorted(set(hosts))}")
-        group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        return MeteredTransport(self.transport, network, group=group)
+        return MeteredTransport(self.transport, network)
 
     @property
     def position(self) -> int:

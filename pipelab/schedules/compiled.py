@@ -14,8 +14,9 @@ distinct cost: 10^5 distinct objects miss the cache as the loop jumps between wo
 by program order. A worker advances while its next job's dependencies have ended (``end`` is ∞ until timed and
 −∞ at "none", so a start is one max), else parks on the first unfinished one. When no worker can advance, the
 earliest ready message crosses its wire (arrival = max(ready, wire free) + transmission): every earlier-ready
-message is queued by then, so each wire serves its messages in ready order. A worker that never resumes is a
-deadlock (``blocked``).
+message is queued by then, so each wire serves its messages in ready order; its consumer may start at arrival +
+the receiver's overhead (``Wires.overhead``, off the wire). A worker that never resumes is a deadlock
+(``blocked``).
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
@@ -291,13 +292,15 @@ def job_costs(c: Compiled, f_cost: Cost, b_cost: Cost, u_cost: Cost, i_cost: Cos
 
 
 class Wires(NamedTuple):
-    """Messages queuing on inbound wires: message m is what ``consumer[m]`` receives in ``slot[m]`` on ``wire[m]``."""
+    """Messages queuing on inbound wires: message m is what ``consumer[m]`` receives in ``slot[m]`` on ``wire[m]``;
+    ``overhead``: seconds from a message's arrival until its consumer may start (the receiver's, not the wire's)."""
 
     consumer: np.ndarray
     slot: np.ndarray
     wire: np.ndarray
     latency: np.ndarray
     transmission: np.ndarray
+    overhead: float = 0.0
 
 
 class Timing(NamedTuple):
@@ -453,7 +456,8 @@ def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wi
     departure = np.zeros(nm, np.int64)
     if wires is not None:
         departure = deps[wires.slot - 1, wires.consumer]
-        deps[wires.slot - 1, wires.consumer], lat[wires.slot - 1, wires.consumer] = n + np.arange(nm), 0.0
+        deps[wires.slot - 1, wires.consumer] = n + np.arange(nm)
+        lat[wires.slot - 1, wires.consumer] = wires.overhead
     deps[(deps < ids) & (lat == 0) & (c.worker[np.clip(deps, 0, n - 1)] == c.worker)] = -1
     for a, b in ((1, 2), (0, 1), (1, 2)):  # the remaining dependencies first, in slot order
         gap = (deps[a] < 0) & (deps[b] >= 0)

@@ -14,12 +14,13 @@ References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (20
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,8 +34,12 @@ from ..schedules.builders import BUILDERS
 from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
+if TYPE_CHECKING:
+    from .time_to_target import NanoGPTSetting
+
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "RahimiRunConfig",
+           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "probe_summary",
+           "PROBE_STEPS", "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
@@ -82,7 +87,10 @@ class CalibrationConfig:
         repeats of each profiled job (median, after 2 discarded); optimizer: a :mod:`pipelab.optim` name;
         seed: model and data seed; timeout_s: bound on the spawn; link, duplex: meter every run with this link
         on every boundary (:mod:`pipelab.runtime.meter`, :meth:`network`) and forecast with it (``None``: unmetered
-        runs, forecast with the profiled transfer time).
+        runs, forecast with the profiled transfer time); model: instead of the ``deep_mlp`` (width, depth and
+        in_features then unused), the transformer of a :class:`~pipelab.studies.time_to_target.NanoGPTSetting`
+        (:func:`~pipelab.studies.time_to_target.nanogpt_model`: one block per stage), fed micro-batches of shape
+        (micro, seq, d_model) with a mean-squared-error loss against a random target of that shape.
     """
 
     ranks: int = 2
@@ -101,6 +109,7 @@ class CalibrationConfig:
     timeout_s: float = 600.0
     link: Link | None = None
     duplex: bool = False
+    model: NanoGPTSetting | None = None
 
     @property
     def M(self) -> int:
@@ -133,8 +142,10 @@ class CalibrationConfig:
             raise TypeError(f"link must be a pipelab.links.Link or None, got {type(self.link).__name__}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {self.optimizer!r}")
-        if self.depth < 2 * self.ranks:
+        if self.model is None and self.depth < 2 * self.ranks:
             raise ValueError(f"depth ({self.depth}) must be >= 2 × ranks ({2 * self.ranks}): a block per stage")
+        if self.model is not None and self.model.D < self.ranks:
+            raise ValueError(f"model has {self.model.D} blocks, fewer than ranks ({self.ranks}): a block per stage")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
@@ -163,7 +174,14 @@ class CalibrationRow:
         time from a waited-for message's modelled arrival to its job getting it, over the ranks
         (:attr:`~pipelab.runtime.meter.MeterStats.overshoot`), which the replay takes as its receive overhead;
         receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
-        :func:`pipelab.calibration.forecast_costs`).
+        :func:`pipelab.calibration.forecast_costs`); probe: what the probes measured of the metered transport
+        (:func:`probe_summary`, the same for every row of a calibration; empty when not metered).
+        A metered forecast takes its compute costs from the case's pilot runs (:func:`_receive_probe`, one right
+        before each measured run: the mean duration of each stage's F, B, I, W, U jobs over them, as
+        :func:`measured_costs` reads them, after each one's first step),
+        not from the stages profiled one by one: under load those missed the run's job times by −20 % to +250 %
+        (a job timed alone after a pause is not a job in a stream); profile_s, profile_error: the forecast with
+        the stage profile, kept beside it (NaN when not metered).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
     """
@@ -191,6 +209,9 @@ class CalibrationRow:
     late: int = 0
     overshoot: float = 0.0
     receive_overhead: float = 0.0
+    probe: dict[str, float] = field(default_factory=dict)
+    profile_s: float = math.nan
+    profile_error: float = math.nan
     link_time: float = math.nan
 
     @property
@@ -207,11 +228,32 @@ class CalibrationRow:
         return simulate(self.sim_schedule, **self.costs)
 
 
+def _base(cfg: CalibrationConfig) -> nn.Sequential:
+    """The calibration's model (seeded by the caller): the ``deep_mlp``, or ``cfg.model``'s transformer."""
+    if cfg.model is not None:
+        from .time_to_target import nanogpt_model
+
+        return nanogpt_model(cfg.model)
+    from .models import deep_mlp
+
+    return deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+
+
+def _loss(cfg: CalibrationConfig) -> Callable[[Tensor, Tensor], Tensor]:
+    return nn.functional.mse_loss if cfg.model is not None else nn.functional.cross_entropy
+
+
+def _sample(cfg: CalibrationConfig, n: int) -> tuple[int, ...]:
+    """The shape of ``n`` samples of the model's input (and of a transformer's target)."""
+    return (n, cfg.model.seq, cfg.model.d_model) if cfg.model is not None else (n, cfg.in_features)
+
+
 def _micro_data(cfg: CalibrationConfig, device: torch.device) -> list[tuple[Tensor, Tensor]]:
     g = torch.Generator().manual_seed(cfg.seed + 1)
     n = cfg.M * cfg.micro
-    return [(torch.randn(n, cfg.in_features, generator=g).to(device),
-             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(2)]
+    return [(torch.randn(_sample(cfg, n), generator=g).to(device),
+             (torch.randn(_sample(cfg, n), generator=g) if cfg.model is not None else
+              torch.randint(0, 10, (n,), generator=g)).to(device)) for _ in range(2)]
 
 
 def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: CalibrationConfig, x: Tensor,
@@ -239,7 +281,8 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     for k, s in enumerate(stages):
         if k % world == rank:
             def once(warmup: int, s: nn.Module = s, h: Tensor = h, k: int = k) -> Any:
-                return profile_stage(s, h, y if k == D - 1 else None, optimizer=optimizer_factory(cfg.optimizer),
+                return profile_stage(s, h, y if k == D - 1 else None, loss_fn=_loss(cfg),
+                                     optimizer=optimizer_factory(cfg.optimizer),
                                      reps=1, warmup=warmup, input_grad=k > 0)
 
             once(2)
@@ -260,42 +303,86 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     return {name: [every[k][name] for k in range(D)] for name in keys}
 
 
-def _receive_overheads(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
-                       data: Sequence[tuple[Tensor, Tensor]]) -> list[float]:
-    """Samples of a metered run's receive overhead on this machine: for every message this rank waited for in one
-    metered step of the case, run before the measured runs (a probe, not timed), the time from its modelled
-    arrival to its job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`: the wake-up from the
-    meter's hold). :func:`calibration_rows` pools them (:func:`receive_overhead`). Collective: every rank calls
-    it."""
+#: steps of a metered probe run per case (:func:`_receive_probe`); its first step is set-up and not sampled
+PROBE_STEPS = 4
+
+
+def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
+                   data: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Any]:
+    """What a pilot run tells of this machine: a metered run of :data:`PROBE_STEPS` steps of the case right before
+    a measured run (traced, not timed), its first step left out (connections set up, buffers touched).
+    ``"pilot"``: its :class:`~pipelab.runtime.trace.Timeline`, the jobs of the later steps (their durations are
+    the metered forecast's costs, :func:`calibration_rows`). Per received message
+    (:class:`~pipelab.runtime.meter.MeteredMessage`):
+
+    - ``"overhead"``: for a message its job waited for and that was not late, the time from its modelled arrival
+      to the job getting it (:attr:`~pipelab.runtime.meter.MeteredMessage.overshoot`): the receive overhead o,
+      the wake-up from the meter's hold and the hand-over (a late message's wait is the stamp's, not o);
+    - ``"busy"``: the same for a message its job asked for after the arrival (the hand-over alone);
+    - ``"late"``: 1.0 per late message, 0.0 per other.
+
+    :func:`calibration_rows` pools them (:func:`receive_overhead`, :func:`probe_summary`). Collective: every rank
+    calls it."""
     from ..optim import optimizer_factory
     from ..runtime import PipelineRuntime
 
-    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, 1)
+    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, PROBE_STEPS)
     probe = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
-                            optimizer=optimizer_factory(cfg.optimizer), network=cfg.network(sched.D))
-    meter = probe.run(lambda t: data[t % len(data)]).meter
-    return [m.overshoot for m in meter.messages if m.asked < m.arrival] if meter is not None else []
+                            optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg),
+                            network=cfg.network(sched.D), record=True)
+    res = probe.run(lambda t: data[t % len(data)])
+    meter, tl = res.meter, res.timeline
+    assert tl is not None  # record=True
+    out: dict[str, Any] = {"overhead": [], "busy": [], "late": [],
+                           "pilot": dataclasses.replace(tl, jobs=[r for r in tl.jobs if r.step])}
+    for m in (meter.messages if meter is not None else []):
+        if m.step == 0:
+            continue
+        out["late"].append(float(m.late))
+        if not m.late:
+            out["overhead" if m.asked < m.arrival else "busy"].append(m.overshoot)
+    return out
+
+
+def _pooled(per_rank: Sequence[dict[str, Any]], what: str) -> list[float]:
+    return [x for p in per_rank for c in p["cases"] for probe in c.get("probes", []) for x in probe.get(what, [])]
 
 
 def receive_overhead(per_rank: Sequence[dict[str, Any]]) -> float:
-    """The profiled receive overhead of a metered calibration: the median of every rank's probe samples over every
-    case (:func:`_receive_overheads`; 0 without any). LogP's receiver overhead *o* (Culler et al., PPoPP 1993),
-    which the forecast adds to every link's latency (:func:`pipelab.calibration.forecast_costs`). A property of
-    the machine (a process's wake-up after a sleep), not of the schedule, so all cases' samples are pooled; the
-    median, as a probe is the ranks' first run, whose first messages also wait for one-off set-up costs."""
-    every = [x for p in per_rank for c in p["cases"] for x in c.get("overhead", [])]
+    """The profiled receive overhead of a metered calibration: the median of every rank's waited-for, not late
+    probe messages over every case (:func:`_receive_probe`; 0 without any). LogP's receiver overhead *o*
+    (Culler et al., PPoPP 1993), which the forecast charges after every arrival
+    (:attr:`pipelab.links.Network.receive_overhead`), apart from the links' α. A property of the machine (a
+    process's wake-up after a sleep, the hand-over), not of the schedule, so all cases' samples are pooled; the
+    median, as a descheduled wake-up now and then is a heavy tail the makespan does not sum over every message."""
+    every = _pooled(per_rank, "overhead")
     return float(statistics.median(every)) if every else 0.0
 
 
+def probe_summary(per_rank: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """What the probes measured of the metered transport (:func:`_receive_probe`), pooled over ranks and cases:
+    o (``overhead``, its quartiles ``overhead_q1``/``overhead_q3`` and ``samples``), the hand-over of a message
+    already there (``busy``, median) and the ``late`` share of the messages; NaN where there were none."""
+    def q(xs: list[float], p: float) -> float:
+        return float(statistics.quantiles(xs, n=100, method="inclusive")[round(p) - 1]) if len(xs) > 1 else \
+            (xs[0] if xs else math.nan)
+
+    o, busy, late = (_pooled(per_rank, w) for w in ("overhead", "busy", "late"))
+    return {"overhead": receive_overhead(per_rank) if o else math.nan, "overhead_q1": q(o, 25),
+            "overhead_q3": q(o, 75), "samples": float(len(o)),
+            "busy": float(statistics.median(busy)) if busy else math.nan,
+            "late": float(statistics.fmean(late)) if late else math.nan}
+
+
 def _transfer(cfg: CalibrationConfig, rank: int, world: int) -> float:
-    """One-way time of a boundary tensor (micro-batch × width, float32) between neighbouring ranks: the *mean*
+    """One-way time of a boundary tensor (the first boundary's, float32) between neighbouring ranks: the *mean*
     of single ping-pongs / 2 over boundaries and repeats (a makespan sums latencies along its critical path, so
     their mean, heavy tail of descheduled wake-ups included, is what it sees, not their median)."""
     from ..profiling import transfer_times
 
     if world < 2:
         return 0.0
-    act = torch.zeros(cfg.micro, cfg.width)
+    act = torch.zeros((cfg.micro, cfg.width) if cfg.model is None else _sample(cfg, cfg.micro))
     out, inp = (act if rank < world - 1 else None), (act if rank > 0 else None)
     transfer_times(out, inp, reps=2, warmup=1)  # connections set up, buffers touched
     samples = [t for _ in range(cfg.profile_reps) for t in transfer_times(out, inp, reps=1, warmup=0)]
@@ -345,40 +432,35 @@ def _profile_collectives(rt: Any, sched: Schedule, cfg: CalibrationConfig) -> li
 
 
 def _message_bytes(D: int, cfg: CalibrationConfig) -> Any:
-    """The bytes of each boundary's messages when the calibration's ``deep_mlp`` is cut into D stages (a shape pass
-    over one micro-batch, :func:`pipelab.links.message_bytes`): what the metered forecast bills."""
+    """The bytes of each boundary's messages when the calibration's model is cut into D stages (a shape pass over
+    one micro-batch, :func:`pipelab.links.message_bytes`): what the metered forecast bills."""
     from ..partition import split
-    from .models import deep_mlp
 
-    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
-    return message_bytes(split(base, D), torch.zeros(cfg.micro, cfg.in_features))
+    return message_bytes(split(_base(cfg), D), torch.zeros(_sample(cfg, cfg.micro)))
 
 
 def _stage_numels(D: int, cfg: CalibrationConfig) -> list[int]:
-    """Parameters of each of the D stages the calibration's ``deep_mlp`` is cut into (float32 payloads)."""
+    """Parameters of each of the D stages the calibration's model is cut into (float32 payloads)."""
     from ..partition import split
-    from .models import deep_mlp
 
-    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
-    return [sum(p.numel() for p in s.parameters()) for s in split(base, D)]
+    return [sum(p.numel() for p in s.parameters()) for s in split(_base(cfg), D)]
 
 
 def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                    extra: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """What each rank of :func:`calibrate` does: profile, then run every case ``repeats`` times with the trace.
 
-    Cases are interleaved within a repeat, so that load from other processes hits them alike; ``extra(rep)``
+    Cases are interleaved within a repeat, so that load from other processes hits them alike; a metered run
+    follows its case's pilot run (:func:`_receive_probe`), which sees the same load; ``extra(rep)``
     (e.g. a benchmark's reference runs) is called at the end of every repeat, its results returned under
     ``"extra"``. Collective: every rank of the default process group calls it with the same arguments.
     Combine the ranks' returns with :func:`calibration_rows`.
     """
     from ..optim import optimizer_factory
     from ..runtime import PipelineRuntime
-    from .models import deep_mlp
-
     device = torch.device("cpu")
     torch.manual_seed(cfg.seed)
-    base = deep_mlp(in_features=cfg.in_features, width=cfg.width, depth=cfg.depth)
+    base = _base(cfg)
     data = _micro_data(cfg, device)
     x0, y0 = data[0][0][:cfg.micro], data[0][1][:cfg.micro]
     transfer = _transfer(cfg, rank, world)
@@ -388,10 +470,11 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
     for case in cfg.cases:
         sched = schedule_for(case.kind, world, cfg.M, cfg.steps)
         info: dict[str, Any] = {"schedule": sched.name, "runnable": True, "note": "", "timelines": [], "late": [],
-                                "overshoot": []}
+                                "overshoot": [], "probes": []}
         try:
             rt = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
-                                 optimizer=optimizer_factory(cfg.optimizer), record=True, network=cfg.network(sched.D))
+                                 optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg), record=True,
+                                 network=cfg.network(sched.D))
         except ValueError as exc:  # e.g. a placement the runtime does not execute yet
             info.update(runnable=False, note=str(exc).splitlines()[0])
             rt = None
@@ -401,8 +484,6 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 profiles[sched.D] = _profile_split(base, sched.D, rank, world, cfg, x0, y0)
             if rt.collectives is not None:
                 info["collective_cost"] = _profile_collectives(rt, sched, cfg)
-            if cfg.link is not None:
-                info["overhead"] = _receive_overheads(base, case, cfg, data)
         cases.append(info)
         runtimes.append(rt)
     extras: list[Any] = []
@@ -412,8 +493,10 @@ def calibrate_rank(rank: int, world: int, cfg: CalibrationConfig,
                 continue
             if rep > 0:  # a fresh run from the same weights
                 rt = PipelineRuntime(copy.deepcopy(base), schedule=rt.schedule, policy=case.resolved_policy(),
-                                     optimizer=optimizer_factory(cfg.optimizer), record=True,
+                                     optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg), record=True,
                                      network=cfg.network(rt.schedule.D))
+            if cfg.link is not None:  # its pilot right before it: the same load on the machine
+                info["probes"].append(_receive_probe(base, case, cfg, data))
             res = rt.run(lambda t: data[t % len(data)])
             info["timelines"].append(res.timeline)
             info["late"].append(0 if res.meter is None else res.meter.late)
@@ -444,6 +527,7 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
     rows = []
     transfer = float(statistics.fmean(p["transfer"] for p in per_rank))
     overhead = receive_overhead(per_rank)
+    probe = probe_summary(per_rank) if cfg.link is not None else {}
     for i, case in enumerate(cfg.cases):
         info = per_rank[0]["cases"][i]
         sched = schedule_for(case.kind, cfg.ranks, cfg.M, cfg.steps)
@@ -460,17 +544,24 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.measured_all, row.measured_s, row.timelines = spans, float(statistics.median(spans)), reps[mid]
         network = cfg.network(sched.D)
         mb = None if network is None else _message_bytes(sched.D, cfg)
-        row.costs = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
-                                   bool(sched.split_set), info.get("collective_cost"), network=network,
-                                   message_bytes=mb, receive_overhead=overhead)
+        profiled = forecast_costs(per_rank[0]["profiles"][sched.D], transfer, info["capacity"],
+                                  bool(sched.split_set), info.get("collective_cost"), network=network,
+                                  message_bytes=mb, receive_overhead=overhead)
+        row.costs = profiled
+        if network is not None:  # the pilot run's job durations: jobs as they run metered on this machine
+            row.profile_s = simulate(sched, **profiled).makespan
+            pilots = [probe["pilot"] for p in per_rank for probe in p["cases"][i]["probes"]]
+            row.costs = measured_costs(pilots, sched.D, transfer,
+                                       network=network, message_bytes=mb, receive_overhead=overhead)
         row.late = sum(p["cases"][i]["late"][mid] for p in per_rank)
-        row.receive_overhead = overhead
+        row.receive_overhead, row.probe = overhead, probe
         row.overshoot = float(statistics.fmean(p["cases"][i]["overshoot"][mid] for p in per_rank))
         row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
         row.forecast_s = sim.makespan
         row.link_time = sim.link_time
         row.error = row.forecast_s / row.measured_s - 1.0
+        row.profile_error = row.profile_s / row.measured_s - 1.0
         busy = max(tl.busy for tl in row.timelines)
         row.busy_error = float(sim.busy.max()) / busy - 1.0
         row.collective_s = max(sum(j.duration for j in tl.jobs if j.op in COLLECTIVE_KINDS) for tl in row.timelines)

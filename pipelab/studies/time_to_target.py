@@ -43,7 +43,7 @@ from ..planner import Blocks, Plan, plan
 from ..time_to_target import steps_to_target
 
 __all__ = ["Arm", "ARMS", "stage_flops", "flop_blocks", "codec_ratios", "steady_plan", "arm_steps", "NanoGPTSetting",
-           "NANOGPT", "nanogpt_stages", "benchmark_forecast"]
+           "NANOGPT", "nanogpt_model", "nanogpt_stages", "benchmark_forecast"]
 
 
 @dataclass(frozen=True)
@@ -167,12 +167,17 @@ NANOGPT: dict[str, NanoGPTSetting] = {
 }
 
 
+def nanogpt_model(s: NanoGPTSetting, device: torch.device | str | None = None) -> nn.Sequential:
+    """The setting's model: ``s.D`` pre-norm encoder blocks (causal attention not needed for the cost) in a row,
+    one per stage, float32 on ``device``."""
+    return nn.Sequential(*(nn.TransformerEncoderLayer(s.d_model, s.heads, s.ffn, dropout=0.0, batch_first=True,
+                                                      norm_first=True, device=device) for _ in range(s.D)))
+
+
 def nanogpt_stages(s: NanoGPTSetting) -> tuple[list[nn.Module], torch.Tensor]:
-    """The setting's stages (pre-norm encoder blocks, causal attention not needed for the cost) on ``meta``, and a
-    micro-batch of shape (micro, seq, d_model)."""
-    stages: list[nn.Module] = [nn.TransformerEncoderLayer(s.d_model, s.heads, s.ffn, dropout=0.0, batch_first=True,
-                                                          norm_first=True, device="meta") for _ in range(s.D)]
-    return stages, torch.zeros(s.micro, s.seq, s.d_model, device="meta")
+    """The setting's stages (:func:`nanogpt_model`) on ``meta``, and a micro-batch of shape (micro, seq,
+    d_model)."""
+    return list(nanogpt_model(s, "meta")), torch.zeros(s.micro, s.seq, s.d_model, device="meta")
 
 
 def benchmark_forecast(s: NanoGPTSetting, schedule: str = "1f1b") -> dict[str, float]:

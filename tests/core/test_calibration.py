@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -38,14 +39,18 @@ from pipelab.simulator import simulate
 from pipelab.studies.calibration import (
     CalibrationCase,
     CalibrationConfig,
+    _message_bytes,
+    _micro_data,
     calibrate,
     format_rows,
+    probe_summary,
     receive_overhead,
     rows_csv,
     schedule_for,
 )
 from pipelab.studies.models import deep_mlp
 from pipelab.studies.settings import CALIBRATION_KINDS
+from pipelab.studies.time_to_target import NANOGPT
 
 
 @pytest.mark.parametrize("sched", [one_f_one_b(3, 4, 2), interleaved_1f1b(2, 2, 4, 2), zb_h1(3, 4),
@@ -125,13 +130,19 @@ def test_a_metered_forecast_takes_the_network_and_bytes_instead_of_the_transfer(
     assert "transfer_cost" not in r and r["network"] is net
     with pytest.raises(ValueError, match="message_bytes"):
         forecast_costs(prof, 0.1, [1, 1], False, network=net)
-    # the receive overhead o (LogP) lengthens every link's latency, forecast and replay alike
+    # the receive overhead o (LogP) is the network's, after each arrival (not the links'), forecast and replay alike
     o = forecast_costs(prof, 0.1, [1, 1], False, network=net, message_bytes=mb, receive_overhead=0.002)["network"]
-    assert o == Network.uniform(2, Link(0.007, net.forward[0].bandwidth))
+    assert o == Network.uniform(2, Link.mbps(10, latency_ms=5), receive_overhead=0.002)
     assert measured_costs([tl], 2, 0.25, network=net, message_bytes=mb, receive_overhead=0.002)["network"] == o
     # pooled over every case and rank of a calibration: the median of the probes' samples
-    per_rank = [{"cases": [{"overhead": [0.001, 0.009]}, {}]}, {"cases": [{"overhead": [0.002]}, {"overhead": []}]}]
+    per_rank = [{"cases": [{"probes": [{"overhead": [0.001], "late": [0.0, 1.0]}, {"overhead": [0.009]}]}, {}]},
+                {"cases": [{"probes": [{"overhead": [0.002], "busy": [1e-4]}]}, {"probes": [{"overhead": []}]}]}]
     assert receive_overhead(per_rank) == 0.002 and receive_overhead([{"cases": [{}]}]) == 0.0
+    summary = probe_summary(per_rank)
+    assert (summary["overhead"], summary["samples"], summary["busy"], summary["late"]) == (0.002, 3, 1e-4, 0.5)
+    # the quartiles of [1, 2, 9] ms
+    assert (summary["overhead_q1"], summary["overhead_q3"]) == pytest.approx((0.0015, 0.0055), rel=1e-12)
+    assert math.isnan(probe_summary([{"cases": [{}]}])["overhead"])
 
 
 @pytest.mark.slow
@@ -143,12 +154,13 @@ def test_metered_calibration_forecasts_with_the_network_and_counts_late_messages
                             link=Link.mbps(20, latency_ms=50))
     rows = calibrate(cfg)
     for r in rows:
-        # the metered link, each latency lengthened by the profiled receive overhead (LogP's o, the meter's wake-up)
-        late_link = Link(cfg.link.latency + r.receive_overhead, cfg.link.bandwidth)
-        assert r.costs["network"] == Network.uniform(2, late_link) and "transfer_cost" not in r.costs
+        # the metered link and the profiled receive overhead (LogP's o, the meter's wake-up)
+        want = Network.uniform(2, cfg.link, receive_overhead=r.receive_overhead)
+        assert r.costs["network"] == want and "transfer_cost" not in r.costs
         assert 0 <= r.receive_overhead < cfg.link.latency
         assert r.costs["message_bytes"] == MessageBytes((64 * 64 * 4,), (64 * 64 * 4,))
         assert r.simulate().makespan == r.forecast_s and 0.5 < r.link_time <= 1.0
+        assert r.profile_s > 0 and math.isfinite(r.profile_error)  # the stage profile's forecast, kept beside
         assert 0 <= r.late <= 4 and r.overshoot >= 0
         # the links alone bound a run from below: every micro-batch's activation crosses at 20 Mb/s plus α
         assert r.measured_s > cfg.steps * cfg.M * 64 * 64 * 4 / cfg.link.bandwidth
@@ -168,6 +180,20 @@ def test_schedule_for_and_config_errors() -> None:
         CalibrationConfig(ranks=4, depth=6).check()
     with pytest.raises(ValueError, match="steps"):
         CalibrationConfig(steps=0).check()
+    with pytest.raises(ValueError, match="fewer than ranks"):
+        CalibrationConfig(ranks=4, model=replace(NANOGPT["cpu"], D=2)).check()
+
+
+def test_a_transformer_setting_replaces_the_deep_mlp() -> None:
+    """CalibrationConfig(model=NANOGPT["cpu"]): one encoder block per stage, micro-batches (micro, seq, d_model) and
+    a mean-squared-error loss; the metered forecast bills micro · seq · d_model float32 bytes per message."""
+    s = NANOGPT["cpu"]
+    cfg = CalibrationConfig(ranks=8, cases=(CalibrationCase("1f1b"),), micro=s.micro, microbatches=s.M, model=s)
+    cfg.check()  # depth (the deep_mlp's) is not asked for
+    n = s.micro * s.seq * s.d_model * 4
+    assert _message_bytes(8, cfg) == MessageBytes((n,) * 7, (n,) * 7)
+    x, y = _micro_data(cfg, torch.device("cpu"))[0]
+    assert x.shape == y.shape == (s.M * s.micro, s.seq, s.d_model) and y.is_floating_point()
 
 
 @pytest.mark.slow

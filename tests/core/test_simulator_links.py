@@ -5,6 +5,7 @@ critical path."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -35,7 +36,8 @@ def test_beta_infinite_alpha_transfer_cost_is_todays_model(s: Schedule) -> None:
     costs = random_costs(s, rng)
     tc = rng.uniform(0.0, 0.6, s.D - 1) * (rng.random(s.D - 1) < 0.8)
     want = simulate(s, **costs, transfer_cost=tc)
-    for net, nbytes in ((network_of(s.D, tc, tc), None), (network_of(s.D, tc, tc, bandwidth=1e300), 1.0)):
+    for net, nbytes in ((network_of(s.D, tc, tc, receive_overhead=0.0), None),
+                        (network_of(s.D, tc, tc, bandwidth=1e300, receive_overhead=0.0), 1.0)):
         got = simulate(s, **costs, network=net, message_bytes=nbytes)
         np.testing.assert_array_equal(got.start, want.start)
         np.testing.assert_array_equal(got.end, want.end)
@@ -108,12 +110,76 @@ def test_activations_serialise_on_one_wire_closed_form() -> None:
     np.testing.assert_allclose(r.wire_utilisation, [M * 3 / r.makespan] * 2)
 
 
+def chain(o: float) -> SimResult:
+    """A 2-stage chain, one micro-batch on 2 workers (F0, F1, B1, B0): F = (1, 2), B = (4, 3), α = 0.25,
+    n/β = 200 B / 100 B/s = 2, receive overhead o."""
+    return simulate(gpipe(2, 1), [1.0, 2.0], [4.0, 3.0], network=Network.uniform(2, Link(0.25, 100.0),
+                                                                                receive_overhead=o), message_bytes=200)
+
+
+def test_receive_overhead_on_a_two_stage_chain_closed_form() -> None:
+    """Both messages wait out α + n/β and then o on an idle receiver (LogP, Culler et al. 1993): F1 starts at
+    1 + 0.25 + 2 + o = 3.25 + o, B1 at 5.25 + o, the gradient arrives at 8.25 + o + 2.25 and B0 starts o later,
+    at 10.5 + 2o; makespan 1 + 2 + 3 + 4 + 2(2.25 + o). The arrivals are the wire's, o after them; o = 0 is the
+    link model without it."""
+    for o in (0.0, 0.5, 1.75):
+        r = chain(o)
+        assert r.time_of("F", 1, 0, 0) == (3.25 + o, 5.25 + o)
+        assert r.time_of("B", 0, 0, 0) == (10.5 + 2 * o, 14.5 + 2 * o)
+        assert r.makespan == 10 + 2 * (2.25 + o)
+        m = r.messages
+        np.testing.assert_array_equal(np.sort(m.arrival), [3.25, 10.5 + o])  # o is not on the wire
+        assert sum(d for _, _, d in r.critical_path()) == r.makespan
+        assert r.link_time == 2 * (2.25 + o) / r.makespan
+        assert [x for x in r.critical_path() if x[0] == "overhead"] == ([] if o == 0 else
+                                                                       [("overhead", i, o) for i in (0, 1)])
+    # the largest part of a message's delay names the binding: o = 1.75 < n/β = 2, o = 2.5 > 2
+    kind = BINDINGS[chain(1.75).binding.kind[1]], BINDINGS[chain(2.5).binding.kind[1]]
+    assert kind == ("transmission", "overhead")
+
+
+def test_receive_overhead_stays_off_the_wire_and_overlaps_a_busy_receiver() -> None:
+    """GPipe on 2 workers, F = 1, n/β = 3: activation j still arrives at 1 + α + 3(j + 1) (the next transmission
+    begins at the arrival, not o later); F1.j starts at arrival + o when o ≤ 2 (idle receiver). With B = 8 on
+    stage 1 worker 1 is busy past every later arrival + o: F1.j starts when F1.(j−1) ends, as without o."""
+    M, alpha, o = 5, 0.25, 0.5
+    net = Network.uniform(2, Link(alpha, 10.0), receive_overhead=o)
+    r = simulate(gpipe(2, M), 1.0, 1.0, network=net, message_bytes=30)
+    for j in range(M):
+        assert r.time_of("F", 1, 0, j)[0] == 1 + alpha + 3 * (j + 1) + o
+    without = simulate(gpipe(2, M), 1.0, 1.0, network=replace(net, receive_overhead=0.0), message_bytes=30).messages
+    np.testing.assert_array_equal(r.messages.arrival[r.messages.kind == 0], without.arrival[without.kind == 0])
+    busy = simulate(gpipe(2, M), [1.0, 8.0], 1.0, network=net, message_bytes=30)
+    plain = simulate(gpipe(2, M), [1.0, 8.0], 1.0, network=replace(net, receive_overhead=0.0), message_bytes=30)
+    assert busy.time_of("F", 1, 0, 0)[0] == plain.time_of("F", 1, 0, 0)[0] + o
+    for j in range(1, M):
+        assert busy.time_of("F", 1, 0, j)[0] == busy.time_of("F", 1, 0, j - 1)[1]
+
+
+@pytest.mark.parametrize("s", SCHEDULES[::2], ids=[s.name for s in SCHEDULES[::2]])
+def test_receive_overhead_with_free_links_is_a_longer_latency(s: Schedule) -> None:
+    """β = ∞: nothing queues, so o after the arrival is the scalar model with transfer_cost = α + o (up to the
+    rounding of (s + α) + o against s + (α + o))."""
+    rng = np.random.default_rng(s.D * 13 + s.M)
+    costs, tc, o = random_costs(s, rng), rng.uniform(0.0, 0.6, s.D - 1), 0.125
+    got = simulate(s, **costs, network=network_of(s.D, tc, tc, receive_overhead=o))
+    want = simulate(s, **costs, transfer_cost=tc + o)
+    np.testing.assert_allclose(got.end, want.end, rtol=1e-13, atol=1e-13)
+    validate(got)
+
+
+@pytest.mark.parametrize("o", [-0.1, math.inf, math.nan, "1"])
+def test_receive_overhead_must_be_seconds(o: object) -> None:
+    with pytest.raises(TypeError if isinstance(o, str) else ValueError, match="receive_overhead"):
+        Network.uniform(2, Link(), receive_overhead=o)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("s", SCHEDULES[::3], ids=[s.name for s in SCHEDULES[::3]])
 def test_utilisation_binding_and_critical_path_on_random_networks(s: Schedule) -> None:
     rng = np.random.default_rng(s.D + 7 * s.M)
     net = Network([Link(*x) for x in zip(rng.uniform(0, 0.3, s.D - 1), rng.uniform(50, 500, s.D - 1))],
                   [Link(*x) for x in zip(rng.uniform(0, 0.3, s.D - 1), rng.uniform(50, 500, s.D - 1))],
-                  duplex=bool(rng.random() < 0.5))
+                  duplex=bool(rng.random() < 0.5), receive_overhead=float(rng.choice([0.0, 0.05])))
     r = simulate(s, **random_costs(s, rng), network=net,
                  message_bytes=MessageBytes(*(tuple(rng.uniform(0, 200, s.D - 1)) for _ in range(2))))
     validate(r)
@@ -128,7 +194,8 @@ def test_utilisation_binding_and_critical_path_on_random_networks(s: Schedule) -
     first = np.isin(np.arange(len(r.start)), r.compiled.offsets[:-1])
     assert np.all(r.start[kinds == "start"] == 0) and np.all(first[kinds == "start"])
     msg = b.message >= 0
-    np.testing.assert_array_equal(r.start[msg], m.arrival[b.message[msg]])
+    np.testing.assert_array_equal(r.start[msg], m.arrival[b.message[msg]] + net.receive_overhead)
+    assert np.all(r.start[m.consumer] >= m.arrival + net.receive_overhead)
     bound = (b.job >= 0) & ~msg
     assert np.all(r.start[bound] >= r.end[b.job[bound]])
 
