@@ -291,9 +291,12 @@ def test_every_predictor_on_device_equals_cpu(device: str, opt_name: str) -> Non
     assert served >= 2, opt_name  # at least stale and repeat serve every optimizer
 
 
+#: torch has no fused Adagrad for CUDA (it refuses ``fused=True`` there: seen on an H200 with torch 2.11)
+NO_CUDA_FUSED = ("adagrad",)
 CUDA_IMPLEMENTATIONS = [(o, impl) for o in PREDICTOR_OPTIMIZERS for impl in ({"foreach": True}, {"foreach": False},
                                                                             {"fused": True})
-                        if next(iter(impl)) in optimizer_spec(o).accepted()]
+                        if next(iter(impl)) in optimizer_spec(o).accepted()
+                        and not ("fused" in impl and o in NO_CUDA_FUSED)]
 
 
 @pytest.mark.parametrize(("opt_name", "impl"), CUDA_IMPLEMENTATIONS,
