@@ -20,7 +20,6 @@ The ``tiny`` preset runs the same code on the digits MLP on the CPU (a check tha
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -29,51 +28,28 @@ from ...optim import optimizer_label
 from ...statistics import t_interval
 from ..claims import claims_markdown
 from ..config import from_preset
-from ..learning_curves import grid, sweep
+from ..learning_curves import sweep
 from . import FigureOutput, register
-from .learning_curves import LABELS, _best, _colors, _device, runs_csv
+from .learning_curves import LABELS, LearningCurvesConfig, _best, _colors, _device, arm_configs, runs_csv
 
-__all__ = ["PaperTaskConfig", "PAPER_POLICIES"]
+__all__ = ["PAPER_POLICIES"]
 
 #: the arms of the paper-regime task, in plotting order
 PAPER_POLICIES = ("sequential", "stashing", "pipeoptim", "spectrain", "2bw")
 
 
-@dataclass(frozen=True)
-class PaperTaskConfig:
-    """One task × optimizer × depth, every arm of :data:`PAPER_POLICIES` on ``seeds``; the run sizes are
-    :class:`~pipelab.studies.learning_curves.RunConfig`'s (``n_train``/``n_test`` ``None``: the whole split)."""
-
-    task: str
-    optimizer: str
-    D: int
-    seeds: tuple[int, ...]
-    epochs: int
-    batch_size: int
-    n_train: int | None
-    n_test: int | None
-    n_eval_train: int
-    n_val: int
-    device: str = "cpu"
-    policies: tuple[str, ...] = PAPER_POLICIES
-
-    def configs(self) -> list:
-        return grid([self.task], self.policies, [self.optimizer], [self.D], self.seeds, epochs=self.epochs,
-                    batch_size=self.batch_size, n_train=self.n_train, n_test=self.n_test,
-                    n_eval_train=self.n_eval_train, n_val=self.n_val, device=self.device)
-
-
-def _presets() -> dict[str, PaperTaskConfig]:
+def _presets() -> dict[str, LearningCurvesConfig]:
     return {
-        "tiny": PaperTaskConfig("digits_mlp", "sgdm", 4, (0, 1), epochs=2, batch_size=32, n_train=512, n_test=200,
-                                n_eval_train=200, n_val=64),
+        "tiny": LearningCurvesConfig(("digits_mlp",), ("sgdm",), PAPER_POLICIES, 4, (0, 1), epochs=2, batch_size=32,
+                                     n_train=512, n_test=200, n_eval_train=200, depths=(4,), gap_tasks=(), n_val=64),
         # 12 epochs of 156 steps (20,000 training images after the 5,000 held out for validation). Measured on one
         # H200 (benchmarks/learning_curves_speed.py, 3 stacked seeds, one process): 27.5 (sequential), 27.1
         # (stashing), 36.0 (PipeOptim), 31.4 (SpecTrain) and 76.9 ms (2BW) per step, ~1,500 to ~4,600 kernel
         # launches each, so ≈ 0.2 s per step of all five arms: ≈ 6.5 minutes here, against ≈ 14 on the whole
         # training split, which a lent GPU's 10-minute command cannot hold (a run stopped half-way is lost)
-        "paper": PaperTaskConfig("fashion_mnist_resnet20", "sgdm", 4, (0, 1, 2), epochs=12, batch_size=128,
-                                 n_train=25_000, n_test=None, n_eval_train=5000, n_val=5000, device=_device()),
+        "paper": LearningCurvesConfig(("fashion_mnist_resnet20",), ("sgdm",), PAPER_POLICIES, 4, (0, 1, 2), epochs=12,
+                                      batch_size=128, n_train=25_000, n_test=None, n_eval_train=5000, depths=(4,),
+                                      gap_tasks=(), device=_device(), n_val=5000),
     }
 
 
@@ -103,7 +79,7 @@ def paper_resnet20(preset: str, *, progress: bool = False) -> FigureOutput:
     cfg = from_preset(_presets(), preset)
     # one process per GPU: processes sharing one card take turns on it (5 at once ran each 4.6× slower, measured)
     workers = 1 if cfg.device.startswith("cuda") else None
-    records = sweep(cfg.configs(), progress=progress, desc="paper task", workers=workers)
+    records = sweep(arm_configs(cfg, cfg.depths, cfg.tasks), progress=progress, desc="paper task", workers=workers)
     arms = _by_policy(records)
     colors = _colors(list(arms))
     fig, (ax_val, ax_sel, ax_loss) = plt.subplots(1, 3, figsize=(14, 4.2))
@@ -130,7 +106,7 @@ def paper_resnet20(preset: str, *, progress: bool = False) -> FigureOutput:
     ax_sel.set_xticks(range(len(arms)), [LABELS[p] for p in arms], rotation=30, ha="right", fontsize=8)
     ax_sel.set_ylim(low - 1.0, None)
     r0 = records[0]
-    head = f"{cfg.task} · {optimizer_label(cfg.optimizer)} · D={cfg.D} · {len(cfg.seeds)} seeds"
+    head = f"{cfg.tasks[0]} · {optimizer_label(cfg.optimizers[0])} · D={cfg.D} · {len(cfg.seeds)} seeds"
     ax_val.set(xlabel="epoch", ylabel="validation accuracy (%)", title=f"{head}\nvalidation accuracy (n={cfg.n_val})")
     ax_val.set_ylim(max(low - 5.0, 0.0), None)
     ax_val.legend(fontsize=8, loc="lower right")
