@@ -53,6 +53,7 @@ activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -71,7 +72,7 @@ from .schedules.dependencies import received_from
 from .simulator import SimResult, simulate
 
 __all__ = ["simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
-           "EXACT_VERSION_POLICIES", "forecast_costs", "measured_costs"]
+           "EXACT_VERSION_POLICIES", "forecast_costs", "measured_costs", "step_ends", "steady_step"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -328,8 +329,9 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network
                    message_bytes: MessageBytes | None = None, receive_overhead: float = 0.0) -> dict[str, Any]:
     """Per-stage costs read off every rank's :class:`~pipelab.runtime.trace.Timeline`: the mean duration of each
     stage's F, B, I, W and U jobs (means, not medians: the makespan is a sum, so a heavy tail counts), U plus the
-    mean over steps of the longest time a rank spent in the stage's collectives of a step, and the transfer
-    latency (:func:`_transfer_latency`). A metered run passes its ``network`` and its own mean overshoot
+    mean over steps of the longest time a rank spent in the stage's collectives of a step, the ranks' own time
+    between jobs (``dispatch_cost``, :func:`_dispatch`) and the transfer latency (:func:`_transfer_latency`).
+    A metered run passes its ``network`` and its own mean overshoot
     (:attr:`pipelab.runtime.meter.MeterStats.overshoot`) as ``receive_overhead``, as in :func:`forecast_costs`."""
     durations: dict[tuple[str, int], list[float]] = {}
     for tl in timelines:
@@ -351,12 +353,52 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network
     if b is None:  # every backward split: B is only used for the default I/W split, which is given
         b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
     costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0}
+    dispatch = _dispatch(timelines, D)
+    if dispatch is not None and any(dispatch):
+        costs["dispatch_cost"] = dispatch
     if network is not None and receive_overhead:
         network = replace(network, receive_overhead=receive_overhead)
     costs.update(_links(transfer, network, message_bytes))
     if i is not None:
         costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
     return costs
+
+
+def step_ends(run: Any) -> dict[int, float]:
+    """Each step's end, its last job's over the ranks: of a :class:`~pipelab.simulator.SimResult`, or of a run's
+    :class:`~pipelab.runtime.trace.Timeline` s (one per rank, on a shared clock)."""
+    if isinstance(run, SimResult):
+        steps, ends = run.compiled.step, run.end
+        return {int(t): float(ends[steps == t].max()) for t in np.unique(steps[steps >= 0])}
+    out: dict[int, float] = {}
+    for tl in run:
+        for r in tl.jobs:
+            if r.step >= 0:
+                out[r.step] = max(out.get(r.step, -math.inf), r.end)
+    return out
+
+
+def steady_step(ends: dict[int, float]) -> float:
+    """The steady step time: the median spacing of consecutive step ends (:func:`step_ends`) after the first step,
+    whose set-up (connections made, buffers first touched, a pipeline's fill) a steady forecast does not model,
+    as benchmarks that score a pipeline by its steady step time leave it out; NaN with fewer than two steps."""
+    t = [ends[k] for k in sorted(ends)]
+    return float(statistics.median(b - a for a, b in zip(t, t[1:]))) if len(t) > 1 else math.nan
+
+
+def _dispatch(timelines: Sequence[Any], D: int) -> list[float] | None:
+    """Per stage, a rank's mean own time before a job (the simulator's ``dispatch_cost``): from its previous job's
+    end (the first send) to the job's start, or to when it asked for its input from another rank (a job that
+    received; the wait for the input is the links'). Each rank's first job is left out (no previous end); ``None``
+    when there is no sample (timelines recorded before ``asked`` was)."""
+    gaps: list[list[float]] = [[] for _ in range(D)]
+    for tl in timelines:
+        for prev, r in zip(tl.jobs, tl.jobs[1:]):
+            if 0 <= r.stage < D and not (r.received and math.isnan(r.asked)):
+                gaps[r.stage].append(max((r.asked if r.received else r.start) - prev.end, 0.0))
+    if not any(gaps):
+        return None
+    return [float(statistics.fmean(g)) if g else 0.0 for g in gaps]
 
 
 def _transfer_latency(timelines: Sequence[Any], D: int, default: float) -> float:

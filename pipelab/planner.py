@@ -39,7 +39,7 @@ from .precision import as_precision, weight_memory
 from .profiling import profile_stages
 from .schedules import BUILDERS
 from .schedules.compiled import OP_CODE
-from .simulator import SimResult, simulate
+from .simulator import BINDINGS, SimResult, simulate
 
 __all__ = ["Blocks", "Plan", "Plans", "CriticalPath", "plan", "critical_path", "SCHEDULES"]
 
@@ -48,6 +48,7 @@ SCHEDULES: dict[str, str] = dict.fromkeys(("gpipe", "1f1b", "interleaved", "inte
                                           "dualpipe_v"), "sequential") | {"pipedream": "stashing", "2bw": "2bw"}
 _DEFAULT = ("gpipe", "1f1b", "interleaved:2", "zb_h1", "zb_h2", "zb_v", "dualpipe_v", "pipedream", "2bw")
 _F, _U = OP_CODE["F"], OP_CODE["U"]
+_WORKER = BINDINGS.index("worker")
 Comm = float | links.Link | Callable[[Sequence[float]], Mapping[str, Any]]
 
 
@@ -112,11 +113,14 @@ class CriticalPath:
 
     def time_by(self, kind: str) -> dict[int, float]:
         """Seconds in the window per stage (``"compute"``) or per boundary k → k+1 (``"transfer"``: the gap before a
-        job, its message; into F(k) the activation crosses boundary k − 1, into B/I(k) the gradient boundary k)."""
+        job, its message; into F(k) the activation crosses boundary k − 1, into B/I(k) the gradient boundary k; a
+        job its worker bound has none, its gap is the worker's dispatch)."""
         c, prev, out = self.sim.compiled, self.start, dict[int, float]()
         for j in self.jobs:
             t0, t1 = max(float(self.sim.start[j]), self.start), float(self.sim.end[j])
             span, key = (t1 - t0, int(c.stage[j])) if kind == "compute" else (t0 - prev, c.stage[j] - (c.op[j] == _F))
+            if kind == "transfer" and self.sim.binding.kind[j] == _WORKER:  # its worker's dispatch, not a link
+                span = 0.0
             if span > 0:
                 out[int(key)] = out.get(int(key), 0.0) + span
             prev = t1

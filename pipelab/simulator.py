@@ -88,6 +88,7 @@ class SimResult:
         latency: (lat1, lat2, lat3) added to each dependency slot.
         seq: the order in which the simulator timed the actions (a valid topological order).
         wire_times: the :class:`~pipelab.schedules.compiled.Wires` and each message's begin and arrival, or None.
+        dispatch: each job's dispatch time (``dispatch_cost`` of its stage), or None when there is none.
     """
 
     schedule: Schedule
@@ -102,6 +103,7 @@ class SimResult:
     network: Network | None = None
     message_bytes: tuple[np.ndarray, np.ndarray] | None = None
     wire_times: tuple[Wires, np.ndarray, np.ndarray] | None = None
+    dispatch: np.ndarray | None = None
 
     # ------------------------------------------------------------ time
     @property
@@ -442,7 +444,8 @@ class SimResult:
             bind((by >= 0) & (self.start == self.end[by]), 2, by)
         prev = np.arange(n) - 1
         prev[c.offsets[:-1]] = -1
-        bind((prev >= 0) & (self.start == self.end[prev]), 1, prev)
+        after = self.end[prev] if self.dispatch is None else self.end[prev] + self.dispatch
+        bind((prev >= 0) & (self.start == after), 1, prev)
         for d in (c.dep1, c.dep2):
             bind((d >= 0) & (self.start == self.end[d]), 2, d)
         return Binding(kind, job, msg)
@@ -452,7 +455,8 @@ class SimResult:
 
         ``("job", id, cost)``; a message that bound a start: ``("latency", m, α)``, ``("transmission", m, n/β)``,
         preceded by the message ahead on its wire if it queued, then ``("overhead", m, o)`` (the receiver's,
-        :class:`~pipelab.links.Network`); ``("latency", -1, ℓ)`` for a weight fetch.
+        :class:`~pipelab.links.Network`); ``("latency", -1, ℓ)`` for a weight fetch; ``("dispatch", id, d)``
+        before a job its worker's own time bound (``dispatch_cost``).
         """
         b, m = self.binding, self.messages
         o = np.lexsort((m.begin, m.wire))
@@ -463,6 +467,9 @@ class SimResult:
         while i >= 0:
             out.append(("job", i, float(self.cost[i])))
             j, mm = int(b.job[i]), int(b.message[i])
+            own = self.dispatch is not None and b.kind[i] <= 1  # its worker's previous end (or t = 0) bound it
+            if own and self.dispatch is not None:
+                out.append(("dispatch", i, float(self.dispatch[i])))
             if mm >= 0:
                 out.append(("overhead", mm, self.receive_overhead))
             while mm >= 0:
@@ -472,7 +479,7 @@ class SimResult:
                     continue
                 out.append(("latency", mm, float(m.ready[mm] - m.send[mm])))
                 j, mm = int(m.sender[mm]), -1
-            if j >= 0 and b.message[i] < 0 and self.start[i] > self.end[j]:
+            if j >= 0 and b.message[i] < 0 and not own and self.start[i] > self.end[j]:
                 out.append(("latency", -1, float(self.start[i] - self.end[j])))
             i = j
         return [x for x in out[::-1] if x[0] == "job" or x[2] > 0]
@@ -480,8 +487,8 @@ class SimResult:
     @property
     def link_time(self) -> float:
         """Share of the makespan the critical path spends in messages (the receiver's overhead included) and
-        fetches (not computing)."""
-        return sum(d for what, _, d in self.critical_path() if what != "job") / self.makespan
+        fetches (not computing, not dispatching)."""
+        return sum(d for what, _, d in self.critical_path() if what not in ("job", "dispatch")) / self.makespan
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a JSON-able dict."""
@@ -497,7 +504,7 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
              i_cost: Cost | None = None, w_cost: Cost | None = None, transfer_cost: Cost = 0.0,
              weight_transfer_cost: Cost = 0.0, activation_bytes: Cost | None = None,
              weight_bytes: Cost | None = None, profile: Any = None, network: Network | None = None,
-             message_bytes: MessageBytes | Cost | None = None) -> SimResult:
+             message_bytes: MessageBytes | Cost | None = None, dispatch_cost: Cost = 0.0) -> SimResult:
     """Simulate ``schedule`` under a per-stage cost model, and optionally a link model.
 
     Args:
@@ -508,6 +515,9 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
             on the receiver's wire, their consumers start o (``receive_overhead``) after the arrival at the
             earliest; with ``weight_bytes`` a placed schedule's collectives are costed too.
         message_bytes: bytes of each boundary's messages; needed when a link's bandwidth is finite.
+        dispatch_cost: per stage, a worker's own time before each of its jobs (a runtime's bookkeeping between
+            jobs, posting and handing over tensors: measured by :func:`pipelab.calibration.measured_costs`); it
+            delays the job, not its inputs, and is not counted as busy.
 
     Raises:
         ScheduleError: the schedule is malformed or deadlocks (grid printed, cell marked).
@@ -534,14 +544,16 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
     ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
     wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
     lat, wires, mb = _links(c, cost, transfer_cost, weight_transfer_cost, network, message_bytes, wb)
-    t = run(c, cost, *lat, wires)
+    dc = _per_stage("dispatch_cost", dispatch_cost, D, positive=False)
+    disp = dc[np.clip(c.stage, 0, D - 1)] if dc.any() else None
+    t = run(c, cost, *lat, wires, disp)
     if t.blocked:
         w, pos = t.blocked[0]
         raise ScheduleError(f"cannot simulate {schedule.name!r}: worker {w}'s action {schedule.programs[w][pos]} "
                             f"(position {pos}) can never run (deadlock; run validate() for details)\n"
                             + format_grid(schedule, (w, pos)))
     wire_times = None if wires is None else (wires, t.begin, t.arrival)
-    return SimResult(schedule, c, t.start, t.end, cost, lat, t.seq, ab, wb, network, mb, wire_times)
+    return SimResult(schedule, c, t.start, t.end, cost, lat, t.seq, ab, wb, network, mb, wire_times, disp)
 
 
 def _message_edges(c: Compiled) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,7 +7,9 @@ notes when each receive returned; :class:`JobClock` records every job's times si
     start(job) = when its last receive returned (its input arrived)  if it received from another rank,
                  end of the previous job of this rank                 otherwise,
     end(job)   = when its output was ready: its first send (before posting it, so the record stays causal
-                 across ranks), or, for a job that sends nothing, when the driver finished it.
+                 across ranks), or, for a job that sends nothing, when the driver finished it,
+    asked(job) = when it asked for its first input from another rank (NaN if none): the rank's own time from
+                 the previous job's end to here (sends, bookkeeping) is its dispatch time.
 
 This is the simulator's rule ``start(j) = max(end of the worker's previous job, arrival of its inputs)`` read off
 a real run, so a :class:`Timeline` and a :class:`~pipelab.simulator.SimResult` compare job for job.
@@ -21,6 +23,7 @@ Reference: the measured-vs-modelled timelines of PipeDream's profiler (Narayanan
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from collections.abc import Sequence
@@ -42,7 +45,8 @@ KINDS = {ACT: "activation", GRAD: "gradient"}
 @dataclass(frozen=True)
 class JobRecord:
     """One job a rank ran: ``(op, stage, step, micro)`` (``micro`` is −1 for an update) and its times in
-    seconds since the rank's t0; ``received``: whether its start waited on a tensor from another rank."""
+    seconds since the rank's t0; ``received``: whether its start waited on a tensor from another rank;
+    ``asked``: when it asked for the first such tensor (NaN if it received none)."""
 
     op: str
     stage: int
@@ -51,6 +55,7 @@ class JobRecord:
     start: float
     end: float
     received: bool = False
+    asked: float = math.nan
 
     @property
     def job(self) -> tuple[str, int, int, int]:
@@ -120,7 +125,7 @@ class Wrapper:
 class MeasuredTransport(Wrapper):
     """A transport wrapper that counts cross-rank bytes and notes receive times (see the module docstring)."""
 
-    _own = ("inner", "timeline", "arrived", "produced")
+    _own = ("inner", "timeline", "arrived", "produced", "asked")
 
     def __init__(self, inner: Any, timeline: Timeline | None = None) -> None:
         for name in ("schedule", "rank", "send", "receive"):
@@ -131,6 +136,7 @@ class MeasuredTransport(Wrapper):
         object.__setattr__(self, "timeline", timeline if timeline is not None else Timeline(inner.rank))
         object.__setattr__(self, "arrived", None)  # perf_counter when the current job's last receive returned
         object.__setattr__(self, "produced", None)  # perf_counter at the current job's first send
+        object.__setattr__(self, "asked", None)  # perf_counter at the current job's first receive from another rank
 
     @staticmethod
     def _kind(dst: Job) -> str:
@@ -150,6 +156,8 @@ class MeasuredTransport(Wrapper):
 
     def receive(self, src: Job, dst: Job) -> Any:
         peer = self.inner.schedule.worker_of(src[0], src[1], dst[2], dst[3])
+        if peer != self.inner.rank and self.asked is None:
+            object.__setattr__(self, "asked", time.perf_counter())
         tensor = self.inner.receive(src, dst)
         if peer != self.inner.rank:
             object.__setattr__(self, "arrived", time.perf_counter())
@@ -192,7 +200,7 @@ class JobClock:
         self.t0 = time.perf_counter()
         self._last_end = self.t0
         self.timeline.t0_monotonic = self.t0
-        self.transport.arrived = self.transport.produced = None
+        self.transport.arrived = self.transport.produced = self.transport.asked = None
 
     def finish(self) -> Timeline:
         """Re-base the times on the earliest rank's t0 when all ranks share one host's clock (collective over
@@ -205,8 +213,8 @@ class JobClock:
         if len({host for host, _ in seen}) == 1:
             t0 = min(t for _, t in seen)
             shift = self.t0 - t0
-            tl.jobs = [JobRecord(r.op, r.stage, r.step, r.micro, r.start + shift, r.end + shift, r.received)
-                       for r in tl.jobs]
+            tl.jobs = [JobRecord(r.op, r.stage, r.step, r.micro, r.start + shift, r.end + shift, r.received,
+                                 r.asked + shift) for r in tl.jobs]
             tl.t0_monotonic, tl.shared_clock = t0, True
         return tl
 
@@ -214,12 +222,12 @@ class JobClock:
         """The driver finished the job at ``position − 1`` of the program (``after_job`` receives the new
         position)."""
         now = time.perf_counter()
-        arrived, produced = self.transport.arrived, self.transport.produced
+        arrived, produced, asked = self.transport.arrived, self.transport.produced, self.transport.asked
         start = self._last_end if arrived is None else max(arrived, self._last_end)
         end = now if produced is None else max(produced, start)
         op, k, t, j = tuple(self.program[position - 1][:4])
         self.timeline.jobs.append(JobRecord(str(op), int(k), int(t), int(j), start - self.t0, end - self.t0,
-                                            arrived is not None))
+                                            arrived is not None, math.nan if asked is None else asked - self.t0))
         self._last_end = now
-        self.transport.arrived = self.transport.produced = None
+        self.transport.arrived = self.transport.produced = self.transport.asked = None
 

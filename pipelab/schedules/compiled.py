@@ -2,8 +2,11 @@
 
 The schedule fixes each worker's order, so timing needs no search: a job starts at
 
-    start(j) = max( end of the previous job on its worker,
+    start(j) = max( end of the previous job on its worker + dispatch(j),
                     max over dependencies d of end(d) + latency(d → j) ),   end(j) = start(j) + cost(j).
+
+``dispatch`` (default 0) is the worker's own time between two jobs (a runtime's bookkeeping, posting and handing
+over tensors): it delays the job but not its inputs, which may still be on their way meanwhile.
 
 Op codes: F=0, B=1, U=2, I=3, W=4. ``dep1``/``dep2``: a compute job's data edges in the order of
 :func:`~pipelab.schedules.dependencies.edges_into` (across workers: the job whose end sends the tensor);
@@ -315,9 +318,12 @@ class Timing(NamedTuple):
 
 
 def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3: np.ndarray,
-        wires: Wires | None = None) -> Timing:
-    """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end."""
+        wires: Wires | None = None, dispatch: np.ndarray | None = None) -> Timing:
+    """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end,
+    ``dispatch`` per action (None: 0) added to its worker's previous end."""
     L = _loop_inputs(c, cost, (lat1, lat2, lat3), wires)
+    codes = np.clip(c.op, 0, 4) * c.schedule.D + np.clip(c.stage, 0, c.schedule.D - 1)
+    hd = [0.0] * c.n if dispatch is None else _floats(np.asarray(dispatch, dtype=np.float64), codes)
     dd1, dd2, ll1, ll2, cst, rows, waiting, us = L.d1, L.d2, L.l1, L.l2, L.cost, L.rows, L.waiting, L.us
     al, tx, wi, sender, sends, stream = L.latency, L.transmission, L.wire, L.sender, L.sends, L.stream
     n, W, inf = c.n, c.schedule.W, math.inf
@@ -358,7 +364,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
             w = stack.pop()
             i, e_w, t_free = ptr[w], stop[w], free[w]
             while i < e_w:
-                t0 = t_free
+                t0 = t_ready = t_free + hd[i]
                 e = end[dd1[i]] + ll1[i]
                 if e > t0:
                     t0 = e
@@ -368,7 +374,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
                 if t0 == inf:  # it waits, or its dependencies are a row
                     j = dd1[i]
                     if j == us:
-                        j, t0 = _row_wait(i, rows[i], cursor, end, t_free)
+                        j, t0 = _row_wait(i, rows[i], cursor, end, t_ready)
                     elif end[j] != inf:
                         j = dd2[i]
                     if j >= 0:

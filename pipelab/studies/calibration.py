@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..calibration import forecast_costs, measured_costs
+from ..calibration import forecast_costs, measured_costs, steady_step, step_ends
 from ..links import Link, Network, message_bytes
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
 from ..schedules.actions import Schedule, check_int
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
            "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "probe_summary",
-           "PROBE_STEPS", "RahimiRunConfig",
+           "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
@@ -91,6 +91,7 @@ class CalibrationConfig:
         in_features then unused), the transformer of a :class:`~pipelab.studies.time_to_target.NanoGPTSetting`
         (:func:`~pipelab.studies.time_to_target.nanogpt_model`: one block per stage), fed micro-batches of shape
         (micro, seq, d_model) with a mean-squared-error loss against a random target of that shape.
+        pilot_steps: steps of each metered pilot run (:func:`_receive_probe`; its first is set-up, not sampled).
     """
 
     ranks: int = 2
@@ -110,6 +111,7 @@ class CalibrationConfig:
     link: Link | None = None
     duplex: bool = False
     model: NanoGPTSetting | None = None
+    pilot_steps: int = 4
 
     @property
     def M(self) -> int:
@@ -133,6 +135,7 @@ class CalibrationConfig:
         if self.microbatches is not None:
             check_int("microbatches", self.microbatches)
         check_int("seed", self.seed, 0)
+        check_int("pilot_steps", self.pilot_steps, 2)  # its first step is not sampled
         for c in self.cases:
             if c.kind not in CALIBRATION_KINDS:
                 raise ValueError(f"case kind must be one of {', '.join(CALIBRATION_KINDS)}; got {c.kind!r}")
@@ -184,6 +187,9 @@ class CalibrationRow:
         the stage profile, kept beside it (NaN when not metered).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
+        steady_s, forecast_steady_s, steady_error: the steady step time (:func:`pipelab.calibration.steady_step`:
+        the median spacing of step ends after the first step, whose set-up no steady forecast models) measured
+        (median over repeats) and forecast, and forecast / measured − 1 (NaN with fewer than two steps).
     """
 
     label: str
@@ -213,6 +219,9 @@ class CalibrationRow:
     profile_s: float = math.nan
     profile_error: float = math.nan
     link_time: float = math.nan
+    steady_s: float = math.nan
+    forecast_steady_s: float = math.nan
+    steady_error: float = math.nan
 
     @property
     def throughput(self) -> float:
@@ -303,13 +312,9 @@ def _profile_split(base: nn.Sequential, D: int, rank: int, world: int, cfg: Cali
     return {name: [every[k][name] for k in range(D)] for name in keys}
 
 
-#: steps of a metered probe run per case (:func:`_receive_probe`); its first step is set-up and not sampled
-PROBE_STEPS = 4
-
-
 def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationConfig,
                    data: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Any]:
-    """What a pilot run tells of this machine: a metered run of :data:`PROBE_STEPS` steps of the case right before
+    """What a pilot run tells of this machine: a metered run of ``cfg.pilot_steps`` steps of the case right before
     a measured run (traced, not timed), its first step left out (connections set up, buffers touched).
     ``"pilot"``: its :class:`~pipelab.runtime.trace.Timeline`, the jobs of the later steps (their durations are
     the metered forecast's costs, :func:`calibration_rows`). Per received message
@@ -326,7 +331,7 @@ def _receive_probe(base: nn.Sequential, case: CalibrationCase, cfg: CalibrationC
     from ..optim import optimizer_factory
     from ..runtime import PipelineRuntime
 
-    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, PROBE_STEPS)
+    sched = schedule_for(case.kind, dist.get_world_size() if dist.is_initialized() else 1, cfg.M, cfg.pilot_steps)
     probe = PipelineRuntime(copy.deepcopy(base), schedule=sched, policy=case.resolved_policy(),
                             optimizer=optimizer_factory(cfg.optimizer), loss_fn=_loss(cfg),
                             network=cfg.network(sched.D), record=True)
@@ -559,6 +564,9 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
         row.forecast_s = sim.makespan
+        row.steady_s = float(statistics.median(steady_step(step_ends(tls)) for tls in reps))
+        row.forecast_steady_s = steady_step(step_ends(sim))
+        row.steady_error = row.forecast_steady_s / row.steady_s - 1.0
         row.link_time = sim.link_time
         row.error = row.forecast_s / row.measured_s - 1.0
         row.profile_error = row.profile_s / row.measured_s - 1.0

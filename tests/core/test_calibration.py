@@ -16,6 +16,8 @@ from pipelab.calibration import (
     optimizer_state_slots,
     simulated_collectives,
     simulated_traffic,
+    steady_step,
+    step_ends,
 )
 from pipelab.emulator import Emulator
 from pipelab.links import Link, MessageBytes, Network
@@ -27,6 +29,7 @@ from pipelab.schedules import (
     dualpipe,
     fsdp,
     fslpp,
+    gpipe,
     hybrid,
     interleaved_1f1b,
     lpp,
@@ -109,6 +112,24 @@ def test_measured_costs_are_per_stage_means_and_the_runs_own_latency() -> None:
                             JobRecord("W", 0, 0, 0, 1.5, 3.5)])
     c = measured_costs([split_tl], 1, 0.125)
     assert c["i_cost"] == [0.5] and c["w_cost"] == [2.0] and c["b_cost"] == [2.5] and c["transfer_cost"] == 0.125
+
+
+def test_dispatch_is_a_ranks_own_time_between_jobs_and_the_steady_step_leaves_out_the_first() -> None:
+    tl0 = Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0), JobRecord("F", 0, 0, 1, 1.5, 2.5),
+                       JobRecord("B", 0, 0, 1, 6.0, 7.0, received=True, asked=2.75),
+                       JobRecord("U", 0, 0, -1, 7.5, 8.0)])
+    tl1 = Timeline(1, [JobRecord("F", 1, 0, 0, 2.0, 3.0, received=True, asked=0.0), JobRecord("B", 1, 0, 0, 3.25, 4.0),
+                       JobRecord("F", 1, 1, 0, 5.0, 6.0, received=True)])  # asked unknown: no sample
+    c = measured_costs([tl0, tl1], 2, 0.25)
+    # stage 0: F 0.5 (start − previous end), B 0.25 (asked − previous end: the wait for the gradient is the
+    # link's), U 0.5; stage 1: B 0.25 (each rank's first job has no previous end)
+    assert c["dispatch_cost"] == pytest.approx([(0.5 + 0.25 + 0.5) / 3, 0.25], abs=1e-12)
+    assert "dispatch_cost" not in measured_costs([Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0)])], 1, 0.0)
+    assert step_ends([tl0, tl1]) == {0: 8.0, 1: 6.0}
+    assert steady_step({0: 10.0, 1: 13.0, 2: 17.0, 3: 20.0}) == 3.0  # the first step's 10 left out
+    assert math.isnan(steady_step({0: 1.0}))
+    sim = simulate(gpipe(2, 2, steps=3), 1.0, 2.0)  # a flushed step: (M + D − 1)(f + b) = 9
+    assert step_ends(sim) == {0: 9.0, 1: 18.0, 2: 27.0} and steady_step(step_ends(sim)) == 9.0
 
 
 def test_forecast_costs_add_a_weight_copy_where_versions_are_kept() -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from pipelab.links import Link, Network
 from pipelab.papers import (
     async_1f1b_staleness,
     pipeoptim_staleness,
@@ -35,9 +36,10 @@ from pipelab.simulator import SimResult, costs_from_profile, simulate
 
 
 # ----------------------------------------------------------------------------- reference timing
-def reference_times(s, f, b, u, tc):
-    """Brute force: iterate start = max(previous end on the worker, deps' end + transfer) to a fixed point,
-    written from the dependency rules directly on Action objects (no shared code with the simulator)."""
+def reference_times(s, f, b, u, tc, dispatch=None):
+    """Brute force: iterate start = max(previous end on the worker + dispatch, deps' end + transfer) to a fixed
+    point, written from the dependency rules directly on Action objects (no shared code with the simulator)."""
+    d = np.zeros(s.D) if dispatch is None else dispatch
     where = {}
     for w, p in enumerate(s.programs):
         for a in p:
@@ -49,7 +51,7 @@ def reference_times(s, f, b, u, tc):
         changed = False
         for w, i in keys:
             a = s.programs[w][i]
-            t0 = end.get((w, i - 1), 0.0) if i else 0.0
+            t0 = (end.get((w, i - 1), 0.0) if i else 0.0) + d[a.stage]
             deps = []
             if a.op == "F" and a.stage > 0:
                 deps.append(("F", a.stage - 1, a.step, a.micro, -1, tc[a.stage - 1]))
@@ -93,6 +95,43 @@ def test_simulator_matches_brute_force_fixed_point(build) -> None:
     np.testing.assert_allclose(r.start, ref_start, rtol=0, atol=1e-12)
     np.testing.assert_allclose(r.end, ref_end, rtol=0, atol=1e-12)
     validate(r)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: gpipe(3, 4, steps=2), lambda: one_f_one_b(4, 5, steps=2), lambda: pipedream(3, 2, steps=4),
+    lambda: interleaved_1f1b(2, 2, 4), lambda: fsdp(3, 3, steps=2),
+], ids=["gpipe", "1f1b", "pipedream", "interleaved", "fsdp"])
+def test_dispatch_cost_matches_brute_force_fixed_point(build) -> None:
+    """A worker's own time before each job (dispatch) delays the job from its worker's previous end only."""
+    rng = np.random.default_rng(1)
+    s = build()
+    f, b = rng.uniform(0.5, 2.0, s.D), rng.uniform(0.5, 3.0, s.D)
+    tc = np.append(rng.uniform(0.0, 0.7, s.D - 1), 0.0)
+    d = rng.uniform(0.0, 0.4, s.D)
+    r = simulate(s, f, b, u_cost=0.25, transfer_cost=tc, dispatch_cost=d)
+    ref_start, ref_end = reference_times(s, f, b, 0.25, tc, d)
+    np.testing.assert_allclose(r.start, ref_start, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.end, ref_end, rtol=0, atol=1e-12)
+    assert r.makespan > simulate(s, f, b, u_cost=0.25, transfer_cost=tc).makespan
+    np.testing.assert_allclose(r.busy, simulate(s, f, b, u_cost=0.25, transfer_cost=tc).busy)  # not busy time
+
+
+def test_dispatch_overlaps_a_message_in_flight_closed_form() -> None:
+    """GPipe D=2, M=1, one step: the receiving jobs' dispatch (d < α) hides under the message's flight, so the
+    makespan is 2f + 2b + 2α + 3d (F(0), B(1) and the last update pay it), not + 6d as a cost added to every job
+    would give."""
+    f, b, a, d = 1.0, 2.0, 0.5, 0.125
+    s = gpipe(2, 1)
+    r = simulate(s, f, b, transfer_cost=a, dispatch_cost=d)
+    assert r.makespan == pytest.approx(2 * f + 2 * b + 2 * a + 3 * d, abs=1e-12)
+    link = Network.uniform(2, Link(latency=a))
+    assert simulate(s, f, b, network=link, dispatch_cost=d).makespan == pytest.approx(r.makespan, abs=1e-12)
+
+
+@pytest.mark.parametrize("d", [-0.1, float("nan"), [0.1, 0.2, 0.3]])
+def test_dispatch_cost_refuses_bad_values(d: object) -> None:
+    with pytest.raises(ValueError, match="dispatch_cost"):
+        simulate(gpipe(2, 2), dispatch_cost=d)
 
 
 @pytest.mark.parametrize("D,M", [(2, 1), (4, 8), (5, 3), (8, 16)])

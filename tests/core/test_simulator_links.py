@@ -180,8 +180,10 @@ def test_utilisation_binding_and_critical_path_on_random_networks(s: Schedule) -
     net = Network([Link(*x) for x in zip(rng.uniform(0, 0.3, s.D - 1), rng.uniform(50, 500, s.D - 1))],
                   [Link(*x) for x in zip(rng.uniform(0, 0.3, s.D - 1), rng.uniform(50, 500, s.D - 1))],
                   duplex=bool(rng.random() < 0.5), receive_overhead=float(rng.choice([0.0, 0.05])))
+    dispatch = rng.choice([0.0, 0.03]) * rng.random(s.D)  # a worker's own time before each job (or none)
     r = simulate(s, **random_costs(s, rng), network=net,
-                 message_bytes=MessageBytes(*(tuple(rng.uniform(0, 200, s.D - 1)) for _ in range(2))))
+                 message_bytes=MessageBytes(*(tuple(rng.uniform(0, 200, s.D - 1)) for _ in range(2))),
+                 dispatch_cost=dispatch)
     validate(r)
     for u in (r.link_utilisation, r.wire_utilisation):
         assert np.all((u >= 0) & (u <= 1 + 1e-12))
@@ -192,7 +194,13 @@ def test_utilisation_binding_and_critical_path_on_random_networks(s: Schedule) -
     assert 0 <= r.link_time <= 1
     kinds = np.array(BINDINGS)[b.kind]
     first = np.isin(np.arange(len(r.start)), r.compiled.offsets[:-1])
-    assert np.all(r.start[kinds == "start"] == 0) and np.all(first[kinds == "start"])
+    d = np.zeros(len(r.start)) if r.dispatch is None else r.dispatch
+    assert np.all(r.start[kinds == "start"] == d[kinds == "start"]) and np.all(first[kinds == "start"])
+    # the dispatch on the path is exactly that of the jobs its worker (or t = 0) bound, and it is not link time
+    assert sum(x for what, _, x in path if what == "dispatch") == pytest.approx(
+        sum(d[i] for what, i, _ in path if what == "job" and kinds[i] in ("start", "worker")), abs=1e-12)
+    assert r.link_time == pytest.approx(sum(x for what, _, x in path if what not in ("job", "dispatch"))
+                                        / r.makespan, rel=1e-12)
     msg = b.message >= 0
     np.testing.assert_array_equal(r.start[msg], m.arrival[b.message[msg]] + net.receive_overhead)
     assert np.all(r.start[m.consumer] >= m.arrival + net.receive_overhead)
