@@ -230,12 +230,12 @@ def main() -> None:
     print(f"deep_mlp width {args.width}, depth {args.depth}; micro-batch {args.micro}; M = 2·ranks; "
           f"{args.steps} steps; median of {args.repeats} runs; {'duplex' if args.duplex else 'half-duplex'} wires; "
           "step times are steady (after the first step), the makespan's error beside")
-    print(f"{'schedule':<26} {'W':>2} {'Mb/s':>6} {'ms':>5} {'fcst ms':>10} {'meas ms':>10} {'error':>8} {'mkspan':>8} "
-          f"{'link':>6} {'late':>4} {'o ms':>5} {'over':>5} {'busy err':>8} {'profile':>8} {'replay':>8} {'load':>5}  "
-          "within ±5%")
     cores = len(os.sched_getaffinity(0))
     if max(args.ranks) > cores:
         print(f"note: {max(args.ranks)} ranks on {cores} cores share them; the simulator gives every rank its own")
+    print(f"{'schedule':<26} {'W':>2} {'Mb/s':>6} {'ms':>5} {'fcst ms':>10} {'meas ms':>10} {'error':>8} {'mkspan':>8} "
+          f"{'link':>6} {'late':>4} {'o ms':>5} {'over':>5} {'busy err':>8} {'profile':>8} {'replay':>8} {'load':>5}  "
+          "within ±5%")
     rows = []
     links: list[tuple[float | None, float]] = [(mbps, ms) for mbps in args.mbps for ms in args.latency_ms]
     if args.unmetered:

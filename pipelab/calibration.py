@@ -354,7 +354,7 @@ def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network
         b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
     costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0}
     dispatch = _dispatch(timelines, D)
-    if dispatch is not None and any(dispatch):
+    if dispatch is not None and any(any(v) for v in dispatch.values()):
         costs["dispatch_cost"] = dispatch
     if network is not None and receive_overhead:
         network = replace(network, receive_overhead=receive_overhead)
@@ -386,19 +386,22 @@ def steady_step(ends: dict[int, float]) -> float:
     return float(statistics.median(b - a for a, b in zip(t, t[1:]))) if len(t) > 1 else math.nan
 
 
-def _dispatch(timelines: Sequence[Any], D: int) -> list[float] | None:
-    """Per stage, a rank's mean own time before a job (the simulator's ``dispatch_cost``): from its previous job's
-    end (the first send) to the job's start, or to when it asked for its input from another rank (a job that
-    received; the wait for the input is the links'). Each rank's first job is left out (no previous end); ``None``
-    when there is no sample (timelines recorded before ``asked`` was)."""
-    gaps: list[list[float]] = [[] for _ in range(D)]
+def _dispatch(timelines: Sequence[Any], D: int) -> dict[str, list[float]] | None:
+    """Per op and stage, a rank's mean own time before a job (the simulator's ``dispatch_cost``): from its previous
+    job's end (the first send) to the job's start, or to when it asked for its input from another rank (a job
+    that received; the wait for the input is the links'). Per op, as it differs (an update's copies, a backward's
+    sends). Each rank's first job is left out (no previous end); ``None`` when there is no sample (timelines
+    recorded before ``asked`` was)."""
+    gaps: dict[tuple[str, int], list[float]] = {}
     for tl in timelines:
         for prev, r in zip(tl.jobs, tl.jobs[1:]):
             if 0 <= r.stage < D and not (r.received and math.isnan(r.asked)):
-                gaps[r.stage].append(max((r.asked if r.received else r.start) - prev.end, 0.0))
-    if not any(gaps):
+                gap = (r.asked if r.received else r.start) - prev.end
+                gaps.setdefault((r.op, r.stage), []).append(max(gap, 0.0))
+    if not gaps:
         return None
-    return [float(statistics.fmean(g)) if g else 0.0 for g in gaps]
+    return {op: [float(statistics.fmean(gaps.get((op, k), [0.0]))) for k in range(D)]
+            for op in dict.fromkeys(op for op, _ in gaps)}
 
 
 def _transfer_latency(timelines: Sequence[Any], D: int, default: float) -> float:

@@ -504,7 +504,8 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
              i_cost: Cost | None = None, w_cost: Cost | None = None, transfer_cost: Cost = 0.0,
              weight_transfer_cost: Cost = 0.0, activation_bytes: Cost | None = None,
              weight_bytes: Cost | None = None, profile: Any = None, network: Network | None = None,
-             message_bytes: MessageBytes | Cost | None = None, dispatch_cost: Cost = 0.0) -> SimResult:
+             message_bytes: MessageBytes | Cost | None = None,
+             dispatch_cost: Cost | Mapping[str, Cost] = 0.0) -> SimResult:
     """Simulate ``schedule`` under a per-stage cost model, and optionally a link model.
 
     Args:
@@ -515,9 +516,10 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
             on the receiver's wire, their consumers start o (``receive_overhead``) after the arrival at the
             earliest; with ``weight_bytes`` a placed schedule's collectives are costed too.
         message_bytes: bytes of each boundary's messages; needed when a link's bandwidth is finite.
-        dispatch_cost: per stage, a worker's own time before each of its jobs (a runtime's bookkeeping between
-            jobs, posting and handing over tensors: measured by :func:`pipelab.calibration.measured_costs`); it
-            delays the job, not its inputs, and is not counted as busy.
+        dispatch_cost: a worker's own time before each of its jobs (a runtime's bookkeeping between jobs, posting
+            and handing over tensors: measured by :func:`pipelab.calibration.measured_costs`), per stage or per op
+            (``{"F": ..., "B": ..., "U": ...}``, each per stage; a missing op: 0); it delays the job, not its
+            inputs, and is not counted as busy.
 
     Raises:
         ScheduleError: the schedule is malformed or deadlocks (grid printed, cell marked).
@@ -544,8 +546,11 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
     ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
     wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
     lat, wires, mb = _links(c, cost, transfer_cost, weight_transfer_cost, network, message_bytes, wb)
-    dc = _per_stage("dispatch_cost", dispatch_cost, D, positive=False)
-    disp = dc[np.clip(c.stage, 0, D - 1)] if dc.any() else None
+    per_op = dispatch_cost if isinstance(dispatch_cost, Mapping) else dict.fromkeys(OP_CODE, dispatch_cost)
+    if set(per_op) - set(OP_CODE):
+        raise ValueError(f"dispatch_cost's keys must be ops among {', '.join(OP_CODE)}, got {sorted(per_op)}")
+    dc = np.stack([_per_stage(f"dispatch_cost[{op!r}]", per_op.get(op, 0.0), D, positive=False) for op in OP_CODE])
+    disp = dc[np.clip(c.op, 0, 4), np.clip(c.stage, 0, D - 1)] if dc.any() else None
     t = run(c, cost, *lat, wires, disp)
     if t.blocked:
         w, pos = t.blocked[0]

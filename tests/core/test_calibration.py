@@ -123,7 +123,7 @@ def test_dispatch_is_a_ranks_own_time_between_jobs_and_the_steady_step_leaves_ou
     c = measured_costs([tl0, tl1], 2, 0.25)
     # stage 0: F 0.5 (start − previous end), B 0.25 (asked − previous end: the wait for the gradient is the
     # link's), U 0.5; stage 1: B 0.25 (each rank's first job has no previous end)
-    assert c["dispatch_cost"] == pytest.approx([(0.5 + 0.25 + 0.5) / 3, 0.25], abs=1e-12)
+    assert c["dispatch_cost"] == {"F": [0.5, 0.0], "B": [0.25, 0.25], "U": [0.5, 0.0]}
     assert "dispatch_cost" not in measured_costs([Timeline(0, [JobRecord("F", 0, 0, 0, 0.0, 1.0)])], 1, 0.0)
     assert step_ends([tl0, tl1]) == {0: 8.0, 1: 6.0}
     assert steady_step({0: 10.0, 1: 13.0, 2: 17.0, 3: 20.0}) == 3.0  # the first step's 10 left out

@@ -128,7 +128,18 @@ def test_dispatch_overlaps_a_message_in_flight_closed_form() -> None:
     assert simulate(s, f, b, network=link, dispatch_cost=d).makespan == pytest.approx(r.makespan, abs=1e-12)
 
 
-@pytest.mark.parametrize("d", [-0.1, float("nan"), [0.1, 0.2, 0.3]])
+def test_dispatch_cost_per_op_charges_each_op_its_own() -> None:
+    """Per op: the same schedule with F's dispatch only equals per-stage dispatch minus what B and U paid."""
+    s, f, b, a = gpipe(2, 1), 1.0, 2.0, 0.5
+    only_f = simulate(s, f, b, transfer_cost=a, dispatch_cost={"F": 0.125})
+    assert only_f.makespan == pytest.approx(2 * f + 2 * b + 2 * a + 0.125, abs=1e-12)  # F(0) pays, F(1) hides
+    u = simulate(s, f, b, transfer_cost=a, dispatch_cost={"U": [0.25, 0.5]})
+    assert u.makespan == pytest.approx(2 * f + 2 * b + 2 * a + 0.25, abs=1e-12)  # U(1) ends first, hidden
+    same = simulate(s, f, b, transfer_cost=a, dispatch_cost=dict.fromkeys("FBUIW", 0.125))
+    assert same.makespan == simulate(s, f, b, transfer_cost=a, dispatch_cost=0.125).makespan
+
+
+@pytest.mark.parametrize("d", [-0.1, float("nan"), [0.1, 0.2, 0.3], {"X": 0.1}, {"F": -1.0}])
 def test_dispatch_cost_refuses_bad_values(d: object) -> None:
     with pytest.raises(ValueError, match="dispatch_cost"):
         simulate(gpipe(2, 2), dispatch_cost=d)
