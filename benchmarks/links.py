@@ -89,7 +89,7 @@ def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namesp
     out = []
     for r in rows:
         replay = steady_step(step_ends(simulate(r.sim_schedule, **r.measured_costs)))
-        dispatch = r.costs.get("dispatch_cost", [0.0])
+        dispatch = [x for v in r.costs.get("dispatch_cost", {"F": [0.0]}).values() for x in v]
         out.append({"schedule": r.schedule, "kind": r.kind, "policy": r.policy, "ranks": ranks,
                     "mbps": "none" if mbps is None else mbps,
                     "latency_ms": latency_ms, "duplex": args.duplex, "steps": args.steps, "repeats": args.repeats,
