@@ -19,7 +19,17 @@ import numpy as np
 
 from .links import MessageBytes, Network, collective_time
 from .schedules.actions import Action, Schedule, gc_paused
-from .schedules.compiled import OP_CODE, Compiled, Wires, _per_stage, check_cost, compile_schedule, job_costs, run
+from .schedules.compiled import (
+    OP_CODE,
+    Compiled,
+    Wires,
+    _checked_costs,
+    _per_stage,
+    check_cost,
+    compile_schedule,
+    job_costs,
+    run,
+)
 from .schedules.dependencies import Job
 from .schedules.validate import ScheduleError, format_grid
 from .schedules.versions import VersionTable
@@ -505,7 +515,7 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
              weight_transfer_cost: Cost = 0.0, activation_bytes: Cost | None = None,
              weight_bytes: Cost | None = None, profile: Any = None, network: Network | None = None,
              message_bytes: MessageBytes | Cost | None = None,
-             dispatch_cost: Cost | Mapping[str, Cost] = 0.0) -> SimResult:
+             dispatch_cost: Cost | Mapping[str, Cost] = 0.0, job_cost: np.ndarray | None = None) -> SimResult:
     """Simulate ``schedule`` under a per-stage cost model, and optionally a link model.
 
     Args:
@@ -520,6 +530,9 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
             and handing over tensors: measured by :func:`pipelab.calibration.measured_costs`), per stage or per op
             (``{"F": ..., "B": ..., "U": ...}``, each per stage; a missing op: 0); it delays the job, not its
             inputs, and is not counted as busy.
+        job_cost: each action's own cost instead of its stage's (shape [n], in the order of
+            :func:`~pipelab.schedules.compiled.compile_schedule`, as :attr:`SimResult.compiled`): e.g. durations
+            drawn job by job (:func:`pipelab.calibration.sampled_forecast`).
 
     Raises:
         ScheduleError: the schedule is malformed or deadlocks (grid printed, cell marked).
@@ -543,6 +556,11 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
         msg, where = c.problems[0]
         raise ScheduleError(f"cannot simulate {schedule.name!r}: {msg}\n" + format_grid(schedule, where))
     cost = job_costs(c, f_cost, b_cost, u_cost, i_cost, w_cost)
+    if job_cost is not None:
+        jc = np.asarray(job_cost, dtype=np.float64)
+        if jc.shape != cost.shape:
+            raise ValueError(f"job_cost must have one value per action ({cost.shape[0]}), got shape {jc.shape}")
+        cost = _checked_costs("job_cost", jc.copy(), "a negative or non-finite value", positive=False)
     ab = None if activation_bytes is None else _per_stage("activation_bytes", activation_bytes, D, positive=False)
     wb = None if weight_bytes is None else _per_stage("weight_bytes", weight_bytes, D, positive=False)
     lat, wires, mb = _links(c, cost, transfer_cost, weight_transfer_cost, network, message_bytes, wb)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..calibration import forecast_costs, measured_costs, steady_step, step_ends
+from ..calibration import forecast_costs, measured_costs, sampled_forecast, steady_step, step_ends
 from ..links import Link, Network, message_bytes
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
 from ..schedules.actions import Schedule, check_int
@@ -181,7 +181,9 @@ class CalibrationRow:
         (:func:`probe_summary`, the same for every row of a calibration; empty when not metered).
         A metered forecast takes its compute costs from the case's pilot runs (:func:`_receive_probe`, one right
         before each measured run: the mean duration of each stage's F, B, I, W, U jobs over them, as
-        :func:`measured_costs` reads them, after each one's first step),
+        :func:`measured_costs` reads them, after each one's first step; its forecast_s and forecast_steady_s are
+        means over simulations with durations drawn job by job from the pilots',
+        :func:`pipelab.calibration.sampled_forecast`: spread durations lengthen a makespan),
         not from the stages profiled one by one: under load those missed the run's job times by −20 % to +250 %
         (a job timed alone after a pause is not a job in a stream); profile_s, profile_error: the forecast with
         the stage profile, kept beside it (NaN when not metered).
@@ -231,7 +233,7 @@ class CalibrationRow:
     sim_schedule: Any = field(default=None, repr=False)
 
     def simulate(self) -> SimResult:
-        """The forecast's simulation (for the timeline figure)."""
+        """The forecast's simulation at its mean costs (for the timeline figure)."""
         if self.sim_schedule is None or not self.runnable:
             raise ValueError(f"row {self.label!r} has no forecast (not runnable: {self.note})")
         return simulate(self.sim_schedule, **self.costs)
@@ -563,9 +565,10 @@ def calibration_rows(per_rank: Sequence[dict[str, Any]], cfg: CalibrationConfig)
         row.overshoot = float(statistics.fmean(p["cases"][i]["overshoot"][mid] for p in per_rank))
         row.collective_cost = list(info.get("collective_cost", []))
         sim = simulate(sched, **row.costs)
-        row.forecast_s = sim.makespan
+        row.forecast_s, row.forecast_steady_s = sim.makespan, steady_step(step_ends(sim))
+        if network is not None:  # durations drawn from the pilots' own: their spread lengthens the makespan
+            row.forecast_s, row.forecast_steady_s = sampled_forecast(sched, row.costs, pilots)
         row.steady_s = float(statistics.median(steady_step(step_ends(tls)) for tls in reps))
-        row.forecast_steady_s = steady_step(step_ends(sim))
         row.steady_error = row.forecast_steady_s / row.steady_s - 1.0
         row.link_time = sim.link_time
         row.error = row.forecast_s / row.measured_s - 1.0

@@ -139,6 +139,18 @@ def test_dispatch_cost_per_op_charges_each_op_its_own() -> None:
     assert same.makespan == simulate(s, f, b, transfer_cost=a, dispatch_cost=0.125).makespan
 
 
+def test_job_cost_overrides_each_actions_cost() -> None:
+    s = one_f_one_b(3, 4, steps=2)
+    r = simulate(s, [1.0, 2.0, 1.5], 2.5, u_cost=0.25)
+    assert np.array_equal(simulate(s, job_cost=r.cost).end, r.end)  # the same costs, given per action
+    bumped = r.cost.copy()
+    bumped[0] += 1.0  # the very first forward: everything after it waits
+    assert simulate(s, job_cost=bumped).makespan == pytest.approx(r.makespan + 1.0, abs=1e-12)
+    for bad in (r.cost[:-1], -r.cost, np.full_like(r.cost, np.nan)):
+        with pytest.raises(ValueError, match="job_cost"):
+            simulate(s, job_cost=bad)
+
+
 @pytest.mark.parametrize("d", [-0.1, float("nan"), [0.1, 0.2, 0.3], {"X": 0.1}, {"F": -1.0}])
 def test_dispatch_cost_refuses_bad_values(d: object) -> None:
     with pytest.raises(ValueError, match="dispatch_cost"):
