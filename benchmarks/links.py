@@ -247,11 +247,11 @@ def main() -> None:
                 rows.append(row)
                 print(line(row), flush=True)
             print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            if args.csv:  # after every link setting: an interrupted run keeps the rows it measured
+                write_csv(args.csv, COLUMNS, rows)
     missed = [r for r in rows if not abs(float(r["error_pct"])) <= 5.0]  # type: ignore[arg-type]
     print(f"{len(rows) - len(missed)} of {len(rows)} rows within ±5 %; "
           f"mean |error| {sum(abs(float(r['error_pct'])) for r in rows) / max(len(rows), 1):.1f} %")  # type: ignore[arg-type]
-    if args.csv:
-        write_csv(args.csv, COLUMNS, rows)
 
 
 if __name__ == "__main__":
