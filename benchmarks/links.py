@@ -83,7 +83,7 @@ def run(ranks: int, mbps: float | None, latency_ms: float, args: argparse.Namesp
                             depth=args.depth, in_features=args.width, micro=args.micro, steps=args.steps,
                             repeats=args.repeats, profile_reps=args.profile_reps, pilot_steps=args.pilot_steps,
                             link=None if mbps is None else Link.mbps(mbps, latency_ms=latency_ms),
-                            duplex=args.duplex, timeout_s=580.0)
+                            duplex=args.duplex, timeout_s=3600.0)
     rows = calibrate(cfg)
     load = load_average()
     out = []
@@ -148,7 +148,7 @@ def nanogpt(args: argparse.Namespace) -> dict[str, object]:
     cfg = CalibrationConfig(ranks=s.D, cases=(CalibrationCase("1f1b"),), micro=s.micro, microbatches=s.M,
                             steps=args.steps, repeats=args.repeats, profile_reps=args.profile_reps,
                             pilot_steps=args.pilot_steps, link=Link.mbps(s.mbps, latency_ms=s.latency_ms), model=s,
-                            timeout_s=580.0)
+                            timeout_s=3600.0)
     r = calibrate(cfg)[0]
     load = load_average()
     sim = r.simulate()

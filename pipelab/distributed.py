@@ -20,7 +20,9 @@ import json
 import math
 import os
 import queue as queue_mod
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -427,8 +429,23 @@ def _to_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def _report(results: Any, outdir: str, rank: int, status: str, data: bytes) -> None:
+    """Send a rank's report: its bytes to a file in ``outdir``, only ``(status, rank, path)`` on the queue, flushed
+    before returning. A message of a few dozen bytes reaches the pipe in one write (at most PIPE_BUF), so a rank
+    killed at any moment never leaves half a message on which the parent's read would block past every timeout
+    (a result of any size sent through the queue could: a rank whose process died after reporting got its peers,
+    still writing their results, terminated mid-message)."""
+    path = os.path.join(outdir, f"{status}-{rank}")
+    with open(path + ".part", "wb") as fh:
+        fh.write(data)
+    os.replace(path + ".part", path)
+    results.put((status, rank, path))
+    results.close()
+    results.join_thread()
+
+
 def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: str, timeout_s: float,
-            args: tuple, results: Any, beat: Any = None) -> None:
+            args: tuple, results: Any, outdir: str, beat: Any = None) -> None:
     global _BEAT
     _BEAT = beat
     if beat is not None:
@@ -441,11 +458,10 @@ def _worker(fn: Callable[..., Any], rank: int, world: int, port: int, backend: s
     try:
         init_from_env(backend, timeout_s=timeout_s)
         out = fn(rank, world, *args)
-        results.put(("ok", rank, _to_bytes(out)))
+        _report(results, outdir, rank, "ok", _to_bytes(out))
     except BaseException:  # report everything, including KeyboardInterrupt, then unblock peers
-        results.put(("error", rank, traceback.format_exc()))
-        results.close()
-        results.join_thread()  # flush the report before os._exit, which would kill the queue's feeder thread
+        with contextlib.suppress(Exception):  # flushed before os._exit, which would kill the queue's feeder thread
+            _report(results, outdir, rank, "error", traceback.format_exc().encode())
         with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -523,7 +539,12 @@ class _Ranks:
                 status, rank, payload = self.results.get(timeout=0.05)
             except queue_mod.Empty:
                 return
-            (self.done if status == "ok" else self.errors)[rank] = payload
+            with open(payload, "rb") as fh:  # _report's file
+                data = fh.read()
+            if status == "ok":
+                self.done[rank] = data
+            else:
+                self.errors[rank] = data.decode(errors="replace")
 
     def unreported_deaths(self) -> dict[int, str]:
         return {r: f"process exited with code {p.exitcode} without reporting" for r, p in enumerate(self.procs)
@@ -572,14 +593,18 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend:
                           timeout=datetime.timedelta(seconds=comm_timeout_s))
     port = store.port
     beats = [ctx.RawArray("d", [-1.0, time.monotonic()]) for _ in range(world_size)]  # see heartbeat()
+    outdir = tempfile.mkdtemp(prefix="pipelab-spawn-")  # the ranks' reports (_report)
     procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, comm_timeout_s, args, results,
-                                               beats[r]), daemon=True) for r in range(world_size)]
+                                               outdir, beats[r]), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()
     ranks = _Ranks(procs, beats, results)
     try:
         ranks.wait(timeout_s, grace_s)
     finally:
-        dead, hung = ranks.stop(grace_s, comm_timeout_s)
+        try:
+            dead, hung = ranks.stop(grace_s, comm_timeout_s)
+        finally:
+            shutil.rmtree(outdir, ignore_errors=True)
     ranks.raise_failure(dead, hung)
     return [torch.load(io.BytesIO(ranks.done[r]), weights_only=False) for r in range(world_size)]

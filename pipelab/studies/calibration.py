@@ -167,9 +167,9 @@ class CalibrationRow:
         timelines: every rank's :class:`~pipelab.runtime.trace.Timeline` of the median repeat; costs: the
         keyword arguments given to :func:`~pipelab.simulator.simulate`.
         measured_costs, replay_s, replay_error: the same forecast with each stage's F/B/I/W/U cost taken as
-        the mean duration of its jobs in the median run's timeline, and the run's own mean transfer
-        latency (:func:`measured_costs`): what is left of the error is the simulator's model (dependencies,
-        one fixed latency per transfer, no time between jobs), not the profile.
+        the mean duration of its jobs in the median run's timeline, its ranks' mean time between jobs
+        (dispatch) and the run's own mean transfer latency (:func:`measured_costs`): what is left of the error
+        is the simulator's model (dependencies, one fixed latency per transfer, mean durations), not the profile.
         collective_s: the most time any rank of the median run spent in collectives (placed schedules).
         late: in a metered run (``CalibrationConfig.link``), the median run's late messages over all ranks
         (:class:`~pipelab.runtime.meter.MeterStats`); link_time: the forecast's share of the makespan its critical

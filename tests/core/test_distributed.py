@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -51,6 +52,28 @@ def test_a_failing_rank_fails_the_run_quickly(fn, needle: str) -> None:
     assert err.value.rank == 1 and needle in str(err.value)
     # Bounded: far below the 30 s communication timeout, i.e. the peer was unblocked, not timed out.
     assert time.monotonic() - start < 25
+
+
+def _big_result_then_die_at_exit(rank: int, world: int) -> bytes:
+    """A result far larger than a pipe holds, from a process that dies (code 3) as it exits, before
+    multiprocessing's exit handlers would have flushed a queue (a crash at interpreter shutdown)."""
+    from multiprocessing import util
+
+    util.Finalize(None, os._exit, args=(3,), exitpriority=100)
+    return bytes(8 << 20)
+
+
+@pytest.mark.slow
+def test_a_rank_dying_after_its_report_neither_hangs_the_run_nor_loses_the_result() -> None:
+    """Probe: results sent through the queue itself left half a message in the pipe when the rank died while its
+    feeder thread wrote it; the parent's read of it blocked forever, past every timeout."""
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(out=spawn(_big_result_then_die_at_exit, 2, timeout_s=60,
+                                                             grace_s=2)), daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "spawn hung reading a rank's half-written report"
+    assert [len(x) for x in box["out"]] == [8 << 20] * 2  # type: ignore[attr-defined]
 
 
 def _config_check(rank: int, world: int) -> None:
