@@ -426,7 +426,7 @@ def _dispatch(timelines: Sequence[Any], D: int) -> dict[str, list[float]] | None
     gaps: dict[tuple[str, int], list[float]] = {}
     for tl in timelines:
         for prev, r in zip(tl.jobs, tl.jobs[1:]):
-            if 0 <= r.stage < D and not (r.received and math.isnan(r.asked)):
+            if r.op in OP_CODE and 0 <= r.stage < D and not (r.received and math.isnan(r.asked)):  # no collective
                 gap = (r.asked if r.received else r.start) - prev.end
                 gaps.setdefault((r.op, r.stage), []).append(max(gap, 0.0))
     if not gaps:
