@@ -67,13 +67,12 @@ from .links import MessageBytes, Network, boundary_bytes
 from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
 from .precision import tensor_bytes
 from .schedules.actions import Schedule
-from .schedules.compiled import OP_CODE, compile_schedule, job_costs
+from .schedules.compiled import OP_CODE
 from .schedules.dependencies import received_from
 from .simulator import SimResult, simulate
 
 __all__ = ["simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
-           "EXACT_VERSION_POLICIES", "forecast_costs", "measured_costs", "step_ends", "steady_step",
-           "sampled_forecast"]
+           "EXACT_VERSION_POLICIES", "forecast_costs", "measured_costs", "step_ends", "steady_step"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -385,36 +384,6 @@ def steady_step(ends: dict[int, float]) -> float:
     as benchmarks that score a pipeline by its steady step time leave it out; NaN with fewer than two steps."""
     t = [ends[k] for k in sorted(ends)]
     return float(statistics.median(b - a for a, b in zip(t, t[1:]))) if len(t) > 1 else math.nan
-
-
-def sampled_forecast(schedule: Schedule, costs: dict[str, Any], timelines: Sequence[Any], *, draws: int = 32,
-                     seed: int = 0) -> tuple[float, float]:
-    """The forecast's mean makespan and mean steady step time (:func:`steady_step`) over ``draws`` simulations
-    whose job durations are drawn job by job from the ``timelines``' own durations of the same op and stage (a
-    pilot run's: :func:`measured_costs` takes their means), the rest of ``costs`` (links, dispatch) kept.
-
-    A makespan is a max-plus expression of the durations, convex in them, so its mean over spread durations is
-    at least its value at their means (Jensen): where job times spread (ranks sharing cores), mean costs forecast
-    short. Ops and stages without a sample keep their cost from ``costs``."""
-    c = compile_schedule(schedule)
-    base = job_costs(c, costs["f_cost"], costs["b_cost"], costs.get("u_cost", 0.0), costs.get("i_cost"),
-                     costs.get("w_cost"))
-    pools: dict[tuple[int, int], list[float]] = {}
-    for tl in timelines:
-        for r in tl.jobs:
-            if r.op in OP_CODE:
-                pools.setdefault((OP_CODE[r.op], r.stage), []).append(r.duration)
-    groups = [(np.flatnonzero((c.op == op) & (c.stage == k)), np.asarray(pool)) for (op, k), pool in pools.items()]
-    rng = np.random.default_rng(seed)
-    spans, steps = [], []
-    for _ in range(draws):
-        cost = base.copy()
-        for idx, pool in groups:
-            cost[idx] = rng.choice(pool, size=len(idx))
-        sim = simulate(schedule, **costs, job_cost=cost)
-        spans.append(sim.makespan)
-        steps.append(steady_step(step_ends(sim)))
-    return float(np.mean(spans)), float(np.mean(steps))
 
 
 def _dispatch(timelines: Sequence[Any], D: int) -> dict[str, list[float]] | None:

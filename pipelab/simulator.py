@@ -532,7 +532,7 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
             inputs, and is not counted as busy.
         job_cost: each action's own cost instead of its stage's (shape [n], in the order of
             :func:`~pipelab.schedules.compiled.compile_schedule`, as :attr:`SimResult.compiled`): e.g. durations
-            drawn job by job (:func:`pipelab.calibration.sampled_forecast`).
+            drawn job by job (:func:`pipelab.studies.calibration.sampled_forecast`).
 
     Raises:
         ScheduleError: the schedule is malformed or deadlocks (grid printed, cell marked).

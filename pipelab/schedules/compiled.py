@@ -322,8 +322,9 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     """Time every action of ``c`` (module docstring): ``cost`` per action, ``lat1..3`` added to dep1..dep3's end,
     ``dispatch`` per action (None: 0) added to its worker's previous end."""
     L = _loop_inputs(c, cost, (lat1, lat2, lat3), wires)
-    codes = np.clip(c.op, 0, 4) * c.schedule.D + np.clip(c.stage, 0, c.schedule.D - 1)
-    hd = [0.0] * c.n if dispatch is None else _floats(np.asarray(dispatch, dtype=np.float64), codes)
+    hd = [0.0] * c.n if dispatch is None else _floats(  # one float per (op, stage), as the costs
+        np.asarray(dispatch, dtype=np.float64),
+        np.clip(c.op, 0, 4) * c.schedule.D + np.clip(c.stage, 0, c.schedule.D - 1))
     dd1, dd2, ll1, ll2, cst, rows, waiting, us = L.d1, L.d2, L.l1, L.l2, L.cost, L.rows, L.waiting, L.us
     al, tx, wi, sender, sends, stream = L.latency, L.transmission, L.wire, L.sender, L.sends, L.stream
     n, W, inf = c.n, c.schedule.W, math.inf

@@ -22,15 +22,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..calibration import forecast_costs, measured_costs, sampled_forecast, steady_step, step_ends
+from ..calibration import forecast_costs, measured_costs, steady_step, step_ends
 from ..links import Link, Network, message_bytes
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
 from ..schedules.actions import Schedule, check_int
 from ..schedules.builders import BUILDERS
+from ..schedules.compiled import OP_CODE, compile_schedule, job_costs
 from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
     from .time_to_target import NanoGPTSetting
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "calibrate_rank", "calibration_rows", "receive_overhead", "probe_summary",
+           "format_rows", "rows_csv", "sampled_forecast", "calibrate_rank", "calibration_rows", "receive_overhead",
+           "probe_summary",
            "RahimiRunConfig",
            "runtime_table_row", "rahimi_measured"]
 
@@ -183,7 +186,7 @@ class CalibrationRow:
         before each measured run: the mean duration of each stage's F, B, I, W, U jobs over them, as
         :func:`measured_costs` reads them, after each one's first step; its forecast_s and forecast_steady_s are
         means over simulations with durations drawn job by job from the pilots',
-        :func:`pipelab.calibration.sampled_forecast`: spread durations lengthen a makespan),
+        :func:`sampled_forecast`: spread durations lengthen a makespan),
         not from the stages profiled one by one: under load those missed the run's job times by −20 % to +250 %
         (a job timed alone after a pause is not a job in a stream); profile_s, profile_error: the forecast with
         the stage profile, kept beside it (NaN when not metered).
@@ -237,6 +240,36 @@ class CalibrationRow:
         if self.sim_schedule is None or not self.runnable:
             raise ValueError(f"row {self.label!r} has no forecast (not runnable: {self.note})")
         return simulate(self.sim_schedule, **self.costs)
+
+
+def sampled_forecast(schedule: Schedule, costs: dict[str, Any], timelines: Sequence[Any], *, draws: int = 32,
+                     seed: int = 0) -> tuple[float, float]:
+    """The forecast's mean makespan and mean steady step time (:func:`steady_step`) over ``draws`` simulations
+    whose job durations are drawn job by job from the ``timelines``' own durations of the same op and stage (a
+    pilot run's: :func:`measured_costs` takes their means), the rest of ``costs`` (links, dispatch) kept.
+
+    A makespan is a max-plus expression of the durations, convex in them, so its mean over spread durations is
+    at least its value at their means (Jensen): where job times spread (ranks sharing cores), mean costs forecast
+    short. Ops and stages without a sample keep their cost from ``costs``."""
+    c = compile_schedule(schedule)
+    base = job_costs(c, costs["f_cost"], costs["b_cost"], costs.get("u_cost", 0.0), costs.get("i_cost"),
+                     costs.get("w_cost"))
+    pools: dict[tuple[int, int], list[float]] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            if r.op in OP_CODE:
+                pools.setdefault((OP_CODE[r.op], r.stage), []).append(r.duration)
+    groups = [(np.flatnonzero((c.op == op) & (c.stage == k)), np.asarray(pool)) for (op, k), pool in pools.items()]
+    rng = np.random.default_rng(seed)
+    spans, steps = [], []
+    for _ in range(draws):
+        cost = base.copy()
+        for idx, pool in groups:
+            cost[idx] = rng.choice(pool, size=len(idx))
+        sim = simulate(schedule, **costs, job_cost=cost)
+        spans.append(sim.makespan)
+        steps.append(steady_step(step_ends(sim)))
+    return float(np.mean(spans)), float(np.mean(steps))
 
 
 def _base(cfg: CalibrationConfig) -> nn.Sequential:

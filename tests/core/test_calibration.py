@@ -14,7 +14,6 @@ from pipelab.calibration import (
     forecast_costs,
     measured_costs,
     optimizer_state_slots,
-    sampled_forecast,
     simulated_collectives,
     simulated_traffic,
     steady_step,
@@ -50,6 +49,7 @@ from pipelab.studies.calibration import (
     probe_summary,
     receive_overhead,
     rows_csv,
+    sampled_forecast,
     schedule_for,
 )
 from pipelab.studies.models import deep_mlp
