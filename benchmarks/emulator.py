@@ -14,7 +14,12 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   ``Predicted`` spec) and, for a predictor that keeps a history (PipeMare's δ), its ``observe`` after each
   update of a stage that predicts — each timed alone on the same optimizer state (a stage that never predicts
   but observes anyway does so as emulator overhead);
-- **inherent** = plain + recompute + predictions, and **emulator**: the emulator's step;
+- **copies**: the stored weight versions the policy keeps — after each update of a stage whose ring holds more
+  than one version (stashing, 2BW, the predicting policies), the new weights are copied, since torch's optimizers
+  update in place and the version the in-flight micro-batches use must survive the next step (PipeDream keeps
+  them the same way); replayed as the same number of ``StageExecutor.snapshot`` calls per stage, timed alone (a
+  stage with one version shares its live weights and copies nothing);
+- **inherent** = plain + recompute + predictions + copies, and **emulator**: the emulator's step;
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
   emulator / plain.
 
@@ -26,7 +31,7 @@ forwards, and the prediction side the same calls (same stage, ``s`` and kind, fr
 the same number of ``observe`` calls), once per round.
 
 Timing (:mod:`benchmarks._harness`): one intra-op thread unless ``--threads``; per policy the sides run
-alternately, plain, emulator, recompute, predictions, round after round (``--rounds``, after one warm-up
+alternately, plain, emulator, recompute, predictions, copies, round after round (``--rounds``, after one warm-up
 round); each ratio is the median of the per-round ratios with its interquartile range and the load average
 of those rounds; building the model copy and the emulator (its plan) is not timed. ``--profile worst``
 (or a policy name) then runs cProfile over one emulator run of the row furthest from its goal and prints the
@@ -85,11 +90,13 @@ def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
 @dataclass
 class Work:
     """What one emulator run of a policy did beyond a plain step, counted by :func:`count_work`: recomputes per
-    stage, every prediction ``(stage, spec, grad)``, and the predictor's ``observe`` calls per stage."""
+    stage, every prediction ``(stage, spec, grad)``, the predictor's ``observe`` calls per stage and the weight
+    versions copied per stage."""
 
     recomputes: dict[int, int]
     predictions: list[tuple[int, Predicted, bool]]
     observes: dict[int, int]
+    copies: dict[int, int]
 
     @property
     def predictor_calls(self) -> int:
@@ -101,7 +108,14 @@ def count_work(emu: Emulator, data: list[tuple[Tensor, Tensor]]) -> Work:
     the module docstring)."""
     calls: list[tuple[int, Any, bool]] = []
     observed: Counter[int] = Counter()
+    copied: Counter[int] = Counter()
     for st in emu.stages:
+        def copying(st: Any = st, inner: Callable[..., Any] = st.snapshot) -> Any:
+            copied[st.k] += not st.share_live  # views of the live weights copy nothing
+            return inner()
+
+        st.snapshot = copying  # type: ignore[method-assign]
+
         def recording(spec: Any, grad: bool, st: Any = st, inner: Callable[..., Any] = st.weights) -> Any:
             calls.append((st.k, spec, grad))
             return inner(spec, grad)
@@ -117,11 +131,12 @@ def count_work(emu: Emulator, data: list[tuple[Tensor, Tensor]]) -> Work:
         emu.run(data)
     finally:
         for st in emu.stages:  # the classes' methods again
-            del st.weights
+            del st.weights, st.snapshot
             if st.predictor is not None and "observe" in vars(st.predictor):
                 del st.predictor.observe
     return Work(dict(Counter(k for k, _, grad in calls if grad)),
-                [(k, spec, grad) for k, spec, grad in calls if isinstance(spec, Predicted)], dict(observed))
+                [(k, spec, grad) for k, spec, grad in calls if isinstance(spec, Predicted)], dict(observed),
+                {k: n for k, n in copied.items() if n})
 
 
 def stage_inputs(emu: Emulator, x: Tensor) -> list[Tensor]:
@@ -136,7 +151,7 @@ def stage_inputs(emu: Emulator, x: Tensor) -> list[Tensor]:
 @dataclass
 class Row:
     """One policy's measurement: per-step medians in seconds, counts per step (recomputes; predictions and
-    ``observe`` calls) and the two ratios."""
+    ``observe`` calls; weight copies) and the two ratios."""
 
     policy: str
     schedule: str
@@ -144,20 +159,23 @@ class Row:
     plain: float
     recompute: float
     predictions: float
+    copies: float
     emulator: float
     recomputes_per_step: float
     predictions_per_step: float
+    copies_per_step: float
     vs_inherent: Ratio
     vs_plain: Ratio
 
     @property
     def inherent(self) -> float:
-        return self.plain + self.recompute + self.predictions
+        return self.plain + self.recompute + self.predictions + self.copies
 
 
 def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
             optimizer: Callable[[Any], torch.optim.Optimizer], device: torch.device) -> Row:
-    """Count the policy's work in one run, then time plain, emulator, recompute and predictions alternately."""
+    """Count the policy's work in one run, then time plain, emulator, recompute, predictions and copies
+    alternately."""
     steps = len(data)
     schedule = schedule_of(policy, D, M, steps)
     M = schedule.M
@@ -185,6 +203,11 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
             for _ in range(n):
                 st.predictor.observe(st.optimizer)
 
+    def copy_versions() -> None:
+        for k, n in work.copies.items():
+            for _ in range(n):
+                probe.stages[k].snapshot()
+
     sides: dict[str, Side] = {
         "plain": Side(lambda m: train_plain(m, optimizer=optimizer, batches=data, D=D,
                                             micro_batches=M if M > 1 else None),
@@ -197,6 +220,8 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
         sides["recompute"] = Side(recompute)
     if work.predictor_calls:
         sides["predictions"] = Side(predict)
+    if work.copies:
+        sides["copies"] = Side(copy_versions)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     r = alternate(sides, rounds, warmup=1, sync=sync)
 
@@ -204,19 +229,21 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
         return r.median(name) / steps if name in sides else 0.0
 
     return Row(policy, schedule.name, M, per_step("plain"), per_step("recompute"), per_step("predictions"),
-               per_step("emulator"), sum(work.recomputes.values()) / steps, work.predictor_calls / steps,
+               per_step("copies"), per_step("emulator"), sum(work.recomputes.values()) / steps,
+               work.predictor_calls / steps, sum(work.copies.values()) / steps,
                r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"))
 
 
 def format_rows(rows: list[Row]) -> str:
     """The table: per-step milliseconds of every component, counts per step, and the ratios with their spread."""
     lines = [f"  {'policy':<13} {'schedule':<25} {'M':>2} {'plain':>7} {'recompute (n)':>15} "
-             f"{'predictions (n)':>17} {'inherent':>8} {'emulator':>8}  {'emulator / inherent':<34} "
+             f"{'predictions (n)':>17} {'copies (n)':>12} {'inherent':>8} {'emulator':>8}  {'emulator / inherent':<34} "
              f"{'emulator / plain':<29}"]
     for r in rows:
         rec = f"{1e3 * r.recompute:.2f} ({r.recomputes_per_step:.2f})"
         pred = f"{1e3 * r.predictions:.2f} ({r.predictions_per_step:.2f})"
-        lines.append(f"  {r.policy:<13} {r.schedule:<25} {r.M:>2} {1e3 * r.plain:>7.2f} {rec:>15} {pred:>17} "
+        cop = f"{1e3 * r.copies:.2f} ({r.copies_per_step:.2f})"
+        lines.append(f"  {r.policy:<13} {r.schedule:<25} {r.M:>2} {1e3 * r.plain:>7.2f} {rec:>15} {pred:>17} {cop:>12} "
                      f"{1e3 * r.inherent:>8.2f} {1e3 * r.emulator:>8.2f}  {r.vs_inherent!s:<34} "
                      f"{r.vs_plain.median:.2f}× [IQR {r.vs_plain.q1:.2f}–{r.vs_plain.q3:.2f}]")
     missed = [r.policy for r in rows if r.vs_inherent.median > GOAL]

@@ -332,7 +332,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     start = array("d", bytes(8 * n))
     offs = c.offsets.tolist()
     ptr, stop, free = offs[:-1], offs[1:], [0.0] * W
-    order: list[int] = []
+    order = array("q")  # 8 bytes a job, not a retained int object each
     append = order.append
     cursor: dict[int, tuple[int, float]] = {}
     stack = list(range(W - 1, -1, -1))
@@ -413,7 +413,8 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
         wfree[r] = end[n + m] = b + tx[m]
         stack.extend(waiting[n + m] or ())
     seq, ran = np.zeros(n, np.int64), np.zeros(n, bool)
-    seq[order], ran[order] = np.arange(len(order)), True
+    done = np.frombuffer(order, np.int64) if order else np.zeros(0, np.int64)
+    seq[done], ran[done] = np.arange(len(done)), True
     st = np.frombuffer(start)
     ends = np.where(ran, st + cost, -1.0)  # t0 + cost, the loop's very sum
     stuck = [(w, ptr[w] - offs[w]) for w in range(W) if ptr[w] < stop[w]]

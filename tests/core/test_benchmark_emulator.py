@@ -50,8 +50,17 @@ def test_counted_work_is_the_plans(policy: str) -> None:
         assert work.recomputes and work.predictions  # the asynchronous predicting policies do both
     else:
         assert not work.recomputes and not work.predictor_calls
+    # a stage copies its weights at every update where its ring holds more than one version, else shares them
+    assert work.copies == {st.k: STEPS for st in emu.stages if not st.share_live}
+    # stashing and 2BW keep older versions; the flushed schedule keeps one, the predicting policies predict
+    # from the newest version alone
+    assert bool(work.copies) == (policy in ("stashing", "2bw"))
+    for st in emu.stages:
+        views = {w.data_ptr() for w in st.snapshot()} == {p.data_ptr() for p in st.params}
+        assert views == st.share_live
     for st in emu.stages:  # the wrappers are gone: the classes' methods again
-        assert "weights" not in vars(st) and (st.predictor is None or "observe" not in vars(st.predictor))
+        assert not {"weights", "snapshot"} & set(vars(st))
+        assert st.predictor is None or "observe" not in vars(st.predictor)
 
 
 def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,7 +69,8 @@ def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixt
     assert [r.policy for r in rows] == ["stashing", "pipemare"]
     for r in rows:
         assert len(r.vs_inherent.values) == 2 and math.isfinite(r.vs_inherent.median) and r.vs_inherent.median > 0
-        assert r.inherent == pytest.approx(r.plain + r.recompute + r.predictions)
+        assert r.inherent == pytest.approx(r.plain + r.recompute + r.predictions + r.copies)
     assert rows[0].recompute == rows[0].predictions == 0.0 and rows[1].recompute > 0 and rows[1].predictions > 0
+    assert rows[0].copies > 0 and rows[0].copies_per_step == 3 and rows[1].copies == 0.0  # stashing: D - 1 stages
     out = capsys.readouterr().out
     assert "1 intra-op thread" in out and "emulator / inherent" in out and "cProfile" in out
