@@ -14,11 +14,11 @@ the multi-process ones give each rank one thread (:func:`pipelab.distributed.spa
 measurements by more than the effect measured.
 
 **Ratios.** Two figures timed in separate blocks drift apart with the machine (a neighbour starts, the CPU
-clock changes). :func:`alternate` runs the sides of a comparison in turn, one call each per round — A, B, A, B,
-... after a warm-up — and a ratio is the **median of the per-round ratios** (each round's sides ran seconds
-apart), with their interquartile range and the 1-minute load average sampled at every round
-(:class:`Ratio`). :func:`paired_ratio` does the same for figures the multi-process benchmarks collect per
-repeat themselves.
+clock changes). :func:`alternate` runs the sides of a comparison in turn, one call each per round, the order
+reversed every other round — A B, B A, A B, ... after a warm-up — and a ratio is the **median of the per-round
+ratios** (each round's sides ran seconds apart), with their interquartile range and the 1-minute load average
+sampled at every round (:class:`Ratio`). :func:`paired_ratio` does the same for figures the multi-process
+benchmarks collect per repeat themselves.
 
 Example:
     >>> ticks = iter(range(100))
@@ -168,7 +168,9 @@ def alternate(sides: Mapping[str, Side | Callable[[], object]], rounds: int, *, 
               sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter,
               load: Callable[[], float] = load_average) -> Rounds:
     """Time ``sides`` alternately: ``warmup`` untimed calls of each in turn, then ``rounds`` rounds, each calling
-    every side once in the mapping's order (A, B, A, B, ...), and the load average after every round.
+    every side once, in the mapping's order in even rounds and reversed in odd ones (A B, B A, A B, ...: a side
+    that always ran right after another would inherit what it left behind, its freed memory or a warmer cache,
+    in every round), and the load average after every round.
 
     Args:
         sides: name → :class:`Side`, or a callable (a side without set-up).
@@ -188,7 +190,7 @@ def alternate(sides: Mapping[str, Side | Callable[[], object]], rounds: int, *, 
     plan = {name: s if isinstance(s, Side) else Side(s) for name, s in sides.items()}
     out = Rounds({name: [] for name in plan})
     for i in range(warmup + rounds):
-        for name, side in plan.items():
+        for name, side in list(plan.items())[::-1 if i % 2 else 1]:
             args = () if side.setup is None else (side.setup(),)
             if sync is not None:
                 sync()
