@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -58,7 +59,9 @@ WORKERS = (4, 8, 16)
 @dataclass
 class Row:
     """One row: its name, jobs (the version table's execution order), the simulation's CPU seconds, the set-up's
-    median wall-clock and CPU seconds over the repeats and peak MB, and the load average after the row."""
+    median wall-clock and CPU seconds over the repeats and peak MB, the load average after the row, and what the
+    set-up builds: the entries of its global sequence (placed: every replica's update and the collectives too; else
+    the jobs) and the stage copies (one per (worker, stage) computing or holding the stage)."""
 
     name: str
     jobs: int
@@ -67,12 +70,14 @@ class Row:
     cpu: float
     mb: float
     load: float
+    entries: int
+    copies: int
 
     def __str__(self) -> str:
         return (f"  {self.name:<28} {self.jobs:>9,d} jobs  simulate CPU {self.simulate:6.2f} s | set-up "
                 f"{self.setup:6.2f} s (CPU {self.cpu:6.2f} s) {self.mb:7.1f} MB "
-                f"{self.jobs / self.cpu / 1e3:6.0f} k jobs/CPU-s | "
-                f"load {self.load:.1f}")
+                f"{self.jobs / self.cpu / 1e3:6.0f} k jobs/CPU-s | {self.entries:>9,d} entries, "
+                f"{self.copies:>3d} stage copies | load {self.load:.1f}")
 
 
 def cases(small: bool) -> dict[str, list[tuple[str, Callable[[], Any], str]]]:
@@ -113,10 +118,13 @@ def measure(name: str, build: Callable[[], Any], policy: str, repeats: int) -> R
         cpu.append(time.process_time() - c0)
         del emu
     tracemalloc.start()
-    construct()
+    emu = construct()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return Row(name, jobs, seconds, statistics.median(times), statistics.median(cpu), peak / 2**20, load_average())
+    plan = emu.plan
+    entries = len(plan.sequence) or jobs
+    return Row(name, jobs, seconds, statistics.median(times), statistics.median(cpu), peak / 2**20, load_average(),
+               entries, len(plan.copies) or len(plan.stages))
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
@@ -143,8 +151,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
     for group in ("DDP", "FSDP"):
         placed = [r for r in rows if r.name.startswith(group)]
         if len(placed) > 1:
-            print(f"{group}: set-up at W={WORKERS[len(placed) - 1]} / W={WORKERS[0]} = "
-                  f"{placed[-1].cpu / placed[0].cpu:.2f}× (CPU) at the same jobs")
+            a, b = placed[0], placed[-1]
+            print(f"{group}: set-up at W={WORKERS[len(placed) - 1]} / W={WORKERS[0]} = {b.cpu / a.cpu:.2f}× (CPU) at "
+                  f"the same jobs; what it builds: entries ×{b.entries / a.entries:.2f}, stage copies "
+                  f"×{b.copies / a.copies:.2f}")
+        if len(placed) > 2:  # CPU = x·entries + y·copies, least squares over the rows
+            (x, y), *_ = np.linalg.lstsq(np.array([[r.entries, r.copies] for r in placed], float),
+                                         np.array([r.cpu for r in placed]), rcond=None)
+            worst = max(abs(x * r.entries + y * r.copies - r.cpu) / r.cpu for r in placed)
+            print(f"  fit: {1e6 * x:.2f} µs per entry + {1e3 * y:.2f} ms per stage copy (largest misfit "
+                  f"{100 * worst:.0f} %)")
     return rows
 
 

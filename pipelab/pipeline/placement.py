@@ -209,25 +209,28 @@ def _defer_updates(seq: list[PlacedJob | Collective], places: Sequence[StagePlac
 def _mark_runs(seq: list[PlacedJob | Collective]) -> list[PlacedJob | Collective]:
     """Set :attr:`Collective.bucket` on the all-reduces that form runs."""
     runs: list[list[int]] = []
-    open_runs: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
+    # open runs by (members, holders): the members as a set, made once per all-reduce, and the run's positions;
+    # a job then tests its worker against each open run in O(1), not against a set of W members built per job
+    open_runs: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[frozenset[int], list[int]]] = {}
     for i, e in enumerate(seq):
         if isinstance(e, Collective) and e.kind == "all_reduce":
-            key = (e.members, e.holders)
-            for other in [o for o in open_runs if o != key and set(o[0]) & set(e.members)]:
-                runs.append(open_runs.pop(other))
-            open_runs.setdefault(key, []).append(i)
+            key, mine = (e.members, e.holders), frozenset(e.members)
+            for other in [o for o, (m, _) in open_runs.items() if o != key and m & mine]:
+                runs.append(open_runs.pop(other)[1])
+            open_runs.setdefault(key, (mine, []))[1].append(i)
             continue
         if isinstance(e, Collective):
             if e.kind == "broadcast":
                 continue
-            touched = set(e.members)
+            touched = frozenset(e.members)
+            hit = [o for o, (m, _) in open_runs.items() if m & touched]
         elif e.op == "U":
             continue
         else:
-            touched = {e.worker}
-        for key in [o for o in open_runs if touched & set(o[0])]:
-            runs.append(open_runs.pop(key))
-    runs.extend(open_runs.values())
+            hit = [o for o, (m, _) in open_runs.items() if e.worker in m]
+        for key in hit:
+            runs.append(open_runs.pop(key)[1])
+    runs.extend(run for _, run in open_runs.values())
     out = list(seq)
     for run in runs:
         if len(run) > 1:
