@@ -95,7 +95,8 @@ class LossScaler:
                     raise RuntimeError(f"fp16 loss scaling: stage {ex.k} updates step {t} before its jobs {left[:3]} "
                                        "ran; the skip decision needs every backward of the step (a flushed schedule "
                                        "whose updates follow the flush on every worker)")
-            local = any(not bool(torch.isfinite(g).all()) for ex in self.members for g in ex.acc.get(t, ()))
+            local = any(not bool(torch.isfinite(g).all()) for ex in self.members for g in ex.acc.get(t, ())
+                        if g is not None)
             self.local[t] = local
             skipped = self.agree(local)
             used = self.seeded.pop(t, self.scale)
@@ -104,10 +105,11 @@ class LossScaler:
             self._update(skipped)
         return self.decisions[t]
 
-    def unscale(self, t: int, grads: Sequence[Tensor]) -> list[Tensor]:
-        """``g · (1/S)`` with GradScaler's reciprocal (float64 1/S rounded to float32), in each gradient's dtype."""
+    def unscale(self, t: int, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
+        """``g · (1/S)`` with GradScaler's reciprocal (float64 1/S rounded to float32), in each gradient's dtype
+        (None, a weight no gradient reached, stays None)."""
         inv = torch.tensor(self.decisions[t][1], dtype=torch.float64).reciprocal().float()
-        return [g * inv.to(g.device) for g in grads]
+        return [None if g is None else g * inv.to(g.device) for g in grads]
 
     def _update(self, skipped: bool) -> None:
         """GradScaler's update: back off on overflow, grow after ``growth_interval`` clean steps."""

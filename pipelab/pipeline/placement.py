@@ -391,9 +391,10 @@ class FetchedStage(StageExecutor):
 
 
 def step_gradient(ex: StageExecutor, t: int) -> list[Tensor]:
-    """The gradient stage copy ``ex`` accumulated in step t (zeros when it computed none), taken out."""
+    """The gradient stage copy ``ex`` accumulated in step t (zeros when it computed none, or where no gradient
+    reached a weight: every copy sends every weight, so the collectives match), taken out."""
     g = ex.acc.pop(t, None)
-    return [torch.zeros_like(p) for p in ex.params] if g is None else list(g)
+    return [torch.zeros_like(p) if x is None else x for x, p in zip(g or [None] * len(ex.params), ex.params)]
 
 
 def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExecutor],

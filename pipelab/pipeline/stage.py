@@ -86,7 +86,7 @@ class StageExecutor:
         self.on_weights: Callable[[tuple[str, int, int], WeightSpec, tuple[Tensor, ...]], None] | None = None
         self.saved: dict[tuple[int, int], tuple] = {}
         self.pending: dict[tuple[int, int], tuple] = {}  # split backward: I's graph waiting for its W
-        self.acc: dict[int, list[Tensor]] = {}
+        self.acc: dict[int, list[Tensor | None]] = {}  # step t's gradient sum (None: none reached it)
         self.used_sum: dict[int, list[Tensor]] = {}  # Σ_j backward weights of step t (keeps_backward_weights)
         self.policy_state: dict[str, Any] = {}  # the policy's per-stage state (correct_gradient)
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
@@ -269,7 +269,9 @@ class StageExecutor:
             pairs = _pairs(out, g_out)
             if pairs and (W or xs):
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs], inputs=[*W, *xs])
-            self.acc[t] = [torch.zeros_like(w) if w.grad is None else w.grad for w in W]
+            # None where no gradient reached the weight this step (yet): as in plain torch, such a weight is then
+            # left out of the optimizer step (no weight decay, no moment update), not stepped with a zero gradient
+            self.acc[t] = [w.grad for w in W]
             return [x.grad for x in xs]
         finally:  # W is a stored version (or a prediction) other jobs read: it keeps no gradient
             for x in (*W, *xs):
@@ -288,13 +290,16 @@ class StageExecutor:
 
     def _accumulate(self, t: int, W: Sequence[Tensor], grads: Sequence[Tensor | None]) -> None:
         """Add step t's weight gradient ``grads`` of half-precision copies ``W`` into its sum, in the master dtype."""
-        pgrads = [(torch.zeros_like(w) if g is None else g).to(p.dtype) for w, g, p in zip(W, grads, self.params)]
+        pgrads = [None if g is None else g.to(p.dtype) for g, p in zip(grads, self.params)]
         self._sum_backward_weights(t, W)
-        if t in self.acc:
-            if pgrads:
-                torch._foreach_add_(self.acc[t], pgrads)
-        else:
+        if t not in self.acc:
             self.acc[t] = pgrads
+            return
+        acc = self.acc[t]
+        for i, g in enumerate(pgrads):  # None: no gradient reached the weight (see _weight_grads)
+            a = acc[i]
+            if g is not None:
+                acc[i] = g if a is None else a.add_(g)
 
     def backward(self, t: int, j: int, g_out: Any) -> Any:
         """B(k, t, j): accumulate the weight gradient; return the input gradient (``None`` on stage 0)."""
@@ -371,11 +376,12 @@ class StageExecutor:
             return torch.full_like(out, self.scaler.seed(t))
         return _seed(out, g_out)
 
-    def _step(self, t: int, grads: list[Tensor]) -> None:
+    def _step(self, t: int, grads: list[Tensor | None]) -> None:
         """The optimizer step of U(k, t) with the accumulated gradient, PipeMare's learning-rate factor applied."""
         assert self.optimizer is not None
-        if self.policy.corrects_gradient:
-            grads = self._corrected(t, grads)
+        if self.policy.corrects_gradient:  # the corrections keep per-weight state: every weight takes part
+            grads = list(self._corrected(t, [torch.zeros_like(p) if g is None else g
+                                             for g, p in zip(grads, self.params)]))
         for p, g in zip(self.params, grads):
             p.grad = g
         factor = self.policy.lr_factor(self.table, self.k, t)

@@ -126,7 +126,7 @@ class DistributedCollectives:
             sums = unflatten(flats, grads)
             for k, t in parts:
                 n = len(executors[k].params)
-                executors[k].acc[t] = sums[:n]
+                executors[k].acc[t] = list[Tensor | None](sums[:n])
                 sums = sums[n:]
 
     def __call__(self, c: Collective, executors: Mapping[int, StageExecutor]) -> None:
@@ -179,7 +179,7 @@ class DistributedCollectives:
             for buf in flats:
                 dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=self.groups[c.members])
         if self.rank in c.holders:
-            ex.acc[c.step] = unflatten(flats, grads)
+            ex.acc[c.step] = list[Tensor | None](unflatten(flats, grads))
         return flats
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -16,6 +16,7 @@ Probes (one line per refusal): ``PROBES`` run in this process, ``SLOW_PROBES`` s
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import probes
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 
 from pipelab.distributed import RankFailure, differences, spawn
 from pipelab.emulator import Emulator, train_plain
+from pipelab.precision import Precision
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import (
     ddp,
@@ -274,6 +276,64 @@ def test_ranks_that_freeze_different_parameters_disagree() -> None:
     assert [path for path, _, _ in diffs] == ["stages.0.1"], diffs
 
 
+# ------------------------------------------------------------------------------ parameters no gradient reaches
+
+
+class Branches(nn.Module):
+    """tanh(lin(x)), plus ``sometimes(x)`` on every third call, and a parameter ``unused`` that nothing calls: in
+    plain torch no gradient reaches ``unused`` and ``sometimes`` only in the steps that called it; the optimizer
+    skips a parameter without a gradient (no weight decay, no moment update)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.lin, self.sometimes, self.unused = nn.Linear(n, n), nn.Linear(n, n), nn.Linear(n, n)
+        self.calls = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.calls += 1
+        h = self.lin(x)
+        return torch.tanh(h + self.sometimes(x) if self.calls % 3 == 0 else h)
+
+
+def branch_stages() -> list[nn.Module]:
+    torch.manual_seed(3)
+    stages: list[nn.Module] = [nn.Sequential(nn.Linear(6, 8), nn.Tanh()), Branches(8), nn.Linear(8, 8), nn.Linear(8, 4)]
+    return [s.double() for s in stages]
+
+
+@pytest.mark.parametrize("name,build", [("gpipe", lambda T: gpipe(4, 2, T)), ("1f1b", lambda T: one_f_one_b(4, 2, T)),
+                                        ("zb_h1", lambda T: zb_h1(4, 4, T))])
+def test_parameters_no_gradient_reaches_are_skipped_as_plain_torch_does(name, build) -> None:
+    """A parameter no gradient reaches in a step is left out of that step's update, as torch.optim does (Adam with
+    L2 weight decay: a zero gradient instead would move it by the decay): the flushed pipelines equal plain PyTorch
+    (float64, 1e-10); the never-used parameter ends bitwise as it began."""
+    T, schedule = 4, build(4)
+    want = plain_torch(branch_stages(), data(T), M=schedule.M)
+    stages = branch_stages()
+    before = [p.detach().clone() for p in stages[1].unused.parameters()]
+    Emulator(stages, schedule=schedule, policy="gpipe" if name == "gpipe" else "1f1b",
+             optimizer=OPTIMIZERS["adam"]).run(data(T))
+    assert max_diff([p.detach() for s in stages for p in s.parameters()], want) <= TOL
+    assert max_diff([p.detach() for p in stages[1].unused.parameters()], before) == 0.0
+    start = [p.detach() for p in branch_stages()[1].sometimes.parameters()]
+    assert max_diff([p.detach() for p in stages[1].sometimes.parameters()], start) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("policy,build,opt", ASYNC, ids=[p for p, _, _ in ASYNC])
+def test_a_parameter_no_gradient_reaches_never_moves_under_asynchronous_policies(policy, build, opt) -> None:
+    """Stashing, vertical sync, PipeOptim, SpecTrain, PipeMare and 2BW leave a never-used parameter as it began,
+    under weight decay (the predictors read no optimizer state for it), in the fp32 masters and with half-precision
+    versions alike."""
+    for precision in (None, Precision("bf16", versions="compute")):  # bf16 keeps fp32 masters
+        dtype = F64 if precision is None else torch.float32
+        stages = [s.to(dtype) for s in branch_stages()]
+        before = [p.detach().clone() for p in stages[1].unused.parameters()]
+        res = Emulator(stages, schedule=build(8), policy=policy, optimizer=OPTIMIZERS[opt],
+                       precision=precision).run([(x.to(dtype), y) for x, y in data(8)])
+        assert all(map(math.isfinite, res.losses))
+        assert max_diff([p.detach() for p in stages[1].unused.parameters()], before) == 0.0
+
+
 # ----------------------------------------------------------------------------------------------- tuple and dict outputs
 
 
@@ -384,12 +444,15 @@ RUNTIME_CASES: dict[str, dict[str, Any]] = {
                                        opt="sgdm", steps=6, stop=2),
     "small-last-batch": dict(model="frozen", D=2, schedule=lambda T: one_f_one_b(2, 2, T), policy="1f1b", opt="adam",
                              steps=3, last=4),
+    "branches-interleaved-1f1b": dict(model="branches", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
+                                      policy="1f1b", opt="adam", steps=3),
 }
+MODELS = {"frozen": frozen_stages, "tuple": tuple_stages, "branches": lambda D: branch_stages()}
 
 
 def case_parts(name: str) -> tuple[list[nn.Module], Any, str, Any, list[tuple[Tensor, Tensor]]]:
     c = RUNTIME_CASES[name]
-    stages = (frozen_stages if c["model"] == "frozen" else tuple_stages)(c["D"])
+    stages = MODELS[c["model"]](c["D"])
     return stages, c["schedule"](c["steps"]), c["policy"], OPTIMIZERS[c["opt"]], data(c["steps"], last=c.get("last"))
 
 
@@ -420,7 +483,7 @@ def test_runtime_equals_emulator(runtime_results, name) -> None:
     """Runtime (gloo, 2 ranks) ≡ emulator ≡ (flushed) plain training, in float64: frozen parameters on
     single-placement, replicated (DDP) and sharded (FSDP) stages and through a checkpoint; tuple and dict
     hand-overs packed into one message each, also under split backward and through a checkpoint; a smaller
-    last mini-batch."""
+    last mini-batch; parameters no gradient reaches, skipped by the update as plain torch skips them."""
     stages, schedule, policy, opt, batches = case_parts(name)
     before = frozen(stages)
     emu = Emulator(stages, schedule=schedule, policy=policy, optimizer=opt)
@@ -436,7 +499,7 @@ def test_runtime_equals_emulator(runtime_results, name) -> None:
     for k, W in got.items():
         assert len(W) == len(want[k]) and (not W or max_diff(list(W), list(want[k])) <= TOL)
     if RUNTIME_CASES[name]["policy"] in ("gpipe", "1f1b"):
-        ref = (frozen_stages if RUNTIME_CASES[name]["model"] == "frozen" else tuple_stages)(RUNTIME_CASES[name]["D"])
+        ref = MODELS[RUNTIME_CASES[name]["model"]](RUNTIME_CASES[name]["D"])
         train_plain(ref, optimizer=opt, batches=batches, micro_batches=schedule.M)
         assert max_diff([w for k in sorted(got) for w in got[k]], [p.detach() for s in ref for p in s.parameters()]
                         ) <= TOL
