@@ -148,14 +148,16 @@ def compare_memory(results: Sequence[Any], schedule: Schedule, stages: Sequence[
     if any(getattr(r, "timeline", None) is None for r in results):
         raise ValueError("results have no timeline: run the PipelineRuntime with record=True")
     sizes = boundary_bytes(stages, x)
-    weight_bytes = [tensor_bytes(s.parameters()) for s in stages]
+    # only trainable parameters are versioned, stepped and sent (frozen ones are held once, in the module)
+    trainable = [[p for p in s.parameters() if p.requires_grad] for s in stages]
+    weight_bytes = [tensor_bytes(ps) for ps in trainable]
     sim = simulate(schedule, activation_bytes=sizes, weight_bytes=weight_bytes)
     depth = [sim.version_table.stash_depth(k) for k in range(schedule.D)]
     traffic = simulated_traffic(sim, sizes)
     act_peak = sim.peak_activation_bytes
     assert act_peak is not None  # activation_bytes were given
     slots = [_stage_slots(s, optimizer) for s in stages]
-    n_tensors = [sum(1 for _ in s.parameters()) for s in stages]
+    n_tensors = [len(ps) for ps in trainable]
     placed = is_placed(schedule)
     collectives = simulated_collectives(sim, weight_bytes) if placed else []
     exact = policy in EXACT_VERSION_POLICIES  # otherwise the versions held are not those the jobs use

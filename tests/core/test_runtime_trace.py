@@ -37,6 +37,7 @@ BATCH, IN, WIDTH, CLASSES = 8, 6, 12, 4
 
 
 def schedule_of(name: str, W: int, M: int, steps: int):
+    name = name.removesuffix("-frozen")  # the same schedule, on a model with frozen parameters
     if name == "gpipe":
         return gpipe(W, M, steps)
     if name == "1f1b":
@@ -50,14 +51,19 @@ def schedule_of(name: str, W: int, M: int, steps: int):
     raise ValueError(name)
 
 
-#: (schedule, policy, M, steps, optimizer)
+#: (schedule, policy, M, steps, optimizer); "-frozen": every bias frozen (neither versioned nor stepped nor sent)
 CASES = [("gpipe", "gpipe", 4, 2, "sgdm"), ("1f1b", "1f1b", 4, 2, "adam"), ("pipedream", "stashing", 2, 6, "sgdm"),
-         ("2bw", "2bw", 4, 4, "adam"), ("interleaved", "1f1b", 4, 2, "sgdm")]
+         ("2bw", "2bw", 4, 4, "adam"), ("interleaved", "1f1b", 4, 2, "sgdm"),
+         ("pipedream-frozen", "stashing", 2, 6, "adam")]
 
 
-def model_of(D: int) -> torch.nn.Sequential:
+def model_of(D: int, name: str = "") -> torch.nn.Sequential:
     torch.manual_seed(0)
-    return deep_mlp(in_features=IN, width=WIDTH, depth=D, num_classes=CLASSES).double()
+    model = deep_mlp(in_features=IN, width=WIDTH, depth=D, num_classes=CLASSES).double()
+    if name.endswith("-frozen"):
+        for n, p in model.named_parameters():
+            p.requires_grad_(not n.endswith("bias"))
+    return model
 
 
 def optimizer_of(name: str):
@@ -76,7 +82,8 @@ def _run(rank: int, world: int) -> list:
     out = []
     for name, policy, M, steps, opt in CASES:
         sched = schedule_of(name, world, M, steps)
-        rt = PipelineRuntime(model_of(sched.D), schedule=sched, policy=policy, optimizer=optimizer_of(opt), record=True)
+        rt = PipelineRuntime(model_of(sched.D, name), schedule=sched, policy=policy, optimizer=optimizer_of(opt),
+                             record=True)
         out.append(rt.run(data(steps)))
     return out
 
@@ -88,7 +95,7 @@ def measured(request: pytest.FixtureRequest) -> tuple[int, list]:
 
 def _sim(name: str, world: int, M: int, steps: int):
     sched = schedule_of(name, world, M, steps)
-    stages = split(model_of(sched.D), sched.D)
+    stages = split(model_of(sched.D, name), sched.D)
     sizes = boundary_bytes(stages, torch.zeros(BATCH // M, IN, dtype=torch.float64))
     return sched, stages, sizes
 
