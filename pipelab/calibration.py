@@ -22,6 +22,8 @@ sent / received     ``timeline.sent`` / ``timeline.received`` by kind     transf
                                                                          × the boundary tensor's bytes, exact
 ==================  ===================================================  =====================================
 
+``weight_bytes[k]``: stage k's trainable parameters (frozen ones are held once, never versioned, stepped or sent).
+
 A *placed* schedule (DDP, FSDP, LPP, FSLPP, DualPipe, hybrid PP × DP: :mod:`pipelab.pipeline.placement`) gets
 five more rows per rank, all exact (weight versions and optimizer state then count the stages the rank
 *holds*):
