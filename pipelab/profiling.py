@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .optim import OptimizerFactory
+from .pipeline.transport import grad_leaves, map_tensors, tensors_of
 from .precision import tensor_bytes
 from .threads import torch_threads
 
@@ -119,15 +120,18 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
                   input_grad: bool = True) -> StageCosts:
     """Measure one stage for the micro-batch input ``x``, on ``x``'s device (a copy of ``stage`` is profiled).
 
-    ``target``: labels at the last stage (else the backward starts from ones); ``optimizer``: the factory whose
-    ``step`` is timed (default SGD); ``input_grad``: the input needs a gradient (every stage but the first).
+    ``x`` and the stage's output may be a tensor, a tuple or a dict of tensors (a pipeline's hand-over: only the
+    floating-point tensors carry gradients). ``target``: labels at the last stage (else the backward starts from
+    ones on every output that needs a gradient); ``optimizer``: the factory whose ``step`` is timed (default SGD);
+    ``input_grad``: the input needs a gradient (every stage but the first).
     """
     if not isinstance(stage, nn.Module):
         raise TypeError(f"stage must be a torch.nn.Module, got {type(stage).__name__}")
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor (the stage's input), got {type(x).__name__}")
+    if not tensors_of(x):
+        raise TypeError(f"x must be a torch.Tensor, or a tuple or dict of them (the stage's input), got "
+                        f"{type(x).__name__}")
     _check_counts(reps, warmup)
-    device = x.device
+    device = tensors_of(x)[0].device
     mod = copy.deepcopy(stage)
     params = [p for p in mod.parameters() if p.requires_grad]
     make = optimizer if optimizer is not None else (lambda ps: torch.optim.SGD(ps, lr=1e-3))
@@ -135,25 +139,29 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
     state: dict[str, Any] = {}
 
     def fwd() -> None:
-        inp = state["inp"] = x.detach().requires_grad_(input_grad)
+        inp = map_tensors(lambda t: t.detach().requires_grad_(input_grad and t.is_floating_point()), x)
+        state["inputs"] = [t for t in grad_leaves(inp) if t.requires_grad]
         with torch.enable_grad():
             out = mod(inp)
-            state["out"] = loss_fn(out, target) if target is not None else out
+            if target is not None:
+                out = loss_fn(out, target)
+        # the outputs a backward starts from (the loss; else every floating output needing a gradient, seeded 1)
+        outs = [out] if target is not None else [o for o in grad_leaves(out) if o.requires_grad]
+        state["outs"], state["seeds"] = outs, None if target is not None else [torch.ones_like(o) for o in outs]
 
     def bwd() -> None:
-        out = state.pop("out")
-        out.backward(None if target is not None else torch.ones_like(out))
+        outs, seeds = state.pop("outs"), state.pop("seeds")
+        if outs:
+            torch.autograd.backward(outs, seeds)
 
     def i_pass() -> None:  # the input gradient alone, keeping the graph for W (as StageExecutor.input_grad)
-        out = state["out"]
-        state["g"] = None if target is not None else torch.ones_like(out)
-        if input_grad:
-            torch.autograd.grad(out, [state["inp"]], state["g"], retain_graph=True)
+        if state["outs"] and state["inputs"]:
+            torch.autograd.grad(state["outs"], state["inputs"], state["seeds"], retain_graph=True, allow_unused=True)
 
     def w_pass() -> None:
-        out, g = state.pop("out"), state.pop("g")
-        if params:
-            torch.autograd.grad(out, params, g, allow_unused=True)
+        outs, seeds = state.pop("outs"), state.pop("seeds")
+        if params and outs:
+            torch.autograd.grad(outs, params, seeds, allow_unused=True)
 
     activation_bytes = _saved_bytes(fwd, params)
     state.clear()
