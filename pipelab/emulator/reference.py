@@ -30,10 +30,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..links import boundary_codecs
-from ..pipeline.driver import all_finite, check_examples
+from ..pipeline.driver import all_finite, check_examples, examples, split_micro, take_examples
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..pipeline.stage import trainable_parameters
-from ..pipeline.transport import decode_handover, encode_handover
+from ..pipeline.transport import decode_handover, encode_handover, tensors_of
 from ..precision import Precision, as_precision
 from ..schedules.actions import check_int
 
@@ -164,12 +164,12 @@ def _micro_steps(stages: Sequence[nn.Module], x: Tensor, y: Tensor, M: int, loss
                  prec: Precision, scaler: torch.amp.GradScaler | None) -> Tensor:
     """Accumulate the gradients of ℓ_j/M over M micro-batches (autocast, hand-over casts, scaled loss);
     return Σ_j ℓ_j/M (summed as the pipeline's driver sums it)."""
-    if x.shape[0] % M:
-        raise ValueError(f"batch size {x.shape[0]} is not divisible by micro_batches={M}")
+    if examples(x) % M:
+        raise ValueError(f"batch size {examples(x)} is not divisible by micro_batches={M}")
     parts = []
-    for xj, yj in zip(torch.split(x, x.shape[0] // M), torch.split(y, y.shape[0] // M)):
+    for xj, yj in zip(split_micro(x, M), torch.split(y, y.shape[0] // M)):
         h = xj
-        with prec.autocast(xj.device):
+        with prec.autocast(tensors_of(xj)[0].device):
             for k, s in enumerate(stages):
                 h = s(h)
                 if k < len(stages) - 1:
@@ -217,15 +217,15 @@ def evaluate(
     Raises:
         ValueError: on an empty evaluation set (a mean over no examples is undefined).
     """
-    if x.shape[0] == 0 or y.shape[0] == 0:
+    if examples(x) == 0 or y.shape[0] == 0:
         raise ValueError("evaluate() got an empty evaluation set (0 examples); a loss or accuracy over no "
                          "examples is undefined")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"evaluate(): x has {x.shape[0]} examples but y has {y.shape[0]}")
+    if examples(x) != y.shape[0]:
+        raise ValueError(f"evaluate(): x has {examples(x)} examples but y has {y.shape[0]}")
     loss_fn = loss_fn or nn.functional.cross_entropy
     used = [list(s.parameters()) for s in stages] if weights is None else weights
     finite = all_finite(w for W in used for w in W)
-    total, correct, n = 0.0, 0, x.shape[0]
+    total, correct, n = 0.0, 0, examples(x)
     for h, yy in forward_batches(stages, x, y, weights, batch_size, codec):
         loss = loss_fn(h, yy)
         finite &= all_finite((h, loss))
@@ -256,8 +256,8 @@ def forward_batches(stages: Sequence[nn.Module], x: Tensor, y: Tensor,
         s.eval()
     try:
         with torch.no_grad():
-            for a in range(0, x.shape[0], batch_size):
-                h, yy = x[a:a + batch_size], y[a:a + batch_size]
+            for a in range(0, examples(x), batch_size):
+                h, yy = take_examples(x, a, a + batch_size), y[a:a + batch_size]
                 for k, s in enumerate(stages):
                     if weights is None:
                         h = s(h)

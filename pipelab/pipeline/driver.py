@@ -31,11 +31,14 @@ from ..links import Codec
 from ..schedules.dependencies import Split, handed_to, received_from
 from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
-from .transport import CodedTransport, Transport, handover_bytes
+from .transport import CodedTransport, Transport, describe_handover, handover_bytes, map_tensors, tensors_of
 
-__all__ = ["Batch", "split_micro", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
+__all__ = ["Batch", "examples", "split_micro", "take_examples", "MiniBatches", "DriverState", "run_jobs",
+           "all_finite", "check_examples"]
 
-Batch = tuple[Tensor, Tensor]
+#: a mini-batch ``(x, y)``: the input a tensor, or a tuple or dict of tensors (token ids and an attention mask, ...)
+#: that stage 0 takes as one argument, every tensor with the examples along dimension 0; the target a tensor
+Batch = tuple[Any, Tensor]
 
 
 def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
@@ -59,27 +62,43 @@ def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
     return out
 
 
-def check_examples(t: int, x: Tensor) -> None:
+def examples(x: Any) -> int:
+    """The number of examples of input ``x`` (a tensor, or a tuple or dict of tensors): dimension 0 of its first
+    tensor with one (a 0-dim tensor: 1)."""
+    sizes = [t.shape[0] for t in tensors_of(x) if t.dim()]
+    return sizes[0] if sizes else 1
+
+
+def check_examples(t: int, x: Any) -> None:
     """Refuse an empty mini-batch t: its mean loss 0/0 = NaN would read as divergence (ValueError)."""
-    if x.dim() > 0 and x.shape[0] == 0:
-        raise ValueError(f"mini-batch {t} is empty (input shape {tuple(x.shape)}): a mean loss over 0 examples is "
-                         "NaN, not a divergence; check the batch size and the data split the batches are cut from")
+    if examples(x) == 0:
+        what = f"input shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"input {describe_handover(x)}"
+        raise ValueError(f"mini-batch {t} is empty ({what}): a mean loss over 0 examples is NaN, not a divergence; "
+                         "check the batch size and the data split the batches are cut from")
 
 
-def split_micro(x: Tensor, M: int, name: str = "batch") -> tuple[Tensor, ...]:
-    """Split a mini-batch into M equal micro-batches along dimension 0 (ValueError unless M divides its size)."""
-    n = x.shape[0]
+def split_micro(x: Any, M: int, name: str = "batch") -> tuple[Any, ...]:
+    """Split a mini-batch into M equal micro-batches along dimension 0 (ValueError unless M divides its size); a
+    tuple or dict of tensors is split tensor by tensor into M structures of the same form."""
+    n = examples(x)
     if n % M:
         raise ValueError(f"{name} size {n} is not divisible by the M={M} micro-batches of the schedule; "
                          f"use a mini-batch size that is a multiple of {M}")
-    return torch.split(x, n // M)
+    if isinstance(x, Tensor):
+        return torch.split(x, n // M)
+    return tuple(take_examples(x, a, a + n // M) for a in range(0, n, n // M))
+
+
+def take_examples(x: Any, start: int, stop: int) -> Any:
+    """Examples ``start:stop`` of input ``x`` (a tensor, or every tensor of a tuple or dict along dimension 0)."""
+    return map_tensors(lambda v: v[start:stop], x)
 
 
 class MiniBatches:
     """The run's mini-batches, checked, split into M micro-batches, and cached while in use.
 
     Args:
-        batches: mini-batch t is ``batches[t]`` or ``batches(t)``, a tuple ``(x, y)`` of tensors.
+        batches: mini-batch t is ``batches[t]`` or ``batches(t)``, a tuple ``(x, y)`` (:data:`Batch`).
         reference: a floating-point weight of stage 0 whose dtype (and, without ``device``, device) the input
             must have (``None``: no check).
         device: move every mini-batch there before splitting (the runtime's rank device).
@@ -100,35 +119,39 @@ class MiniBatches:
             raise ValueError(f"the schedule runs {steps} steps but only {len(batches)} mini-batches were given")
         self._get: Callable[[int], Any] = batches if callable(batches) else batches.__getitem__
         self.M, self.reference, self.device = M, reference, device
-        self._cache: dict[int, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
+        self._cache: dict[int, tuple[tuple[Any, ...], tuple[Tensor, ...]]] = {}
 
     def checked(self, t: int) -> Batch:
         """Mini-batch t, after checking its form, its sizes, and its input against stage 0's weights."""
         batch = self._get(t)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
-                and all(isinstance(v, Tensor) for v in batch)):
-            raise TypeError(f"mini-batch {t} must be a tuple (x, y) of two tensors (input, target), "
-                            f"got {_describe(batch)}")
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], Tensor)
+                and (isinstance(batch[0], Tensor) or (isinstance(batch[0], (tuple, list, dict))
+                                                      and tensors_of(batch[0])))):
+            raise TypeError(f"mini-batch {t} must be a tuple (x, y): the input a tensor (or a tuple or dict of "
+                            f"tensors), the target a tensor; got {_describe(batch)}")
         x, y = batch
-        if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
-            raise ValueError(f"mini-batch {t}: input shape {tuple(x.shape)} and target shape {tuple(y.shape)} must "
-                             "have the same number of examples along dimension 0")
+        xs = tensors_of(x)
+        if y.dim() == 0 or any(v.dim() == 0 or v.shape[0] != y.shape[0] for v in xs):
+            what = f"input shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"input {describe_handover(x)}"
+            raise ValueError(f"mini-batch {t}: {what} and target shape {tuple(y.shape)} must have the same number of "
+                             "examples along dimension 0")
         check_examples(t, x)
         weight = self.reference
-        if weight is not None and x.is_floating_point() and x.dtype != weight.dtype:
-            raise TypeError(f"mini-batch {t}: input dtype {x.dtype} differs from the model's {weight.dtype}; "
+        wrong = [v.dtype for v in xs if v.is_floating_point() and v.dtype != getattr(weight, "dtype", v.dtype)]
+        if weight is not None and wrong:
+            raise TypeError(f"mini-batch {t}: input dtype {wrong[0]} differs from the model's {weight.dtype}; "
                             f"convert the data (x.to({weight.dtype})) or the model (model.to(dtype))")
-        if weight is not None and self.device is None and x.device != weight.device:
-            raise ValueError(f"mini-batch {t}: input on {x.device} but the model's first stage on {weight.device}; "
-                             "move the data or the model to one device")
+        if weight is not None and self.device is None and xs[0].device != weight.device:
+            raise ValueError(f"mini-batch {t}: input on {xs[0].device} but the model's first stage on "
+                             f"{weight.device}; move the data or the model to one device")
         return x, y
 
-    def micro(self, t: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    def micro(self, t: int) -> tuple[tuple[Any, ...], tuple[Tensor, ...]]:
         """``(inputs, targets)`` of mini-batch t, each split into M micro-batches (read once while cached)."""
         if t not in self._cache:
             x, y = self.checked(t)
             if self.device is not None:
-                x, y = x.to(self.device), y.to(self.device)
+                x, y = map_tensors(lambda v: v.to(self.device), x), y.to(self.device)
             self._cache[t] = (split_micro(x, self.M, f"mini-batch {t}: input batch"),
                               split_micro(y, self.M, f"mini-batch {t}: target batch"))
         return self._cache[t]

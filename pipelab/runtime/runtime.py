@@ -34,7 +34,7 @@ from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
 from ..pipeline.stage import StageExecutor
-from ..pipeline.transport import Layout, check_handover
+from ..pipeline.transport import Layout, check_handover, describe_handover, map_tensors
 from ..precision import optimizer_state_bytes, tensor_bytes
 from ..schedules.transfers import consistent_cut
 from .collectives import DistributedCollectives
@@ -141,7 +141,7 @@ class PipelineRuntime:
         if self.placed:  # every rank creates every group, in the same order, before any traffic
             self.program = worker_sequence(self.plan.sequence, self.rank)
             self.collectives = DistributedCollectives(self.plan.sequence, self.rank)
-        self._meta: dict[tuple, list[Layout]] = {}
+        self._meta: dict[str, list[Layout]] = {}  # input form (describe_handover) -> each stage input's layout
         self.transport = P2PTransport(schedule, self.rank, self.device)
         self.meter: MeteredTransport | None = None
         if network is not None:
@@ -264,23 +264,23 @@ class PipelineRuntime:
             "config": dict(config) if config is not None else None,
         })
 
-    def _boundaries(self, x: Tensor, t: int, j: int) -> list[Layout]:
+    def _boundaries(self, x: Any, t: int, j: int) -> list[Layout]:
         """The layout of every stage's input for micro-batch j of mini-batch t, ``x`` (index k = input of stage k),
-        found by running the stages on the ``meta`` device once per input shape."""
-        key = (tuple(x.shape), x.dtype)
+        found by running the stages on the ``meta`` device once per input form (shapes and dtypes)."""
+        key = describe_handover(x)
         if key not in self._meta:
             metas = [Layout.of(x)]
-            h: Any = torch.empty(x.shape, dtype=x.dtype, device="meta")
+            h: Any = map_tensors(lambda v: torch.empty(v.shape, dtype=v.dtype, device="meta"), x)
             with torch.no_grad():
                 for i, m in enumerate(self.modules[:-1]):
                     try:
                         h = copy.deepcopy(m).to("meta")(h)
                         check_handover(h, i)
                     except Exception as exc:
-                        seen = f"; the first input was {_form(*next(iter(self._meta)))}" if self._meta else ""
+                        seen = f"; the first input was {next(iter(self._meta))}" if self._meta else ""
                         raise ValueError(
                             f"rank {self.rank} sizes its receive buffers for micro-batch {j} of mini-batch {t} (input "
-                            f"{_form(*key)}{seen}) by running stages 0..{i} on the meta device, and stage {i} failed "
+                            f"{key}{seen}) by running stages 0..{i} on the meta device, and stage {i} failed "
                             f"({type(exc).__name__}: {exc}): either the model rejects this input's shape, or stage {i} "
                             "cannot run on the meta device (data-dependent shapes, .item())") from exc
                     # under bf16/fp16 activations (and their gradients) cross in the compute dtype, encoded by
@@ -295,19 +295,18 @@ class PipelineRuntime:
         own copy); a callable is not read ahead: it may not be repeatable."""
         if callable(batches) or not dist.is_initialized() or self.world == 1:
             return
-        runs: list[tuple[int, tuple[int, ...], str]] = []  # (first step, shape, dtype) of each run of equal forms
+        runs: list[tuple[int, str]] = []  # (first step, form: shapes and dtypes) of each run of equal forms
         for t in range(start, self.steps):
-            x = data.checked(t)[0]
-            form = (tuple(x.shape), str(x.dtype))
-            if not runs or runs[-1][1:] != form:
-                runs.append((t, *form))
+            form = describe_handover(data.checked(t)[0])
+            if not runs or runs[-1][1] != form:
+                runs.append((t, form))
         every: list[Any] = [None] * self.world
         dist.all_gather_object(every, runs)
         for r, other in enumerate(every):
             if other != every[0]:
                 t, mine, theirs = _first_difference(every[0], other, self.steps)
-                raise ValueError(f"rank {r} is given a mini-batch {t} whose input is {_form(*theirs)}, rank 0 one of "
-                                 f"{_form(*mine)}: every rank must be given the same mini-batches (each sizes its "
+                raise ValueError(f"rank {r} is given a mini-batch {t} whose input is {theirs}, rank 0 one of "
+                                 f"{mine}: every rank must be given the same mini-batches (each sizes its "
                                  "receive buffers from its own copy)")
 
     # ------------------------------------------------------------------------------------- running
@@ -464,15 +463,10 @@ def _check_ranks_agree(fp: dict[str, Any], world: int) -> None:
                              + describe_differences(diffs, f"rank {held[0][0]}", f"rank {r}"))
 
 
-def _form(shape: tuple[int, ...], dtype: Any) -> str:
-    return f"tensor{list(shape)}:{str(dtype).removeprefix('torch.')}"
-
-
-def _first_difference(a: list[tuple[int, tuple[int, ...], str]], b: list[tuple[int, tuple[int, ...], str]],
-                      steps: int) -> tuple[int, tuple[Any, ...], tuple[Any, ...]]:
-    """The first step where two run-length encodings of (shape, dtype) per step differ, with both forms."""
-    def at(runs: list[tuple[int, tuple[int, ...], str]], t: int) -> tuple[Any, ...]:
-        return next(r for r in reversed(runs) if r[0] <= t)[1:]
+def _first_difference(a: list[tuple[int, str]], b: list[tuple[int, str]], steps: int) -> tuple[int, str, str]:
+    """The first step where two run-length encodings of the input form per step differ, with both forms."""
+    def at(runs: list[tuple[int, str]], t: int) -> str:
+        return next(r for r in reversed(runs) if r[0] <= t)[1]
     t = next(t for t in range(a[0][0], steps) if at(a, t) != at(b, t))
     return t, at(a, t), at(b, t)
 

@@ -160,7 +160,7 @@ EMULATOR_PROBES = [
           lambda: build_pipeline(_model(), schedule=gpipe(2, 2, 3), policy="gpipe", optimizer=_opt, only=[2]),
           ValueError, r"only=\[2\] must name stages in 0\.\.1"),
     Probe("batch-as-dict", lambda: _emu().run([{"x": x, "y": y} for x, y in _data()]), TypeError,
-          r"mini-batch 0 must be a tuple \(x, y\) of two tensors.*got dict"),
+          r"mini-batch 0 must be a tuple \(x, y\): the input a tensor \(or a tuple or dict of tensors\).*got dict"),
     Probe("batch-as-triple", lambda: _emu().run([(x, y, y) for x, y in _data()]), TypeError, "tuple of 3"),
     Probe("batches-none", lambda: _emu().run(None), TypeError, "batches must be a sequence"),
     Probe("batches-one-tensor", lambda: _emu().run(torch.randn(3, 4, 4)), TypeError, "got Tensor"),

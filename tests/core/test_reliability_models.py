@@ -26,7 +26,7 @@ from probes import Probe
 from torch import Tensor, nn
 
 from pipelab.distributed import RankFailure, differences, spawn
-from pipelab.emulator import Emulator, train_plain
+from pipelab.emulator import Emulator, evaluate, train_plain
 from pipelab.precision import Precision
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import (
@@ -386,6 +386,60 @@ def test_smaller_last_batch_equals_plain_training() -> None:
     assert max(abs(a - b) for a, b in zip(res.losses, losses)) <= TOL
 
 
+class Embed(nn.Module):
+    """{"tokens", "mask", "scale"} -> (masked mean of the token embeddings) · scale: a stage 0 whose input is a dict
+    (token ids, an attention mask and a floating scale, each with the examples along dimension 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 6, dtype=F64)
+
+    def forward(self, d: dict[str, Tensor]) -> Tensor:
+        m = d["mask"].to(F64)[:, :, None]
+        return (self.emb(d["tokens"]) * m).sum(1) / m.sum(1).clamp(min=1) * d["scale"][:, None]
+
+
+def dict_stages(D: int = 4) -> list[nn.Module]:
+    torch.manual_seed(2)
+    stages: list[nn.Module] = [Embed(), nn.Sequential(nn.Linear(6, 8), nn.Tanh()).double(),
+                               nn.Sequential(nn.Linear(8, 8), nn.Tanh()).double(), nn.Linear(8, 4).double()]
+    return stages if D == 4 else [nn.Sequential(*stages[:2]), nn.Sequential(*stages[2:])]
+
+
+def dict_data(steps: int, seed: int = 1) -> list[tuple[dict[str, Tensor], Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [({"tokens": torch.randint(0, 10, (BATCH, 5), generator=g),
+              "mask": (torch.rand(BATCH, 5, generator=g) > 0.3).long(),
+              "scale": torch.rand(BATCH, generator=g, dtype=F64) + 0.5}, torch.randint(0, 4, (BATCH,), generator=g))
+            for _ in range(steps)]
+
+
+@pytest.mark.parametrize("name,build", [("gpipe", lambda T: gpipe(4, 2, T)), ("1f1b", lambda T: one_f_one_b(4, 2, T)),
+                                        ("zb_h1", lambda T: zb_h1(4, 4, T))])
+def test_a_dict_input_to_the_first_stage_equals_plain_training(name, build) -> None:
+    """Probe: a mini-batch whose input is a dict of tensors (token ids, mask, scale) was refused ('must be a tuple
+    (x, y) of two tensors') and stopped train_plain ('dict' object has no attribute 'dim'); now it is split into
+    micro-batches tensor by tensor, and a flushed pipeline equals plain training (float64); evaluate() reads it."""
+    T, schedule = 3, build(3)
+    ref = dict_stages()
+    losses = train_plain(ref, optimizer=OPTIMIZERS["adam"], batches=dict_data(T), micro_batches=schedule.M)
+    stages = dict_stages()
+    res = Emulator(stages, schedule=schedule, policy="gpipe" if name == "gpipe" else "1f1b",
+                   optimizer=OPTIMIZERS["adam"]).run(dict_data(T))
+    assert max_diff([p.detach() for s in stages for p in s.parameters()],
+                    [p.detach() for s in ref for p in s.parameters()]) <= TOL
+    assert max(abs(a - b) for a, b in zip(res.losses, losses)) <= TOL
+    x, y = dict_data(1, seed=5)[0]
+    assert evaluate(stages, x, y, batch_size=3) == pytest.approx(evaluate(ref, x, y), abs=TOL)
+
+
+def test_a_dict_input_whose_tensors_disagree_on_the_examples_is_named() -> None:
+    x, y = dict_data(1)[0]
+    x["mask"] = x["mask"][:4]
+    with pytest.raises(ValueError, match=r"'mask': tensor\[4, 5\].*same number of examples"):
+        Emulator(dict_stages(), schedule=gpipe(4, 2, 1), policy="gpipe", optimizer=OPTIMIZERS["adam"]).run([(x, y)])
+
+
 def feature_change(steps: int = 3) -> list[tuple[Tensor, Tensor]]:
     batches = data(steps)
     batches[2] = (torch.randn(BATCH, 5, dtype=F64), batches[2][1])
@@ -446,14 +500,19 @@ RUNTIME_CASES: dict[str, dict[str, Any]] = {
                              steps=3, last=4),
     "branches-interleaved-1f1b": dict(model="branches", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
                                       policy="1f1b", opt="adam", steps=3),
+    "dict-input-1f1b": dict(model="dict", D=2, schedule=lambda T: one_f_one_b(2, 2, T), policy="1f1b", opt="adam",
+                            steps=3),
+    "dict-input-stashing-checkpoint": dict(model="dict", D=2, schedule=lambda T: pipedream(2, 1, T),
+                                           policy="stashing", opt="adam", steps=6, stop=3),
 }
-MODELS = {"frozen": frozen_stages, "tuple": tuple_stages, "branches": lambda D: branch_stages()}
+MODELS = {"frozen": frozen_stages, "tuple": tuple_stages, "branches": lambda D: branch_stages(), "dict": dict_stages}
 
 
 def case_parts(name: str) -> tuple[list[nn.Module], Any, str, Any, list[tuple[Tensor, Tensor]]]:
     c = RUNTIME_CASES[name]
     stages = MODELS[c["model"]](c["D"])
-    return stages, c["schedule"](c["steps"]), c["policy"], OPTIMIZERS[c["opt"]], data(c["steps"], last=c.get("last"))
+    batches = dict_data(c["steps"]) if c["model"] == "dict" else data(c["steps"], last=c.get("last"))
+    return stages, c["schedule"](c["steps"]), c["policy"], OPTIMIZERS[c["opt"]], batches
 
 
 def _run_runtime_cases(rank: int, world: int, ckpt: str) -> dict[str, Any]:

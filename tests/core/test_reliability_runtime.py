@@ -513,7 +513,7 @@ PROBES = [
           r"stop_at_step must be an int in 0\.\.6"),
     # the runtime checks mini-batches as the emulator does, before any communication (was: a raw error mid-run)
     Probe("runtime-batch-as-dict", lambda: runtime(0).run([{"x": x, "y": y} for x, y in batches()]), TypeError,
-          r"mini-batch 0 must be a tuple \(x, y\) of two tensors.*got dict"),
+          r"mini-batch 0 must be a tuple \(x, y\): the input a tensor \(or a tuple or dict of tensors\).*got dict"),
     Probe("runtime-batch-wrong-dtype", lambda: runtime(0).run([(x.float(), y) for x, y in batches()]), TypeError,
           "input dtype torch.float32 differs from the model's torch.float64"),
     Probe("runtime-batch-target-length", lambda: runtime(0).run([(x, y[:2]) for x, y in batches()]), ValueError,
