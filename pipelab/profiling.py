@@ -142,7 +142,13 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
         inp = map_tensors(lambda t: t.detach().requires_grad_(input_grad and t.is_floating_point()), x)
         state["inputs"] = [t for t in grad_leaves(inp) if t.requires_grad]
         with torch.enable_grad():
-            out = mod(inp)
+            try:  # a stage that modifies its input in place gets a copy, as the pipeline's stages do
+                out = mod(map_tensors(lambda t: t.clone() if t.requires_grad else t, inp) if state.get("copy") else inp)
+            except RuntimeError as exc:
+                if state.get("copy") or "leaf Variable that requires grad is being used in an in-place" not in str(exc):
+                    raise
+                state["copy"] = True
+                out = mod(map_tensors(lambda t: t.clone() if t.requires_grad else t, inp))
             if target is not None:
                 out = loss_fn(out, target)
         # the outputs a backward starts from (the loss; else every floating output needing a gradient, seeded 1)
@@ -164,7 +170,9 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
             torch.autograd.grad(outs, params, seeds, allow_unused=True)
 
     activation_bytes = _saved_bytes(fwd, params)
+    copies = state.get("copy", False)
     state.clear()
+    state["copy"] = copies
     f_times, b_times, i_times, w_times = [], [], [], []
     for _ in range(warmup + reps):  # F and B alternate, as in a pipeline; then F, I, W of a split backward
         f_times.append(_timed(fwd, device))

@@ -92,6 +92,9 @@ class StageExecutor:
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
         # (t, j, shapes and dtypes, description) of the first forward's input
         self.first_input: tuple[int, int, list[tuple[torch.Size, torch.dtype]], str] | None = None
+        # whether a call with an input needing a gradient ran, and whether the module needs a copy of it
+        # (it modifies its input in place: :meth:`_call_input`)
+        self.input_checked, self.clone_input = False, False
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
         self.ring.put(0, self.snapshot())
@@ -212,7 +215,7 @@ class StageExecutor:
         if self.first_input is None:
             self.first_input = (t, j, form, describe_handover(x_in))
         try:
-            return self.call(W, x_in)
+            return self._call_input(W, x_in)
         except Exception as exc:
             t0, j0, first_form, first = self.first_input
             if form == first_form:
@@ -221,6 +224,38 @@ class StageExecutor:
             raise ValueError(f"stage {self.k} failed on micro-batch {j} of mini-batch {t}, whose input is {here}; its "
                              f"first input (mini-batch {t0}, micro-batch {j0}) was {first}: the model does not accept "
                              f"the changed shape ({type(exc).__name__}: {exc})") from exc
+
+    def _call_input(self, W: Sequence[Tensor], x_in: Any, fresh_buffers: bool = False) -> Any:
+        """:meth:`call` on the stage input ``x_in``, a leaf the input gradient is taken against. A module that
+        modifies its input in place (``nn.ReLU(inplace=True)`` first: fine on plain torch's intermediate result, an
+        error on a leaf that requires grad) gets a copy of the input's tensors that need a gradient: the first
+        call with such an input tries the input itself and, on that error, is repeated from the same buffers and
+        random state on a copy, as every later call then is (the copy costs one activation per micro-batch)."""
+        needs = any(x.requires_grad for x in tensors_of(x_in))
+        if not needs or self.input_checked:
+            return self.call(W, self._module_input(x_in), fresh_buffers)
+        held = [] if fresh_buffers else [d[n].clone() for d, n in self._buffer_slots]
+        rng = _rng_state(tensors_of(x_in)[0].device)
+        try:
+            out = self.call(W, x_in, fresh_buffers)
+        except RuntimeError as exc:
+            if "leaf Variable that requires grad is being used in an in-place operation" not in str(exc):
+                raise
+            for (d, n), b in zip(self._buffer_slots, held):  # undo the failed call's buffer updates (BatchNorm)
+                d[n].copy_(b)
+            torch.set_rng_state(rng[0])
+            if rng[1] is not None:
+                torch.cuda.set_rng_state(rng[1], tensors_of(x_in)[0].device)
+            self.clone_input = True
+            out = self.call(W, self._module_input(x_in), fresh_buffers)
+        self.input_checked = True
+        return out
+
+    def _module_input(self, x_in: Any) -> Any:
+        """What the module is called on: ``x_in``, or a copy of its tensors needing a gradient (:meth:`_call_input`)."""
+        if not self.clone_input:
+            return x_in
+        return map_tensors(lambda x: x.clone() if x.requires_grad else x, x_in)
 
     def _graph(self, t: int, j: int) -> tuple[Any, Any, tuple[Tensor, ...]]:
         """``(x_in, out, W)`` for micro-batch (t, j)'s backward: the forward's graph when it ran at the backward's
@@ -241,7 +276,7 @@ class StageExecutor:
         x_in = map_tensors(lambda x: x.detach().requires_grad_(self.k > 0 and x.is_floating_point()), x0)
         device = tensors_of(x0)[0].device
         with torch.enable_grad(), _replay_rng(device, rng), self.precision.autocast(device):
-            out = self.call(W, x_in, fresh_buffers=True)
+            out = self._call_input(W, x_in, fresh_buffers=True)
             if self.k == self.D - 1:
                 out = self.loss_fn(out, cast(Tensor, target)) / self.M
         return x_in, out

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from pipelab.distributed import RankFailure, differences, spawn
 from pipelab.emulator import Emulator, evaluate, train_plain
 from pipelab.precision import Precision
+from pipelab.profiling import profile_stages
 from pipelab.runtime import PipelineRuntime, load_checkpoint, save_checkpoint
 from pipelab.schedules import (
     ddp,
@@ -440,6 +441,60 @@ def test_a_dict_input_whose_tensors_disagree_on_the_examples_is_named() -> None:
         Emulator(dict_stages(), schedule=gpipe(4, 2, 1), policy="gpipe", optimizer=OPTIMIZERS["adam"]).run([(x, y)])
 
 
+class CountThenRelu(nn.Module):
+    """Counts its calls in a buffer, then applies ReLU to its input in place (or not: the twin)."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=F64))
+        self.inplace = inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.calls.add_(1)
+        return torch.relu_(x) if self.inplace else torch.relu(x)
+
+
+def inplace_stages(inplace: bool = True) -> list[nn.Module]:
+    """Stages 1 and 2 start by modifying their input in place (a counting module, then ``nn.ReLU(inplace=True)``),
+    as torchvision's blocks do; ``inplace=False``: the same model without in-place operations."""
+    torch.manual_seed(4)
+    stages: list[nn.Module] = [nn.Linear(6, 8), nn.Sequential(CountThenRelu(inplace), nn.Linear(8, 8)),
+                               nn.Sequential(nn.ReLU(inplace=inplace), nn.Linear(8, 8)), nn.Linear(8, 4)]
+    return [s.double() for s in stages]
+
+
+def test_stages_that_modify_their_input_in_place_equal_plain_torch() -> None:
+    """Probe: a stage starting with an in-place operation on its input (nn.ReLU(inplace=True)) stopped every
+    pipeline ('a leaf Variable that requires grad is being used in an in-place operation'), where plain torch
+    modifies its intermediate result in place; now the stage gets a copy of its input, decided at its first call
+    (repeated from the same buffers: the counter counts each forward once) and GPipe equals plain PyTorch."""
+    T = 3
+    want = plain_torch(inplace_stages(), data(T), M=2)
+    stages = inplace_stages()
+    Emulator(stages, schedule=gpipe(4, 2, T), policy="gpipe", optimizer=OPTIMIZERS["adam"]).run(data(T))
+    assert max_diff([p.detach() for s in stages for p in s.parameters()], want) <= TOL
+    assert float(stages[1][0].calls) == T * 2  # one call per micro-batch, the failed first try undone
+    assert profile_stages(inplace_stages(), data(1)[0][0], data(1)[0][1], reps=1, warmup=0).f_cost[1] > 0
+
+
+@pytest.mark.parametrize("policy,build,opt", [*ASYNC, ("zb", lambda T: zb_h1(4, 4, T), "adam")],
+                         ids=[*(p for p, _, _ in ASYNC), "zb_h1"])
+def test_stages_that_modify_their_input_in_place_equal_their_out_of_place_twin(policy, build, opt) -> None:
+    """Under stashing, vertical sync, PipeOptim and SpecTrain (recomputed backwards), PipeMare, 2BW and a split
+    backward (ZB-H1), the in-place model trains bit for bit as the same model without in-place operations."""
+    T = 6
+    runs = []
+    for inplace in (True, False):
+        stages = inplace_stages(inplace)
+        res = Emulator(stages, schedule=build(T), policy="1f1b" if policy == "zb" else policy,
+                       optimizer=OPTIMIZERS[opt]).run(data(T))
+        runs.append((stages, res))
+    (a, ra), (b, rb) = runs
+    assert max_diff([p.detach() for s in a for p in s.parameters()], [p.detach() for s in b for p in s.parameters()]
+                    ) == 0.0
+    assert ra.losses == rb.losses and float(a[1][0].calls) == float(b[1][0].calls)
+
+
 def feature_change(steps: int = 3) -> list[tuple[Tensor, Tensor]]:
     batches = data(steps)
     batches[2] = (torch.randn(BATCH, 5, dtype=F64), batches[2][1])
@@ -504,8 +559,11 @@ RUNTIME_CASES: dict[str, dict[str, Any]] = {
                             steps=3),
     "dict-input-stashing-checkpoint": dict(model="dict", D=2, schedule=lambda T: pipedream(2, 1, T),
                                            policy="stashing", opt="adam", steps=6, stop=3),
+    "inplace-interleaved-1f1b": dict(model="inplace", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
+                                     policy="1f1b", opt="adam", steps=3),
 }
-MODELS = {"frozen": frozen_stages, "tuple": tuple_stages, "branches": lambda D: branch_stages(), "dict": dict_stages}
+MODELS = {"frozen": frozen_stages, "tuple": tuple_stages, "branches": lambda D: branch_stages(), "dict": dict_stages,
+          "inplace": lambda D: inplace_stages()}
 
 
 def case_parts(name: str) -> tuple[list[nn.Module], Any, str, Any, list[tuple[Tensor, Tensor]]]:
@@ -542,7 +600,8 @@ def test_runtime_equals_emulator(runtime_results, name) -> None:
     """Runtime (gloo, 2 ranks) ≡ emulator ≡ (flushed) plain training, in float64: frozen parameters on
     single-placement, replicated (DDP) and sharded (FSDP) stages and through a checkpoint; tuple and dict
     hand-overs packed into one message each, also under split backward and through a checkpoint; a smaller
-    last mini-batch; parameters no gradient reaches, skipped by the update as plain torch skips them."""
+    last mini-batch; parameters no gradient reaches, skipped by the update as plain torch skips them; dict inputs;
+    stages that modify their input in place."""
     stages, schedule, policy, opt, batches = case_parts(name)
     before = frozen(stages)
     emu = Emulator(stages, schedule=schedule, policy=policy, optimizer=opt)
