@@ -390,11 +390,12 @@ class FetchedStage(StageExecutor):
         raise RuntimeError(f"stage {self.k}: a non-holder copy does not update (the owner does)")
 
 
-def step_gradient(ex: StageExecutor, t: int) -> list[Tensor]:
-    """The gradient stage copy ``ex`` accumulated in step t (zeros when it computed none, or where no gradient
-    reached a weight: every copy sends every weight, so the collectives match), taken out."""
-    g = ex.acc.pop(t, None)
-    return [torch.zeros_like(p) if x is None else x for x, p in zip(g or [None] * len(ex.params), ex.params)]
+def step_gradient(ex: StageExecutor, t: int) -> tuple[list[Tensor], list[bool]]:
+    """The gradient stage copy ``ex`` accumulated in step t, taken out, and which weights a gradient reached: zeros
+    where none did (every copy sends every weight, so the collectives match); a weight no copy's gradient reached
+    is left out of the update, as plain torch leaves out a parameter whose ``.grad`` is ``None``."""
+    g = ex.acc.pop(t, None) or [None] * len(ex.params)
+    return [torch.zeros_like(p) if x is None else x for x, p in zip(g, ex.params)], [x is not None for x in g]
 
 
 def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExecutor],
@@ -416,14 +417,15 @@ def emulate_collective(c: Collective, copies: Mapping[tuple[int, int], StageExec
             assert isinstance(cast_copy, FetchedStage)
             cast_copy.receive_version(c.version, [x.detach().clone() for x in W])
     else:
-        grads = [step_gradient(copies[(w, k)], c.step) for w in c.members]
-        total = [g.clone() for g in grads[0]]
-        for g in grads[1:]:
+        parts = [step_gradient(copies[(w, k)], c.step) for w in c.members]
+        total = [g.clone() for g in parts[0][0]]
+        for g, _ in parts[1:]:
             if total:
                 torch._foreach_add_(total, g)
+        reached = [any(r) for r in zip(*(r for _, r in parts))]
         nbytes = tensor_bytes(total)
         for w in c.holders:
-            copies[(w, k)].acc[c.step] = [g.clone() for g in total]
+            copies[(w, k)].acc[c.step] = [g.clone() if r else None for g, r in zip(total, reached)]
     if counter is not None:
         calls = 1
         if c.bucket:

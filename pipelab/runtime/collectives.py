@@ -61,6 +61,19 @@ def unflatten(flats: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
     return out
 
 
+def _reached(grads: Sequence[Tensor], reached: Sequence[bool]) -> list[Tensor]:
+    """Which weights a gradient reached on this rank, as one small tensor reduced with the gradients (in their first
+    dtype, so it travels in their buffer): its sum says which weights a gradient reached on any rank."""
+    return [torch.tensor(reached, dtype=grads[0].dtype, device=grads[0].device)] if grads else []
+
+
+def _reached_sums(sums: Sequence[Tensor], reached: Sequence[Tensor]) -> list[Tensor | None]:
+    """The reduced gradients, ``None`` for a weight no rank's gradient reached (left out of the update)."""
+    if not reached:
+        return list(sums)
+    return [g if r else None for g, r in zip(sums, (reached[0] > 0).tolist())]
+
+
 class DistributedCollectives:
     """Run a placed schedule's collectives for rank ``rank`` (see the module docstring).
 
@@ -105,8 +118,8 @@ class DistributedCollectives:
         """Issue the bucket's all-reduce over its parts' flat gradients; count bytes per part, one call."""
         grads: list[Tensor] = []
         for i, (k, t) in enumerate(parts):
-            g = step_gradient(executors[k], t)
-            grads.extend(g)
+            g, reached = step_gradient(executors[k], t)
+            grads.extend(g + _reached(g, reached))
             self.counter.add(c._replace(stage=k, step=t), self.rank, tensor_bytes(g),
                              calls=int(i == 0))
         flats = flatten(grads)
@@ -126,8 +139,8 @@ class DistributedCollectives:
             sums = unflatten(flats, grads)
             for k, t in parts:
                 n = len(executors[k].params)
-                executors[k].acc[t] = list[Tensor | None](sums[:n])
-                sums = sums[n:]
+                executors[k].acc[t] = _reached_sums(sums[:n], sums[n:n + 1] if n else [])
+                sums = sums[n + bool(n):]
 
     def __call__(self, c: Collective, executors: Mapping[int, StageExecutor]) -> None:
         """Run collective ``c`` on this rank's copy of stage ``c.stage`` (a :class:`Launch`: start it)."""
@@ -135,7 +148,7 @@ class DistributedCollectives:
             self._all_reduce(c, executors)
         elif not isinstance(c, Launch):  # only all-reduces are launched early
             run = self._broadcast if c.kind == "broadcast" else self._reduce
-            self.counter.add(c, self.rank, tensor_bytes(run(c, executors[c.stage])))
+            self.counter.add(c, self.rank, run(c, executors[c.stage]))
 
     def _all_reduce(self, c: Collective, executors: Mapping[int, StageExecutor]) -> None:
         """A launch starts its bucket once every part is launched; the bucket's first entry waits for it (or runs
@@ -154,8 +167,9 @@ class DistributedCollectives:
         self._finish(c, parts, executors)
         self._launched.pop(parts, None)
 
-    def _broadcast(self, c: Collective, ex: StageExecutor) -> list[Tensor]:
-        """The owner's version ``c.version`` to the members; a receiver stores it as a fetched version."""
+    def _broadcast(self, c: Collective, ex: StageExecutor) -> int:
+        """The owner's version ``c.version`` to the members; a receiver stores it as a fetched version. Returns the
+        weights' bytes."""
         if self.rank == c.root:
             flats = flatten(list(ex.ring.get(c.version)))
         else:
@@ -169,18 +183,21 @@ class DistributedCollectives:
             if not isinstance(ex, FetchedStage):
                 raise RuntimeError(f"rank {self.rank} receives stage {c.stage}'s weights but holds them")
             ex.receive_version(c.version, unflatten(flats, like))
-        return flats
+        return tensor_bytes(flats)
 
-    def _reduce(self, c: Collective, ex: StageExecutor) -> list[Tensor]:
-        """The computing workers' step gradients summed onto the owner."""
-        grads = step_gradient(ex, c.step)
+    def _reduce(self, c: Collective, ex: StageExecutor) -> int:
+        """The computing workers' step gradients summed onto the owner. Returns the gradients' bytes (what reached
+        which weights travels beside them, uncounted)."""
+        g, reached = step_gradient(ex, c.step)
+        grads = g + _reached(g, reached)
         flats = flatten(grads)
         with self._waiting(c):
             for buf in flats:
                 dist.reduce(buf, dst=c.root, op=dist.ReduceOp.SUM, group=self.groups[c.members])
         if self.rank in c.holders:
-            ex.acc[c.step] = list[Tensor | None](unflatten(flats, grads))
-        return flats
+            sums = unflatten(flats, grads)
+            ex.acc[c.step] = _reached_sums(sums[:len(g)], sums[len(g):])
+        return tensor_bytes(g)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """This rank's ``{"bytes_sent": {kind: bytes}, "bytes_received": {...}, "calls": {...}}``."""

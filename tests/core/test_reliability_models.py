@@ -285,20 +285,24 @@ class Branches(nn.Module):
     plain torch no gradient reaches ``unused`` and ``sometimes`` only in the steps that called it; the optimizer
     skips a parameter without a gradient (no weight decay, no moment update)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, by_data: bool = False) -> None:
         super().__init__()
         self.lin, self.sometimes, self.unused = nn.Linear(n, n), nn.Linear(n, n), nn.Linear(n, n)
-        self.calls = 0
+        self.calls, self.by_data = 0, by_data
 
     def forward(self, x: Tensor) -> Tensor:
         self.calls += 1
         h = self.lin(x)
-        return torch.tanh(h + self.sometimes(x) if self.calls % 3 == 0 else h)
+        # by_data: the branch taken when the micro-batch's first value is positive (the same micro-batches take it
+        # on every copy of the stage, where a call counter would count each copy's own calls)
+        use = bool(x[0, 0] > 0) if self.by_data else self.calls % 3 == 0
+        return torch.tanh(h + self.sometimes(x) if use else h)
 
 
-def branch_stages() -> list[nn.Module]:
+def branch_stages(by_data: bool = False) -> list[nn.Module]:
     torch.manual_seed(3)
-    stages: list[nn.Module] = [nn.Sequential(nn.Linear(6, 8), nn.Tanh()), Branches(8), nn.Linear(8, 8), nn.Linear(8, 4)]
+    stages: list[nn.Module] = [nn.Sequential(nn.Linear(6, 8), nn.Tanh()), Branches(8, by_data), nn.Linear(8, 8),
+                               nn.Linear(8, 4)]
     return [s.double() for s in stages]
 
 
@@ -318,6 +322,20 @@ def test_parameters_no_gradient_reaches_are_skipped_as_plain_torch_does(name, bu
     assert max_diff([p.detach() for p in stages[1].unused.parameters()], before) == 0.0
     start = [p.detach() for p in branch_stages()[1].sometimes.parameters()]
     assert max_diff([p.detach() for p in stages[1].sometimes.parameters()], start) > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("name,build", PLACED, ids=[n for n, _ in PLACED])
+def test_parameters_no_gradient_reaches_on_placed_schedules_equal_plain_torch(name, build) -> None:
+    """DDP, FSDP and LPP reduce, with the gradients, which weights a gradient reached on any copy: a weight no copy's
+    gradient reached is left out of the update on every holder, and the run equals plain PyTorch."""
+    T = 3
+    want = plain_torch(branch_stages(by_data=True), data(T), M=4)
+    stages = branch_stages(by_data=True)
+    res = Emulator(stages, schedule=build(T), policy="gpipe", optimizer=OPTIMIZERS["adam"]).run(data(T))
+    got = [p.detach() for s in stages for p in s.parameters()]
+    assert max_diff(got, want) <= TOL
+    for (_, k), W in res.extra["copies"].items():  # every holder's copy agrees
+        assert max_diff(list(W), [p.detach() for p in stages[k].parameters()]) == 0.0
 
 
 @pytest.mark.parametrize("policy,build,opt", ASYNC, ids=[p for p, _, _ in ASYNC])
@@ -561,9 +579,13 @@ RUNTIME_CASES: dict[str, dict[str, Any]] = {
                                            policy="stashing", opt="adam", steps=6, stop=3),
     "inplace-interleaved-1f1b": dict(model="inplace", D=4, schedule=lambda T: interleaved_1f1b(2, 2, 2, T),
                                      policy="1f1b", opt="adam", steps=3),
+    "branches-ddp": dict(model="branches-by-data", D=4, schedule=lambda T: ddp(D=4, M=4, W=2, steps=T),
+                         policy="gpipe", opt="adam", steps=3),
+    "branches-fsdp": dict(model="branches-by-data", D=4, schedule=lambda T: fsdp(D=4, M=4, W=2, steps=T),
+                          policy="gpipe", opt="adam", steps=3),
 }
 MODELS = {"frozen": frozen_stages, "tuple": tuple_stages, "branches": lambda D: branch_stages(), "dict": dict_stages,
-          "inplace": lambda D: inplace_stages()}
+          "inplace": lambda D: inplace_stages(), "branches-by-data": lambda D: branch_stages(by_data=True)}
 
 
 def case_parts(name: str) -> tuple[list[nn.Module], Any, str, Any, list[tuple[Tensor, Tensor]]]:
