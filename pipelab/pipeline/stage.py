@@ -226,36 +226,44 @@ class StageExecutor:
                              f"the changed shape ({type(exc).__name__}: {exc})") from exc
 
     def _call_input(self, W: Sequence[Tensor], x_in: Any, fresh_buffers: bool = False) -> Any:
-        """:meth:`call` on the stage input ``x_in``, a leaf the input gradient is taken against. A module that
-        modifies its input in place (``nn.ReLU(inplace=True)`` first: fine on plain torch's intermediate result, an
-        error on a leaf that requires grad) gets a copy of the input's tensors that need a gradient: the first
-        call with such an input tries the input itself and, on that error, is repeated from the same buffers and
-        random state on a copy, as every later call then is (the copy costs one activation per micro-batch)."""
-        needs = any(x.requires_grad for x in tensors_of(x_in))
-        if not needs or self.input_checked:
+        """:meth:`call` on the stage input ``x_in``: the leaf the input gradient is taken against, or the input
+        kept for a recompute. A module that modifies its input in place (``nn.ReLU(inplace=True)`` or ``x.mul_``
+        first: fine on plain torch's intermediate result) would raise on such a leaf, or change the kept input under
+        the recompute; it gets a copy of the input instead. The stage's first call tries the input itself and, on
+        that error or when the input's version counter moved, is repeated from the same buffers, random state and
+        input on a copy, as every later call then is (one activation per micro-batch, for such stages only)."""
+        if self.input_checked:
             return self.call(W, self._module_input(x_in), fresh_buffers)
+        xs = tensors_of(x_in)
         held = [] if fresh_buffers else [d[n].clone() for d, n in self._buffer_slots]
-        rng = _rng_state(tensors_of(x_in)[0].device)
+        rng, kept = _rng_state(xs[0].device), [x.detach().clone() for x in xs]
+        versions = [x._version for x in xs]
         try:
             out = self.call(W, x_in, fresh_buffers)
+            modified = any(x._version != v for x, v in zip(xs, versions))
         except RuntimeError as exc:
             if "leaf Variable that requires grad is being used in an in-place operation" not in str(exc):
                 raise
-            for (d, n), b in zip(self._buffer_slots, held):  # undo the failed call's buffer updates (BatchNorm)
-                d[n].copy_(b)
+            modified = True
+        if modified:  # undo what the call changed (the input, BatchNorm's statistics, the random state), then copy
+            with torch.no_grad():
+                for x, k in zip(xs, kept):
+                    x.copy_(k)
+                for (d, n), b in zip(self._buffer_slots, held):
+                    d[n].copy_(b)
             torch.set_rng_state(rng[0])
             if rng[1] is not None:
-                torch.cuda.set_rng_state(rng[1], tensors_of(x_in)[0].device)
+                torch.cuda.set_rng_state(rng[1], xs[0].device)
             self.clone_input = True
             out = self.call(W, self._module_input(x_in), fresh_buffers)
         self.input_checked = True
         return out
 
     def _module_input(self, x_in: Any) -> Any:
-        """What the module is called on: ``x_in``, or a copy of its tensors needing a gradient (:meth:`_call_input`)."""
+        """What the module is called on: ``x_in``, or a copy of its tensors (:meth:`_call_input`)."""
         if not self.clone_input:
             return x_in
-        return map_tensors(lambda x: x.clone() if x.requires_grad else x, x_in)
+        return map_tensors(Tensor.clone, x_in)
 
     def _graph(self, t: int, j: int) -> tuple[Any, Any, tuple[Tensor, ...]]:
         """``(x_in, out, W)`` for micro-batch (t, j)'s backward: the forward's graph when it ran at the backward's

@@ -472,12 +472,24 @@ class CountThenRelu(nn.Module):
         return torch.relu_(x) if self.inplace else torch.relu(x)
 
 
+class Double(nn.Module):
+    """2x, in place or not: unlike ReLU, applying it twice changes the result (a kept input it changed shows)."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.mul_(2) if self.inplace else x * 2
+
+
 def inplace_stages(inplace: bool = True) -> list[nn.Module]:
-    """Stages 1 and 2 start by modifying their input in place (a counting module, then ``nn.ReLU(inplace=True)``),
-    as torchvision's blocks do; ``inplace=False``: the same model without in-place operations."""
+    """Stages 1, 2 and 3 start by modifying their input in place (a counting ReLU, ``nn.ReLU(inplace=True)`` as
+    torchvision's blocks do, a doubling); ``inplace=False``: the same model without in-place operations."""
     torch.manual_seed(4)
     stages: list[nn.Module] = [nn.Linear(6, 8), nn.Sequential(CountThenRelu(inplace), nn.Linear(8, 8)),
-                               nn.Sequential(nn.ReLU(inplace=inplace), nn.Linear(8, 8)), nn.Linear(8, 4)]
+                               nn.Sequential(nn.ReLU(inplace=inplace), nn.Linear(8, 8)),
+                               nn.Sequential(Double(inplace), nn.Linear(8, 4))]
     return [s.double() for s in stages]
 
 
@@ -498,8 +510,9 @@ def test_stages_that_modify_their_input_in_place_equal_plain_torch() -> None:
 @pytest.mark.parametrize("policy,build,opt", [*ASYNC, ("zb", lambda T: zb_h1(4, 4, T), "adam")],
                          ids=[*(p for p, _, _ in ASYNC), "zb_h1"])
 def test_stages_that_modify_their_input_in_place_equal_their_out_of_place_twin(policy, build, opt) -> None:
-    """Under stashing, vertical sync, PipeOptim and SpecTrain (recomputed backwards), PipeMare, 2BW and a split
-    backward (ZB-H1), the in-place model trains bit for bit as the same model without in-place operations."""
+    """Under stashing, vertical sync, PipeOptim and SpecTrain (recomputed backwards: their forward runs without a
+    graph and keeps its input for the recompute, which a doubling in place would change unseen), PipeMare, 2BW and a
+    split backward (ZB-H1), the in-place model trains bit for bit as the same model without in-place operations."""
     T = 6
     runs = []
     for inplace in (True, False):
