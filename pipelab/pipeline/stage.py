@@ -92,8 +92,8 @@ class StageExecutor:
         self.current: dict[Job, int] = {}  # cur(job): the version current when each F/B job ran
         # (t, j, shapes and dtypes, description) of the first forward's input
         self.first_input: tuple[int, int, list[tuple[torch.Size, torch.dtype]], str] | None = None
-        # whether a call with an input needing a gradient ran, and whether the module needs a copy of it
-        # (it modifies its input in place: :meth:`_call_input`)
+        # whether the stage's first call ran, and whether the module needs a copy of its input (it modifies its
+        # input in place: :meth:`_call_input`)
         self.input_checked, self.clone_input = False, False
         for p in self.params:  # before the first update the "last gradient" some predictors read is zero
             p.grad = torch.zeros_like(p)
