@@ -114,7 +114,7 @@ def _saved_bytes(run: Callable[[], object], params: Sequence[Tensor]) -> int:
     return sum(seen.values())
 
 
-def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
+def profile_stage(stage: nn.Module, x: Any, target: Tensor | None = None, *,
                   loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
                   optimizer: OptimizerFactory | None = None, reps: int = 20, warmup: int = 3,
                   input_grad: bool = True) -> StageCosts:
@@ -188,7 +188,7 @@ def profile_stage(stage: nn.Module, x: Tensor, target: Tensor | None = None, *,
                       i=statistics.median(i_times[warmup:]), w=statistics.median(w_times[warmup:]))
 
 
-def profile_stages(stages: Sequence[nn.Module], x: Tensor, target: Tensor, *,
+def profile_stages(stages: Sequence[nn.Module], x: Any, target: Tensor, *,
                    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
                    optimizer: OptimizerFactory | None = None, reps: int = 20, warmup: int = 3,
                    threads: int | None = None) -> StageProfile:
