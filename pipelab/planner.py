@@ -9,8 +9,9 @@ time is the steady period T = (E[a + r] − E[a]) / r, E[t] the end of step t's 
 flushed (:func:`~pipelab.simulator.steady_state`'s period); if asynchronous, a = ⌈W/M⌉ past the fill, r = 2a before
 the drain (within 1 % of a long run's, measured). Objective: T, or T × ``steps_to_target(schedule, policy)``. A plan
 fits when each device's peak bytes are under the cap: simulated peak activations (with recompute: stage inputs), a
-receive buffer per inbound channel, the weights with their stashed copies (:func:`~pipelab.precision.weight_memory`;
-copies: the version table's stash depth), a gradient and the optimizer state.
+receive buffer per inbound channel, the trainable weights with their stashed copies
+(:func:`~pipelab.precision.weight_memory`; copies: the version table's stash depth), a gradient and the optimizer
+state of them, and the frozen weights once.
 
 Search per schedule × M × recompute: (1) the min-max partition of F + B (:func:`~pipelab.partition.balanced_partition`);
 (2) move a block across a boundary of a stage the critical path computes longest (over the cap: of the device most
@@ -69,7 +70,8 @@ def _count(name: str, value: Any, what: str, most: float = math.inf) -> None:
 class Blocks:
     """Per-block costs for a micro-batch of ``batch`` samples: ``f``, ``b`` > 0 s; ``i``, ``w`` > 0 (split backward;
     default b/2 each); ``u`` ≥ 0 (update); bytes (default 0): ``activation_bytes`` saved for the backward,
-    ``output_bytes`` (crossing a cut after the block), ``weight_bytes`` (masters), ``input_bytes`` (model input)."""
+    ``output_bytes`` (crossing a cut after the block), ``weight_bytes`` (the trainable masters: versioned, with a
+    gradient and optimizer state), ``frozen_bytes`` (frozen parameters, held once), ``input_bytes`` (model input)."""
 
     f: Sequence[float]
     b: Sequence[float]
@@ -81,11 +83,12 @@ class Blocks:
     weight_bytes: Sequence[float] | None = None
     input_bytes: int = 0
     batch: int = 1
+    frozen_bytes: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.f)
         for name, default in (("f", 1.0), ("b", 1.0), ("i", 0.5), ("w", 0.5), ("u", 0.0), ("activation_bytes", 0.0),
-                              ("output_bytes", 0.0), ("weight_bytes", 0.0)):
+                              ("output_bytes", 0.0), ("weight_bytes", 0.0), ("frozen_bytes", 0.0)):
             v = getattr(self, name)
             object.__setattr__(self, name, _floats(name, [default * x for x in self.b] if v is None else v, n,
                                                    name in "fbiw"))
@@ -98,7 +101,7 @@ class Blocks:
         p = profile_stages(list(model), x, target, **profile)
         sizes = boundary_bytes(list(model), x)  # the inputs of blocks 0..n−1: block i's output is input i+1
         return cls(p.f_cost, p.b_cost, p.i_cost, p.w_cost, p.u_cost, p.activation_bytes, sizes[1:] + [0],
-                   p.weight_bytes, sizes[0], int(x.shape[0]))
+                   p.weight_bytes, sizes[0], int(x.shape[0]), p.frozen_bytes)
 
 
 @dataclass(frozen=True)
@@ -242,7 +245,7 @@ class _Arm:
         """Per-stage sums of the block arrays; times and activation bytes for B/M samples."""
         bl, cut = self.ctx.blocks, np.concatenate([[0], np.cumsum(sizes)])
         out = {}
-        for key in ("f", "b", "i", "w", "u", "activation_bytes", "weight_bytes"):
+        for key in ("f", "b", "i", "w", "u", "activation_bytes", "weight_bytes", "frozen_bytes"):
             p = np.concatenate([[0.0], np.cumsum(getattr(bl, key))])
             out[key] = p[cut[1:]] - p[cut[:-1]]
         out["output_bytes"] = np.asarray(bl.output_bytes)[cut[1:] - 1]
@@ -280,7 +283,8 @@ class _Arm:
                 out[int(self.holder[k - 1])]["receive"] += int(c["output_bytes"][k - 1])
             P = int(c["weight_bytes"][k])  # the stage's masters as one fp32 meta tensor, for the memory model
             meta = torch.empty(P // 4, device="meta")
-            out[w]["weights"] += weight_memory(ctx.precision, [meta], self.copies[p][k], 0)["total"]
+            out[w]["weights"] += weight_memory(ctx.precision, [meta], self.copies[p][k], 0)["total"] + int(
+                c["frozen_bytes"][k])  # frozen parameters: held once, no version, gradient or state
             out[w]["gradients"] += P
             out[w]["optimizer_state"] += ctx.slots * P
         for m in out:

@@ -4,7 +4,8 @@ Per stage and micro-batch, medians over ``reps`` after ``warmup`` runs: ``f_cost
 earlier stages untimed), ``b_cost`` (B from the loss at the last stage, ones elsewhere), ``i_cost``/``w_cost``
 (the split backward, Qi et al., ICLR 2024; stage 0's I costs ~0), ``u_cost`` (one ``optimizer.step()``),
 ``copy_cost`` (cloning the weights); and the exact ``activation_bytes`` (saved tensors, parameters excluded,
-each storage once) and ``weight_bytes``. Copies of the stages are profiled.
+each storage once), ``weight_bytes`` of the trainable parameters (what is versioned, stepped and sent) and
+``frozen_bytes`` of the frozen ones (held once). Copies of the stages are profiled.
 
 References: PipeDream (Narayanan et al., SOSP 2019, §3.1: profile each layer's compute time, activation
 and weight sizes, then plan the pipeline from them).
@@ -36,7 +37,8 @@ __all__ = ["StageCosts", "StageProfile", "profile_stage", "profile_stages", "tra
 @dataclass(frozen=True)
 class StageCosts:
     """Measured costs of one stage for one micro-batch: seconds (``f``, ``b``, ``u``, ``copy``, ``i``, ``w``)
-    and bytes."""
+    and bytes: ``weight_bytes`` of the trainable parameters (versioned, stepped and sent), ``frozen_bytes`` of the
+    frozen ones (held once)."""
 
     f: float
     b: float
@@ -46,6 +48,7 @@ class StageCosts:
     weight_bytes: int
     i: float
     w: float
+    frozen_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class StageProfile:
     weight_bytes: list[int]
     i_cost: list[float]
     w_cost: list[float]
+    frozen_bytes: list[int] | None = None  # per stage, the frozen parameters' bytes (None: none measured)
 
     @property
     def D(self) -> int:
@@ -184,7 +188,8 @@ def profile_stage(stage: nn.Module, x: Any, target: Tensor | None = None, *,
     copy_t = _median_time(lambda: [p.detach().clone() for p in params], device, reps, warmup)
     return StageCosts(f=statistics.median(f_times[warmup:]), b=statistics.median(b_times[warmup:]), u=u,
                       copy=copy_t, activation_bytes=activation_bytes,
-                      weight_bytes=tensor_bytes(mod.parameters()),
+                      weight_bytes=tensor_bytes(params),
+                      frozen_bytes=tensor_bytes(p for p in mod.parameters() if not p.requires_grad),
                       i=statistics.median(i_times[warmup:]), w=statistics.median(w_times[warmup:]))
 
 
@@ -216,7 +221,7 @@ def profile_stages(stages: Sequence[nn.Module], x: Any, target: Tensor, *,
     return StageProfile(f_cost=[r.f for r in rows], b_cost=[r.b for r in rows], u_cost=[r.u for r in rows],
                         copy_cost=[r.copy for r in rows], activation_bytes=[r.activation_bytes for r in rows],
                         weight_bytes=[r.weight_bytes for r in rows], i_cost=[r.i for r in rows],
-                        w_cost=[r.w for r in rows])
+                        w_cost=[r.w for r in rows], frozen_bytes=[r.frozen_bytes for r in rows])
 
 
 def transfer_times(output: Tensor | None, inp: Tensor | None, *, reps: int = 20, warmup: int = 3) -> list[float]:

@@ -183,6 +183,26 @@ def test_memory_counts_versions_as_the_emulator_holds_them() -> None:
     assert [m["weights"] // (42 * 8) for m in got.memory] == [4, 3, 2, 1]  # stage k stashes D − k versions
 
 
+def test_memory_counts_frozen_parameters_once() -> None:
+    """Probe: frozen parameters were profiled as trainable masters, so the planner gave a frozen block stashed
+    copies, a gradient and optimizer state; now they are held once, and the plan's memory is the emulator's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(4)]).double()
+    model[0].requires_grad_(False)  # a frozen block, and a frozen bias in the next
+    model[1].bias.requires_grad_(False)
+    x, y = torch.randn(2, 6, dtype=torch.float64), torch.randint(0, 6, (2,))
+    bl = Blocks.measure(model, x, y, reps=1, warmup=0)
+    assert list(bl.weight_bytes) == [0, 36 * 8, 42 * 8, 42 * 8] and list(bl.frozen_bytes) == [42 * 8, 6 * 8, 0, 0]
+    got = plan(bl, 4, global_batch=2, schedules=("pipedream",), micro_batches=(1,), optimizer=torch.optim.Adam)[0]
+    emu = Emulator(split(model, 4, list(got.sizes)), schedule=pipedream(4, 1, 6), policy="stashing",
+                   optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-3))
+    emu.run([(x, y)] * 6)
+    for k, held in emu.plan.weight_bytes.items():
+        assert got.memory[k]["weights"] == held["masters"] + held["versions"] + bl.frozen_bytes[k]
+        assert got.memory[k]["gradients"] == held["masters"]
+        assert got.memory[k]["optimizer_state"] == pytest.approx(held["optimizer_state"], abs=16)
+
+
 def _contiguous(cp: Any) -> bool:
     """Each job of the path starts as the previous one ends, or later only after a transfer between devices."""
     sim = cp.sim
