@@ -13,7 +13,7 @@ median over the pilots' waited-for, not late messages, charged after every arriv
 (:attr:`pipelab.links.Network.receive_overhead`, apart from the links' α), and each stage's dispatch time (the
 pilots' mean time of a rank between two jobs: sends, bookkeeping, asking for the next input;
 ``simulate(dispatch_cost=)``). The step time compared is the *steady* one
-(:func:`pipelab.calibration.steady_step`: the median spacing of step ends after the first step, the traced run's
+(:func:`pipelab.studies.calibration.steady_step`: the median spacing of step ends after the first step, the traced run's
 on one host clock and the forecast's), the median over ``--repeats`` runs (schedules interleaved within a repeat,
 so load from other processes hits them alike): the first step's set-up (a rank's first transfer on a connection
 took 3–13 ms here) is no more the forecast's than the pilots' first step is, and the error of the whole makespan
@@ -60,12 +60,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import header, load_average  # noqa: E402
 
-from pipelab.calibration import steady_step, step_ends  # noqa: E402
 from pipelab.links import Link  # noqa: E402
 from pipelab.planner import critical_path  # noqa: E402
 from pipelab.schedules.dependencies import received_from  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
-from pipelab.studies.calibration import CalibrationCase, CalibrationConfig, calibrate  # noqa: E402
+from pipelab.studies.calibration import (  # noqa: E402
+    CalibrationCase,
+    CalibrationConfig,
+    calibrate,
+    steady_step,
+    step_ends,
+)
 from pipelab.studies.time_to_target import NANOGPT, benchmark_forecast  # noqa: E402
 
 KINDS = ("gpipe", "1f1b", "pipedream", "2bw", "zb_h1")

@@ -46,35 +46,28 @@ agree when a worker runs at most one micro-batch of the stage per step. Activati
 program order fixes which are resident at each job) when ``activation_bytes`` are the stage *input* bytes
 (:func:`pipelab.links.boundary_bytes`).
 
-**Makespan**: :func:`forecast_costs` (from a profile) and :func:`measured_costs` (from a traced run) give the
-simulator's costs; replaying both separates the model from the profile (:mod:`pipelab.studies.calibration`).
-
 References: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), Table 1 (latency,
 activation memory, weight transfers); PipeDream (Narayanan et al., SOSP 2019, §3.1: profile, then plan).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .links import MessageBytes, Network, boundary_bytes
-from .pipeline.placement import COLLECTIVE_KINDS, Collective, is_placed
+from .links import boundary_bytes
+from .pipeline.placement import Collective, is_placed
 from .precision import tensor_bytes
 from .schedules.actions import Schedule
 from .schedules.compiled import OP_CODE
-from .schedules.dependencies import received_from
 from .simulator import SimResult, simulate
 
 __all__ = ["simulated_traffic", "simulated_collectives", "optimizer_state_slots", "compare_memory",
-           "EXACT_VERSION_POLICIES", "forecast_costs", "measured_costs", "step_ends", "steady_step"]
+           "EXACT_VERSION_POLICIES"]
 
 _F, _B, _I = OP_CODE["F"], OP_CODE["B"], OP_CODE["I"]
 
@@ -295,150 +288,3 @@ def simulated_collectives(sim: SimResult, weight_bytes: Sequence[int], bucket_by
         for w in got:
             add(w, "broadcast", *collective_bytes("broadcast", n, len(got) + 1, False))
     return out
-
-
-def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
-                   split_backward: bool, collective: Sequence[float] | None = None, *,
-                   network: Network | None = None, message_bytes: MessageBytes | None = None,
-                   receive_overhead: float = 0.0) -> dict[str, Any]:
-    """The simulator's costs from a profile: F, B (I, W when split) per stage; U plus a weight copy where a stage
-    keeps more than one version, plus a placed schedule's ``collective`` time per step (they sit next to the
-    update); and the one-way ``transfer`` time, or for a metered run the ``network`` and ``message_bytes``.
-
-    ``receive_overhead`` o (profiled: the meter's wake-up) is LogP's receiver overhead, the network's
-    :attr:`~pipelab.links.Network.receive_overhead`: a consumer starts o after its message's arrival at the
-    earliest, off the wire."""
-    extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
-    u = [u + (c if cap > 1 else 0.0) + e
-         for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
-    costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u}
-    if network is not None and receive_overhead:
-        network = replace(network, receive_overhead=receive_overhead)
-    costs.update(_links(transfer, network, message_bytes))
-    if split_backward:
-        costs.update(i_cost=profile["i_cost"], w_cost=profile["w_cost"])
-    return costs
-
-
-def _links(transfer: float, network: Network | None, message_bytes: MessageBytes | None) -> dict[str, Any]:
-    """The simulator's link arguments: a scalar transfer time, or a metered run's network and message bytes."""
-    if network is None:
-        return {"transfer_cost": transfer}
-    if message_bytes is None:
-        raise ValueError("a metered forecast needs message_bytes (pipelab.links.message_bytes) with its network")
-    return {"network": network, "message_bytes": message_bytes}
-
-
-def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network: Network | None = None,
-                   message_bytes: MessageBytes | None = None, receive_overhead: float = 0.0) -> dict[str, Any]:
-    """Per-stage costs read off every rank's :class:`~pipelab.runtime.trace.Timeline`: the mean duration of each
-    stage's F, B, I, W and U jobs (means, not medians: the makespan is a sum, so a heavy tail counts), U plus the
-    mean over steps of the longest time a rank spent in the stage's collectives of a step, the ranks' own time
-    between jobs (``dispatch_cost``, :func:`_dispatch`) and the transfer latency (:func:`_transfer_latency`).
-    A metered run passes its ``network`` and its own mean overshoot
-    (:attr:`pipelab.runtime.meter.MeterStats.overshoot`) as ``receive_overhead``, as in :func:`forecast_costs`."""
-    durations: dict[tuple[str, int], list[float]] = {}
-    for tl in timelines:
-        for r in tl.jobs:
-            durations.setdefault((r.op, r.stage), []).append(r.duration)
-
-    def med(op: str) -> list[float] | None:
-        if not any((op, k) in durations for k in range(D)):
-            return None
-        return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
-
-    f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
-    coll = _collective_costs(timelines, D)
-    if coll is not None:
-        u = [(u[k] if u is not None else 0.0) + coll[k] for k in range(D)]
-    transfer = _transfer_latency(timelines, D, transfer)
-    if f is None:
-        raise ValueError("the timelines hold no forward job")
-    if b is None:  # every backward split: B is only used for the default I/W split, which is given
-        b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
-    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0}
-    dispatch = _dispatch(timelines, D)
-    if dispatch is not None and any(any(v) for v in dispatch.values()):
-        costs["dispatch_cost"] = dispatch
-    if network is not None and receive_overhead:
-        network = replace(network, receive_overhead=receive_overhead)
-    costs.update(_links(transfer, network, message_bytes))
-    if i is not None:
-        costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
-    return costs
-
-
-def step_ends(run: Any) -> dict[int, float]:
-    """Each step's end, its last job's over the ranks: of a :class:`~pipelab.simulator.SimResult`, or of a run's
-    :class:`~pipelab.runtime.trace.Timeline` s (one per rank, on a shared clock)."""
-    if isinstance(run, SimResult):
-        steps, ends = run.compiled.step, run.end
-        return {int(t): float(ends[steps == t].max()) for t in np.unique(steps[steps >= 0])}
-    out: dict[int, float] = {}
-    for tl in run:
-        for r in tl.jobs:
-            if r.step >= 0:
-                out[r.step] = max(out.get(r.step, -math.inf), r.end)
-    return out
-
-
-def steady_step(ends: dict[int, float]) -> float:
-    """The steady step time: the median spacing of consecutive step ends (:func:`step_ends`) after the first step,
-    whose set-up (connections made, buffers first touched, a pipeline's fill) a steady forecast does not model,
-    as benchmarks that score a pipeline by its steady step time leave it out; NaN with fewer than two steps."""
-    t = [ends[k] for k in sorted(ends)]
-    return float(statistics.median(b - a for a, b in zip(t, t[1:]))) if len(t) > 1 else math.nan
-
-
-def _dispatch(timelines: Sequence[Any], D: int) -> dict[str, list[float]] | None:
-    """Per op and stage, a rank's mean own time before a job (the simulator's ``dispatch_cost``): from its previous
-    job's end (the first send) to the job's start, or to when it asked for its input from another rank (a job
-    that received; the wait for the input is the links'). Per op, as it differs (an update's copies, a backward's
-    sends). Each rank's first job is left out (no previous end); ``None`` when there is no sample (timelines
-    recorded before ``asked`` was)."""
-    gaps: dict[tuple[str, int], list[float]] = {}
-    for tl in timelines:
-        for prev, r in zip(tl.jobs, tl.jobs[1:]):
-            if r.op in OP_CODE and 0 <= r.stage < D and not (r.received and math.isnan(r.asked)):  # no collective
-                gap = (r.asked if r.received else r.start) - prev.end
-                gaps.setdefault((r.op, r.stage), []).append(max(gap, 0.0))
-    if not gaps:
-        return None
-    return {op: [float(statistics.fmean(gaps.get((op, k), [0.0]))) for k in range(D)]
-            for op in dict.fromkeys(op for op, _ in gaps)}
-
-
-def _transfer_latency(timelines: Sequence[Any], D: int, default: float) -> float:
-    """Mean (consumer start − producer end) over received tensors whose consumer was idle when the producer
-    ended; ``default`` when there is none."""
-    ends = {r.job: r.end for tl in timelines for r in tl.jobs}
-    waits = []
-    for tl in timelines:
-        prev_end = 0.0
-        for r in tl.jobs:
-            if r.received:  # its producer: the previous stage's F, or the next stage's gradient job (B or I)
-                job = (r.op, r.stage, r.step, r.micro)
-                producers = received_from(job, D, split=False) + received_from(job, D, split=True)
-                end = next((ends[p] for p in producers if p in ends), None)
-                if end is not None and prev_end <= end <= r.start:
-                    waits.append(r.start - end)
-            prev_end = r.end
-    return float(statistics.fmean(waits)) if waits else default
-
-
-def _collective_costs(timelines: Sequence[Any], D: int) -> list[float] | None:
-    """Per stage, the mean over steps of the longest time any rank spent in the stage's collectives of a step
-    (``None``: no collective ran)."""
-    coll: dict[tuple[int, int, int], float] = {}
-    for tl in timelines:
-        for r in tl.jobs:
-            if r.op in COLLECTIVE_KINDS and r.step >= 0:
-                key = (r.stage, r.step, tl.rank)
-                coll[key] = coll.get(key, 0.0) + r.duration
-    if not coll:
-        return None
-    longest: dict[tuple[int, int], float] = {}
-    for (k, t, _), d in coll.items():
-        longest[(k, t)] = max(longest.get((k, t), 0.0), d)
-    per_stage = [[d for (k, _), d in longest.items() if k == kk] for kk in range(D)]
-    return [float(statistics.fmean(per_stage[k])) if per_stage[k] else 0.0 for k in range(D)]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["replace_files", "atomic_write", "check_writable", "Writer"]
+__all__ = ["replace_files", "atomic_write", "Writer"]
 
 #: writes a file's content to the open binary file it is given
 Writer = Callable[[BinaryIO], object]
@@ -52,29 +52,3 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """Replace ``path`` by ``data`` (``str``: UTF-8) through a temporary (:func:`replace_files`); return it."""
     blob = data.encode() if isinstance(data, str) else data
     return replace_files([(path, lambda fh: fh.write(blob))])[0]
-
-
-def check_writable(path: str | os.PathLike[str], argument: str, *, directory: bool = False) -> Path:
-    """Refuse, before any work, a ``path`` where a file (``directory``: a directory) could not be written.
-
-    It must not be the other kind; it must be writable, or its nearest existing ancestor a writable directory.
-    ValueError names ``argument`` (``--out``, ``checkpoint``, ...), the path and what is wrong.
-    """
-    path = Path(path)
-    kind = "directory" if directory else "file"
-    if path.exists():
-        if path.is_dir() != directory:
-            other = "a directory" if path.is_dir() else "a file"
-            raise ValueError(f"{argument} {path} is {other}; a {kind} is expected there")
-        target = path if directory else path.parent
-        if not os.access(path, os.W_OK) or not os.access(target, os.W_OK | os.X_OK):
-            raise ValueError(f"{argument} {path}: no permission to write it")
-        return path
-    ancestor = path.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise ValueError(f"{argument} {path}: {ancestor} is a file, so the {kind} cannot be created")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"{argument} {path}: cannot create it, {ancestor} is not writable")
-    return path

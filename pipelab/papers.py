@@ -28,8 +28,6 @@ Parallelization Schemes to Train Deep Nets" (2025), Table 1 and the theorem "ρ 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .schedules.actions import check_int
@@ -37,7 +35,7 @@ from .schedules.compiled import check_cost
 
 __all__ = ["pipeoptim_staleness", "spectrain_version_difference", "async_1f1b_staleness", "ZB_SCHEDULES",
            "zero_bubble_closed_form", "V_SHAPE_FORMULAS", "v_shape_bubble", "v_shape_memory", "RAHIMI_SCHEMES",
-           "RAHIMI_COLUMNS", "rahimi_row", "rahimi_measured_row", "rahimi_throughput"]
+           "RAHIMI_COLUMNS", "rahimi_row"]
 
 
 # ------------------------------------------------------------------------------------ staleness presets
@@ -173,23 +171,3 @@ def rahimi_row(scheme: str, S: int, B: int, G: int = 1, R: int = 1) -> dict[str,
         row = (G * R, S + B / G - 1, B, 0 if scheme == "LPP" else S - 1, S / R * min(S, B / G),
                S / R if scheme == "LPP" else 1)
     return {k: float(v) for k, v in zip(RAHIMI_COLUMNS, row)}
-
-
-def rahimi_measured_row(result: Any) -> dict[str, float]:
-    """The Table 1 quantities of a :class:`~pipelab.simulator.SimResult` (max over workers)."""
-    return {
-        "W": float(result.schedule.W),
-        "latency": float(result.latency_units),
-        "activation_xmit": float(result.activation_transfers.max()),
-        "weight_xmit": float(result.weight_transfers.max()),
-        "activation_storage": float(result.peak_activations.max()),
-        "weight_storage": float(result.weight_storage.max()),
-    }
-
-
-def rahimi_throughput(result: Any) -> tuple[float, float]:
-    """(ρ, M/S): Rahimi's throughput per worker ρ = S·B / (L·W), and the bound M_peak / S."""
-    s = result.schedule
-    B = s.M * s.steps
-    rho = s.D * B / (result.latency_units * s.W)
-    return rho, float(result.peak_activations.max()) / s.D

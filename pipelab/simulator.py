@@ -527,9 +527,9 @@ def simulate(schedule: Schedule, f_cost: Cost = 1.0, b_cost: Cost = 1.0, *, u_co
             earliest; with ``weight_bytes`` a placed schedule's collectives are costed too.
         message_bytes: bytes of each boundary's messages; needed when a link's bandwidth is finite.
         dispatch_cost: a worker's own time before each of its jobs (a runtime's bookkeeping between jobs, posting
-            and handing over tensors: measured by :func:`pipelab.calibration.measured_costs`), per stage or per op
-            (``{"F": ..., "B": ..., "U": ...}``, each per stage; a missing op: 0); it delays the job, not its
-            inputs, and is not counted as busy.
+            and handing over tensors: measured by :func:`pipelab.studies.calibration.measured_costs`), per stage or
+            per op (``{"F": ..., "B": ..., "U": ...}``, each per stage; a missing op: 0); it delays the job, not
+            its inputs, and is not counted as busy.
         job_cost: each action's own cost instead of its stage's (shape [n], in the order of
             :func:`~pipelab.schedules.compiled.compile_schedule`, as :attr:`SimResult.compiled`): e.g. durations
             drawn job by job (:func:`pipelab.studies.calibration.sampled_forecast`).

@@ -1,9 +1,9 @@
 """The calibration study: profile, forecast and measure schedules on spawned ranks; Rahimi's Table 1 measured.
 
 :func:`calibrate` runs every case of a :class:`CalibrationConfig` on real processes: each rank profiles its stages
-(:func:`calibrate_rank`), the simulator forecasts the makespan from those costs
-(:func:`pipelab.calibration.forecast_costs`), the traced runtime measures it, and
-:func:`pipelab.calibration.measured_costs` replays the run's own costs; one :class:`CalibrationRow` per case
+(:func:`calibrate_rank`), the simulator forecasts the makespan from those costs (:func:`forecast_costs`), the
+traced runtime measures it, and :func:`measured_costs` replays the run's own costs (replaying both separates the
+model from the profile); one :class:`CalibrationRow` per case
 (:func:`format_rows`, :func:`rows_csv`). :func:`rahimi_measured` reads Rahimi's Table 1 off real processes
 beside the note's formulas and the simulator. The comparisons themselves are :mod:`pipelab.calibration`'s.
 
@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..calibration import forecast_costs, measured_costs, steady_step, step_ends
-from ..links import Link, Network, message_bytes
+from ..links import Link, MessageBytes, Network, message_bytes
 from ..pipeline.placement import COLLECTIVE_KINDS, Collective
 from ..schedules.actions import Schedule, check_int
 from ..schedules.builders import BUILDERS
 from ..schedules.compiled import OP_CODE, compile_schedule, job_costs
+from ..schedules.dependencies import received_from
 from ..simulator import SimResult, simulate
 from .settings import CALIBRATION_KINDS, RAHIMI_RUNS
 
@@ -40,12 +40,161 @@ if TYPE_CHECKING:
     from .time_to_target import NanoGPTSetting
 
 __all__ = ["schedule_for", "CalibrationCase", "CalibrationConfig", "CalibrationRow", "calibrate",
-           "format_rows", "rows_csv", "sampled_forecast", "calibrate_rank", "calibration_rows", "receive_overhead",
+           "format_rows", "rows_csv", "sampled_forecast", "forecast_costs", "measured_costs", "step_ends",
+           "steady_step", "calibrate_rank", "calibration_rows", "receive_overhead",
            "probe_summary",
            "RahimiRunConfig",
-           "runtime_table_row", "rahimi_measured"]
+           "runtime_table_row", "rahimi_measured", "rahimi_measured_row", "rahimi_throughput"]
 
 # ---------------------------------------------------------------------------------------------------- makespan
+
+def forecast_costs(profile: dict[str, list[float]], transfer: float, capacity: Sequence[int],
+                   split_backward: bool, collective: Sequence[float] | None = None, *,
+                   network: Network | None = None, message_bytes: MessageBytes | None = None,
+                   receive_overhead: float = 0.0) -> dict[str, Any]:
+    """The simulator's costs from a profile: F, B (I, W when split) per stage; U plus a weight copy where a stage
+    keeps more than one version, plus a placed schedule's ``collective`` time per step (they sit next to the
+    update); and the one-way ``transfer`` time, or for a metered run the ``network`` and ``message_bytes``.
+
+    ``receive_overhead`` o (profiled: the meter's wake-up) is LogP's receiver overhead, the network's
+    :attr:`~pipelab.links.Network.receive_overhead`: a consumer starts o after its message's arrival at the
+    earliest, off the wire."""
+    extra = list(collective) if collective is not None else [0.0] * len(profile["u_cost"])
+    u = [u + (c if cap > 1 else 0.0) + e
+         for u, c, cap, e in zip(profile["u_cost"], profile["copy_cost"], capacity, extra)]
+    costs: dict[str, Any] = {"f_cost": profile["f_cost"], "b_cost": profile["b_cost"], "u_cost": u}
+    if network is not None and receive_overhead:
+        network = dataclasses.replace(network, receive_overhead=receive_overhead)
+    costs.update(_links(transfer, network, message_bytes))
+    if split_backward:
+        costs.update(i_cost=profile["i_cost"], w_cost=profile["w_cost"])
+    return costs
+
+
+def _links(transfer: float, network: Network | None, message_bytes: MessageBytes | None) -> dict[str, Any]:
+    """The simulator's link arguments: a scalar transfer time, or a metered run's network and message bytes."""
+    if network is None:
+        return {"transfer_cost": transfer}
+    if message_bytes is None:
+        raise ValueError("a metered forecast needs message_bytes (pipelab.links.message_bytes) with its network")
+    return {"network": network, "message_bytes": message_bytes}
+
+
+def measured_costs(timelines: Sequence[Any], D: int, transfer: float, *, network: Network | None = None,
+                   message_bytes: MessageBytes | None = None, receive_overhead: float = 0.0) -> dict[str, Any]:
+    """Per-stage costs read off every rank's :class:`~pipelab.runtime.trace.Timeline`: the mean duration of each
+    stage's F, B, I, W and U jobs (means, not medians: the makespan is a sum, so a heavy tail counts), U plus the
+    mean over steps of the longest time a rank spent in the stage's collectives of a step, the ranks' own time
+    between jobs (``dispatch_cost``, :func:`_dispatch`) and the transfer latency (:func:`_transfer_latency`).
+    A metered run passes its ``network`` and its own mean overshoot
+    (:attr:`pipelab.runtime.meter.MeterStats.overshoot`) as ``receive_overhead``, as in :func:`forecast_costs`."""
+    durations: dict[tuple[str, int], list[float]] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            durations.setdefault((r.op, r.stage), []).append(r.duration)
+
+    def med(op: str) -> list[float] | None:
+        if not any((op, k) in durations for k in range(D)):
+            return None
+        return [max(float(statistics.fmean(durations.get((op, k), [0.0]))), 1e-9) for k in range(D)]
+
+    f, b, u, i, w = (med(op) for op in ("F", "B", "U", "I", "W"))
+    coll = _collective_costs(timelines, D)
+    if coll is not None:
+        u = [(u[k] if u is not None else 0.0) + coll[k] for k in range(D)]
+    transfer = _transfer_latency(timelines, D, transfer)
+    if f is None:
+        raise ValueError("the timelines hold no forward job")
+    if b is None:  # every backward split: B is only used for the default I/W split, which is given
+        b = [x + y for x, y in zip(i or [0.0] * D, w or [0.0] * D)]
+    costs: dict[str, Any] = {"f_cost": f, "b_cost": b, "u_cost": u or 0.0}
+    dispatch = _dispatch(timelines, D)
+    if dispatch is not None and any(any(v) for v in dispatch.values()):
+        costs["dispatch_cost"] = dispatch
+    if network is not None and receive_overhead:
+        network = dataclasses.replace(network, receive_overhead=receive_overhead)
+    costs.update(_links(transfer, network, message_bytes))
+    if i is not None:
+        costs.update(i_cost=i, w_cost=w if w is not None else [1e-9] * D)
+    return costs
+
+
+def step_ends(run: Any) -> dict[int, float]:
+    """Each step's end, its last job's over the ranks: of a :class:`~pipelab.simulator.SimResult`, or of a run's
+    :class:`~pipelab.runtime.trace.Timeline` s (one per rank, on a shared clock)."""
+    if isinstance(run, SimResult):
+        steps, ends = run.compiled.step, run.end
+        return {int(t): float(ends[steps == t].max()) for t in np.unique(steps[steps >= 0])}
+    out: dict[int, float] = {}
+    for tl in run:
+        for r in tl.jobs:
+            if r.step >= 0:
+                out[r.step] = max(out.get(r.step, -math.inf), r.end)
+    return out
+
+
+def steady_step(ends: dict[int, float]) -> float:
+    """The steady step time: the median spacing of consecutive step ends (:func:`step_ends`) after the first step,
+    whose set-up (connections made, buffers first touched, a pipeline's fill) a steady forecast does not model,
+    as benchmarks that score a pipeline by its steady step time leave it out; NaN with fewer than two steps."""
+    t = [ends[k] for k in sorted(ends)]
+    return float(statistics.median(b - a for a, b in zip(t, t[1:]))) if len(t) > 1 else math.nan
+
+
+def _dispatch(timelines: Sequence[Any], D: int) -> dict[str, list[float]] | None:
+    """Per op and stage, a rank's mean own time before a job (the simulator's ``dispatch_cost``): from its previous
+    job's end (the first send) to the job's start, or to when it asked for its input from another rank (a job
+    that received; the wait for the input is the links'). Per op, as it differs (an update's copies, a backward's
+    sends). Each rank's first job is left out (no previous end); ``None`` when there is no sample (timelines
+    recorded before ``asked`` was)."""
+    gaps: dict[tuple[str, int], list[float]] = {}
+    for tl in timelines:
+        for prev, r in zip(tl.jobs, tl.jobs[1:]):
+            if r.op in OP_CODE and 0 <= r.stage < D and not (r.received and math.isnan(r.asked)):  # no collective
+                gap = (r.asked if r.received else r.start) - prev.end
+                gaps.setdefault((r.op, r.stage), []).append(max(gap, 0.0))
+    if not gaps:
+        return None
+    return {op: [float(statistics.fmean(gaps.get((op, k), [0.0]))) for k in range(D)]
+            for op in dict.fromkeys(op for op, _ in gaps)}
+
+
+def _transfer_latency(timelines: Sequence[Any], D: int, default: float) -> float:
+    """Mean (consumer start − producer end) over received tensors whose consumer was idle when the producer
+    ended; ``default`` when there is none."""
+    ends = {r.job: r.end for tl in timelines for r in tl.jobs}
+    waits = []
+    for tl in timelines:
+        prev_end = 0.0
+        for r in tl.jobs:
+            if r.received:  # its producer: the previous stage's F, or the next stage's gradient job (B or I)
+                job = (r.op, r.stage, r.step, r.micro)
+                producers = received_from(job, D, split=False) + received_from(job, D, split=True)
+                end = next((ends[p] for p in producers if p in ends), None)
+                if end is not None and prev_end <= end <= r.start:
+                    waits.append(r.start - end)
+            prev_end = r.end
+    return float(statistics.fmean(waits)) if waits else default
+
+
+def _collective_costs(timelines: Sequence[Any], D: int) -> list[float] | None:
+    """Per stage, the mean over steps of the longest time any rank spent in the stage's collectives of a step
+    (``None``: no collective ran)."""
+    coll: dict[tuple[int, int, int], float] = {}
+    for tl in timelines:
+        for r in tl.jobs:
+            if r.op in COLLECTIVE_KINDS and r.step >= 0:
+                key = (r.stage, r.step, tl.rank)
+                coll[key] = coll.get(key, 0.0) + r.duration
+    if not coll:
+        return None
+    longest: dict[tuple[int, int], float] = {}
+    for (k, t, _), d in coll.items():
+        longest[(k, t)] = max(longest.get((k, t), 0.0), d)
+    per_stage = [[d for (k, _), d in longest.items() if k == kk] for kk in range(D)]
+    return [float(statistics.fmean(per_stage[k])) if per_stage[k] else 0.0 for k in range(D)]
+
+
 
 #: seconds a metered calibration pauses before each profiled job (:func:`_profile_split`)
 PROFILE_PAUSE_S = 0.01
@@ -180,7 +329,7 @@ class CalibrationRow:
         time from a waited-for message's modelled arrival to its job getting it, over the ranks
         (:attr:`~pipelab.runtime.meter.MeterStats.overshoot`), which the replay takes as its receive overhead;
         receive_overhead: the profiled one the forecast takes (:func:`receive_overhead`,
-        :func:`pipelab.calibration.forecast_costs`); probe: what the probes measured of the metered transport
+        :func:`pipelab.studies.calibration.forecast_costs`); probe: what the probes measured of the metered transport
         (:func:`probe_summary`, the same for every row of a calibration; empty when not metered).
         A metered forecast takes its compute costs from the case's pilot runs (:func:`_receive_probe`, one right
         before each measured run: the mean duration of each stage's F, B, I, W, U jobs over them, as
@@ -192,7 +341,7 @@ class CalibrationRow:
         the stage profile, kept beside it (NaN when not metered).
         collective_cost: per stage, the profiled collective time per step the forecast adds to the stage's
         update (placed schedules; empty otherwise); the replay charges the measured ones likewise.
-        steady_s, forecast_steady_s, steady_error: the steady step time (:func:`pipelab.calibration.steady_step`:
+        steady_s, forecast_steady_s, steady_error: the steady step time (:func:`steady_step`:
         the median spacing of step ends after the first step, whose set-up no steady forecast models) measured
         (median over repeats) and forecast, and forecast / measured − 1 (NaN with fewer than two steps).
     """
@@ -706,7 +855,7 @@ def _rahimi_rank(rank: int, world: int, cfg: RahimiRunConfig, schemes: Sequence[
 
 def runtime_table_row(parts: Sequence[dict[str, Any]], activation_unit: int, weight_unit: int) -> dict[str, float]:
     """Rahimi's Table 1 columns read off one measured run (max over ranks, as
-    :func:`~pipelab.papers.rahimi_measured_row` reads a simulation).
+    :func:`rahimi_measured_row` reads a simulation).
 
     Args:
         parts: every rank's ``{"timeline", "memory", "collectives"}`` of the run (index = rank).
@@ -751,7 +900,7 @@ def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo"
     Returns:
         one row per scheme: ``scheme``, ``schedule`` (its name), ``params`` (S, B, G, R), ``policy``,
         ``note`` (:func:`~pipelab.papers.rahimi_row`), ``simulated``
-        (:func:`~pipelab.papers.rahimi_measured_row`: weight transfers by Rahimi's per-F-job count),
+        (:func:`rahimi_measured_row`: weight transfers by Rahimi's per-F-job count),
         ``simulated_fetches`` (the simulator's max :attr:`~pipelab.simulator.SimResult.weight_fetches`, the
         runtime's count), ``runtime`` (the measured columns; latency the median over repeats),
         ``latency_all`` (every repeat's), ``units`` (activation and weight bytes of one unit).
@@ -760,7 +909,7 @@ def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo"
         ValueError: an unknown scheme, or a configuration a builder refuses.
     """
     from ..distributed import spawn
-    from ..papers import rahimi_measured_row, rahimi_row
+    from ..papers import rahimi_row
 
     cfg = cfg or RahimiRunConfig()
     scheds = {s: cfg.schedule(s) for s in cfg.schemes}
@@ -789,3 +938,23 @@ def rahimi_measured(cfg: RahimiRunConfig | None = None, *, backend: str = "gloo"
                      "counted": [{k: v for k, v in r.items() if k != "latency"} for r in runs],
                      "units": {"activation_bytes": act_unit, "weight_bytes": weight_unit}})
     return rows
+
+
+def rahimi_measured_row(result: Any) -> dict[str, float]:
+    """The Table 1 quantities of a :class:`~pipelab.simulator.SimResult` (max over workers)."""
+    return {
+        "W": float(result.schedule.W),
+        "latency": float(result.latency_units),
+        "activation_xmit": float(result.activation_transfers.max()),
+        "weight_xmit": float(result.weight_transfers.max()),
+        "activation_storage": float(result.peak_activations.max()),
+        "weight_storage": float(result.weight_storage.max()),
+    }
+
+
+def rahimi_throughput(result: Any) -> tuple[float, float]:
+    """(ρ, M/S): Rahimi's throughput per worker ρ = S·B / (L·W), and the bound M_peak / S."""
+    s = result.schedule
+    B = s.M * s.steps
+    rho = s.D * B / (result.latency_units * s.W)
+    return rho, float(result.peak_activations.max()) / s.D

@@ -47,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..files import atomic_write, check_writable
+from ..files import atomic_write
 
 if TYPE_CHECKING:
     from ..links import Network
@@ -80,7 +80,7 @@ def train(cfg: RunConfig, *, checkpoint: str | None = None, stop_at_step: int | 
 
     Raises:
         ValueError: the sequential arm; a ``checkpoint`` directory that could not be written (checked before
-            the run, :func:`pipelab.files.check_writable`).
+            the run, :func:`check_writable`).
     """
     import torch.distributed as dist
 
@@ -317,6 +317,32 @@ def _save_elsewhere(text: str) -> str:
     except OSError as exc:
         return f"could not be saved elsewhere either ({type(exc).__name__}: {exc})"
     return f"saved to {path}"
+
+
+def check_writable(path: str | os.PathLike[str], argument: str, *, directory: bool = False) -> Path:
+    """Refuse, before any work, a ``path`` where a file (``directory``: a directory) could not be written.
+
+    It must not be the other kind; it must be writable, or its nearest existing ancestor a writable directory.
+    ValueError names ``argument`` (``--out``, ``checkpoint``, ...), the path and what is wrong.
+    """
+    path = Path(path)
+    kind = "directory" if directory else "file"
+    if path.exists():
+        if path.is_dir() != directory:
+            other = "a directory" if path.is_dir() else "a file"
+            raise ValueError(f"{argument} {path} is {other}; a {kind} is expected there")
+        target = path if directory else path.parent
+        if not os.access(path, os.W_OK) or not os.access(target, os.W_OK | os.X_OK):
+            raise ValueError(f"{argument} {path}: no permission to write it")
+        return path
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"{argument} {path}: {ancestor} is a file, so the {kind} cannot be created")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{argument} {path}: cannot create it, {ancestor} is not writable")
+    return path
 
 
 if __name__ == "__main__":

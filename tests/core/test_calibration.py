@@ -10,15 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from pipelab.calibration import (
-    forecast_costs,
-    measured_costs,
-    optimizer_state_slots,
-    simulated_collectives,
-    simulated_traffic,
-    steady_step,
-    step_ends,
-)
+from pipelab.calibration import optimizer_state_slots, simulated_collectives, simulated_traffic
 from pipelab.emulator import Emulator
 from pipelab.links import Link, MessageBytes, Network
 from pipelab.partition import split
@@ -45,12 +37,16 @@ from pipelab.studies.calibration import (
     _message_bytes,
     _micro_data,
     calibrate,
+    forecast_costs,
     format_rows,
+    measured_costs,
     probe_summary,
     receive_overhead,
     rows_csv,
     sampled_forecast,
     schedule_for,
+    steady_step,
+    step_ends,
 )
 from pipelab.studies.models import deep_mlp
 from pipelab.studies.settings import CALIBRATION_KINDS

@@ -12,9 +12,7 @@ from pipelab.links import Link, Network
 from pipelab.papers import (
     async_1f1b_staleness,
     pipeoptim_staleness,
-    rahimi_measured_row,
     rahimi_row,
-    rahimi_throughput,
     spectrain_version_difference,
 )
 from pipelab.schedules import (
@@ -33,6 +31,7 @@ from pipelab.schedules import (
     validate,
 )
 from pipelab.simulator import SimResult, costs_from_profile, simulate
+from pipelab.studies.calibration import rahimi_measured_row, rahimi_throughput
 
 
 # ----------------------------------------------------------------------------- reference timing

@@ -22,9 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from ...papers import (
     RAHIMI_COLUMNS,
     pipeoptim_staleness,
-    rahimi_measured_row,
     rahimi_row,
-    rahimi_throughput,
     spectrain_version_difference,
 )
 from ...schedules import (
@@ -42,6 +40,7 @@ from ...schedules import (
     pipedream_2bw,
 )
 from ...simulator import SimResult, simulate
+from ..calibration import rahimi_measured_row, rahimi_throughput
 from ..config import from_preset
 from . import FigureOutput, register
 

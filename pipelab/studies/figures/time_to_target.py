@@ -1,12 +1,12 @@
 """Time to target on slow links: which schedule × policy × codec reaches a target accuracy soonest, against the
-links' bandwidth and latency, and the setting where asynchrony starts to pay (:mod:`pipelab.time_to_target`).
+links' bandwidth and latency, and the setting where asynchrony starts to pay (:mod:`pipelab.studies.time_to_target`).
 
 ``time_to_target``: per arm (:data:`pipelab.studies.time_to_target.ARMS`) its steps to the target test accuracy
 (per seed, from the learning-curve runs ``modern_optimizers`` already makes at the same configs, so they are cache
 hits, plus PipeOptim's) times its steady step time from the link-model simulator (FLOP-model stage costs), against
 bandwidth at a fixed latency and against latency at a fixed bandwidth; mean and 95 % t band over seeds, "not
 reached" in the legend when a seed missed the target. The crossover of each asynchronous arm against synchronous
-1F1B (:func:`pipelab.time_to_target.crossover`) is marked with its interval. :func:`crossover_markdown` and
+1F1B (:func:`pipelab.studies.time_to_target.crossover`) is marked with its interval. :func:`crossover_markdown` and
 :func:`ranking_markdown` write notebook 05's statements from the same results.
 """
 
@@ -25,12 +25,24 @@ import torch
 from ...links import Link
 from ...partition import split
 from ...planner import Blocks
-from ...time_to_target import Crossover, TimeToTarget, crossover, time_to_target
 from ..config import from_preset
 from ..learning_curves import sweep, with_
 from ..models import build_model
 from ..settings import TASKS
-from ..time_to_target import ARMS, NANOGPT, Arm, arm_steps, benchmark_forecast, codec_ratios, flop_blocks, steady_plan
+from ..time_to_target import (
+    ARMS,
+    NANOGPT,
+    Arm,
+    Crossover,
+    TimeToTarget,
+    arm_steps,
+    benchmark_forecast,
+    codec_ratios,
+    crossover,
+    flop_blocks,
+    steady_plan,
+    time_to_target,
+)
 from . import FigureOutput, register
 from .modern_optimizers import PRESETS as MODERN_PRESETS
 from .modern_optimizers import ModernOptimizersConfig, modern_configs
@@ -67,8 +79,8 @@ _PRESETS = {"tiny": TimeToTargetConfig(MODERN_PRESETS["tiny"], target=0.17, band
 @dataclass(frozen=True)
 class TimeToTargetResult:
     """Per arm label: per-seed ``steps`` (``None``: pending), the step times over each sweep (``"bandwidth"``,
-    ``"latency"``), the :class:`~pipelab.time_to_target.TimeToTarget` per setting, and per asynchronous arm its
-    :class:`~pipelab.time_to_target.Crossover` against synchronous 1F1B on each sweep."""
+    ``"latency"``), the :class:`~pipelab.studies.time_to_target.TimeToTarget` per setting, and per asynchronous arm its
+    :class:`~pipelab.studies.time_to_target.Crossover` against synchronous 1F1B on each sweep."""
 
     config: TimeToTargetConfig
     steps: dict[str, np.ndarray | None]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipelab.time_to_target import crossover, steps_to_target, time_to_target
+from pipelab.studies.time_to_target import crossover, steps_to_target, time_to_target
 
 
 def test_steps_interpolate_linearly_between_the_evaluations_around_the_crossing():
