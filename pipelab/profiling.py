@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .optim import OptimizerFactory
-from .pipeline.transport import grad_leaves, map_tensors, tensors_of
+from .pipeline.transport import grad_leaves, map_tensors, modifies_leaf_in_place, tensors_of
 from .precision import tensor_bytes
 from .threads import torch_threads
 
@@ -147,12 +147,12 @@ def profile_stage(stage: nn.Module, x: Any, target: Tensor | None = None, *,
         state["inputs"] = [t for t in grad_leaves(inp) if t.requires_grad]
         with torch.enable_grad():
             try:  # a stage that modifies its input in place gets a copy, as the pipeline's stages do
-                out = mod(map_tensors(lambda t: t.clone() if t.requires_grad else t, inp) if state.get("copy") else inp)
+                out = mod(map_tensors(Tensor.clone, inp) if state.get("copy") else inp)
             except RuntimeError as exc:
-                if state.get("copy") or "leaf Variable that requires grad is being used in an in-place" not in str(exc):
+                if state.get("copy") or not modifies_leaf_in_place(exc):
                     raise
                 state["copy"] = True
-                out = mod(map_tensors(lambda t: t.clone() if t.requires_grad else t, inp))
+                out = mod(map_tensors(Tensor.clone, inp))
             if target is not None:
                 out = loss_fn(out, target)
         # the outputs a backward starts from (the loss; else every floating output needing a gradient, seeded 1)

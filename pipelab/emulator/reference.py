@@ -164,7 +164,7 @@ def _micro_steps(stages: Sequence[nn.Module], x: Tensor, y: Tensor, M: int, loss
                  prec: Precision, scaler: torch.amp.GradScaler | None) -> Tensor:
     """Accumulate the gradients of ℓ_j/M over M micro-batches (autocast, hand-over casts, scaled loss);
     return Σ_j ℓ_j/M (summed as the pipeline's driver sums it)."""
-    if examples(x) % M:
+    if examples(x) % M:  # named after train_plain's argument (split_micro names the schedule's M)
         raise ValueError(f"batch size {examples(x)} is not divisible by micro_batches={M}")
     parts = []
     for xj, yj in zip(split_micro(x, M), torch.split(y, y.shape[0] // M)):
@@ -217,15 +217,16 @@ def evaluate(
     Raises:
         ValueError: on an empty evaluation set (a mean over no examples is undefined).
     """
-    if examples(x) == 0 or y.shape[0] == 0:
+    n = examples(x)
+    if n == 0 or y.shape[0] == 0:
         raise ValueError("evaluate() got an empty evaluation set (0 examples); a loss or accuracy over no "
                          "examples is undefined")
-    if examples(x) != y.shape[0]:
-        raise ValueError(f"evaluate(): x has {examples(x)} examples but y has {y.shape[0]}")
+    if n != y.shape[0]:
+        raise ValueError(f"evaluate(): x has {n} examples but y has {y.shape[0]}")
     loss_fn = loss_fn or nn.functional.cross_entropy
     used = [list(s.parameters()) for s in stages] if weights is None else weights
     finite = all_finite(w for W in used for w in W)
-    total, correct, n = 0.0, 0, examples(x)
+    total, correct = 0.0, 0
     for h, yy in forward_batches(stages, x, y, weights, batch_size, codec):
         loss = loss_fn(h, yy)
         finite &= all_finite((h, loss))

@@ -72,9 +72,13 @@ def examples(x: Any) -> int:
 def check_examples(t: int, x: Any) -> None:
     """Refuse an empty mini-batch t: its mean loss 0/0 = NaN would read as divergence (ValueError)."""
     if examples(x) == 0:
-        what = f"input shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"input {describe_handover(x)}"
-        raise ValueError(f"mini-batch {t} is empty ({what}): a mean loss over 0 examples is NaN, not a divergence; "
-                         "check the batch size and the data split the batches are cut from")
+        raise ValueError(f"mini-batch {t} is empty ({_input_form(x)}): a mean loss over 0 examples is NaN, not a "
+                         "divergence; check the batch size and the data split the batches are cut from")
+
+
+def _input_form(x: Any) -> str:
+    """An input for error messages: a tensor's shape, a structure's parts."""
+    return f"input shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"input {describe_handover(x)}"
 
 
 def split_micro(x: Any, M: int, name: str = "batch") -> tuple[Any, ...]:
@@ -132,9 +136,8 @@ class MiniBatches:
         x, y = batch
         xs = tensors_of(x)
         if y.dim() == 0 or any(v.dim() == 0 or v.shape[0] != y.shape[0] for v in xs):
-            what = f"input shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"input {describe_handover(x)}"
-            raise ValueError(f"mini-batch {t}: {what} and target shape {tuple(y.shape)} must have the same number of "
-                             "examples along dimension 0")
+            raise ValueError(f"mini-batch {t}: {_input_form(x)} and target shape {tuple(y.shape)} must have the same "
+                             "number of examples along dimension 0")
         check_examples(t, x)
         weight = self.reference
         wrong = [v.dtype for v in xs if v.is_floating_point() and v.dtype != getattr(weight, "dtype", v.dtype)]

@@ -26,7 +26,7 @@ from ..precision import FP32, Precision
 from ..schedules.dependencies import Job
 from .loss_scale import LossScaler
 from .rings import StageEvents, VersionRing
-from .transport import check_handover, describe_handover, grad_leaves, map_tensors, tensors_of
+from .transport import check_handover, describe_handover, grad_leaves, map_tensors, modifies_leaf_in_place, tensors_of
 
 if TYPE_CHECKING:
     from .plan import JobSpecs
@@ -242,7 +242,7 @@ class StageExecutor:
             out = self.call(W, x_in, fresh_buffers)
             modified = any(x._version != v for x, v in zip(xs, versions))
         except RuntimeError as exc:
-            if "leaf Variable that requires grad is being used in an in-place operation" not in str(exc):
+            if not modifies_leaf_in_place(exc):
                 raise
             modified = True
         if modified:  # undo what the call changed (the input, BatchNorm's statistics, the random state), then copy

@@ -150,6 +150,12 @@ def handover_bytes(value: Any) -> int:
     return tensor_bytes(tensors_of(value))
 
 
+def modifies_leaf_in_place(exc: BaseException) -> bool:
+    """Whether ``exc`` is autograd's refusal of an in-place operation on a leaf that requires grad: a stage that
+    modifies its input in place, which is a leaf in a pipeline (plain torch modifies an intermediate result)."""
+    return isinstance(exc, RuntimeError) and "leaf Variable that requires grad is being used in an in-place" in str(exc)
+
+
 def describe_handover(value: Any) -> str:
     """A short description of a value for error messages: a tensor's shape and dtype, a structure's parts."""
     if isinstance(value, Tensor):
