@@ -12,14 +12,14 @@ Op codes: F=0, B=1, U=2, I=3, W=4. ``dep1``/``dep2``: a compute job's data edges
 :func:`~pipelab.schedules.dependencies.edges_into` (across workers: the job whose end sends the tensor);
 ``dep3``: its weight barrier at its weight source; ``udeps``: an update's weight-gradient jobs.
 
-:func:`run` is linear in the actions. Its inputs are lists of shared objects (one int per id, one float per
-distinct cost: 10^5 distinct objects miss the cache as the loop jumps between workers), without dependencies met
-by program order. A worker advances while its next job's dependencies have ended (``end`` is ∞ until timed and
-−∞ at "none", so a start is one max), else parks on the first unfinished one. When no worker can advance, the
-earliest ready message crosses its wire (arrival = max(ready, wire free) + transmission): every earlier-ready
-message is queued by then, so each wire serves its messages in ready order; its consumer may start at arrival +
-the receiver's overhead (``Wires.overhead``, off the wire). A worker that never resumes is a deadlock
-(``blocked``).
+:func:`run` is linear in the actions. Its inputs are lists of shared objects (one float per distinct cost) and flat
+8-byte arrays (dependency ids, ends): 10^5 distinct retained objects, an int per id or a float per end, miss the
+cache as the loop jumps between workers. Dependencies met by program order are dropped. A worker advances while its
+next job's dependencies have ended (``end`` is ∞ until timed and −∞ at "none", so a start is one max), else parks
+on the first unfinished one. When no worker can advance, the earliest ready message crosses its wire (arrival =
+max(ready, wire free) + transmission): every earlier-ready message is queued by then, so each wire serves its
+messages in ready order; its consumer may start at arrival + the receiver's overhead (``Wires.overhead``, off the
+wire). A worker that never resumes is a deadlock (``blocked``).
 
 Reference: A. Rahimi, "Unifying Parallelization Schemes to Train Deep Nets" (2025), pred(s,b,d).
 """
@@ -328,7 +328,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     dd1, dd2, ll1, ll2, cst, rows, waiting, us = L.d1, L.d2, L.l1, L.l2, L.cost, L.rows, L.waiting, L.us
     al, tx, wi, sender, sends, stream = L.latency, L.transmission, L.wire, L.sender, L.sends, L.stream
     n, W, inf = c.n, c.schedule.W, math.inf
-    end = [inf] * (us + 1) + [-inf]
+    end = array("d", [inf]) * (us + 1) + array("d", [-inf])  # 8 bytes a job, not a retained float each
     start = array("d", bytes(8 * n))
     offs = c.offsets.tolist()
     ptr, stop, free = offs[:-1], offs[1:], [0.0] * W
@@ -421,7 +421,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
     return Timing(st, ends, seq, stuck, np.asarray(begin), np.asarray(end[n:us]))
 
 
-def _row_wait(i: int, row: list[tuple[int, float]], cursor: dict[int, tuple[int, float]], end: list[float],
+def _row_wait(i: int, row: list[tuple[int, float]], cursor: dict[int, tuple[int, float]], end: array,
               t_free: float) -> tuple[int, float]:
     """Resume job i's (dependency, latency) scan: (first unfinished dependency or −1, latest end + latency so far)."""
     p0, t0 = cursor.pop(i, (0, t_free))
@@ -437,8 +437,8 @@ def _row_wait(i: int, row: list[tuple[int, float]], cursor: dict[int, tuple[int,
 class _Loop(NamedTuple):
     """The lists :func:`run`'s loop reads (module docstring, step "inputs")."""
 
-    d1: list[int]  # two dependency slots (index us + 1: none; us: see ``rows``) and their latencies
-    d2: list[int]
+    d1: array  # two dependency slots (index us + 1: none; us: see ``rows``) and their latencies
+    d2: array
     l1: list[float]
     l2: list[float]
     cost: list[float]
@@ -483,9 +483,8 @@ def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wi
     # a stream: the messages of one sender with one latency, which become ready in the order its jobs end
     alphas, kind = np.unique(np.zeros(0) if wires is None else wires.latency, return_inverse=True)
     stream = sender * len(alphas) + kind.reshape(-1)
-    pool = np.arange(us + 2).astype(object)
     stage = np.clip(c.stage, 0, c.schedule.D - 1)
-    d1, d2 = (pool[np.where(d < 0, us + 1, d)].tolist() for d in deps[:2])
+    d1, d2 = (array("q", np.where(d < 0, us + 1, d).astype(np.int64).tobytes()) for d in deps[:2])
     l1, l2 = (_floats(x, np.where(x != 0, stage + 1, 0)) for x in lat[:2])
     msg = Wires(*(np.zeros(0, int),) * 5) if wires is None else wires
     return _Loop(d1, d2, l1, l2, _floats(cost, np.clip(c.op, 0, 4) * c.schedule.D + stage), rows, waiting, us,
