@@ -391,6 +391,7 @@ def run(c: Compiled, cost: np.ndarray, lat1: np.ndarray, lat2: np.ndarray, lat3:
                 ws = waiting[i]
                 if ws is not None:
                     stack.extend(ws)
+                    waiting[i] = None  # freed: the next park reuses its memory; less for the collector to scan
                 ms = sends[i]
                 if ms is not None:
                     for m in ms:
