@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_THREADS", "add_thread_argument", "cores", "load_average", "allocator", "header", "Side",
-           "Ratio", "Rounds", "alternate", "paired_ratio"]
+__all__ = ["DEFAULT_THREADS", "CLOCKS", "add_clock_argument", "add_thread_argument", "cores", "load_average",
+           "allocator", "header", "Side", "Ratio", "Rounds", "alternate", "paired_ratio"]
 
 #: intra-op threads of a benchmark unless ``--threads`` says otherwise (see the module docstring)
 DEFAULT_THREADS = 1
@@ -53,6 +53,19 @@ def add_thread_argument(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                     help=f"torch intra-op threads (default {DEFAULT_THREADS}: more threads spin-wait on a shared "
                          "machine, and that waiting is then what a ratio measures)")
+
+
+#: what ``--clock`` may name: the wall clock, or this process's CPU time
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def add_clock_argument(ap: argparse.ArgumentParser) -> None:
+    """``--clock wall|cpu`` (default wall): the clock of every timed side (:data:`CLOCKS`, passed to
+    :func:`alternate`)."""
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time), for a machine "
+                         "shared with other jobs, where wall time also measures the waiting (CPU time of one thread; "
+                         "not for CUDA, whose work runs outside the process's CPU time)")
 
 
 def cores() -> int:

@@ -33,14 +33,15 @@ the same number of ``observe`` calls), once per round.
 Timing (:mod:`benchmarks._harness`): one intra-op thread unless ``--threads``; per policy the sides run
 alternately, plain, emulator, recompute, predictions, copies, round after round (``--rounds``, after one warm-up
 round); each ratio is the median of the per-round ratios with its interquartile range and the load average
-of those rounds; building the model copy and the emulator (its plan) is not timed. ``--profile worst``
+of those rounds; building the model copy and the emulator (its plan) is not timed. ``--clock cpu`` times the CPU
+rows by this process's CPU time, which a neighbour's work on a shared machine does not inflate. ``--profile worst``
 (or a policy name) then runs cProfile over one emulator run of the row furthest from its goal and prints the
 top functions by cumulative time.
 
 Usage:
     .venv/bin/python benchmarks/emulator.py [--steps 30] [--rounds 5] [--width 512] [--depth 16] [--batch 128]
         [--D 4] [--microbatches D] [--optimizer sgdm|adam] [--policies ...] [--device cpu|cuda|all]
-        [--threads 1] [--profile worst|POLICY] [--profile-top 25]
+        [--threads 1] [--clock wall|cpu] [--profile worst|POLICY] [--profile-top 25]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import cProfile
 import io
 import pstats
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,7 +64,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/emulator.py` finds the harness
 
-from benchmarks._harness import Ratio, Side, add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import CLOCKS, Ratio, Side, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
 from pipelab.policies import Predicted, make_policy  # noqa: E402
@@ -173,7 +175,8 @@ class Row:
 
 
 def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
-            optimizer: Callable[[Any], torch.optim.Optimizer], device: torch.device) -> Row:
+            optimizer: Callable[[Any], torch.optim.Optimizer], device: torch.device,
+            clock: Callable[[], float] = time.perf_counter) -> Row:
     """Count the policy's work in one run, then time plain, emulator, recompute, predictions and copies
     alternately."""
     steps = len(data)
@@ -223,7 +226,7 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
     if work.copies:
         sides["copies"] = Side(copy_versions)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
-    r = alternate(sides, rounds, warmup=1, sync=sync)
+    r = alternate(sides, rounds, warmup=1, sync=sync, clock=clock)
 
     def per_step(name: str) -> float:
         return r.median(name) / steps if name in sides else 0.0
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--profile", default=None, help="'worst' or a policy: cProfile one emulator run of it")
     ap.add_argument("--profile-top", type=int, default=25)
     add_thread_argument(ap)
+    add_clock_argument(ap)
     args = ap.parse_args(argv)
     if args.profile not in (None, "worst", *args.policies):
         ap.error(f"--profile must be 'worst' or one of the policies run ({', '.join(args.policies)}), "
@@ -294,7 +298,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     policies = [p for p in args.policies if serves(p, args.optimizer)]
     rows: list[Row] = []
     with torch_threads(args.threads):
-        print(header("pipelab emulator benchmark"))
+        print(header("pipelab emulator benchmark") + f"\nclock: {args.clock} (CUDA rows: wall)")
         print(f"deep_mlp width {args.width} depth {args.depth} float32, batch {args.batch}, {args.optimizer}, "
               f"{args.steps} steps per run; per step: median of {args.rounds} alternated rounds")
         for p in sorted(set(args.policies) - set(policies), key=args.policies.index):
@@ -308,7 +312,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
             for D in args.D:
                 M = args.microbatches or D
                 print(f"\n[{device}] D = {D} (ms per step; n: recomputes or predictor calls per step)")
-                block = [measure(p, base, data, D, M, args.rounds, opt, device) for p in policies]
+                clock = CLOCKS[args.clock] if device.type == "cpu" else time.perf_counter
+                block = [measure(p, base, data, D, M, args.rounds, opt, device, clock) for p in policies]
                 print(format_rows(block))
                 rows += block
                 if args.profile:

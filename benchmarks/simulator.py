@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/simulator.py` finds the harness
 
-from benchmarks._harness import Rounds, add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import CLOCKS, Rounds, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
 from pipelab.links import Link, Network  # noqa: E402
 from pipelab.schedules import Schedule, gpipe, pipedream, validate, zb_async, zb_h1  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
@@ -68,9 +67,7 @@ def report(names: tuple[str, str], r: Rounds, inst: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time), for a machine "
-                         "shared with other jobs, where wall time measures the waiting")
+    add_clock_argument(ap)
     add_thread_argument(ap)
     args = ap.parse_args()
     cases = [
@@ -86,7 +83,7 @@ def main() -> None:
     with torch_threads(args.threads):
         print(header("pipelab simulator benchmark") + f"\nclock: {args.clock}")
         for names, big, small in cases:
-            r, inst = measure(big, small, args.repeat, time.perf_counter if args.clock == "wall" else time.process_time)
+            r, inst = measure(big, small, args.repeat, CLOCKS[args.clock])
             print("\n".join(report(names, r, inst)))
     print("targets: 262k-job async 1F1B simulate < 0.5 s on one core; x10 jobs <= x11 time")
 

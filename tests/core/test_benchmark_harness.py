@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._harness import Side, add_thread_argument, alternate, header, paired_ratio  # noqa: E402
+from benchmarks._harness import CLOCKS, Side, add_clock_argument, add_thread_argument, alternate, header, paired_ratio  # noqa: E402
 
 
 class FakeClock:
@@ -98,7 +99,10 @@ def test_paired_ratio_of_one_round_and_mismatched_rounds() -> None:
 def test_one_thread_by_default_and_the_header_names_what_the_numbers_depend_on() -> None:
     ap = argparse.ArgumentParser()
     add_thread_argument(ap)
+    add_clock_argument(ap)
     assert ap.parse_args([]).threads == 1 and ap.parse_args(["--threads", "2"]).threads == 2
+    assert CLOCKS[ap.parse_args([]).clock] is time.perf_counter
+    assert CLOCKS[ap.parse_args(["--clock", "cpu"]).clock] is time.process_time
     text = header("bench")
     assert text.startswith("bench — torch " + torch.__version__)
     assert "intra-op thread" in text and "allocator: " in text and " cores, load average " in text
