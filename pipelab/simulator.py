@@ -596,16 +596,19 @@ def _links(c: Compiled, cost: np.ndarray, transfer_cost: Cost, weight_transfer_c
     D, n = c.schedule.D, c.n
     lat = (np.zeros(n), np.zeros(n), np.zeros(n))
     wc = _per_stage("weight_transfer_cost", weight_transfer_cost, D, positive=False)
-    cross3 = (c.dep3 >= 0) & (c.src != c.worker)
-    lat[2][cross3] = wc[c.stage[cross3]]
-    consumer, slot, boundary = _message_edges(c)
+    if wc.any():
+        cross3 = (c.dep3 >= 0) & (c.src != c.worker)
+        lat[2][cross3] = wc[c.stage[cross3]]
     if network is None:
         tc = np.asarray(transfer_cost, dtype=np.float64).reshape(-1)
         tc = _per_stage("transfer_cost", np.full(D, tc[0]) if tc.size == 1 else np.append(tc, 0.0)
                         if tc.size == D - 1 else tc, D, positive=False)
-        for s in (1, 2):
-            lat[s - 1][consumer[slot == s]] = tc[boundary[slot == s]]
+        if tc.any():  # free links leave every latency 0
+            consumer, slot, boundary = _message_edges(c)
+            for s in (1, 2):
+                lat[s - 1][consumer[slot == s]] = tc[boundary[slot == s]]
         return lat, None, None
+    consumer, slot, boundary = _message_edges(c)
     if not isinstance(network, Network) or network.D != D:
         raise ValueError(f"network must be a pipelab.links.Network for D={D} stages, got {network!r}")
     if np.any(np.asarray(transfer_cost) != 0):

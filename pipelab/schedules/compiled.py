@@ -461,16 +461,17 @@ def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wi
     n, ids = c.n, np.arange(c.n)
     nm = 0 if wires is None else len(wires.consumer)
     us = n + nm
-    deps, lat = np.stack([c.dep1, c.dep2, c.dep3]), np.stack(lats).copy()
+    deps, lat = np.stack([c.dep1, c.dep2, c.dep3]), np.stack(lats)  # new arrays: edited below
     departure = np.zeros(nm, np.int64)
     if wires is not None:
         departure = deps[wires.slot - 1, wires.consumer]
         deps[wires.slot - 1, wires.consumer] = n + np.arange(nm)
         lat[wires.slot - 1, wires.consumer] = wires.overhead
     deps[(deps < ids) & (lat == 0) & (c.worker[np.clip(deps, 0, n - 1)] == c.worker)] = -1
-    for a, b in ((1, 2), (0, 1), (1, 2)):  # the remaining dependencies first, in slot order
-        gap = (deps[a] < 0) & (deps[b] >= 0)
-        deps[[a, b]], lat[[a, b]] = np.where(gap, deps[[b, a]], deps[[a, b]]), np.where(gap, lat[[b, a]], lat[[a, b]])
+    for a, b in ((1, 2), (0, 1), (1, 2)):  # the remaining dependencies first, in slot order (swap where a gap)
+        gap = np.flatnonzero((deps[a] < 0) & (deps[b] >= 0))
+        deps[a, gap], deps[b, gap] = deps[b, gap], deps[a, gap]
+        lat[a, gap], lat[b, gap] = lat[b, gap], lat[a, gap]
     own = (c.udeps >= 0) & (c.udeps < c.u_ids[:, None]) & (c.worker[c.udeps] == c.worker[c.u_ids][:, None])
     rows = {int(i): list(zip(deps[:, i][deps[:, i] >= 0].tolist(), lat[:, i][deps[:, i] >= 0].tolist()))
             for i in np.flatnonzero(deps[2] >= 0)}
@@ -485,12 +486,20 @@ def _loop_inputs(c: Compiled, cost: np.ndarray, lats: tuple[np.ndarray, ...], wi
     alphas, kind = np.unique(np.zeros(0) if wires is None else wires.latency, return_inverse=True)
     stream = sender * len(alphas) + kind.reshape(-1)
     stage = np.clip(c.stage, 0, c.schedule.D - 1)
-    d1, d2 = (array("q", np.where(d < 0, us + 1, d).astype(np.int64).tobytes()) for d in deps[:2])
-    l1, l2 = (_floats(x, np.where(x != 0, stage + 1, 0)) for x in lat[:2])
+    d1, d2 = (_ints(np.where(d < 0, us + 1, d)) for d in deps[:2])
+    l1, l2 = (_floats(x, np.where(x != 0, stage + 1, 0)) if x.any() else [0.0] * n for x in lat[:2])
     msg = Wires(*(np.zeros(0, int),) * 5) if wires is None else wires
     return _Loop(d1, d2, l1, l2, _floats(cost, np.clip(c.op, 0, 4) * c.schedule.D + stage), rows, waiting, us,
                  msg.latency.tolist(), msg.transmission.tolist(), msg.wire.tolist(), departure.tolist(),
                  sender.tolist(), sends, stream.tolist(), c.schedule.W * len(alphas))
+
+
+def _ints(values: np.ndarray) -> array:
+    """``values`` (int64) as an ``array("q")``, copied once."""
+    out = array("q")
+    # a numpy array is a buffer, which numpy's stubs do not declare
+    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.int64)).cast("B"))  # type: ignore[arg-type]
+    return out
 
 
 def _floats(values: np.ndarray, codes: np.ndarray) -> list[float]:
