@@ -22,13 +22,15 @@ import argparse
 import functools
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/predictors.py` finds the harness
 
-from benchmarks._harness import Ratio, add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import CLOCKS, Ratio, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
 from pipelab.optim import make_optimizer, optimizer_label  # noqa: E402
 from pipelab.predictors import make_predictor  # noqa: E402
 from pipelab.studies.models import deep_mlp  # noqa: E402
@@ -39,7 +41,8 @@ OPTIMIZERS = {"sgdm": {"lr": 0.01}, "adam": {}, "adamw": {}, "rmsprop": {"lr": 1
 PREDICTORS = ["stale", "spectrain", "pipeoptim", "pipeoptim_code", "repeat", "zero_grad_rollout", "linear", "pipemare"]
 
 
-def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float, float, Ratio]]:
+def bench(device: torch.device, reps: int, s: int, clock: Callable[[], float] = time.perf_counter
+          ) -> list[tuple[str, str, float, float, Ratio]]:
     """Rows ``(optimizer, predictor, predict seconds, step seconds, ratio)``, medians over ``reps`` alternated rounds.
 
     Three warm-up rounds let the allocator reuse freed blocks: a prediction returns new tensors while
@@ -69,7 +72,7 @@ def bench(device: torch.device, reps: int, s: int) -> list[tuple[str, str, float
             opt.step()
             pred.observe(opt)
             r = alternate({"step": opt.step, "predict": functools.partial(pred.predict, opt, s)}, reps, warmup=3,
-                          sync=sync)
+                          sync=sync, clock=clock if device.type == "cpu" else time.perf_counter)
             ratio = r.ratio("predict", "step")
             rows.append((oname, pname, r.median("predict"), r.median("step"), ratio))
             print(f"{oname:8s} {pname:18s} {r.median('predict') * 1e3:8.2f} ms vs step {r.median('step') * 1e3:8.2f} ms"
@@ -101,6 +104,7 @@ def main() -> None:
     ap.add_argument("--s", type=int, default=3)
     ap.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     add_thread_argument(ap)
+    add_clock_argument(ap)
     args = ap.parse_args()
     if not args.system_malloc:
         _reexec_with_caching_malloc()
@@ -113,7 +117,7 @@ def main() -> None:
         print(header("pipelab predictor benchmark")
               + (f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "; no GPU"))
         for device in devices:
-            rows = bench(device, args.reps, args.s)
+            rows = bench(device, args.reps, args.s, CLOCKS[args.clock])
             one_pass = [r for r in rows
                         if r[1] in ("spectrain", "pipeoptim", "pipeoptim_code", "linear", "pipemare")]
             worst = max(one_pass, key=lambda r: r[4].median)

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/stability.py` finds the harness
 
-from benchmarks._harness import add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import CLOCKS, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
 from pipelab.stability import (  # noqa: E402
     companion,
     heavy_ball,
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--tau", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     add_thread_argument(ap)
+    add_clock_argument(ap)
     args = ap.parse_args()
     with torch_threads(args.threads):
         run(args)
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> None:
             naive[i] = np.abs(np.linalg.eigvals(companion(method, zi))).max() < 1.0
         out["naive"] = naive.reshape(shape)
 
-    r = alternate({"locus": locus_run, "schur": schur_run, "naive": naive_run}, args.rounds, warmup=0)
+    r = alternate({"locus": locus_run, "schur": schur_run, "naive": naive_run}, args.rounds, warmup=0,
+                  clock=CLOCKS[args.clock])
     locus, schur, naive = out["locus"], out["schur"], out["naive"]
     print(f"boundary locus (rasterised winding): {r.median('locus'):8.3f} s   stable points {int(locus.sum())}")
     print(f"Schur–Cohn (vectorised):             {r.median('schur'):8.3f} s   stable points {int(schur.sum())}")
