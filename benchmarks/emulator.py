@@ -22,7 +22,12 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   stage with one version shares its live weights and copies nothing);
 - **inherent** = plain + recompute + predictions + copies, and **emulator**: the emulator's step;
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
-  emulator / plain.
+  emulator / plain;
+- **bookkeeping** (``--bookkeeping WIDTH``, default 16; 0 skips): every policy measured again on the same model
+  at that width, where compute is negligible, so that emulator − inherent there is the emulator's own work per
+  step (its Python, its per-stage autograd calls); printed per step and per job, as a share of each full-width
+  step's inherent work, and beside it the rest of the gap: not the emulator's own work, but the schedule's order
+  run on one core, which sends every stage's working set through one cache.
 
 How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
 and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
@@ -42,7 +47,7 @@ top functions by cumulative time.
 Usage:
     .venv/bin/python benchmarks/emulator.py [--steps 30] [--rounds 5] [--width 512] [--depth 16] [--batch 128]
         [--D 4] [--microbatches D] [--optimizer sgdm|adam] [--policies ...] [--device cpu|cuda|all]
-        [--threads 1] [--clock wall|cpu] [--profile worst|POLICY] [--profile-top 25]
+        [--threads 1] [--clock wall|cpu] [--bookkeeping 16] [--profile worst|POLICY] [--profile-top 25]
 """
 
 from __future__ import annotations
@@ -169,6 +174,7 @@ class Row:
     copies_per_step: float
     vs_inherent: Ratio
     vs_plain: Ratio
+    jobs_per_step: float = 0.0
 
     @property
     def inherent(self) -> float:
@@ -239,7 +245,8 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
     return Row(policy, schedule.name, M, per_step("plain"), per_step("recompute"), per_step("predictions"),
                per_step("copies"), per_step("emulator"), sum(work.recomputes.values()) / steps,
                work.predictor_calls / steps, sum(work.copies.values()) / steps,
-               r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"))
+               r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"),
+               schedule.n_actions / steps)
 
 
 def format_rows(rows: list[Row]) -> str:
@@ -257,6 +264,22 @@ def format_rows(rows: list[Row]) -> str:
     missed = [r.policy for r in rows if r.vs_inherent.median > GOAL]
     lines.append(f"  emulator / inherent ≤ {GOAL:.2f}: " + (f"missed by {', '.join(missed)}" if missed
                                                             else "met by every policy"))
+    return "\n".join(lines)
+
+
+def format_bookkeeping(rows: list[Row], small: list[Row]) -> str:
+    """What separates the emulator from its inherent work: its own bookkeeping, measured in ``small`` (the same
+    policies on a model so narrow that compute is negligible: emulator − inherent there, per step and per job), as a
+    share of each ``rows`` step's inherent work, and the rest of the gap (``rows``' emulator / inherent − 1 less
+    that share)."""
+    lines = [f"  {'policy':<13} {'jobs/step':>9} {'bookkeeping ms/step (µs/job)':>30} {'share':>7} {'rest':>7}"]
+    for r, b in zip(rows, small):
+        book = max(b.emulator - b.inherent, 0.0)
+        share = book / r.inherent
+        rest = r.vs_inherent.median - 1 - share
+        per_job = 1e6 * book / r.jobs_per_step
+        lines.append(f"  {r.policy:<13} {r.jobs_per_step:>9.1f} {1e3 * book:>18.2f} ({per_job:>5.0f})      "
+                     f"{100 * share:>6.1f}% {100 * rest:>6.1f}%")
     return "\n".join(lines)
 
 
@@ -289,6 +312,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
                          "follows SGD momentum only, so its row is left out)")
     ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    ap.add_argument("--bookkeeping", type=int, default=16, metavar="WIDTH",
+                    help="also run every policy at this width, where compute is negligible, to separate the "
+                         "emulator's own bookkeeping from the rest of its gap to the inherent work (0: skip)")
     ap.add_argument("--profile", default=None, help="'worst' or a policy: cProfile one emulator run of it")
     ap.add_argument("--profile-top", type=int, default=25)
     add_thread_argument(ap)
@@ -321,6 +347,14 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 block = [measure(p, base, data, D, M, args.rounds, opt, device, clock) for p in policies]
                 print(format_rows(block))
                 rows += block
+                if args.bookkeeping:
+                    torch.manual_seed(0)
+                    tiny = deep_mlp(in_features=784, width=args.bookkeeping, depth=args.depth).to(device)
+                    small = [measure(p, tiny, data, D, M, args.rounds, opt, device, clock) for p in policies]
+                    print(f"\n[{device}] D = {D}: the emulator's bookkeeping (emulator − inherent at width "
+                          f"{args.bookkeeping}), its share of each width-{args.width} step's inherent work, and the "
+                          "rest of the gap")
+                    print(format_bookkeeping(block, small))
                 if args.profile:
                     worst = (max(block, key=lambda r: r.vs_inherent.median).policy if args.profile == "worst"
                              else args.profile)

@@ -65,7 +65,8 @@ def test_counted_work_is_the_plans(policy: str) -> None:
 
 def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixture[str]) -> None:
     rows = main(["--width", "16", "--depth", "4", "--batch", "8", "--steps", "4", "--rounds", "2", "--device", "cpu",
-                 "--policies", "stashing", "pipemare", "--profile", "worst", "--profile-top", "3", "--clock", "cpu"])
+                 "--policies", "stashing", "pipemare", "--profile", "worst", "--profile-top", "3", "--clock", "cpu",
+                 "--bookkeeping", "8"])
     assert [r.policy for r in rows] == ["stashing", "pipemare"]
     for r in rows:
         assert len(r.vs_inherent.values) == 2 and math.isfinite(r.vs_inherent.median) and r.vs_inherent.median > 0
@@ -74,3 +75,4 @@ def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixt
     assert rows[0].copies > 0 and rows[0].copies_per_step == 3 and rows[1].copies == 0.0  # stashing: D - 1 stages
     out = capsys.readouterr().out
     assert "1 intra-op thread" in out and "emulator / inherent" in out and "cProfile" in out and "clock: cpu" in out
+    assert "bookkeeping (emulator − inherent at width 8)" in out and [r.jobs_per_step for r in rows] == [12.0, 12.0]
