@@ -41,8 +41,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_THREADS", "CLOCKS", "add_clock_argument", "add_thread_argument", "cores", "load_average",
-           "allocator", "header", "Side", "Ratio", "Rounds", "alternate", "paired_ratio"]
+__all__ = ["DEFAULT_THREADS", "CLOCKS", "add_clock_argument", "clock_for", "add_thread_argument", "cores",
+           "load_average", "allocator", "header", "Side", "Ratio", "Rounds", "alternate", "paired_ratio"]
 
 #: intra-op threads of a benchmark unless ``--threads`` says otherwise (see the module docstring)
 DEFAULT_THREADS = 1
@@ -66,6 +66,12 @@ def add_clock_argument(ap: argparse.ArgumentParser) -> None:
                     help="wall: time.perf_counter; cpu: this process's CPU time (time.process_time), for a machine "
                          "shared with other jobs, where wall time also measures the waiting (CPU time of one thread; "
                          "not for CUDA, whose work runs outside the process's CPU time)")
+
+
+def clock_for(name: str, device: torch.device) -> Callable[[], float]:
+    """The clock ``--clock name`` gives a benchmark on ``device``: CUDA work runs outside the process's CPU time, so
+    a CUDA side is always timed by the wall clock."""
+    return CLOCKS[name] if device.type == "cpu" else time.perf_counter
 
 
 def cores() -> int:

@@ -70,7 +70,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/emulator.py` finds the harness
 
-from benchmarks._harness import CLOCKS, Ratio, Side, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import Ratio, Side, add_clock_argument, add_thread_argument, alternate, clock_for, header  # noqa: E402
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
 from pipelab.policies import Predicted, make_policy  # noqa: E402
@@ -216,7 +216,7 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
     def copy_versions() -> None:
         # each copy is made while the versions the stage's ring holds beside it are alive, as in the emulator: a copy
         # dropped at once hands its just-written buffer to the next copy, a saving a stage that keeps versions never
-        # gets (in place, 2BW's copies took 1.5-1.7 ms a step against 0.63 ms timed that way)
+        # gets (in place, 2BW's copies took 1.2-1.7 ms a step against 0.63 ms timed that way)
         for k, n in work.copies.items():
             held: deque[tuple[Tensor, ...]] = deque(maxlen=probe.stages[k].ring.capacity - 1)
             for _ in range(n):
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             for D in args.D:
                 M = args.microbatches or D
                 print(f"\n[{device}] D = {D} (ms per step; n: recomputes or predictor calls per step)")
-                clock = CLOCKS[args.clock] if device.type == "cpu" else time.perf_counter
+                clock = clock_for(args.clock, device)
                 block = [measure(p, base, data, D, M, args.rounds, opt, device, clock) for p in policies]
                 print(format_rows(block))
                 rows += block

@@ -22,15 +22,13 @@ import argparse
 import functools
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/predictors.py` finds the harness
 
-from benchmarks._harness import CLOCKS, Ratio, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import Ratio, add_clock_argument, add_thread_argument, alternate, clock_for, header  # noqa: E402
 from pipelab.optim import make_optimizer, optimizer_label  # noqa: E402
 from pipelab.predictors import make_predictor  # noqa: E402
 from pipelab.studies.models import deep_mlp  # noqa: E402
@@ -41,8 +39,7 @@ OPTIMIZERS = {"sgdm": {"lr": 0.01}, "adam": {}, "adamw": {}, "rmsprop": {"lr": 1
 PREDICTORS = ["stale", "spectrain", "pipeoptim", "pipeoptim_code", "repeat", "zero_grad_rollout", "linear", "pipemare"]
 
 
-def bench(device: torch.device, reps: int, s: int, clock: Callable[[], float] = time.perf_counter
-          ) -> list[tuple[str, str, float, float, Ratio]]:
+def bench(device: torch.device, reps: int, s: int, clock: str = "wall") -> list[tuple[str, str, float, float, Ratio]]:
     """Rows ``(optimizer, predictor, predict seconds, step seconds, ratio)``, medians over ``reps`` alternated rounds.
 
     Three warm-up rounds let the allocator reuse freed blocks: a prediction returns new tensors while
@@ -72,7 +69,7 @@ def bench(device: torch.device, reps: int, s: int, clock: Callable[[], float] = 
             opt.step()
             pred.observe(opt)
             r = alternate({"step": opt.step, "predict": functools.partial(pred.predict, opt, s)}, reps, warmup=3,
-                          sync=sync, clock=clock if device.type == "cpu" else time.perf_counter)
+                          sync=sync, clock=clock_for(clock, device))
             ratio = r.ratio("predict", "step")
             rows.append((oname, pname, r.median("predict"), r.median("step"), ratio))
             print(f"{oname:8s} {pname:18s} {r.median('predict') * 1e3:8.2f} ms vs step {r.median('step') * 1e3:8.2f} ms"
@@ -117,7 +114,7 @@ def main() -> None:
         print(header("pipelab predictor benchmark")
               + (f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "; no GPU"))
         for device in devices:
-            rows = bench(device, args.reps, args.s, CLOCKS[args.clock])
+            rows = bench(device, args.reps, args.s, args.clock)
             one_pass = [r for r in rows
                         if r[1] in ("spectrain", "pipeoptim", "pipeoptim_code", "linear", "pipemare")]
             worst = max(one_pass, key=lambda r: r[4].median)

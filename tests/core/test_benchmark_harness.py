@@ -12,7 +12,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks._harness import CLOCKS, Side, add_clock_argument, add_thread_argument, alternate, header, paired_ratio  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    CLOCKS,
+    Side,
+    add_clock_argument,
+    add_thread_argument,
+    alternate,
+    clock_for,
+    header,
+    paired_ratio,
+)
 
 
 class FakeClock:
@@ -103,6 +112,8 @@ def test_one_thread_by_default_and_the_header_names_what_the_numbers_depend_on()
     assert ap.parse_args([]).threads == 1 and ap.parse_args(["--threads", "2"]).threads == 2
     assert CLOCKS[ap.parse_args([]).clock] is time.perf_counter
     assert CLOCKS[ap.parse_args(["--clock", "cpu"]).clock] is time.process_time
+    assert clock_for("cpu", torch.device("cpu")) is time.process_time
+    assert clock_for("cpu", torch.device("cuda")) is time.perf_counter  # CUDA work is not this process's CPU time
     text = header("bench")
     assert text.startswith("bench — torch " + torch.__version__)
     assert "intra-op thread" in text and "allocator: " in text and " cores, load average " in text
