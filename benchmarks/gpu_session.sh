@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One session on a lent GPU, in one call (device time is scarce): the paper preset's GPU task (≈ 7 minutes on an
-# H200), then the CUDA tests and benchmarks/gpu.py with the time left. Everything it leaves is under $OUT (at most 8 files):
+# One session on a lent GPU, in one call (device time is scarce): the CUDA tests, the paper preset's GPU task (≈ 7
+# minutes on an H200), then benchmarks/gpu.py with the time left. Everything it leaves is under $OUT (at most 8 files):
 #   env.txt            the card, driver, Python and torch
+#   cuda_tests.log     `pytest tests/core -m gpu` (first: the correctness check)
 #   paper.log          `python -m pipelab figures --preset paper paper_resnet20` (the learning-curve runs)
-#   cuda_tests.log     `pytest tests/core -m gpu`
 #   gpu.log, gpu.json  benchmarks/gpu.py --device cuda
 #   results.tgz        the paper figure's files (paper/) and the result cache of its runs (cache/): extracted into
 #                      a cache here, the figure is redrawn from a clean tree at the same code without a GPU
@@ -20,17 +20,16 @@ left() { echo $(( BUDGET - ($(date +%s) - t0) )); }
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(), \
 torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)"; nproc; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-# the paper task first and alone: processes sharing the card take turns on it (measured: 5 at once ran each 4.6×
-# slower), so the CUDA tests wait for it
-timeout $(( $(left) - 30 )) python3 -m pipelab figures --preset "${PRESET:-paper}" paper_resnet20 \
+# the CUDA tests first (≈ 30 s alone on an H100/H200): they are the correctness check and must not be crowded out
+timeout 120 python3 -m pytest tests/core -m gpu -q -p no:cacheprovider -o addopts="-ra --strict-markers" \
+  > "$OUT/cuda_tests.log" 2>&1
+echo "cuda tests: rc=$? $(tail -1 "$OUT/cuda_tests.log") at $(( $(date +%s) - t0 )) s"
+# then the paper task alone: processes sharing the card take turns on it (measured: 5 at once ran each 4.6×
+# slower); an arm that finishes is cached, so a task stopped at its limit still leaves its finished arms
+timeout $(( $(left) - 75 )) python3 -m pipelab figures --preset "${PRESET:-paper}" paper_resnet20 \
   --out /tmp/paper > "$OUT/paper.log" 2>&1
 echo "paper task: rc=$? at $(( $(date +%s) - t0 )) s"; tail -4 "$OUT/paper.log"
 tar czf "$OUT/results.tgz" -C /tmp paper pipelab_cache 2>/dev/null
-if [ "$(left)" -gt 90 ]; then
-  timeout $(( $(left) - 60 )) python3 -m pytest tests/core -m gpu -q -p no:cacheprovider \
-    -o addopts="-ra --strict-markers" > "$OUT/cuda_tests.log" 2>&1
-  echo "cuda tests: rc=$? $(tail -1 "$OUT/cuda_tests.log") at $(( $(date +%s) - t0 )) s"
-fi
 # the benchmark alone on the card, with what is left
 if [ "$(left)" -gt 45 ]; then
   timeout $(( $(left) - 10 )) python3 benchmarks/gpu.py --device cuda --reps 5 --json "$OUT/gpu.json" \
