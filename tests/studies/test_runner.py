@@ -239,3 +239,34 @@ def test_measured_figures_already_drawn_are_kept_by_a_whole_preset_run(tmp_path:
     for n in (*measured[:2], "model_stages"):
         (tmp_path / f"{n}.json").write_text("{}")
     assert measured_in(names, tmp_path) == measured[:2]
+
+
+def test_a_sweep_inside_the_runner_writes_log_lines_when_stderr_is_a_file(monkeypatch, tmp_path) -> None:
+    """On a lent GPU the paper task's log said only "interrupted after 7:21" when its command was stopped: inside the
+    runner a sweep's bar was disabled whenever standard error was not a terminal. It now writes plain lines: the
+    runs a resumed sweep found, one line a minute while runs finish, and the last."""
+    import io
+
+    from pipelab.studies import progress
+    from pipelab.studies.cache import ResultCache, run_sweep
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    cache = ResultCache(tmp_path)
+    progress.nest(1)
+    try:
+        assert run_sweep("square", [{"x": 1}, {"x": 2}], _square, cache=cache, progress=True, desc="task") == [1, 4]
+        clock = iter([0.0, 30.0, 61.0, 62.0])  # start, then three runs: a line at 61 s and at the last
+        monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+        configs = [{"x": x} for x in range(1, 6)]
+        assert run_sweep("square", configs, _square, cache=cache, progress=True, desc="task") == [1, 4, 9, 16, 25]
+    finally:
+        progress.nest(None)
+    lines = log.getvalue().splitlines()
+    assert lines == ["  task: 0/2 runs · 0:00 elapsed", "  task: 2/2 runs · 0:00 elapsed",
+                     "  task: 2/5 runs · 0:00 elapsed", "  task: 4/5 runs · 1:01 elapsed",
+                     "  task: 5/5 runs · 1:02 elapsed"]
+
+
+def _square(config: dict) -> int:
+    return config["x"] ** 2
