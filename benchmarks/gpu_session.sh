@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One session on a lent GPU, in one call (device time is scarce): the CUDA tests, the paper preset's GPU task (≈ 7
-# minutes on an H200), then benchmarks/gpu.py with the time left. Everything it leaves is under $OUT (at most 8 files):
+# One session on a lent GPU, in one call (device time is scarce): the CUDA tests, the paper preset's GPU task (≈ 6.5
+# minutes on an H100), then benchmarks/gpu.py with the time left. Everything it leaves is under $OUT (at most 8 files):
 #   env.txt            the card, driver, Python and torch
 #   cuda_tests.log     `pytest tests/core -m gpu` (first: the correctness check)
 #   paper.log          `python -m pipelab figures --preset paper paper_resnet20` (the learning-curve runs)
@@ -25,8 +25,9 @@ timeout 120 python3 -m pytest tests/core -m gpu -q -p no:cacheprovider -o addopt
   > "$OUT/cuda_tests.log" 2>&1
 echo "cuda tests: rc=$? $(tail -1 "$OUT/cuda_tests.log") at $(( $(date +%s) - t0 )) s"
 # then the paper task alone: processes sharing the card take turns on it (measured: 5 at once ran each 4.6×
-# slower); an arm that finishes is cached, so a task stopped at its limit still leaves its finished arms
-timeout $(( $(left) - 75 )) python3 -m pipelab figures --preset "${PRESET:-paper}" paper_resnet20 \
+# slower); an arm that finishes is cached, so a task stopped at its limit still leaves its finished arms (an arm
+# stopped half-way is lost: a second call on the warm machine starts it again)
+timeout $(( $(left) - 15 )) python3 -m pipelab figures --preset "${PRESET:-paper}" paper_resnet20 \
   --out /tmp/paper > "$OUT/paper.log" 2>&1
 echo "paper task: rc=$? at $(( $(date +%s) - t0 )) s"; tail -4 "$OUT/paper.log"
 tar czf "$OUT/results.tgz" -C /tmp paper pipelab_cache 2>/dev/null

@@ -42,12 +42,13 @@ def _presets() -> dict[str, LearningCurvesConfig]:
     return {
         "tiny": LearningCurvesConfig(("digits_mlp",), ("sgdm",), PAPER_POLICIES, 4, (0, 1), epochs=2, batch_size=32,
                                      n_train=512, n_test=200, n_eval_train=200, depths=(4,), gap_tasks=(), n_val=64),
-        # 12 epochs of 156 steps (20,000 training images after the 5,000 held out for validation). Measured on one
-        # H200 (benchmarks/learning_curves_speed.py, 3 stacked seeds, one process): 27.5 (sequential), 27.1
-        # (stashing), 36.0 (PipeOptim), 31.4 (SpecTrain) and 76.9 ms (2BW) per step, ~1,500 to ~4,600 kernel
-        # launches each, so ≈ 0.2 s per step of all five arms: ≈ 6.5 minutes here, against ≈ 14 on the whole
-        # training split, which a lent GPU's 10-minute command cannot hold (a run stopped half-way is lost)
-        "paper": LearningCurvesConfig(("fashion_mnist_resnet20",), ("sgdm",), PAPER_POLICIES, 4, (0, 1, 2), epochs=12,
+        # 7 epochs of 156 steps (20,000 training images after the 5,000 held out for validation), sized to one lent
+        # GPU's 10-minute command beside the CUDA tests. Measured there with 3 stacked seeds in one process, the
+        # evaluations included: on an H100 (2026-11-26, 12 epochs) 49 (sequential), 43 (stashing), 55 (PipeOptim) and
+        # 60 ms (SpecTrain) per step, and 2BW (M = D micro-batches: ~3x the kernel launches) past 121 ms (it did not
+        # finish in 227 s) -- 12 epochs need ≈ 11 minutes there; on an H200 (benchmarks/learning_curves_speed.py)
+        # 27.5, 27.1, 36.0, 31.4 and 76.9 ms. So ≈ 0.36 s per step of all five arms: ≈ 6.5 minutes for 7 epochs
+        "paper": LearningCurvesConfig(("fashion_mnist_resnet20",), ("sgdm",), PAPER_POLICIES, 4, (0, 1, 2), epochs=7,
                                       batch_size=128, n_train=25_000, n_test=None, n_eval_train=5000, depths=(4,),
                                       gap_tasks=(), device=_device(), n_val=5000),
     }
