@@ -57,7 +57,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..pipeline.driver import Batch, DriverState, MiniBatches, run_jobs
+from ..pipeline.driver import Batches, DriverState, MiniBatches, run_jobs
 from ..pipeline.placement import CollectiveCounter, emulate_collective
 from ..pipeline.plan import build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
@@ -134,12 +134,13 @@ class Emulator:
 
     def run(
         self,
-        batches: Sequence[Batch] | Callable[[int], Batch],
+        batches: Batches,
         *,
         snapshot_every: int | None = None,
         on_snapshot: Callable[[int, list[tuple[Tensor, ...]]], None] | None = None,
     ) -> EmulatorResult:
-        """Run the whole schedule on ``batches`` (mini-batch t is ``batches[t]`` or ``batches(t)``).
+        """Run the whole schedule on ``batches``: mini-batch t is ``batches[t]``, ``batches(t)`` or the t-th item of an
+        iterable (a ``DataLoader``, a generator: read once, in order, each held only while the schedule needs it).
 
         Args:
             snapshot_every: call ``on_snapshot(v, weights)`` whenever every stage has reached version v,

@@ -30,7 +30,16 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..links import boundary_codecs
-from ..pipeline.driver import all_finite, check_examples, examples, split_micro, take_examples
+from ..pipeline.driver import (
+    Batches,
+    IterableBatches,
+    all_finite,
+    batch_getter,
+    check_examples,
+    examples,
+    split_micro,
+    take_examples,
+)
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..pipeline.stage import trainable_parameters
 from ..pipeline.transport import decode_handover, encode_handover, tensors_of
@@ -44,7 +53,7 @@ def train_plain(
     model: nn.Module | Sequence[nn.Module],
     *,
     optimizer: OptimizerFactory,
-    batches: Sequence[tuple[Tensor, Tensor]] | Callable[[int], tuple[Tensor, Tensor]],
+    batches: Batches,
     steps: int | None = None,
     D: int | None = None,
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
@@ -61,7 +70,10 @@ def train_plain(
     Args:
         model: an ``nn.Sequential`` (cut into D stages, D=1 if not given) or a list of stage modules.
         optimizer: factory ``params -> torch.optim.Optimizer``, called per stage with its trainable parameters.
-        batches: mini-batch t is ``batches[t]`` or ``batches(t)``.
+        batches: mini-batch t is ``batches[t]``, ``batches(t)`` or the t-th item of an iterable (a ``DataLoader``,
+            a generator: read once, in order).
+        steps: mini-batches to train on (default: ``len(batches)``; required for a callable or an iterable
+            without a length).
         record: if given a list, ``record[k][v]`` receives stage k's weights after v updates.
         stop_on_divergence: stop at the first non-finite loss (later losses are NaN).
         callback: called with v = t + 1 after the update of step t (e.g. to evaluate at epoch ends).
@@ -89,6 +101,8 @@ def train_plain(
     losses = [math.nan] * steps
     for t in range(steps):
         x, y = get(t)
+        if isinstance(get, IterableBatches):
+            get.release(t)  # read once: the loop holds it from here
         check_examples(t, x)
         for o in opts:
             o.zero_grad(set_to_none=True)
@@ -117,14 +131,16 @@ def _arguments(model: nn.Module | Sequence[nn.Module], D: int | None, batches: A
                micro_batches: int | None) -> tuple[list[nn.Module], Callable[[int], Any], int, int]:
     """:func:`train_plain`'s stages, mini-batch getter, steps and M, checked."""
     stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
+    get = batch_getter(batches)
     if steps is None:
-        if callable(batches):
-            raise ValueError("steps is required when batches is a callable")
+        if callable(batches) or not hasattr(batches, "__len__"):
+            raise ValueError("steps is required when batches is a callable or an iterable without a length, got "
+                             f"{type(batches).__name__}")
         steps = len(batches)
     M = 1 if micro_batches is None else micro_batches
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"micro_batches must be a positive int or None, got {micro_batches!r}")
-    return stages, batches if callable(batches) else batches.__getitem__, steps, M
+    return stages, get, steps, M
 
 
 def _record(record: list[list[tuple[Tensor, ...]]], stages: Sequence[nn.Module]) -> None:

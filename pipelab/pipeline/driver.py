@@ -33,12 +33,67 @@ from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
 from .transport import CodedTransport, Transport, describe_handover, handover_bytes, map_tensors, tensors_of
 
-__all__ = ["Batch", "examples", "split_micro", "take_examples", "MiniBatches", "DriverState", "run_jobs",
-           "all_finite", "check_examples"]
+__all__ = ["Batch", "Batches", "IterableBatches", "batch_getter", "examples", "split_micro", "take_examples",
+           "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
 
 #: a mini-batch ``(x, y)``: the input a tensor, or a tuple or dict of tensors (token ids and an attention mask, ...)
 #: that stage 0 takes as one argument, every tensor with the examples along dimension 0; the target a tensor
 Batch = tuple[Any, Tensor]
+#: a run's mini-batches: mini-batch t is ``batches[t]`` (a sequence), ``batches(t)`` (a callable) or the t-th item of
+#: an iterable read once, in order (a ``DataLoader``, a generator: :class:`IterableBatches`)
+Batches = Sequence[Batch] | Callable[[int], Batch] | Iterable[Batch]
+
+
+class IterableBatches:
+    """Mini-batch t of an iterable (a ``DataLoader``, a generator): its t-th item, read once, in order.
+
+    An item is read when mini-batch t is first asked for (together with any skipped before it) and held until
+    :meth:`release`, so a run holds what a sequence would have it hold: the mini-batches still in flight. Asking
+    for a mini-batch again after its release is refused, since an iterable cannot be rewound.
+    """
+
+    def __init__(self, iterable: Iterable[Batch]) -> None:
+        self._items = iter(iterable)
+        self._read = 0  # items read so far: mini-batches 0 .. _read - 1
+        self._held: dict[int, Batch] = {}
+
+    def __call__(self, t: int) -> Batch:
+        while self._read <= t:
+            try:
+                self._held[self._read] = next(self._items)
+            except StopIteration:
+                raise ValueError(f"the run needs mini-batch {t} but the iterable of mini-batches ended after "
+                                 f"{self._read}: give it at least as many as the schedule's steps") from None
+            self._read += 1
+        if t not in self._held:
+            raise RuntimeError(f"mini-batch {t} was read from the iterable and released: an iterable is read once, "
+                               "in order; pass a sequence (list(loader)) or a callable t -> (x, y) to read a "
+                               "mini-batch again")
+        return self._held[t]
+
+    def release(self, t: int) -> None:
+        """Forget mini-batch t (read or not yet read: then it is skipped when reached)."""
+        self._held.pop(t, None)
+
+    def __len__(self) -> int:
+        """Mini-batches held now."""
+        return len(self._held)
+
+
+def batch_getter(batches: Batches) -> Callable[[int], Batch]:
+    """``t -> mini-batch t`` of ``batches`` (a sequence, a callable or an iterable: :data:`Batches`).
+
+    Raises:
+        TypeError: anything else, naming what was given.
+    """
+    if callable(batches):
+        return batches
+    if hasattr(batches, "__getitem__") and hasattr(batches, "__len__"):
+        return batches.__getitem__
+    if isinstance(batches, Iterable) and not isinstance(batches, (str, bytes)):
+        return IterableBatches(batches)
+    raise TypeError("batches must be a sequence of (x, y) mini-batches, a callable t -> (x, y) or an iterable of "
+                    f"them (a DataLoader), got {type(batches).__name__}")
 
 
 def all_finite(tensors: Iterable[Tensor], arm_dim: int | None = None) -> Tensor:
@@ -102,26 +157,28 @@ class MiniBatches:
     """The run's mini-batches, checked, split into M micro-batches, and cached while in use.
 
     Args:
-        batches: mini-batch t is ``batches[t]`` or ``batches(t)``, a tuple ``(x, y)`` (:data:`Batch`).
+        batches: mini-batch t is ``batches[t]``, ``batches(t)`` or an iterable's t-th item (:data:`Batches`), a
+            tuple ``(x, y)`` (:data:`Batch`).
         reference: a floating-point weight of stage 0 whose dtype (and, without ``device``, device) the input
             must have (``None``: no check).
         device: move every mini-batch there before splitting (the runtime's rank device).
 
     Raises:
-        TypeError: ``batches`` neither a sequence nor a callable; from :meth:`micro`, a mini-batch not a tuple
-            ``(x, y)`` of tensors or of another dtype than the model.
-        ValueError: fewer than ``steps`` mini-batches; from :meth:`micro`, input and target of different
-            lengths, a size not divisible by M, data on another device than the model.
+        TypeError: ``batches`` neither a sequence, a callable nor an iterable; from :meth:`micro`, a mini-batch not
+            a tuple ``(x, y)`` of tensors or of another dtype than the model.
+        ValueError: fewer than ``steps`` mini-batches (an iterable without a length: once it ends); from
+            :meth:`micro`, input and target of different lengths, a size not divisible by M, data on another
+            device than the model.
     """
 
-    def __init__(self, batches: Sequence[Batch] | Callable[[int], Batch], M: int, steps: int, *,
-                 reference: Tensor | None, device: torch.device | None = None) -> None:
-        if not callable(batches) and not (hasattr(batches, "__getitem__") and hasattr(batches, "__len__")):
-            raise TypeError("batches must be a sequence of (x, y) mini-batches or a callable t -> (x, y), "
-                            f"got {type(batches).__name__}")
-        if not callable(batches) and len(batches) < steps:
-            raise ValueError(f"the schedule runs {steps} steps but only {len(batches)} mini-batches were given")
-        self._get: Callable[[int], Any] = batches if callable(batches) else batches.__getitem__
+    def __init__(self, batches: Batches, M: int, steps: int, *, reference: Tensor | None,
+                 device: torch.device | None = None) -> None:
+        self._get = batch_getter(batches)
+        #: a sequence: mini-batches may be read ahead and again (a callable may not repeat, an iterable cannot)
+        self.sequence = not callable(batches) and not isinstance(self._get, IterableBatches)
+        if not callable(batches) and hasattr(batches, "__len__") and len(batches) < steps:  # type: ignore[arg-type]
+            raise ValueError(f"the schedule runs {steps} steps but only {len(batches)} mini-batches "  # type: ignore[arg-type]
+                             "were given")
         self.M, self.reference, self.device = M, reference, device
         self._cache: dict[int, tuple[tuple[Any, ...], tuple[Tensor, ...]]] = {}
 
@@ -162,6 +219,8 @@ class MiniBatches:
     def release(self, t: int) -> None:
         """Forget mini-batch t (no job left needs it)."""
         self._cache.pop(t, None)
+        if isinstance(self._get, IterableBatches):
+            self._get.release(t)
 
     def __len__(self) -> int:
         """Mini-batches held now."""

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..distributed import check_consistent, describe_differences, differences, heartbeat, resolve_device, waiting
 from ..links import Network
-from ..pipeline.driver import Batch, DriverState, MiniBatches, all_finite, run_jobs
+from ..pipeline.driver import Batches, DriverState, MiniBatches, all_finite, run_jobs
 from ..pipeline.placement import FetchedStage, is_placed, worker_sequence
 from ..pipeline.plan import as_stages, build_pipeline
 from ..pipeline.spec import PipelineSpec, make_spec
@@ -292,8 +292,8 @@ class PipelineRuntime:
 
     def _check_same_data(self, batches: Any, data: MiniBatches, start: int) -> None:
         """Refuse ranks given different input forms from step ``start`` (each sizes its receive buffers from its
-        own copy); a callable is not read ahead: it may not be repeatable."""
-        if callable(batches) or not dist.is_initialized() or self.world == 1:
+        own copy); a callable or an iterable is not read ahead: it may not be repeatable, or holds the data once."""
+        if not data.sequence or not dist.is_initialized() or self.world == 1:
             return
         runs: list[tuple[int, str]] = []  # (first step, form: shapes and dtypes) of each run of equal forms
         for t in range(start, self.steps):
@@ -311,12 +311,13 @@ class PipelineRuntime:
 
     # ------------------------------------------------------------------------------------- running
 
-    def run(self, batches: Sequence[Batch] | Callable[[int], Batch], *,
-            stop_at_step: int | None = None) -> RuntimeResult:
+    def run(self, batches: Batches, *, stop_at_step: int | None = None) -> RuntimeResult:
         """Execute this rank's program from where it stands (the start, or a loaded checkpoint).
 
         Args:
-            batches: mini-batch t is ``batches[t]`` or ``batches(t)``, the same on every rank.
+            batches: mini-batch t is ``batches[t]``, ``batches(t)`` or the t-th item of an iterable (a
+                ``DataLoader``: read once, in order; every mini-batch from 0, so a resumed run reads past those
+                before its cut), the same on every rank.
             stop_at_step: stop at the consistent cut of that mini-batch, for
                 :func:`~pipelab.runtime.checkpoint.save_checkpoint`.
         """
