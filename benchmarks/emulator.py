@@ -22,7 +22,10 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   stage with one version shares its live weights and copies nothing);
 - **inherent** = plain + recompute + predictions + copies, and **emulator**: the emulator's step;
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
-  emulator / plain;
+  emulator / plain, and beside them the minor page faults per step of plain and emulator (median over rounds):
+  memory glibc's malloc gave back to the kernel and that the next allocation faults in again, a page at a time
+  (:mod:`benchmarks._harness`); it depends on the order of allocations and frees and on malloc's settings (the
+  header states them), and it is most of the gap that the bookkeeping does not explain;
 - **bookkeeping** (``--bookkeeping WIDTH``, default 16; 0 skips): every policy measured again on the same model
   at that width, where compute is negligible, so that emulator − inherent there is the emulator's own work per
   step (its Python, its per-stage autograd calls); printed per step and per job, as a share of each full-width
@@ -175,6 +178,8 @@ class Row:
     vs_inherent: Ratio
     vs_plain: Ratio
     jobs_per_step: float = 0.0
+    faults_plain: float = 0.0  # minor page faults per step (benchmarks._harness.minor_faults)
+    faults_emulator: float = 0.0
 
     @property
     def inherent(self) -> float:
@@ -246,21 +251,22 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
                per_step("copies"), per_step("emulator"), sum(work.recomputes.values()) / steps,
                work.predictor_calls / steps, sum(work.copies.values()) / steps,
                r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"),
-               schedule.n_actions / steps)
+               schedule.n_actions / steps, r.median_faults("plain") / steps, r.median_faults("emulator") / steps)
 
 
 def format_rows(rows: list[Row]) -> str:
     """The table: per-step milliseconds of every component, counts per step, and the ratios with their spread."""
     lines = [f"  {'policy':<13} {'schedule':<25} {'M':>2} {'plain':>7} {'recompute (n)':>15} "
              f"{'predictions (n)':>17} {'copies (n)':>12} {'inherent':>8} {'emulator':>8}  {'emulator / inherent':<34} "
-             f"{'emulator / plain':<29}"]
+             f"{'emulator / plain':<29} {'faults/step (plain, emulator)'}"]
     for r in rows:
         rec = f"{1e3 * r.recompute:.2f} ({r.recomputes_per_step:.2f})"
         pred = f"{1e3 * r.predictions:.2f} ({r.predictions_per_step:.2f})"
         cop = f"{1e3 * r.copies:.2f} ({r.copies_per_step:.2f})"
         lines.append(f"  {r.policy:<13} {r.schedule:<25} {r.M:>2} {1e3 * r.plain:>7.2f} {rec:>15} {pred:>17} {cop:>12} "
                      f"{1e3 * r.inherent:>8.2f} {1e3 * r.emulator:>8.2f}  {r.vs_inherent!s:<34} "
-                     f"{r.vs_plain.median:.2f}× [IQR {r.vs_plain.q1:.2f}–{r.vs_plain.q3:.2f}]")
+                     f"{r.vs_plain.median:.2f}× [IQR {r.vs_plain.q1:.2f}–{r.vs_plain.q3:.2f}]   "
+                     f"{r.faults_plain:>7.1f} {r.faults_emulator:>7.1f}")
     missed = [r.policy for r in rows if r.vs_inherent.median > GOAL]
     lines.append(f"  emulator / inherent ≤ {GOAL:.2f}: " + (f"missed by {', '.join(missed)}" if missed
                                                             else "met by every policy"))
