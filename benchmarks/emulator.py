@@ -25,12 +25,12 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   emulator / plain, and beside them the minor page faults per step of plain and emulator (median over rounds):
   memory glibc's malloc gave back to the kernel and that the next allocation faults in again, a page at a time
   (:mod:`benchmarks._harness`); it depends on the order of allocations and frees and on malloc's settings (the
-  header states them), and it is most of the gap that the bookkeeping does not explain;
+  header states them);
 - **bookkeeping** (``--bookkeeping WIDTH``, default 16; 0 skips): every policy measured again on the same model
   at that width, where compute is negligible, so that emulator − inherent there is the emulator's own work per
   step (its Python, its per-stage autograd calls); printed per step and per job, as a share of each full-width
-  step's inherent work, and beside it the rest of the gap: not the emulator's own work, but the schedule's order
-  run on one core, which sends every stage's working set through one cache.
+  step's inherent work, and beside it the rest of the gap, which grows with the model's width: read it beside
+  the page faults.
 
 How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
 and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
