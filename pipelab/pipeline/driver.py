@@ -193,8 +193,10 @@ class MiniBatches:
         x, y = batch
         xs = tensors_of(x)
         if y.dim() == 0 or any(v.dim() == 0 or v.shape[0] != y.shape[0] for v in xs):
+            hint = ("; a scalar target is one example: a Dataset gives one per index, so pass a DataLoader over it"
+                    if y.dim() == 0 else "")
             raise ValueError(f"mini-batch {t}: {_input_form(x)} and target shape {tuple(y.shape)} must have the same "
-                             "number of examples along dimension 0")
+                             f"number of examples along dimension 0{hint}")
         check_examples(t, x)
         weight = self.reference
         wrong = [v.dtype for v in xs if v.is_floating_point() and v.dtype != getattr(weight, "dtype", v.dtype)]

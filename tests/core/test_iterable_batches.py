@@ -127,6 +127,14 @@ def test_iterable_batches_refuses_a_second_read_after_release() -> None:
     assert not data.sequence and MiniBatches(list(_loader()), 2, STEPS, reference=None).sequence
 
 
+def test_a_dataset_given_for_its_loader_is_refused_with_the_fix() -> None:
+    """A ``Dataset`` indexes single examples: the first "mini-batch" has a scalar target, and the error says to wrap
+    the dataset in a DataLoader."""
+    emu = Emulator(_model(), schedule=gpipe(4, 2, STEPS), policy="gpipe", optimizer=_sgdm)
+    with pytest.raises(ValueError, match="a Dataset gives one per index, so pass a DataLoader over it"):
+        emu.run(_loader().dataset)
+
+
 def test_neither_sequence_callable_nor_iterable_is_refused_by_name() -> None:
     emu = Emulator(_model(), schedule=gpipe(4, 2, STEPS), policy="gpipe", optimizer=_sgdm)
     with pytest.raises(TypeError, match="or an iterable of them .* got int"):
