@@ -150,11 +150,13 @@ def test_ctrl_c_stops_the_workers_promptly_and_a_rerun_resumes_from_the_cache(tm
         time.sleep(0.2)
     assert proc.poll() is None, f"finished before it could be interrupted:\n{proc.stdout.read() if proc.stdout else ''}"
     assert len(_processes_with(str(cache))) >= 3  # the runner and its two workers
-    proc.send_signal(signal.SIGINT)
-    t0 = time.monotonic()
-    output, _ = proc.communicate(timeout=30)
     limit = 10 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))  # 10 s on an idle machine; a shared one is
-    assert time.monotonic() - t0 < limit, f"Ctrl-C took more than {limit:.0f} s"  # slower by its load per core
+    proc.send_signal(signal.SIGINT)                                      # slower by its load per core
+    t0 = time.monotonic()
+    # the wait is bounded more loosely than the limit, so that a slow stop fails the limit's assertion, with its
+    # time, instead of a timeout (under `make test` beside other work a fixed 30 s wait fired first)
+    output, _ = proc.communicate(timeout=max(30.0, 3 * limit))
+    assert time.monotonic() - t0 < limit, f"Ctrl-C took {time.monotonic() - t0:.0f} s, more than {limit:.0f} s"
     assert proc.returncode == 130, output
     assert "interrupted" in output and "resumes" in output
     time.sleep(0.5)
