@@ -37,6 +37,7 @@ from ..pipeline.driver import (
     batch_getter,
     check_examples,
     examples,
+    known_length,
     split_micro,
     take_examples,
 )
@@ -133,10 +134,10 @@ def _arguments(model: nn.Module | Sequence[nn.Module], D: int | None, batches: A
     stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
     get = batch_getter(batches)
     if steps is None:
-        if callable(batches) or not hasattr(batches, "__len__"):
+        steps = known_length(batches)
+        if steps is None:
             raise ValueError("steps is required when batches is a callable or an iterable without a length, got "
                              f"{type(batches).__name__}")
-        steps = len(batches)
     M = 1 if micro_batches is None else micro_batches
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"micro_batches must be a positive int or None, got {micro_batches!r}")

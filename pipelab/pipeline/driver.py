@@ -33,8 +33,8 @@ from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
 from .transport import CodedTransport, Transport, describe_handover, handover_bytes, map_tensors, tensors_of
 
-__all__ = ["Batch", "Batches", "IterableBatches", "batch_getter", "examples", "split_micro", "take_examples",
-           "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
+__all__ = ["Batch", "Batches", "IterableBatches", "batch_getter", "known_length", "examples", "split_micro",
+           "take_examples", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
 
 #: a mini-batch ``(x, y)``: the input a tensor, or a tuple or dict of tensors (token ids and an attention mask, ...)
 #: that stage 0 takes as one argument, every tensor with the examples along dimension 0; the target a tensor
@@ -78,6 +78,17 @@ class IterableBatches:
     def __len__(self) -> int:
         """Mini-batches held now."""
         return len(self._held)
+
+
+def known_length(batches: Batches) -> int | None:
+    """How many mini-batches ``batches`` holds, or ``None`` when it does not say: a callable, a generator, a
+    ``DataLoader`` over an ``IterableDataset`` without a length (whose ``len()`` raises ``TypeError``)."""
+    if callable(batches) or not hasattr(batches, "__len__"):
+        return None
+    try:
+        return len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def batch_getter(batches: Batches) -> Callable[[int], Batch]:
@@ -176,9 +187,9 @@ class MiniBatches:
         self._get = batch_getter(batches)
         #: a sequence: mini-batches may be read ahead and again (a callable may not repeat, an iterable cannot)
         self.sequence = not callable(batches) and not isinstance(self._get, IterableBatches)
-        if not callable(batches) and hasattr(batches, "__len__") and len(batches) < steps:  # type: ignore[arg-type]
-            raise ValueError(f"the schedule runs {steps} steps but only {len(batches)} mini-batches "  # type: ignore[arg-type]
-                             "were given")
+        n = known_length(batches)
+        if n is not None and n < steps:
+            raise ValueError(f"the schedule runs {steps} steps but only {n} mini-batches were given")
         self.M, self.reference, self.device = M, reference, device
         self._cache: dict[int, tuple[tuple[Any, ...], tuple[Tensor, ...]]] = {}
 

@@ -89,6 +89,28 @@ def test_the_emulator_trains_on_an_iterable_as_on_its_list(name: str, form: str)
         _same(list(a), list(b))
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    """A dataset without a length: its DataLoader's ``len()`` raises TypeError."""
+
+    def __iter__(self):
+        return iter(list(_loader().dataset))
+
+
+def test_a_loader_without_a_length_is_read_until_the_schedule_ends() -> None:
+    loader = DataLoader(_Stream(), batch_size=BATCH)
+    with pytest.raises(TypeError):
+        len(loader)
+    ref, got = _model(), _model()
+    want = train_plain(ref, optimizer=_sgdm, batches=list(_loader()))
+    assert train_plain(got, optimizer=_sgdm, batches=loader, steps=STEPS) == want
+    with pytest.raises(ValueError, match="steps is required .* iterable without a length, got DataLoader"):
+        train_plain(_model(), optimizer=_sgdm, batches=loader)
+    emu = Emulator(_model(), schedule=pipedream(4, 1, STEPS), policy="stashing", optimizer=_sgdm)
+    res = emu.run(loader)
+    ref_emu = Emulator(_model(), schedule=pipedream(4, 1, STEPS), policy="stashing", optimizer=_sgdm)
+    assert res.losses == ref_emu.run(list(_loader())).losses
+
+
 def test_too_short_an_iterable_is_refused() -> None:
     emu = Emulator(_model(), schedule=gpipe(4, 2, STEPS), policy="gpipe", optimizer=_sgdm)
     with pytest.raises(ValueError, match=f"runs {STEPS} steps but only {STEPS - 1} mini-batches"):
