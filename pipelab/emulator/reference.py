@@ -35,7 +35,7 @@ from ..pipeline.driver import (
     IterableBatches,
     all_finite,
     batch_getter,
-    check_examples,
+    check_batch,
     examples,
     known_length,
     split_micro,
@@ -101,10 +101,9 @@ def train_plain(
         s.train()
     losses = [math.nan] * steps
     for t in range(steps):
-        x, y = get(t)
+        x, y = check_batch(t, get(t))  # the emulator's form: it is the reference the emulator is checked against
         if isinstance(get, IterableBatches):
             get.release(t)  # read once: the loop holds it from here
-        check_examples(t, x)
         for o in opts:
             o.zero_grad(set_to_none=True)
         if micro_batches is not None or prec.enabled:

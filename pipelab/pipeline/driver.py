@@ -34,7 +34,7 @@ from .stage import StageExecutor
 from .transport import CodedTransport, Transport, describe_handover, handover_bytes, map_tensors, tensors_of
 
 __all__ = ["Batch", "Batches", "IterableBatches", "batch_getter", "known_length", "examples", "split_micro",
-           "take_examples", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_examples"]
+           "take_examples", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_batch", "check_examples"]
 
 #: a mini-batch ``(x, y)``: the input a tensor, or a tuple or dict of tensors (token ids and an attention mask, ...)
 #: that stage 0 takes as one argument, every tensor with the examples along dimension 0; the target a tensor
@@ -142,6 +142,23 @@ def check_examples(t: int, x: Any) -> None:
                          "divergence; check the batch size and the data split the batches are cut from")
 
 
+def check_batch(t: int, batch: Any) -> Batch:
+    """Mini-batch t's form, checked: a tuple ``(x, y)``, the input a tensor (or a tuple or dict of tensors), the target
+    a tensor, both with the same number (>= 1) of examples along dimension 0 (TypeError, ValueError otherwise)."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], Tensor)
+            and (isinstance(batch[0], Tensor) or (isinstance(batch[0], (tuple, list, dict)) and tensors_of(batch[0])))):
+        raise TypeError(f"mini-batch {t} must be a tuple (x, y): the input a tensor (or a tuple or dict of "
+                        f"tensors), the target a tensor; got {_describe(batch)}")
+    x, y = batch
+    if y.dim() == 0 or any(v.dim() == 0 or v.shape[0] != y.shape[0] for v in tensors_of(x)):
+        hint = ("; a scalar target is one example: a Dataset gives one per index, so pass a DataLoader over it"
+                if y.dim() == 0 else "")
+        raise ValueError(f"mini-batch {t}: {_input_form(x)} and target shape {tuple(y.shape)} must have the same "
+                         f"number of examples along dimension 0{hint}")
+    check_examples(t, x)
+    return x, y
+
+
 def _input_form(x: Any) -> str:
     """An input for error messages: a tensor's shape, a structure's parts."""
     return f"input shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"input {describe_handover(x)}"
@@ -195,20 +212,8 @@ class MiniBatches:
 
     def checked(self, t: int) -> Batch:
         """Mini-batch t, after checking its form, its sizes, and its input against stage 0's weights."""
-        batch = self._get(t)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], Tensor)
-                and (isinstance(batch[0], Tensor) or (isinstance(batch[0], (tuple, list, dict))
-                                                      and tensors_of(batch[0])))):
-            raise TypeError(f"mini-batch {t} must be a tuple (x, y): the input a tensor (or a tuple or dict of "
-                            f"tensors), the target a tensor; got {_describe(batch)}")
-        x, y = batch
+        x, y = check_batch(t, self._get(t))
         xs = tensors_of(x)
-        if y.dim() == 0 or any(v.dim() == 0 or v.shape[0] != y.shape[0] for v in xs):
-            hint = ("; a scalar target is one example: a Dataset gives one per index, so pass a DataLoader over it"
-                    if y.dim() == 0 else "")
-            raise ValueError(f"mini-batch {t}: {_input_form(x)} and target shape {tuple(y.shape)} must have the same "
-                             f"number of examples along dimension 0{hint}")
-        check_examples(t, x)
         weight = self.reference
         wrong = [v.dtype for v in xs if v.is_floating_point() and v.dtype != getattr(weight, "dtype", v.dtype)]
         if weight is not None and wrong:

@@ -157,6 +157,16 @@ def test_a_dataset_given_for_its_loader_is_refused_with_the_fix() -> None:
         emu.run(_loader().dataset)
 
 
+def test_train_plain_refuses_a_dataset_as_the_emulator_does() -> None:
+    """train_plain is the reference the emulator is checked against, yet it trained on a Dataset's single unbatched
+    examples without a word (cross-entropy takes a (C,) input with a scalar target), where the emulator refuses the
+    same data: it now checks every mini-batch's form the emulator's way."""
+    with pytest.raises(ValueError, match="a Dataset gives one per index, so pass a DataLoader over it"):
+        train_plain(_model(), optimizer=_sgdm, batches=_loader().dataset)
+    with pytest.raises(TypeError, match="mini-batch 0 must be a tuple"):
+        train_plain(_model(), optimizer=_sgdm, batches=[torch.zeros(BATCH, 6, dtype=torch.float64)])
+
+
 def test_neither_sequence_callable_nor_iterable_is_refused_by_name() -> None:
     emu = Emulator(_model(), schedule=gpipe(4, 2, STEPS), policy="gpipe", optimizer=_sgdm)
     with pytest.raises(TypeError, match="or an iterable of them .* got int"):
