@@ -143,7 +143,10 @@ def test_ctrl_c_stops_the_workers_promptly_and_a_rerun_resumes_from_the_cache(tm
     env = {**os.environ, "PIPELAB_CACHE": str(cache), "MPLBACKEND": "Agg"}
     cmd = [sys.executable, "-m", "pipelab", "figures", "--preset", "tiny", "--out", str(out), "--workers", "2",
            "learning_curves", "accuracy_gap_vs_depth", "prediction_ratio_summary"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C's default action, restored: a suite started in the background by a non-interactive shell (`make test &`)
+    # inherits SIGINT ignored, which Python then leaves ignored: the runner never saw the signal and drew every figure
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     runs = cache / "learning_curves"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(list(runs.glob("*.pkl"))) < 2 and proc.poll() is None:
