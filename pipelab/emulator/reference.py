@@ -30,17 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from ..links import boundary_codecs
-from ..pipeline.driver import (
-    Batches,
-    IterableBatches,
-    all_finite,
-    batch_getter,
-    check_batch,
-    examples,
-    known_length,
-    split_micro,
-    take_examples,
-)
+from ..pipeline.driver import Batches, all_finite, batch_source, check_batch, examples, split_micro, take_examples
 from ..pipeline.plan import OptimizerFactory, as_stages
 from ..pipeline.stage import trainable_parameters
 from ..pipeline.transport import decode_handover, encode_handover, tensors_of
@@ -102,8 +92,6 @@ def train_plain(
     losses = [math.nan] * steps
     for t in range(steps):
         x, y = check_batch(t, get(t))  # the emulator's form: it is the reference the emulator is checked against
-        if isinstance(get, IterableBatches):
-            get.release(t)  # read once: the loop holds it from here
         for o in opts:
             o.zero_grad(set_to_none=True)
         if micro_batches is not None or prec.enabled:
@@ -131,9 +119,9 @@ def _arguments(model: nn.Module | Sequence[nn.Module], D: int | None, batches: A
                micro_batches: int | None) -> tuple[list[nn.Module], Callable[[int], Any], int, int]:
     """:func:`train_plain`'s stages, mini-batch getter, steps and M, checked."""
     stages = as_stages(model, D if D is not None else (1 if isinstance(model, nn.Sequential) else None))
-    get = batch_getter(batches)
+    get, n = batch_source(batches)
     if steps is None:
-        steps = known_length(batches)
+        steps = n
         if steps is None:
             raise ValueError("steps is required when batches is a callable or an iterable without a length, got "
                              f"{type(batches).__name__}")

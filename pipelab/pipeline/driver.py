@@ -19,6 +19,7 @@ SOSP 2019).
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +34,8 @@ from .placement import Collective, Launch, launch_positions
 from .stage import StageExecutor
 from .transport import CodedTransport, Transport, describe_handover, handover_bytes, map_tensors, tensors_of
 
-__all__ = ["Batch", "Batches", "IterableBatches", "batch_getter", "known_length", "examples", "split_micro",
-           "take_examples", "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_batch", "check_examples"]
+__all__ = ["Batch", "Batches", "IterableBatches", "batch_source", "examples", "split_micro", "take_examples",
+           "MiniBatches", "DriverState", "run_jobs", "all_finite", "check_batch", "check_examples"]
 
 #: a mini-batch ``(x, y)``: the input a tensor, or a tuple or dict of tensors (token ids and an attention mask, ...)
 #: that stage 0 takes as one argument, every tensor with the examples along dimension 0; the target a tensor
@@ -45,64 +46,44 @@ Batches = Sequence[Batch] | Callable[[int], Batch] | Iterable[Batch]
 
 
 class IterableBatches:
-    """Mini-batch t of an iterable (a ``DataLoader``, a generator): its t-th item, read once, in order.
-
-    An item is read when mini-batch t is first asked for (together with any skipped before it) and held until
-    :meth:`release`, so a run holds what a sequence would have it hold: the mini-batches still in flight. Asking
-    for a mini-batch again after its release is refused, since an iterable cannot be rewound.
-    """
+    """Mini-batch t of an iterable (a ``DataLoader``, a generator): its t-th item, read once and in order, and handed
+    out once (:class:`MiniBatches` holds it until its last job); items read on the way to a later one wait their
+    turn."""
 
     def __init__(self, iterable: Iterable[Batch]) -> None:
-        self._items = iter(iterable)
-        self._read = 0  # items read so far: mini-batches 0 .. _read - 1
-        self._held: dict[int, Batch] = {}
+        self._items, self._read, self._ahead = iter(iterable), 0, dict[int, Batch]()
 
     def __call__(self, t: int) -> Batch:
         while self._read <= t:
             try:
-                self._held[self._read] = next(self._items)
+                self._ahead[self._read] = next(self._items)
             except StopIteration:
                 raise ValueError(f"the run needs mini-batch {t} but the iterable of mini-batches ended after "
                                  f"{self._read}: give it at least as many as the schedule's steps") from None
             self._read += 1
-        if t not in self._held:
-            raise RuntimeError(f"mini-batch {t} was read from the iterable and released: an iterable is read once, "
-                               "in order; pass a sequence (list(loader)) or a callable t -> (x, y) to read a "
+        if t not in self._ahead:
+            raise RuntimeError(f"mini-batch {t} was read from the iterable and handed out already: an iterable is read "
+                               "once, in order; pass a sequence (list(loader)) or a callable t -> (x, y) to read a "
                                "mini-batch again")
-        return self._held[t]
-
-    def release(self, t: int) -> None:
-        """Forget mini-batch t (read or not yet read: then it is skipped when reached)."""
-        self._held.pop(t, None)
-
-    def __len__(self) -> int:
-        """Mini-batches held now."""
-        return len(self._held)
+        return self._ahead.pop(t)
 
 
-def known_length(batches: Batches) -> int | None:
-    """How many mini-batches ``batches`` holds, or ``None`` when it does not say: a callable, a generator, a
-    ``DataLoader`` over an ``IterableDataset`` without a length (whose ``len()`` raises ``TypeError``)."""
-    if callable(batches) or not hasattr(batches, "__len__"):
-        return None
-    try:
-        return len(batches)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def batch_getter(batches: Batches) -> Callable[[int], Batch]:
-    """``t -> mini-batch t`` of ``batches`` (a sequence, a callable or an iterable: :data:`Batches`).
+def batch_source(batches: Batches) -> tuple[Callable[[int], Batch], int | None]:
+    """``(t -> mini-batch t, how many there are)`` of ``batches`` (:data:`Batches`); the count is ``None`` for a
+    callable, a generator or a ``DataLoader`` over an ``IterableDataset`` (whose ``len()`` raises ``TypeError``).
 
     Raises:
-        TypeError: anything else, naming what was given.
+        TypeError: neither a sequence, a callable nor an iterable, naming what was given.
     """
     if callable(batches):
-        return batches
-    if hasattr(batches, "__getitem__") and hasattr(batches, "__len__"):
-        return batches.__getitem__
+        return batches, None
+    n = None
+    with contextlib.suppress(TypeError):
+        n = len(batches)  # type: ignore[arg-type]
+    if hasattr(batches, "__getitem__") and n is not None:
+        return batches.__getitem__, n
     if isinstance(batches, Iterable) and not isinstance(batches, (str, bytes)):
-        return IterableBatches(batches)
+        return IterableBatches(batches), n
     raise TypeError("batches must be a sequence of (x, y) mini-batches, a callable t -> (x, y) or an iterable of "
                     f"them (a DataLoader), got {type(batches).__name__}")
 
@@ -201,10 +182,9 @@ class MiniBatches:
 
     def __init__(self, batches: Batches, M: int, steps: int, *, reference: Tensor | None,
                  device: torch.device | None = None) -> None:
-        self._get = batch_getter(batches)
+        self._get, n = batch_source(batches)
         #: a sequence: mini-batches may be read ahead and again (a callable may not repeat, an iterable cannot)
         self.sequence = not callable(batches) and not isinstance(self._get, IterableBatches)
-        n = known_length(batches)
         if n is not None and n < steps:
             raise ValueError(f"the schedule runs {steps} steps but only {n} mini-batches were given")
         self.M, self.reference, self.device = M, reference, device
@@ -237,8 +217,6 @@ class MiniBatches:
     def release(self, t: int) -> None:
         """Forget mini-batch t (no job left needs it)."""
         self._cache.pop(t, None)
-        if isinstance(self._get, IterableBatches):
-            self._get.release(t)
 
     def __len__(self) -> int:
         """Mini-batches held now."""

@@ -138,12 +138,11 @@ def test_an_iterable_is_read_in_order_and_held_only_while_in_flight() -> None:
     assert max(alive) <= 4, alive
 
 
-def test_iterable_batches_refuses_a_second_read_after_release() -> None:
+def test_iterable_batches_refuses_a_second_read() -> None:
     src = IterableBatches(iter(range(5)))  # type: ignore[arg-type]
-    assert src(2) == 2 and len(src) == 3  # 0 and 1 were read on the way, held until released
-    src.release(0)
-    assert src(1) == 1
-    with pytest.raises(RuntimeError, match="mini-batch 0 was read from the iterable and released"):
+    assert src(2) == 2  # 0 and 1 were read on the way, held for their turn
+    assert src(1) == 1 and src(0) == 0
+    with pytest.raises(RuntimeError, match="mini-batch 0 was read from the iterable and handed out already"):
         src(0)
     data = MiniBatches(_loader(), 2, STEPS, reference=None)
     assert not data.sequence and MiniBatches(list(_loader()), 2, STEPS, reference=None).sequence
