@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 __all__ = ["Interval", "PairedDifference", "WinnerTest", "t_interval", "paired_difference", "resolved", "holm",
-           "winner_test", "resolved_winner", "winners_across_rows", "CORRECTIONS"]
+           "winner_test", "resolved_winner", "CORRECTIONS"]
 
 #: multiple-comparison corrections :func:`winner_test` accepts
 CORRECTIONS = ("holm", "none")
@@ -229,21 +229,3 @@ def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction
 def resolved_winner(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> str | None:
     """The arm that beats every other arm with resolved paired differences, else ``None`` (:func:`winner_test`)."""
     return winner_test(arms, confidence, correction).winner
-
-
-def winners_across_rows(rows: Mapping[Any, Mapping[str, Values]], confidence: float = 0.95,
-                        correction: str = "holm") -> dict[Any, WinnerTest]:
-    """:func:`winner_test` in every row, a winner kept only where it survives the search over the rows.
-
-    The rows' :attr:`WinnerTest.p_value` are Holm-adjusted (``"none"``: left) into ``family_p``; a row keeps its
-    winner only when ``family_p < α`` (p = 0.040 among 4 rows: ``family_p`` >= 0.16, no winner at α = 0.05).
-    """
-    tests = {key: winner_test(arms, confidence, correction) for key, arms in rows.items()}
-    if not tests:
-        return {}
-    raw = np.array([t.p_value for t in tests.values()])
-    adj = holm(raw) if correction == "holm" else raw
-    out = {}
-    for (key, t), p in zip(tests.items(), map(float, adj)):
-        out[key] = replace(t, winner=t.winner if p < t.alpha else None, family_p=p)
-    return out

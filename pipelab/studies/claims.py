@@ -25,7 +25,7 @@ validation accuracy first reaches b's mean best validation accuracy minus the ma
 
 Winners: in every row the pipelined policy with the highest mean is the winner only when its paired difference to
 every other pipelined policy is resolved (Holm over those comparisons) *and* the row's p-value survives a second
-Holm correction over the rows searched (:func:`pipelab.statistics.winners_across_rows`).
+Holm correction over the rows searched (:func:`winners_across_rows`).
 
 References: S. Holm (1979), Scand. J. Statist. 6:65-70; non-inferiority margins: S. Wellek, *Testing Statistical
 Hypotheses of Equivalence and Noninferiority* (2010), ch. 2.
@@ -39,19 +39,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..optim import optimizer_label
 from ..policies import make_policy
-from ..statistics import PairedDifference, holm, paired_difference, winners_across_rows
+from ..statistics import PairedDifference, Values, WinnerTest, holm, paired_difference, winner_test
 from .tuning import selected_test_acc
 
 __all__ = ["CLAIMS", "MATCH_MARGIN", "RowEvidence", "ClaimVerdict", "merge_runs", "seed_scores", "steps_to_target",
-           "decide", "decide_all", "claims_markdown", "winners_markdown"]
+           "decide", "decide_all", "claims_markdown", "winners_across_rows", "winners_markdown"]
 
 #: the papers' claims: (claim, source, kind, a, b); kind "beats": a − b > 0; "matches": a − b > −MATCH_MARGIN
 CLAIMS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -255,9 +255,29 @@ def claims_markdown(records: Sequence[dict[str, Any]], confidence: float = 0.95)
     return "\n".join(out)
 
 
+def winners_across_rows(rows: Mapping[Any, Mapping[str, Values]], confidence: float = 0.95,
+                        correction: str = "holm") -> dict[Any, WinnerTest]:
+    """:func:`pipelab.statistics.winner_test` in every row, a winner kept only where it survives the search over the
+    rows.
+
+    The rows' :attr:`~pipelab.statistics.WinnerTest.p_value` are Holm-adjusted (``"none"``: left) into ``family_p``; a
+    row keeps its winner only when ``family_p < α`` (p = 0.040 among 4 rows: ``family_p`` >= 0.16, no winner at
+    α = 0.05).
+    """
+    tests = {key: winner_test(arms, confidence, correction) for key, arms in rows.items()}
+    if not tests:
+        return {}
+    raw = np.array([t.p_value for t in tests.values()])
+    adj = holm(raw) if correction == "holm" else raw
+    out = {}
+    for (key, t), p in zip(tests.items(), map(float, adj)):
+        out[key] = replace(t, winner=t.winner if p < t.alpha else None, family_p=p)
+    return out
+
+
 def winners_markdown(records: Iterable[dict[str, Any]], confidence: float = 0.95) -> str:
     """Per row, the pipelined policy with the highest mean and whether it is the resolved winner: Holm over its
-    comparisons within the row (p), then over the rows searched (p̃, :func:`pipelab.statistics.winners_across_rows`).
+    comparisons within the row (p), then over the rows searched (p̃, :func:`winners_across_rows`).
     """
     scores, _ = seed_scores(records)
     rows: dict[Row, dict[str, dict[int, float]]] = defaultdict(dict)

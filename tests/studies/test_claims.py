@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipelab.statistics import holm
+from pipelab.statistics import holm, winner_test
 from pipelab.studies import claims as C
+from pipelab.studies.claims import winners_across_rows
 
 SEEDS = range(6)
 SEED_EFFECT = np.array([0.80, 0.86, 0.83, 0.89, 0.84, 0.82])  # shared by every arm of a seed
@@ -113,3 +114,24 @@ def test_winners_are_corrected_over_the_rows_searched() -> None:
     assert "**resolved winner**" in md_one and "1 of 1 rows" in md_one  # sequential is no candidate
     md = C.winners_markdown(_rows(rows))
     assert "0 of 4 rows" in md and "**resolved winner**" not in md
+
+
+def test_winner_across_rows_needs_holm_over_the_rows_searched() -> None:
+    # a constructed row whose winner has p ~= 0.03 (every other arm far behind but one), searched among 4 rows
+    rng = np.random.default_rng(3)
+    seed_effect = rng.normal(0, 0.01, 6)
+    close = {"A": list(seed_effect + [0.903, 0.916, 0.899, 0.913, 0.905, 0.909]), "B": list(seed_effect + 0.9),
+             "C": list(seed_effect + 0.5)}
+    alone = winner_test(close)
+    assert 0.01 < alone.p_value < 0.05 and alone.winner == "A"  # the case this test is about
+    null = {f"p{j}": list(seed_effect + rng.normal(0, 0.02, 6)) for j in range(3)}
+    rows = {"r0": close, "r1": null, "r2": null, "r3": null}
+    out = winners_across_rows(rows)
+    raw = [winner_test(r).p_value for r in rows.values()]
+    assert [out[k].family_p for k in rows] == pytest.approx(list(holm(raw)))
+    assert out["r0"].family_p == pytest.approx(min(1.0, 4 * alone.p_value))
+    assert out["r0"].candidate == "A" and out["r0"].winner is None
+    assert winners_across_rows({"r0": close})["r0"].winner == "A"  # one row searched: no second correction
+    clear = {"a": [0.9, 0.91, 0.92], "b": [0.8, 0.82, 0.81], "c": [0.7, 0.69, 0.72]}
+    assert winners_across_rows({"x": clear, "y": clear})["x"].winner == "a"
+    assert winners_across_rows({}) == {}

@@ -40,7 +40,8 @@ import numpy as np
 
 from ...optim import OPTIMIZERS, optimizer_label
 from ...policies import make_policy
-from ...statistics import PairedDifference, paired_difference, resolved, t_interval, winners_across_rows
+from ...statistics import PairedDifference, paired_difference, resolved, t_interval
+from ..claims import winners_across_rows
 from ..config import from_preset
 from ..data import load_dataset
 from ..learning_curves import grid, stack_cap, sweep, with_
