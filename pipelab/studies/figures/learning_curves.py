@@ -803,7 +803,8 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
     n_tests = {t: by[(t, o, pols[0])]["n_test"] if (t, o, pols[0]) in by else None for t, o in keys}
     fig, ax = plt.subplots(figsize=(1.75 * len(pols) + 3.0, 0.3 * len(keys) + 1.1))
     ax.axis("off")
-    tab = ax.table(cellText=cells, rowLabels=[f"{t} · {optimizer_label(o)} (n_test={n_tests[t]})" for t, o in keys],
+    labels = [f"{t} · {optimizer_label(o)} ({cfg.epochs_of(t)} epochs, n_test={n_tests[t]})" for t, o in keys]
+    tab = ax.table(cellText=cells, rowLabels=labels,
                    colLabels=[LABELS[p] for p in pols], loc="center", cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(8)
@@ -814,7 +815,7 @@ def final_accuracy_table(preset: str, *, progress: bool = False) -> FigureOutput
     seeds = len(cfg.seeds)
     spread = f"mean ± 95% t half-width (ddof=1) over {seeds} seeds" if seeds > 1 else "1 seed (no interval)"
     read = "at the validation-selected epoch" if cfg.n_val else "after the last epoch"
-    ax.set_title(f"Test accuracy (%) {read} (of {cfg.epochs}), D={cfg.D}, {spread}; preset {preset}, "
+    ax.set_title(f"Test accuracy (%) {read} (of each row's budget), D={cfg.D}, {spread}; preset {preset}, "
                  f"{lr_label(records)}\nbold: the pipelined policy whose paired difference (by seed) to every other "
                  "pipelined policy is resolved (t test, Holm, 95%); none bold: no resolved winner; "
                  "n/a: SpecTrain needs SGDM; ✗: diverged runs", fontsize=8)
