@@ -63,7 +63,6 @@ _VOCABULARY: dict[str, str] = {
     # analyses
     "measure_prediction_error": "prediction_error", "measure_in_pipeline": "prediction_error",
     "max_stable_step": "stability", "t_interval": "statistics", "paired_difference": "statistics",
-    "winner_test": "statistics",
 }
 __all__ = ["__version__", *_VOCABULARY]
 
@@ -86,7 +85,7 @@ if TYPE_CHECKING:
     from .schedules import Action, Schedule, ScheduleError, VersionTable, construct, validate
     from .simulator import SimResult, simulate
     from .stability import max_stable_step
-    from .statistics import paired_difference, t_interval, winner_test
+    from .statistics import paired_difference, t_interval
 
 
 def __getattr__(name: str) -> Any:

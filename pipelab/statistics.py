@@ -1,17 +1,12 @@
-"""Statistics across seeds: Student-t intervals, paired differences, and winners only when resolved.
+"""Statistics across seeds: Student-t intervals, paired differences and Holm's correction.
 
 Arms of one seed share weights and mini-batches, so arms are compared *paired by seed*. A diverged run
-(NaN/±inf) is never averaged: it is left out and counted, an arm with a diverged seed never wins (a diverged
-seed is a loss), and an arm diverged on every seed loses to the candidate without a test.
-
-Why Holm: "A is best" needs all k − 1 differences resolved, and A is chosen after seeing the data (the highest
-mean), so the k − 1 p-values are Holm-adjusted (strong family-wise control, no independence needed); a table
-of R rows searched for winners is adjusted by Holm once more over the rows (nested Holm is conservative).
-Reported half-widths stay unadjusted.
+(NaN/±inf) is never averaged: it is left out and counted. Holm's step-down adjustment gives strong family-wise
+control without independence; the study's verdict rules built on these (winners, the papers' claims) are in
+:mod:`pipelab.studies.claims`. Reported half-widths stay unadjusted.
 
 References: Student (1908), "The probable error of a mean"; S. Holm (1979), "A simple sequentially
-rejective multiple test procedure", Scand. J. Statist. 6:65-70; R. L. Berger (1982), intersection–union
-tests, Technometrics 24:295-300.
+rejective multiple test procedure", Scand. J. Statist. 6:65-70.
 """
 
 from __future__ import annotations
@@ -19,16 +14,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Interval", "PairedDifference", "WinnerTest", "t_interval", "paired_difference", "resolved", "holm",
-           "winner_test", "resolved_winner", "CORRECTIONS"]
-
-#: multiple-comparison corrections :func:`winner_test` accepts
-CORRECTIONS = ("holm", "none")
+__all__ = ["Interval", "PairedDifference", "Values", "t_interval", "paired_difference", "resolved", "holm",
+           "check_confidence", "as_values"]
 
 Values = Sequence[float] | np.ndarray | Mapping[Any, float]
 
@@ -61,32 +53,6 @@ class PairedDifference(Interval):
     null: float = 0.0
 
 
-@dataclass(frozen=True)
-class WinnerTest:
-    """The outcome of :func:`winner_test`: ``winner`` is ``candidate`` when every difference to it is resolved.
-
-    ``candidate``: the highest mean among arms without a diverged value; ``differences``/``adjusted_p``: per other
-    arm, :func:`paired_difference` (candidate − arm) and its corrected p-value; ``diverged``: arms diverged on every
-    seed (they lose untested); ``family_p``: :attr:`p_value` Holm-adjusted over the rows searched, else NaN.
-    """
-
-    candidate: str | None
-    winner: str | None
-    differences: dict[str, PairedDifference] = field(default_factory=dict)
-    adjusted_p: dict[str, float] = field(default_factory=dict)
-    alpha: float = 0.05
-    correction: str = "holm"
-    diverged: tuple[str, ...] = ()
-    family_p: float = math.nan
-
-    @property
-    def p_value(self) -> float:
-        """The smallest α at which ``candidate`` wins (1: a difference <= 0 or no candidate; 0: nothing to compare)."""
-        if self.candidate is None or any(d.mean <= 0 or not math.isfinite(d.mean) for d in self.differences.values()):
-            return 1.0
-        return max(self.adjusted_p.values(), default=0.0)
-
-
 def _t() -> Any:
     """Student's t distribution (``scipy.stats`` is imported on first use: it adds ~0.5 s to ``import pipelab``)."""
     from scipy import stats
@@ -94,13 +60,15 @@ def _t() -> Any:
     return stats.t
 
 
-def _check_confidence(confidence: Any) -> float:
+def check_confidence(confidence: Any) -> float:
+    """``confidence`` as a float in (0, 1) (ValueError otherwise)."""
     if isinstance(confidence, bool) or not isinstance(confidence, numbers.Real) or not 0 < float(confidence) < 1:
         raise ValueError(f"confidence must be a number in (0, 1), e.g. 0.95; got {confidence!r}")
     return float(confidence)
 
 
-def _array(values: Any, name: str) -> np.ndarray:
+def as_values(values: Any, name: str) -> np.ndarray:
+    """``values`` (a sequence of numbers, named ``name`` in errors) as a float array (TypeError otherwise)."""
     if isinstance(values, (str, bytes)) or isinstance(values, Mapping):
         raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
     try:
@@ -123,8 +91,8 @@ def _interval(x: np.ndarray, confidence: float) -> tuple[float, float]:
 
 def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
     """Mean ± ``t_{(1+c)/2, n-1} · s / sqrt(n)`` (ddof 1, NaN for n < 2) of the finite ``values``; the rest counted."""
-    c = _check_confidence(confidence)
-    arr = _array(values, "values")
+    c = check_confidence(confidence)
+    arr = as_values(values, "values")
     ok = np.isfinite(arr)
     mean, hw = _interval(arr[ok], c)
     return Interval(mean, hw, int(ok.sum()), int((~ok).sum()), c)
@@ -138,8 +106,8 @@ def _pair(a: Values, b: Values) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"a and b must hold the same seeds; a only: {sorted(set(a) - set(b), key=str)}, "
                              f"b only: {sorted(set(b) - set(a), key=str)}")
         keys = list(a)
-        return _array([a[k] for k in keys], "a"), _array([b[k] for k in keys], "b")
-    x, y = _array(a, "a"), _array(b, "b")
+        return as_values([a[k] for k in keys], "a"), as_values([b[k] for k in keys], "b")
+    x, y = as_values(a, "a"), as_values(b, "b")
     if x.shape != y.shape:
         raise ValueError(f"a and b must have one value per seed each, got {x.size} and {y.size}")
     return x, y
@@ -152,7 +120,7 @@ def paired_difference(a: Values, b: Values, confidence: float = 0.95, *, null: f
     (``scipy.stats.ttest_rel``), so ``p < 1 − c`` exactly when the interval excludes ``null`` (−m: non-inferiority
     with margin m). ``s_d = 0``: half-width 0, p 0 or 1; n < 2: both NaN. ``a``, ``b``: aligned or keyed by seed.
     """
-    c = _check_confidence(confidence)
+    c = check_confidence(confidence)
     if isinstance(null, bool) or not isinstance(null, numbers.Real) or not math.isfinite(null):
         raise ValueError(f"null must be a finite number (the null mean difference), got {null!r}")
     x, y = _pair(a, b)
@@ -181,7 +149,7 @@ def resolved(interval: Interval) -> bool:
 
 def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm's adjusted p-values (NaN as 1): sorted, ``adj_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))`` (Holm 1979)."""
-    p = _array(p_values, "p_values")
+    p = as_values(p_values, "p_values")
     p = np.where(np.isnan(p), 1.0, p)
     if ((p < 0) | (p > 1)).any():
         raise ValueError(f"p_values must lie in [0, 1], got {p.tolist()}")
@@ -191,41 +159,3 @@ def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     out = np.empty(m)
     out[order] = adj_sorted
     return out
-
-
-def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> WinnerTest:
-    """Test whether the arm with the highest mean beats every other arm, paired by seed.
-
-    The candidate (highest mean among arms with all values finite) wins when every paired difference to another
-    arm with a finite value has a positive mean and a p-value below α = 1 − confidence after the correction
-    (``"holm"``; ``"none"``: raw p-values).
-    """
-    c = _check_confidence(confidence)
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction={correction!r}; choose one of {', '.join(CORRECTIONS)}")
-    if not isinstance(arms, Mapping) or len(arms) < 2:
-        raise ValueError(f"arms must map at least two arm names to per-seed values, got {arms!r}")
-    means: dict[str, float] = {}
-    diverged: list[str] = []
-    for name, vals in arms.items():
-        arr = _array(list(vals.values()) if isinstance(vals, Mapping) else vals, f"arms[{name!r}]")
-        if np.isfinite(arr).all() and arr.size:
-            means[name] = float(arr.mean())
-        elif arr.size and not np.isfinite(arr).any():
-            diverged.append(name)
-    alpha = 1 - c
-    if not means:
-        return WinnerTest(None, None, alpha=alpha, correction=correction, diverged=tuple(diverged))
-    cand = max(means, key=lambda k: means[k])
-    diffs = {name: paired_difference(arms[cand], vals, c) for name, vals in arms.items()
-             if name != cand and name not in diverged}
-    raw = np.array([d.p_value for d in diffs.values()])
-    adj = holm(raw) if correction == "holm" else np.where(np.isnan(raw), 1.0, raw)
-    adjusted = dict(zip(diffs, map(float, adj)))
-    ok = all(d.mean > 0 and adjusted[k] < alpha for k, d in diffs.items())
-    return WinnerTest(cand, cand if ok else None, diffs, adjusted, alpha, correction, tuple(diverged))
-
-
-def resolved_winner(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> str | None:
-    """The arm that beats every other arm with resolved paired differences, else ``None`` (:func:`winner_test`)."""
-    return winner_test(arms, confidence, correction).winner

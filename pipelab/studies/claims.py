@@ -40,18 +40,22 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..optim import optimizer_label
 from ..policies import make_policy
-from ..statistics import PairedDifference, Values, WinnerTest, holm, paired_difference, winner_test
+from ..statistics import PairedDifference, Values, as_values, check_confidence, holm, paired_difference
 from .tuning import selected_test_acc
 
 __all__ = ["CLAIMS", "MATCH_MARGIN", "RowEvidence", "ClaimVerdict", "merge_runs", "seed_scores", "steps_to_target",
-           "decide", "decide_all", "claims_markdown", "winners_across_rows", "winners_markdown"]
+           "decide", "decide_all", "claims_markdown", "CORRECTIONS", "WinnerTest", "winner_test", "winners_across_rows",
+           "winners_markdown"]
+
+#: multiple-comparison corrections :func:`winner_test` accepts
+CORRECTIONS = ("holm", "none")
 
 #: the papers' claims: (claim, source, kind, a, b); kind "beats": a − b > 0; "matches": a − b > −MATCH_MARGIN
 CLAIMS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -255,12 +259,73 @@ def claims_markdown(records: Sequence[dict[str, Any]], confidence: float = 0.95)
     return "\n".join(out)
 
 
+@dataclass(frozen=True)
+class WinnerTest:
+    """The outcome of :func:`winner_test`: ``winner`` is ``candidate`` when every difference to it is resolved.
+
+    ``candidate``: the highest mean among arms without a diverged value; ``differences``/``adjusted_p``: per other
+    arm, :func:`paired_difference` (candidate − arm) and its corrected p-value; ``diverged``: arms diverged on every
+    seed (they lose untested); ``family_p``: :attr:`p_value` Holm-adjusted over the rows searched, else NaN.
+    """
+
+    candidate: str | None
+    winner: str | None
+    differences: dict[str, PairedDifference] = field(default_factory=dict)
+    adjusted_p: dict[str, float] = field(default_factory=dict)
+    alpha: float = 0.05
+    correction: str = "holm"
+    diverged: tuple[str, ...] = ()
+    family_p: float = math.nan
+
+    @property
+    def p_value(self) -> float:
+        """The smallest α at which ``candidate`` wins (1: a difference <= 0 or no candidate; 0: nothing to compare)."""
+        if self.candidate is None or any(d.mean <= 0 or not math.isfinite(d.mean) for d in self.differences.values()):
+            return 1.0
+        return max(self.adjusted_p.values(), default=0.0)
+
+
+def winner_test(arms: Mapping[str, Values], confidence: float = 0.95, correction: str = "holm") -> WinnerTest:
+    """Test whether the arm with the highest mean beats every other arm, paired by seed.
+
+    The candidate (highest mean among arms with all values finite) wins when every paired difference to another
+    arm with a finite value has a positive mean and a p-value below α = 1 − confidence after the correction
+    (``"holm"``; ``"none"``: raw p-values). A diverged seed is a loss: such an arm never wins, and one diverged on
+    every seed loses untested. "A is best" needs all k − 1 differences resolved (an intersection–union test: R. L.
+    Berger 1982, Technometrics 24:295-300), and A is chosen after seeing the data, hence Holm over the k − 1.
+    """
+    c = check_confidence(confidence)
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction={correction!r}; choose one of {', '.join(CORRECTIONS)}")
+    if not isinstance(arms, Mapping) or len(arms) < 2:
+        raise ValueError(f"arms must map at least two arm names to per-seed values, got {arms!r}")
+    means: dict[str, float] = {}
+    diverged: list[str] = []
+    for name, vals in arms.items():
+        arr = as_values(list(vals.values()) if isinstance(vals, Mapping) else vals, f"arms[{name!r}]")
+        if np.isfinite(arr).all() and arr.size:
+            means[name] = float(arr.mean())
+        elif arr.size and not np.isfinite(arr).any():
+            diverged.append(name)
+    alpha = 1 - c
+    if not means:
+        return WinnerTest(None, None, alpha=alpha, correction=correction, diverged=tuple(diverged))
+    cand = max(means, key=lambda k: means[k])
+    diffs = {name: paired_difference(arms[cand], vals, c) for name, vals in arms.items()
+             if name != cand and name not in diverged}
+    raw = np.array([d.p_value for d in diffs.values()])
+    adj = holm(raw) if correction == "holm" else np.where(np.isnan(raw), 1.0, raw)
+    adjusted = dict(zip(diffs, map(float, adj)))
+    ok = all(d.mean > 0 and adjusted[k] < alpha for k, d in diffs.items())
+    return WinnerTest(cand, cand if ok else None, diffs, adjusted, alpha, correction, tuple(diverged))
+
+
 def winners_across_rows(rows: Mapping[Any, Mapping[str, Values]], confidence: float = 0.95,
                         correction: str = "holm") -> dict[Any, WinnerTest]:
-    """:func:`pipelab.statistics.winner_test` in every row, a winner kept only where it survives the search over the
+    """:func:`winner_test` in every row, a winner kept only where it survives the search over the
     rows.
 
-    The rows' :attr:`~pipelab.statistics.WinnerTest.p_value` are Holm-adjusted (``"none"``: left) into ``family_p``; a
+    The rows' :attr:`WinnerTest.p_value` are Holm-adjusted (``"none"``: left) into ``family_p``; a
     row keeps its winner only when ``family_p < α`` (p = 0.040 among 4 rows: ``family_p`` >= 0.16, no winner at
     α = 0.05).
     """

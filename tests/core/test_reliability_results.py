@@ -268,7 +268,7 @@ def test_tuning_whose_survivors_diverge_later_selects_none(monkeypatch: pytest.M
 
 
 def _winner(arms: dict) -> str | None:
-    from pipelab.statistics import winner_test
+    from pipelab.studies.claims import winner_test
 
     return winner_test(arms).winner
 
@@ -288,7 +288,7 @@ def test_statistics_probe(probe: Probe) -> None:
 
 
 def test_winner_test_lists_the_arms_that_diverged_everywhere_and_keeps_the_rest_tested() -> None:
-    from pipelab.statistics import winner_test
+    from pipelab.studies.claims import winner_test
 
     arms = {"a": [0.90, 0.91, 0.92, 0.93], "b": [0.89, 0.92, 0.90, 0.94], "c": [NAN] * 4, "d": [0.1, NAN, 0.1, 0.1]}
     w = winner_test(arms)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipelab.statistics import holm, winner_test
+from pipelab.statistics import holm, resolved
 from pipelab.studies import claims as C
-from pipelab.studies.claims import winners_across_rows
+from pipelab.studies.claims import winner_test, winners_across_rows
 
 SEEDS = range(6)
 SEED_EFFECT = np.array([0.80, 0.86, 0.83, 0.89, 0.84, 0.82])  # shared by every arm of a seed
@@ -135,3 +135,67 @@ def test_winner_across_rows_needs_holm_over_the_rows_searched() -> None:
     clear = {"a": [0.9, 0.91, 0.92], "b": [0.8, 0.82, 0.81], "c": [0.7, 0.69, 0.72]}
     assert winners_across_rows({"x": clear, "y": clear})["x"].winner == "a"
     assert winners_across_rows({}) == {}
+
+
+# --- the winner test (moved with winner_test from pipelab.statistics): scipy's paired t test and Holm as references
+
+
+def _resolved_winner(arms: dict) -> object:
+    return winner_test(arms).winner
+
+
+def test_winner_test_bad_input() -> None:
+    with pytest.raises(ValueError, match="correction="):
+        winner_test({"a": [1, 2], "b": [0, 1]}, correction="bonferroni")
+    with pytest.raises(ValueError, match="at least two"):
+        winner_test({"a": [1, 2]})
+
+
+def _arms_with_p() -> dict[str, list[float]]:
+    """Candidate A is ahead of B and C; the raw paired p-values are 0.01 < p < 0.05 for both."""
+    return {"A": [0.90, 0.92, 0.94, 0.91], "B": [0.89, 0.89, 0.92, 0.90], "C": [0.88, 0.89, 0.93, 0.90]}
+
+
+def test_winner_needs_every_difference_resolved_after_holm() -> None:
+    arms = _arms_with_p()
+    t = winner_test(arms, correction="none")
+    raw = {k: d.p_value for k, d in t.differences.items()}
+    assert raw["B"] == pytest.approx(stats.ttest_rel(arms["A"], arms["B"]).pvalue)
+    assert all(0.025 < p < 0.05 for p in raw.values()), raw  # the case this test is about
+    assert t.winner == "A" and all(resolved(d) for d in t.differences.values())
+    h = winner_test(arms)  # Holm: the smaller p is doubled -> above 0.05
+    assert h.candidate == "A" and h.winner is None and winner_test(arms).winner is None
+    assert sorted(h.adjusted_p.values()) == pytest.approx(sorted(holm(list(raw.values()))))
+
+
+def test_winner_clear_tied_and_diverged() -> None:
+    clear = {"a": [0.9, 0.91, 0.92], "b": [0.8, 0.82, 0.81], "c": [0.7, 0.69, 0.72]}
+    assert _resolved_winner(clear) == "a"
+    assert _resolved_winner({"a": [0.9, 0.8, 0.85], "b": [0.89, 0.81, 0.84]}) is None
+    # the best mean has a diverged seed: it cannot win, and the next one must beat it on the other seeds
+    t = winner_test({"a": [0.99, math.nan, 0.99], "b": [0.9, 0.91, 0.92], "c": [0.7, 0.69, 0.72]})
+    assert t.candidate == "b" and t.winner is None  # b - a is negative on the finite seeds
+    assert _resolved_winner({"a": [0.5, math.nan, 0.5, 0.52], "b": [0.9, 0.91, 0.92, 0.93],
+                            "c": [0.7, 0.69, 0.72, 0.7]}) == "b"
+    assert winner_test({"a": [math.nan], "b": [math.nan]}).candidate is None
+    assert _resolved_winner({0: {1: 0.9, 2: 0.91, 3: 0.92}, 1: {3: 0.8, 1: 0.79, 2: 0.8}}) == 0
+
+
+def test_false_winner_rate_under_the_null_is_at_most_alpha() -> None:
+    # 5 equal arms, 5 seeds with a shared seed effect: a winner is declared in <= 5% of 1500 draws (+3 sd)
+    rng = np.random.default_rng(1)
+    wins = 0
+    for _ in range(1500):
+        seed_effect = rng.normal(0, 1, 5)
+        arms = {f"p{j}": seed_effect + rng.normal(0, 0.5, 5) for j in range(5)}
+        wins += _resolved_winner(arms) is not None
+    assert wins / 1500 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 1500)
+
+
+def test_winner_p_value_is_the_largest_corrected_comparison() -> None:
+    arms = _arms_with_p()
+    t = winner_test(arms)
+    assert t.p_value == pytest.approx(max(holm([stats.ttest_rel(arms["A"], arms[k]).pvalue for k in "BC"])))
+    assert (t.winner is not None) == (t.p_value < t.alpha)
+    assert winner_test({"a": [0.9, 0.8, 0.85], "b": [0.9, 0.8, 0.85]}).p_value == 1.0  # tie: mean difference 0
+    assert winner_test({"a": [0.9, 0.91], "b": [math.nan, math.nan]}).p_value == 0.0  # b diverged everywhere

@@ -6,7 +6,7 @@
 - ``final_accuracy_table``: best test accuracy (max over epochs, as PipeOptim's Table IV) as mean ± 95% t
   half-width over seeds, per task × optimizer × policy, drawn as a table and written as CSV; a pipelined
   policy is bold only when it beats every other pipelined policy of its row with a resolved paired
-  difference (:func:`pipelab.statistics.winner_test`, Holm-corrected);
+  difference (:func:`pipelab.studies.claims.winner_test`, Holm-corrected);
 - ``accuracy_gap_vs_depth``: best test accuracy minus the sequential baseline's against D, paired by seed,
   with 95% t intervals of the paired difference;
 - ``time_to_accuracy``: test accuracy against the simulator's forecast wall-clock (profiled stage costs, each
@@ -317,7 +317,7 @@ def summary_rows(records: list[dict]) -> list[dict]:
     (mean, Student-t 95% half-width and sample std with ddof = 1, over the finite values; a diverged run's
     final accuracy is NaN and is left out of the final mean, counted in ``diverged``), ``n_test`` (test
     examples), ``winner`` (this pipelined policy beats every other pipelined policy of its task × optimizer ×
-    D with resolved paired differences, Holm-corrected; :func:`pipelab.statistics.winner_test`),
+    D with resolved paired differences, Holm-corrected; :func:`pipelab.studies.claims.winner_test`),
     ``best_by_seed`` (seed -> best accuracy, for paired comparisons) and ``weight_copies``.
     """
     rows = []
