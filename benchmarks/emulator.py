@@ -17,9 +17,9 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
 - **copies**: the stored weight versions the policy keeps — after each update of a stage whose ring holds more
   than one version (stashing, 2BW, the predicting policies), the new weights are copied, since torch's optimizers
   update in place and the version the in-flight micro-batches use must survive the next step (PipeDream keeps
-  them the same way); replayed as the same number of ``StageExecutor.snapshot`` calls per stage, timed alone, each
-  made while the other versions the stage's ring holds (its capacity less one) are kept, as in the emulator (a
-  stage with one version shares its live weights and copies nothing);
+  them the same way); replayed as the same number of copies per stage, timed alone, each into the oldest of as
+  many tensor sets as the stage's ring holds, as the emulator writes a new version into a retired one's tensors
+  (a stage with one version shares its live weights and copies nothing);
 - **inherent** = plain + recompute + predictions + copies, and **emulator**: the emulator's step;
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
   emulator / plain, and beside them the minor page faults per step of plain and emulator (median over rounds):
@@ -62,7 +62,7 @@ import io
 import pstats
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,14 +218,19 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
             for _ in range(n):
                 st.predictor.observe(st.optimizer)
 
-    def copy_versions() -> None:
-        # each copy is made while the versions the stage's ring holds beside it are alive, as in the emulator: a copy
-        # dropped at once hands its just-written buffer to the next copy, a saving a stage that keeps versions never
-        # gets (in place, 2BW's copies took 1.2-1.7 ms a step against 0.63 ms timed that way)
-        for k, n in work.copies.items():
-            held: deque[tuple[Tensor, ...]] = deque(maxlen=probe.stages[k].ring.capacity - 1)
-            for _ in range(n):
-                held.append(probe.stages[k].snapshot())
+    def version_buffers() -> dict[int, list[tuple[Tensor, ...]]]:
+        # per copying stage, one tensor set per version its ring holds, allocated untimed: the ring keeps them
+        return {k: [probe.stages[k].snapshot() for _ in range(probe.stages[k].ring.capacity)] for k in work.copies}
+
+    def copy_versions(buffers: dict[int, list[tuple[Tensor, ...]]]) -> None:
+        # each copy writes the live weights into the oldest of the stage's tensor sets, as the emulator writes a new
+        # version into a retired one's tensors (pipelab.pipeline.rings)
+        with torch.no_grad():
+            for k, n in work.copies.items():
+                params, sets = probe.stages[k].params, buffers[k]
+                for i in range(n):
+                    for w, p in zip(sets[i % len(sets)], params):
+                        w.copy_(p)
 
     sides: dict[str, Side] = {
         "plain": Side(lambda m: train_plain(m, optimizer=optimizer, batches=data, D=D,
@@ -240,7 +245,7 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
     if work.predictor_calls:
         sides["predictions"] = Side(predict)
     if work.copies:
-        sides["copies"] = Side(copy_versions)
+        sides["copies"] = Side(copy_versions, setup=version_buffers)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     r = alternate(sides, rounds, warmup=1, sync=sync, clock=clock)
 

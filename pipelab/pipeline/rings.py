@@ -2,17 +2,22 @@
 
 A version is dropped when no use of it is left and it is not the newest (the live weights), so a ring's
 capacity, the peak number of versions alive at once, is exactly the number of weight copies a real stage holds
-(weight stashing: D − k at stage k).
+(weight stashing: D − k at stage k). A ring that stores copies keeps its dropped versions' tensors for the next
+copy, as a real stage writes each new version into the buffer of one it retired: fresh buffers each step made
+glibc's malloc return memory to the kernel and fault it in again a page at a time (~400 faults a step for 2BW
+at width 512, ``benchmarks/emulator.py``). A dropped version is reused only while nothing else refers to it.
 
 Reference: PipeDream's weight stashing (Narayanan et al., SOSP 2019).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from operator import itemgetter
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from ..schedules.dependencies import Job
@@ -73,16 +78,41 @@ class StageEvents:
         return OPS[self.op[i]], int(self.t[i]), int(self.j[i])
 
 
-class VersionRing:
-    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use."""
+def _references(W: Sequence[Tensor]) -> list[tuple[int, int, int]]:
+    """Per tensor of ``W``: (Python references, references to its TensorImpl — an autograd graph or a view's base
+    holds one —, references to its storage — every view holds one)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)  # private: without it nothing counts as unshared
+    return [(sys.getrefcount(w), w._use_count(),  # type: ignore[attr-defined]
+             count(w.untyped_storage()._cdata) if count else sys.maxsize) for w in W]
 
-    def __init__(self, capacity: int, stage: int = 0) -> None:
+
+# The counts of tensors nothing else refers to, read through the same code path (a Python version that borrows
+# references instead of counting them changes them alike); a torch without the storage count never reuses.
+_PRIVATE = _references([torch.empty(1)])[0]
+
+
+def unshared(W: Sequence[Tensor]) -> bool:
+    """Whether nothing but ``W`` (one sequence, referred to by the caller) refers to its tensors or their memory:
+    no other Python reference, autograd graph, hook's closure over the tensor, view or checkpoint."""
+    return all(r <= p for refs in _references(W) for r, p in zip(refs, _PRIVATE))
+
+
+class VersionRing:
+    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use.
+
+    With ``recycle``, a dropped version's tensors are kept (at most ``capacity`` tensor sets in all, stored and
+    kept) and :meth:`reusable` hands one back once nothing else refers to it, to be overwritten by a new version.
+    """
+
+    def __init__(self, capacity: int, stage: int = 0, recycle: bool = False) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
         self.stage = stage
         self._store: dict[int, tuple[Tensor, ...]] = {}
         self.peak = 0
+        self.recycle = recycle
+        self._retired: list[tuple[Tensor, ...]] = []
 
     def put(self, version: int, tensors: Sequence[Tensor]) -> None:
         if version in self._store:
@@ -101,7 +131,18 @@ class VersionRing:
                            f"(have {sorted(self._store)})") from None
 
     def drop(self, version: int) -> None:
-        self._store.pop(version, None)
+        W = self._store.pop(version, None)
+        if self.recycle and W is not None and len(self._store) + len(self._retired) < self.capacity:
+            self._retired.append(W)
+
+    def reusable(self) -> tuple[Tensor, ...] | None:
+        """A dropped version's tensors that nothing else refers to, to write a new version into (None: none).
+        Those still referred to (a caller's snapshot, a checkpoint) are let go: they are the holder's now."""
+        while self._retired:
+            W = self._retired.pop()
+            if unshared(W):
+                return W
+        return None
 
     def versions(self) -> list[int]:
         return list(self._store)

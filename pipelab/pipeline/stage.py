@@ -70,7 +70,8 @@ class StageExecutor:
         self.specs, self.events = specs, events
         self.uses = events.uses.tolist()  # uses of each version left: at 0 it goes, unless it is the newest
         self.policy, self.table, self.loss_fn, self.recompute = policy, table, loss_fn, recompute
-        self.ring = VersionRing(events.capacity, k)
+        # a stage holding several versions writes each new one into a retired version's tensors (rings.py)
+        self.ring = VersionRing(events.capacity, k, recycle=events.capacity > 1)
         self.precision = precision
         self.scaler: LossScaler | None = None
         self.store_dtype = precision.version_dtype()  # None: stored/predicted copies in the master dtype
@@ -105,6 +106,13 @@ class StageExecutor:
         """The current weights as a stored version: a copy, or views of the live weights (``share_live``)."""
         if self.share_live:
             return tuple(p.detach().requires_grad_(p.requires_grad) for p in self.params)
+        W = self.ring.reusable()
+        if W is not None:  # the same values, dtype cast included, as the fresh copies below
+            with torch.no_grad():
+                for w, p in zip(W, self.params):
+                    w.copy_(p)
+                    w.grad = None
+            return W
         if self.store_dtype is not None:  # a half-precision working copy (Precision.versions="compute")
             return tuple(p.detach().to(self.store_dtype, copy=True).requires_grad_(p.requires_grad)
                          for p in self.params)
@@ -156,7 +164,8 @@ class StageExecutor:
         if spec.kind == "correction":
             # PipeMare: W^(base) + s·δ, with δ read from the predictor as Ŵ_{+1} − W (s < 0)
             ahead = self.predictor.predict(self.optimizer, 1, params=opt_base)
-            out = [w.detach() + spec.s * (a - w.detach()) for w, a in zip(opt_base, ahead)]
+            # in place on one temporary: the same roundings as w + s·(a − w), two weight-sized allocations fewer
+            out = [torch.sub(a, w.detach()).mul_(spec.s).add_(w.detach()) for w, a in zip(opt_base, ahead)]
         else:
             out = self.predictor.predict(self.optimizer, spec.s, params=opt_base)
         W = tuple(out[i] for i in self.opt_order)

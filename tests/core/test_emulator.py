@@ -392,3 +392,80 @@ def test_stored_weights_keep_no_gradient(policy: str, builder) -> None:
         st.on_weights = lambda event, spec, W: seen.append(all(w.grad is None for w in W))
     emu.run(make_data(6, n=12))
     assert len(seen) >= 3 * 6 * M and all(seen)  # at least every forward's request
+
+
+def _recycling_run(policy: str, builder, recycle: bool, keep: bool = False
+                   ) -> tuple[Emulator, list[float], int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A float64 run whose stages write new versions into retired ones' tensors (``recycle``) or into fresh ones;
+    the count of reused tensor sets; with ``keep``, every (tensor handed to a job, its value then) — a caller's
+    hook that keeps what it is handed."""
+    D, M, T = 3, (1 if builder is pipedream else 3), 8
+    emu = Emulator(make_model(), D=D, schedule=builder(D, M, T), policy=policy, optimizer=OPTIMIZERS["adam"])
+    reused, kept = [0], []
+    for st in emu.stages:
+        st.ring.recycle = recycle
+
+        def counting(inner=st.ring.reusable):
+            W = inner()
+            reused[0] += W is not None
+            return W
+
+        st.ring.reusable = counting
+        if keep:
+            st.on_weights = lambda event, spec, W: kept.extend((w, w.detach().clone()) for w in W)
+    losses = emu.run(make_data(T, n=6)).losses
+    return emu, losses, reused[0], kept
+
+
+@pytest.mark.parametrize("policy,builder", [("stashing", pipedream), ("2bw", pipedream_2bw),
+                                            ("vertical_sync", pipedream)])
+def test_recycled_version_storage_changes_no_result(policy: str, builder) -> None:
+    """A stage holding several versions writes each new one into a retired version's tensors (rings.py): the run is
+    bit for bit the run with a fresh copy per version, and the tensors are in fact reused."""
+    fresh, fresh_losses, none, _ = _recycling_run(policy, builder, recycle=False)
+    emu, losses, reused, _ = _recycling_run(policy, builder, recycle=True)
+    assert none == 0 and reused >= 3 * 4  # at least 4 of the 8 updates on every stage
+    assert losses == fresh_losses
+    for a, b in zip(emu.weights(), fresh.weights()):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_recycling_never_overwrites_weights_someone_holds(monkeypatch) -> None:
+    """A hook that keeps every version it is handed, a snapshot callback that keeps its tensors: the ring lets those
+    go rather than reuse them, so every kept tensor still holds its value at the end (the probe: the same run with
+    the reference check bypassed overwrites them, so this test can fail). A version no job was handed may still be
+    reused."""
+    _, _, _, kept = _recycling_run("2bw", pipedream_2bw, recycle=True, keep=True)
+    assert len(kept) > 100
+    assert all(torch.equal(w, value) for w, value in zip(*zip(*kept)))
+    snaps: dict[int, list] = {}
+    emu = Emulator(make_model(), D=3, schedule=pipedream(3, 1, 8), policy="stashing", optimizer=OPTIMIZERS["adam"])
+    emu.run(make_data(8, n=6), snapshot_every=1,
+            on_snapshot=lambda v, W: snaps.__setitem__(v, [(w, w.clone()) for Wk in W for w in Wk]))
+    assert len(snaps) == 9 and all(torch.equal(w, c) for pairs in snaps.values() for w, c in pairs)
+    import pipelab.pipeline.rings as rings
+
+    monkeypatch.setattr(rings, "unshared", lambda W: True)
+    _, _, reused, kept = _recycling_run("2bw", pipedream_2bw, recycle=True, keep=True)
+    assert reused > 0 and not all(torch.equal(w, value) for w, value in zip(*zip(*kept)))
+
+
+def test_unshared_sees_python_references_graphs_and_views() -> None:
+    """The reference check behind the reuse: a tuple of fresh tensors is unshared; another Python reference, an
+    autograd graph holding the tensor, or a view of its memory each make it shared."""
+    from pipelab.pipeline.rings import unshared
+
+    W = (torch.randn(3, requires_grad=True), torch.randn(2, 2))
+    assert unshared(W)
+    other = W[0]
+    assert not unshared(W)
+    del other
+    y = (W[0] * W[0]).sum()  # mul saves W[0] for its backward
+    assert not unshared(W)
+    y.backward()
+    del y
+    assert unshared(W)
+    view = W[1].detach()[0]
+    assert not unshared(W)
+    del view
+    assert unshared(W)
