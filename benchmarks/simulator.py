@@ -9,7 +9,10 @@ with a network (α = 0.05, n/β = 0.5 per message on every boundary: every messa
 wire); simulate and build the version table; validate. Each time is the median over rounds and each big/small
 ratio the median of the per-round ratios, with its interquartile range and the load average.
 Targets (issue 29): the 262k-job asynchronous 1F1B simulation in under 0.5 s on one core, and ×10 jobs costing
-at most ×11 time.
+at most ×11 time. Beside each ratio, the minor page faults per call: with glibc's defaults a big instance's
+arrays (tens of MB) go back to the kernel when freed and are faulted in again at the next call, a page at a time,
+while a small one's stay in malloc's heap; the header states the allocator settings
+(``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_`` keep freed memory in the process for both sides).
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ def report(names: tuple[str, str], r: Rounds, inst: dict) -> list[str]:
                      f"network | versions) {rate} | makespan {sim.makespan:.0f}, bubble {sim.bubble:.4f}")
     jr = inst["big"][0].n_jobs / inst["small"][0].n_jobs
     lines.append(f"  ratio big/small: jobs ×{jr:.2f} (linear ≈ ×{jr:.0f}, quadratic ≈ ×{jr * jr:.0f}); time, median "
-                 "of the per-round ratios [IQR], load:")
+                 "of the per-round ratios [IQR], load; minor page faults per call (big, small):")
     for phase in PHASES:
-        lines.append(f"    {phase:<18} {r.ratio(f'big {phase}', f'small {phase}')}")
+        faults = f"{r.median_faults(f'big {phase}'):>8.0f} {r.median_faults(f'small {phase}'):>6.0f}"
+        lines.append(f"    {phase:<18} {r.ratio(f'big {phase}', f'small {phase}')!s:<36} faults {faults}")
     return lines
 
 
