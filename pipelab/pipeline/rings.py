@@ -2,10 +2,8 @@
 
 A version is dropped when no use of it is left and it is not the newest (the live weights), so a ring's
 capacity, the peak number of versions alive at once, is exactly the number of weight copies a real stage holds
-(weight stashing: D − k at stage k). A ring that stores copies keeps its dropped versions' tensors for the next
-copy, as a real stage writes each new version into the buffer of one it retired: fresh buffers each step made
-glibc's malloc return memory to the kernel and fault it in again a page at a time (~400 faults a step for 2BW
-at width 512, ``benchmarks/emulator.py``). A dropped version is reused only while nothing else refers to it.
+(weight stashing: D − k at stage k). A ring of copies writes a new version into a dropped one's tensors once nothing
+else refers to them, as a real stage reuses its buffers: fresh ones faulted in ~400 pages a step (2BW, width 512).
 
 Reference: PipeDream's weight stashing (Narayanan et al., SOSP 2019).
 """
@@ -78,31 +76,24 @@ class StageEvents:
         return OPS[self.op[i]], int(self.t[i]), int(self.j[i])
 
 
-def _references(W: Sequence[Tensor]) -> list[tuple[int, int, int]]:
-    """Per tensor of ``W``: (Python references, references to its TensorImpl — an autograd graph or a view's base
-    holds one —, references to its storage — every view holds one)."""
-    count = getattr(torch._C, "_storage_Use_Count", None)  # private: without it nothing counts as unshared
-    return [(sys.getrefcount(w), w._use_count(),  # type: ignore[attr-defined]
-             count(w.untyped_storage()._cdata) if count else sys.maxsize) for w in W]
+def _counts(W: Sequence[Tensor]) -> list[tuple[int, int, int]]:
+    """Per tensor: its Python references, its TensorImpl's (an autograd graph holds one), its storage's (views)."""
+    uses = getattr(torch._C, "_storage_Use_Count", None)  # private: without it nothing is ever unshared
+    return [(sys.getrefcount(w), w._use_count(), uses(w.untyped_storage()._cdata) if uses else sys.maxsize)  # type: ignore[attr-defined]
+            for w in W]
 
 
-# The counts of tensors nothing else refers to, read through the same code path (a Python version that borrows
-# references instead of counting them changes them alike); a torch without the storage count never reuses.
-_PRIVATE = _references([torch.empty(1)])[0]
+_PRIVATE = _counts([torch.empty(1)])[0]  # a tensor nothing else refers to, counted the same way
 
 
 def unshared(W: Sequence[Tensor]) -> bool:
-    """Whether nothing but ``W`` (one sequence, referred to by the caller) refers to its tensors or their memory:
-    no other Python reference, autograd graph, hook's closure over the tensor, view or checkpoint."""
-    return all(r <= p for refs in _references(W) for r, p in zip(refs, _PRIVATE))
+    """Whether nothing but ``W`` refers to its tensors or their memory (a reference, autograd graph or view)."""
+    return all(c <= p for counts in _counts(W) for c, p in zip(counts, _PRIVATE))
 
 
 class VersionRing:
-    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use.
-
-    With ``recycle``, a dropped version's tensors are kept (at most ``capacity`` tensor sets in all, stored and
-    kept) and :meth:`reusable` hands one back once nothing else refers to it, to be overwritten by a new version.
-    """
+    """Weight versions of one stage by number, at most ``capacity``: leaves never written to, dropped after last use;
+    with ``recycle``, dropped ones kept (``capacity`` tensor sets in all) for :meth:`reusable`."""
 
     def __init__(self, capacity: int, stage: int = 0, recycle: bool = False) -> None:
         if not isinstance(capacity, int) or capacity < 1:
@@ -136,11 +127,9 @@ class VersionRing:
             self._retired.append(W)
 
     def reusable(self) -> tuple[Tensor, ...] | None:
-        """A dropped version's tensors that nothing else refers to, to write a new version into (None: none).
-        Those still referred to (a caller's snapshot, a checkpoint) are let go: they are the holder's now."""
+        """A dropped version's tensors nothing else refers to (None: none); those still held are let go."""
         while self._retired:
-            W = self._retired.pop()
-            if unshared(W):
+            if unshared(W := self._retired.pop()):
                 return W
         return None
 

@@ -70,8 +70,7 @@ class StageExecutor:
         self.specs, self.events = specs, events
         self.uses = events.uses.tolist()  # uses of each version left: at 0 it goes, unless it is the newest
         self.policy, self.table, self.loss_fn, self.recompute = policy, table, loss_fn, recompute
-        # a stage holding several versions writes each new one into a retired version's tensors (rings.py)
-        self.ring = VersionRing(events.capacity, k, recycle=events.capacity > 1)
+        self.ring = VersionRing(events.capacity, k, recycle=events.capacity > 1)  # copies reuse tensors (rings.py)
         self.precision = precision
         self.scaler: LossScaler | None = None
         self.store_dtype = precision.version_dtype()  # None: stored/predicted copies in the master dtype
@@ -109,9 +108,8 @@ class StageExecutor:
         W = self.ring.reusable()
         if W is not None:  # the same values, dtype cast included, as the fresh copies below
             with torch.no_grad():
-                for w, p in zip(W, self.params):
+                for w, p in zip(W, self.params):  # a stored version keeps no .grad (_weight_grads)
                     w.copy_(p)
-                    w.grad = None
             return W
         if self.store_dtype is not None:  # a half-precision working copy (Precision.versions="compute")
             return tuple(p.detach().to(self.store_dtype, copy=True).requires_grad_(p.requires_grad)

@@ -160,9 +160,8 @@ def test_bias_free_mlp_is_the_mlp_with_zero_biases_and_muon_trains_all_of_it() -
 
 
 def test_the_bias_free_learning_curve_task_runs_muon() -> None:
-    from pipelab.studies.learning_curves import RunConfig, run
-
     from pipelab.studies.data import DataError
+    from pipelab.studies.learning_curves import RunConfig, run
 
     try:
         rec = run(RunConfig(task="fashion_mnist_mlp_nobias", policy="2bw", optimizer="muon", D=4, seed=0, epochs=1,
