@@ -21,6 +21,10 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   many tensor sets as the stage's ring holds, as the emulator writes a new version into a retired one's tensors
   (a stage with one version shares its live weights and copies nothing);
 - **inherent** = plain + recompute + predictions + copies, and **emulator**: the emulator's step;
+- for 2BW also **by hand**: :func:`double_buffered`, 2BW written in plain torch (one graph, forward and backward at a
+  stash overwritten each step), the same training in float64; emulator / by hand separates the emulator's own cost
+  from what keeping and reading a second weight copy costs (plain, emulator and by hand alternated in rounds of
+  their own after the others, not part of inherent);
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
   emulator / plain, and beside them the minor page faults per step of plain and emulator (median over rounds):
   memory glibc's malloc gave back to the kernel and that the next allocation faults in again, a page at a time
@@ -70,12 +74,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/emulator.py` finds the harness
 
 from benchmarks._harness import Ratio, Side, add_clock_argument, add_thread_argument, alternate, clock_for, header  # noqa: E402
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
+from pipelab.partition import split  # noqa: E402
+from pipelab.pipeline import split_micro  # noqa: E402
 from pipelab.policies import Predicted, make_policy  # noqa: E402
 from pipelab.schedules import Schedule  # noqa: E402
 from pipelab.schedules.builders import BUILDERS  # noqa: E402
@@ -150,6 +157,31 @@ def count_work(emu: Emulator, data: list[tuple[Tensor, Tensor]]) -> Work:
                 {k: n for k, n in copied.items() if n})
 
 
+def double_buffered(model: nn.Module, optimizer: Callable[[Any], torch.optim.Optimizer],
+                    batches: list[tuple[Tensor, Tensor]], D: int, M: int) -> None:
+    """PipeDream-2BW written by hand in plain torch (the reference of the 2BW row's second ratio): every micro-batch of
+    step t runs forward and backward, all stages in one graph, at a stashed copy of W^(t−1); the summed gradient
+    updates the live W^(t), which is first copied into the stash's tensors (one copy per stage and step, into the
+    same buffers): W^(t+1) = W^(t) − ν·∇f(W^(t−1)) (Narayanan et al., ICML 2021, §3.1). It trains ``model`` in place,
+    to the emulator's 2BW weights in float64 (tests/core/test_benchmark_emulator.py)."""
+    stages = split(model, D)
+    opts = [optimizer(list(s.parameters())) for s in stages]
+    live = [dict(s.named_parameters()) for s in stages]
+    stash = [{n: p.detach().clone().requires_grad_(True) for n, p in ps.items()} for ps in live]
+    for x, y in batches:
+        for xj, yj in zip(split_micro(x, M), split_micro(y, M)):
+            h = xj
+            for s, w in zip(stages, stash):
+                h = functional_call(s, w, (h,))
+            (nn.functional.cross_entropy(h, yj) / M).backward()
+        with torch.no_grad():
+            for ps, w, o in zip(live, stash, opts):
+                for n, p in ps.items():
+                    p.grad, w[n].grad = w[n].grad, None
+                    w[n].copy_(p)  # W^(t), the next step's stash, before the update
+                o.step()
+
+
 def stage_inputs(emu: Emulator, x: Tensor) -> list[Tensor]:
     """Each stage's input for micro-batch ``x`` (stage 0: ``x``; stage k: stages 0..k−1 applied, no autograd)."""
     out = [x]
@@ -180,6 +212,8 @@ class Row:
     jobs_per_step: float = 0.0
     faults_plain: float = 0.0  # minor page faults per step (benchmarks._harness.minor_faults)
     faults_emulator: float = 0.0
+    #: 2BW: (emulator / :func:`double_buffered`, double_buffered / plain)
+    vs_hand: tuple[Ratio, Ratio] | None = None
 
     @property
     def inherent(self) -> float:
@@ -248,6 +282,12 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
         sides["copies"] = Side(copy_versions, setup=version_buffers)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     r = alternate(sides, rounds, warmup=1, sync=sync, clock=clock)
+    by_hand = None
+    if policy == "2bw":  # against 2BW written by hand, in rounds of its own (a third side shifts malloc's state)
+        h = alternate({"plain": sides["plain"], "emulator": sides["emulator"],
+                       "by hand": Side(lambda m: double_buffered(m, optimizer, data, D, M),
+                                       setup=lambda: copy.deepcopy(base))}, rounds, warmup=1, sync=sync, clock=clock)
+        by_hand = (h.ratio("emulator", "by hand"), h.ratio("by hand", "plain"))
 
     def per_step(name: str) -> float:
         return r.median(name) / steps if name in sides else 0.0
@@ -256,7 +296,8 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
                per_step("copies"), per_step("emulator"), sum(work.recomputes.values()) / steps,
                work.predictor_calls / steps, sum(work.copies.values()) / steps,
                r.ratio("emulator", [n for n in sides if n != "emulator"]), r.ratio("emulator", "plain"),
-               schedule.n_actions / steps, r.median_faults("plain") / steps, r.median_faults("emulator") / steps)
+               schedule.n_actions / steps, r.median_faults("plain") / steps, r.median_faults("emulator") / steps,
+               by_hand)
 
 
 def format_rows(rows: list[Row]) -> str:
@@ -272,6 +313,10 @@ def format_rows(rows: list[Row]) -> str:
                      f"{1e3 * r.inherent:>8.2f} {1e3 * r.emulator:>8.2f}  {r.vs_inherent!s:<34} "
                      f"{r.vs_plain.median:.2f}× [IQR {r.vs_plain.q1:.2f}–{r.vs_plain.q3:.2f}]   "
                      f"{r.faults_plain:>7.1f} {r.faults_emulator:>7.1f}")
+    for r in rows:
+        if r.vs_hand is not None:
+            lines.append(f"  {r.policy}: emulator / 2BW by hand (double_buffered: plain torch, one graph, the stash "
+                         f"overwritten each step) {r.vs_hand[0]}; by hand / plain {r.vs_hand[1]}")
     missed = [r.policy for r in rows if r.vs_inherent.median > GOAL]
     lines.append(f"  emulator / inherent ≤ {GOAL:.2f}: " + (f"missed by {', '.join(missed)}" if missed
                                                             else "met by every policy"))

@@ -7,6 +7,7 @@ counts with the plan's weight specs, which say independently where the policy re
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from collections import Counter
@@ -76,3 +77,26 @@ def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "1 intra-op thread" in out and "emulator / inherent" in out and "cProfile" in out and "clock: cpu" in out
     assert "bookkeeping (emulator − inherent at width 8)" in out and [r.jobs_per_step for r in rows] == [12.0, 12.0]
+
+
+def test_the_hand_written_2bw_trains_as_the_emulators_2bw() -> None:
+    """The reference the 2BW row is also compared with (``double_buffered``) is 2BW: in float64 its weights after 6
+    steps equal the emulator's 2BW weights (same model, data, M and optimizer)."""
+    from benchmarks.emulator import double_buffered
+    from pipelab.schedules import pipedream_2bw
+
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=5, width=8, depth=2 * D).double()
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randint(0, 10, (6,), generator=g))
+            for _ in range(STEPS)]
+    hand = copy.deepcopy(model)
+    double_buffered(hand, optimizer_factory("sgdm"), data, D, 3)
+    emu = Emulator(copy.deepcopy(model), D=D, schedule=pipedream_2bw(D, 3, STEPS), policy="2bw",
+                   optimizer=optimizer_factory("sgdm"))
+    emu.run(data)
+    got = [w for Wk in emu.weights() for w in Wk]
+    want = [p.detach() for p in hand.parameters()]
+    assert len(got) == len(want) and max((a - b).abs().max().item() for a, b in zip(got, want)) <= 1e-12
+    plain_moved = max((a - b).abs().max().item() for a, b in zip(want, model.parameters()))
+    assert plain_moved > 1e-3  # it trained
