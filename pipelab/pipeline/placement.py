@@ -373,7 +373,7 @@ class FetchedStage(StageExecutor):
         super().__init__(k, D, M, module, stand_in, events, specs, policy, table, loss_fn, recompute,
                          **({} if precision is None else {"precision": precision}))
         self.optimizer = None
-        self.share_live = False
+        self.share_live, self.ring.recycle = False, False  # it receives its versions: none to write into a retired one
         self.ring.drop(0)
         self.ring.peak = 0
         self.version = -1  # nothing received yet

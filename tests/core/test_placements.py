@@ -248,6 +248,17 @@ def test_placed_schedules_refuse_what_they_cannot_run():
                  optimizer=OPTIMIZERS["sgdm"])
 
 
+def test_a_fetched_copy_keeps_no_dropped_version():
+    """A non-holder's copy receives its versions and makes none, so the ring's reuse of dropped versions' tensors
+    (rings.py), which only a stage's own copies use, must not keep them: its dropped versions are freed."""
+    s = _async_fsdp()
+    emu = Emulator(make_model(2), schedule=s, D=2, policy="stashing", optimizer=OPTIMIZERS["adam"])
+    emu.run(make_data(s.steps))
+    fetched = [st for st in emu.plan.copies.values() if isinstance(st, placement.FetchedStage)]
+    assert fetched and max(st.ring.capacity for st in fetched) > 1  # where the ring would have kept one
+    assert all(not st.ring.recycle and not st.ring._retired for st in fetched)
+
+
 def _async_fsdp():
     from pipelab.schedules import construct
 
