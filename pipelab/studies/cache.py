@@ -52,8 +52,8 @@ try:  # POSIX: entries computed by one process at a time (ResultCache.claim)
 except ImportError:  # pragma: no cover - Windows: no claims, concurrent processes may compute an entry twice
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ResultCache", "Claim", "CacheWarning", "cached", "run_sweep", "SweepError",
-           "code_hash"]
+__all__ = ["ResultCache", "Claim", "CacheWarning", "cached", "run_sweep", "SweepError", "NotCachedError",
+           "code_hash", "PLUMBING"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -66,6 +66,16 @@ _store_warned: set[str] = set()
 
 class CacheWarning(UserWarning):
     """The cache could not read or write an entry; the computation went on without it."""
+
+
+class NotCachedError(LookupError):
+    """A result asked for while drawing from the cache only (``$PIPELAB_CACHED=1``, ``figures --cached``) is not
+    in it: the first missing config is named, and nothing is computed."""
+
+    def __init__(self, name: str, config: Any, missing: int, total: int, root: Path | None) -> None:
+        self.name, self.config = name, config
+        super().__init__(f"{missing} of {total} {name} result(s) are not in the result cache "
+                         f"({root or 'off'}) and --cached computes none; the first: {config!r}")
 
 
 class SweepError(RuntimeError):
@@ -146,13 +156,18 @@ def _direct_imports(name: str) -> frozenset[str]:
     return frozenset(m for m in found if _is_pipelab(m) and _module_file(m) is not None)
 
 
+#: modules whose code computes no result, left out of every code hash so that editing them keeps the cached results:
+#: this cache (its format has its own version), the reading of the environment variables, the progress display
+PLUMBING = frozenset({"pipelab.studies.cache", "pipelab.studies.environment", "pipelab.studies.progress"})
+
+
 @functools.cache
 def _module_code_hash(name: str) -> str:
-    """Hash of module ``name`` and the pipelab modules it imports, transitively."""
+    """Hash of module ``name`` and the pipelab modules it imports, transitively (:data:`PLUMBING` left out)."""
     seen, todo = {name}, [name]
     while todo:
         for dep in _direct_imports(todo.pop()):
-            if dep not in seen:
+            if dep not in seen and dep not in PLUMBING:
                 seen.add(dep)
                 todo.append(dep)
     lines = "\n".join(f"{m} {_module_digest(m)}" for m in sorted(seen))
@@ -183,9 +198,10 @@ def code_hash(fn: Callable[..., Any]) -> str:
     """SHA-256 identifying the code behind ``fn``: its module and the pipelab modules that module imports.
 
     The rule: ``code_hash(fn) = SHA-256(sorted (module, SHA-256(source)) over the closure of pipelab imports of
-    fn's module)``. Partials, bound methods and ``functools.wraps`` wrappers are unwrapped; a callable object
-    is hashed by its class. A function without a source file (defined in a notebook or the REPL) is hashed by
-    its own source (or bytecode) together with every pipelab module. Computed once per module per process.
+    fn's module)``, the :data:`PLUMBING` modules (and what only they import) left out. Partials, bound methods and
+    ``functools.wraps`` wrappers are unwrapped; a callable object is hashed by its class. A function without a source
+    file (defined in a notebook or the REPL) is hashed by its own source (or bytecode) together with every pipelab
+    module. Computed once per module per process.
     """
     fn = _unwrap(fn)
     if not (inspect.isfunction(fn) or inspect.isclass(fn) or inspect.isbuiltin(fn)):
@@ -395,6 +411,8 @@ def cached(name: str, config: Any, fn: Callable[[Any], R], *, cache: ResultCache
     if hit:
         log.debug("cache hit %s %s", name, config)
         return result
+    if environment.cached():
+        raise NotCachedError(name, config, 1, 1, cache.root)
     with cache.claim(name, config, fn, wait=True) or Claim(None, None):
         hit, result = cache.load(name, config, fn)  # stored by the process that held the claim
         if hit:
@@ -465,6 +483,8 @@ def run_sweep(
             finished.append(i)
         else:
             missing.append(i)
+    if missing and environment.cached():
+        raise NotCachedError(name, configs[missing[0]], len(missing), len(configs), cache.root)
     jobs: list[list[int]] = []
     if batch_fn is not None and group is not None:
         groups: dict[Any, list[int]] = {}

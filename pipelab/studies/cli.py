@@ -44,11 +44,11 @@ def _figures(args: argparse.Namespace) -> int:
             print(f"error: --stack must be an integer >= 1 (1: every run alone), got {args.stack}", file=sys.stderr)
             return 2
         os.environ[environment.STACK] = str(args.stack)  # every learning-curve sweep (learning_curves.stack_cap)
+    if args.cached:
+        os.environ[environment.CACHED] = "1"  # every sweep (cache.run_sweep) and the device check below
     if args.device is not None:
-        from ..distributed import resolve_device
-
         try:  # before any experiment runs: "cuda" without CUDA is said plainly, with what to pass instead
-            device = resolve_device(args.device, argument="--device")
+            device = environment.named_device(args.device, "--device")
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -192,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the experiments on cpu, cuda, cuda:N or auto (CUDA when present); sets the device of "
                         "every figure's config, so the cache and the sidecars record it (default: "
                         f"${environment.DEVICE}, else each preset's)")
+    p.add_argument("--cached", action="store_true",
+                   help="draw from the result cache only: a run not there is an error naming it (nothing is "
+                        "computed), and --device may name a device this machine lacks, the one the runs were "
+                        f"computed on (default: ${environment.CACHED}=1)")
     p.add_argument("--list", action="store_true", help="list registered figures and exit")
     p.add_argument("--remeasure", action="store_true",
                    help="also redraw the figures of measured wall-clock times that are already in --out (without "

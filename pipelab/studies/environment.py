@@ -7,6 +7,9 @@
 - ``PIPELAB_DATA``: a directory searched for Fashion-MNIST before the system's, and downloaded to; unset: none.
 - ``PIPELAB_DEVICE``: the device of every figure's config, ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; unset: each
   preset's own.
+- ``PIPELAB_CACHED``: ``1`` to draw from the result cache only: a run not in it is an error naming it, nothing is
+  computed, and ``PIPELAB_DEVICE`` may name a device this machine lacks (the one the runs were computed on, e.g.
+  ``cuda`` for a lent GPU's runs redrawn on a laptop); ``0`` or unset: compute what is missing.
 - ``PIPELAB_STACK``: the most seeds of one arm a learning-curve sweep trains as one stacked run, an integer >= 1 for
   every task (1: each run alone); unset: each task's cap in its preset, else 8
   (:func:`pipelab.studies.learning_curves.stack_cap`).
@@ -15,8 +18,9 @@ Each function below reads one variable and returns it checked; an empty value co
 cache off, as ``off`` does). A value it cannot use raises ``ValueError`` naming the variable, the value and the
 allowed values, never silently replaced by a default. The command line (``python -m pipelab``) runs :func:`check`
 before any work, and its options default to these variables: ``--preset`` to ``PIPELAB_PRESET``, ``--workers`` to
-``PIPELAB_WORKERS`` (an option given wins); ``--workers``, ``--device`` and ``--stack`` set their variables for the
-sweeps and configs they start. Paths may start with ``~`` (expanded here, as a shell does not inside quotes).
+``PIPELAB_WORKERS`` (an option given wins); ``--workers``, ``--device``, ``--cached`` and ``--stack`` set their
+variables for the sweeps and configs they start. Paths may start with ``~`` (expanded here, as a shell does not
+inside quotes).
 
 Example:
     >>> import os
@@ -33,13 +37,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["PRESET", "WORKERS", "CACHE", "DATA", "DEVICE", "STACK", "VARIABLES", "preset", "workers", "cache_root",
-           "data_dir", "device", "stack", "check"]
+__all__ = ["PRESET", "WORKERS", "CACHE", "DATA", "DEVICE", "CACHED", "STACK", "VARIABLES", "preset", "workers",
+           "cache_root", "data_dir", "cached", "device", "named_device", "stack", "check"]
 
-PRESET, WORKERS, CACHE, DATA, DEVICE, STACK = "PIPELAB_PRESET", "PIPELAB_WORKERS", "PIPELAB_CACHE", "PIPELAB_DATA", \
-    "PIPELAB_DEVICE", "PIPELAB_STACK"
+PRESET, WORKERS, CACHE, DATA, DEVICE, CACHED, STACK = "PIPELAB_PRESET", "PIPELAB_WORKERS", "PIPELAB_CACHE", \
+    "PIPELAB_DATA", "PIPELAB_DEVICE", "PIPELAB_CACHED", "PIPELAB_STACK"
 #: every variable the studies read, in the order :func:`check` checks them
-VARIABLES = (PRESET, WORKERS, CACHE, DATA, DEVICE, STACK)
+VARIABLES = (PRESET, WORKERS, CACHE, DATA, CACHED, DEVICE, STACK)
 #: values of ``PIPELAB_CACHE`` that disable the cache (compared in lower case)
 CACHE_OFF = ("off", "0", "none", "")
 
@@ -130,19 +134,48 @@ def data_dir() -> Path | None:
     return None if value is None else _directory(DATA, value)
 
 
-def device() -> str | None:
-    """``$PIPELAB_DEVICE`` as the device it names on this machine (``auto`` resolved); ``None`` when unset.
+def cached() -> bool:
+    """``$PIPELAB_CACHED``: whether figures are drawn from the result cache only (``1``); unset: ``False``.
+
+    Raises:
+        ValueError: neither ``1`` nor ``0``.
+    """
+    value = _raw(CACHED)
+    if value not in (None, "0", "1"):
+        raise ValueError(f"${CACHED}={value!r}: use 1 (draw from the result cache only) or 0")
+    return value == "1"
+
+
+def named_device(value: str, argument: str) -> str:
+    """``value`` as the device it names (``auto`` resolved), checked against this machine unless :func:`cached`:
+    drawn from the cache, ``cuda`` names where the runs were computed, not where they would run.
 
     Raises:
         ValueError: not a device pipelab runs on (:func:`pipelab.distributed.resolve_device`), or CUDA asked for
-            without CUDA.
+            without CUDA when runs may be computed.
+    """
+    import torch  # only when a device is named
+
+    from ..distributed import resolve_device
+
+    if cached() and value != "auto":
+        try:
+            dev = torch.device(value)
+        except RuntimeError:
+            dev = None
+        if dev is not None and dev.type == "cuda":
+            return str(dev)
+    return str(resolve_device(value, argument=argument))
+
+
+def device() -> str | None:
+    """``$PIPELAB_DEVICE`` as the device it names (:func:`named_device`); ``None`` when unset.
+
+    Raises:
+        ValueError: as :func:`named_device`.
     """
     value = _raw(DEVICE)
-    if value is None:
-        return None
-    from ..distributed import resolve_device  # imports torch: only when the variable is set
-
-    return str(resolve_device(value, argument=f"${DEVICE}"))
+    return None if value is None else named_device(value, f"${DEVICE}")
 
 
 def check() -> None:
@@ -155,5 +188,6 @@ def check() -> None:
     workers()
     cache_root()
     data_dir()
+    cached()
     device()
     stack()

@@ -11,7 +11,7 @@ import torch
 
 from pipelab.studies import cache as cache_module
 from pipelab.studies import learning_curves
-from pipelab.studies.cache import ResultCache, cached, code_hash, run_sweep
+from pipelab.studies.cache import NotCachedError, ResultCache, cached, code_hash, run_sweep
 from pipelab.studies.config import config_hash, config_to_dict, from_preset, resolve_preset
 
 
@@ -109,6 +109,32 @@ def test_interrupted_sweep_resumes(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob(".tmp-*"))
 
 
+def test_drawing_from_the_cache_only_loads_what_is_there_and_computes_nothing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ResultCache(tmp_path, version="1")
+    calls: list[int] = []
+
+    def fn(cfg: Cfg) -> int:
+        calls.append(cfg.steps)
+        return cfg.steps**2
+
+    # results computed elsewhere (on a GPU, say): stored under fn's key, as a sweep there stores them
+    for s in (0, 1):
+        cache.store("sweep", Cfg(steps=s), s**2, fn)
+    monkeypatch.setenv("PIPELAB_CACHED", "1")
+    assert run_sweep("sweep", [Cfg(steps=0), Cfg(steps=1)], fn, cache=cache) == [0, 1]
+    assert cached("sweep", Cfg(steps=1), fn, cache=cache) == 1
+    with pytest.raises(NotCachedError, match=r"1 of 3 sweep result\(s\) are not in the result cache .* the first: "
+                                             r"Cfg\(steps=2"):
+        run_sweep("sweep", [Cfg(steps=s) for s in range(3)], fn, cache=cache)
+    with pytest.raises(NotCachedError, match="steps=5"):
+        cached("sweep", Cfg(steps=5), fn, cache=cache)
+    assert calls == []  # nothing computed, not even the sweep's cached part again
+    monkeypatch.setenv("PIPELAB_CACHED", "0")
+    assert run_sweep("sweep", [Cfg(steps=s) for s in range(3)], fn, cache=cache) == [0, 1, 4]
+    assert calls == [2]
+
+
 def test_cache_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIPELAB_CACHE", "off")
     cache = ResultCache()
@@ -142,6 +168,9 @@ def _edit(edits: dict[str, bytes], module: str) -> None:
     ("pipelab.schedules.builders", True),
     ("pipelab.studies.figures.learning_curves", False),  # the figure module: colours, labels
     ("pipelab.stability.methods", False),
+    ("pipelab.studies.cache", False),        # imported by it, but computing no result (cache.PLUMBING)
+    ("pipelab.studies.environment", False),
+    ("pipelab.studies.progress", False),
 ])
 def test_code_hash_follows_the_modules_an_experiment_imports(edits: dict[str, bytes], module: str,
                                                              changes: bool) -> None:

@@ -1,5 +1,6 @@
 """Reliability probes for the environment variables (``PIPELAB_PRESET``, ``_WORKERS``, ``_CACHE``, ``_DATA``,
-``_DEVICE``, ``_STACK``): the command line honours them, and refuses a value it cannot use before any work."""
+``_DEVICE``, ``_CACHED``, ``_STACK``): the command line honours them, and refuses a value it cannot use before any
+work."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import probes
 import pytest
+import torch
 from probes import Probe
 
-from pipelab.studies import cli, figures
+from pipelab.studies import cli, environment, figures
 from pipelab.studies.cache import ResultCache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +59,8 @@ PROBES = [
           r"\$PIPELAB_DATA='.*' is a file, not a directory"),
     Probe("device-unknown", lambda: run_cli(STRIP, PIPELAB_DEVICE="gpu"), CliError,
           r"\$PIPELAB_DEVICE='gpu' is not a device pipelab runs on; choose one of auto, cpu, cuda, cuda:N"),
+    Probe("cached-word", lambda: run_cli(STRIP, PIPELAB_CACHED="yes"), CliError,
+          r"\$PIPELAB_CACHED='yes': use 1 \(draw from the result cache only\) or 0"),
     Probe("stack-zero", lambda: run_cli(STRIP, PIPELAB_STACK="0"), CliError,
           r"\$PIPELAB_STACK='0' is not a number of stacked seeds; use an integer >= 1 \(1: every run alone\)"),
     Probe("stack-word", lambda: run_cli(STRIP, PIPELAB_STACK="eight"), CliError, r"\$PIPELAB_STACK='eight'"),
@@ -99,3 +103,22 @@ def test_the_stack_option_sets_the_cap_of_the_sweeps_it_starts(monkeypatch: pyte
     run_cli(["figures", "model_stages", "--out", str(tmp_path)])
     run_cli(["figures", "model_stages", "--out", str(tmp_path), "--stack", "2"])
     assert seen == ["4", "2"]  # the variable, unless --stack says otherwise
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of CUDA on a machine without it")
+def test_cached_figures_may_name_the_device_the_runs_were_computed_on(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    from pipelab.studies import runner
+
+    seen: list[tuple[str | None, str | None]] = []
+    monkeypatch.setattr(runner, "run_figures", lambda *a, **kw: seen.append(
+        (os.environ.get("PIPELAB_DEVICE"), os.environ.get("PIPELAB_CACHED"))) or 0)
+    monkeypatch.setenv("PIPELAB_DEVICE", "cpu")  # restored after the test: the options set both for the figures
+    monkeypatch.setenv("PIPELAB_CACHED", "0")
+    with pytest.raises(CliError, match="--device cuda asks for CUDA"):  # computing runs there needs CUDA
+        run_cli(["figures", "model_stages", "--out", str(tmp_path), "--device", "cuda"])
+    run_cli(["figures", "model_stages", "--out", str(tmp_path), "--device", "cuda", "--cached"])
+    assert seen == [("cuda", "1")]  # every config keyed on cuda, every sweep drawing from the cache only
+    assert environment.device() == "cuda"  # and the variable, read back (by config.from_preset), is accepted
+    with pytest.raises(CliError, match="--device gpu is not a device pipelab runs on"):  # a name is still checked
+        run_cli(["figures", "model_stages", "--out", str(tmp_path), "--device", "gpu", "--cached"])
