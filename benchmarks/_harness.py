@@ -27,6 +27,15 @@ and frees, on malloc's settings and on what the process did before: on the emula
 faulted ~0 times a step and the emulator 13 to 800 under malloc's defaults (and 5,000 to 20,000 with
 ``MALLOC_TOP_PAD_`` at 256 MiB), so a ratio is read beside its sides' faults.
 
+**Allocator state.** The faults also break a ratio whose sides allocate different amounts: glibc trims the heap
+once more than twice its dynamic mmap threshold lies free at its top, so a big instance's memory goes back to the
+kernel after every call and is faulted in again at the next, while a small one's stays (the simulator's 262k-job
+async 1F1B: 21,234 faults a call against 0, ×12.0 time for ×10 jobs; ×10.3 with freed memory kept). The CPU
+benchmarks whose sides differ in size (simulator, emulator, predictors) therefore re-run themselves under
+:data:`CACHING_MALLOC` (:func:`use_caching_malloc`), which keeps freed memory in the process for every side, as
+torch's CUDA caching allocator keeps GPU memory; ``--system-malloc`` measures under glibc's defaults instead, and
+the header says which.
+
 Example:
     >>> ticks = iter(range(100))
     >>> rounds = alternate({"a": lambda: None, "b": lambda: None}, rounds=3, warmup=0,
@@ -41,6 +50,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +58,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_THREADS", "CLOCKS", "add_clock_argument", "clock_for", "add_thread_argument", "cores",
+__all__ = ["DEFAULT_THREADS", "CACHING_MALLOC", "add_malloc_argument", "caching_malloc_env", "use_caching_malloc",
+           "CLOCKS", "add_clock_argument", "clock_for", "add_thread_argument", "cores",
            "load_average", "minor_faults", "allocator", "header", "Side", "Ratio", "Rounds", "alternate",
            "paired_ratio"]
 
@@ -61,6 +72,37 @@ def add_thread_argument(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                     help=f"torch intra-op threads (default {DEFAULT_THREADS}: more threads spin-wait on a shared "
                          "machine, and that waiting is then what a ratio measures)")
+
+
+#: glibc malloc settings that keep freed memory in the process: no heap trimming, and blocks below glibc's largest
+#: mmap threshold (32 MiB) served from the heap rather than mapped and unmapped at each call
+CACHING_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+
+
+def add_malloc_argument(ap: argparse.ArgumentParser) -> None:
+    """``--system-malloc``: measure under glibc's default malloc settings (read by :func:`use_caching_malloc`)."""
+    ap.add_argument("--system-malloc", action="store_true",
+                    help="keep glibc's default malloc settings (freed memory handed back to the kernel and faulted "
+                         "in again; by default the script re-runs itself with freed memory kept, so that every side "
+                         "of a ratio runs in the same allocator state)")
+
+
+def caching_malloc_env(argv: Sequence[str], environ: Mapping[str, str], libc: str) -> dict[str, str] | None:
+    """The environment to re-run a benchmark under, or None to run it as it is: with ``--system-malloc`` in
+    ``argv``, with :data:`CACHING_MALLOC` already in ``environ``, or where the C library is not glibc."""
+    if "--system-malloc" in argv or libc != "glibc" or all(environ.get(k) == v for k, v in CACHING_MALLOC.items()):
+        return None
+    return {**environ, **CACHING_MALLOC}
+
+
+def use_caching_malloc() -> None:
+    """Re-execute this script under :data:`CACHING_MALLOC` (module docstring, "Allocator state"), unless
+    :func:`caching_malloc_env` says to run as it is. Call it first thing in the script's ``__main__`` block: glibc
+    reads the settings when the process starts."""
+    env = caching_malloc_env(sys.argv, os.environ, platform.libc_ver()[0])
+    if env is not None:
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 #: what ``--clock`` may name: the wall clock, or this process's CPU time

@@ -78,7 +78,17 @@ from torch.func import functional_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/emulator.py` finds the harness
 
-from benchmarks._harness import Ratio, Side, add_clock_argument, add_thread_argument, alternate, clock_for, header  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    Ratio,
+    Side,
+    add_clock_argument,
+    add_malloc_argument,
+    add_thread_argument,
+    alternate,
+    clock_for,
+    header,
+    use_caching_malloc,
+)
 from pipelab.emulator import Emulator, train_plain  # noqa: E402
 from pipelab.optim import optimizer_factory  # noqa: E402
 from pipelab.partition import split  # noqa: E402
@@ -375,6 +385,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--profile-top", type=int, default=25)
     add_thread_argument(ap)
     add_clock_argument(ap)
+    add_malloc_argument(ap)
     args = ap.parse_args(argv)
     if args.profile not in (None, "worst", *args.policies):
         ap.error(f"--profile must be 'worst' or one of the policies run ({', '.join(args.policies)}), "
@@ -420,4 +431,5 @@ def main(argv: list[str] | None = None) -> list[Row]:
 
 
 if __name__ == "__main__":
+    use_caching_malloc()
     main()

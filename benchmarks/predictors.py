@@ -11,16 +11,16 @@ Usage:
     .venv/bin/python benchmarks/predictors.py [--reps 10] [--s 3] [--device cpu|cuda|all] [--threads 1]
         [--system-malloc]
 
-On Linux the script re-executes itself with glibc malloc set to keep freed memory (see
-``_reexec_with_caching_malloc``); ``--system-malloc`` measures with the defaults instead. The header states
-which.
+On Linux the script re-executes itself with glibc malloc set to keep freed memory
+(:func:`benchmarks._harness.use_caching_malloc`): by default glibc hands freed multi-megabyte blocks back to the
+kernel, so every fresh tensor page-faults its memory again, which made the same ``clone`` 8x slower in one part of
+a run than in another. ``--system-malloc`` measures with the defaults instead. The header states which.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +28,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/predictors.py` finds the harness
 
-from benchmarks._harness import Ratio, add_clock_argument, add_thread_argument, alternate, clock_for, header  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    Ratio,
+    add_clock_argument,
+    add_malloc_argument,
+    add_thread_argument,
+    alternate,
+    clock_for,
+    header,
+    use_caching_malloc,
+)
 from pipelab.optim import make_optimizer, optimizer_label  # noqa: E402
 from pipelab.predictors import make_predictor  # noqa: E402
 from pipelab.studies.models import deep_mlp  # noqa: E402
@@ -78,33 +87,15 @@ def bench(device: torch.device, reps: int, s: int, clock: str = "wall") -> list[
     return rows
 
 
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
-
-
-def _reexec_with_caching_malloc() -> None:
-    """Re-run this script with glibc malloc keeping freed memory (like torch's CUDA caching allocator).
-
-    By default glibc hands freed multi-megabyte blocks back to the OS, so every fresh tensor page-faults
-    its memory again; that cost then depends on what else happens to be allocated (it made the same
-    ``clone`` 8x slower in one part of a run than in another) and hides the arithmetic being compared.
-    """
-    if os.name != "posix" or all(k in os.environ for k in _MALLOC_ENV):
-        return
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_MALLOC_ENV})
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--system-malloc", action="store_true",
-                    help="keep glibc's default malloc settings (freed memory returned to the OS)")
     ap.add_argument("--s", type=int, default=3)
     ap.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     add_thread_argument(ap)
     add_clock_argument(ap)
+    add_malloc_argument(ap)
     args = ap.parse_args()
-    if not args.system_malloc:
-        _reexec_with_caching_malloc()
     with torch_threads(args.threads):  # the run's thread count, restored afterwards
         devices = []
         if args.device in ("cpu", "all"):
@@ -124,4 +115,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    use_caching_malloc()
     main()

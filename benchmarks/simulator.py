@@ -9,10 +9,10 @@ with a network (α = 0.05, n/β = 0.5 per message on every boundary: every messa
 wire); simulate and build the version table; validate. Each time is the median over rounds and each big/small
 ratio the median of the per-round ratios, with its interquartile range and the load average.
 Targets (issue 29): the 262k-job asynchronous 1F1B simulation in under 0.5 s on one core, and ×10 jobs costing
-at most ×11 time. Beside each ratio, the minor page faults per call: with glibc's defaults a big instance's
-arrays (tens of MB) go back to the kernel when freed and are faulted in again at the next call, a page at a time,
-while a small one's stay in malloc's heap; the header states the allocator settings
-(``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_`` keep freed memory in the process for both sides).
+at most ×11 time. Beside each ratio, the minor page faults per call. The script re-runs itself with glibc's malloc
+keeping freed memory (:func:`benchmarks._harness.use_caching_malloc`), so that both sizes run in the same allocator
+state; with ``--system-malloc`` (glibc's defaults) a big instance's arrays (tens of MB) go back to the kernel when
+freed and are faulted in again at the next call, a page at a time, while a small one's stay in malloc's heap.
 """
 
 from __future__ import annotations
@@ -24,7 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/simulator.py` finds the harness
 
-from benchmarks._harness import CLOCKS, Rounds, add_clock_argument, add_thread_argument, alternate, header  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    CLOCKS,
+    Rounds,
+    add_clock_argument,
+    add_malloc_argument,
+    add_thread_argument,
+    alternate,
+    header,
+    use_caching_malloc,
+)
 from pipelab.links import Link, Network  # noqa: E402
 from pipelab.schedules import Schedule, gpipe, pipedream, validate, zb_async, zb_h1  # noqa: E402
 from pipelab.simulator import simulate  # noqa: E402
@@ -73,6 +82,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     add_clock_argument(ap)
     add_thread_argument(ap)
+    add_malloc_argument(ap)
     args = ap.parse_args()
     cases = [
         (("async 1F1B D=64, 2048 mini-batches", "async 1F1B D=64, 205 mini-batches"),
@@ -93,4 +103,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    use_caching_malloc()
     main()

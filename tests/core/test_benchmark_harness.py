@@ -13,11 +13,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks._harness import (  # noqa: E402
+    CACHING_MALLOC,
     CLOCKS,
     Side,
     add_clock_argument,
+    add_malloc_argument,
     add_thread_argument,
     alternate,
+    caching_malloc_env,
     clock_for,
     header,
     paired_ratio,
@@ -136,3 +139,21 @@ def test_each_timed_call_counts_its_minor_page_faults() -> None:
     assert all(f >= (8 << 20) // mmap.PAGESIZE for f in r.faults["touch"]), r.faults
     assert r.median_faults("idle") < 64
     assert r.median_faults("touch") >= 2048
+
+
+def test_benchmarks_rerun_under_the_caching_malloc_unless_told_or_already_there() -> None:
+    env = {"PATH": "/bin", "MALLOC_ARENA_MAX": "2"}
+    rerun = caching_malloc_env(["benchmarks/simulator.py", "--repeat", "3"], env, "glibc")
+    assert rerun == {**env, **CACHING_MALLOC}  # the caller's environment kept, the settings added
+    assert caching_malloc_env(["simulator.py", "--system-malloc"], env, "glibc") is None
+    assert caching_malloc_env(["simulator.py"], rerun, "glibc") is None  # the re-run itself runs as it is
+    assert caching_malloc_env(["simulator.py"], env, "") is None  # not glibc: nothing to set
+    # a setting of the user's own that differs is overridden (the header then states the values used)
+    assert caching_malloc_env(["simulator.py"], {**env, "MALLOC_TRIM_THRESHOLD_": "0"}, "glibc") == {**env,
+                                                                                                 **CACHING_MALLOC}
+
+
+def test_the_malloc_flag_parses() -> None:
+    ap = argparse.ArgumentParser()
+    add_malloc_argument(ap)
+    assert ap.parse_args(["--system-malloc"]).system_malloc and not ap.parse_args([]).system_malloc
