@@ -197,7 +197,7 @@ def _rec(policy: str, seed: int, accs: list[float], *, task: str = "digits_mlp",
          diverged: bool = False) -> dict:
     return {"task": task, "optimizer": optimizer, "D": D, "policy": policy, "seed": seed, "test_acc": accs,
             "epoch": list(range(len(accs))), "train_loss": [1.0] * len(accs), "diverged": diverged,
-            "n_test": 2000, "lr": None, "weight_copies": [1] * D, "seconds": 0.0}
+            "n_test": 359, "lr": None, "weight_copies": [1] * D, "seconds": 0.0}  # what a digits run evaluates
 
 
 def _synthetic() -> list[dict]:
@@ -209,19 +209,25 @@ def _synthetic() -> list[dict]:
             for p, o in off.items() for s in range(4)]
 
 
-def test_summary_rows_intervals_and_resolved_winner() -> None:
+def test_summary_rows_intervals_and_resolved_winner(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
     from scipy import stats
 
     from pipelab.studies.figures import learning_curves as F
 
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a summary of run records loaded a dataset")
+
+    F.test_set_size.cache_clear()
+    monkeypatch.setattr(F, "load_dataset", no_data)  # the records say how many test examples each run evaluated
     rows = {r["policy"]: r for r in F.summary_rows(_synthetic())}
+    assert {r["n_test"] for r in F.gap_rows(_synthetic())} == {359}
     x = np.array([0.80, 0.86, 0.83, 0.89]) + 0.03 + np.array([0.001, -0.002, 0.0015, -0.001])
     lo, hi = stats.t.interval(0.95, 3, loc=x.mean(), scale=stats.sem(x, ddof=1))
     r = rows["pipeoptim"]
     assert r["best_mean"] == pytest.approx(x.mean()) and r["best_ci95"] == pytest.approx((hi - lo) / 2)
     assert r["best_std"] == pytest.approx(x.std(ddof=1))
-    assert r["n_test"] == 359  # digits has 359 test images, whatever n_test asks for
+    assert r["n_test"] == 359  # the records' count of test examples evaluated (digits has 359)
     # unpaired, the arms overlap (the seed effect is ±4 pp); paired by seed, pipeoptim is resolved best
     assert rows["pipeoptim"]["best_mean"] - rows["stashing"]["best_mean"] < rows["stashing"]["best_ci95"]
     assert [p for p, r in rows.items() if r["winner"]] == ["pipeoptim"]  # sequential is not a candidate

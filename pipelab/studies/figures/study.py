@@ -29,7 +29,7 @@ from ...statistics import paired_difference, resolved, t_interval
 from ..cache import cached
 from ..tuning import close_decisions
 from . import FigureOutput, register
-from .learning_curves import LABELS, POLICY_ORDER, _best, _config, _lr, _runs, test_set_size, tuned_arms
+from .learning_curves import LABELS, POLICY_ORDER, _best, _config, _lr, _runs, tuned_arms
 
 __all__ = ["STUDY_FIGURES", "CurvatureConfig", "curvature", "threshold_lrs", "lr_map_rows", "tuned_rows"]
 
@@ -211,7 +211,7 @@ def tuned_rows(tuned: list[dict], common: list[dict]) -> list[dict]:
                      "common_lr": _lr(cs[0]) if cs else math.nan, "common_mean": ci.mean, "common_ci95": ci.half_width,
                      "common_diverged": sum(r["diverged"] for r in cs),
                      "diff_mean": diff.mean if diff else math.nan, "diff_ci95": diff.half_width if diff else math.nan,
-                     "diff_resolved": bool(diff and resolved(diff)), "n_test": test_set_size(task, ts[0]["n_test"])})
+                     "diff_resolved": bool(diff and resolved(diff)), "n_test": int(ts[0]["n_test"])})
     return rows
 
 
