@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One session on a lent GPU, in one call (device time is scarce): the CUDA tests, the paper preset's GPU task (≈ 6.5
-# minutes on an H100), then benchmarks/gpu.py with the time left. Everything it leaves is under $OUT (at most 8 files):
+# One session on a lent GPU, in one call (device time is scarce): the CUDA tests, the paper preset's GPU task (421 s
+# on an H100, 2026-11-27), then benchmarks/gpu.py with the time left. Everything it leaves is under $OUT (at most 8 files):
 #   env.txt            the card, driver, Python and torch
 #   cuda_tests.log     `pytest tests/core -m gpu` (first: the correctness check)
 #   paper.log          `python -m pipelab figures --preset paper paper_resnet20` (the learning-curve runs)

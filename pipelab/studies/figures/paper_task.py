@@ -47,7 +47,8 @@ def _presets() -> dict[str, LearningCurvesConfig]:
         # evaluations included: on an H100 (2026-11-26, 12 epochs) 49 (sequential), 43 (stashing), 55 (PipeOptim) and
         # 60 ms (SpecTrain) per step, and 2BW (M = D micro-batches: ~3x the kernel launches) past 121 ms (it did not
         # finish in 227 s) -- 12 epochs need ≈ 11 minutes there; on an H200 (benchmarks/learning_curves_speed.py)
-        # 27.5, 27.1, 36.0, 31.4 and 76.9 ms. So ≈ 0.36 s per step of all five arms: ≈ 6.5 minutes for 7 epochs
+        # 27.5, 27.1, 36.0, 31.4 and 76.9 ms. So ≈ 0.36 s per step of all five arms: ≈ 6.5 minutes for 7 epochs;
+        # measured on an H100 (2026-11-27, benchmarks/gpu_session.sh after the CUDA tests): the 15 runs in 421 s
         "paper": LearningCurvesConfig(("fashion_mnist_resnet20",), ("sgdm",), PAPER_POLICIES, 4, (0, 1, 2), epochs=7,
                                       batch_size=128, n_train=25_000, n_test=None, n_eval_train=5000, depths=(4,),
                                       gap_tasks=(), device=_device(), n_val=5000),
