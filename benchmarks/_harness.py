@@ -10,8 +10,8 @@ the multi-process ones give each rank one thread (:func:`pipelab.distributed.spa
 
 **Header.** :func:`header` prints the torch version, the intra-op threads, the allocator setting (the
 ``MALLOC_*`` variables of glibc's malloc, stated as its defaults when none is set, and on CUDA
-``PYTORCH_CUDA_ALLOC_CONF``), the machine's cores and its load average: the things that changed past
-measurements by more than the effect measured.
+``PYTORCH_CUDA_ALLOC_CONF``), the machine's cores, its load average and its speed at that moment (a memory copy
+and a matmul, :func:`host_speed`): the things that changed past measurements by more than the effect measured.
 
 **Ratios.** Two figures timed in separate blocks drift apart with the machine (a neighbour starts, the CPU
 clock changes). :func:`alternate` runs the sides of a comparison in turn, one call each per round, the order
@@ -60,7 +60,7 @@ import torch
 
 __all__ = ["DEFAULT_THREADS", "CACHING_MALLOC", "add_malloc_argument", "caching_malloc_env", "use_caching_malloc",
            "CLOCKS", "add_clock_argument", "clock_for", "add_thread_argument", "cores",
-           "load_average", "minor_faults", "allocator", "header", "Side", "Ratio", "Rounds", "alternate",
+           "load_average", "minor_faults", "allocator", "host_speed", "header", "Side", "Ratio", "Rounds", "alternate",
            "paired_ratio"]
 
 #: intra-op threads of a benchmark unless ``--threads`` says otherwise (see the module docstring)
@@ -159,13 +159,36 @@ def allocator() -> str:
     return "; ".join(parts)
 
 
+def host_speed(reps: int = 5) -> tuple[float, float]:
+    """(copy GB/s, float32 matmul GFLOP/s) of this process on the CPU, the median of ``reps`` timings: a copy of
+    64 MiB (bytes read + written; past a shared L3 cache) and twenty 512 × 512 products, with torch's current
+    threads. Printed in every header (module docstring): a host's speed changes from hour to hour with its
+    neighbours, and the emulator's ratios move with it (GPipe 1.03 and 1.09 on one host an hour apart)."""
+    a = torch.ones(16 * 2**20)
+    b = torch.empty_like(a)
+    m = torch.ones(512, 512)
+    copy_s, mm_s = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        copy_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            torch.mm(m, m)
+        mm_s.append(time.perf_counter() - t0)
+    return 2 * a.nbytes / statistics.median(copy_s) / 1e9, 20 * 2 * 512**3 / statistics.median(mm_s) / 1e9
+
+
 def header(title: str, threads: str | None = None) -> str:
     """One line: ``title``, torch version, intra-op threads (``threads``: a description instead of this process's
-    count, e.g. for ranks), allocator, cores and load average (1, 5, 15 minutes)."""
+    count, e.g. for ranks), allocator, cores, load average (1, 5, 15 minutes) and the host's speed
+    (:func:`host_speed`)."""
     loads = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     th = threads or f"{torch.get_num_threads()} intra-op thread{'s' if torch.get_num_threads() > 1 else ''}"
+    copy_gbs, mm_gflops = host_speed()
     return (f"{title} — torch {torch.__version__}, {th}, allocator: {allocator()}, {cores()} cores, "
-            f"load average {loads[0]:.2f} {loads[1]:.2f} {loads[2]:.2f}")
+            f"load average {loads[0]:.2f} {loads[1]:.2f} {loads[2]:.2f}, host speed: copy {copy_gbs:.1f} GB/s, "
+            f"matmul {mm_gflops:.0f} GFLOP/s")
 
 
 @dataclass(frozen=True)

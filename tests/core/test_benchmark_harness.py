@@ -23,6 +23,7 @@ from benchmarks._harness import (  # noqa: E402
     caching_malloc_env,
     clock_for,
     header,
+    host_speed,
     paired_ratio,
 )
 
@@ -121,6 +122,8 @@ def test_one_thread_by_default_and_the_header_names_what_the_numbers_depend_on()
     assert text.startswith("bench — torch " + torch.__version__)
     assert "intra-op thread" in text and "allocator: " in text and " cores, load average " in text
     assert "malloc" in text
+    copy_gbs, mm_gflops = host_speed(reps=1)
+    assert copy_gbs > 0 and mm_gflops > 0 and ", host speed: copy " in text and " GFLOP/s" in text
 
 
 def test_each_timed_call_counts_its_minor_page_faults() -> None:
