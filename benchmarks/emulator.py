@@ -28,8 +28,8 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
 - the ratios **emulator / inherent** (goal ≤ 1.10: the emulator's own bookkeeping costs at most 10 %) and
   emulator / plain, and beside them the minor page faults per step of plain and emulator (median over rounds):
   memory glibc's malloc gave back to the kernel and that the next allocation faults in again, a page at a time
-  (:mod:`benchmarks._harness`); it depends on the order of allocations and frees and on malloc's settings (the
-  header states them);
+  (:mod:`benchmarks._harness`); it depends on the order of allocations and frees and on malloc's settings, so the
+  script re-runs itself with freed memory kept (``--system-malloc``: glibc's defaults; the header states which);
 - **bookkeeping** (``--bookkeeping WIDTH``, default 16; 0 skips): every policy measured again on the same model
   at that width, where compute is negligible, so that emulator − inherent there is the emulator's own work per
   step (its Python, its per-stage autograd calls); printed per step and per job, as a share of each full-width

@@ -8,8 +8,8 @@
 #   results.tgz        the paper figure's files (paper/) and the result cache of its runs (cache/): extracted into
 #                      a cache here, the figure is redrawn from a clean tree at the same code without a GPU
 #                      (PIPELAB_CACHE=... python -m pipelab figures --preset paper paper_resnet20 --device cuda
-#                      --cached --out figures/paper): the runs' cache keys cover the code of the modules they import,
-#                      so a commit that edits pipelab/studies/{cache,environment,...}.py needs the runs again
+#                      --cached --out figures/paper): the runs' cache keys cover the code of the modules they import
+#                      (pipelab.studies.cache.PLUMBING left out), so a commit that edits one needs the runs again
 # Usage (repository root, CUDA machine): OUT=/tmp/out PIPELAB_DATA=<fashion-mnist dir> bash benchmarks/gpu_session.sh
 set -u
 OUT=${OUT:-/tmp/gpu_session}

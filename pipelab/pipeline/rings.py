@@ -78,11 +78,11 @@ class StageEvents:
 
 def _counts(W: Sequence[Tensor]) -> list[tuple[int, int, int]]:
     """Per tensor: its Python references, its TensorImpl's (an autograd graph holds one), its storage's (views)."""
-    uses = getattr(torch._C, "_storage_Use_Count", None)  # private: without it nothing is ever unshared
-    return [(sys.getrefcount(w), w._use_count(), uses(w.untyped_storage()._cdata) if uses else sys.maxsize)  # type: ignore[attr-defined]
-            for w in W]
+    uses = _STORAGE_USES
+    return [(sys.getrefcount(w), w._use_count(), uses(w.untyped_storage()._cdata) if uses else sys.maxsize) for w in W]  # type: ignore[attr-defined]
 
 
+_STORAGE_USES = getattr(torch._C, "_storage_Use_Count", None)  # private, looked up once: without it nothing is unshared
 _PRIVATE = _counts([torch.empty(1)])[0]  # a tensor nothing else refers to, counted the same way
 
 
