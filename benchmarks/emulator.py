@@ -36,6 +36,15 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   step's inherent work, and beside it the rest of the gap, which grows with the model's width: read it beside
   the page faults.
 
+- **where the time goes** (CPU rows; ``--no-attribute`` skips): plain training and the emulator run once more,
+  alternated, with every module call, autograd call, optimizer step, prediction (and ``observe``) and version copy
+  timed where it runs (:func:`attribute`; the timers' own cost, measured, is taken out of the rest). Read off it,
+  as shares of the inherent work: the emulator's **own work** (its rest — jobs, rings, hand-overs — less plain
+  training's), the **compute in place** (its module calls, autograd calls and optimizer steps beyond plain's and
+  the recomputes timed alone: the same arithmetic run more slowly in the emulator's memory state and order, and its
+  per-stage autograd calls), and the **predictions and copies in place** beyond their time alone. Their sum is set
+  beside the measured emulator / inherent − 1 (two sets of runs: they agree to within the rounds' spread).
+
 How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
 and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
 weight request with ``grad=True`` is the backward's, made only when the forward's graph cannot be used, i.e. a
@@ -54,7 +63,8 @@ top functions by cumulative time.
 Usage:
     .venv/bin/python benchmarks/emulator.py [--steps 30] [--rounds 5] [--width 512] [--depth 16] [--batch 128]
         [--D 4] [--microbatches D] [--optimizer sgdm|adam] [--policies ...] [--device cpu|cuda|all]
-        [--threads 1] [--clock wall|cpu] [--bookkeeping 16] [--profile worst|POLICY] [--profile-top 25]
+        [--threads 1] [--clock wall|cpu] [--bookkeeping 16] [--no-attribute] [--profile worst|POLICY]
+        [--profile-top 25]
 """
 
 from __future__ import annotations
@@ -64,10 +74,12 @@ import copy
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -349,6 +361,173 @@ def format_bookkeeping(rows: list[Row], small: list[Row]) -> str:
     return "\n".join(lines)
 
 
+#: the work a step is made of, timed where it runs by :func:`attribute` (the columns of its table)
+PARTS = ("module calls", "autograd", "optimizer", "predictions", "copies")
+
+
+@dataclass
+class Split:
+    """One side's step split into :data:`PARTS` and the rest (seconds per step, medians over rounds), with the timed
+    calls per step and the timers' own cost, already taken out of ``rest``."""
+
+    parts: dict[str, float]
+    rest: float
+    total: float
+    calls: float
+    timers: float
+
+
+class _Timers:
+    """Seconds spent in each of :data:`PARTS` while it is installed (:meth:`installed`): module calls (the outermost
+    ``nn.Module.__call__`` only: a stage's forward or recompute, plain training's forward), autograd calls
+    (``torch.autograd.backward`` and ``grad``, which ``Tensor.backward`` calls), optimizer steps (:meth:`optimizer`
+    wraps a factory), and on an emulator (:meth:`emulator`) its predictions (``weights`` of a ``Predicted`` spec and the
+    predictor's ``observe``) and its version copies (``snapshot`` of a stage that copies)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.calls = 0
+        self._depth = 0
+
+    def wrap(self, part: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:  # a module call inside another is part of the outer one
+                return inner(*args, **kwargs)
+            self._depth += 1
+            t0 = self.clock()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[part] += self.clock() - t0
+                self.calls += 1
+                self._depth -= 1
+        return timed
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        held = nn.Module.__call__, torch.autograd.backward, torch.autograd.grad
+        nn.Module.__call__ = self.wrap("module calls", held[0])  # type: ignore[method-assign]
+        torch.autograd.backward = self.wrap("autograd", held[1])
+        torch.autograd.grad = self.wrap("autograd", held[2])
+        try:
+            yield
+        finally:
+            nn.Module.__call__, torch.autograd.backward, torch.autograd.grad = held  # type: ignore[method-assign]
+
+    def optimizer(self, factory: Callable[[Any], torch.optim.Optimizer]) -> Callable[[Any], torch.optim.Optimizer]:
+        def build(params: Any) -> torch.optim.Optimizer:
+            opt = factory(params)
+            opt.step = self.wrap("optimizer", opt.step)  # type: ignore[method-assign]
+            return opt
+        return build
+
+    def emulator(self, emu: Emulator) -> Emulator:
+        for st in emu.stages:
+            timed = self.wrap("predictions", st.weights)
+
+            def weights(spec: Any, grad: bool, inner: Callable[..., Any] = st.weights,
+                        timed: Callable[..., Any] = timed) -> Any:
+                return (timed if isinstance(spec, Predicted) else inner)(spec, grad)
+
+            st.weights = weights  # type: ignore[method-assign]
+            if not st.share_live:  # views of the live weights copy nothing
+                st.snapshot = self.wrap("copies", st.snapshot)  # type: ignore[method-assign]
+            if st.predictor is not None and st.k in emu.plan.predicted_stages:
+                st.predictor.observe = self.wrap("predictions", st.predictor.observe)
+        return emu
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls = 0
+
+
+def timer_cost(clock: Callable[[], float], n: int = 20000) -> float:
+    """Seconds one timed call adds (a wrapped no-op against the bare one, medians of 5 batches of ``n``)."""
+    timers = _Timers(clock)
+    wrapped, bare = timers.wrap("module calls", lambda: None), (lambda: None)
+    costs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            wrapped()
+        t1 = time.perf_counter()
+        for _ in range(n):
+            bare()
+        costs.append((t1 - t0 - (time.perf_counter() - t1)) / n)
+    return max(sorted(costs)[2], 0.0)
+
+
+def attribute(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
+              optimizer: Callable[[Any], torch.optim.Optimizer], clock: Callable[[], float] = time.perf_counter
+              ) -> tuple[Split, Split]:
+    """Plain training and the policy's emulator, alternated for ``rounds`` rounds (after one warm-up) with
+    :class:`_Timers` installed: each side's step split into :data:`PARTS` and the rest, what runs outside them (the
+    emulator's own Python: its jobs, rings and hand-overs; plain training's loop and loss). The wrappers cost each
+    timed call :func:`timer_cost`, taken out of the rest. CPU only: on CUDA a call returns before its work is done."""
+    steps = len(data)
+    schedule = schedule_of(policy, D, M, steps)
+    timers = _Timers(clock)
+    opt = timers.optimizer(optimizer)
+    cost = timer_cost(clock)
+    samples: dict[str, list[tuple[float, dict[str, float], int]]] = {"plain": [], "emulator": []}
+
+    def plain() -> Callable[[], object]:
+        m = copy.deepcopy(base)
+        return lambda: train_plain(m, optimizer=opt, batches=data, D=D,
+                                   micro_batches=schedule.M if schedule.M > 1 else None)
+
+    def emulator() -> Callable[[], object]:
+        emu = timers.emulator(Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=opt))
+        return lambda: emu.run(data)
+
+    sides = [("plain", plain), ("emulator", emulator)]
+    with timers.installed():
+        for i in range(rounds + 1):
+            for name, make in sides[::-1 if i % 2 else 1]:
+                run = make()
+                timers.reset()
+                t0 = clock()
+                run()
+                total = clock() - t0
+                if i:
+                    samples[name].append((total, dict(timers.seconds), timers.calls))
+
+    def split_of(name: str) -> Split:
+        got = samples[name]
+        med = {part: float(statistics.median([s[1].get(part, 0.0) for s in got])) / steps for part in PARTS}
+        total = float(statistics.median([s[0] for s in got])) / steps
+        calls = float(statistics.median([s[2] for s in got])) / steps
+        return Split(med, total - sum(med.values()) - calls * cost, total, calls, calls * cost)
+
+    return split_of("plain"), split_of("emulator")
+
+
+def format_attribution(rows: list[Row], splits: list[tuple[Split, Split]]) -> str:
+    """Each policy's step as timed in place (:func:`attribute`), plain beside the emulator, and the emulator's gap to
+    its inherent work read off them: its own work (the emulator's rest less plain's), the same arithmetic slower in
+    place (module calls, autograd and optimizer steps beyond plain's and the recomputes timed alone; predictions and
+    copies beyond their alone time), as shares of the inherent work."""
+    lines = [f"  {'policy':<13} {'side':<9} " + " ".join(f"{p:>12}" for p in PARTS)
+             + f" {'rest':>7} {'total':>7} {'timed calls (timers)':>22}"]
+    summary = [f"  {'policy':<13} {'own work':>14} {'compute in place':>17} {'predictions+copies in place':>28}"
+               f" {'sum':>6}   measured emulator / inherent − 1"]
+    for r, (plain, emu) in zip(rows, splits):
+        for name, sp in (("plain", plain), ("emulator", emu)):
+            cells = " ".join(f"{1e3 * sp.parts[p]:>12.2f}" if sp.parts[p] else f"{'—':>12}" for p in PARTS)
+            lines.append(f"  {r.policy if name == 'plain' else '':<13} {name:<9} {cells} {1e3 * sp.rest:>7.2f} "
+                         f"{1e3 * sp.total:>7.2f} {sp.calls:>11.1f} ({1e3 * sp.timers:.2f} ms)")
+        own = emu.rest - plain.rest
+        compute = sum(emu.parts[p] - plain.parts[p] for p in PARTS[:3]) - r.recompute
+        extra = emu.parts["predictions"] + emu.parts["copies"] - r.predictions - r.copies
+        shares = [x / r.inherent for x in (own, compute, extra)]
+        summary.append(f"  {r.policy:<13} " + f"{1e3 * own:>7.2f} ({100 * shares[0]:>4.1f}%)"
+                       + f" {1e3 * compute:>9.2f} ({100 * shares[1]:>4.1f}%)"
+                       + f" {1e3 * extra:>20.2f} ({100 * shares[2]:>4.1f}%)"
+                       + f" {100 * sum(shares):>5.1f}%   {100 * (r.vs_inherent.median - 1):.1f}%")
+    return "\n".join(lines + ["", *summary])
+
+
 def profile_run(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int,
                 optimizer: Callable[[Any], torch.optim.Optimizer], top: int) -> str:
     """cProfile of one emulator run of ``policy`` (the plan's set-up not included), the ``top`` functions by
@@ -381,6 +560,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--bookkeeping", type=int, default=16, metavar="WIDTH",
                     help="also run every policy at this width, where compute is negligible, to separate the "
                          "emulator's own bookkeeping from the rest of its gap to the inherent work (0: skip)")
+    ap.add_argument("--no-attribute", dest="attribute", action="store_false",
+                    help="skip the CPU rows' split of each step into module calls, autograd, optimizer steps, "
+                         "predictions, copies and the rest, timed in place (attribute)")
     ap.add_argument("--profile", default=None, help="'worst' or a policy: cProfile one emulator run of it")
     ap.add_argument("--profile-top", type=int, default=25)
     add_thread_argument(ap)
@@ -422,6 +604,13 @@ def main(argv: list[str] | None = None) -> list[Row]:
                           f"{args.bookkeeping}), its share of each width-{args.width} step's inherent work, and the "
                           "rest of the gap")
                     print(format_bookkeeping(block, small))
+                if args.attribute and device.type == "cpu":
+                    splits = [attribute(r.policy, base, data, D, M, args.rounds, opt, clock) for r in block]
+                    print(f"\n[{device}] D = {D}: where each step's time goes, timed in place (ms per step, median of "
+                          f"{args.rounds} alternated rounds of plain and emulator; the timers' own cost taken out of "
+                          "the rest), and the emulator's gap to its inherent work read off it (shares of the inherent "
+                          "work)")
+                    print(format_attribution(block, splits))
                 if args.profile:
                     worst = (max(block, key=lambda r: r.vs_inherent.median).policy if args.profile == "worst"
                              else args.profile)

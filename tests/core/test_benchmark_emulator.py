@@ -10,11 +10,13 @@ from __future__ import annotations
 import copy
 import math
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -77,6 +79,7 @@ def test_the_benchmark_runs_and_reports_finite_ratios(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "1 intra-op thread" in out and "emulator / inherent" in out and "cProfile" in out and "clock: cpu" in out
     assert "bookkeeping (emulator − inherent at width 8)" in out and [r.jobs_per_step for r in rows] == [12.0, 12.0]
+    assert "timed in place" in out and "own work" in out
 
 
 def test_the_hand_written_2bw_trains_as_the_emulators_2bw() -> None:
@@ -100,3 +103,29 @@ def test_the_hand_written_2bw_trains_as_the_emulators_2bw() -> None:
     assert len(got) == len(want) and max((a - b).abs().max().item() for a, b in zip(got, want)) <= 1e-12
     plain_moved = max((a - b).abs().max().item() for a, b in zip(want, model.parameters()))
     assert plain_moved > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("policy", ["2bw", "pipemare"])
+def test_the_attribution_times_every_job_where_it_runs(policy: str) -> None:
+    """``attribute`` times, inside the runs, one module call per forward and recompute, one autograd call per
+    backward, one optimizer step per update, every prediction and observe and every version copy (the counts of
+    ``count_work``), none of them on plain training's side, and puts torch's functions back afterwards."""
+    from benchmarks.emulator import PARTS, attribute
+
+    held = nn.Module.__call__, torch.autograd.backward, torch.autograd.grad
+    emu, work = _counted(policy)
+    torch.manual_seed(0)
+    base = deep_mlp(in_features=5, width=8, depth=D)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(6, 5, generator=g), torch.randint(0, 10, (6,), generator=g)) for _ in range(STEPS)]
+    plain, emulated = attribute(policy, base, data, D, D, 2, optimizer_factory("sgdm"), time.process_time)
+    jobs = Counter(job[0] for job in emu.order)
+    calls = (jobs["F"] + sum(work.recomputes.values()) + jobs["B"] + jobs["U"] + work.predictor_calls
+             + sum(work.copies.values()))
+    assert emulated.calls * STEPS == pytest.approx(calls)
+    assert plain.parts["predictions"] == plain.parts["copies"] == 0.0
+    assert (emulated.parts["predictions"] > 0, emulated.parts["copies"] > 0) == (policy == "pipemare", policy == "2bw")
+    for sp in (plain, emulated):
+        assert all(sp.parts[p] >= 0 for p in PARTS) and sp.total > 0 and sp.timers > 0
+        assert sp.rest == pytest.approx(sp.total - sum(sp.parts.values()) - sp.timers)
+    assert (nn.Module.__call__, torch.autograd.backward, torch.autograd.grad) == held
