@@ -43,7 +43,8 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   training's), the **compute in place** (its module calls, autograd calls and optimizer steps beyond plain's and
   the recomputes timed alone: the same arithmetic run more slowly in the emulator's memory state and order, and its
   per-stage autograd calls), and the **predictions and copies in place** beyond their time alone. Their sum is set
-  beside the measured emulator / inherent − 1 (two sets of runs: they agree to within the rounds' spread).
+  beside the measured emulator / inherent − 1; the two come from different runs (in two runs on one host they
+  differed by 0.2 to 3.8 points, most for PipeMare), so read the split for where the gap lies, not to the point.
 
 How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
 and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
