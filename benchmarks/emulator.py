@@ -46,6 +46,12 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   beside the measured emulator / inherent − 1; the two come from different runs (in two runs on one host they
   differed by 0.2 to 3.8 points, most for PipeMare), so read the split for where the gap lies, not to the point.
 
+``--order stage-major`` (an experiment, not the library's behaviour) runs every emulator of the script in another
+order (:func:`stage_major`): each stage's own jobs in the schedule's order — so every weight version and result is
+the same, bit for bit, on a model that draws no random numbers, as this MLP — but a stage's ready jobs back to
+back, so that its weights stay in cache. It measures what the order a one-process emulator picks costs; the random
+numbers forwards draw (dropout) follow the execution order, which is why the library keeps the schedule's.
+
 How the work is counted: one untimed run of the policy's emulator records every weight request of every stage
 and every ``observe`` of its predictor (the instances' methods are wrapped, nothing in the library changes). A
 weight request with ``grad=True`` is the backward's, made only when the forward's graph cannot be used, i.e. a
@@ -64,8 +70,8 @@ top functions by cumulative time.
 Usage:
     .venv/bin/python benchmarks/emulator.py [--steps 30] [--rounds 5] [--width 512] [--depth 16] [--batch 128]
         [--D 4] [--microbatches D] [--optimizer sgdm|adam] [--policies ...] [--device cpu|cuda|all]
-        [--threads 1] [--clock wall|cpu] [--bookkeeping 16] [--no-attribute] [--profile worst|POLICY]
-        [--profile-top 25]
+        [--threads 1] [--clock wall|cpu] [--bookkeeping 16] [--no-attribute] [--order schedule|stage-major]
+        [--profile worst|POLICY] [--profile-top 25]
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +115,7 @@ from pipelab.pipeline import split_micro  # noqa: E402
 from pipelab.policies import Predicted, make_policy  # noqa: E402
 from pipelab.schedules import Schedule  # noqa: E402
 from pipelab.schedules.builders import BUILDERS  # noqa: E402
+from pipelab.schedules.dependencies import received_from  # noqa: E402
 from pipelab.studies.learning_curves import serves  # noqa: E402
 from pipelab.studies.models import deep_mlp  # noqa: E402
 from pipelab.threads import torch_threads  # noqa: E402
@@ -126,6 +133,45 @@ def schedule_of(policy: str, D: int, M: int, steps: int) -> Schedule:
     if family == "sequential":
         raise ValueError(f"policy {policy!r}: no schedule for its family {family!r} in this benchmark")
     return BUILDERS[family](D, 1 if family == "pipedream" else M, steps)
+
+
+#: what ``--order`` may name: the schedule's order (the emulator's), or :func:`stage_major`
+ORDERS = ("schedule", "stage-major")
+
+
+def stage_major(order: Sequence[Any], D: int, split: Any = False) -> list[Any]:
+    """The jobs of ``order`` merged again for one process: each stage's own jobs in their order, and between
+    stages, the stage that ran last goes on while its next job's input has arrived (else the first such stage from
+    0 up): a stage's consecutive jobs find its weights in cache. Every stage's event sequence, hence every version and
+    result, is the schedule's, except the random numbers forwards draw, which follow the execution order (an
+    experiment of this benchmark, ``--order stage-major``; the library runs the schedule's order)."""
+    stages: list[list[Any]] = [[] for _ in range(D)]
+    for job in order:
+        stages[job[1]].append(job)
+    pos: list[int] = [0] * D
+    done: set[tuple[Any, ...]] = set()
+    out: list[Any] = []
+    while len(out) < len(order):
+        for k in ([out[-1][1]] if out else []) + list(range(D)):
+            if pos[k] < len(stages[k]):
+                job = stages[k][pos[k]]
+                if all(src in done for src in received_from(tuple(job[:4]), D, split)):
+                    pos[k] += 1
+                    out.append(job)
+                    done.add(tuple(job[:4]))
+                    break
+        else:
+            raise RuntimeError("no stage's next job has its input: the order is not a pipeline schedule's")
+    return out
+
+
+def build(base: nn.Module, D: int, schedule: Schedule, policy: str, optimizer: Callable[[Any], torch.optim.Optimizer],
+          order: str = "schedule") -> Emulator:
+    """The policy's emulator on a copy of ``base``, executing its jobs in ``order`` (:data:`ORDERS`)."""
+    emu = Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=optimizer)
+    if order == "stage-major":
+        emu.order = stage_major(emu.order, D, emu.table.split_set)
+    return emu
 
 
 @dataclass
@@ -245,13 +291,13 @@ class Row:
 
 def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
             optimizer: Callable[[Any], torch.optim.Optimizer], device: torch.device,
-            clock: Callable[[], float] = time.perf_counter) -> Row:
+            clock: Callable[[], float] = time.perf_counter, order: str = "schedule") -> Row:
     """Count the policy's work in one run, then time plain, emulator, recompute, predictions and copies
     alternately."""
     steps = len(data)
     schedule = schedule_of(policy, D, M, steps)
     M = schedule.M
-    probe = Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=optimizer)
+    probe = build(base, D, schedule, policy, optimizer, order)
     work = count_work(probe, data)
     x, y = data[0]
     inputs = stage_inputs(probe, x[:x.shape[0] // M])
@@ -294,8 +340,7 @@ def measure(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: 
                                             micro_batches=M if M > 1 else None),
                       setup=lambda: copy.deepcopy(base)),
         "emulator": Side(lambda emu: emu.run(data),
-                         setup=lambda: Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy,
-                                                optimizer=optimizer)),
+                         setup=lambda: build(base, D, schedule, policy, optimizer, order)),
     }
     if work.recomputes:
         sides["recompute"] = Side(recompute)
@@ -460,8 +505,8 @@ def timer_cost(clock: Callable[[], float], n: int = 20000) -> float:
 
 
 def attribute(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
-              optimizer: Callable[[Any], torch.optim.Optimizer], clock: Callable[[], float] = time.perf_counter
-              ) -> tuple[Split, Split]:
+              optimizer: Callable[[Any], torch.optim.Optimizer], clock: Callable[[], float] = time.perf_counter,
+              order: str = "schedule") -> tuple[Split, Split]:
     """Plain training and the policy's emulator, alternated for ``rounds`` rounds (after one warm-up) with
     :class:`_Timers` installed: each side's step split into :data:`PARTS` and the rest, what runs outside them (the
     emulator's own Python: its jobs, rings and hand-overs; plain training's loop and loss). The wrappers cost each
@@ -479,7 +524,7 @@ def attribute(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D
                                    micro_batches=schedule.M if schedule.M > 1 else None)
 
     def emulator() -> Callable[[], object]:
-        emu = timers.emulator(Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=opt))
+        emu = timers.emulator(build(base, D, schedule, policy, opt, order))
         return lambda: emu.run(data)
 
     sides = [("plain", plain), ("emulator", emulator)]
@@ -530,11 +575,11 @@ def format_attribution(rows: list[Row], splits: list[tuple[Split, Split]]) -> st
 
 
 def profile_run(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int,
-                optimizer: Callable[[Any], torch.optim.Optimizer], top: int) -> str:
+                optimizer: Callable[[Any], torch.optim.Optimizer], top: int, order: str = "schedule") -> str:
     """cProfile of one emulator run of ``policy`` (the plan's set-up not included), the ``top`` functions by
     cumulative time."""
     schedule = schedule_of(policy, D, M, len(data))
-    emu = Emulator(copy.deepcopy(base), D=D, schedule=schedule, policy=policy, optimizer=optimizer)
+    emu = build(base, D, schedule, policy, optimizer, order)
     prof = cProfile.Profile()
     prof.enable()
     emu.run(data)
@@ -561,6 +606,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--bookkeeping", type=int, default=16, metavar="WIDTH",
                     help="also run every policy at this width, where compute is negligible, to separate the "
                          "emulator's own bookkeeping from the rest of its gap to the inherent work (0: skip)")
+    ap.add_argument("--order", choices=ORDERS, default="schedule",
+                    help="the emulator's execution order: the schedule's (default, the library's), or stage-major "
+                         "(an experiment: each stage's ready jobs back to back, same results without random draws)")
     ap.add_argument("--no-attribute", dest="attribute", action="store_false",
                     help="skip the CPU rows' split of each step into module calls, autograd, optimizer steps, "
                          "predictions, copies and the rest, timed in place (attribute)")
@@ -581,7 +629,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     with torch_threads(args.threads):
         print(header("pipelab emulator benchmark") + f"\nclock: {args.clock} (CUDA rows: wall)")
         print(f"deep_mlp width {args.width} depth {args.depth} float32, batch {args.batch}, {args.optimizer}, "
-              f"{args.steps} steps per run; per step: median of {args.rounds} alternated rounds")
+              f"{args.steps} steps per run; per step: median of {args.rounds} alternated rounds; emulator order: "
+              f"{args.order}")
         for p in sorted(set(args.policies) - set(policies), key=args.policies.index):
             print(f"{p}: not run, it cannot follow {args.optimizer} (pipelab.studies.learning_curves.serves)")
         for device in devices:
@@ -594,19 +643,20 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 M = args.microbatches or D
                 print(f"\n[{device}] D = {D} (ms per step; n: recomputes or predictor calls per step)")
                 clock = clock_for(args.clock, device)
-                block = [measure(p, base, data, D, M, args.rounds, opt, device, clock) for p in policies]
+                block = [measure(p, base, data, D, M, args.rounds, opt, device, clock, args.order) for p in policies]
                 print(format_rows(block))
                 rows += block
                 if args.bookkeeping:
                     torch.manual_seed(0)
                     tiny = deep_mlp(in_features=784, width=args.bookkeeping, depth=args.depth).to(device)
-                    small = [measure(p, tiny, data, D, M, args.rounds, opt, device, clock) for p in policies]
+                    small = [measure(p, tiny, data, D, M, args.rounds, opt, device, clock, args.order)
+                             for p in policies]
                     print(f"\n[{device}] D = {D}: the emulator's bookkeeping (emulator − inherent at width "
                           f"{args.bookkeeping}), its share of each width-{args.width} step's inherent work, and the "
                           "rest of the gap")
                     print(format_bookkeeping(block, small))
                 if args.attribute and device.type == "cpu":
-                    splits = [attribute(r.policy, base, data, D, M, args.rounds, opt, clock) for r in block]
+                    splits = [attribute(r.policy, base, data, D, M, args.rounds, opt, clock, args.order) for r in block]
                     print(f"\n[{device}] D = {D}: where each step's time goes, timed in place (ms per step, median of "
                           f"{args.rounds} alternated rounds of plain and emulator; the timers' own cost taken out of "
                           "the rest), and the emulator's gap to its inherent work read off it (shares of the inherent "
@@ -616,7 +666,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
                     worst = (max(block, key=lambda r: r.vs_inherent.median).policy if args.profile == "worst"
                              else args.profile)
                     print(f"\n[{device}] D = {D}: cProfile of one emulator run of {worst}, by cumulative time")
-                    print(profile_run(worst, base, data, D, M, opt, args.profile_top))
+                    print(profile_run(worst, base, data, D, M, opt, args.profile_top, args.order))
     return rows
 
 

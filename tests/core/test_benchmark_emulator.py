@@ -129,3 +129,45 @@ def test_the_attribution_times_every_job_where_it_runs(policy: str) -> None:
         assert all(sp.parts[p] >= 0 for p in PARTS) and sp.total > 0 and sp.timers > 0
         assert sp.rest == pytest.approx(sp.total - sum(sp.parts.values()) - sp.timers)
     assert (nn.Module.__call__, torch.autograd.backward, torch.autograd.grad) == held
+
+
+@pytest.mark.parametrize("family", ["gpipe", "1f1b", "pipedream", "2bw", "zb_h1", "zb_v", "interleaved"])
+def test_the_stage_major_order_keeps_every_stages_sequence_and_inputs(family: str) -> None:
+    """``--order stage-major`` only merges the stages' own sequences again: each stage's jobs in the schedule's
+    order, every job after the jobs whose tensors it consumes, no job lost or repeated; and it does reorder."""
+    from benchmarks.emulator import stage_major
+    from pipelab.schedules.builders import BUILDERS
+    from pipelab.schedules.dependencies import received_from
+
+    args = {"interleaved": (2, 2, 4, 2), "zb_v": (2, 4, 2)}.get(family, (4, 4, 3))
+    blocks = 2 * args[0] * (2 if family in ("interleaved", "zb_v") else 1)  # two per (virtual) stage
+    policy = "stashing" if family in ("pipedream", "2bw") else "gpipe"
+    emu = Emulator(deep_mlp(in_features=5, width=8, depth=blocks), schedule=BUILDERS[family](*args), policy=policy,
+                   optimizer=optimizer_factory("sgdm"))
+    order = [tuple(job[:4]) for job in emu.order]
+    merged = [tuple(job[:4]) for job in stage_major(emu.order, emu.D, emu.table.split_set)]
+    assert sorted(merged) == sorted(order) and merged != order
+    for k in range(emu.D):
+        assert [j for j in merged if j[1] == k] == [j for j in order if j[1] == k]
+    at = {job: i for i, job in enumerate(merged)}
+    for job in merged:
+        assert all(at[src] < at[job] for src in received_from(job, emu.D, emu.table.split_set))
+
+
+@pytest.mark.parametrize("policy", ["gpipe", "1f1b", "2bw", "stashing", "pipemare"])
+def test_the_stage_major_order_trains_bit_for_bit_as_the_schedules(policy: str) -> None:
+    """On a model that draws no random numbers the stage-major order gives the schedule order's losses and final
+    weights exactly (float64)."""
+    from benchmarks.emulator import build
+
+    torch.manual_seed(0)
+    model = deep_mlp(in_features=5, width=8, depth=2 * D).double()
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randint(0, 10, (6,), generator=g))
+            for _ in range(STEPS)]
+    runs = []
+    for order in ("schedule", "stage-major"):
+        emu = build(model, D, schedule_of(policy, D, D, STEPS), policy, optimizer_factory("sgdm"), order)
+        runs.append((emu.order, emu.run(data).losses, emu.weights()))
+    assert runs[0][0] != runs[1][0] and runs[0][1] == runs[1][1]
+    assert all(torch.equal(a, b) for Wa, Wb in zip(runs[0][2], runs[1][2]) for a, b in zip(Wa, Wb))
