@@ -43,8 +43,9 @@ PipeMare (asynchronous 1F1B, M = 1) and PipeDream-2BW (its schedule, M = D) — 
   training's), the **compute in place** (its module calls, autograd calls and optimizer steps beyond plain's and
   the recomputes timed alone: the same arithmetic run more slowly in the emulator's memory state and order, and its
   per-stage autograd calls), and the **predictions and copies in place** beyond their time alone. Their sum is set
-  beside the measured emulator / inherent − 1; the two come from different runs (in two runs on one host they
-  differed by 0.2 to 3.8 points, most for PipeMare), so read the split for where the gap lies, not to the point.
+  beside the measured emulator / inherent − 1; the two come from different runs (on one host they differed by 0.2
+  to 3.8 points in two quiet runs and by up to 10.6 in a third, as its copy speed sagged), so read the split for
+  where the gap lies, not to the point.
 
 ``--order stage-major`` (an experiment, not the library's behaviour) runs every emulator of the script in another
 order (:func:`stage_major`): each stage's own jobs in the schedule's order — so every weight version and result is
