@@ -171,3 +171,20 @@ def test_the_stage_major_order_trains_bit_for_bit_as_the_schedules(policy: str) 
         runs.append((emu.order, emu.run(data).losses, emu.weights()))
     assert runs[0][0] != runs[1][0] and runs[0][1] == runs[1][1]
     assert all(torch.equal(a, b) for Wa, Wb in zip(runs[0][2], runs[1][2]) for a, b in zip(Wa, Wb))
+
+
+def test_the_stage_major_order_changes_what_dropout_draws() -> None:
+    """Why the library keeps the schedule's order: forwards draw random numbers in execution order, so with dropout
+    the stage-major order trains on other masks (the same seed, other losses)."""
+    from benchmarks.emulator import build
+
+    losses = []
+    for order in ("schedule", "stage-major"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 8), nn.Dropout(0.5), nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 10))
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(6, 5, generator=g), torch.randint(0, 10, (6,), generator=g)) for _ in range(STEPS)]
+        emu = build(model.double(), D, schedule_of("gpipe", D, D, STEPS), "gpipe", optimizer_factory("sgdm"), order)
+        torch.manual_seed(2)
+        losses.append(emu.run([(x.double(), y) for x, y in data]).losses)
+    assert losses[0][0] != losses[1][0]
