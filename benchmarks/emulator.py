@@ -508,43 +508,45 @@ def timer_cost(clock: Callable[[], float], n: int = 20000) -> float:
 def attribute(policy: str, base: nn.Module, data: list[tuple[Tensor, Tensor]], D: int, M: int, rounds: int,
               optimizer: Callable[[Any], torch.optim.Optimizer], clock: Callable[[], float] = time.perf_counter,
               order: str = "schedule") -> tuple[Split, Split]:
-    """Plain training and the policy's emulator, alternated for ``rounds`` rounds (after one warm-up) with
-    :class:`_Timers` installed: each side's step split into :data:`PARTS` and the rest, what runs outside them (the
-    emulator's own Python: its jobs, rings and hand-overs; plain training's loop and loss). The wrappers cost each
-    timed call :func:`timer_cost`, taken out of the rest. CPU only: on CUDA a call returns before its work is done."""
+    """Plain training and the policy's emulator, alternated for ``rounds`` rounds after one warm-up
+    (:func:`benchmarks._harness.alternate`) with :class:`_Timers` installed: each side's step split into
+    :data:`PARTS` and the rest, what runs outside them (the emulator's own Python: its jobs, rings and hand-overs;
+    plain training's loop and loss). The wrappers cost each timed call :func:`timer_cost`, taken out of the rest.
+    CPU only: on CUDA a call returns before its work is done."""
     steps = len(data)
     schedule = schedule_of(policy, D, M, steps)
     timers = _Timers(clock)
     opt = timers.optimizer(optimizer)
     cost = timer_cost(clock)
-    samples: dict[str, list[tuple[float, dict[str, float], int]]] = {"plain": [], "emulator": []}
+    parts: dict[str, list[tuple[dict[str, float], int]]] = {"plain": [], "emulator": []}  # per call, warm-up first
 
-    def plain() -> Callable[[], object]:
-        m = copy.deepcopy(base)
-        return lambda: train_plain(m, optimizer=opt, batches=data, D=D,
-                                   micro_batches=schedule.M if schedule.M > 1 else None)
+    def plain() -> nn.Module:
+        return copy.deepcopy(base)
 
-    def emulator() -> Callable[[], object]:
-        emu = timers.emulator(build(base, D, schedule, policy, opt, order))
-        return lambda: emu.run(data)
+    def train(model: nn.Module) -> object:
+        return train_plain(model, optimizer=opt, batches=data, D=D,
+                           micro_batches=schedule.M if schedule.M > 1 else None)
 
-    sides = [("plain", plain), ("emulator", emulator)]
+    def emulator() -> Emulator:
+        return timers.emulator(build(base, D, schedule, policy, opt, order))
+
+    def side(name: str, step: Callable[[Any], object], setup: Callable[[], Any]) -> Side:
+        def run(arg: Any) -> None:
+            timers.reset()
+            step(arg)
+            parts[name].append((dict(timers.seconds), timers.calls))
+        return Side(run, setup=setup)
+
     with timers.installed():
-        for i in range(rounds + 1):
-            for name, make in sides[::-1 if i % 2 else 1]:
-                run = make()
-                timers.reset()
-                t0 = clock()
-                run()
-                total = clock() - t0
-                if i:
-                    samples[name].append((total, dict(timers.seconds), timers.calls))
+        r = alternate({"plain": side("plain", train, plain),
+                       "emulator": side("emulator", lambda emu: emu.run(data), emulator)},
+                      rounds, warmup=1, clock=clock)
 
     def split_of(name: str) -> Split:
-        got = samples[name]
-        med = {part: float(statistics.median([s[1].get(part, 0.0) for s in got])) / steps for part in PARTS}
-        total = float(statistics.median([s[0] for s in got])) / steps
-        calls = float(statistics.median([s[2] for s in got])) / steps
+        got = parts[name][1:]  # the warm-up call's parts are not timed rounds
+        med = {part: float(statistics.median([s[0].get(part, 0.0) for s in got])) / steps for part in PARTS}
+        total = r.median(name) / steps
+        calls = float(statistics.median([s[1] for s in got])) / steps
         return Split(med, total - sum(med.values()) - calls * cost, total, calls, calls * cost)
 
     return split_of("plain"), split_of("emulator")
